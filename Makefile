@@ -1,0 +1,40 @@
+# The README's commands are these targets.  Everything installs into .venv (pinned by requirements.lock)
+# and .tools/ (helm), so a fresh machine needs only python3, java and make.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(PY))
+
+.PHONY: setup tools test test-fast run bench replay-demo clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@echo "==> creating $(VENV) and installing pinned dependencies (PySpark builds from source the first time: ~2 min)"
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --progress-bar off --upgrade pip==26.3
+	$(VENV)/bin/pip install --progress-bar off -r requirements.lock
+	$(VENV)/bin/pip install --progress-bar off --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+tools: setup
+	@bash .ci/install-tools.sh
+
+## Run the whole product locally: embedded broker, services, demo data, example queries, live answers.
+run: setup
+	$(PY) -m services.run
+
+## Everything CI checks: unit, property, end-to-end (embedded broker), Spark, Helm/Docker validation.
+test: setup tools
+	$(PY) -m pytest -q
+
+## Only the engine tests (no broker, no Spark): a fast inner loop.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup
+	$(PY) bench/engine_bench.py
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .hypothesis .run
