@@ -15,7 +15,7 @@ $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --progress-bar off --upgrade pip==26.3
 	$(VENV)/bin/pip install --progress-bar off -r requirements.lock
-	$(VENV)/bin/pip install --progress-bar off --no-deps --no-build-isolation -e .
+	$(VENV)/bin/pip install --progress-bar off --no-deps -e .
 	touch $(STAMP)
 
 tools: setup
