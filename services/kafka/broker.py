@@ -1,0 +1,185 @@
+"""An embedded Kafka broker for tests, CI and local runs: the noida-db 0.2.3 binary as a child process.
+
+Why noida-db (reference/notes-kafka-brokers-offline.md): it is the only pip-installable broker that got
+high watermarks, consumer groups, idempotence and read_committed transaction isolation right.  Limits to
+respect: keep data small (it rewrites a JSON snapshot of everything ~1 s after each change), don't rely on
+crash durability (a SIGKILL loses the last ~1 s of acknowledged writes) nor on compaction happening.
+
+The binary is started directly (not through the ``noida-db`` console script, which would add a second
+process to manage), in its own process group so that a Ctrl-C in the parent's terminal reaches only the
+parent, which then stops the broker in order.  Its output goes to ``<data_dir>/noida-db.log``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Callable
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+__all__ = ["BrokerError", "EmbeddedBroker", "noida_binary", "free_port", "wait_ready"]
+
+LOG_NAME = "noida-db.log"
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be found, started or reached."""
+
+
+def noida_binary() -> Path:
+    """Path of the noida-db binary shipped inside the ``noida_db`` wheel."""
+    try:
+        import noida_db
+    except ImportError:
+        raise BrokerError("noida-db is not installed: pip install noida-db==0.2.3 (see requirements.lock)") from None
+    path = Path(noida_db.__file__).with_name("noida-db")
+    if not os.access(path, os.X_OK):
+        raise BrokerError(f"noida-db binary missing or not executable: {path}")
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; a race with other processes is possible)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(bootstrap: str, timeout: float = 30.0, alive: Callable[[], bool] | None = None) -> None:
+    """Two-phase readiness: (1) the port accepts TCP, (2) the broker answers a Metadata request.
+
+    Phase 1 alone is not enough: the listener may accept before the Kafka protocol handler is up.
+    ``alive`` (optional) is polled so a broker that died on start-up fails fast instead of timing out.
+    """
+    host, _, port = bootstrap.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:  # phase 1: TCP accept
+        if alive is not None and not alive():
+            raise BrokerError(f"broker at {bootstrap} exited during start-up")
+        try:
+            socket.create_connection((host, int(port)), 0.2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise BrokerError(f"nothing accepts TCP connections on {bootstrap} after {timeout:.0f}s") from None
+            time.sleep(0.02)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    while True:  # phase 2: Metadata answers
+        if alive is not None and not alive():
+            raise BrokerError(f"broker at {bootstrap} exited during start-up")
+        try:
+            admin.list_topics(timeout=2)
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise BrokerError(f"{bootstrap} accepts TCP but does not answer Kafka Metadata after {timeout:.0f}s") from None
+            time.sleep(0.05)
+
+
+class EmbeddedBroker:
+    """A noida-db Kafka broker on ``127.0.0.1:<port>`` with its data in ``data_dir``.
+
+    ``with EmbeddedBroker(tmp) as broker: ...`` starts it and stops it (SIGTERM, which writes the final
+    snapshot, then SIGKILL after ``stop_timeout``).  :meth:`kill` simulates a crash; :meth:`start` after
+    :meth:`stop` or :meth:`kill` restarts it on the same data dir and port, so clients reconnect.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike[str], port: int | None = None,
+                 start_timeout: float = 30.0, stop_timeout: float = 20.0) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        atexit.register(self._atexit)
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for ``bootstrap.servers``."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / LOG_NAME
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> "EmbeddedBroker":
+        """Start the broker (no-op if running) and return once it answers Metadata."""
+        if self.running():
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [str(noida_binary()), "start", "--only", "kafka", "--kafka-port", str(self.port),
+               "--host", "127.0.0.1", "--data-dir", str(self.data_dir)]
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(cmd)}\n".encode())
+            log.flush()
+            # start_new_session: own process group, so the terminal's SIGINT goes to the parent only.
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        try:
+            wait_ready(self.bootstrap, self.start_timeout, alive=self.running)
+        except BrokerError as exc:
+            self._terminate(signal.SIGKILL)
+            raise BrokerError(f"{exc}; log tail ({self.log_path}):\n{self.log_tail()}") from None
+        return self
+
+    def stop(self) -> int | None:
+        """Graceful stop: SIGTERM (noida writes its snapshot), SIGKILL after ``stop_timeout``.  Returns the exit code."""
+        return self._terminate(signal.SIGTERM)
+
+    def kill(self) -> int | None:
+        """Crash the broker (SIGKILL): the last ~1 s of acknowledged writes may be lost, as in the notes."""
+        return self._terminate(signal.SIGKILL)
+
+    def restart(self) -> "EmbeddedBroker":
+        """Graceful stop, then start on the same data dir and port."""
+        self.stop()
+        return self.start()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _terminate(self, sig: signal.Signals) -> int | None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                return proc.wait(self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return proc.wait()
+
+    def _atexit(self) -> None:
+        # Safety net: an interpreter exiting without stop() must not leave a broker behind.
+        if self.running():
+            self._terminate(signal.SIGTERM)
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.running() else "stopped"
+        return f"EmbeddedBroker({self.bootstrap}, {self.data_dir}, {state})"
