@@ -1,0 +1,422 @@
+"""Kafka source and sink for Spark, on the Python Data Source API and confluent-kafka.
+
+Spark's built-in ``format("kafka")`` needs jars that cannot be installed on these machines
+(reference/notes-spark-helm-offline.md, section 2), so this module provides ``format("cbgpkafka")``:
+
+- a streaming reader: the stream offset is ``{"<partition>": next_offset}``, kept in Spark's checkpoint,
+  so a restarted query resumes exactly where the last committed micro-batch ended;
+- a batch reader over ``[startingOffsets, endingOffsets)``;
+- a streaming and a batch writer (idempotent producer; every row's delivery is confirmed before the
+  task reports success, so Spark only commits a batch whose records are all acknowledged).
+
+The schema matches Spark's Kafka source: ``key binary, value binary, topic string, partition int,
+offset long, timestamp_ms long``.  Options:
+
+``subscribe``              topic to read (one topic per source).
+``startingOffsets``        ``earliest`` (default), ``latest``, or JSON ``{"0": 42, ...}``.
+``endingOffsets``          batch only: ``latest`` (default) or JSON.
+``maxOffsetsPerTrigger``   streaming only: cap on records per micro-batch, split evenly over partitions.
+``commitGroup``            mirror committed offsets to this consumer group, so lag tools see progress.
+``readTimeoutMs``          a read task fails if no record arrives for this long (default 30000).
+``arrow``                  ``true`` (default): read() yields Arrow record batches instead of tuples.
+``topic``                  writer: target topic (otherwise a ``topic`` column is required).
+``kafka.<librdkafka key>`` passed through to every client (``kafka.bootstrap.servers`` is required;
+                           SASL/TLS settings such as ``kafka.security.protocol`` go here too).
+
+Readers use ``isolation.level=read_committed``: aborted transactions are never read, and the end of a
+range is the last stable offset.  Transaction markers and compaction leave gaps in offsets, so a read
+is done when the consumer *position* reaches the range end, not when offset ``end-1`` arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterator, Mapping
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+FORMAT_NAME = "cbgpkafka"
+KAFKA_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp_ms long"
+_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp_ms"]
+_ARROW_BATCH_ROWS = 10_000
+
+
+class KafkaSourceError(RuntimeError):
+    """Reading from or writing to Kafka failed; the message says which topic/partition and why."""
+
+
+def client_config(options: Mapping[str, str], **defaults: Any) -> dict[str, Any]:
+    """librdkafka config from the ``kafka.*`` options (prefix stripped), over ``defaults``."""
+    conf: dict[str, Any] = dict(defaults)
+    for key, value in options.items():
+        if key.lower().startswith("kafka."):
+            conf[key[len("kafka.") :]] = value
+    if "bootstrap.servers" not in conf:
+        raise KafkaSourceError("option kafka.bootstrap.servers is required (e.g. 127.0.0.1:9092)")
+    return conf
+
+
+def _reader_config(options: Mapping[str, str], group: str) -> dict[str, Any]:
+    return client_config(
+        options,
+        **{
+            "group.id": group,
+            "enable.auto.commit": False,
+            # Never read aborted transactional records; offsets of the end are then the LSO.
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+        },
+    )
+
+
+class KafkaPartition(InputPartition):
+    """One Kafka partition's offset range ``[start, end)`` for one Spark task."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def _parse_offsets(spec: str, default: str) -> str | dict[str, int]:
+    spec = (spec or default).strip()
+    if spec in ("earliest", "latest"):
+        return spec
+    try:
+        parsed = json.loads(spec)
+        return {str(p): int(o) for p, o in parsed.items()}
+    except (ValueError, AttributeError) as exc:
+        raise KafkaSourceError(f"offsets must be earliest, latest or JSON {{partition: offset}}, got {spec!r}") from exc
+
+
+class _OffsetPlanner:
+    """Driver-side: one cached consumer answering watermark queries for the topic."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = options
+        if "subscribe" not in options:
+            raise KafkaSourceError("option subscribe (the topic to read) is required")
+        self.topic = options["subscribe"]
+        self._consumer: Any = None
+
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(_reader_config(self.options, self.options.get("commitGroup", "cbgp-spark-planner")))
+        return self._consumer
+
+    def watermarks(self) -> dict[str, tuple[int, int]]:
+        """``{partition: (low, high)}``; high is the last stable offset under read_committed."""
+        from confluent_kafka import TopicPartition
+
+        consumer = self.consumer()
+        meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise KafkaSourceError(f"topic {self.topic!r} does not exist or has no partitions ({meta and meta.error})")
+        return {
+            str(p): consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+            for p in sorted(meta.partitions)
+        }
+
+    def resolve(self, spec: str | dict[str, int]) -> dict[str, int]:
+        marks = self.watermarks()
+        if spec == "earliest":
+            return {p: lo for p, (lo, _) in marks.items()}
+        if spec == "latest":
+            return {p: hi for p, (_, hi) in marks.items()}
+        assert isinstance(spec, dict)
+        # Partitions absent from an explicit spec start at their beginning (new partitions).
+        return {p: spec.get(p, lo) for p, (lo, _) in marks.items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Readers are pickled to Python workers; a live librdkafka client cannot travel.
+        return {**self.__dict__, "_consumer": None}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def read_partition(options: Mapping[str, str], part: KafkaPartition) -> Iterator[Any]:
+    """Yield the records of ``part`` (tuples, or Arrow batches with ``arrow=true``)."""
+    use_arrow = options.get("arrow", "true").lower() == "true"
+    rows = _read_records(options, part)
+    if not use_arrow:
+        yield from rows
+        return
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+         ("offset", pa.int64()), ("timestamp_ms", pa.int64())]
+    )
+    buf: list[tuple] = []
+    for row in rows:
+        buf.append(row)
+        if len(buf) >= _ARROW_BATCH_ROWS:
+            yield pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(zip(*buf), schema.types)], schema=schema)
+            buf = []
+    if buf:
+        yield pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(zip(*buf), schema.types)], schema=schema)
+
+
+def _read_records(options: Mapping[str, str], part: KafkaPartition) -> Iterator[tuple]:
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    if part.end <= part.start:
+        return
+    timeout_s = int(options.get("readTimeoutMs", "30000")) / 1000.0
+    consumer = Consumer(_reader_config(options, "cbgp-spark-reader"))
+    tp = TopicPartition(part.topic, part.partition, part.start)
+    consumer.assign([tp])
+    position, last_progress = part.start, time.monotonic()
+    try:
+        while position < part.end:
+            msgs = consumer.consume(num_messages=min(10_000, part.end - position), timeout=1.0)
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        # The log ends before `end`: only possible if records were truncated.
+                        if msg.offset() < part.end:
+                            raise KafkaSourceError(
+                                f"{part.topic}/{part.partition}: log ends at {msg.offset()} before planned end "
+                                f"{part.end} (records deleted or truncated?)"
+                            )
+                        position = part.end
+                        break
+                    raise KafkaSourceError(f"{part.topic}/{part.partition}@{position}: {err}")
+                if msg.offset() >= part.end:
+                    position = part.end
+                    break
+                yield (msg.key(), msg.value(), part.topic, part.partition, msg.offset(), msg.timestamp()[1])
+                position, last_progress = msg.offset() + 1, time.monotonic()
+            if position >= part.end:
+                break
+            if not msgs:
+                # Transaction markers and compaction leave offsets with no record: the consumer's
+                # position moves past them although nothing is delivered.
+                pos = consumer.position([TopicPartition(part.topic, part.partition)])[0].offset
+                if pos >= part.end:
+                    break
+                if time.monotonic() - last_progress > timeout_s:
+                    raise KafkaSourceError(
+                        f"timeout reading {part.topic}/{part.partition}: at {max(pos, position)}, "
+                        f"range ends at {part.end}, nothing for {timeout_s:.0f}s"
+                    )
+    finally:
+        consumer.close()
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batch reader; offsets ``{"<partition>": next_offset}`` live in Spark's checkpoint."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = options
+        self.planner = _OffsetPlanner(options)
+        self.topic = self.planner.topic
+        self.max_per_trigger = int(options.get("maxOffsetsPerTrigger", "0")) or None
+        self._available_now_target: dict[str, int] | None = None
+
+    def initialOffset(self) -> dict:
+        return self.planner.resolve(_parse_offsets(self.options.get("startingOffsets", ""), "earliest"))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # availableNow must not read past what existed when the query started.
+        self._available_now_target = self.planner.resolve("latest")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        end = self.planner.resolve("latest")
+        if self._available_now_target is not None:
+            end = {p: min(o, self._available_now_target.get(p, o)) for p, o in end.items()}
+        # Never go backwards (a partition's end cannot shrink below what was already read).
+        end = {p: max(o, start.get(p, 0)) for p, o in end.items()} if start else end
+        if isinstance(limit, ReadMaxRows) and start:
+            per_partition = max(1, limit.max_rows // max(1, len(end)))
+            end = {p: min(o, start.get(p, 0) + per_partition) for p, o in end.items()}
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        return self.planner.resolve("latest")
+
+    def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
+        return [
+            KafkaPartition(self.topic, int(p), int(start.get(p, 0)), int(e))
+            for p, e in sorted(end.items(), key=lambda kv: int(kv[0]))
+            if int(e) > int(start.get(p, 0))
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaPartition)
+        return read_partition(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        group = self.options.get("commitGroup")
+        if group:
+            from confluent_kafka import TopicPartition
+
+            offsets = [TopicPartition(self.topic, int(p), int(o)) for p, o in end.items()]
+            self.planner.consumer().commit(offsets=offsets, asynchronous=False)
+
+    def stop(self) -> None:
+        self.planner.close()
+
+
+class KafkaBatchReader(DataSourceReader):
+    """Batch read of ``[startingOffsets, endingOffsets)`` per partition."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = options
+        planner = _OffsetPlanner(options)
+        try:
+            self.topic = planner.topic
+            self.start = planner.resolve(_parse_offsets(options.get("startingOffsets", ""), "earliest"))
+            self.end = planner.resolve(_parse_offsets(options.get("endingOffsets", ""), "latest"))
+        finally:
+            planner.close()
+
+    def partitions(self) -> list[KafkaPartition]:
+        parts = [
+            KafkaPartition(self.topic, int(p), self.start.get(p, 0), e)
+            for p, e in sorted(self.end.items(), key=lambda kv: int(kv[0]))
+            if e > self.start.get(p, 0)
+        ]
+        # Spark requires at least one partition; an empty range reads nothing.
+        return parts or [KafkaPartition(self.topic, 0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KafkaPartition)
+        return read_partition(self.options, partition)
+
+
+class ProducedCount(WriterCommitMessage):
+    """What a write task reports back: how many records were acknowledged by the broker."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+def write_rows(options: Mapping[str, str], schema: StructType, rows: Iterator[Any]) -> ProducedCount:
+    """Produce ``rows`` (columns key, value and optionally topic/partition) and wait for every ack.
+
+    Raises if any delivery failed, so the Spark task fails and the batch is not committed
+    (at-least-once: a retried batch may produce some records twice; consumers dedupe by key/number).
+    """
+    from confluent_kafka import Producer
+
+    names = set(schema.fieldNames())
+    if "value" not in names:
+        raise KafkaSourceError(f"the DataFrame written to Kafka needs a value column, got {sorted(names)}")
+    fixed_topic = options.get("topic")
+    if fixed_topic is None and "topic" not in names:
+        raise KafkaSourceError("set option topic or provide a topic column")
+    producer = Producer(client_config(options, **{"enable.idempotence": True, "acks": "all", "linger.ms": 5}))
+    errors: list[str] = []
+    acked = 0
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        nonlocal acked
+        if err is not None:
+            errors.append(str(err))
+        else:
+            acked += 1
+
+    sent = 0
+    for row in rows:
+        topic = fixed_topic or row["topic"]
+        kwargs: dict[str, Any] = {"key": _as_bytes(row["key"]) if "key" in names else None,
+                                  "value": _as_bytes(row["value"]), "on_delivery": on_delivery}
+        if "partition" in names and row["partition"] is not None:
+            kwargs["partition"] = int(row["partition"])
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)  # local queue full: let deliveries drain, then retry
+        sent += 1
+        if errors:
+            break
+        producer.poll(0)
+    remaining = producer.flush(float(options.get("flushTimeoutS", "60")))
+    if errors or remaining or acked != sent:
+        raise KafkaSourceError(
+            f"Kafka write failed: {acked}/{sent} acknowledged, {remaining} undelivered, errors: {errors[:3]}"
+        )
+    return ProducedCount(acked)
+
+
+def _as_bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    return str(value).encode("utf-8")
+
+
+class KafkaStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options, self.schema = options, schema
+        client_config(options)  # fail at query start, not in a task, if bootstrap servers are missing
+
+    def write(self, iterator: Iterator[Any]) -> ProducedCount:
+        return write_rows(self.options, self.schema, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Nothing to do: every record was acknowledged before its task returned.
+        return None
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Records already produced stay (Kafka has no rollback without transactions); the batch is
+        # retried, which is the at-least-once contract consumers dedupe against.
+        return None
+
+
+class KafkaBatchWriter(DataSourceWriter):
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options, self.schema = options, schema
+        client_config(options)
+
+    def write(self, iterator: Iterator[Any]) -> ProducedCount:
+        return write_rows(self.options, self.schema, iterator)
+
+
+class KafkaDataSource(DataSource):
+    """``spark.read/readStream/write/writeStream.format("cbgpkafka")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return KAFKA_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise KafkaSourceError("Kafka topics are append-only: use mode('append')")
+        return KafkaBatchWriter(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return KafkaStreamWriter(self.options, schema)
