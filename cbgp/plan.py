@@ -1,0 +1,225 @@
+"""Query decomposition (Gergatsoulis & Damigos, Defs. 9-13, Prop. 5), as data.
+
+`decompose(query)` builds the connected-variable decomposition D_CV:
+- at most one ground part (the triple patterns with no variable);
+- one simple var-centric star per variable that shares no triple pattern with
+  another variable (`StarPart`; a self-loop `?x p ?x` keeps it single-variable
+  but makes it not "simple" in the paper's letter, which we report);
+- one var-connected component per connected group of two or more variables of
+  the variable graph (`ComponentPart`), with its star decomposition (one star per
+  variable: every pattern mentioning it), the overlapping-subqueries graph
+  (stars sharing a var-var pattern) and, for every pattern, the precomputed join
+  order of stars (findOrderedArray: the pattern's own variables first, subject
+  first, then breadth-first over the overlapping graph).
+
+The answer of the query is the cartesian product of its parts' answers.  Parts
+are listed in a fixed order (ground, stars, components), which the delta rule
+of `cbgp.engine` relies on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass
+
+from cbgp.sparql import ParsedQuery, TriplePattern, is_bnode_var, is_var
+
+
+@dataclass(frozen=True)
+class GroundPart:
+    patterns: tuple[int, ...]  # indices into ParsedQuery.patterns
+
+    kind = "ground"
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        return ()
+
+
+@dataclass(frozen=True)
+class StarPart:
+    variable: str
+    patterns: tuple[int, ...]
+    simple: bool  # False when the star contains a self-loop ?x p ?x
+
+    kind = "star"
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        return (self.variable,)
+
+
+@dataclass(frozen=True)
+class ComponentPart:
+    variables: tuple[str, ...]
+    patterns: tuple[int, ...]
+    stars: tuple[tuple[str, tuple[int, ...]], ...]  # (centre variable, patterns of its star)
+    overlaps: tuple[tuple[str, str, tuple[int, ...]], ...]  # (star X, star Y, shared var-var patterns)
+    join_orders: tuple[tuple[int, tuple[str, ...]], ...]  # (pattern, order of star centres)
+
+    kind = "component"
+
+    def join_order(self, pattern: int) -> tuple[str, ...]:
+        return dict(self.join_orders)[pattern]
+
+
+Part = GroundPart | StarPart | ComponentPart
+
+
+@dataclass(frozen=True)
+class Plan:
+    query: ParsedQuery
+    ground: GroundPart | None
+    stars: tuple[StarPart, ...]
+    components: tuple[ComponentPart, ...]
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        head: tuple[Part, ...] = (self.ground,) if self.ground else ()
+        return head + self.stars + self.components
+
+    @property
+    def query_class(self) -> str:
+        """The paper's class of the whole query (Defs. 6-8, 11, 12)."""
+        if not self.stars and not self.components:
+            return "ground"
+        if not self.components:
+            if len(self.stars) == 1 and self.ground is None:
+                return "simple var-centric star" if self.stars[0].simple else "var-centric star (self-loop)"
+            return "loosely-connected"
+        if len(self.components) == 1 and not self.stars and self.ground is None:
+            return "var-connected"
+        return "general (product of parts)"
+
+    def to_json(self) -> dict:
+        patterns = [str(p) for p in self.query.patterns]
+        parts = []
+        for part in self.parts:
+            entry: dict = {"kind": part.kind, "patterns": list(part.patterns), "variables": list(part.variables)}
+            if isinstance(part, StarPart):
+                entry["centre"] = part.variable
+                entry["simple"] = part.simple
+            if isinstance(part, ComponentPart):
+                entry["stars"] = [{"centre": v, "patterns": list(ps)} for v, ps in part.stars]
+                entry["overlaps"] = [{"stars": [a, b], "shared_patterns": list(ps)} for a, b, ps in part.overlaps]
+                entry["join_orders"] = {str(p): list(order) for p, order in part.join_orders}
+            parts.append(entry)
+        return {
+            "class": self.query_class,
+            "patterns": patterns,
+            "projected": list(self.query.projected),
+            "distinct": self.query.distinct,
+            "parts": parts,
+        }
+
+    def explain(self) -> str:
+        """A person-readable account of the decomposition."""
+        q = self.query
+        lines = [f"query class: {self.query_class}"]
+        proj = ", ".join("?" + v for v in q.projected) or "(none: boolean)"
+        lines.append(f"projection: {proj}{'  (DISTINCT)' if q.distinct else ''}")
+        lines.append("triple patterns:")
+        for index, pattern in enumerate(q.patterns):
+            lines.append(f"  t{index}: {pattern}")
+        lines.append("connected-variable decomposition D_CV:")
+        for number, part in enumerate(self.parts, 1):
+            pats = " ".join(f"t{i}" for i in part.patterns)
+            if isinstance(part, GroundPart):
+                lines.append(f"  part {number}: ground part [{pats}] -> match bitmap of {len(part.patterns)} bits")
+            elif isinstance(part, StarPart):
+                note = "" if part.simple else " (contains a self-loop)"
+                lines.append(
+                    f"  part {number}: var-centric star on {part.variable} [{pats}]{note} -> "
+                    f"state keyed by the value of {part.variable}"
+                )
+            else:
+                names = ", ".join(part.variables)
+                lines.append(f"  part {number}: var-connected component {{{names}}} [{pats}]")
+                lines.append("    star decomposition (state keyed by each centre's value):")
+                for centre, pats_of_star in part.stars:
+                    lines.append(f"      star {centre}: " + " ".join(f"t{i}" for i in pats_of_star))
+                lines.append("    overlapping-subqueries graph:")
+                for a, b, shared in part.overlaps:
+                    lines.append(f"      {a} -- {b} (share " + " ".join(f"t{i}" for i in shared) + ")")
+                lines.append("    join order per pattern (findOrderedArray):")
+                for pattern, order in part.join_orders:
+                    lines.append(f"      t{pattern}: " + " -> ".join(order))
+        if len(self.parts) > 1:
+            lines.append("answers: cartesian product of the parts' answers (delta rule per update)")
+        return "\n".join(lines)
+
+
+def decompose(query: ParsedQuery) -> Plan:
+    patterns = query.patterns
+    variables = list(query.variables)
+    parent = {v: v for v in variables}
+
+    def find(v: str) -> str:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for pattern in patterns:
+        pvars = pattern.variables()
+        if len(pvars) == 2:
+            a, b = find(pvars[0]), find(pvars[1])
+            if a != b:
+                parent[b] = a
+
+    blocks: dict[str, list[str]] = {}
+    for v in variables:
+        blocks.setdefault(find(v), []).append(v)
+
+    ground = tuple(i for i, p in enumerate(patterns) if not p.variables())
+    stars: list[StarPart] = []
+    components: list[ComponentPart] = []
+    for block in blocks.values():  # first-seen order of variables: deterministic
+        member = tuple(i for i, p in enumerate(patterns) if set(p.variables()) & set(block))
+        if len(block) == 1:
+            v = block[0]
+            simple = all(not (patterns[i].s == v and patterns[i].o == v) for i in member)
+            stars.append(StarPart(v, member, simple))
+        else:
+            components.append(_component(patterns, tuple(block), member))
+    return Plan(query, GroundPart(ground) if ground else None, tuple(stars), tuple(components))
+
+
+def _component(patterns: tuple[TriplePattern, ...], block: tuple[str, ...], member: tuple[int, ...]) -> ComponentPart:
+    star_of = {v: tuple(i for i in member if v in patterns[i].variables()) for v in block}
+    overlaps: dict[tuple[str, str], list[int]] = {}
+    neighbours: dict[str, list[str]] = {v: [] for v in block}
+    for i in member:
+        pvars = patterns[i].variables()
+        if len(pvars) == 2:
+            a, b = sorted(pvars, key=block.index)
+            overlaps.setdefault((a, b), []).append(i)
+            if b not in neighbours[a]:
+                neighbours[a].append(b)
+                neighbours[b].append(a)
+    orders = []
+    for i in member:
+        order = list(patterns[i].variables())
+        queue = deque(order)
+        while queue:
+            current = queue.popleft()
+            for nxt in neighbours[current]:
+                if nxt not in order:
+                    order.append(nxt)
+                    queue.append(nxt)
+        orders.append((i, tuple(order)))
+    return ComponentPart(
+        variables=block,
+        patterns=member,
+        stars=tuple((v, star_of[v]) for v in block),
+        overlaps=tuple((a, b, tuple(ps)) for (a, b), ps in overlaps.items()),
+        join_orders=tuple(orders),
+    )
+
+
+def plan_json_dumps(plan: Plan) -> str:
+    return json.dumps(plan.to_json(), indent=2)
+
+
+__all__ = ["ComponentPart", "GroundPart", "Part", "Plan", "StarPart", "decompose", "is_bnode_var", "is_var"]

@@ -1,0 +1,290 @@
+"""SPARQL SELECT queries over a Basic Graph Pattern: parsing and scope checks.
+
+rdflib's SPARQL parser does the parsing (it is well kept and gives line/column
+on syntax errors); this module turns its algebra into a `ParsedQuery` and
+rejects everything outside the supported fragment with one message naming the
+construct and where it is.  The algebra carries no source positions, so
+positions of unsupported constructs come from a small lexer over the query
+text that skips IRIs, strings and comments.
+
+Variables are strings starting with `?`.  Blank nodes in the query act as
+variables that are never projected; they are named `?_:label`, which no SPARQL
+variable name can collide with.  Constant terms are canonical strings
+(`cbgp.terms`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from cbgp.terms import TermError, from_rdflib
+
+BNODE_VAR_PREFIX = "?_:"
+
+
+class QueryError(ValueError):
+    """The query is invalid or outside the supported fragment.
+
+    `line` and `column` are 1-based positions in the query text when known.
+    """
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
+        self.message = message
+        self.line = line
+        self.column = column
+        where = f" (line {line}, column {column})" if line is not None else ""
+        super().__init__(message + where)
+
+
+@dataclass(frozen=True)
+class TriplePattern:
+    s: str
+    p: str
+    o: str
+    g: str | None = None  # constant named graph, None = the default graph
+
+    def variables(self) -> tuple[str, ...]:
+        out: list[str] = []
+        for term in (self.s, self.o):
+            if is_var(term) and term not in out:
+                out.append(term)
+        return tuple(out)
+
+    def __str__(self) -> str:
+        body = f"{self.s} {self.p} {self.o}"
+        return f"GRAPH {self.g} {{ {body} }}" if self.g else body
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    text: str
+    patterns: tuple[TriplePattern, ...]
+    projected: tuple[str, ...]  # variable names without '?', in SELECT order
+    distinct: bool
+    select_star: bool
+    variables: tuple[str, ...] = field(default=())  # every variable incl. blank-node ones, first-seen order
+
+
+def is_var(term: str) -> bool:
+    return term.startswith("?")
+
+
+def is_bnode_var(term: str) -> bool:
+    return term.startswith(BNODE_VAR_PREFIX)
+
+
+# --- locating constructs in the text -------------------------------------------------------------
+
+_LEX = re.compile(
+    r"""(?P<comment>\#[^\n]*)
+      | (?P<string>\"\"\"(?:[^\\]|\\.)*?\"\"\"|'''(?:[^\\]|\\.)*?'''|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+      | (?P<iri><[^<>"{}|^`\\\s]*>)
+      | (?P<var>[?$][A-Za-z0-9_\u00b7\u00c0-\uffff]+)
+      | (?P<word>[A-Za-z_][A-Za-z0-9_\-]*(?::[A-Za-z0-9_\-.]*)?|:[A-Za-z0-9_\-.]*)
+      | (?P<punct>[/|^*+(){}\[\].;,!=<>&@-])
+      | (?P<other>\S)""",
+    re.VERBOSE,
+)
+
+
+def _tokens(text: str) -> list[tuple[str, str, int]]:
+    return [(m.lastgroup or "", m.group(0), m.start()) for m in _LEX.finditer(text)]
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def _find_keyword(text: str, *words: str) -> tuple[int | None, int | None]:
+    wanted = {w.upper() for w in words}
+    for kind, value, offset in _tokens(text):
+        if kind == "word" and value.upper() in wanted:
+            return _line_col(text, offset)
+    return None, None
+
+
+def _find_path_operator(text: str) -> tuple[int | None, int | None]:
+    """Position of the first property-path operator inside the WHERE clause."""
+    tokens = _tokens(text)
+    depth = 0
+    previous = ""
+    for kind, value, offset in tokens:
+        if value == "{":
+            depth += 1
+        elif value == "}":
+            depth -= 1
+        elif depth > 0 and kind == "punct" and value in "/|^*+" and previous not in ("", "(", ","):
+            return _line_col(text, offset)
+        elif depth > 0 and kind == "punct" and value == "^":
+            return _line_col(text, offset)
+        previous = kind
+    return None, None
+
+
+def _find_variable(text: str, name: str) -> tuple[int | None, int | None]:
+    in_where = False
+    for kind, value, offset in _tokens(text):
+        if value == "{":
+            in_where = True
+        if in_where and kind == "var" and value[1:] == name:
+            return _line_col(text, offset)
+    return None, None
+
+
+# Algebra node name -> (construct name for the message, keywords to locate it).
+_UNSUPPORTED = {
+    "Filter": ("FILTER", ("FILTER",)),
+    "LeftJoin": ("OPTIONAL", ("OPTIONAL",)),
+    "Union": ("UNION", ("UNION",)),
+    "Minus": ("MINUS", ("MINUS",)),
+    "Extend": ("BIND or a SELECT expression", ("BIND", "AS")),
+    "Group": ("GROUP BY / aggregates", ("GROUP", "COUNT", "SUM", "MIN", "MAX", "AVG", "SAMPLE", "GROUP_CONCAT")),
+    "AggregateJoin": ("aggregates", ("COUNT", "SUM", "MIN", "MAX", "AVG", "SAMPLE", "GROUP_CONCAT")),
+    "OrderBy": ("ORDER BY", ("ORDER",)),
+    "Slice": ("LIMIT / OFFSET", ("LIMIT", "OFFSET")),
+    "values": ("VALUES", ("VALUES",)),
+    "ToMultiSet": ("VALUES or a subquery", ("VALUES", "SELECT")),
+    "ServiceGraphPattern": ("SERVICE", ("SERVICE",)),
+    "Reduced": ("SELECT REDUCED", ("REDUCED",)),
+    "Having": ("HAVING", ("HAVING",)),
+}
+
+
+def _reject(text: str, construct: str, keywords: tuple[str, ...]) -> QueryError:
+    line, column = _find_keyword(text, *keywords)
+    return QueryError(
+        f"{construct} is not supported: the query must be a SELECT whose WHERE clause is a basic graph "
+        f"pattern (triple patterns, optionally inside GRAPH <iri>)",
+        line,
+        column,
+    )
+
+
+def parse_query(text: str) -> ParsedQuery:
+    """Parse a SPARQL SELECT query with a BGP WHERE clause, or raise QueryError."""
+    from pyparsing import ParseException
+    from rdflib.plugins.sparql.algebra import translateQuery
+    from rdflib.plugins.sparql.parser import parseQuery
+
+    try:
+        parsed = parseQuery(text)
+    except ParseException as exc:
+        raise QueryError(f"SPARQL syntax error: {exc.msg}", exc.lineno, exc.col) from None
+    except Exception as exc:  # rdflib raises assorted errors for bad prefixes etc.
+        raise QueryError(f"SPARQL syntax error: {exc}") from None
+    form = parsed[1].name
+    if form != "SelectQuery":
+        keyword = {"ConstructQuery": "CONSTRUCT", "AskQuery": "ASK", "DescribeQuery": "DESCRIBE"}.get(form, form)
+        line, column = _find_keyword(text, keyword)
+        raise QueryError(f"{keyword} queries are not supported: only SELECT", line, column)
+    try:
+        algebra = translateQuery(parsed).algebra
+    except Exception as exc:
+        raise QueryError(f"invalid query: {exc}") from None
+    if algebra.get("datasetClause"):
+        line, column = _find_keyword(text, "FROM")
+        raise QueryError("FROM / FROM NAMED dataset clauses are not supported", line, column)
+
+    node = algebra["p"]
+    distinct = False
+    if node.name == "Distinct":
+        distinct = True
+        node = node["p"]
+    if node.name in _UNSUPPORTED:
+        raise _reject(text, *_UNSUPPORTED[node.name])
+    if node.name != "Project":
+        raise _reject(text, node.name, (node.name,))
+    projected_vars = [str(v) for v in node["PV"]]
+    inner = node["p"]
+    if inner.name == "Extend" and _contains(inner, "AggregateJoin"):
+        raise _reject(text, *_UNSUPPORTED["AggregateJoin"])
+    patterns = _collect_patterns(text, inner, None)
+    if not patterns:
+        raise QueryError("the WHERE clause has no triple patterns")
+
+    unique: list[TriplePattern] = []
+    for pattern in patterns:  # a BGP is a set of triple patterns
+        if pattern not in unique:
+            unique.append(pattern)
+    variables: list[str] = []
+    for pattern in unique:
+        for term in (pattern.s, pattern.o):
+            if is_var(term) and term not in variables:
+                variables.append(term)
+    select_star = _is_select_star(text)
+    if select_star:
+        projected = tuple(v[1:] for v in variables if not is_bnode_var(v))
+    else:
+        projected = tuple(projected_vars)
+    return ParsedQuery(text, tuple(unique), projected, distinct, select_star, tuple(variables))
+
+
+def _is_select_star(text: str) -> bool:
+    tokens = _tokens(text)
+    for index, (kind, value, _offset) in enumerate(tokens):
+        if kind == "word" and value.upper() == "SELECT":
+            rest = [v for k, v, _ in tokens[index + 1 : index + 3]]
+            return "*" in rest
+    return False
+
+
+def _contains(node, name: str) -> bool:  # noqa: ANN001
+    from rdflib.plugins.sparql.parserutils import CompValue
+
+    if isinstance(node, CompValue):
+        return node.name == name or any(_contains(v, name) for v in node.values())
+    if isinstance(node, (list, tuple)):
+        return any(_contains(v, name) for v in node)
+    return False
+
+
+def _collect_patterns(text: str, node, graph: str | None) -> list[TriplePattern]:  # noqa: ANN001
+    name = node.name
+    if name == "BGP":
+        return [_pattern(text, triple, graph) for triple in node["triples"]]
+    if name == "Join":
+        return _collect_patterns(text, node["p1"], graph) + _collect_patterns(text, node["p2"], graph)
+    if name == "Graph":
+        from rdflib import Variable
+
+        term = node["term"]
+        if isinstance(term, Variable):
+            line, column = _find_keyword(text, "GRAPH")
+            raise QueryError("GRAPH ?variable is not supported yet: name the graph with an IRI", line, column)
+        return _collect_patterns(text, node["p"], from_rdflib(term))
+    if name in _UNSUPPORTED:
+        raise _reject(text, *_UNSUPPORTED[name])
+    if name == "Project":  # a subquery
+        raise _reject(text, "a subquery", ("SELECT",))
+    raise _reject(text, name, (name,))
+
+
+def _pattern(text: str, triple, graph: str | None) -> TriplePattern:  # noqa: ANN001
+    from rdflib import BNode, Literal, URIRef, Variable
+
+    s, p, o = triple
+    if not isinstance(p, (URIRef, Variable)):
+        line, column = _find_path_operator(text)
+        raise QueryError("property paths are not supported: use a single IRI as predicate", line, column)
+    if isinstance(p, Variable):
+        line, column = _find_variable(text, str(p))
+        raise QueryError(f"a variable in predicate position (?{p}) is not supported", line, column)
+    if isinstance(s, Literal):
+        raise QueryError(f"a literal cannot be the subject of a triple pattern: {s!r}")
+
+    def convert(term) -> str:  # noqa: ANN001
+        if isinstance(term, Variable):
+            return "?" + str(term)
+        if isinstance(term, BNode):
+            return BNODE_VAR_PREFIX + str(term)
+        if isinstance(term, (URIRef, Literal)):
+            try:
+                return from_rdflib(term)
+            except TermError as exc:
+                raise QueryError(str(exc)) from None
+        raise QueryError(f"unsupported term in a triple pattern: {term!r}")
+
+    return TriplePattern(convert(s), convert(p), convert(o), graph)
