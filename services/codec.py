@@ -1,0 +1,235 @@
+"""Avro encoding of every Kafka message value, in Avro's standard *single-object encoding*.
+
+Wire format (Avro spec, "Single-object encoding")::
+
+    0xC3 0x01 | 8-byte little-endian CRC-64-AVRO fingerprint of the writer schema's canonical form | body
+
+so each message names the exact schema that wrote it.  The writer registry holds the current schemas
+(``schemas/*.avsc``) and every previous version (``schemas/history/<Name>.v<N>.avsc``); :func:`decode`
+looks the fingerprint up and resolves the writer schema against the current reader schema, so a service
+reads records written before (or after, within the evolution rules in ``schemas/README.md``) a schema
+change.  Bodies are written by fastavro's ``schemaless_writer``; any Avro implementation can read them.
+
+Per-message cost is what matters here: schemas are parsed once, the header is precomputed, and a record
+written with the current schema is read without resolution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import to_parsing_canonical_form
+from fastavro.validation import ValidationError, validate
+
+__all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "fingerprint", "record_names",
+           "crc64_avro", "MAGIC"]
+
+MAGIC = b"\xc3\x01"
+HEADER_LEN = 10
+NAMESPACE = "org.cbgp"
+# Overridable so an image that installs the package without the repository still finds the schemas.
+SCHEMA_DIR = Path(os.environ.get("CBGP_SCHEMA_DIR", Path(__file__).resolve().parents[1] / "schemas"))
+
+
+class CodecError(ValueError):
+    """Bytes that are not a record of the expected schema, or a record that does not fit its schema."""
+
+
+# ---------------------------------------------------------------------------------------- fingerprints
+
+_EMPTY64 = 0xC15D213AA4D7A795
+
+
+def _crc_table() -> list[int]:
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (_EMPTY64 & -(fp & 1))
+        table.append(fp)
+    return table
+
+
+_TABLE = _crc_table()
+
+
+def crc64_avro(data: bytes) -> int:
+    """The Rabin CRC-64 the Avro spec defines for schema fingerprints ("CRC-64-AVRO")."""
+    fp = _EMPTY64
+    for byte in data:
+        fp = (fp >> 8) ^ _TABLE[(fp ^ byte) & 0xFF]
+    return fp
+
+
+# ---------------------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class _Writer:
+    name: str  # short record name, e.g. "RawUpdate"
+    version: str  # "current" or "v1", "v2", ...
+    parsed: dict[str, Any]
+    fingerprint: bytes  # 8 bytes, little-endian
+
+
+class _Registry:
+    """Current schema per record name, and every known writer schema by fingerprint."""
+
+    def __init__(self, schema_dir: Path) -> None:
+        self.current: dict[str, _Writer] = {}
+        self.by_fingerprint: dict[bytes, _Writer] = {}
+        if not schema_dir.is_dir():
+            raise CodecError(f"schema directory not found: {schema_dir} (set CBGP_SCHEMA_DIR)")
+        for path in sorted(schema_dir.glob("*.avsc")):
+            writer = self._load(path, "current")
+            self.current[writer.name] = writer
+            self.by_fingerprint[writer.fingerprint] = writer
+        for path in sorted((schema_dir / "history").glob("*.v*.avsc")):
+            version = path.name.split(".")[-2]
+            writer = self._load(path, version)
+            if writer.name not in self.current:
+                raise CodecError(f"{path}: history of {writer.name}, which has no current schema")
+            # An unchanged schema kept in history has the current fingerprint; the current entry wins.
+            self.by_fingerprint.setdefault(writer.fingerprint, writer)
+
+    @staticmethod
+    def _load(path: Path, version: str) -> _Writer:
+        try:
+            raw = json.loads(path.read_text())
+            parsed = parse_schema(raw)
+        except Exception as exc:  # a broken schema file is a deployment error: say which file
+            raise CodecError(f"{path}: invalid Avro schema: {exc}") from None
+        canonical = to_parsing_canonical_form(parsed)
+        fp = struct.pack("<Q", crc64_avro(canonical.encode()))
+        return _Writer(parsed["name"].rsplit(".", 1)[-1], version, parsed, fp)
+
+
+_registry: _Registry | None = None
+
+
+def _reg() -> _Registry:
+    global _registry
+    if _registry is None:
+        _registry = _Registry(SCHEMA_DIR)
+    return _registry
+
+
+def _current(record_name: str) -> _Writer:
+    name = record_name.rsplit(".", 1)[-1] if record_name.startswith(NAMESPACE + ".") else record_name
+    try:
+        return _reg().current[name]
+    except KeyError:
+        raise CodecError(f"unknown record {record_name!r}; known: {', '.join(sorted(_reg().current))}") from None
+
+
+def record_names() -> list[str]:
+    """Short names of every current record schema."""
+    return sorted(_reg().current)
+
+
+def fingerprint(record_name: str) -> bytes:
+    """The 8-byte (little-endian) CRC-64-AVRO fingerprint of ``record_name``'s current schema."""
+    return _current(record_name).fingerprint
+
+
+def schema(record_name: str) -> dict[str, Any]:
+    """The parsed current schema of ``record_name`` (fastavro form)."""
+    return _current(record_name).parsed
+
+
+# ---------------------------------------------------------------------------------------- encode / decode
+
+
+def encode(record_name: str, record: dict[str, Any]) -> bytes:
+    """``record`` as single-object-encoded bytes of ``record_name``'s current schema.
+
+    Raises :class:`CodecError` naming the record type if a field is missing or has the wrong type.
+    """
+    writer = _current(record_name)
+    buf = BytesIO()
+    buf.write(MAGIC)
+    buf.write(writer.fingerprint)
+    try:
+        schemaless_writer(buf, writer.parsed, record)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError, struct.error) as exc:
+        raise CodecError(f"cannot encode {writer.name}: {_explain(writer, record, exc)}") from None
+    return buf.getvalue()
+
+
+def _explain(writer: _Writer, record: Any, exc: Exception) -> str:
+    """A field-level reason for a failed write (only on the error path: validation costs as much as writing)."""
+    try:
+        validate(record, writer.parsed, raise_errors=True)
+    except ValidationError as verr:
+        return "; ".join(
+            f"{e.field or 'record'}: {e.datum!r:.60} is not {_describe(e.schema)}" for e in verr.errors
+        ) or str(exc)
+    except Exception:  # noqa: BLE001 - the validator itself choked on the datum: fall back to the writer's message
+        pass
+    return str(exc)
+
+
+def _describe(schema: Any) -> str:
+    """A short description of an Avro type (fastavro's own messages print whole schemas)."""
+    if isinstance(schema, list):
+        return " or ".join(_describe(s) for s in schema)
+    if isinstance(schema, dict):
+        if schema.get("type") == "enum":
+            return "one of " + "/".join(schema["symbols"])
+        if schema.get("type") in ("record", "error"):
+            return f"a {schema['name']} record (dict)"
+        return _describe(schema.get("type"))
+    return f"{schema}"
+
+
+def _split(data: bytes) -> tuple[_Writer, BytesIO]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CodecError(f"expected bytes, got {type(data).__name__}")
+    if len(data) < HEADER_LEN:
+        raise CodecError(f"truncated message: {len(data)} bytes, an Avro single-object header needs {HEADER_LEN}")
+    if data[:2] != MAGIC:
+        raise CodecError(f"not Avro single-object encoding: starts with {bytes(data[:2]).hex()}, expected c301")
+    writer = _reg().by_fingerprint.get(bytes(data[2:HEADER_LEN]))
+    if writer is None:
+        raise CodecError(f"unknown writer schema fingerprint {bytes(data[2:HEADER_LEN]).hex()} "
+                         "(written by a newer or foreign schema: add it to schemas/history/)")
+    return writer, BytesIO(data[HEADER_LEN:])
+
+
+def _read(writer: _Writer, reader: _Writer, body: BytesIO, size: int) -> dict[str, Any]:
+    try:
+        if writer is reader:
+            record = schemaless_reader(body, writer.parsed, None)
+        else:
+            record = schemaless_reader(body, writer.parsed, reader.parsed)
+    except Exception as exc:  # fastavro raises EOFError, UnicodeDecodeError, SchemaResolutionError, IndexError...
+        raise CodecError(f"corrupt {writer.name} ({writer.version}) body: {type(exc).__name__}: {exc}") from None
+    if body.tell() != size:
+        raise CodecError(f"corrupt {writer.name} body: {size - body.tell()} trailing bytes after the record")
+    return record
+
+
+def decode(record_name: str, data: bytes) -> dict[str, Any]:
+    """The record in ``data``, resolved to ``record_name``'s current schema.
+
+    Raises :class:`CodecError` if the bytes are truncated, not single-object encoded, written by an unknown
+    schema, written for another record type, or do not parse.
+    """
+    reader = _current(record_name)
+    writer, body = _split(data)
+    if writer.name != reader.name:
+        raise CodecError(f"expected {reader.name} but the message was written as {writer.name}")
+    return _read(writer, reader, body, len(data) - HEADER_LEN)
+
+
+def decode_any(data: bytes) -> tuple[str, dict[str, Any]]:
+    """``(record_name, record)`` for bytes of any known schema (for the CLI and dead-letter inspection)."""
+    writer, body = _split(data)
+    return writer.name, _read(writer, _reg().current[writer.name], body, len(data) - HEADER_LEN)
