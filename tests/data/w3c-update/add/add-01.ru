@@ -1,0 +1,2 @@
+PREFIX : <http://example.org/>
+ADD DEFAULT TO :g1

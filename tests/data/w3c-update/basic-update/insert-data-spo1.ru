@@ -1,0 +1,3 @@
+PREFIX : <http://example.org/ns#>
+
+INSERT DATA { :s :p :o }

@@ -1,0 +1,2 @@
+PREFIX : <http://example.org/>
+COPY DEFAULT TO :g1

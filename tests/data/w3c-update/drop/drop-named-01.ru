@@ -1,0 +1,3 @@
+PREFIX     : <http://example.org/> 
+
+DROP NAMED

@@ -1,0 +1,2 @@
+PREFIX : <http://example.org/>
+MOVE DEFAULT TO :g1

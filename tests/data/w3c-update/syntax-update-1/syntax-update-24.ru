@@ -1,0 +1,1 @@
+INSERT DATA { GRAPH <G> { <s> <p> 'o1', 'o2', 'o3' } }

@@ -1,0 +1,2 @@
+INSERT 
+DATA {  GRAPH <G>{} }

@@ -1,0 +1,2 @@
+# No URL
+LOAD ;

@@ -1,0 +1,2 @@
+# Typo in keyword.
+CREATE DEAFULT

@@ -1,0 +1,2 @@
+# Variable in data.
+INSERT DATA { GRAPH ?g {<s> <p> <o> } }

@@ -1,0 +1,7 @@
+# Nested GRAPH
+DELETE DATA { 
+  GRAPH <G> { 
+    <s> <p> <o> .
+    GRAPH <G1> { <s> <p1> 'o1' }
+  }
+}

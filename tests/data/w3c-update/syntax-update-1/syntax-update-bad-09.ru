@@ -1,0 +1,4 @@
+CREATE GRAPH <g>
+;
+LOAD <remote> INTO GRAPH <g>
+;;

@@ -1,0 +1,2 @@
+# BNode in DELETE WHERE
+DELETE WHERE { _:a <p> <o> }

@@ -1,0 +1,2 @@
+# BNode in DELETE template
+DELETE { <s> <p> [] } WHERE { ?x <p> <o> }

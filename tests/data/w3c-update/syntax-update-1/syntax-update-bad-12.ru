@@ -1,0 +1,2 @@
+# BNode in DELETE DATA
+DELETE DATA { _:a <p> <o> }

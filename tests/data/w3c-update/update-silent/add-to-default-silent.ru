@@ -1,0 +1,1 @@
+ADD SILENT GRAPH <http://www.example.com/g1> TO DEFAULT
