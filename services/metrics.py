@@ -1,0 +1,137 @@
+"""Prometheus metrics of the fleet, and the small HTTP server every service runs for them and its probes.
+
+The metric names and labels below are an interface: dashboards, alerts and the Helm chart's probes use
+them, so rename nothing.  Endpoints: ``/metrics`` (Prometheus text format), ``/healthz`` (200 while the
+process serves HTTP: the liveness probe), ``/readyz`` (200 once the service says it is ready, e.g. state
+restored and partitions assigned, else 503: the readiness probe).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = [
+    "MetricsServer", "start_metrics_server", "record_consumer_lag",
+    "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
+    "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY",
+]
+
+log = logging.getLogger(__name__)
+
+# ------------------------------------------------------------------------------------ metric objects
+# prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
+# cbgp_updates_in_total.
+
+UPDATES_IN = Counter("cbgp_updates_in", "Records a service consumed from its input topic.", ["service"])
+UPDATES_OUT = Counter("cbgp_updates_out", "Records a service produced to its output topic(s).", ["service"])
+DELTAS_EMITTED = Counter("cbgp_deltas_emitted", "Answer deltas emitted, per query and sign (+/-).", ["query", "sign"])
+STATE_ENTRIES = Gauge("cbgp_state_entries", "Star-state entries held for a partition.", ["partition"])
+STATE_BYTES = Gauge("cbgp_state_bytes", "Approximate bytes of star state held for a partition.", ["partition"])
+CONSUMER_LAG = Gauge("cbgp_consumer_lag", "High watermark minus consumer position.", ["topic", "partition"])
+PROCESSING_LATENCY = Histogram(
+    "cbgp_processing_latency_seconds", "Time to process one polled batch, poll to commit.", ["service"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+REJECTED_INPUTS = Counter("cbgp_rejected_inputs", "Inputs sent to the dead-letter topic, by reason code.",
+                          ["service", "reason"])
+RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress of a partition, 0..1.", ["partition"])
+ANSWER_LATENCY = Histogram(
+    "cbgp_answer_latency_seconds", "Event (or ingest) time of a change to the emission of the answers it caused.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+
+
+def record_consumer_lag(consumer: Any) -> None:
+    """Set ``cbgp_consumer_lag`` for every partition assigned to ``consumer`` (a confluent-kafka Consumer).
+
+    Uses the watermarks cached from fetch responses (no broker round trip), so it is cheap to call per poll.
+    """
+    assignment = consumer.assignment()
+    if not assignment:
+        return
+    for tp in consumer.position(assignment):
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+        except Exception:  # noqa: BLE001 - no fetch yet for this partition: nothing cached, try next time
+            continue
+        if high >= 0 and tp.offset >= 0:
+            CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+
+
+# ------------------------------------------------------------------------------------ HTTP server
+
+
+class MetricsServer:
+    """A running ``/metrics`` + probes server on a daemon thread; :meth:`stop` frees the port."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        """The bound port (the OS-chosen one when started with port 0)."""
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = self._httpd.server_address[0]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+
+    def __enter__(self) -> "MetricsServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_metrics_server(port: int, ready: Callable[[], bool] = lambda: True, host: str = "0.0.0.0",
+                         registry: CollectorRegistry = REGISTRY) -> MetricsServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0 = any free port).
+
+    ``ready`` is called on each ``/readyz`` request; if it raises, the answer is 503 with the error, so a
+    broken readiness check never takes the metrics endpoint down with it.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(200, b"ok\n")
+            elif path == "/readyz":
+                try:
+                    ok, detail = bool(ready()), ""
+                except Exception as exc:  # noqa: BLE001 - reported to the prober, not raised
+                    ok, detail = False, f": {type(exc).__name__}: {exc}"
+                self._send(200 if ok else 503, (b"ready\n" if ok else f"not ready{detail}\n".encode()))
+            else:
+                self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+        def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            # Probes hit these endpoints every few seconds: keep them out of the service's log.
+            log.debug("metrics http: " + fmt, *args)
+
+    httpd = ThreadingHTTPServer((host, port), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, name=f"metrics-{httpd.server_address[1]}", daemon=True)
+    thread.start()
+    return MetricsServer(httpd, thread)
