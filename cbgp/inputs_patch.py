@@ -299,7 +299,8 @@ def parse_patch_lines(
             if keyword in ("A", "D"):
                 terms = _row_terms(line, pos, prefixes)
                 if len(terms) not in (3, 4):
-                    raise PatchSyntaxError(f"an {keyword} row needs 3 or 4 terms (s p o [g]), got {len(terms)}", pos)
+                    raise PatchSyntaxError(f"an {keyword} row needs 3 or 4 terms (s p o [g]), got {len(terms)}",
+                                           terms[0][1] if terms else pos)
                 for (term, column), role in zip(terms, _ROLES):
                     reason = check_position(term, role)
                     if reason:
