@@ -197,7 +197,8 @@ def delete_topics(settings: KafkaSettings, topics: Iterable[str], timeout: float
     names = list(topics)
     if not names:
         return
-    for name, future in AdminClient(settings.admin_config()).delete_topics(names, request_timeout=timeout).items():
+    admin = AdminClient(settings.admin_config())  # keep a reference: the futures die with their client
+    for name, future in admin.delete_topics(names, request_timeout=timeout).items():
         try:
             future.result(timeout=timeout)
         except KafkaException as exc:
