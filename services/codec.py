@@ -34,8 +34,18 @@ __all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "finger
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
 NAMESPACE = "org.cbgp"
-# Overridable so an image that installs the package without the repository still finds the schemas.
-SCHEMA_DIR = Path(os.environ.get("CBGP_SCHEMA_DIR", Path(__file__).resolve().parents[1] / "schemas"))
+
+
+def _schema_dir() -> Path:
+    """``$CBGP_SCHEMA_DIR``, else ``schemas/`` next to the package (a checkout), else ``./schemas`` (the image's
+    working directory holds them, since a non-editable install puts the package in site-packages)."""
+    if os.environ.get("CBGP_SCHEMA_DIR"):
+        return Path(os.environ["CBGP_SCHEMA_DIR"])
+    beside = Path(__file__).resolve().parents[1] / "schemas"
+    return beside if beside.is_dir() else Path.cwd() / "schemas"
+
+
+SCHEMA_DIR = _schema_dir()
 
 
 class CodecError(ValueError):

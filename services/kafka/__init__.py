@@ -1,12 +1,24 @@
 """Thin wrappers around confluent-kafka, in the style of Quix Streams' ``kafka/`` package.
 
 - ``config``: :class:`KafkaSettings` from CLI flags / ``CBGP_*`` env vars -> librdkafka configs.
-- ``topics``: the topic catalogue as data and :func:`ensure_topics`.
+- ``topics``: the topic catalogue as data, :func:`ensure_topics`, :func:`catalogue`.
 - ``client``: producer/consumer factories and small read/produce helpers.
 - ``broker``: :class:`EmbeddedBroker`, a noida-db process for tests and local runs.
 - ``doctor``: :func:`run_doctor`, checks that a broker has what the fleet needs.
 """
 
+from services.kafka.broker import BrokerError, EmbeddedBroker
+from services.kafka.client import (DeliveryError, consume_until, delete_topics, end_offsets, make_consumer,
+                                   make_producer, produce_sync, read_all, wait_assignment)
 from services.kafka.config import KafkaConfigError, KafkaSettings, add_kafka_flags
+from services.kafka.doctor import Check, format_report, run_doctor
+from services.kafka.topics import TOPICS, TopicError, TopicSpec, catalogue, ensure_topics
 
-__all__ = ["KafkaConfigError", "KafkaSettings", "add_kafka_flags"]
+__all__ = [
+    "BrokerError", "EmbeddedBroker",
+    "DeliveryError", "consume_until", "delete_topics", "end_offsets", "make_consumer", "make_producer",
+    "produce_sync", "read_all", "wait_assignment",
+    "KafkaConfigError", "KafkaSettings", "add_kafka_flags",
+    "Check", "format_report", "run_doctor",
+    "TOPICS", "TopicError", "TopicSpec", "catalogue", "ensure_topics",
+]
