@@ -232,7 +232,8 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
         "rel-cbgp-registry": ["registry"],
         "rel-cbgp-worker": ["worker"],
         "rel-cbgp-answers": ["answers"],
-        "rel-cbgp-spark": ["spark-job", "--master", "local[2]"],
+        # The image's working directory is read-only: the job's state must go to the mounted volume.
+        "rel-cbgp-spark": ["spark-job", "--master", "local[2]", "--state-dir", "/var/lib/cbgp/state"],
     }
     for d in by_kind(docs, "Deployment"):
         pod = d["spec"]["template"]["spec"]
@@ -313,7 +314,7 @@ def test_production_values_configure_a_replicated_authenticated_cluster(rendered
     assert len(cfg["CBGP_BOOTSTRAP_SERVERS"].split(",")) == 3
     assert cfg["CBGP_REPLICATION_FACTOR"] == "3"
     assert cfg["CBGP_MIN_INSYNC_REPLICAS"] == "2"
-    assert cfg["CBGP_ENABLE_IDEMPOTENCE"] == "true"
+    assert cfg["CBGP_KAFKA_SOCKET_KEEPALIVE_ENABLE"] == "true"  # the services' librdkafka passthrough
     assert cfg["CBGP_SECURITY_PROTOCOL"] == "SASL_SSL"
     assert cfg["CBGP_SASL_MECHANISM"] == "SCRAM-SHA-512"
     assert cfg["CBGP_SSL_CA_LOCATION"] == "/etc/cbgp/tls/ca.crt"
@@ -385,7 +386,10 @@ def test_spark_application_mode_renders_an_operator_app_instead_of_a_deployment(
     # The operator must submit with the Spark version the image really ships.
     pinned = re.search(r"^pyspark(\[[^\]]*\])?==(\S+)$", (REPO / "requirements.lock").read_text(), re.M)
     assert pinned and spec["sparkVersion"] == pinned.group(2)
-    assert spec["arguments"][:2] == ["--master", "k8s://https://kubernetes.default.svc"]
+    assert spec["arguments"] == ["--master", "k8s://https://kubernetes.default.svc",
+                                 "--state-dir", "/var/lib/cbgp/state"]
+    mounts = {m["mountPath"] for m in spec["driver"]["volumeMounts"]}
+    assert "/var/lib/cbgp/state" in mounts
     # The driver's ServiceAccount may manage its executor pods, and nothing outside the namespace.
     sa = spec["driver"]["serviceAccount"]
     one(docs, "ServiceAccount", sa)
@@ -444,6 +448,8 @@ BAD_VALUES = {
     "bad-spark-mode": ("spark:\n  mode: yarn\n", ["/spark/mode"]),
     "bad-sasl-mechanism": ("kafka:\n  sasl:\n    mechanism: GSSAPI-ish\n", ["/kafka/sasl/mechanism"]),
     "bad-log-level": ("logLevel: verbose\n", ["/logLevel"]),
+    "client-config-not-a-librdkafka-name": ("kafka:\n  clientConfig:\n    SOCKET_TIMEOUT: 5\n",
+                                            ["SOCKET_TIMEOUT", "does not match pattern"]),
 }
 
 

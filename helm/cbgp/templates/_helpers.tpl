@@ -89,7 +89,6 @@ CBGP_TOPIC_PREFIX: {{ .Values.kafka.topicPrefix | quote }}
 CBGP_PARTITIONS: {{ .Values.kafka.partitions | quote }}
 CBGP_REPLICATION_FACTOR: {{ .Values.kafka.replicationFactor | quote }}
 CBGP_MIN_INSYNC_REPLICAS: {{ .Values.kafka.minInsyncReplicas | quote }}
-CBGP_ENABLE_IDEMPOTENCE: {{ .Values.kafka.idempotentProducers | quote }}
 CBGP_SECURITY_PROTOCOL: {{ include "cbgp.securityProtocol" . | quote }}
 {{- if .Values.kafka.sasl.enabled }}
 CBGP_SASL_MECHANISM: {{ .Values.kafka.sasl.mechanism | quote }}
@@ -100,6 +99,9 @@ CBGP_SSL_CA_LOCATION: {{ printf "/etc/cbgp/tls/%s" .Values.kafka.tls.caKey | quo
 CBGP_METRICS_PORT: {{ .Values.metrics.port | quote }}
 CBGP_LOG_LEVEL: {{ .Values.logLevel | quote }}
 CBGP_STATE_DIR: "/var/lib/cbgp/state"
+{{- range $key, $value := .Values.kafka.clientConfig }}
+{{ printf "CBGP_KAFKA_%s" ($key | replace "." "_" | upper) }}: {{ $value | toString | quote }}
+{{- end }}
 {{- end }}
 
 {{/* SASL credentials as env vars read from the Secret. */}}
