@@ -8,12 +8,15 @@ range rebalance of 4 partitions over 2 consumers, commit/resume, and read_commit
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import TopicPartition
 
-from services.kafka.broker import EmbeddedBroker
+from services.kafka.broker import BrokerError, EmbeddedBroker
 from services.kafka.client import (consume_until, end_offsets, make_consumer, make_producer, produce_sync,
                                    read_all, wait_assignment)
 from services.kafka.config import KafkaSettings
@@ -156,6 +159,7 @@ def test_embedded_broker_keeps_data_across_a_graceful_restart(embedded_broker: E
     producer = make_producer(settings)
     produce_sync(producer, settings.topic("admin"), b"survives")
     producer.flush(5)
+    del producer  # closes its connections: otherwise librdkafka logs every refused reconnect during the restart
     old_pid = embedded_broker.pid
     embedded_broker.restart()
     assert embedded_broker.pid != old_pid and embedded_broker.running()
@@ -164,3 +168,30 @@ def test_embedded_broker_keeps_data_across_a_graceful_restart(embedded_broker: E
     assert not embedded_broker.running()
     embedded_broker.start()  # same data dir and port after a crash
     assert ensure_topics(settings) == []  # topics saved by the graceful stop survive the crash
+
+
+def test_embedded_broker_runs_in_its_own_process_group(embedded_broker: EmbeddedBroker) -> None:
+    # So a Ctrl-C in the terminal reaches the parent, which then stops the broker in order.
+    assert os.getpgid(embedded_broker.pid) == embedded_broker.pid != os.getpgid(0)
+    assert embedded_broker.log_path.read_text().count("kafka") >= 1
+
+
+def test_a_taken_port_is_a_one_line_error_naming_the_cause(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        broker = EmbeddedBroker(tmp_path, port=busy.getsockname()[1], start_timeout=10)
+        with pytest.raises(BrokerError, match="already in use") as info:
+            broker.start()
+    assert "\n" not in str(info.value) and not broker.running()
+
+
+def test_an_auto_chosen_port_that_was_taken_moves_to_another(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        broker = EmbeddedBroker(tmp_path)
+        broker.port = busy.getsockname()[1]  # as if another process grabbed our free port first
+        with broker:
+            assert broker.port != busy.getsockname()[1] and broker.running()
+    assert not broker.running()

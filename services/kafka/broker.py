@@ -96,6 +96,9 @@ class EmbeddedBroker:
                  start_timeout: float = 30.0, stop_timeout: float = 20.0) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
+        # A port we picked may be taken by someone else before the broker binds it: then pick another,
+        # but only until the first successful start (a restart must keep its port for the clients).
+        self._may_move = port is None
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -119,8 +122,20 @@ class EmbeddedBroker:
 
     def start(self) -> "EmbeddedBroker":
         """Start the broker (no-op if running) and return once it answers Metadata."""
+        for _attempt in range(3):
+            try:
+                self._start_once()
+                self._may_move = False
+                return self
+            except BrokerError as exc:
+                if not (self._may_move and "already in use" in str(exc)):
+                    raise
+                self.port = free_port()
+        raise BrokerError(f"no free port found for the embedded broker after 3 attempts (last: {self.port})")
+
+    def _start_once(self) -> None:
         if self.running():
-            return self
+            return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [str(noida_binary()), "start", "--only", "kafka", "--kafka-port", str(self.port),
                "--host", "127.0.0.1", "--data-dir", str(self.data_dir)]
@@ -134,8 +149,7 @@ class EmbeddedBroker:
             wait_ready(self.bootstrap, self.start_timeout, alive=self.running)
         except BrokerError as exc:
             self._terminate(signal.SIGKILL)
-            raise BrokerError(f"{exc}; log tail ({self.log_path}):\n{self.log_tail()}") from None
-        return self
+            raise BrokerError(f"{exc}: {self._last_error()} (log: {self.log_path})") from None
 
     def stop(self) -> int | None:
         """Graceful stop: SIGTERM (noida writes its snapshot), SIGKILL after ``stop_timeout``.  Returns the exit code."""
@@ -155,6 +169,11 @@ class EmbeddedBroker:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def _last_error(self) -> str:
+        """The broker's own error line (e.g. "error: kafka: port 19092 is already in use"), for a one-line message."""
+        lines = [ln for ln in self.log_tail(10).splitlines() if "error" in ln.lower() and "GLIBC" not in ln]
+        return lines[-1].strip() if lines else "no error line in the log"
 
     def _terminate(self, sig: signal.Signals) -> int | None:
         proc, self._proc = self._proc, None
