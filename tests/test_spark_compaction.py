@@ -1,0 +1,213 @@
+"""Compaction folds the answers delta log exactly like a replay of the whole log.
+
+The expected answers are computed here, independently of ``spark.compaction``: a plain-Python replay that
+counts each (query_id, n) once and sums the signs per binding.  Logs are generated under the delta
+contract (a ``+`` only for an absent answer, a ``-`` only for a present one), then at-least-once delivery
+is imitated by re-sending some deltas, some of them much later.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import SparkSession
+
+from cbgp.terms import XSD_STRING, from_sparql_json
+from services.codec import decode, encode
+from services.kafka.client import make_producer, read_all
+from services.kafka.config import KafkaSettings
+from spark.compaction import (SnapshotStore, canonical_binding, compact_batch, current_key, decode_answers,
+                              kafka_publisher)
+from spark.job import kafka_options, start_compaction
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TERMS: list[dict[str, Any]] = [
+    {"type": "uri", "value": "http://ex.org/a"},
+    {"type": "uri", "value": "http://ex.org/b"},
+    {"type": "bnode", "value": "b0"},
+    {"type": "literal", "value": "chat", "lang": "fr"},
+    {"type": "literal", "value": "42", "datatype": "http://www.w3.org/2001/XMLSchema#integer"},
+    {"type": "literal", "value": 'quote " and \u00e9'},
+]
+
+
+def term_key(term: dict[str, Any]) -> str:
+    obj = {"type": term["type"], "value": term["value"]}
+    if term.get("lang"):
+        obj["xml:lang"] = term["lang"]
+    if term.get("datatype"):
+        obj["datatype"] = term["datatype"]
+    return from_sparql_json(obj)
+
+
+def binding_id(binding: dict[str, dict[str, Any]]) -> frozenset[tuple[str, str]]:
+    """The test's own notion of solution-mapping identity: variable -> RDF term identity."""
+    return frozenset((var, term_key(t)) for var, t in binding.items())
+
+
+def generate_log(rng: random.Random, queries: int = 3, steps: int = 150, pool: int = 12) -> list[dict[str, Any]]:
+    """Answer records obeying the delta contract, numbered 1.. per query, then some re-sent (duplicates)."""
+    bindings = [{"x": rng.choice(TERMS), "y": rng.choice(TERMS)} for _ in range(pool)]
+    # The same solution written two ways: a plain literal and an xsd:string literal are one RDF term.
+    bindings.append({"x": {"type": "literal", "value": "s"}})
+    bindings.append({"x": {"type": "literal", "value": "s", "datatype": XSD_STRING}})
+    present: dict[str, set] = {f"q{i}": set() for i in range(queries)}
+    n = Counter()
+    log = []
+    for _ in range(steps):
+        q = f"q{rng.randrange(queries)}"
+        b = rng.choice(bindings)
+        sign = "-" if binding_id(b) in present[q] else "+"
+        (present[q].discard if sign == "-" else present[q].add)(binding_id(b))
+        n[q] += 1
+        log.append({"query_id": q, "n": n[q], "seq": len(log) + 1, "sign": sign, "binding": b,
+                    "snapshot": False, "produced_at_ms": 1_700_000_000_000 + len(log)})
+    for rec in rng.sample(log, len(log) // 8):  # at-least-once: re-sent, anywhere later in the log
+        log.insert(rng.randrange(log.index(rec), len(log) + 1), dict(rec))
+    return log
+
+
+def expected_answers(log: list[dict[str, Any]]) -> dict[tuple[str, frozenset], int]:
+    seen, state = set(), Counter()
+    for rec in log:
+        if (rec["query_id"], rec["n"]) in seen:
+            continue
+        seen.add((rec["query_id"], rec["n"]))
+        state[(rec["query_id"], binding_id(rec["binding"]))] += 1 if rec["sign"] == "+" else -1
+    return {k: v for k, v in state.items() if v != 0}
+
+
+def snapshot_answers(spark: SparkSession, store: SnapshotStore) -> dict[tuple[str, frozenset], int]:
+    df = store.read(spark)
+    rows = df.collect() if df is not None else []
+    return {(r["query_id"], frozenset(json.loads(r["binding"]).items())): r["multiplicity"] for r in rows}
+
+
+def delta_rows(log: list[dict[str, Any]]) -> list[tuple]:
+    return [(r["query_id"], r["n"], 1 if r["sign"] == "+" else -1, canonical_binding(r["binding"]), None) for r in log]
+
+
+def test_canonical_binding_is_term_identity() -> None:
+    plain = canonical_binding({"x": {"type": "literal", "value": "s", "datatype": None, "lang": None}})
+    typed = canonical_binding({"x": {"type": "literal", "value": "s", "datatype": XSD_STRING}})
+    assert plain == typed
+    assert canonical_binding({"b": TERMS[0], "a": TERMS[3]}) == canonical_binding({"a": TERMS[3], "b": TERMS[0]})
+    assert canonical_binding({"a": TERMS[3]}) != canonical_binding({"a": {**TERMS[3], "lang": "en"}})
+    assert json.loads(current_key("q\"1", plain)) == ["q\"1", {"x": '"s"'}]
+
+
+def test_fold_equals_replay_of_the_whole_log_with_duplicates_and_retractions(spark: SparkSession, tmp_path: Path) -> None:
+    log = generate_log(random.Random(7), steps=300)
+    assert any(r["sign"] == "-" for r in log) and len({(r["query_id"], r["n"]) for r in log}) < len(log)
+    store = SnapshotStore(tmp_path / "snap")
+    deltas = spark.createDataFrame(delta_rows(log), "query_id string, n long, sign int, binding string, error string")
+    report = compact_batch(spark, deltas, store, publish=None)
+    assert snapshot_answers(spark, store) == expected_answers(log)
+    assert report.duplicates == len(log) - len({(r["query_id"], r["n"]) for r in log})
+    assert report.gaps == {} and report.negative == 0 and report.undecodable == 0
+    max_n = {q: max(r["n"] for r in log if r["query_id"] == q) for q in {r["query_id"] for r in log}}
+    assert store.folded_n() == max_n
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), cut=st.floats(0.05, 0.95))
+def test_snapshot_plus_later_deltas_replays_like_the_whole_log(spark: SparkSession, seed: int, cut: float) -> None:
+    log = generate_log(random.Random(seed), steps=120)
+    head = log[: int(len(log) * cut)]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SnapshotStore(Path(tmp) / "snap")
+        schema = "query_id string, n long, sign int, binding string, error string"
+        compact_batch(spark, spark.createDataFrame(delta_rows(head), schema), store, publish=None)
+        folded = store.folded_n()
+        # A reader: snapshot, then the *whole* log filtered to n above the manifest (duplicates once).
+        state = Counter(snapshot_answers(spark, store))
+        seen = set()
+        for rec in log:
+            key = (rec["query_id"], rec["n"])
+            if rec["n"] > folded.get(rec["query_id"], 0) and key not in seen:
+                seen.add(key)
+                state[(rec["query_id"], binding_id(rec["binding"]))] += 1 if rec["sign"] == "+" else -1
+        assert {k: v for k, v in state.items() if v != 0} == expected_answers(log)
+        # And folding the rest (the whole log again: already-folded deltas must be skipped) converges too.
+        report = compact_batch(spark, spark.createDataFrame(delta_rows(log), schema), store, publish=None)
+        assert report.already_folded == len([r for r in log if r["n"] <= folded.get(r["query_id"], 0)])
+        assert snapshot_answers(spark, store) == expected_answers(log)
+
+
+def test_gaps_in_n_are_reported_and_recorded(spark: SparkSession, tmp_path: Path) -> None:
+    b = canonical_binding({"x": TERMS[0]})
+    rows = [("q1", n, 1 if n % 2 else -1, b, None) for n in (1, 2, 3, 6, 7, 9)] + [("q2", 2, 1, b, None)]
+    store = SnapshotStore(tmp_path / "snap")
+    report = compact_batch(spark, spark.createDataFrame(rows, "query_id string, n long, sign int, binding string, error string"),
+                           store, publish=None)
+    assert report.gaps == {"q1": [[4, 5], [8, 8]], "q2": [[1, 1]]}
+    assert store.manifest()["gaps"] == report.gaps
+    assert store.folded_n() == {"q1": 9, "q2": 2}
+
+
+def produce_answers(settings: KafkaSettings, log: list[dict[str, Any]], extra_values: list[bytes] = ()) -> None:
+    producer = make_producer(settings)
+    for rec in log:
+        producer.produce(settings.topic("answers"), key=rec["query_id"].encode(), value=encode("Answer", rec))
+    for value in extra_values:
+        producer.produce(settings.topic("answers"), key=b"junk", value=value)
+    assert producer.flush(20) == 0
+
+
+def current_topic_answers(settings: KafkaSettings) -> dict[tuple[str, frozenset], int]:
+    """Latest value per key of answers.current, tombstones removing the key (what compaction keeps)."""
+    latest: dict[bytes, bytes | None] = {}
+    for msg in read_all(settings, settings.topic("answers.current")):
+        latest[msg.key()] = msg.value()
+    out = {}
+    for key, value in latest.items():
+        if value is not None:
+            rec = decode("CurrentAnswer", value)
+            out[(rec["query_id"], binding_id(rec["binding"]))] = rec["multiplicity"]
+            assert json.loads(key)[0] == rec["query_id"]
+    return out
+
+
+def test_kafka_batch_compaction_publishes_current_answers_and_reports_bad_records(
+    spark: SparkSession, kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    log = generate_log(random.Random(11), steps=120)
+    produce_answers(kafka_settings, log, extra_values=[b"not avro"])
+    options = kafka_options(kafka_settings)
+    raw = spark.read.format("cbgpkafka").options(**options).option("subscribe", kafka_settings.topic("answers")).load()
+    store = SnapshotStore(tmp_path / "snap")
+    report = compact_batch(spark, decode_answers(raw), store,
+                           kafka_publisher(options, kafka_settings.topic("answers.current")))
+    assert report.undecodable == 1 and "CodecError" in report.errors[0]
+    assert snapshot_answers(spark, store) == expected_answers(log)
+    assert current_topic_answers(kafka_settings) == expected_answers(log)
+
+
+def test_streaming_job_resumes_and_keeps_answers_current_exact(
+    spark: SparkSession, kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    rng = random.Random(5)
+    log = generate_log(rng, steps=200)
+    first, rest = log[:90], log[90:]
+    produce_answers(kafka_settings, first)
+    for part in (first, rest):
+        if part is rest:
+            produce_answers(kafka_settings, rest + rng.sample(first, 10))  # late duplicates of folded deltas
+        query = start_compaction(spark, kafka_settings, tmp_path / "snap", tmp_path / "ck", interval_s=None)
+        query.awaitTermination(240)
+        assert query.exception() is None
+    store = SnapshotStore(tmp_path / "snap")
+    assert snapshot_answers(spark, store) == expected_answers(log)
+    assert current_topic_answers(kafka_settings) == expected_answers(log)
+    retracted = {(r["query_id"], binding_id(r["binding"])) for r in log} - set(expected_answers(log))
+    assert retracted, "the generated log should retract some answers"
+    assert store.folded_n() == {q: max(r["n"] for r in log if r["query_id"] == q) for q in {r["query_id"] for r in log}}
