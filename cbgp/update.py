@@ -47,7 +47,8 @@ QuadKey = tuple[str, str, str, "str | None"]
 
 _NS = "urn:x-cbgp-update:"
 _VAR_NS = _NS + "var:"
-_MARK = "<" + _NS + "graph>"
+_MARK_IRI = _NS + "graph"
+_MARK = "<" + _MARK_IRI + ">"
 _ERROR_AT = re.compile(r"error at (\d+):(\d+)")
 _ABSOLUTE_IRI = re.compile(r"^<[A-Za-z][A-Za-z0-9+.\-]*:[^\\]*>$")
 _CONST, _VAR, _BNODE = 0, 1, 2
@@ -99,7 +100,7 @@ class UpdateExtractor:
 
     def __init__(self, store: ox.Store) -> None:
         self._store = store
-        self._scratch = ox.Store()  # always empty: template parsing runs against it
+        self._scratch = ox.Store()  # never written: template parsing and IRI resolution query it
 
     def apply(self, request: str, *, base: str | None = None) -> UpdateDelta:
         """Apply a SPARQL 1.1 Update request atomically; return exactly the quads it really inserted
@@ -113,16 +114,14 @@ class UpdateExtractor:
         for op in ops:
             try:
                 undo, op_deleted, op_inserted = self._run(op, base)
-            except UpdateRequestError as exc:
+            except Exception as exc:
+                # Undo operations 1..k-1 whatever went wrong, then say which operation failed.
                 self._revert(done)
-                raise UpdateRequestError(
-                    f"operation {op.index} ({op.kind}) failed: {exc}", operation=op.index
-                ) from exc
-            except (RuntimeError, OSError, ValueError, SyntaxError) as exc:
-                self._revert(done)
-                raise UpdateRequestError(
-                    f"operation {op.index} ({op.kind}) failed: {exc}; nothing was changed", operation=op.index
-                ) from exc
+                if isinstance(exc, (UpdateRequestError, RuntimeError, OSError, ValueError, SyntaxError)):
+                    raise UpdateRequestError(
+                        f"operation {op.index} ({op.kind}) failed: {exc}; nothing was changed", operation=op.index
+                    ) from exc
+                raise
             done.append(undo)
             # Compose: a quad deleted then re-inserted (or the reverse) nets to no change.
             for key in op_deleted:
@@ -144,18 +143,16 @@ class UpdateExtractor:
         tokens = syn.tokenize(request)
         unsupported = syn.uses_keyword(tokens, "LOAD", "SERVICE")
         if not unsupported:
-            # pyoxigraph is the parser of record; on an empty store this costs little.
-            self._scratch.clear()
+            # pyoxigraph is the parser of record; on a new empty store this costs little
+            # (a fresh store, because a cleared in-memory store keeps its history).
             try:
-                self._scratch.update(request, base_iri=base)
+                ox.Store().update(request, base_iri=base)
             except SyntaxError as exc:
                 raise self._syntax_error(request, tokens, str(exc)) from None
             except ValueError as exc:
                 raise UpdateRequestError(f"cannot parse the request: {exc}", syntax=True) from None
             except (RuntimeError, OSError):
                 pass  # a run-time error on the empty store says nothing about the real one
-            finally:
-                self._scratch.clear()
         try:
             ops = syn.split_request(request, tokens)
         except syn.UpdateSyntaxError as exc:
@@ -163,6 +160,7 @@ class UpdateExtractor:
             raise UpdateRequestError(
                 f"syntax error at line {line}, column {column}: {exc}", line=line, column=column, syntax=True
             ) from None
+        service_at = [t.start for t in tokens if t.keyword == "SERVICE"] if unsupported else []
         for op in ops:
             if op.kind == "LOAD":
                 raise UpdateRequestError(
@@ -170,7 +168,7 @@ class UpdateExtractor:
                     "send the document's triples as INSERT DATA instead",
                     operation=op.index,
                 )
-            if syn.uses_keyword(syn.tokenize(op.text), "SERVICE"):
+            if any(op.start <= offset < op.end for offset in service_at):
                 raise UpdateRequestError(
                     f"operation {op.index}: SERVICE is not supported in updates (the processor never calls "
                     "remote endpoints); put the remote data in the store first",
@@ -236,11 +234,16 @@ class UpdateExtractor:
             for q in inserted
             if not isinstance(q.graph_name, ox.DefaultGraph) and not store.contains_named_graph(q.graph_name)
         }
-        for q in deleted:
-            store.remove(q)
-        if inserted:
-            store.extend(inserted)
-        return _Undo(deleted, inserted, list(created), []), deleted_keys, inserted_keys
+        undo = _Undo(deleted, inserted, list(created), [])
+        try:
+            for q in deleted:
+                store.remove(q)
+            if inserted:
+                store.extend(inserted)
+        except Exception:
+            self._revert([undo])  # this operation's own partial writes
+            raise
+        return undo, deleted_keys, inserted_keys
 
     def _run_graph_management(
         self, op: syn.Operation, base: str | None
@@ -254,8 +257,10 @@ class UpdateExtractor:
         before = _read_graphs(store, graphs)
         store.update(op.prologue + "\n" + op.text, base_iri=base)
         after = _read_graphs(store, graphs)
-        deleted = [q for q in before if q not in after]
-        inserted = [q for q in after if q not in before]
+        # Lists in store order, so that the same request always reports the same order.
+        before_set, after_set = set(before), set(after)
+        deleted = [q for q in before if q not in after_set]
+        inserted = [q for q in after if q not in before_set]
         undo = _Undo(
             deleted,
             inserted,
@@ -301,13 +306,12 @@ class UpdateExtractor:
                 values = f"VALUES ({names}) {{ ({sentinels}) }}"
             query = f"{op.prologue}\nCONSTRUCT {{\n{_MARK} {_MARK} {graph} .\n{block.text}\n}} WHERE {{ {values} }}"
             triples = list(self._scratch.query(query, base_iri=base))
-            graph_term: tuple = (_CONST, with_graph)
+            graph_term: tuple = (_CONST, with_graph)  # default-graph block: the WITH graph if any
+            marks = [t for t in triples if t.subject.value == _MARK_IRI and t.predicate.value == _MARK_IRI]
+            if block.graph is not None:
+                graph_term = _template_term(marks[0].object, number, op.bnode_variables)
             for t in triples:
-                if t.subject.value == _MARK[1:-1] and t.predicate.value == _MARK[1:-1]:
-                    if block.graph is not None:
-                        graph_term = _template_term(t.object, number, op.bnode_variables)
-            for t in triples:
-                if t.subject.value == _MARK[1:-1] and t.predicate.value == _MARK[1:-1]:
+                if t.subject.value == _MARK_IRI and t.predicate.value == _MARK_IRI:
                     continue
                 template.append(
                     (
@@ -351,7 +355,8 @@ class UpdateExtractor:
             if undo.deleted:
                 store.extend(undo.deleted)
             for g in undo.created_graphs:
-                store.remove_graph(g)
+                if store.contains_named_graph(g):
+                    store.remove_graph(g)
             for g in undo.dropped_graphs:
                 store.add_graph(g)
 
@@ -394,10 +399,10 @@ def _instantiate(template: list[tuple], solution: ox.QuerySolution | None, out: 
                 out[ox.Quad(s, p, o, g)] = None
 
 
-def _read_graphs(store: ox.Store, graphs: list) -> set[ox.Quad]:
-    quads: set[ox.Quad] = set()
+def _read_graphs(store: ox.Store, graphs: list) -> list[ox.Quad]:
+    quads: list[ox.Quad] = []
     for g in graphs:
-        quads.update(store.quads_for_pattern(None, None, None, g))
+        quads.extend(store.quads_for_pattern(None, None, None, g))
     return quads
 
 
