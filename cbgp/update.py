@@ -148,7 +148,11 @@ class UpdateExtractor:
             try:
                 ox.Store().update(request, base_iri=base)
             except SyntaxError as exc:
-                raise self._syntax_error(request, tokens, str(exc)) from None
+                m = _ERROR_AT.search(str(exc))
+                if m is None:
+                    raise UpdateRequestError(f"syntax error: {_one_line(str(exc))}", syntax=True) from None
+                offset = syn.offset_of(request, int(m.group(1)), int(m.group(2)))
+                raise _syntax_error(request, tokens, offset, str(exc)[m.end() :].lstrip(": ")) from None
             except ValueError as exc:
                 raise UpdateRequestError(f"cannot parse the request: {exc}", syntax=True) from None
             except (RuntimeError, OSError):
@@ -156,10 +160,7 @@ class UpdateExtractor:
         try:
             ops = syn.split_request(request, tokens)
         except syn.UpdateSyntaxError as exc:
-            line, column = syn.line_column(request, exc.offset)
-            raise UpdateRequestError(
-                f"syntax error at line {line}, column {column}: {exc}", line=line, column=column, syntax=True
-            ) from None
+            raise _syntax_error(request, tokens, exc.offset, str(exc)) from None
         service_at = [t.start for t in tokens if t.keyword == "SERVICE"] if unsupported else []
         for op in ops:
             if op.kind == "LOAD":
@@ -175,32 +176,6 @@ class UpdateExtractor:
                     operation=op.index,
                 )
         return ops
-
-    def _syntax_error(self, request: str, tokens: list[syn.Token], message: str) -> UpdateRequestError:
-        m = _ERROR_AT.search(message)
-        if m is None:
-            return UpdateRequestError(f"syntax error: {message}", syntax=True)
-        line, column = int(m.group(1)), int(m.group(2))
-        offset = syn.offset_of(request, line, column)
-        # Operation number = separators ';' at brace depth 0 before the error, plus one.
-        depth, index = 0, 1
-        for t in tokens:
-            if t.start >= offset:
-                break
-            if t.text == "{":
-                depth += 1
-            elif t.text == "}":
-                depth -= 1
-            elif t.text == ";" and depth == 0:
-                index += 1
-        detail = message[m.end() :].lstrip(": ")
-        return UpdateRequestError(
-            f"syntax error at line {line}, column {column} (operation {index}): {detail}",
-            operation=index,
-            line=line,
-            column=column,
-            syntax=True,
-        )
 
     # -- execution ----------------------------------------------------------------
 
@@ -359,6 +334,37 @@ class UpdateExtractor:
                     store.remove_graph(g)
             for g in undo.dropped_graphs:
                 store.add_graph(g)
+
+
+def _syntax_error(request: str, tokens: list[syn.Token], offset: int, detail: str) -> UpdateRequestError:
+    """One line: where (line, column, operation, the text there) and what the parser expected."""
+    line, column = syn.line_column(request, offset)
+    # Operation number = separators ';' at brace depth 0 before the error, plus one.
+    depth, index = 0, 1
+    for t in tokens:
+        if t.start >= offset:
+            break
+        if t.text == "{":
+            depth += 1
+        elif t.text == "}":
+            depth -= 1
+        elif t.text == ";" and depth == 0:
+            index += 1
+    # Quote from the start of the token the parser stopped in (it reports its furthest position).
+    start = next((t.start for t in reversed(tokens) if t.start <= offset < t.end), offset)
+    near = _one_line(request[start : start + 30]) or "end of request"
+    return UpdateRequestError(
+        f"syntax error at line {line}, column {column} (operation {index}) near {near!r}: {_one_line(detail)}",
+        operation=index,
+        line=line,
+        column=column,
+        syntax=True,
+    )
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _template_term(term, block: int, bnode_variables: dict[str, str]) -> tuple:  # noqa: ANN001
