@@ -1,0 +1,66 @@
+"""The installed `cbgp` command: engine commands (from `cbgp.cli`) plus the fleet's.
+
+Each fleet command module registers itself in `FLEET_COMMANDS`: a function that
+adds its subparser(s) and returns their handlers.  Kafka settings come from
+`--bootstrap-servers ...` flags or `CBGP_*` environment variables everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from cbgp.cli import run
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
+    from services.kafka import add_kafka_flags
+
+    doctor = commands.add_parser("doctor", help="check that a Kafka broker has what the fleet needs")
+    add_kafka_flags(doctor)
+    topics = commands.add_parser("topics", help="create or list the fleet's topics")
+    topics.add_argument("action", choices=["create", "list"])
+    add_kafka_flags(topics)
+
+    def run_doctor_command(args: argparse.Namespace) -> int:
+        from services.kafka import KafkaSettings, format_report, run_doctor
+
+        checks = run_doctor(KafkaSettings.from_args(args))
+        print(format_report(checks))
+        return 0 if all(check.ok for check in checks) else 1
+
+    def run_topics(args: argparse.Namespace) -> int:
+        from services.kafka import KafkaSettings, catalogue, ensure_topics
+
+        settings = KafkaSettings.from_args(args)
+        if args.action == "create":
+            created = ensure_topics(settings)
+            print(f"created {len(created)} topic(s)" + (": " + ", ".join(created) if created else ""))
+        else:
+            for entry in catalogue(settings):
+                print("  ".join(f"{k}={v}" for k, v in entry.items()))
+        return 0
+
+    return {"doctor": run_doctor_command, "topics": run_topics}
+
+
+# Registration functions of the fleet's command groups, in help order.
+FLEET_COMMANDS: list[Callable[[argparse._SubParsersAction], dict[str, Handler]]] = [_broker_commands]
+
+
+def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
+    handlers: dict[str, Handler] = {}
+    for register in FLEET_COMMANDS:
+        handlers.update(register(commands))
+    return handlers
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(argv, _add_fleet_commands)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
