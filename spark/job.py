@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``cbgp spark-job``; returns the process exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback otherwise
     try:
         settings = KafkaSettings.from_args(args)
         extra_conf = dict(kv.split("=", 1) for kv in args.spark_conf)
