@@ -16,6 +16,7 @@ variable name can collide with.  Constant terms are canonical strings
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 
 from cbgp.terms import TermError, from_rdflib
@@ -99,10 +100,12 @@ def _line_col(text: str, offset: int) -> tuple[int, int]:
 
 
 def _find_keyword(text: str, *words: str) -> tuple[int | None, int | None]:
-    wanted = {w.upper() for w in words}
-    for kind, value, offset in _tokens(text):
-        if kind == "word" and value.upper() in wanted:
-            return _line_col(text, offset)
+    """Position of the first occurrence of the first of `words` (in priority order) that occurs."""
+    tokens = [(value.upper(), offset) for kind, value, offset in _tokens(text) if kind == "word"]
+    for word in words:
+        for value, offset in tokens:
+            if value == word.upper():
+                return _line_col(text, offset)
     return None, None
 
 
@@ -181,7 +184,7 @@ def parse_query(text: str) -> ParsedQuery:
         line, column = _find_keyword(text, keyword)
         raise QueryError(f"{keyword} queries are not supported: only SELECT", line, column)
     try:
-        algebra = translateQuery(parsed).algebra
+        algebra = _translate_in_source_order(translateQuery, parsed)
     except Exception as exc:
         raise QueryError(f"invalid query: {exc}") from None
     if algebra.get("datasetClause"):
@@ -220,6 +223,27 @@ def parse_query(text: str) -> ParsedQuery:
     else:
         projected = tuple(projected_vars)
     return ParsedQuery(text, tuple(unique), projected, distinct, select_star, tuple(variables))
+
+
+_TRANSLATE_LOCK = threading.Lock()
+
+
+def _translate_in_source_order(translate, parsed):  # noqa: ANN001, ANN202
+    """rdflib's algebra, with triple patterns in the order the query wrote them.
+
+    rdflib sorts a BGP's triples for its own evaluator; we number patterns
+    t0, t1, ... as written (as the papers do), so its reordering is switched off
+    while translating.
+    """
+    from rdflib.plugins.sparql import algebra
+
+    with _TRANSLATE_LOCK:
+        original = algebra.reorderTriples
+        algebra.reorderTriples = list
+        try:
+            return translate(parsed).algebra
+        finally:
+            algebra.reorderTriples = original
 
 
 def _is_select_star(text: str) -> bool:
