@@ -49,6 +49,8 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
 
 # Registration functions of the fleet's command groups, in help order.
 FLEET_COMMANDS: list[Callable[[argparse._SubParsersAction], dict[str, Handler]]] = [_broker_commands]
+from services.runtime import data_path_commands  # noqa: E402 - ingest, worker, answers
+FLEET_COMMANDS.append(data_path_commands)
 
 
 def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:

@@ -1,0 +1,313 @@
+"""The answers service (``cbgp answers``): deltas.parts -> numbered answers + current answers.
+
+Topology::
+
+    deltas.parts (group <prefix>answers, key query id) --[AnswersCore]--> answers          (Answer, n = 1, 2, ...)
+    dictionary (all partitions, read continuously)     ----^         --> answers.current  (CurrentAnswer | tombstone)
+
+:class:`AnswersCore` is the transform (no Kafka): per query it numbers deltas in arrival order, drops
+duplicates by idempotence key (per (query, source partition) the key (source_offset, index) must
+increase), decodes term ids and maintains multiplicities.  Answers of a query go to the partition of
+deltas.parts it came from (both keyed by query id), so a partition's state is restored by re-reading its
+answers partition: n and multiplicities from the records, idempotence keys from their ``cbgp-src`` header.
+The answers.current key is ``spark.compaction.current_key`` (canonical JSON ``["<query>", {binding}]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from cbgp.terms import to_sparql_json
+from services import codec
+from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
+from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
+                              UPDATES_OUT, record_consumer_lag, start_metrics_server)
+from services.runtime import (ORIGIN_HEADER, Output, Stopper, add_service_flags, commit_transaction,
+                              default_instance_id, kv, metrics_port, origin_ms, read_range, run_service,
+                              setup_logging)
+
+log = logging.getLogger("cbgp.answers")
+
+SERVICE = "answers"
+SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
+DICTIONARY_WAIT_SECONDS = 10.0
+
+
+def canonical_binding(terms: dict[str, str]) -> str:
+    """``{var: canonical N-Triples term}`` as canonical JSON (= ``spark.compaction.canonical_binding``)."""
+    return json.dumps(terms, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def current_key(query_id: str, binding_json: str) -> bytes:
+    """The answers.current key (= ``spark.compaction.current_key``), without importing Spark."""
+    return ("[" + json.dumps(query_id, ensure_ascii=False) + "," + binding_json + "]").encode("utf-8")
+
+
+def avro_term(term: str) -> dict:
+    obj = to_sparql_json(term)
+    return {"type": obj["type"], "value": obj["value"], "datatype": obj.get("datatype"), "lang": obj.get("xml:lang")}
+
+
+@dataclass
+class QueryAnswers:
+    n: int = 0
+    current: dict[str, list] = field(default_factory=dict)  # binding json -> [multiplicity, last_n]
+    last_key: dict[int, tuple[int, int]] = field(default_factory=dict)  # source partition -> (offset, index)
+
+
+class AnswersCore:
+    """Numbering, deduplication, decoding and multiplicities of every query of the assigned partitions."""
+
+    def __init__(self, answers_topic: str, current_topic: str, deadletter_topic: str, source_topic: str) -> None:
+        self.t_answers = answers_topic
+        self.t_current = current_topic
+        self.t_deadletter = deadletter_topic
+        self.t_source = source_topic
+        self.queries: dict[str, QueryAnswers] = {}
+        self.partition_of: dict[str, int] = {}
+        self.duplicates = 0
+
+    def drop_partition(self, partition: int) -> None:
+        for name in [q for q, p in self.partition_of.items() if p == partition]:
+            del self.queries[name]
+            del self.partition_of[name]
+
+    def restore(self, partition: int, value: bytes, headers: dict[str, bytes]) -> None:
+        """Re-apply one Answer already produced (restore of the numbering, multiplicities and dedupe keys)."""
+        record = codec.decode("Answer", value)
+        state = self.queries.setdefault(record["query_id"], QueryAnswers())
+        self.partition_of[record["query_id"]] = partition
+        state.n = max(state.n, record["n"])
+        src = headers.get(SOURCE_HEADER)
+        if src:
+            p, offset, index = (int(x) for x in src.decode().split(":"))
+            state.last_key[p] = max(state.last_key.get(p, (-1, -1)), (offset, index))
+        terms = {var: _term_of(t) for var, t in record["binding"].items()}
+        key = canonical_binding(terms)
+        entry = state.current.setdefault(key, [0, 0])
+        entry[0] += 1 if record["sign"] == "+" else -1
+        entry[1] = record["n"]
+        if entry[0] <= 0:
+            del state.current[key]
+
+    def on_delta(self, partition: int, offset: int, value: bytes, origin: int | None,
+                 lookup: Callable[[int], str | None]) -> list[Output]:
+        """The outputs of one PartDelta: an Answer and the new CurrentAnswer (or tombstone), or a dead letter."""
+        try:
+            record = codec.decode("PartDelta", value)
+        except codec.CodecError as exc:
+            return [self._dead(partition, offset, "schema-mismatch", str(exc), value)]
+        name = record["query_id"]
+        state = self.queries.setdefault(name, QueryAnswers())
+        self.partition_of[name] = partition
+        key = (record["source_offset"], record["index"])
+        src = record["source_partition"]
+        if key <= state.last_key.get(src, (-1, -1)):
+            self.duplicates += 1
+            return []
+        terms: dict[str, str] = {}
+        for var, term_id in record["binding"].items():
+            term = lookup(term_id)
+            if term is None:
+                return [self._dead(partition, offset, "unknown-term",
+                                   f"query {name}: term id {term_id} of ?{var} is not in the dictionary", value)]
+            terms[var] = term
+        state.last_key[src] = key
+        state.n += 1
+        sign = "+" if record["sign"] == "PLUS" else "-"
+        now = int(time.time() * 1000)
+        binding = {var: avro_term(term) for var, term in terms.items()}
+        answer = {"query_id": name, "n": state.n, "seq": record["seq"], "sign": sign, "binding": binding,
+                  "snapshot": record["snapshot"], "produced_at_ms": now}
+        headers = [(SOURCE_HEADER, f"{src}:{key[0]}:{key[1]}".encode())]
+        if origin is not None:
+            headers.append((ORIGIN_HEADER, str(origin).encode()))
+            ANSWER_LATENCY.observe(max(0, now - origin) / 1000)
+        out = [Output(self.t_answers, codec.encode("Answer", answer), name.encode(), partition, headers)]
+        binding_json = canonical_binding(terms)
+        entry = state.current.setdefault(binding_json, [0, 0])
+        entry[0] += 1 if sign == "+" else -1
+        entry[1] = state.n
+        ckey = current_key(name, binding_json)
+        if entry[0] <= 0:
+            if entry[0] < 0:
+                log.warning(kv(event="negative-multiplicity", query=name, binding=binding_json))
+            del state.current[binding_json]
+            out.append(Output(self.t_current, None, ckey, partition))
+        else:
+            current = {"query_id": name, "binding": binding, "multiplicity": entry[0], "last_n": state.n}
+            out.append(Output(self.t_current, codec.encode("CurrentAnswer", current), ckey, partition))
+        DELTAS_EMITTED.labels(name, sign).inc()
+        return out
+
+    def _dead(self, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
+        REJECTED_INPUTS.labels(SERVICE, reason).inc()
+        record = {"service": SERVICE, "source_topic": self.t_source, "partition": partition, "offset": offset,
+                  "reason": reason, "message": message, "line": None, "original": value or b"",
+                  "at_ms": int(time.time() * 1000)}
+        return Output(self.t_deadletter, codec.encode("DeadLetter", record))
+
+
+def _term_of(avro: dict) -> str:
+    from cbgp.terms import from_sparql_json
+
+    obj = {"type": avro["type"], "value": avro["value"]}
+    if avro.get("lang"):
+        obj["xml:lang"] = avro["lang"]
+    elif avro.get("datatype"):
+        obj["datatype"] = avro["datatype"]
+    return from_sparql_json(obj)
+
+
+# ---------------------------------------------------------------------------------------- Kafka loop
+
+
+class Dictionary:
+    """The dictionary topic, read continuously: id -> canonical term."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.topic = settings.topic("dictionary")
+        self.terms: dict[int, str] = {}
+        self.consumer = make_consumer(settings, f"{settings.topic_prefix}answers.dictionary")
+        self.consumer.assign([TopicPartition(self.topic, p, 0) for p in end_offsets(settings, self.topic)])
+
+    def poll(self, timeout: float) -> None:
+        for msg in self.consumer.consume(5000, timeout):
+            if msg.error() is None and msg.value() is not None:
+                try:
+                    entry = codec.decode("DictionaryEntry", msg.value())
+                except codec.CodecError:
+                    continue  # ingest's own output; a foreign record here is not ours to reject
+                self.terms[entry["id"]] = entry["term"]
+
+    def wait_for(self, ids: set[int], timeout: float = DICTIONARY_WAIT_SECONDS) -> None:
+        """Poll until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""
+        deadline = time.monotonic() + timeout
+        missing = {i for i in ids if i not in self.terms}
+        while missing and time.monotonic() < deadline:
+            self.poll(0.1)
+            missing = {i for i in missing if i not in self.terms}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class AnswersService:
+    def __init__(self, settings: KafkaSettings, args: argparse.Namespace, ready: list[bool]) -> None:
+        self.settings = settings
+        self.args = args
+        self.ready = ready
+        self.group = args.group or f"{settings.topic_prefix}answers"
+        self.t_source = settings.topic("deltas.parts")
+        self.t_answers = settings.topic("answers")
+        self.core = AnswersCore(self.t_answers, settings.topic("answers.current"), settings.topic("deadletter"),
+                                self.t_source)
+        self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
+        self.dictionary = Dictionary(settings)
+        self.consumer: Consumer | None = None
+        self.assigned: set[int] = set()
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Restore each newly assigned partition from its answers partition (the service's changelog)."""
+        new = {tp.partition for tp in partitions}
+        for partition in self.assigned - new:
+            self.core.drop_partition(partition)
+        for partition in sorted(new - self.assigned):
+            low, high = end_offsets(self.settings, self.t_answers)[partition]
+            for msg in read_range(self.settings, self.t_answers, partition, low, high):
+                headers = {k: v for k, v in (msg.headers() or ()) if v is not None}
+                self.core.restore(partition, msg.value(), headers)
+        self.assigned = new
+        log.info(kv(event="assigned", partitions=",".join(map(str, sorted(new))) or "-",
+                    queries=len(self.core.queries)))
+
+    def run(self, stopper: Stopper) -> None:
+        """Consume-process-produce until stopped.
+
+        Steps per batch (exactly-once):
+        1. poll deltas (rebalance callbacks restore new partitions here) and the dictionary;
+        2. wait (bounded) for term ids not yet in the dictionary;
+        3. number, deduplicate and decode each delta (state changes in memory);
+        4. one transaction: answers + answers.current records, then the deltas.parts offsets; a failure
+           raises :class:`TransactionFailed` and a new life restores from the answers topic.
+        """
+        self.consumer = make_consumer(self.settings, self.group, [self.t_source], on_assign=self.on_assign,
+                                      on_revoke=lambda c, p: None)
+        self.ready[0] = True
+        try:
+            while not stopper.stopping:
+                self.dictionary.poll(0)
+                msgs = [m for m in self.consumer.consume(self.args.batch, 0.1) if _ok(m)]
+                if not msgs:
+                    continue
+                started = time.monotonic()
+                self.dictionary.wait_for(_ids_of(msgs))
+                outputs: list[Output] = []
+                offsets: dict[int, int] = {}
+                for msg in msgs:
+                    if msg.partition() not in self.assigned:
+                        continue
+                    outputs.extend(self.core.on_delta(msg.partition(), msg.offset(), msg.value(), origin_ms(msg),
+                                                      self.dictionary.terms.get))
+                    offsets[msg.partition()] = msg.offset() + 1
+                tps = [TopicPartition(self.t_source, p, o) for p, o in offsets.items()]
+                commit_transaction(self.producer, outputs, [(tps, self.consumer.consumer_group_metadata())])
+                UPDATES_IN.labels(SERVICE).inc(len(msgs))
+                UPDATES_OUT.labels(SERVICE).inc(len(outputs))
+                PROCESSING_LATENCY.labels(SERVICE).observe(time.monotonic() - started)
+                record_consumer_lag(self.consumer)
+        finally:
+            self.ready[0] = False
+            self.consumer.close()
+            self.dictionary.close()
+            self.producer.flush(5)
+
+
+def _ok(msg: Message) -> bool:
+    err = msg.error()
+    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+        log.warning(kv(event="consume-error", error=str(err)))
+    return err is None
+
+
+def _ids_of(msgs: list[Message]) -> set[int]:
+    ids: set[int] = set()
+    for msg in msgs:
+        try:
+            ids.update(codec.decode("PartDelta", msg.value())["binding"].values())
+        except codec.CodecError:
+            continue
+    return ids
+
+
+def register(commands: argparse._SubParsersAction) -> dict:
+    """Add ``cbgp answers`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
+    parser = commands.add_parser("answers", help="number deltas and maintain current answers (service)")
+    add_kafka_flags(parser)
+    add_service_flags(parser)
+    parser.add_argument("--group", help="consumer group (default <prefix>answers)")
+    parser.add_argument("--instance-id", default=default_instance_id(),
+                        help="stable instance name, part of the transactional id (default: host name)")
+    parser.add_argument("--batch", type=int, default=1000, help="deltas per transaction (default 1000)")
+
+    def handler(args: argparse.Namespace) -> int:
+        setup_logging(SERVICE, args.log_level)
+        settings = KafkaSettings.from_args(args)
+        ensure_topics(settings)
+        ready = [False]
+        server = start_metrics_server(metrics_port(args), lambda: ready[0])
+        log.info(kv(event="started", metrics_port=server.port, instance=args.instance_id))
+        stopper = Stopper()
+        try:
+            return run_service(SERVICE, lambda s: AnswersService(settings, args, ready).run(s), stopper)
+        finally:
+            server.stop()
+
+    return {"answers": handler}

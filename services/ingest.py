@@ -1,0 +1,307 @@
+"""The ingest service: raw updates -> the total order of effective, dictionary-encoded changes.
+
+Topology (``cbgp ingest``)::
+
+    updates.raw (1 partition) --[IngestProcessor]--> dictionary      (key term id, partition id % N)
+                                                 --> updates.encoded (the total order, seq 1, 2, 3 ...)
+                                                 --> updates.routed  (partition id % N of subject/object)
+                                                 --> deadletter      (one record per rejected statement)
+
+:class:`IngestProcessor` is the whole transform, with no Kafka in it: it maps one raw record to output
+records and updates its state (presence set, next seq, dictionary cache).  :func:`run` wraps it in a
+transactional consume-process-produce loop.  Its state is a pure function of updates.encoded (presence
+set, seq) and the dictionary topic, which is how it is restored on start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from confluent_kafka import TopicPartition
+from prometheus_client import Counter
+
+from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
+from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError
+from services import codec
+from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
+from services.metrics import (PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
+                              start_metrics_server)
+from services.runtime import (ORIGIN_HEADER, Output, Stopper, add_service_flags, commit_transaction,
+                              default_instance_id, kv, metrics_port, read_range, run_service, setup_logging)
+
+log = logging.getLogger("cbgp.ingest")
+
+SERVICE = "ingest"
+ROLE_NAMES = {1: "SUBJECT", 2: "OBJECT", 3: "BOTH"}
+# Inserts of present quads and deletes of absent ones: not errors (users send them), but worth watching.
+NOOP_UPDATES = Counter("cbgp_ingest_noop_updates", "Updates dropped by set semantics.", ["op"])
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """What ingest needs of a consumed record (so the processor can be driven without Kafka)."""
+
+    value: bytes | None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    topic: str = "updates.raw"
+    partition: int = 0
+    offset: int = 0
+    timestamp_ms: int = 0
+
+
+class IngestProcessor:
+    """Raw record -> outputs, with set semantics, stable dictionary ids, seq numbering and routing."""
+
+    def __init__(self, settings: KafkaSettings, routed_partitions: int, dictionary_partitions: int) -> None:
+        self.settings = settings
+        self.n_routed = routed_partitions
+        self.n_dictionary = dictionary_partitions
+        self.present: set[tuple[int, int, int, int]] = set()
+        self.dictionary = TermDictionary(stable=True)
+        self.published: set[int] = set()  # ids already on the dictionary topic
+        self.seq = 0  # seq of the last effective change
+        self.t_dictionary = settings.topic("dictionary")
+        self.t_encoded = settings.topic("updates.encoded")
+        self.t_routed = settings.topic("updates.routed")
+        self.t_deadletter = settings.topic("deadletter")
+
+    # -- restore
+
+    def restore_encoded(self, record: dict) -> None:
+        """Re-apply one EncodedUpdate of the changelog (updates.encoded) to the state."""
+        quad = (record["s"], record["p"], record["o"], record["g"])
+        if record["op"] == "ADD":
+            self.present.add(quad)
+        else:
+            self.present.discard(quad)
+        self.seq = max(self.seq, record["seq"])
+
+    def restore_dictionary(self, record: dict) -> None:
+        self.dictionary.add(record["id"], record["term"])
+        self.published.add(record["id"])
+
+    # -- transform
+
+    def process(self, raw: RawRecord) -> list[Output]:
+        """The outputs of one raw record, in produce order (dictionary entries before their first use)."""
+        out: list[Output] = []
+        if raw.value is None or raw.value == b"":
+            self._dead(out, raw, "empty", "empty record value: nothing to ingest", None)
+            return out
+        origin = [(ORIGIN_HEADER, str(raw.timestamp_ms).encode())]
+        if raw.value[:2] == codec.MAGIC:
+            self._avro(out, raw, origin)
+            return out
+        fmt = self._format(raw)
+        if fmt is None:
+            return self._dead(out, raw, "unknown-format", "cannot tell the input format from headers "
+                              f"content-type={raw.headers.get('content-type', b'')!r} cbgp-format="
+                              f"{raw.headers.get('cbgp-format', b'')!r}; use one of {', '.join(FORMATS)}", None)
+        for item in parse_input(raw.value, fmt):
+            if isinstance(item, InputError):
+                reason = "invalid-utf8" if item.message.startswith("invalid UTF-8") else "malformed-rdf"
+                self._dead(out, raw, reason, f"line {item.line}: {item.message}", item.line)
+                continue
+            self._change(out, raw, origin, item.op, item.s, item.p, item.o, item.g, None, item.line)
+        return out
+
+    def _format(self, raw: RawRecord) -> str | None:
+        for header in ("cbgp-format", "content-type"):
+            value = raw.headers.get(header)
+            if value:
+                try:
+                    return detect_format(value.decode("utf-8", "replace"))
+                except ValueError:
+                    return None
+        return "jsonl" if raw.value.lstrip()[:1] == b"{" else "patch"
+
+    def _avro(self, out: list[Output], raw: RawRecord, origin: list[tuple[str, bytes]]) -> None:
+        try:
+            record = codec.decode("RawUpdate", raw.value)
+        except codec.CodecError as exc:
+            self._dead(out, raw, "schema-mismatch", str(exc), None)
+            return
+        terms = []
+        for name in ("s", "p", "o", "g"):
+            text = record[name]
+            if text is None:
+                terms.append(None)
+                continue
+            try:
+                terms.append(parse_term(text))
+            except TermError as exc:
+                self._dead(out, raw, "malformed-rdf", f"RawUpdate.{name}: {exc}", None)
+                return
+        op = 1 if record["op"] == "ADD" else -1
+        self._change(out, raw, origin, op, *terms, record["event_time_ms"], None)
+
+    def _change(self, out: list[Output], raw: RawRecord, origin: list[tuple[str, bytes]], op: int, s: str, p: str,
+                o: str, g: str | None, event_time_ms: int | None, line: int | None) -> None:
+        """One parsed change: validate positions, encode, apply set semantics, emit encoded + routed."""
+        problem = _position_problem(s, p, o, g)
+        if problem:
+            self._dead(out, raw, "malformed-rdf", (f"line {line}: " if line else "") + problem, line)
+            return
+        try:
+            ids = [self._encode(out, term) for term in (s, p, o)]
+            gid = DEFAULT_GRAPH_ID if g is None else self._encode(out, g)
+        except TermCollisionError as exc:
+            self._dead(out, raw, "term-collision", str(exc), line)
+            return
+        quad = (ids[0], ids[1], ids[2], gid)
+        if op > 0:
+            if quad in self.present:
+                NOOP_UPDATES.labels("ADD").inc()
+                return
+            self.present.add(quad)
+        else:
+            if quad not in self.present:
+                NOOP_UPDATES.labels("DEL").inc()
+                return
+            self.present.discard(quad)
+        self.seq += 1
+        op_name = "ADD" if op > 0 else "DEL"
+        record = {"seq": self.seq, "op": op_name, "s": quad[0], "p": quad[1], "o": quad[2], "g": gid,
+                  "event_time_ms": event_time_ms,
+                  "source": {"topic": raw.topic, "partition": raw.partition, "offset": raw.offset}}
+        out.append(Output(self.t_encoded, codec.encode("EncodedUpdate", record), None, 0, origin))
+        del record["source"]
+        for centre, role in self.routes(quad[0], quad[2]):
+            record["role"] = ROLE_NAMES[role]
+            out.append(Output(self.t_routed, codec.encode("RoutedUpdate", record), str(centre).encode(),
+                              centre % self.n_routed, origin))
+
+    def routes(self, s: int, o: int) -> list[tuple[int, int]]:
+        """``(centre id, role)`` pairs: by subject and by object, once with BOTH when they share a partition."""
+        ps, po = s % self.n_routed, o % self.n_routed
+        if ps == po:
+            return [(s, 3)]
+        return [(s, 1), (o, 2)]
+
+    def _encode(self, out: list[Output], term: str) -> int:
+        term_id = self.dictionary.encode(term)
+        if term_id not in self.published:
+            self.published.add(term_id)
+            out.append(Output(self.t_dictionary, codec.encode("DictionaryEntry", {"id": term_id, "term": term}),
+                              str(term_id).encode(), term_id % self.n_dictionary))
+        return term_id
+
+    def _dead(self, out: list[Output], raw: RawRecord, reason: str, message: str, line: int | None) -> list[Output]:
+        REJECTED_INPUTS.labels(SERVICE, reason).inc()
+        record = {"service": SERVICE, "source_topic": raw.topic, "partition": raw.partition, "offset": raw.offset,
+                  "reason": reason, "message": message.replace("\n", " "), "line": line,
+                  "original": raw.value or b"", "at_ms": int(time.time() * 1000)}
+        out.append(Output(self.t_deadletter, codec.encode("DeadLetter", record)))
+        return out
+
+
+def _position_problem(s: str, p: str, o: str, g: str | None) -> str | None:
+    """Why a parsed quad is not RDF (Avro RawUpdate terms are parsed one by one, so check positions)."""
+    if s.startswith('"'):
+        return f"subject must be an IRI or blank node, got literal {s[:80]}"
+    if not p.startswith("<"):
+        return f"predicate must be an IRI, got {p[:80]}"
+    if g is not None and g.startswith('"'):
+        return f"graph name must be an IRI or blank node, got literal {g[:80]}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------- Kafka loop
+
+
+def restore(processor: IngestProcessor, settings: KafkaSettings) -> None:
+    """Rebuild the state from the logs: presence set and seq from updates.encoded, ids from dictionary."""
+    started = time.monotonic()
+    for partition, (low, high) in end_offsets(settings, processor.t_dictionary).items():
+        for msg in read_range(settings, processor.t_dictionary, partition, low, high):
+            if msg.value() is not None:
+                processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
+    low, high = end_offsets(settings, processor.t_encoded)[0]
+    for msg in read_range(settings, processor.t_encoded, 0, low, high):
+        processor.restore_encoded(codec.decode("EncodedUpdate", msg.value()))
+    log.info(kv(event="restored", seq=processor.seq, present=len(processor.present),
+                terms=len(processor.published), seconds=round(time.monotonic() - started, 2)))
+
+
+def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:
+    """One life of the service: restore, then consume-process-produce until stopped.
+
+    Steps per batch (exactly-once):
+    1. poll up to ``--batch`` raw records;
+    2. transform them with the processor (state changes in memory only);
+    3. one transaction: dictionary entries, encoded, routed and dead letters, then the raw offsets;
+    4. on failure the transaction is aborted and :class:`TransactionFailed` propagates: ``run_service``
+       starts a new life, which restores the state from the committed logs, so nothing half-done survives.
+    """
+    # Partition counts come from the broker, not the flags: routing must match the topics as they exist.
+    processor = IngestProcessor(settings, len(end_offsets(settings, settings.topic("updates.routed"))),
+                                len(end_offsets(settings, settings.topic("dictionary"))))
+    raw_topic = settings.topic("updates.raw")
+    group = args.group or f"{settings.topic_prefix}ingest"
+    producer = make_producer(settings, transactional_id=f"{group}.{args.instance_id}")
+    consumer = make_consumer(settings, group, [raw_topic])
+    try:
+        restore(processor, settings)
+        ready[0] = True
+        while not stopper.stopping:
+            msgs = consumer.consume(args.batch, 0.2)
+            msgs = [m for m in msgs if m.error() is None]
+            if not msgs:
+                continue
+            started = time.monotonic()
+            outputs: list[Output] = []
+            offsets: dict[int, int] = {}
+            for msg in msgs:
+                ts_type, ts = msg.timestamp()
+                raw = RawRecord(msg.value(), {k: v for k, v in (msg.headers() or ()) if v is not None},
+                                msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
+                outputs.extend(processor.process(raw))
+                offsets[msg.partition()] = msg.offset() + 1
+            tps = [TopicPartition(raw_topic, p, o) for p, o in offsets.items()]
+            commit_transaction(producer, outputs, [(tps, consumer.consumer_group_metadata())])
+            UPDATES_IN.labels(SERVICE).inc(len(msgs))
+            UPDATES_OUT.labels(SERVICE).inc(len(outputs))
+            PROCESSING_LATENCY.labels(SERVICE).observe(time.monotonic() - started)
+            record_consumer_lag(consumer)
+    finally:
+        ready[0] = False
+        consumer.close()  # leaves the group now rather than after the session timeout
+        producer.flush(5)
+
+
+def register(commands: argparse._SubParsersAction) -> dict:
+    """Add ``cbgp ingest`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
+    parser = commands.add_parser("ingest", help="parse, deduplicate, encode and route raw updates (service)")
+    add_kafka_flags(parser)
+    add_service_flags(parser)
+    parser.add_argument("--group", help="consumer group (default <prefix>ingest)")
+    parser.add_argument("--instance-id", default=default_instance_id(),
+                        help="stable instance name, part of the transactional id (default: host name)")
+    parser.add_argument("--batch", type=int, default=500, help="raw records per transaction (default 500)")
+
+    def handler(args: argparse.Namespace) -> int:
+        setup_logging(SERVICE, args.log_level)
+        settings = KafkaSettings.from_args(args)
+        ensure_topics(settings)
+        ready = [False]
+        server = start_metrics_server(metrics_port(args), lambda: ready[0])
+        log.info(kv(event="started", metrics_port=server.port, topics=settings.topic_prefix))
+        stopper = Stopper()
+        try:
+            return run_service(SERVICE, lambda s: run(settings, args, s, ready), stopper)
+        finally:
+            server.stop()
+
+    return {"ingest": handler}
+
+
+def replay_outputs(processor: IngestProcessor, records: Iterable[RawRecord]) -> list[Output]:
+    """Drive the processor over ``records`` (for tests and tools: the TopologyTestDriver idea)."""
+    out: list[Output] = []
+    for record in records:
+        out.extend(processor.process(record))
+    return out

@@ -1,0 +1,239 @@
+"""What every data-path service (ingest, worker, answers) shares around its pure transform.
+
+- :class:`Output`: one record to produce (topic, key, value, explicit partition, headers);
+- :func:`add_service_flags`, :func:`setup_logging` (one line per event, ``key=value``), :class:`Stopper`
+  (SIGTERM/SIGINT -> finish the batch, commit, leave the group, exit 0);
+- :func:`commit_transaction`: the consume-process-produce step of exactly-once processing;
+- :func:`read_range`: read a partition between two offsets (state restore = replay of an input log);
+- :func:`run_service`: restart a service's loop in-process after a broker/transaction failure, so state is
+  always rebuilt from the logs (the only source of truth) instead of patched up.
+
+Keys are ASCII strings (term ids in decimal, query ids as given), never Avro: see schemas/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from cbgp.terms import stable_term_id
+from services.kafka import KafkaSettings
+
+__all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
+           "read_range", "run_service", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
+
+log = logging.getLogger("cbgp.runtime")
+
+# Header carrying the time (epoch ms) at which the raw record that caused a change was produced: ingest
+# sets it from the raw record's timestamp, workers and answers pass it on, so update-to-answer latency can be
+# measured at the end of the pipeline without touching the schemas.
+ORIGIN_HEADER = "cbgp-origin-ms"
+DEFAULT_METRICS_PORT = 9400
+
+
+@dataclass(slots=True)
+class Output:
+    """One record a transform wants produced.  ``partition`` is always explicit: routing is the design."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None = None
+    partition: int = 0
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+class TransactionFailed(RuntimeError):
+    """A transaction could not be committed (broker down, fenced, timed out); it was aborted if possible.
+
+    The service must drop its in-memory state and restore it from the logs: that is what :func:`run_service`
+    does by running the service's loop again from scratch.
+    """
+
+
+def query_partition(query_id: str, partitions: int) -> int:
+    """The partition of everything keyed by query id (deltas.parts, answers), and a whole query's owner.
+
+    Explicit and hash-stable in every process (librdkafka's partitioner is not what other clients use).
+    """
+    return stable_term_id(query_id) % partitions
+
+
+def origin_ms(msg: Message) -> int | None:
+    """The ``cbgp-origin-ms`` header of ``msg``, if any."""
+    for key, value in msg.headers() or ():
+        if key == ORIGIN_HEADER and value:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def kv(**fields: Any) -> str:
+    """``key=value`` pairs for one structured log line (values with spaces are quoted)."""
+    parts = []
+    for key, value in fields.items():
+        text = str(value)
+        parts.append(f"{key}={text!r}" if (" " in text or not text) else f"{key}={text}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------- process setup
+
+
+def add_service_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--metrics-port`` (env CBGP_METRICS_PORT, default 9400, 0 = any free port) and ``--log-level``."""
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help=f"port of /metrics /healthz /readyz (env CBGP_METRICS_PORT, default {DEFAULT_METRICS_PORT}; 0 = any)")
+    parser.add_argument("--log-level", default=os.environ.get("CBGP_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def metrics_port(args: argparse.Namespace) -> int:
+    if args.metrics_port is not None:
+        return args.metrics_port
+    return int(os.environ.get("CBGP_METRICS_PORT", DEFAULT_METRICS_PORT))
+
+
+def default_instance_id() -> str:
+    """A stable name for this instance (the host name: a StatefulSet pod keeps it across restarts)."""
+    return os.environ.get("CBGP_INSTANCE_ID") or socket.gethostname()
+
+
+def setup_logging(service: str, level: str = "INFO") -> None:
+    """One line per event on stderr: ``ts=... level=... service=... msg``."""
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO), stream=sys.stderr, force=True,
+        format=f"ts=%(asctime)s level=%(levelname)s service={service} logger=%(name)s %(message)s",
+    )
+
+
+class Stopper:
+    """Turns SIGTERM/SIGINT into a flag the loop checks between batches (the batch in hand is finished)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+
+    def _stop(self, signum: int, _frame: object) -> None:
+        log.info(kv(event="stop-requested", signal=signal.Signals(signum).name))
+        self.stopping = True
+
+
+# ---------------------------------------------------------------------------------------- transactions
+
+
+def produce_all(producer: Producer, outputs: Sequence[Output]) -> None:
+    """Queue ``outputs`` on ``producer``, polling when the local queue is full (backpressure, not failure)."""
+    for out in outputs:
+        while True:
+            try:
+                producer.produce(out.topic, out.value, out.key, partition=out.partition,
+                                 headers=out.headers or None)
+                break
+            except BufferError:
+                producer.poll(0.05)
+
+
+def commit_transaction(producer: Producer, outputs: Sequence[Output],
+                       offsets: Sequence[tuple[Sequence[TopicPartition], Any]], timeout: float = 30.0) -> None:
+    """Produce ``outputs`` and commit the consumed ``offsets`` in one Kafka transaction.
+
+    Steps, in order (the order is the guarantee):
+    1. begin the transaction;
+    2. produce every output (dictionary entries before the updates that use them: callers order them);
+    3. add the input offsets of each consumer group (``(partitions, group_metadata)`` pairs: the next offset
+       to read, with optional commit metadata) to the transaction, so they commit only with the outputs;
+    4. commit: outputs become visible to read_committed readers and offsets advance atomically.
+    Any failure aborts (when the producer can) and raises :class:`TransactionFailed`: neither the outputs
+    nor the offsets happened, and the caller must restore its state from the logs.
+    """
+    try:
+        producer.begin_transaction()
+        produce_all(producer, outputs)
+        for partitions, group_metadata in offsets:
+            if partitions:
+                producer.send_offsets_to_transaction(list(partitions), group_metadata, timeout)
+        producer.commit_transaction(timeout)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        try:
+            if err is None or not err.fatal():
+                producer.abort_transaction(timeout)
+        except KafkaException:
+            pass  # the producer is unusable; the restart makes a new one (which fences this one)
+        raise TransactionFailed(f"transaction aborted: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------- log replay
+
+
+def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, end: int,
+               batch: int = 2000, timeout: float = 120.0) -> Iterator[Message]:
+    """Every committed record of ``topic[partition]`` with ``start <= offset < end``, in offset order.
+
+    Transaction markers and aborted records take offsets too, so progress is tracked by the consumer's
+    position, not by the last record.  Raises :class:`TimeoutError` if the range cannot be read in time.
+    """
+    if end <= start:
+        return
+    consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}replay", enable_partition_eof=True,
+                                                 fetch_wait_max_ms=20))
+    try:
+        consumer.assign([TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout
+        tp = TopicPartition(topic, partition)
+        while True:
+            msgs = consumer.consume(batch, 0.2)
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(err)
+                if msg.offset() >= end:
+                    return
+                yield msg
+            position = consumer.position([tp])[0].offset
+            if position >= end:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replay of {topic}[{partition}] {start}..{end} stuck at {position}")
+    finally:
+        consumer.close()
+
+
+def run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> int:
+    """Run ``loop`` until a stop is requested; after a :class:`TransactionFailed` or a Kafka error, run it
+    again from scratch (fresh clients, state restored from the logs) after a short pause."""
+    while not stopper.stopping:
+        try:
+            loop(stopper)
+        except (TransactionFailed, KafkaException, TimeoutError) as exc:
+            log.error(kv(event="restart", service=name, reason=str(exc).replace("\n", " ")))
+            time.sleep(1.0)
+            continue
+        break
+    log.info(kv(event="stopped", service=name))
+    return 0
+
+
+def data_path_commands(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """``cbgp ingest``, ``cbgp worker`` and ``cbgp answers`` (registered in ``services.cli.FLEET_COMMANDS``)."""
+    from services import answers, ingest, worker  # lazy: the CLI's other commands need none of them
+
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
+    for module in (ingest, worker, answers):
+        handlers.update(module.register(commands))
+    return handlers

@@ -1,0 +1,266 @@
+"""The state worker service (``cbgp worker``): routed/encoded changes + plans -> deltas.parts.
+
+Topology::
+
+    queries.plans (all partitions, from the start, never committed) --> WorkerCore.on_plan
+    updates.routed (consumer group <prefix>workers)                 --> routed shards (single-star queries)
+    updates.encoded[0] (group <group>.encoded.<P>, assigned)        --> whole shard P (whole queries owned by P)
+                                                                    --> deltas.parts (key = query id)
+
+The transform is :class:`services.worker_core.WorkerCore`; this module is the Kafka loop around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Iterable
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from prometheus_client import Gauge
+
+from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
+from services.metrics import (PROCESSING_LATENCY, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
+                              start_metrics_server)
+from services.runtime import (Output, Stopper, add_service_flags, commit_transaction, default_instance_id, kv,
+                              metrics_port, origin_ms, read_range, run_service, setup_logging)
+from services.worker_core import Change, WorkerCore, changes_of, decode_change
+from services import codec
+
+log = logging.getLogger("cbgp.worker")
+
+SERVICE = "worker"
+QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds for one query (0 once unregistered).",
+                    ["query"])
+STATE_REPORT_SECONDS = 1.0
+
+
+class WorkerService:
+    """One life of a worker: clients, core, and the transactional loop."""
+
+    def __init__(self, settings: KafkaSettings, args: argparse.Namespace, ready: list[bool]) -> None:
+        self.settings = settings
+        self.args = args
+        self.ready = ready
+        self.group = args.group or f"{settings.topic_prefix}workers"
+        self.t_routed = settings.topic("updates.routed")
+        self.t_encoded = settings.topic("updates.encoded")
+        self.t_plans = settings.topic("queries.plans")
+        n = {name: len(end_offsets(settings, settings.topic(name))) for name in
+             ("updates.routed", "queries.plans", "deltas.parts")}
+        topics = {name: settings.topic(name) for name in ("deltas.parts", "deadletter", "queries.plans",
+                                                           "updates.routed", "updates.encoded")}
+        self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log)
+        self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
+        self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
+        self.encoded: dict[int, Consumer] = {}  # whole shard partition -> its encoded reader
+        self.assigned: set[int] = set()
+        self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.worker_id}")
+        self.plans = make_consumer(settings, f"{self.group}.plans", enable_partition_eof=False)
+        self.consumer: Consumer | None = None
+        self.last_report = 0.0
+
+    # -- log access for restores and late registrations
+
+    def _read_log(self, kind: str, partition: int, start: int, end: int) -> Iterable[Change]:
+        topic, part = (self.t_routed, partition) if kind == "routed" else (self.t_encoded, 0)
+        records = ((m.offset(), m.value(), None) for m in read_range(self.settings, topic, part, start, end))
+        return changes_of(kind, records)
+
+    # -- plans
+
+    def load_plans(self) -> None:
+        """Read queries.plans to its end before taking partitions, so restores know every query."""
+        highs = {p: hi for p, (lo, hi) in end_offsets(self.settings, self.t_plans).items()}
+        self.plans.assign([TopicPartition(self.t_plans, p, 0) for p in highs])
+        pending = {p for p, hi in highs.items() if hi > 0}
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            self.poll_plans(0.2)
+            for tp in self.plans.position([TopicPartition(self.t_plans, p) for p in list(pending)]):
+                if tp.offset >= highs[tp.partition]:
+                    pending.discard(tp.partition)
+        if pending:
+            raise TimeoutError(f"queries.plans partitions {sorted(pending)} not read to their end")
+
+    def poll_plans(self, timeout: float) -> None:
+        for msg in self.plans.consume(500, timeout):
+            if msg.error() is not None:
+                continue
+            out, to_open = self.core.on_plan(msg.partition(), msg.offset(), msg.key(), msg.value(), self.assigned)
+            self.pending.extend(out)
+            self.dirty = True
+            for partition in to_open:
+                self._open_whole(partition)
+
+    # -- shards
+
+    def _committed(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, str | None]:
+        tp = consumer.committed([TopicPartition(topic, partition)], timeout=30)[0]
+        return (tp.offset if tp.offset >= 0 else 0), tp.metadata
+
+    def _open_whole(self, partition: int) -> None:
+        reader = make_consumer(self.settings, f"{self.group}.encoded.{partition}")
+        offset, metadata = self._committed(reader, self.t_encoded, partition=0)
+        self.pending.extend(self.core.open_shard("whole", partition, offset, metadata))
+        reader.assign([TopicPartition(self.t_encoded, 0, offset)])
+        self.encoded[partition] = reader
+
+    def _close_whole(self, partition: int) -> None:
+        self.core.close_shard("whole", partition)
+        reader = self.encoded.pop(partition, None)
+        if reader is not None:
+            reader.close()
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Restore every newly assigned partition before any of its records is processed.
+
+        A partition this worker already holds at exactly its committed offset keeps its state (eager
+        rebalances revoke and re-assign everything; rebuilding unchanged state would be wasted work).
+        """
+        new = {tp.partition for tp in partitions}
+        for partition in list(self.assigned - new):
+            self.core.close_shard("routed", partition)
+            self._close_whole(partition)
+        for partition in sorted(new):
+            offset, metadata = self._committed(consumer, self.t_routed, partition)
+            shard = self.core.shards.get(("routed", partition))
+            if shard is None or shard.position != offset:
+                self.pending.extend(self.core.open_shard("routed", partition, offset, metadata))
+            whole = self.core.shards.get(("whole", partition))
+            if any(not i.partitioned and self.core.holds(i, "whole", partition) for i in self.core.plans.values()):
+                if whole is not None:
+                    self._close_whole(partition)  # its committed position may have moved: restore it
+                self._open_whole(partition)
+        self.assigned = new
+        self.dirty = True
+        log.info(kv(event="assigned", partitions=",".join(map(str, sorted(new))) or "-"))
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Nothing to flush: every batch is committed before the next poll, where this callback runs.
+        log.info(kv(event="revoked", partitions=",".join(str(tp.partition) for tp in partitions) or "-"))
+
+    # -- the loop
+
+    def run(self, stopper: Stopper) -> None:
+        """Consume-process-produce until stopped.
+
+        Steps per iteration (exactly-once):
+        1. apply new plans (late registrations replay their shard's log and queue snapshots);
+        2. poll routed records (rebalance callbacks restore new partitions here), then each whole shard's
+           encoded records;
+        3. feed them to the core, in offset order per shard;
+        4. one transaction: queued snapshots + deltas, then every shard's next offset with the plans
+           positions as commit metadata (routed offsets in the worker group, encoded ones in the shard's
+           own group); on failure :class:`TransactionFailed` ends this life and a new one restores.
+        """
+        self.load_plans()
+        self.consumer = make_consumer(self.settings, self.group, [self.t_routed], on_assign=self.on_assign,
+                                      on_revoke=self.on_revoke)
+        self.ready[0] = True
+        try:
+            while not stopper.stopping:
+                self.poll_plans(0)
+                msgs = self.consumer.consume(self.args.batch, 0.1)
+                started = time.monotonic()
+                outputs = self.pending
+                self.pending = []
+                count = self._process(msgs, "routed", outputs)
+                for partition, reader in list(self.encoded.items()):
+                    count += self._process(reader.consume(self.args.batch, 0), "whole", outputs, partition)
+                if not (count or outputs or self.dirty):
+                    self._report()
+                    continue
+                commit_transaction(self.producer, outputs, self._offsets())
+                self.dirty = False
+                UPDATES_IN.labels(SERVICE).inc(count)
+                UPDATES_OUT.labels(SERVICE).inc(len(outputs))
+                PROCESSING_LATENCY.labels(SERVICE).observe(time.monotonic() - started)
+                record_consumer_lag(self.consumer)
+                self._report()
+        finally:
+            self.ready[0] = False
+            self.close()
+
+    def _process(self, msgs: list[Message], kind: str, outputs: list[Output], whole_partition: int = 0) -> int:
+        count = 0
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning(kv(event="consume-error", error=str(err)))
+                continue
+            key = ("routed", msg.partition()) if kind == "routed" else ("whole", whole_partition)
+            shard = self.core.shards.get(key)
+            if shard is None or msg.offset() < shard.position:
+                continue  # revoked meanwhile, or already applied by a restore
+            count += 1
+            try:
+                change = decode_change(kind, msg.offset(), msg.value(), origin_ms(msg))
+            except (codec.CodecError, KeyError) as exc:
+                outputs.extend(self.core.skip(shard, msg.offset(), msg.value(), str(exc)))
+                continue
+            outputs.extend(self.core.on_change(shard, change))
+        return count
+
+    def _offsets(self) -> list:
+        metadata = self.core.metadata()
+        routed = [TopicPartition(self.t_routed, p, s.position, metadata=metadata)
+                  for (kind, p), s in self.core.shards.items() if kind == "routed" and p in self.assigned]
+        offsets = [(routed, self.consumer.consumer_group_metadata())]
+        for partition, reader in self.encoded.items():
+            shard = self.core.shards[("whole", partition)]
+            offsets.append(([TopicPartition(self.t_encoded, 0, shard.position, metadata=metadata)],
+                            reader.consumer_group_metadata()))
+        return offsets
+
+    def _report(self) -> None:
+        """Per-partition and per-query state gauges, and a log line when they change (at most 1/s)."""
+        now = time.monotonic()
+        if now - self.last_report < STATE_REPORT_SECONDS:
+            return
+        self.last_report = now
+        for (kind, partition), shard in self.core.shards.items():
+            label = str(partition) if kind == "routed" else f"whole-{partition}"
+            STATE_ENTRIES.labels(label).set(shard.engine.state_entries())
+        by_query = self.core.state_by_query()
+        for name, entries in by_query.items():
+            QUERY_STATE.labels(name).set(entries)
+        for labels in list(QUERY_STATE._metrics):  # queries gone from this worker hold no state any more
+            if labels[0] not in by_query:
+                QUERY_STATE.labels(*labels).set(0)
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()  # leave the group now, not after the session timeout
+        for partition in list(self.encoded):
+            self._close_whole(partition)
+        self.plans.close()
+        self.producer.flush(5)
+
+
+def register(commands: argparse._SubParsersAction) -> dict:
+    """Add ``cbgp worker`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
+    parser = commands.add_parser("worker", help="hold star state and emit per-query deltas (service)")
+    add_kafka_flags(parser)
+    add_service_flags(parser)
+    parser.add_argument("--group", help="consumer group (default <prefix>workers)")
+    parser.add_argument("--worker-id", default=default_instance_id(),
+                        help="stable worker name, part of the transactional id (default: host name)")
+    parser.add_argument("--batch", type=int, default=1000, help="records per transaction (default 1000)")
+
+    def handler(args: argparse.Namespace) -> int:
+        setup_logging(SERVICE, args.log_level)
+        settings = KafkaSettings.from_args(args)
+        ensure_topics(settings)
+        ready = [False]
+        server = start_metrics_server(metrics_port(args), lambda: ready[0])
+        log.info(kv(event="started", metrics_port=server.port, worker=args.worker_id))
+        stopper = Stopper()
+        try:
+            return run_service(SERVICE, lambda s: WorkerService(settings, args, ready).run(s), stopper)
+        finally:
+            server.stop()
+
+    return {"worker": handler}

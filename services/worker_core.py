@@ -1,0 +1,295 @@
+"""The state worker's transform, with no Kafka in it: plans + input records -> PartDelta outputs.
+
+A *shard* is one engine fed by one input log:
+- ``("routed", P)``: routed partition P, holding the single-star queries, partitioned by centre value (each
+  change arrives with its role, only the star patterns centred there fire);
+- ``("whole", P)``: updates.encoded (the total order) for the whole queries owned by routed partition P
+  (``owner(q) = query_partition(q, N)``), evaluated with ROLE_ALL.
+
+Every shard's state is a function of (its queries, its log up to its position), so it is *restored* by
+replaying the log from offset 0 without emitting, and a query new to a shard gets its state the same way,
+its replayed deltas netted into a snapshot (``snapshot=True``).  Which queries a shard had already
+snapshotted is stored with its committed offset as commit metadata (the queries.plans positions applied),
+so a restarted or rebalanced worker knows exactly which snapshots are still owed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter as Multiset
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from cbgp.engine import ROLE_ALL, Engine
+from cbgp.plan import Plan, StarPart, decompose
+from cbgp.sparql import QueryError, parse_query
+from cbgp.terms import TermDictionary
+from services import codec
+from services.runtime import ORIGIN_HEADER, Output, kv, query_partition
+
+log = logging.getLogger("cbgp.worker")
+
+ROLES = {"SUBJECT": 1, "OBJECT": 2, "BOTH": ROLE_ALL}
+SIGNS = {"ADD": 1, "DEL": -1}
+# Snapshot deltas take the idempotence key (last replayed offset, 2^30 + i): after every live delta of that
+# offset, before every delta of the next one, so answers' "(offset, index) increases" rule keeps them.
+SNAPSHOT_INDEX_BASE = 1 << 30
+WHOLE_SOURCE_PARTITION = -1
+
+# One input change as the engine needs it: (offset, sign, s, p, o, g, role, seq, origin_ms).
+Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
+# Reads log records of a shard: (kind, partition, start, end) -> changes in offset order.
+LogReader = Callable[[str, int, int, int], Iterable[Change]]
+
+
+def decode_change(kind: str, offset: int, value: bytes, origin: int | None) -> Change:
+    """A routed (``kind="routed"``) or encoded record as a :data:`Change`; raises ``codec.CodecError``."""
+    if kind == "routed":
+        r = codec.decode("RoutedUpdate", value)
+        role = ROLES[r["role"]]
+    else:
+        r = codec.decode("EncodedUpdate", value)
+        role = ROLE_ALL
+    return (offset, SIGNS[r["op"]], r["s"], r["p"], r["o"], r["g"], role, r["seq"], origin)
+
+
+@dataclass
+class QueryInfo:
+    """A registered query as the worker knows it (from one QueryPlan record)."""
+
+    query_id: str
+    version: int
+    plan: Plan
+    registered_at_seq: int
+    plans_partition: int
+    plans_offset: int
+
+    @property
+    def partitioned(self) -> bool:
+        """Single-star queries are evaluated per centre value; everything else needs the total order.
+
+        DISTINCT without the centre projected would deduplicate per partition only, so it is whole too.
+        """
+        parts = self.plan.parts
+        if len(parts) != 1 or not isinstance(parts[0], StarPart):
+            return False
+        return not self.plan.query.distinct or parts[0].variable[1:] in self.plan.query.projected
+
+
+class WorkerEngine(Engine):
+    """An :class:`Engine` that can replay a log into a subset of its queries (late registration)."""
+
+    def replay(self, changes: Iterable[Change], collect: set[str], only: bool) -> dict[str, Multiset]:
+        """Apply ``changes``; return the net deltas of the queries in ``collect`` (row -> multiplicity).
+
+        ``only=True`` feeds the changes to the ``collect`` queries alone (the others already saw them).
+        """
+        net: dict[str, Multiset] = {name: Multiset() for name in collect}
+        targets = [self.queries[name] for name in collect]
+        for _offset, sign, s, p, o, g, role, _seq, _origin in changes:
+            if only:
+                out: list = []
+                for query in targets:
+                    # Engine.register(initial=...) only inserts and ignores roles; a replay needs both.
+                    self._dispatch(sign, s, p, o, g, role, out, query)
+            else:
+                out = self.apply(sign, s, p, o, g, role)
+            for name, delta_sign, row in out:
+                if name in net:
+                    net[name][row] += delta_sign
+        return net
+
+
+@dataclass
+class Shard:
+    kind: str  # "routed" or "whole"
+    partition: int
+    engine: WorkerEngine = field(default_factory=lambda: WorkerEngine(TermDictionary(stable=True)))
+    position: int = 0  # next offset of its log to apply
+    versions: dict[str, int] = field(default_factory=dict)  # query id -> registered plan version
+
+    @property
+    def source_partition(self) -> int:
+        return self.partition if self.kind == "routed" else WHOLE_SOURCE_PARTITION
+
+
+class WorkerCore:
+    """Plans and shards of one worker; every method returns the records to produce."""
+
+    def __init__(self, topics: dict[str, str], routed_partitions: int, plans_partitions: int,
+                 deltas_partitions: int, reader: LogReader) -> None:
+        self.topics = topics  # logical name -> broker topic (deltas.parts, deadletter)
+        self.n_routed = routed_partitions
+        self.n_deltas = deltas_partitions
+        self.reader = reader
+        self.plans: dict[str, QueryInfo] = {}
+        self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
+        self.shards: dict[tuple[str, int], Shard] = {}
+
+    # -- ownership
+
+    def holds(self, info: QueryInfo, kind: str, partition: int) -> bool:
+        if info.partitioned:
+            return kind == "routed"
+        return kind == "whole" and partition == query_partition(info.query_id, self.n_routed)
+
+    def wanted(self, kind: str, partition: int) -> list[QueryInfo]:
+        return [info for info in self.plans.values() if self.holds(info, kind, partition)]
+
+    def metadata(self) -> str:
+        """Commit metadata of every shard offset: the queries.plans positions applied to it."""
+        return json.dumps({"plans": self.plan_positions}, separators=(",", ":"))
+
+    # -- plans
+
+    def on_plan(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                routed_assigned: Iterable[int]) -> tuple[list[Output], list[int]]:
+        """Apply one queries.plans record.  Returns (outputs, whole-shard partitions that must be opened)."""
+        self.plan_positions[partition] = offset + 1
+        out: list[Output] = []
+        query_id = key.decode("utf-8", "replace") if key else None
+        if value is None:
+            if query_id and query_id in self.plans:
+                del self.plans[query_id]
+                self._drop_everywhere(query_id)
+                log.info(kv(event="unregistered", query=query_id))
+            return out, []
+        try:
+            record = codec.decode("QueryPlan", value)
+            plan = decompose(parse_query(record["sparql"]))
+        except (codec.CodecError, QueryError) as exc:
+            out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
+            return out, []
+        info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset)
+        old = self.plans.get(info.query_id)
+        if old is not None and old.version == info.version and old.plans_offset == offset:
+            return out, []
+        self.plans[info.query_id] = info
+        self._drop_everywhere(info.query_id)  # a re-registration starts from a fresh snapshot
+        for shard in self.shards.values():
+            if self.holds(info, shard.kind, shard.partition):
+                out.extend(self._add_queries(shard, [info]))
+        log.info(kv(event="registered", query=info.query_id, version=info.version,
+                    mode="partitioned" if info.partitioned else "whole"))
+        to_open = []
+        if not info.partitioned:
+            owner = query_partition(info.query_id, self.n_routed)
+            if owner in set(routed_assigned) and ("whole", owner) not in self.shards:
+                to_open.append(owner)
+        return out, to_open
+
+    def _drop_everywhere(self, query_id: str) -> None:
+        for shard in self.shards.values():
+            if query_id in shard.versions:
+                shard.engine.unregister(query_id)
+                del shard.versions[query_id]
+
+    def _add_queries(self, shard: Shard, infos: list[QueryInfo]) -> list[Output]:
+        """Register ``infos`` in a live shard: replay its log into them alone, emit the netted snapshot."""
+        for info in infos:
+            shard.engine.register(info.query_id, info.plan)
+            shard.versions[info.query_id] = info.version
+        changes = self.reader(shard.kind, shard.partition, 0, shard.position)
+        net = shard.engine.replay(changes, {i.query_id for i in infos}, only=True)
+        return self._snapshot(shard, infos, net)
+
+    # -- shards
+
+    def open_shard(self, kind: str, partition: int, committed: int, metadata: str | None) -> list[Output]:
+        """Restore a shard at its committed offset; emit the snapshots it still owes (see module doc)."""
+        shard = Shard(kind, partition, position=max(committed, 0))
+        self.shards[(kind, partition)] = shard
+        seen = _parse_metadata(metadata, len(self.plan_positions))
+        infos = self.wanted(kind, partition)
+        owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
+        for info in infos:
+            shard.engine.register(info.query_id, info.plan)
+            shard.versions[info.query_id] = info.version
+        changes = self.reader(kind, partition, 0, shard.position)
+        net = shard.engine.replay(changes, {i.query_id for i in owed}, only=False)
+        log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
+                    queries=len(infos), snapshots_owed=len(owed)))
+        return self._snapshot(shard, owed, net)
+
+    def close_shard(self, kind: str, partition: int) -> None:
+        self.shards.pop((kind, partition), None)
+
+    # -- live records
+
+    def on_change(self, shard: Shard, change: Change) -> list[Output]:
+        offset, sign, s, p, o, g, role, seq, origin = change
+        shard.position = offset + 1
+        deltas = shard.engine.apply(sign, s, p, o, g, role)
+        if not deltas:
+            return []
+        headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
+        return [self._part_delta(shard, name, d_sign, row, seq, offset, index, False, headers)
+                for index, (name, d_sign, row) in enumerate(deltas)]
+
+    def skip(self, shard: Shard, offset: int, value: bytes, error: str) -> list[Output]:
+        """A record of a shard's log that cannot be decoded: dead-letter it and move on."""
+        shard.position = offset + 1
+        topic = "updates.routed" if shard.kind == "routed" else "updates.encoded"
+        return [self._dead(topic, shard.partition if shard.kind == "routed" else 0, offset, "schema-mismatch",
+                           error, value)]
+
+    # -- output records
+
+    def _snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset]) -> list[Output]:
+        out: list[Output] = []
+        index = SNAPSHOT_INDEX_BASE
+        for info in infos:
+            for row, count in sorted(net.get(info.query_id, {}).items()):
+                for _ in range(max(count, 0)):
+                    out.append(self._part_delta(shard, info.query_id, 1, row, info.registered_at_seq,
+                                                shard.position - 1, index, True, []))
+                    index += 1
+        return out
+
+    def _part_delta(self, shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int, offset: int,
+                    index: int, snapshot: bool, headers: list) -> Output:
+        columns = shard.engine.columns(name)
+        record = {"query_id": name, "part": 0, "seq": seq, "sign": "PLUS" if sign > 0 else "MINUS",
+                  "binding": dict(zip(columns, row)), "source_partition": shard.source_partition,
+                  "source_offset": offset, "index": index, "snapshot": snapshot, "event_time_ms": None}
+        return Output(self.topics["deltas.parts"], codec.encode("PartDelta", record), name.encode(),
+                      query_partition(name, self.n_deltas), headers)
+
+    def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
+        import time
+
+        from services.metrics import REJECTED_INPUTS
+
+        REJECTED_INPUTS.labels("worker", reason).inc()
+        record = {"service": "worker", "source_topic": self.topics.get(topic, topic), "partition": partition,
+                  "offset": offset, "reason": reason, "message": message.replace("\n", " "), "line": None,
+                  "original": value or b"", "at_ms": int(time.time() * 1000)}
+        return Output(self.topics["deadletter"], codec.encode("DeadLetter", record))
+
+    def state_by_query(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for shard in self.shards.values():
+            for name in shard.versions:
+                totals[name] = totals.get(name, 0) + shard.engine.state_entries(name)
+        return totals
+
+
+def _parse_metadata(metadata: str | None, size: int) -> list[int]:
+    """Plans positions from commit metadata; missing or unreadable -> zeros (every query owes a snapshot)."""
+    try:
+        positions = json.loads(metadata or "")["plans"]
+        if isinstance(positions, list) and len(positions) == size:
+            return [int(p) for p in positions]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return [0] * size
+
+
+def changes_of(kind: str, records: Iterable[tuple[int, bytes, int | None]]) -> Iterator[Change]:
+    """Decode ``(offset, value, origin)`` records of a log, skipping undecodable ones (already dead-lettered)."""
+    for offset, value, origin in records:
+        try:
+            yield decode_change(kind, offset, value, origin)
+        except codec.CodecError:
+            continue

@@ -1,0 +1,208 @@
+"""Helpers for the fleet's end-to-end tests and benchmark: a generated stream, the fleet as real processes,
+and readers that turn the output topics into comparable multisets."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterable
+
+from cbgp.plan import decompose
+from cbgp.sparql import parse_query
+from cbgp.terms import from_sparql_json
+from services import codec
+from services.answers import _term_of, canonical_binding
+from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
+from services.runtime import query_partition
+
+ROOT = Path(__file__).resolve().parents[1]
+CBGP = str(ROOT / ".venv" / "bin" / "cbgp")
+EX = "http://example.org/"
+
+QUERIES = {
+    # single star: partitioned by centre value over updates.routed
+    "star": f"SELECT ?x WHERE {{ ?x <{EX}type> <{EX}Person> . ?x <{EX}likes> <{EX}Pizza> }}",
+    # var-connected path: a whole query, on updates.encoded
+    "path": f"SELECT ?a ?b ?c WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c }}",
+    # product of two stars: a whole query
+    "product": f"SELECT ?x ?y WHERE {{ ?x <{EX}type> <{EX}Robot> . ?y <{EX}likes> <{EX}Tea> }}",
+    # DISTINCT projection of a component with literals
+    "names": f"SELECT DISTINCT ?n WHERE {{ ?x <{EX}name> ?n . ?x <{EX}type> <{EX}Person> }}",
+}
+
+
+def generate_patch(n: int, seed: int = 7, subjects: int = 40) -> list[str]:
+    """``n`` RDF Patch lines: ~20% deletions (some of absent triples), duplicate inserts, literals."""
+    rng = random.Random(seed)
+    present: list[str] = []
+    lines: list[str] = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.2 and present:
+            triple = present.pop(rng.randrange(len(present))) if rng.random() < 0.8 else _triple(rng, subjects)
+            lines.append(f"D {triple} .")
+        elif r < 0.27 and present:
+            lines.append(f"A {rng.choice(present)} .")  # duplicate insert: no effect
+        else:
+            triple = _triple(rng, subjects)
+            present.append(triple)
+            lines.append(f"A {triple} .")
+    return lines
+
+
+def _triple(rng: random.Random, subjects: int) -> str:
+    s = f"<{EX}s{rng.randrange(subjects)}>"
+    kind = rng.randrange(5)
+    if kind == 0:
+        return f"{s} <{EX}knows> <{EX}s{rng.randrange(subjects)}>"
+    if kind == 1:
+        return f"{s} <{EX}type> <{EX}{rng.choice(['Person', 'Robot', 'Cat'])}>"
+    if kind == 2:
+        return f"{s} <{EX}likes> <{EX}{rng.choice(['Pizza', 'Tea', 'Jazz'])}>"
+    if kind == 3:
+        return f'{s} <{EX}name> "name {rng.randrange(12)}"@en'
+    return f'{s} <{EX}age> "{rng.randrange(90)}"^^<http://www.w3.org/2001/XMLSchema#integer>'
+
+
+def replay(tmp: Path, lines: list[str], queries: dict[str, str]) -> dict[str, list[tuple[str, str]]]:
+    """``cbgp replay``'s deltas per query, as (sign, canonical binding) in order."""
+    patch = tmp / "stream.rdfp"
+    patch.write_text("\n".join(lines) + "\n")
+    args = [CBGP, "replay", "--patch", str(patch)]
+    for name, text in queries.items():
+        path = tmp / f"{name}.rq"
+        path.write_text(text)
+        args += ["--query", f"{name}={path}"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True)
+    out: dict[str, list[tuple[str, str]]] = {name: [] for name in queries}
+    for line in done.stdout.splitlines():
+        d = json.loads(line)
+        binding = {var: from_sparql_json(term) for var, term in d["binding"].items()}
+        out[d["query"]].append((d["sign"], canonical_binding(binding)))
+    return out
+
+
+def final_answers(deltas: Iterable[tuple[str, str]]) -> Counter:
+    current: Counter = Counter()
+    for sign, binding in deltas:
+        current[binding] += 1 if sign == "+" else -1
+    return +current
+
+
+# ------------------------------------------------------------------------------------------ Kafka side
+
+
+def publish_patch(settings: KafkaSettings, lines: list[str], per_message: int = 50) -> None:
+    producer = make_producer(settings)
+    topic = settings.topic("updates.raw")
+    for i in range(0, len(lines), per_message):
+        producer.produce(topic, ("\n".join(lines[i:i + per_message]) + "\n").encode(), partition=0)
+        producer.poll(0)
+    producer.flush(30)
+
+
+def publish_plan(settings: KafkaSettings, query_id: str, sparql: str, version: int = 1, seq: int = 0) -> None:
+    """A QueryPlan as the registry would publish it (for tests that bypass the registry)."""
+    plan = decompose(parse_query(sparql))
+    record = {"query_id": query_id, "sparql": sparql, "options": {}, "plan_json": json.dumps(plan.to_json()),
+              "projected": list(plan.query.projected), "registered_at_seq": seq, "version": version}
+    partition = query_partition(query_id, settings.partitions)
+    produce_sync(make_producer(settings), settings.topic("queries.plans"), codec.encode("QueryPlan", record),
+                 query_id.encode(), partition=partition)
+
+
+def unpublish_plan(settings: KafkaSettings, query_id: str) -> None:
+    produce_sync(make_producer(settings), settings.topic("queries.plans"), None, query_id.encode(),
+                 partition=query_partition(query_id, settings.partitions))
+
+
+def read_answers(settings: KafkaSettings) -> dict[str, list[dict]]:
+    """Every Answer per query, in n order, with its binding canonicalised under ``"key"``."""
+    out: dict[str, list[dict]] = {}
+    for msg in read_all(settings, settings.topic("answers"), timeout=30):
+        record = codec.decode("Answer", msg.value())
+        record["key"] = canonical_binding({v: _term_of(t) for v, t in record["binding"].items()})
+        out.setdefault(record["query_id"], []).append(record)
+    for records in out.values():
+        records.sort(key=lambda r: r["n"])
+    return out
+
+
+def read_current(settings: KafkaSettings) -> dict[str, Counter]:
+    """answers.current folded (last record per key wins, tombstones delete): query -> binding multiset."""
+    latest: dict[bytes, bytes | None] = {}
+    for msg in read_all(settings, settings.topic("answers.current"), timeout=30):
+        latest[msg.key()] = msg.value()
+    out: dict[str, Counter] = {}
+    for value in latest.values():
+        if value is None:
+            continue
+        record = codec.decode("CurrentAnswer", value)
+        key = canonical_binding({v: _term_of(t) for v, t in record["binding"].items()})
+        out.setdefault(record["query_id"], Counter())[key] = record["multiplicity"]
+    return out
+
+
+def wait_answers(settings: KafkaSettings, counts: dict[str, int], timeout: float = 90.0) -> dict[str, list[dict]]:
+    """Poll the answers topic until every query has at least its expected number of answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = read_answers(settings)
+        if all(len(got.get(q, [])) >= n for q, n in counts.items()):
+            return got
+        if time.monotonic() > deadline:
+            have = {q: len(got.get(q, [])) for q in counts}
+            raise TimeoutError(f"answers incomplete after {timeout}s: have {have}, want {counts}")
+        time.sleep(0.5)
+
+
+class Fleet:
+    """Services as real processes (``cbgp <service> ...``), stopped by PID with SIGTERM at the end."""
+
+    def __init__(self, settings: KafkaSettings, logs: Path) -> None:
+        self.settings = settings
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen] = {}
+        logs.mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, service: str, *args: str) -> subprocess.Popen:
+        env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
+        log = open(self.logs / f"{name}.log", "ab")
+        proc = subprocess.Popen([CBGP, service, "--metrics-port", "0", *args], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, timeout: float = 30.0) -> int:
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                return proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+                return -9
+        return proc.returncode
+
+    def log_text(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+        if exc[0] is not None:
+            for path in sorted(self.logs.glob("*.log")):
+                tail = path.read_text(errors="replace").splitlines()[-15:]
+                print(f"--- {path.name}\n" + "\n".join(tail), file=sys.stderr)
