@@ -51,6 +51,8 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
 FLEET_COMMANDS: list[Callable[[argparse._SubParsersAction], dict[str, Handler]]] = [_broker_commands]
 from services.runtime import data_path_commands  # noqa: E402 - ingest, worker, answers
 FLEET_COMMANDS.append(data_path_commands)
+from services.registry import registry_commands  # noqa: E402 - registry, usercli and run commands
+FLEET_COMMANDS.append(registry_commands)
 
 
 def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:

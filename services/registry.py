@@ -1,0 +1,220 @@
+"""The query registry: admin commands in, query plans and status replies out.
+
+This module is the registry's *logic*, with no Kafka in it (Kafka Streams' topology-test idea): a
+:class:`Registry` holds the registered queries and turns one decoded ``AdminCommand`` into a
+:class:`Decision` -- the ``QueryPlan`` record (or tombstone) to publish on ``queries.plans`` and the
+``QueryStatus`` reply for ``queries.status``.  The service wiring (a faust app with a Table and a web
+view) is :mod:`services.registry_faust`; ``cbgp registry`` starts it.
+
+Source of truth: ``queries.plans`` (compacted, key = query id).  A starting registry rebuilds its
+:class:`Registry` from that topic (:meth:`Registry.restore`), so the registered set survives restarts
+even if faust's own table changelog is lost or behind.  The order of a decision's effects is therefore:
+(1) the plan or tombstone is acknowledged on ``queries.plans``, (2) the in-memory set and the faust
+table change, (3) the status reply is sent.  A crash between (1) and (3) leaves the plan published
+and the admin offset uncommitted; the replayed command then finds the query already registered with
+the same text and answers ACCEPTED again without a second plan (REGISTER is idempotent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
+from cbgp.sparql import QueryError, parse_query
+
+__all__ = ["QUERY_ID_PATTERN", "Decision", "Entry", "Registry", "plan_summary", "registry_commands"]
+
+QUERY_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+# Options that steer the registration itself and are not part of the query's stored options.
+CONTROL_OPTIONS = ("replace",)
+
+
+@dataclass
+class Entry:
+    """One registered query, as the registry remembers it (and as the faust table shows it)."""
+
+    query_id: str
+    sparql: str
+    query_class: str
+    version: int
+    options: dict[str, str] = field(default_factory=dict)
+    registered_at_seq: int = 0
+
+    def view(self) -> dict[str, Any]:
+        """The JSON shape of ``GET /queries`` items and of the faust table's values."""
+        return {"query_id": self.query_id, "sparql": self.sparql, "class": self.query_class,
+                "version": self.version, "status": "registered", "options": dict(self.options),
+                "registered_at_seq": self.registered_at_seq}
+
+
+@dataclass
+class Decision:
+    """What one admin command leads to.
+
+    ``plan`` is ``(key, QueryPlan dict)`` to publish, ``(key, None)`` for a tombstone, or ``None`` for
+    nothing; ``status`` is the ``QueryStatus`` dict; ``entry``/``removed`` say how the registered set
+    changes once the plan is acknowledged (:meth:`Registry.commit`).
+    """
+
+    status: dict[str, Any]
+    plan: tuple[str, dict[str, Any] | None] | None = None
+    entry: Entry | None = None
+    removed: str | None = None
+
+
+def plan_summary(plan: Plan) -> str:
+    """One line: the query class, then each part (``star ?p [t0 t1]``), for ACCEPTED messages."""
+    parts = []
+    for part in plan.parts:
+        pats = " ".join(f"t{i}" for i in part.patterns)
+        if isinstance(part, GroundPart):
+            parts.append(f"ground [{pats}]")
+        elif isinstance(part, StarPart):
+            parts.append(f"star {part.variable} [{pats}]")
+        elif isinstance(part, ComponentPart):
+            parts.append(f"component {{{','.join(part.variables)}}} [{pats}]")
+    count = len(plan.query.patterns)
+    return f"{plan.query_class}: {count} pattern{'s' if count != 1 else ''} in {len(parts)} part(s): " + "; ".join(parts)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Registry:
+    """The registered queries and the rules for changing them (validation, versions, replace)."""
+
+    def __init__(self, clock: Callable[[], int] = _now_ms) -> None:
+        self.queries: dict[str, Entry] = {}
+        self._clock = clock
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, records: Iterable[tuple[str, dict[str, Any] | None]]) -> int:
+        """Rebuild from ``queries.plans`` records ``(key, QueryPlan or None)`` in log order; return the count.
+
+        The last record per key wins (what compaction would keep); a tombstone removes the key.
+        """
+        for key, plan in records:
+            if plan is None:
+                self.queries.pop(key, None)
+                continue
+            try:
+                query_class = json.loads(plan["plan_json"]).get("class", "?")
+            except (ValueError, AttributeError):
+                query_class = "?"
+            self.queries[key] = Entry(key, plan["sparql"], query_class, plan["version"], dict(plan["options"]),
+                                      plan["registered_at_seq"])
+        return len(self.queries)
+
+    # ------------------------------------------------------------------ decisions
+
+    def decide(self, command: dict[str, Any], encoded_end: Callable[[], int]) -> Decision:
+        """The decision for one decoded ``AdminCommand``; ``encoded_end()`` gives the end offset of
+        ``updates.encoded`` (only called when a plan is published).  Does not change the registry: apply
+        the decision with :meth:`commit` once its plan is durable."""
+        kind = command.get("command")
+        request_id = command.get("request_id")
+        if kind == "LIST":
+            ids = sorted(self.queries)
+            return Decision(self._status(None, "LISTED", f"{len(ids)} quer{'y' if len(ids) == 1 else 'ies'} registered",
+                                         request_id, queries=ids))
+        query_id = command.get("query_id")
+        if not isinstance(query_id, str) or not QUERY_ID_PATTERN.fullmatch(query_id):
+            shown = "missing" if query_id is None else f"{query_id!r:.140} is invalid"
+            return Decision(self._status(query_id, "REJECTED",
+                                         f"query id {shown}: use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+                                         request_id))
+        if kind == "UNREGISTER":
+            if query_id not in self.queries:
+                return Decision(self._status(query_id, "REJECTED", f"no query with id {query_id!r} is registered",
+                                             request_id))
+            return Decision(self._status(query_id, "UNREGISTERED", f"query {query_id!r} unregistered", request_id),
+                            plan=(query_id, None), removed=query_id)
+        if kind == "REGISTER":
+            return self._register(query_id, command.get("sparql"), dict(command.get("options") or {}), request_id,
+                                  encoded_end)
+        return Decision(self._status(query_id, "ERROR", f"unknown command {kind!r}: expected REGISTER, UNREGISTER or LIST",
+                                     request_id))
+
+    def _register(self, query_id: str, sparql: Any, options: dict[str, str], request_id: str | None,
+                  encoded_end: Callable[[], int]) -> Decision:
+        if not isinstance(sparql, str) or not sparql.strip():
+            return Decision(self._status(query_id, "REJECTED", "REGISTER needs the SPARQL text of the query",
+                                         request_id))
+        replace = options.get("replace", "").strip().lower() in ("true", "1", "yes")
+        stored_options = {k: v for k, v in options.items() if k not in CONTROL_OPTIONS}
+        existing = self.queries.get(query_id)
+        if existing is not None and existing.sparql == sparql and existing.options == stored_options:
+            # Same query again (a retry, or a replayed command after a crash): nothing to publish.
+            return Decision(self._status(query_id, "ACCEPTED",
+                                         f"{existing.query_class}: already registered (version {existing.version})",
+                                         request_id))
+        if existing is not None and not replace:
+            return Decision(self._status(
+                query_id, "REJECTED",
+                f"query id {query_id!r} is already registered with a different text or options; "
+                "unregister it first or register with --option replace=true", request_id))
+        try:
+            plan = decompose(parse_query(sparql))
+        except QueryError as exc:
+            return Decision(self._status(query_id, "REJECTED", exc.message, request_id, exc.line, exc.column))
+        version = existing.version + 1 if existing is not None else 1
+        seq = encoded_end()
+        record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
+                  "plan_json": json.dumps(plan.to_json(), separators=(",", ":")),
+                  "projected": list(plan.query.projected), "registered_at_seq": seq, "version": version}
+        summary = plan_summary(plan) + (f" (version {version}, replaced)" if existing is not None else "")
+        entry = Entry(query_id, sparql, plan.query_class, version, stored_options, seq)
+        return Decision(self._status(query_id, "ACCEPTED", summary, request_id), plan=(query_id, record), entry=entry)
+
+    def commit(self, decision: Decision) -> None:
+        """Apply ``decision`` to the registered set (after its plan record was acknowledged)."""
+        if decision.entry is not None:
+            self.queries[decision.entry.query_id] = decision.entry
+        if decision.removed is not None:
+            self.queries.pop(decision.removed, None)
+
+    def error(self, message: str, request_id: str | None = None) -> dict[str, Any]:
+        """An ERROR status (undecodable admin record, internal failure)."""
+        return self._status(None, "ERROR", message, request_id)
+
+    def _status(self, query_id: str | None, status: str, message: str, request_id: str | None,
+                line: int | None = None, column: int | None = None, queries: list[str] | None = None) -> dict[str, Any]:
+        return {"query_id": query_id, "status": status, "message": message, "line": line, "column": column,
+                "request_id": request_id, "at_ms": self._clock(), "queries": queries or []}
+
+
+# ---------------------------------------------------------------------------------------- command
+
+
+def registry_commands(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Register ``cbgp registry`` (the service) and the user commands of :mod:`services.usercli`."""
+    from services.kafka import add_kafka_flags
+
+    p = commands.add_parser("registry", help="run the query registry service (admin -> queries.plans + status)")
+    add_kafka_flags(p)
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve /metrics /healthz /readyz on this port (0 = any free port)")
+    p.add_argument("--web-port", type=int, default=6066, metavar="PORT",
+                   help="faust web port for GET /queries and /queries/{id} (default 6066; one per instance)")
+    p.add_argument("--web-host", default="127.0.0.1", help="faust web bind address (default 127.0.0.1)")
+    p.add_argument("--state-dir", default=".cbgp-state", metavar="DIR",
+                   help="directory for faust's data dir (default .cbgp-state)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+    def run_registry(args: argparse.Namespace) -> int:
+        from services.kafka import KafkaSettings
+        from services.registry_faust import run_service
+
+        return run_service(KafkaSettings.from_args(args), metrics_port=args.metrics_port, web_port=args.web_port,
+                           web_host=args.web_host, state_dir=args.state_dir, log_level=args.log_level)
+
+    from services.usercli import user_commands
+
+    return {"registry": run_registry, **user_commands(commands)}

@@ -1,0 +1,245 @@
+"""The registry service as a faust-streaming app: admin topic -> :class:`services.registry.Registry`.
+
+Wiring (inspectable with :func:`describe`):
+
+- source: ``admin`` (1 partition, raw bytes; Avro ``AdminCommand``), one faust agent, consumer group
+  ``<prefix>registry`` (faust commits the offsets of processed commands);
+- sinks, written with confluent-kafka (acks=all, idempotent): ``queries.plans`` (Avro ``QueryPlan``,
+  key = query id, tombstone on unregister), ``queries.status`` (``QueryStatus``), ``deadletter``;
+- a faust ``Table`` ``queries`` (id -> {sparql, class, version, status, ...}, changelog
+  ``<prefix>registry-queries-changelog``, 1 partition like its source) served by the web views
+  ``GET /queries`` and ``GET /queries/{id}``;
+- ``/metrics /healthz /readyz`` on ``--metrics-port`` (readiness: faust started, table reconciled).
+
+Restart safety: before faust starts, the registered set is rebuilt from ``queries.plans`` (the source
+of truth), and once faust has recovered its table the table is reconciled with that set, so a lost or
+lagging changelog can never resurrect an unregistered query or hide a registered one.
+
+faust caveats handled here (reference/notes-kafka-brokers-offline.md §4, §6, §9): every topic is
+pre-created with explicit partition counts (the table's changelog too, by faust, with the partition
+count of its 1-partition source), ``broker_session_timeout=6`` (Kafka's and noida-db's minimum),
+``web_port``/``web_host`` per instance, ``datadir`` under ``--state-dir``; faust's worker installs the
+SIGINT/SIGTERM handlers and shuts down gracefully on either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+from pathlib import Path
+from typing import Any
+
+import faust
+from confluent_kafka import KafkaError, Producer, TopicPartition
+
+from services.codec import CodecError, decode, encode
+from services.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, read_all
+from services.metrics import REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, start_metrics_server
+from services.registry import Decision, Registry
+
+__all__ = ["RegistryService", "build_app", "describe", "run_service"]
+
+log = logging.getLogger("cbgp.registry")
+SERVICE = "registry"
+
+
+def describe(settings: KafkaSettings) -> dict[str, Any]:
+    """The service's topology as data (sources, sinks, stores, views), for docs and tests."""
+    return {
+        "sources": [settings.topic("admin")],
+        "sinks": [settings.topic("queries.plans"), settings.topic("queries.status"), settings.topic("deadletter")],
+        "stores": {"queries": f"{settings.topic_prefix}registry-queries-changelog"},
+        "restores_from": settings.topic("queries.plans"),
+        "views": ["GET /queries", "GET /queries/{id}"],
+    }
+
+
+class RegistryService:
+    """The Kafka side of the registry: restore, decode, decide, publish (in that order), reply."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.registry = Registry()
+        self.producer: Producer = make_producer(settings)
+        # One long-lived consumer for watermarks of updates.encoded (registered_at_seq): a broker round trip,
+        # not a group join, per REGISTER.
+        self._watermarks = make_consumer(settings, f"{settings.topic_prefix}registry-watermarks")
+        self.ready = False
+
+    def restore(self) -> int:
+        """Rebuild the registered set from ``queries.plans``; undecodable plan records are skipped with a warning."""
+        records: list[tuple[str, dict[str, Any] | None]] = []
+        for msg in read_all(self.settings, self.settings.topic("queries.plans"), timeout=60):
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            if msg.value() is None:
+                records.append((key, None))
+                continue
+            try:
+                records.append((key, decode("QueryPlan", msg.value())))
+            except CodecError as exc:
+                log.warning("queries.plans offset %d: skipping undecodable plan: %s", msg.offset(), exc)
+        # read_all orders by partition then offset; one key lives in one partition, so per-key order holds.
+        return self.registry.restore(records)
+
+    def encoded_end(self) -> int:
+        """End offset of ``updates.encoded`` = number of changes ordered so far = seq of the last one."""
+        _low, high = self._watermarks.get_watermark_offsets(TopicPartition(self.settings.topic("updates.encoded"), 0),
+                                                            timeout=10)
+        return max(high, 0)
+
+    def handle(self, value: bytes | None, partition: int, offset: int) -> Decision | None:
+        """Process one admin record synchronously (run in an executor thread); return the applied decision."""
+        UPDATES_IN.labels(SERVICE).inc()
+        try:
+            if value is None:
+                raise CodecError("empty record (null value)")
+            command = decode("AdminCommand", value)
+        except CodecError as exc:
+            self._reject_record(value or b"", partition, offset, str(exc))
+            return None
+        try:
+            decision = self.registry.decide(command, self.encoded_end)
+        except Exception as exc:  # noqa: BLE001 - an unexpected bug must answer the user, not kill the service
+            log.exception("admin offset %d: internal error", offset)
+            self._send(self.settings.topic("queries.status"),
+                       encode("QueryStatus", self.registry.error(f"internal error: {type(exc).__name__}: {exc}",
+                                                                 command.get("request_id"))))
+            return None
+        # Step 1: the plan (or tombstone) is durable before anything else changes.
+        if decision.plan is not None:
+            key, plan = decision.plan
+            self._send(self.settings.topic("queries.plans"), None if plan is None else encode("QueryPlan", plan), key)
+        # Step 2: the registered set follows the published plans.
+        self.registry.commit(decision)
+        # Step 3: the reply, last, so ACCEPTED always means "the plan is on queries.plans".
+        self._send(self.settings.topic("queries.status"), encode("QueryStatus", decision.status))
+        return decision
+
+    def _reject_record(self, value: bytes, partition: int, offset: int, reason: str) -> None:
+        message = f"undecodable admin record at offset {offset}: {reason}"
+        log.warning(message)
+        REJECTED_INPUTS.labels(SERVICE, "schema-mismatch").inc()
+        self._send(self.settings.topic("deadletter"), encode("DeadLetter", {
+            "service": SERVICE, "source_topic": self.settings.topic("admin"), "partition": partition,
+            "offset": offset, "reason": "schema-mismatch", "message": message, "line": None,
+            "original": bytes(value), "at_ms": self.registry.error("")["at_ms"]}))
+        self._send(self.settings.topic("queries.status"), encode("QueryStatus", self.registry.error(message)))
+
+    def _send(self, topic: str, value: bytes | None, key: str | None = None) -> None:
+        errors: list[KafkaError] = []
+        self.producer.produce(topic, value=value, key=key.encode() if key is not None else None,
+                              on_delivery=lambda err, _msg: errors.append(err) if err else None)
+        if self.producer.flush(30) or errors:
+            # Not acknowledged: raise so faust does not commit this admin offset; the command is replayed.
+            raise RuntimeError(f"cannot publish to {topic}: {errors[0] if errors else 'not acknowledged in 30s'}")
+        UPDATES_OUT.labels(SERVICE).inc()
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self._watermarks.close()
+
+
+def _faust_broker_options(settings: KafkaSettings) -> dict[str, Any]:
+    """faust (aiokafka) connection options from the shared settings (security included)."""
+    servers = ";".join(f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(","))
+    options: dict[str, Any] = {"broker": servers}
+    proto = (settings.security_protocol or "PLAINTEXT").upper()
+    ctx = ssl.create_default_context(cafile=settings.ssl_ca_location) if "SSL" in proto else None
+    if proto.startswith("SASL"):
+        options["broker_credentials"] = faust.SASLCredentials(
+            username=settings.sasl_username, password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism or "PLAIN", ssl_context=ctx)
+    elif ctx is not None:
+        options["broker_credentials"] = faust.SSLCredentials(ctx)
+    return options
+
+
+def build_app(service: RegistryService, *, web_port: int, web_host: str, state_dir: str | os.PathLike[str]) -> faust.App:
+    """The faust app: agent on ``admin``, table ``queries``, web views, reconcile task."""
+    settings = service.settings
+    datadir = Path(state_dir) / f"{settings.topic_prefix}registry"
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
+    app = faust.App(
+        f"{settings.topic_prefix}registry",
+        **_faust_broker_options(settings),
+        store="memory://",  # the table is a view; it is rebuilt from its changelog and reconciled on start
+        topic_partitions=1,
+        topic_replication_factor=settings.replication_factor,
+        broker_session_timeout=6,
+        broker_heartbeat_interval=2,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=True, web_port=web_port, web_host=web_host, web_bind=web_host,
+        datadir=str(datadir),
+        producer_acks=-1,
+    )
+    admin = app.topic(settings.topic("admin"), partitions=1, key_type=bytes, value_type=bytes,
+                      key_serializer="raw", value_serializer="raw", internal=False)
+    # use_partitioner: the reconcile task writes outside a stream event; the changelog has one partition.
+    table = app.Table("queries", default=None, partitions=1, use_partitioner=True, key_type=str, value_type=dict)
+
+    def mirror(decision: Decision | None) -> None:
+        if decision is None:
+            return
+        if decision.entry is not None:
+            table[decision.entry.query_id] = decision.entry.view()
+        if decision.removed is not None and decision.removed in table:
+            del table[decision.removed]
+
+    @app.agent(admin)
+    async def handle_admin(stream: faust.StreamT) -> None:
+        loop = asyncio.get_running_loop()
+        async for event in stream.events():
+            msg = event.message
+            # Producing waits for acks: keep it off the event loop so faust's heartbeats keep flowing.
+            decision = await loop.run_in_executor(None, service.handle, msg.value, msg.partition, msg.offset)
+            mirror(decision)
+
+    @app.task
+    async def reconcile() -> None:
+        # Runs once faust has recovered the table: make it equal to the set restored from queries.plans.
+        truth = {qid: entry.view() for qid, entry in service.registry.queries.items()}
+        for qid in [k for k in table.keys() if k not in truth]:
+            del table[qid]
+        for qid, view in truth.items():
+            if table.get(qid) != view:
+                table[qid] = view
+        service.ready = True
+        log.info("registry ready: %d queries registered", len(truth))
+
+    @app.page("/queries")
+    async def list_queries(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        return web.json({"queries": [table[k] for k in sorted(table.keys())]})
+
+    @app.page("/queries/{query_id}")
+    async def get_query(web: faust.web.View, request: faust.web.Request, query_id: str) -> faust.web.Response:
+        view = table.get(query_id)
+        if view is None:
+            return web.json({"error": f"no query with id {query_id!r} is registered"}, status=404)
+        return web.json(view)
+
+    return app
+
+
+def run_service(settings: KafkaSettings, *, metrics_port: int | None = None, web_port: int = 6066,
+                web_host: str = "127.0.0.1", state_dir: str = ".cbgp-state", log_level: str = "warning") -> int:
+    """``cbgp registry``: create topics, restore, run faust until SIGTERM/SIGINT; return the exit code."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ensure_topics(settings)
+    service = RegistryService(settings)
+    metrics = start_metrics_server(metrics_port, ready=lambda: service.ready) if metrics_port is not None else None
+    try:
+        count = service.restore()
+        log.info("restored %d registered queries from %s", count, settings.topic("queries.plans"))
+        app = build_app(service, web_port=web_port, web_host=web_host, state_dir=state_dir)
+        worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, redirect_stdouts=False)
+        try:
+            worker.execute_from_commandline()
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        return 0
+    finally:
+        service.close()
+        if metrics is not None:
+            metrics.stop()

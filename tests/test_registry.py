@@ -1,0 +1,248 @@
+"""The registry: decision rules without Kafka, then `cbgp registry` as a real process on the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from cbgp.plan import decompose
+from cbgp.sparql import parse_query
+from services.codec import decode, encode
+from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
+from services.kafka.broker import free_port
+from services.registry import Registry
+from services.supervise import ChildProcess, cbgp_command, http_ok
+from services.usercli import admin_request
+from tests.fixtures.broker import fresh_settings
+from services.kafka import ensure_topics
+
+EX = "http://ex.org/"
+QUERIES = {  # one query per class of the paper
+    "star": f"SELECT * WHERE {{ ?p <{EX}type> <{EX}Person> . ?p <{EX}city> <{EX}Paris> }}",
+    "path": f"SELECT ?a ?c WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c }}",
+    "loose": f"SELECT * WHERE {{ ?a <{EX}type> <{EX}P> . ?b <{EX}type> <{EX}Q> }}",
+    "general": f"SELECT * WHERE {{ <{EX}x> <{EX}p> <{EX}y> . ?a <{EX}knows> ?b }}",
+    "ground": f"SELECT * WHERE {{ <{EX}x> <{EX}p> <{EX}y> }}",
+}
+CLASSES = {"star": "simple var-centric star", "path": "var-connected", "loose": "loosely-connected",
+           "general": "general (product of parts)", "ground": "ground"}
+
+
+def _register(reg: Registry, qid: str, sparql: str, seq: int = 0, **options: str) -> Any:
+    decision = reg.decide({"command": "REGISTER", "query_id": qid, "sparql": sparql, "options": options,
+                           "request_id": "r"}, lambda: seq)
+    reg.commit(decision)
+    return decision
+
+
+# ---------------------------------------------------------------------------------------- rules (no Kafka)
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_each_query_class_is_accepted_with_the_plan_decompose_gives(name: str) -> None:
+    decision = _register(Registry(), name, QUERIES[name], seq=42)
+    assert decision.status["status"] == "ACCEPTED"
+    assert decision.status["message"].startswith(CLASSES[name])
+    key, plan = decision.plan
+    assert key == name and plan["version"] == 1 and plan["registered_at_seq"] == 42
+    expected = decompose(parse_query(QUERIES[name]))
+    assert json.loads(plan["plan_json"]) == expected.to_json()
+    assert plan["projected"] == list(expected.query.projected)
+
+
+@pytest.mark.parametrize("bad_id", ["", "has space", "a/b", "x" * 129, None])
+def test_invalid_query_ids_are_rejected(bad_id: Any) -> None:
+    decision = Registry().decide({"command": "REGISTER", "query_id": bad_id, "sparql": QUERIES["star"]}, lambda: 0)
+    assert decision.status["status"] == "REJECTED" and decision.plan is None
+    assert "A-Z a-z 0-9 _ . -" in decision.status["message"]
+
+
+def test_a_second_text_under_the_same_id_needs_replace_and_bumps_the_version() -> None:
+    reg = Registry()
+    _register(reg, "q", QUERIES["star"])
+    clash = _register(reg, "q", QUERIES["path"])
+    assert clash.status["status"] == "REJECTED" and "replace=true" in clash.status["message"]
+    assert reg.queries["q"].sparql == QUERIES["star"]
+    replaced = _register(reg, "q", QUERIES["path"], replace="true")
+    assert replaced.status["status"] == "ACCEPTED" and replaced.plan[1]["version"] == 2
+    assert "replace" not in replaced.plan[1]["options"]
+    assert reg.queries["q"].version == 2 and reg.queries["q"].query_class == "var-connected"
+
+
+def test_registering_the_same_text_again_publishes_nothing() -> None:
+    reg = Registry()
+    _register(reg, "q", QUERIES["star"])
+    again = _register(reg, "q", QUERIES["star"])
+    assert again.status["status"] == "ACCEPTED" and again.plan is None and "already registered" in again.status["message"]
+
+
+def test_unregister_of_an_unknown_id_is_rejected_and_of_a_known_one_is_a_tombstone() -> None:
+    reg = Registry()
+    unknown = reg.decide({"command": "UNREGISTER", "query_id": "nope"}, lambda: 0)
+    assert unknown.status["status"] == "REJECTED" and unknown.plan is None
+    _register(reg, "q", QUERIES["star"])
+    gone = reg.decide({"command": "UNREGISTER", "query_id": "q"}, lambda: 0)
+    assert gone.status["status"] == "UNREGISTERED" and gone.plan == ("q", None)
+    reg.commit(gone)
+    assert reg.decide({"command": "LIST"}, lambda: 0).status["queries"] == []
+
+
+def test_restore_keeps_the_last_plan_per_id_and_drops_tombstoned_ids() -> None:
+    source = Registry()
+    plans = [_register(source, "a", QUERIES["star"]).plan, _register(source, "b", QUERIES["path"]).plan,
+             _register(source, "a", QUERIES["loose"], replace="true").plan, ("b", None)]
+    restored = Registry()
+    assert restored.restore(plans) == 1
+    assert restored.queries["a"].version == 2 and restored.queries["a"].query_class == "loosely-connected"
+
+
+# ---------------------------------------------------------------------------------------- the service
+
+
+class Registered:
+    """A running `cbgp registry` with its settings and ports."""
+
+    def __init__(self, settings: KafkaSettings, state_dir: Path, log_path: Path) -> None:
+        self.settings = settings
+        self.web_port = free_port()
+        self.metrics_port = free_port()
+        env = {**os.environ, **settings.to_env()}
+        self.child = ChildProcess("registry", cbgp_command(
+            "registry", "--web-port", str(self.web_port), "--metrics-port", str(self.metrics_port),
+            "--state-dir", str(state_dir)), env=env, log_path=log_path)
+
+    def start(self) -> "Registered":
+        self.child.start()
+        self.child.wait_until(lambda: http_ok(f"http://127.0.0.1:{self.metrics_port}/readyz"), timeout=60)
+        return self
+
+    def ask(self, **command: Any) -> dict[str, Any]:
+        return admin_request(self.settings, command, wait=30)
+
+    def web(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def registry(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registered]:
+    """One registry process for the module's service tests (each test uses its own query ids)."""
+    settings = fresh_settings(kafka_broker.bootstrap)
+    ensure_topics(settings)
+    tmp = tmp_path_factory.mktemp("registry")
+    service = Registered(settings, tmp / "state", tmp / "registry.log").start()
+    yield service
+    service.child.stop()
+
+
+def _plans(settings: KafkaSettings, query_id: str) -> list[dict[str, Any] | None]:
+    return [None if m.value() is None else decode("QueryPlan", m.value())
+            for m in read_all(settings, settings.topic("queries.plans")) if m.key() == query_id.encode()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_service_accepts_each_class_and_publishes_the_decomposed_plan(registry: Registered) -> None:
+    settings = registry.settings
+    producer = make_producer(settings)
+    for i in range(3):  # three ordered changes: registered_at_seq must be 3
+        produce_sync(producer, settings.topic("updates.encoded"), b"change %d" % i)
+    for name, sparql in QUERIES.items():
+        status = registry.ask(command="REGISTER", query_id=f"cls-{name}", sparql=sparql)
+        assert status["status"] == "ACCEPTED", status
+        assert status["message"].startswith(CLASSES[name]) and status["query_id"] == f"cls-{name}"
+        [plan] = _plans(settings, f"cls-{name}")
+        assert json.loads(plan["plan_json"]) == decompose(parse_query(sparql)).to_json()
+        assert plan["sparql"] == sparql and plan["version"] == 1 and plan["registered_at_seq"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sparql,line,column,words", [
+    ("SELECT * WHERE {\n  ?x <http://ex.org/p> ?y .\n  FILTER(?y > 3)\n}", 3, 3, "FILTER"),
+    ("SELECT * WHERE { ?x <http://ex.org/p> ?y OPTIONAL { ?y <http://ex.org/q> ?z } }", 1, 42, "OPTIONAL"),
+    ("SELECT * WHERE { ?x <http://ex.org/p> ?y \n ?y", 2, 2, "syntax error"),
+])
+def test_service_rejects_bad_queries_with_line_and_column(registry: Registered, sparql: str, line: int, column: int,
+                                                           words: str) -> None:
+    status = registry.ask(command="REGISTER", query_id="bad", sparql=sparql)
+    assert status["status"] == "REJECTED" and words in status["message"]
+    assert (status["line"], status["column"]) == (line, column)
+    assert _plans(registry.settings, "bad") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_service_unregisters_with_a_tombstone_and_lists(registry: Registered) -> None:
+    assert registry.ask(command="REGISTER", query_id="gone", sparql=QUERIES["star"])["status"] == "ACCEPTED"
+    assert "gone" in registry.ask(command="LIST")["queries"]
+    reply = registry.ask(command="UNREGISTER", query_id="gone")
+    assert reply["status"] == "UNREGISTERED"
+    assert _plans(registry.settings, "gone")[-1] is None
+    listed = registry.ask(command="LIST")
+    assert listed["status"] == "LISTED" and "gone" not in listed["queries"]
+    assert registry.ask(command="UNREGISTER", query_id="gone")["status"] == "REJECTED"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_service_answers_garbage_with_an_error_and_keeps_going(registry: Registered) -> None:
+    settings = registry.settings
+    producer = make_producer(settings)
+    produce_sync(producer, settings.topic("admin"), b"\x00 not avro at all")
+    # The next valid command is still answered, so the garbage did not stop the service.
+    assert registry.ask(command="REGISTER", query_id="after-garbage", sparql=QUERIES["path"])["status"] == "ACCEPTED"
+    statuses = [decode("QueryStatus", m.value()) for m in read_all(settings, settings.topic("queries.status"))]
+    errors = [s for s in statuses if s["status"] == "ERROR"]
+    assert errors and "undecodable admin record" in errors[-1]["message"] and "\n" not in errors[-1]["message"]
+    dead = [decode("DeadLetter", m.value()) for m in read_all(settings, settings.topic("deadletter"))]
+    assert any(d["service"] == "registry" and d["original"] == b"\x00 not avro at all" for d in dead)
+    assert registry.child.alive()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_web_view_lists_queries_and_shows_one(registry: Registered) -> None:
+    registry.ask(command="REGISTER", query_id="web-q", sparql=QUERIES["star"])
+    code, body = registry.web("/queries")
+    assert code == 200
+    listed = {q["query_id"]: q for q in body["queries"]}
+    assert listed["web-q"]["class"] == "simple var-centric star" and listed["web-q"]["status"] == "registered"
+    code, one = registry.web("/queries/web-q")
+    assert code == 200 and one["sparql"] == QUERIES["star"] and one["version"] == 1
+    code, missing = registry.web("/queries/no-such-query")
+    assert code == 404 and "no-such-query" in missing["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_restart_keeps_the_registered_set(kafka_broker: Any, tmp_path: Path) -> None:
+    settings = fresh_settings(kafka_broker.bootstrap)
+    ensure_topics(settings)
+    first = Registered(settings, tmp_path / "state", tmp_path / "first.log").start()
+    try:
+        assert first.ask(command="REGISTER", query_id="keep", sparql=QUERIES["star"])["status"] == "ACCEPTED"
+        assert first.ask(command="REGISTER", query_id="drop", sparql=QUERIES["path"])["status"] == "ACCEPTED"
+        assert first.ask(command="UNREGISTER", query_id="drop")["status"] == "UNREGISTERED"
+        first.child.signal(signal.SIGTERM)
+        assert first.child.proc.wait(30) == 0  # graceful SIGTERM
+    finally:
+        first.child.stop()
+    # A fresh state dir: what survives must come from Kafka (queries.plans), not from local files.
+    second = Registered(settings, tmp_path / "state2", tmp_path / "second.log").start()
+    try:
+        assert second.ask(command="LIST")["queries"] == ["keep"]
+        assert second.ask(command="REGISTER", query_id="keep", sparql=QUERIES["path"])["status"] == "REJECTED"
+        assert [q["query_id"] for q in second.web("/queries")[1]["queries"]] == ["keep"]
+        assert http_ok(f"http://127.0.0.1:{second.metrics_port}/metrics")
+    finally:
+        second.child.stop()
