@@ -16,7 +16,8 @@ offset long, timestamp_ms long``.  Options:
 ``startingOffsets``        ``earliest`` (default), ``latest``, or JSON ``{"0": 42, ...}``.
 ``endingOffsets``          batch only: ``latest`` (default) or JSON.
 ``maxOffsetsPerTrigger``   streaming only: cap on records per micro-batch, split evenly over partitions.
-``commitGroup``            mirror committed offsets to this consumer group, so lag tools see progress.
+``commitGroup``            mirror committed offsets to this consumer group, so lag tools see progress
+                           (one micro-batch behind: Spark commits a batch when it plans the next one).
 ``readTimeoutMs``          a read task fails if no record arrives for this long (default 30000).
 ``arrow``                  ``true`` (default): read() yields Arrow record batches instead of tuples.
 ``topic``                  writer: target topic (otherwise a ``topic`` column is required).

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from cbgp.terms import XSD_STRING, from_sparql_json
 from services.codec import decode, encode
-from services.kafka.client import make_producer, read_all
+from services.kafka.client import end_offsets, make_producer, read_all
 from services.kafka.config import KafkaSettings
 from spark.compaction import (SnapshotStore, canonical_binding, compact_batch, current_key, decode_answers,
                               kafka_publisher)
@@ -154,6 +155,17 @@ def test_gaps_in_n_are_reported_and_recorded(spark: SparkSession, tmp_path: Path
     assert store.folded_n() == {"q1": 9, "q2": 2}
 
 
+def test_retracting_every_answer_leaves_an_empty_snapshot_that_later_folds_build_on(spark: SparkSession, tmp_path: Path) -> None:
+    a, b = canonical_binding({"x": TERMS[0]}), canonical_binding({"x": TERMS[1]})
+    schema = "query_id string, n long, sign int, binding string, error string"
+    store = SnapshotStore(tmp_path / "snap")
+    report = compact_batch(spark, spark.createDataFrame([("q", 1, 1, a, None), ("q", 2, -1, a, None)], schema),
+                           store, publish=None)
+    assert report.snapshot_rows == 0 and store.read(spark).count() == 0 and store.folded_n() == {"q": 2}
+    compact_batch(spark, spark.createDataFrame([("q", 3, 1, b, None), ("q", 1, 1, a, None)], schema), store, publish=None)
+    assert [(r["binding"], r["multiplicity"], r["last_n"]) for r in store.read(spark).collect()] == [(b, 1, 3)]
+
+
 def produce_answers(settings: KafkaSettings, log: list[dict[str, Any]], extra_values: list[bytes] = ()) -> None:
     producer = make_producer(settings)
     for rec in log:
@@ -199,6 +211,7 @@ def test_streaming_job_resumes_and_keeps_answers_current_exact(
     log = generate_log(rng, steps=200)
     first, rest = log[:90], log[90:]
     produce_answers(kafka_settings, first)
+    first_ends = {p: hi for p, (_, hi) in end_offsets(kafka_settings, kafka_settings.topic("answers")).items()}
     for part in (first, rest):
         if part is rest:
             produce_answers(kafka_settings, rest + rng.sample(first, 10))  # late duplicates of folded deltas
@@ -211,3 +224,12 @@ def test_streaming_job_resumes_and_keeps_answers_current_exact(
     retracted = {(r["query_id"], binding_id(r["binding"])) for r in log} - set(expected_answers(log))
     assert retracted, "the generated log should retract some answers"
     assert store.folded_n() == {q: max(r["n"] for r in log if r["query_id"] == q) for q in {r["query_id"] for r in log}}
+    # Progress is mirrored to a consumer group for lag tools.  Spark commits a batch's source offsets when
+    # it plans the next batch, so the mirror trails by one batch: here, the end of the first run.
+    group = Consumer(kafka_settings.consumer_config(f"{kafka_settings.topic_prefix}spark-compaction"))
+    try:
+        topic = kafka_settings.topic("answers")
+        committed = group.committed([TopicPartition(topic, p) for p in range(kafka_settings.partitions)], timeout=10)
+        assert {tp.partition: tp.offset for tp in committed} == first_ends
+    finally:
+        group.close()
