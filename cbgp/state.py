@@ -11,8 +11,9 @@ Three kinds of part (see `cbgp.plan`):
   section 3.11: for every variable X and centre value x, one entry per pattern
   of X's star -- a bit for patterns whose other end is constant (or a
   self-loop), and a set of neighbour values for var-var patterns.  A var-var
-  triple (x p y) is stored twice, under x in X's star and under y in Y's star
-  (`forward[j][x]` and `backward[j][y]`).  No per-combination records, so
+  triple (x p y) can be kept under x in X's star (`forward[j][x]`) and under y
+  in Y's star (`backward[j][y]`); only the directions the join plans read are
+  kept, which for paths and trees is one.  No per-combination records, so
   memory is linear in the relevant triples present; deltas are enumerated by
   extending the updated pattern's binding along the precomputed join order.
 
@@ -193,8 +194,6 @@ class ComponentState:
         self.var = [-1] * len(patterns)
         self.subj = [-1] * len(patterns)
         self.obj = [-1] * len(patterns)
-        self.forward: list[dict | None] = [None] * len(patterns)
-        self.backward: list[dict | None] = [None] * len(patterns)
         for j, spec in enumerate(patterns):
             if spec[0] == SINGLE:
                 v = spec[1]
@@ -203,35 +202,78 @@ class ComponentState:
                 self.full[v] |= self.bit[j]
             else:
                 self.subj[j], self.obj[j] = spec[1], spec[2]
-                self.forward[j], self.backward[j] = {}, {}
-        self._plans = [self._compile(j, order) for j, order in enumerate(join_orders)]
+        raw_plans = [self._plan(j, order) for j, order in enumerate(join_orders)]
+        # Keep a var-var pattern's table only in the directions some join plan reads to generate
+        # candidates (the first edge of each step), plus one direction to record presence: about half
+        # the memory of keeping both, and membership checks can read either direction.
+        needs_forward = [False] * len(patterns)
+        needs_backward = [False] * len(patterns)
+        for _initial, _checks, steps in raw_plans:
+            for _z, edges in steps:
+                k, z_is_object, _w = edges[0]
+                if z_is_object:
+                    needs_forward[k] = True
+                else:
+                    needs_backward[k] = True
+        self.forward: list[dict | None] = [None] * len(patterns)
+        self.backward: list[dict | None] = [None] * len(patterns)
+        for j, kind in enumerate(self.kinds):
+            if kind == VAR_VAR:
+                if needs_forward[j] or not needs_backward[j]:
+                    self.forward[j] = {}
+                if needs_backward[j]:
+                    self.backward[j] = {}
+        self._plans = [self._compile(plan) for plan in raw_plans]
         self.answer_set: set[Row] | None = set() if track_answers else None
 
-    def _compile(self, j: int, order: list[int]) -> tuple:
-        """Precompute, for pattern j, the initial checks and the extension steps along the join order."""
+    def _plan(self, j: int, order: list[int]) -> tuple:
+        """For pattern j: its variables, the var-var patterns to check among them, and the extension steps."""
         initial = [self.var[j]] if self.kinds[j] == SINGLE else [self.subj[j], self.obj[j]]
         bound = set(initial)
+        # Pattern j itself is present by construction (stored before, removed after enumeration).
         checks = [
             k
             for k in range(len(self.kinds))
-            if self.kinds[k] == VAR_VAR and self.subj[k] in bound and self.obj[k] in bound
+            if k != j and self.kinds[k] == VAR_VAR and self.subj[k] in bound and self.obj[k] in bound
         ]
         steps = []
         for z in order:
             if z in bound:
                 continue
-            edges = []  # (table giving z's candidates from a bound variable's value, that variable)
+            edges = []  # (pattern, z is its object, the bound variable at its other end)
             for k in range(len(self.kinds)):
                 if self.kinds[k] != VAR_VAR:
                     continue
                 if self.obj[k] == z and self.subj[k] in bound:
-                    edges.append((self.forward[k], self.subj[k]))
+                    edges.append((k, True, self.subj[k]))
                 elif self.subj[k] == z and self.obj[k] in bound:
-                    edges.append((self.backward[k], self.obj[k]))
+                    edges.append((k, False, self.obj[k]))
             assert edges, "join order must reach every variable through a var-var pattern"
-            steps.append((z, edges, self.masks[z], self.full[z]))
+            steps.append((z, edges))
             bound.add(z)
         return tuple(initial), checks, steps
+
+    def _compile(self, plan: tuple) -> tuple:
+        """Bind a plan to the tables: generators read a maintained direction, the rest are checks."""
+        initial, checks, steps = plan
+        compiled = []
+        for z, edges in steps:
+            generators = []
+            others = []
+            for k, z_is_object, w in edges:
+                table = self.forward[k] if z_is_object else self.backward[k]
+                if table is not None:
+                    generators.append((table, w))
+                else:
+                    others.append((k, z_is_object, w))
+            compiled.append((z, generators, others, self.masks[z], self.full[z]))
+        return tuple(initial), checks, compiled
+
+    def _has(self, k: int, subject: int, object_: int) -> bool:
+        forward = self.forward[k]
+        if forward is not None:
+            return nb_has(forward, subject, object_)
+        return nb_has(self.backward[k], object_, subject)
 
     # -- presence / storage (the pattern's own entry for this triple) --
 
@@ -243,15 +285,19 @@ class ComponentState:
                 return False
             masks[values[0]] = mask | self.bit[j]
             return True
-        if not nb_add(self.forward[j], values[0], values[1]):
-            return False
-        nb_add(self.backward[j], values[1], values[0])
-        return True
+        forward, backward = self.forward[j], self.backward[j]
+        if forward is not None:
+            if not nb_add(forward, values[0], values[1]):
+                return False
+            if backward is not None:
+                nb_add(backward, values[1], values[0])
+            return True
+        return nb_add(backward, values[1], values[0])
 
     def present(self, j: int, values: tuple[int, ...]) -> bool:
         if self.kinds[j] == SINGLE:
             return bool(self.masks[self.var[j]].get(values[0], 0) & self.bit[j])
-        return nb_has(self.forward[j], values[0], values[1])
+        return self._has(j, values[0], values[1])
 
     def remove(self, j: int, values: tuple[int, ...]) -> None:
         if self.kinds[j] == SINGLE:
@@ -262,8 +308,10 @@ class ComponentState:
             else:
                 del masks[values[0]]
             return
-        nb_remove(self.forward[j], values[0], values[1])
-        nb_remove(self.backward[j], values[1], values[0])
+        if self.forward[j] is not None:
+            nb_remove(self.forward[j], values[0], values[1])
+        if self.backward[j] is not None:
+            nb_remove(self.backward[j], values[1], values[0])
 
     # -- updates --
 
@@ -300,7 +348,7 @@ class ComponentState:
                 return []
             binding[v] = value
         for k in checks:
-            if not nb_has(self.forward[k], binding[self.subj[k]], binding[self.obj[k]]):
+            if not self._has(k, binding[self.subj[k]], binding[self.obj[k]]):
                 return []
         out: list[Row] = []
         self._extend(binding, steps, 0, out)
@@ -310,20 +358,26 @@ class ComponentState:
         if depth == len(steps):
             out.append(tuple(binding))
             return
-        z, edges, masks, full = steps[depth]
+        z, generators, others, masks, full = steps[depth]
         best = None
         best_index = 0
-        for index, (table, w) in enumerate(edges):
+        for index, (table, w) in enumerate(generators):
             neighbours = table.get(binding[w])
             if neighbours is None:
                 return
             if best is None or nb_len(neighbours) < nb_len(best):
                 best, best_index = neighbours, index
-        others = [edge for index, edge in enumerate(edges) if index != best_index]
+        checks = [edge for index, edge in enumerate(generators) if index != best_index]
+        has = self._has
         for value in nb_iter(best):
             if full and masks.get(value, 0) != full:
                 continue
-            if others and not all(nb_has(table, binding[w], value) for table, w in others):
+            if checks and not all(nb_has(table, binding[w], value) for table, w in checks):
+                continue
+            if others and not all(
+                has(k, binding[w], value) if z_is_object else has(k, value, binding[w])
+                for k, z_is_object, w in others
+            ):
                 continue
             binding[z] = value
             self._extend(binding, steps, depth + 1, out)
