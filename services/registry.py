@@ -206,7 +206,7 @@ def registry_commands(commands: argparse._SubParsersAction) -> dict[str, Callabl
     p.add_argument("--web-host", default="127.0.0.1", help="faust web bind address (default 127.0.0.1)")
     p.add_argument("--state-dir", default=".cbgp-state", metavar="DIR",
                    help="directory for faust's data dir (default .cbgp-state)")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
     def run_registry(args: argparse.Namespace) -> int:
         from services.kafka import KafkaSettings
