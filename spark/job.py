@@ -10,6 +10,36 @@ which the manifest's per-query ``n`` makes a no-op.  ``--once`` processes what i
 
 SIGTERM / SIGINT stop the query and the session cleanly (the current batch is abandoned; its rerun after
 restart is harmless for the reason above).
+
+Design note: how the two other Spark duties plug in (not built yet)
+--------------------------------------------------------------------
+Both are further streaming queries started next to :func:`start_compaction` in the same session; ``main``
+would then wait on ``spark.streams.awaitAnyTermination`` and stop them all on SIGTERM.  The session already
+has what they need: the RocksDB state store (``transformWithStateInPandas`` refuses the default one) and
+``protobuf`` (reference/notes-spark-helm-offline.md, section 3).
+
+*Event-time window expiry* (a triple counts while ``event_time + range`` is ahead of the watermark).
+Stream-level windows: read ``updates.encoded`` with ``withWatermark("event_time", <allowed lateness>)``,
+``groupBy(triple).transformWithStateInPandas`` keeping the triple's latest insertion time in a ValueState and
+one event-time timer at ``event_time + range`` (a re-insertion moves the timer).  ``handleExpiredTimer``
+emits a synthetic ``del`` of the triple into ``updates.raw``, so ingest orders it and every downstream
+component treats expiry exactly as a deletion -- the contract's "expiry produces - deltas like a deletion".
+Query-level windows (different ranges on the same triple) must expire matches, not triples: the workers
+put on each PartDelta the *minimum* event time of the triples the match uses (a match dies with its
+oldest triple), and the query keyed by ``(query_id, part, binding)`` on ``deltas.parts`` sets its timer at
+``event_time_ms + range(query)`` and emits the ``-`` PartDelta on expiry, with an idempotence key
+``(query_id, source_partition=-1, source_offset=timer time, index)`` so the answers service dedupes reruns.
+
+*Cartesian-product assembly of multi-part queries* (answer = product of the var-connected parts' answers,
+gated by the ground part).  ``deltas.parts`` grouped by ``query_id`` into ``transformWithStateInPandas``
+with one MapState per part (binding -> multiplicity).  Within a micro-batch a group's deltas are sorted by
+``(seq, part, index)`` and applied one update at a time with the delta rule: a delta ``s * b`` of part i
+emits ``s * (b x current answers of every other part)``, then updates part i -- the parts updated earlier in
+the same seq are already new, the later ones still old, which is exact when one update touches several
+parts.  The assembled deltas go to ``deltas.parts`` as part ``-1`` (whole query), so numbering stays the
+answers service's job.  A seq may only be assembled once all its part deltas are in: the workers'
+per-partition progress (the highest seq each routed partition has completed) is the watermark, and deltas
+above it wait in a ListState.  Single-part queries bypass this query entirely (the common case).
 """
 
 from __future__ import annotations
@@ -46,11 +76,17 @@ def start_compaction(
     *,
     max_offsets_per_trigger: int | None = None,
     extra_source_options: Mapping[str, str] | None = None,
+    publish_current: bool = True,
 ) -> StreamingQuery:
-    """Start the compaction query; ``interval_s=None`` means availableNow (one pass over what exists)."""
+    """Start the compaction query; ``interval_s=None`` means availableNow (one pass over what exists).
+
+    ``publish_current=False`` only maintains the snapshot, for deployments where the answers service
+    already keeps answers.current up to date live (both write the same key/value pairs, so running both
+    is correct, just redundant).
+    """
     options = kafka_options(settings)
     store = SnapshotStore(snapshot_dir)
-    publish = kafka_publisher(options, settings.topic("answers.current"))
+    publish = kafka_publisher(options, settings.topic("answers.current")) if publish_current else None
 
     def on_batch(batch: DataFrame, batch_id: int) -> None:
         report = compact_batch(batch.sparkSession, decode_answers(batch), store, publish)
@@ -85,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", type=Path, help="Structured Streaming checkpoint (source offsets)")
     parser.add_argument("--max-offsets-per-trigger", type=int, metavar="N",
                         help="cap on deltas per compaction batch (default: everything available)")
+    parser.add_argument("--no-publish-current", action="store_true",
+                        help="only write snapshots; leave answers.current to the answers service")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark setting (repeatable)")
     parser.add_argument("--log-level", default="INFO")
@@ -120,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         query = start_compaction(spark, settings, snapshot_dir, checkpoint_dir,
                                  None if args.once else args.compact_interval,
-                                 max_offsets_per_trigger=args.max_offsets_per_trigger)
+                                 max_offsets_per_trigger=args.max_offsets_per_trigger,
+                                 publish_current=not args.no_publish_current)
         log.info("compaction of %s every %s s; snapshots in %s, checkpoint in %s", settings.topic("answers"),
                  "once" if args.once else args.compact_interval, snapshot_dir, checkpoint_dir)
         # Short waits so the signal handler (which runs between bytecodes of this thread) gets a turn.
