@@ -106,6 +106,17 @@ def test_canonical_binding_is_term_identity() -> None:
     assert json.loads(current_key("q\"1", plain)) == ["q\"1", {"x": '"s"'}]
 
 
+def test_answers_service_writes_the_same_answers_current_keys() -> None:
+    """The answers service builds keys without importing Spark; both writers must agree byte for byte."""
+    from services import answers
+
+    binding = {"y": TERMS[3], "x": TERMS[4], "z": TERMS[5]}
+    ours = canonical_binding(binding)
+    theirs = answers.canonical_binding({var: term_key(t) for var, t in binding.items()})
+    assert ours == theirs
+    assert current_key("q/é", ours) == answers.current_key("q/é", theirs)
+
+
 def test_fold_equals_replay_of_the_whole_log_with_duplicates_and_retractions(spark: SparkSession, tmp_path: Path) -> None:
     log = generate_log(random.Random(7), steps=300)
     assert any(r["sign"] == "-" for r in log) and len({(r["query_id"], r["n"]) for r in log}) < len(log)
