@@ -1,0 +1,194 @@
+"""Ingest's transform without Kafka (IngestProcessor), and the worker/answers cores it feeds."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from cbgp.engine import Engine
+from cbgp.terms import stable_term_id
+from services import codec
+from services.answers import AnswersCore, current_key
+from services.ingest import IngestProcessor, RawRecord
+from services.kafka import KafkaSettings
+from services.worker_core import WorkerCore, decode_change
+from tests.fleet_support import EX, QUERIES, generate_patch
+
+SETTINGS = KafkaSettings(topic_prefix="u.")
+A, P, B = f"<{EX}a>", f"<{EX}p>", f"<{EX}b>"
+
+
+def outputs_by_topic(outputs):
+    grouped: dict[str, list] = {}
+    for out in outputs:
+        grouped.setdefault(out.topic.removeprefix("u."), []).append(out)
+    return grouped
+
+
+def test_set_semantics_drop_duplicate_inserts_and_absent_deletes_and_number_effective_changes() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    text = f"A {A} {P} {B} .\nA {A} {P} {B} .\nD {A} {P} <{EX}zz> .\nD {A} {P} {B} .\nA {A} {P} {B} .\n"
+    out = outputs_by_topic(ingest.process(RawRecord(text.encode(), offset=9)))
+    encoded = [codec.decode("EncodedUpdate", o.value) for o in out["updates.encoded"]]
+    assert [(e["seq"], e["op"]) for e in encoded] == [(1, "ADD"), (2, "DEL"), (3, "ADD")]
+    assert all(e["source"]["offset"] == 9 for e in encoded)
+    assert "deadletter" not in out
+
+
+def test_new_terms_go_to_the_dictionary_once_and_before_the_updates_that_use_them() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    outputs = ingest.process(RawRecord(f"A {A} {P} {B} .\nA {B} {P} {A} .\n".encode()))
+    topics = [o.topic.removeprefix("u.") for o in outputs]
+    first_update = topics.index("updates.encoded")
+    entries = [codec.decode("DictionaryEntry", o.value) for o in outputs if o.topic == "u.dictionary"]
+    assert {e["term"] for e in entries} == {A, P, B} and len(entries) == 3
+    assert topics.index("dictionary") < first_update and topics[:3] == ["dictionary"] * 3
+    for entry, out in zip(entries, [o for o in outputs if o.topic == "u.dictionary"]):
+        assert entry["id"] == stable_term_id(entry["term"]) and out.partition == entry["id"] % 4
+
+
+def test_routing_by_subject_and_object_at_most_twice_with_both_when_partitions_coincide() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    patch = "".join(f"A <{EX}s{i}> {P} <{EX}o{i}> .\n" for i in range(40))
+    routed = [o for o in ingest.process(RawRecord(patch.encode())) if o.topic == "u.updates.routed"]
+    by_seq: dict[int, list] = {}
+    for out in routed:
+        record = codec.decode("RoutedUpdate", out.value)
+        centre = record["s"] if record["role"] in ("SUBJECT", "BOTH") else record["o"]
+        assert out.partition == centre % 4 and out.key == str(centre).encode()
+        by_seq.setdefault(record["seq"], []).append(record)
+    assert len(by_seq) == 40
+    for records in by_seq.values():
+        s, o = records[0]["s"], records[0]["o"]
+        if s % 4 == o % 4:
+            assert [r["role"] for r in records] == ["BOTH"]
+        else:
+            assert sorted(r["role"] for r in records) == ["OBJECT", "SUBJECT"]
+
+
+def test_each_bad_line_is_one_dead_letter_and_the_rest_of_the_message_goes_on() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    data = f"A {A} {P} {B} .\nA <oops .\n".encode() + b"A <http://x/\xfe> <http://p> <http://o> .\n" + \
+        f'A "lit" {P} {B} .\nA {B} {P} {A} .\n'.encode()
+    out = outputs_by_topic(ingest.process(RawRecord(data, offset=5)))
+    dead = [codec.decode("DeadLetter", o.value) for o in out["deadletter"]]
+    assert [(d["reason"], d["line"]) for d in dead] == [("malformed-rdf", 2), ("invalid-utf8", 3), ("malformed-rdf", 4)]
+    assert all(d["offset"] == 5 and d["original"] == data and d["message"].startswith(f"line {d['line']}")
+               for d in dead)
+    assert len(out["updates.encoded"]) == 2
+
+
+def test_avro_raw_updates_are_parsed_and_bad_avro_or_terms_are_dead_lettered() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    good = codec.encode("RawUpdate", {"op": "ADD", "s": A, "p": P, "o": '"x"@en', "event_time_ms": 7})
+    bad_term = codec.encode("RawUpdate", {"op": "ADD", "s": A, "p": "not a term", "o": B})
+    literal_predicate = codec.encode("RawUpdate", {"op": "ADD", "s": A, "p": '"p"', "o": B})
+    out = []
+    for value in (good, good[:11], bad_term, literal_predicate, b""):
+        out.extend(ingest.process(RawRecord(value)))
+    grouped = outputs_by_topic(out)
+    encoded = [codec.decode("EncodedUpdate", o.value) for o in grouped["updates.encoded"]]
+    assert len(encoded) == 1 and encoded[0]["event_time_ms"] == 7
+    reasons = [codec.decode("DeadLetter", o.value)["reason"] for o in grouped["deadletter"]]
+    assert reasons == ["schema-mismatch", "malformed-rdf", "malformed-rdf", "empty"]
+
+
+def test_format_comes_from_headers_or_json_sniffing() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    nt = RawRecord(f"{A} {P} {B} .\n".encode(), {"content-type": b"application/n-triples"})
+    jsonl = RawRecord(b'{"op": "+", "s": "<http://example.org/a>", "p": "<http://example.org/q>", "o": "\\"1\\""}\n')
+    unknown = RawRecord(b"whatever", {"cbgp-format": b"yaml"})
+    out = outputs_by_topic(ingest.process(nt) + ingest.process(jsonl) + ingest.process(unknown))
+    assert len(out["updates.encoded"]) == 2
+    assert [codec.decode("DeadLetter", o.value)["reason"] for o in out["deadletter"]] == ["unknown-format"]
+
+
+def test_restore_from_the_encoded_log_gives_the_same_state_as_processing() -> None:
+    lines = generate_patch(800, seed=3)
+    live = IngestProcessor(SETTINGS, 4, 4)
+    outputs = live.process(RawRecord(("\n".join(lines) + "\n").encode()))
+    restored = IngestProcessor(SETTINGS, 4, 4)
+    for out in outputs:
+        if out.topic == "u.updates.encoded":
+            restored.restore_encoded(codec.decode("EncodedUpdate", out.value))
+        elif out.topic == "u.dictionary":
+            restored.restore_dictionary(codec.decode("DictionaryEntry", out.value))
+    assert restored.present == live.present and restored.seq == live.seq and restored.published == live.published
+    more = RawRecord(f"A {A} {P} {B} .\n".encode())
+    assert [o.value for o in restored.process(more)] == [o.value for o in live.process(more)]
+
+
+def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine() -> None:
+    """Ingest -> 4 routed shards + whole shards -> answers, driven in memory: same multisets as one Engine."""
+    lines = generate_patch(1500, seed=5)
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    outputs = ingest.process(RawRecord(("\n".join(lines) + "\n").encode()))
+    logs: dict[tuple[str, int], list] = {}
+    dictionary = {}
+    for out in outputs:
+        if out.topic == "u.dictionary":
+            entry = codec.decode("DictionaryEntry", out.value)
+            dictionary[entry["id"]] = entry["term"]
+        elif out.topic in ("u.updates.routed", "u.updates.encoded"):
+            kind = "routed" if out.topic == "u.updates.routed" else "whole"
+            log = logs.setdefault((kind, out.partition if kind == "routed" else 0), [])
+            log.append(decode_change(kind, len(log), out.value, None))
+
+    def reader(kind, partition, start, end):
+        return logs.get((kind, partition if kind == "routed" else 0), [])[start:end]
+
+    topics = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}
+    core = WorkerCore(topics, 4, 4, 4, reader)
+    for i, (name, text) in enumerate(QUERIES.items()):
+        plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
+                "registered_at_seq": 0, "version": 1}
+        core.on_plan(i % 4, i, name.encode(), codec.encode("QueryPlan", plan), range(4))
+    deltas = []
+    for p in range(4):
+        deltas += core.open_shard("routed", p, 0, None)
+        deltas += core.open_shard("whole", p, 0, None)
+    for (kind, partition), log in logs.items():
+        shards = [core.shards[(kind, partition)]] if kind == "routed" else [core.shards[("whole", p)] for p in range(4)]
+        for shard in shards:
+            for change in log:
+                deltas += core.on_change(shard, change)
+    answers = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
+    produced = Counter()
+    for offset, out in enumerate(deltas):
+        for result in answers.on_delta(out.partition, offset, out.value, None, dictionary.get):
+            if result.topic == "u.answers":
+                record = codec.decode("Answer", result.value)
+                produced[(record["query_id"], record["sign"], tuple(sorted(
+                    (v, t["value"]) for v, t in record["binding"].items())))] += 1
+    engine = Engine()
+    for name, text in QUERIES.items():
+        engine.register(name, text)
+    reference = Counter()
+    for line in lines:
+        op, rest = line[0], line[2:-2]
+        s, p, o = rest.split(" ", 2)
+        for name, sign, row in engine.apply_terms(1 if op == "A" else -1, s, p, o):
+            binding = engine.decode_row(name, row)
+            reference[(name, "+" if sign > 0 else "-", tuple(sorted(
+                (v, t.strip("<>").split('"')[1] if t.startswith('"') else t.strip("<>")) for v, t in binding.items())))] += 1
+    assert produced == reference and sum(reference.values()) > 100
+
+
+def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retracted_answers() -> None:
+    answers = AnswersCore("a", "c", "d", "parts")
+    terms = {stable_term_id(A): A}
+
+    def delta(sign, offset, index):
+        return codec.encode("PartDelta", {"query_id": "q", "part": 0, "seq": 1, "sign": sign,
+                                          "binding": {"x": stable_term_id(A)}, "source_partition": 2,
+                                          "source_offset": offset, "index": index, "snapshot": False,
+                                          "event_time_ms": None})
+
+    first = answers.on_delta(0, 0, delta("PLUS", 5, 0), None, terms.get)
+    assert answers.on_delta(0, 1, delta("PLUS", 5, 0), None, terms.get) == []  # a replayed duplicate
+    retract = answers.on_delta(0, 2, delta("MINUS", 6, 0), None, terms.get)
+    assert [codec.decode("Answer", first[0].value)["n"], codec.decode("Answer", retract[0].value)["n"]] == [1, 2]
+    assert retract[1].value is None and retract[1].key == first[1].key == current_key("q", f'{{"x":"{A}"}}')
+    unknown = answers.on_delta(0, 3, codec.encode("PartDelta", {
+        "query_id": "q", "part": 0, "seq": 1, "sign": "PLUS", "binding": {"x": 12345}, "source_partition": 2,
+        "source_offset": 7, "index": 0, "snapshot": False, "event_time_ms": None}), None, terms.get)
+    assert codec.decode("DeadLetter", unknown[0].value)["reason"] == "unknown-term"
