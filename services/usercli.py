@@ -117,8 +117,11 @@ class _Meter:
 
 
 def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = False, out: TextIO = sys.stderr) -> dict[str, int]:
-    """Send ``path`` to ``updates.raw`` (see the module docstring); returns ``{records, lines, bytes}``."""
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = False, out: TextIO | None = None) -> dict[str, int]:
+    """Send ``path`` to ``updates.raw`` (see the module docstring); returns ``{records, lines, bytes}``.
+
+    Progress and the summary go to ``out`` (default: stderr at call time)."""
+    out = sys.stderr if out is None else out
     from cbgp.inputs import FORMATS, detect_format
 
     try:
@@ -222,9 +225,11 @@ def _answer_json(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, count: int | None = None,
-                  out: TextIO = sys.stdout, err: TextIO = sys.stderr, poll: Callable[[], bool] = lambda: True) -> int:
+                  out: TextIO | None = None, err: TextIO | None = None, poll: Callable[[], bool] = lambda: True) -> int:
     """Print the query's answers from number ``start_n`` as JSON lines until ``count`` printed or ``poll()``
     is false (Ctrl-C raises KeyboardInterrupt through it).  Returns how many were printed."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     topic = settings.topic("answers")
     consumer = make_consumer(settings, f"cbgp-watch-{uuid.uuid4().hex}", fetch_wait_max_ms=100)
     wanted = query_id.encode()

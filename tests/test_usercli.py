@@ -1,0 +1,213 @@
+"""The user commands against the real broker: publish, register/unregister/list (with a real registry
+process), watch and current (on Answer / CurrentAnswer records written here, as the answers service would)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from cbgp.inputs import InputError, parse_patch
+from services.cli import main as cbgp
+from services.codec import decode, encode
+from services.kafka import KafkaSettings, ensure_topics, make_producer, produce_sync, read_all
+from services.kafka.broker import free_port
+from services.supervise import ChildProcess, cbgp_command, http_ok
+from services.usercli import chunk_lines, watch_answers
+from tests.fixtures.broker import fresh_settings
+
+EX = "http://ex.org/"
+PATCH = (
+    f"PA ex: <{EX}> .\n"
+    + "".join(f"A ex:s{i} ex:p ex:o{i} .\n" for i in range(40))
+    + "TX .\n" + "".join(f"A ex:t ex:q ex:v{i} .\n" for i in range(30)) + "TC .\n"
+    + "".join(f"D ex:s{i} ex:p ex:o{i} .\n" for i in range(20))
+)
+
+
+def flags(settings: KafkaSettings) -> list[str]:
+    return ["--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", settings.topic_prefix]
+
+
+def term(iri: str) -> dict[str, Any]:
+    return {"type": "uri", "value": iri, "datatype": None, "lang": None}
+
+
+# ---------------------------------------------------------------------------------------- publish
+
+
+@pytest.mark.parametrize("chunk", [1, 64, 500, 10_000])
+def test_chunks_are_whole_lines_keep_transactions_and_repeat_prefixes(chunk: int) -> None:
+    data = PATCH.encode()
+    records = list(chunk_lines(data, "patch", chunk))
+    prefix = f"PA ex: <{EX}> .\n".encode()
+    bodies = [payload if i == 0 else payload.removeprefix(prefix) for i, (_f, _n, payload) in enumerate(records)]
+    assert b"".join(bodies) == data  # every line exactly once, in order
+    assert sum(n for _f, n, _p in records) == data.count(b"\n")
+    for first, _n, payload in records:
+        text = payload.decode()
+        assert text.count("TX .") == text.count("TC ."), f"transaction split in the record from line {first}"
+        assert not [item for item in parse_patch(text) if isinstance(item, InputError)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_publish_sends_parseable_records_with_the_format_header(kafka_settings: KafkaSettings, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "changes.rdfp"
+    path.write_text(PATCH)
+    assert cbgp(["publish", str(path), "--chunk-bytes", "300", *flags(kafka_settings)]) == 0
+    assert "published 93 lines" in capsys.readouterr().err
+    records = read_all(kafka_settings, kafka_settings.topic("updates.raw"))
+    assert len(records) > 3
+    updates = 0
+    for msg in records:
+        headers = dict(msg.headers())
+        assert headers["cbgp-format"] == b"patch" and headers["cbgp-source"] == b"changes.rdfp"
+        items = list(parse_patch(msg.value().decode()))
+        assert not [i for i in items if isinstance(i, InputError)]
+        updates += len(items)
+    assert updates == 90
+
+
+def test_publish_of_an_unknown_format_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "changes.weird"
+    path.write_text(PATCH)
+    assert cbgp(["publish", str(path), "--bootstrap-servers", "127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cbgp publish: error: cannot tell the format") and "\n" not in err
+
+
+# ---------------------------------------------------------------------------------------- admin commands
+
+
+@pytest.fixture(scope="module")
+def registry_settings(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaSettings]:
+    settings = fresh_settings(kafka_broker.bootstrap)
+    ensure_topics(settings)
+    tmp = tmp_path_factory.mktemp("usercli-registry")
+    metrics = free_port()
+    child = ChildProcess("registry", cbgp_command("registry", "--web-port", str(free_port()), "--metrics-port",
+                                                  str(metrics), "--state-dir", str(tmp / "state")),
+                         env={**os.environ, **settings.to_env()}, log_path=tmp / "registry.log").start()
+    try:
+        child.wait_until(lambda: http_ok(f"http://127.0.0.1:{metrics}/readyz"), timeout=60)
+        yield settings
+    finally:
+        child.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_register_list_unregister(registry_settings: KafkaSettings, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "star.rq"
+    good.write_text(f"SELECT ?x WHERE {{ ?x <{EX}type> <{EX}Person> }}")
+    bad = tmp_path / "bad.rq"
+    bad.write_text(f"SELECT ?x WHERE {{\n  ?x <{EX}p> ?y .\n  FILTER(?y > 1)\n}}")
+    f = flags(registry_settings)
+    assert cbgp(["register", "people", str(good), *f]) == 0
+    assert capsys.readouterr().out.strip() == "accepted: simple var-centric star: 1 pattern in 1 part(s): star ?x [t0]"
+    assert cbgp(["register", "filtered", str(bad), *f]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("rejected: FILTER is not supported") and out.endswith("(line 3, column 3)")
+    assert cbgp(["list", *f]) == 0
+    assert capsys.readouterr().out.split() == ["people"]
+    assert cbgp(["register", "people", str(bad), "--option", "replace=true", *f]) == 1  # replace still validates
+    capsys.readouterr()
+    assert cbgp(["unregister", "people", *f]) == 0
+    assert capsys.readouterr().out.strip() == "unregistered: query 'people' unregistered"
+    assert cbgp(["unregister", "people", *f]) == 1
+    assert "no query with id 'people'" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_register_without_a_registry_says_so(kafka_settings: KafkaSettings, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    query = tmp_path / "q.rq"
+    query.write_text(f"SELECT ?x WHERE {{ ?x <{EX}p> <{EX}o> }}")
+    assert cbgp(["register", "q", str(query), "--wait", "2", *flags(kafka_settings)]) == 1
+    assert "no reply from the registry within 2 s" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- answers
+
+
+def _answer(query: str, n: int, sign: str = "+") -> bytes:
+    return encode("Answer", {"query_id": query, "n": n, "seq": 10 + n, "sign": sign,
+                             "binding": {"x": term(f"{EX}a{n}")}, "snapshot": False, "produced_at_ms": 0})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_watch_starts_at_n_drops_duplicates_and_warns_on_gaps(kafka_settings: KafkaSettings) -> None:
+    producer = make_producer(kafka_settings)
+    topic = kafka_settings.topic("answers")
+    for query, n in [("q", 1), ("q", 2), ("other", 1), ("q", 3), ("q", 3), ("q", 6), ("q", 7)]:
+        produce_sync(producer, topic, _answer(query, n), key=query, partition=1)
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    assert watch_answers(kafka_settings, "q", 2, count=4, out=out, err=err) == 4
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [a["n"] for a in lines] == [2, 3, 6, 7] and lines[0]["binding"] == {"x": {"type": "uri", "value": f"{EX}a2"}}
+    assert "expected n=4, got n=6 (2 missing)" in err.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_watch_runs_live_until_ctrl_c(kafka_settings: KafkaSettings) -> None:
+    producer = make_producer(kafka_settings)
+    produce_sync(producer, kafka_settings.topic("answers"), _answer("live", 1), key="live")
+    proc = subprocess.Popen(cbgp_command("watch", "live", *flags(kafka_settings)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(proc.stdout.readline())["n"] == 1
+        produce_sync(producer, kafka_settings.topic("answers"), _answer("live", 2, "-"), key="live")
+        second = json.loads(proc.stdout.readline())  # arrives while watch is running: it is live
+        assert (second["n"], second["sign"]) == (2, "-")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_current_folds_the_latest_value_per_key(kafka_settings: KafkaSettings,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    producer = make_producer(kafka_settings)
+    topic = kafka_settings.topic("answers.current")
+
+    def put(query: str, x: str, multiplicity: int | None) -> None:
+        key = json.dumps([query, {"x": {"type": "uri", "value": x}}]).encode()
+        value = None if multiplicity is None else encode("CurrentAnswer", {
+            "query_id": query, "binding": {"x": term(x)}, "multiplicity": multiplicity, "last_n": 1})
+        produce_sync(producer, topic, value, key=key)
+
+    put("cur", f"{EX}a", 1)
+    put("cur", f"{EX}b", 1)
+    put("cur", f"{EX}b", 2)  # later value wins
+    put("cur", f"{EX}c", 1)
+    put("cur", f"{EX}c", None)  # tombstone: gone
+    put("else", f"{EX}z", 1)
+    plan = {"query_id": "cur", "sparql": "SELECT ?x WHERE { ?x <http://ex.org/p> <http://ex.org/o> }", "options": {},
+            "plan_json": "{}", "projected": ["x"], "registered_at_seq": 0, "version": 1}
+    produce_sync(producer, kafka_settings.topic("queries.plans"), encode("QueryPlan", plan), key="cur")
+    f = flags(kafka_settings)
+    assert cbgp(["current", "cur", *f]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["head"] == {"vars": ["x"]}
+    assert [b["x"]["value"] for b in result["results"]["bindings"]] == [f"{EX}a", f"{EX}b", f"{EX}b"]
+    assert cbgp(["current", "cur", "--table", *f]) == 0
+    table = capsys.readouterr().out
+    assert f"| <{EX}b>" in table and table.rstrip().endswith("3 answers") and f"{EX}c" not in table
+    assert cbgp(["current", "nope", *f]) == 1
+    assert "no query with id 'nope' is registered" in capsys.readouterr().err
