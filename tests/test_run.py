@@ -1,0 +1,58 @@
+"""`make run` (python -m services.run) as a real process: answers for the example queries, no orphans."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from services.supervise import ChildProcess
+
+QUERIES = sorted(p.stem for p in (Path(__file__).parents[1] / "services" / "demo" / "queries").glob("*.rq"))
+
+
+def _survivors(pids: list[int], run_dir: Path) -> list[str]:
+    """Processes still alive from the run: by pid, or anything whose command line names its run dir."""
+    alive = [f"pid {pid}" for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if str(run_dir) in " ".join(proc.info["cmdline"] or []):
+            alive.append(f"pid {proc.info['pid']}: {' '.join(proc.info['cmdline'])[:120]}")
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bounded_run_shows_answers_for_every_example_query_and_leaves_no_process(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "services.run", "--duration", "25", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=170,
+                          # no CBGP_* from the test environment: run.py must start its own embedded broker
+                          env={k: v for k, v in os.environ.items() if not k.startswith("CBGP_")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(summary["queries"]) == QUERIES, proc.stderr[-3000:]
+    for query, seen in summary["queries"].items():
+        assert seen["answers"] > 0 and seen["last"], query
+    # The live view printed the same per-query lines on stderr.
+    assert all(f"  {query}: " in proc.stderr for query in QUERIES)
+    assert {"ingest", "registry", "worker-0", "worker-1", "answers"} <= set(summary["children"])
+    assert all(child["exit"] == 0 for child in summary["children"].values()), summary["children"]
+    pids = [c["pid"] for c in summary["children"].values()] + [summary["broker_pid"]]
+    assert _survivors(pids, run_dir) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_child_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+    stubborn = ChildProcess("stubborn", [sys.executable, "-c",
+                                          "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                          "print('ready', flush=True)\ntime.sleep(600)"],
+                            log_path=tmp_path / "stubborn.log").start()
+    stubborn.wait_until(lambda: "ready" in stubborn.log_tail(), timeout=30)
+    assert stubborn.stop(grace=1) == -signal.SIGKILL  # SIGTERM was ignored, so SIGKILL ended it
+    assert not stubborn.alive() and not psutil.pid_exists(stubborn.pid)
