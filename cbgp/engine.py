@@ -31,7 +31,7 @@ from itertools import product
 from typing import Iterable
 
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
-from cbgp.sparql import ParsedQuery, is_var, parse_query
+from cbgp.sparql import ParsedQuery, TriplePattern, graph_variable, is_var, parse_query
 from cbgp.state import SINGLE, VAR_VAR, ComponentState, GroundState, StarState
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
@@ -95,14 +95,21 @@ class _Slots:
 class RegisteredQuery:
     """Runtime of one query: its parts' states, product assembly and projection."""
 
-    def __init__(self, name: str, plan: Plan, number: int, dictionary: TermDictionary) -> None:
+    def __init__(self, name: str, plan: Plan, number: int, dictionary: TermDictionary,
+                 constants: dict[str, int] | None = None, owner: object = None) -> None:
         self.name = name
         self.plan = plan
         self.number = number
+        self.owner = owner if owner is not None else self  # what `register(..., only=)` filters on
         query = plan.query
-        variables = list(query.variables)
+        variables = [v for v in query.variables if any(v in p.variables() for p in query.patterns)]
         var_index = {v: i for i, v in enumerate(variables)}
         self.n_vars = len(variables)
+        # Projected variables fixed by the instance (GRAPH ?g bound to its graph) sit after the variables.
+        constants = constants or {}
+        self.template = [0] * self.n_vars + list(constants.values())
+        for position, var in enumerate(constants, self.n_vars):
+            var_index["?" + var] = position
         present = [v for v in query.projected if "?" + v in var_index]
         self.columns = tuple(present)
         self.projection = tuple(var_index["?" + v] for v in present)
@@ -186,7 +193,7 @@ class RegisteredQuery:
                 return
             slots = self.slots[0]
             for sign, row in deltas:
-                full = [0] * self.n_vars
+                full = self.template.copy()
                 for position, value in zip(slots, row):
                     full[position] = value
                 self._project(sign, full, out)
@@ -199,7 +206,7 @@ class RegisteredQuery:
         other_slots = [self.slots[k] for k in others]
         for sign, row in deltas:
             for combo in product(*answer_lists):
-                full = [0] * self.n_vars
+                full = self.template.copy()
                 for position, value in zip(own_slots, row):
                     full[position] = value
                 for slots, other_row in zip(other_slots, combo):
@@ -227,6 +234,54 @@ class RegisteredQuery:
         return sum(state.entries() for state in self.states) + len(self.counts)
 
 
+class PerGraphQuery:
+    """A query whose patterns all sit in one `GRAPH ?g` block: one instance per named graph.
+
+    Every relevant triple of the instance for graph g lies in g, so the first
+    such triple creates the instance (with ?g replaced by g) before it is
+    dispatched, and the instance never misses history.
+    """
+
+    def __init__(self, name: str, query: ParsedQuery, number: int, dictionary: TermDictionary) -> None:
+        self.name = name
+        self.query = query
+        self.number = number
+        self.graph_var = graph_variable(query)
+        self.plan = decompose(query)
+        self.dictionary = dictionary
+        self.instances: dict[int, RegisteredQuery] = {}
+        self.predicates = {dictionary.encode(p.p) for p in query.patterns}
+        self.distinct = query.distinct
+        names = [v for v in query.variables if any(v in p.variables() for p in query.patterns)]
+        self.columns = tuple(v for v in query.projected if "?" + v in names or "?" + v == self.graph_var)
+
+    def instance(self, graph: int) -> tuple[RegisteredQuery, bool]:
+        """The instance for a graph id, and whether it was just created."""
+        found = self.instances.get(graph)
+        if found is not None:
+            return found, False
+        term = self.dictionary.decode(graph)
+        var = self.graph_var
+
+        def sub(value: str) -> str:
+            return term if value == var else value
+
+        patterns = tuple(TriplePattern(sub(t.s), t.p, sub(t.o), term) for t in self.query.patterns)
+        instance_query = ParsedQuery(self.query.text, patterns, self.query.projected, self.query.distinct,
+                                     self.query.select_star,
+                                     tuple(v for v in self.query.variables if v != var))
+        constants = {var[1:]: graph} if var[1:] in self.query.projected else {}
+        created = RegisteredQuery(self.name, decompose(instance_query), self.number, self.dictionary,
+                                  constants, owner=self)
+        # Rows must list the columns in the wrapper's order whichever variables the instance has.
+        created.columns = tuple(c for c in self.columns if c in created.columns)
+        self.instances[graph] = created
+        return created, True
+
+    def state_entries(self) -> int:
+        return sum(instance.state_entries() for instance in self.instances.values())
+
+
 class Engine:
     """Registered queries plus the shared predicate index over their patterns."""
 
@@ -234,6 +289,7 @@ class Engine:
         self.dictionary = dictionary if dictionary is not None else TermDictionary()
         self.queries: dict[str, RegisteredQuery] = {}
         self._index: dict[int, dict[int, _PredicateIndex]] = {}  # graph id -> predicate id -> index
+        self._per_graph: dict[int, list[PerGraphQuery]] = {}  # predicate id -> GRAPH ?g queries using it
         self._next_number = 0
         # Optional copy of the graph (ids), so that a query registered late can be bootstrapped.
         self.graph: set[tuple[int, int, int, int]] | None = set() if keep_graph else None
@@ -255,10 +311,25 @@ class Engine:
             raise EngineError(f"a query named {name!r} is already registered")
         if isinstance(query, str):
             query = parse_query(query)
-        plan = query if isinstance(query, Plan) else decompose(query)
+        parsed = query.query if isinstance(query, Plan) else query
         self._next_number += 1
-        registered = RegisteredQuery(name, plan, self._next_number, self.dictionary)
+        registered: RegisteredQuery | PerGraphQuery
+        if graph_variable(parsed) is not None:
+            registered = PerGraphQuery(name, parsed, self._next_number, self.dictionary)
+            for predicate in registered.predicates:
+                self._per_graph.setdefault(predicate, []).append(registered)
+        else:
+            plan = query if isinstance(query, Plan) else decompose(parsed)
+            registered = RegisteredQuery(name, plan, self._next_number, self.dictionary)
+            self._index_handlers(registered)
         self.queries[name] = registered
+        source = initial if initial is not None else (self.graph or ())
+        out: list[Delta] = []
+        for s, p, o, g in list(source):
+            self._dispatch(1, s, p, o, g, ROLE_ALL, out, only=registered)
+        return out
+
+    def _index_handlers(self, registered: RegisteredQuery) -> None:
         for graph, predicate, handler in registered.handlers:
             index = self._index.setdefault(graph, {}).setdefault(predicate, _PredicateIndex())
             if handler.match == _BY_OBJECT:
@@ -267,17 +338,8 @@ class Engine:
                 index.by_subject.setdefault(handler.key, []).append(handler)
             else:
                 index.by_predicate.append(handler)
-        source = initial if initial is not None else (self.graph or ())
-        out: list[Delta] = []
-        for s, p, o, g in list(source):
-            self._dispatch(1, s, p, o, g, ROLE_ALL, out, only=registered)
-        return out
 
-    def unregister(self, name: str) -> None:
-        """Remove a query and free all its state."""
-        registered = self.queries.pop(name, None)
-        if registered is None:
-            raise EngineError(f"no query named {name!r} is registered")
+    def _unindex_handlers(self, registered: RegisteredQuery) -> None:
         for graph, predicate, _handler in registered.handlers:
             by_predicate = self._index.get(graph, {})
             index = by_predicate.get(predicate)
@@ -293,6 +355,23 @@ class Engine:
             index.by_predicate = [h for h in index.by_predicate if h.query is not registered]
             if index.empty():
                 del by_predicate[predicate]
+
+    def unregister(self, name: str) -> None:
+        """Remove a query and free all its state."""
+        registered = self.queries.pop(name, None)
+        if registered is None:
+            raise EngineError(f"no query named {name!r} is registered")
+        if isinstance(registered, PerGraphQuery):
+            for predicate in registered.predicates:
+                kept = [w for w in self._per_graph.get(predicate, []) if w is not registered]
+                if kept:
+                    self._per_graph[predicate] = kept
+                else:
+                    self._per_graph.pop(predicate, None)
+            for instance in registered.instances.values():
+                self._unindex_handlers(instance)
+        else:
+            self._unindex_handlers(registered)
 
     def columns(self, name: str) -> tuple[str, ...]:
         return self.queries[name].columns
@@ -316,7 +395,12 @@ class Engine:
         return self.apply(sign, encode(s), encode(p), encode(o), DEFAULT_GRAPH_ID if g is None else encode(g))
 
     def _dispatch(self, sign: int, s: int, p: int, o: int, g: int, role: int, out: list[Delta],
-                  only: RegisteredQuery | None) -> None:
+                  only: RegisteredQuery | PerGraphQuery | None) -> None:
+        if g != DEFAULT_GRAPH_ID and p in self._per_graph:
+            for wrapper in self._per_graph[p]:
+                instance, created = wrapper.instance(g)
+                if created:
+                    self._index_handlers(instance)
         by_predicate = self._index.get(g)
         if by_predicate is None:
             return
@@ -337,7 +421,7 @@ class Engine:
         if len(hits) > 1:
             hits.sort(key=_order)
         for h in hits:
-            if only is not None and h.query is not only:
+            if only is not None and h.query.owner is not only:
                 continue
             if h.role & role != h.role:
                 continue

@@ -117,6 +117,9 @@ class Plan:
         """A person-readable account of the decomposition."""
         q = self.query
         lines = [f"query class: {self.query_class}"]
+        graph_vars = sorted({p.g for p in q.patterns if p.g is not None and is_var(p.g)})
+        if graph_vars:
+            lines.append(f"evaluated once per named graph, with {graph_vars[0]} bound to its name")
         proj = ", ".join("?" + v for v in q.projected) or "(none: boolean)"
         lines.append(f"projection: {proj}{'  (DISTINCT)' if q.distinct else ''}")
         lines.append("triple patterns:")
@@ -152,7 +155,8 @@ class Plan:
 
 def decompose(query: ParsedQuery) -> Plan:
     patterns = query.patterns
-    variables = list(query.variables)
+    # A GRAPH ?g variable only in graph position joins nothing: each named graph is evaluated alone.
+    variables = [v for v in query.variables if any(v in p.variables() for p in patterns)]
     parent = {v: v for v in variables}
 
     def find(v: str) -> str:

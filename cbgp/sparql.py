@@ -212,9 +212,10 @@ def parse_query(text: str) -> ParsedQuery:
     for pattern in patterns:  # a BGP is a set of triple patterns
         if pattern not in unique:
             unique.append(pattern)
+    _check_graph_variable(text, unique)
     variables: list[str] = []
     for pattern in unique:
-        for term in (pattern.s, pattern.o):
+        for term in (pattern.s, pattern.o, pattern.g or ""):
             if is_var(term) and term not in variables:
                 variables.append(term)
     select_star = _is_select_star(text)
@@ -255,6 +256,31 @@ def _is_select_star(text: str) -> bool:
     return False
 
 
+def graph_variable(query: ParsedQuery) -> str | None:
+    """The variable of the query's `GRAPH ?g` block, if it has one."""
+    for pattern in query.patterns:
+        if pattern.g is not None and is_var(pattern.g):
+            return pattern.g
+    return None
+
+
+def _check_graph_variable(text: str, patterns: list[TriplePattern]) -> None:
+    """`GRAPH ?g` is evaluated once per named graph, so every pattern must be inside that one block."""
+    graph_vars = {p.g for p in patterns if p.g is not None and is_var(p.g)}
+    if not graph_vars:
+        return
+    line, column = _find_keyword(text, "GRAPH")
+    if len(graph_vars) > 1:
+        raise QueryError("only one GRAPH ?variable block per query is supported", line, column)
+    if any(p.g is None or not is_var(p.g) for p in patterns):
+        raise QueryError(
+            "with GRAPH ?variable, every triple pattern must be inside that GRAPH block "
+            "(patterns of the default graph or of other graphs beside it are not supported yet)",
+            line,
+            column,
+        )
+
+
 def _contains(node, name: str) -> bool:  # noqa: ANN001
     from rdflib.plugins.sparql.parserutils import CompValue
 
@@ -275,9 +301,11 @@ def _collect_patterns(text: str, node, graph: str | None) -> list[TriplePattern]
         from rdflib import Variable
 
         term = node["term"]
-        if isinstance(term, Variable):
+        if graph is not None:
             line, column = _find_keyword(text, "GRAPH")
-            raise QueryError("GRAPH ?variable is not supported yet: name the graph with an IRI", line, column)
+            raise QueryError("nested GRAPH blocks are not supported", line, column)
+        if isinstance(term, Variable):
+            return _collect_patterns(text, node["p"], "?" + str(term))
         return _collect_patterns(text, node["p"], from_rdflib(term))
     if name in _UNSUPPORTED:
         raise _reject(text, *_UNSUPPORTED[name])

@@ -21,7 +21,7 @@ EX = "http://ex.org/"
 NODES = [f"<{EX}{n}>" for n in ("a", "b", "c", "d")]
 LITERALS = ['"x"', '"1"^^<http://www.w3.org/2001/XMLSchema#integer>', '"x"@en']
 PREDICATES = [f"<{EX}{n}>" for n in ("p", "q", "r")]
-GRAPHS = [None, f"<{EX}g1>"]
+GRAPHS = [None, f"<{EX}g1>", f"<{EX}g2>"]
 
 # Fixed queries of every class the papers define, plus projection/DISTINCT/blank-node variants.
 FIXED_QUERIES = {
@@ -48,14 +48,17 @@ FIXED_QUERIES = {
     "self_loop_component": f"SELECT * WHERE {{ ?x <{EX}p> ?x . ?x <{EX}q> ?y }}",
     "named_graph": f"SELECT * WHERE {{ GRAPH <{EX}g1> {{ ?x <{EX}p> ?y }} . ?y <{EX}q> ?z }}",
     "boolean": f"SELECT * WHERE {{ <{EX}a> <{EX}p> <{EX}a> }}",
+    "graph_var_path": f"SELECT * WHERE {{ GRAPH ?g {{ ?x <{EX}p> ?y . ?y <{EX}q> ?z }} }}",
+    "graph_var_star": f"SELECT DISTINCT ?g WHERE {{ GRAPH ?g {{ ?x <{EX}p> <{EX}a> . ?x <{EX}q> ?g }} }}",
+    "graph_var_ground": f"SELECT ?g WHERE {{ GRAPH ?g {{ <{EX}a> <{EX}p> <{EX}b> }} }}",
 }
 
 # A small alphabet makes joins, self-loops, cycles and repeated triples frequent; the rarer terms still
 # appear so that literals, the third predicate and the named graph are covered.
 subjects = st.sampled_from(NODES[:3] * 3 + NODES[3:])
-objects = st.sampled_from(NODES[:3] * 4 + NODES[3:] + LITERALS)
+objects = st.sampled_from(NODES[:3] * 4 + NODES[3:] + LITERALS + GRAPHS[1:])
 predicates = st.sampled_from(PREDICATES[:2] * 3 + PREDICATES[2:])
-graphs = st.sampled_from([None] * 5 + GRAPHS[1:])
+graphs = st.sampled_from([None] * 4 + GRAPHS[1:])
 updates = st.tuples(st.sampled_from([1, 1, -1]), subjects, predicates, objects, graphs)
 streams = st.lists(updates, min_size=1, max_size=40)
 

@@ -118,3 +118,15 @@ def test_explain_json_and_text_describe_the_same_plan():
     text = plan.explain()
     assert "ground part [t2]" in text and "var-connected component {?x, ?y}" in text
     assert "cartesian product" in text
+
+
+def test_graph_variable_block_is_accepted_and_mixing_it_with_other_graphs_is_rejected():
+    q = parse_query(f"SELECT * WHERE {{ GRAPH ?g {{ ?x <{EX}p> ?y }} }}")
+    assert q.projected == ("x", "y", "g")
+    assert q.patterns[0].g == "?g"
+    assert "once per named graph" in decompose(q).explain()
+    with pytest.raises(QueryError, match="every triple pattern must be inside that GRAPH block") as info:
+        parse_query(f"SELECT * WHERE {{ ?x <{EX}q> ?z .\n GRAPH ?g {{ ?x <{EX}p> ?y }} }}")
+    assert (info.value.line, info.value.column) == (2, 2)
+    with pytest.raises(QueryError, match="only one GRAPH"):
+        parse_query(f"SELECT * WHERE {{ GRAPH ?g {{ ?x <{EX}p> ?y }} GRAPH ?h {{ ?y <{EX}p> ?z }} }}")
