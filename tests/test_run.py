@@ -56,3 +56,25 @@ def test_a_child_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
     stubborn.wait_until(lambda: "ready" in stubborn.log_tail(), timeout=30)
     assert stubborn.stop(grace=1) == -signal.SIGKILL  # SIGTERM was ignored, so SIGKILL ended it
     assert not stubborn.alive() and not psutil.pid_exists(stubborn.pid)
+
+
+def test_shipped_demo_stream_is_what_the_generator_writes() -> None:
+    from services.demo.generate import DEFAULT_PATH, generate
+
+    text = DEFAULT_PATH.read_text(encoding="utf-8")
+    assert text == generate()
+    updates = [line for line in text.splitlines() if line[:2] in ("A ", "D ")]
+    deletions = sum(line.startswith("D ") for line in updates)
+    assert 2000 <= len(updates) <= 5000 and 0.15 <= deletions / len(updates) <= 0.30
+
+
+def test_every_example_query_has_answers_on_the_demo_stream(tmp_path: Path) -> None:
+    import io
+
+    from cbgp.cli import replay
+
+    demo = Path(__file__).parents[1] / "services" / "demo"
+    out = io.StringIO()
+    replay(str(demo / "updates.rdfp"), [(q, str(demo / "queries" / f"{q}.rq")) for q in QUERIES], out)
+    signs = {(json.loads(line)["query"], json.loads(line)["sign"]) for line in out.getvalue().splitlines()}
+    assert signs == {(q, s) for q in QUERIES for s in "+-"}  # every query gains and loses answers
