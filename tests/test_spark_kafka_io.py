@@ -126,6 +126,24 @@ def test_transactional_topic_with_aborts_reads_committed_records_only_and_resume
     assert offsets[-1] - offsets[0] + 1 > len(offsets)  # the topic really has offset gaps
 
 
+def test_max_offsets_per_trigger_splits_the_backlog_into_bounded_batches(
+    spark: SparkSession, kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    topic = make_topic(kafka_settings, "src", 2)
+    produce(kafka_settings, topic, [(f"k{i}", f"v{i}") for i in range(120)])
+    query = (
+        spark.readStream.format("cbgpkafka").options(**source_options(kafka_settings, topic))
+        .option("maxOffsetsPerTrigger", "40").load()
+        .writeStream.format("parquet").option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 120 and len(sizes) >= 3 and max(sizes) <= 40
+    assert rows_of(spark.read.parquet(str(tmp_path / "out"))) == expected_rows(kafka_settings, topic)
+
+
 def test_batch_and_stream_writers_deliver_every_row(
     spark: SparkSession, kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
