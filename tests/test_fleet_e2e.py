@@ -204,3 +204,40 @@ def test_worker_restarted_after_sigterm_resumes_without_loss_or_duplicates(kafka
         got = read_answers(kafka_settings)
         assert_matches(got, expected)
         assert_current(kafka_settings, expected)
+
+
+@pytest.mark.timeout(180)
+def test_queries_registered_and_unregistered_through_the_registry_process(kafka_settings: KafkaSettings,
+                                                                          tmp_path: Path) -> None:
+    """The whole fleet including ``cbgp registry``: AdminCommands in, answers equal to the replay out; an
+    UNREGISTER through the registry frees the worker's state for that query."""
+    from services.kafka.broker import free_port
+
+    lines = generate_patch(1500, seed=51)
+    queries = {"star": QUERIES["star"], "names": QUERIES["names"]}
+    expected = replay(tmp_path, lines, queries)
+    admin = kafka_settings.topic("admin")
+    producer = make_producer(kafka_settings)
+
+    def command(kind: str, query_id: str, sparql: str | None = None) -> None:
+        produce_sync(producer, admin, codec.encode("AdminCommand", {
+            "command": kind, "query_id": query_id, "sparql": sparql, "options": {}, "request_id": query_id}))
+
+    with Fleet(kafka_settings, tmp_path / "logs") as fleet:
+        fleet.start("registry", "registry", "--web-port", str(free_port()), "--state-dir", str(tmp_path / "state"))
+        start_fleet(fleet, 1)
+        url = metrics_url(fleet, "w0")
+        for query, text in queries.items():
+            command("REGISTER", query, text)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(read_all(kafka_settings, kafka_settings.topic("queries.plans"))) < 2:
+            time.sleep(0.3)
+        publish_patch(kafka_settings, lines)
+        got = wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()})
+        assert_matches(got, expected)
+        assert_current(kafka_settings, expected)
+        command("UNREGISTER", "names")
+        deadline = time.monotonic() + 60
+        while query_state(url, "names") != 0 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert query_state(url, "names") == 0 and query_state(url, "star") > 0

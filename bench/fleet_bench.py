@@ -1,0 +1,131 @@
+"""End-to-end benchmark of the fleet (ingest -> workers -> answers) on the embedded broker.
+
+    .venv/bin/python bench/fleet_bench.py [--workers 1,2,4] [--updates 10000] [--rate 5000]
+
+For each worker count, on a fresh noida-db broker with 4 routed partitions and three queries (a star, a
+path, a DISTINCT component):
+- latency: updates produced at ``--rate`` updates/s (messages of 50 updates every 10 ms); the latency of
+  an answer is its ``produced_at_ms`` minus the produce time of the raw record that caused it (carried in
+  the ``cbgp-origin-ms`` header); p50/p99 over every answer of the phase;
+- throughput: ``--updates`` more updates produced as fast as possible; updates/s = updates / (time of the
+  last answer - time of the first produce).
+Completion is known exactly: the expected answer count comes from ``cbgp replay``.  Runs stay under
+~10^5 broker messages (noida-db's comfortable range).  Prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services import codec  # noqa: E402
+from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics, make_producer, read_all  # noqa: E402
+from services.runtime import ORIGIN_HEADER  # noqa: E402
+from tests.fleet_support import QUERIES, Fleet, generate_patch, publish_plan, replay  # noqa: E402
+
+BENCH_QUERIES = {name: QUERIES[name] for name in ("star", "path", "names")}
+PER_MESSAGE = 50
+
+
+def produce(settings: KafkaSettings, lines: list[str], rate: float | None) -> float:
+    """Produce ``lines`` in messages of PER_MESSAGE; paced at ``rate`` updates/s if given. Returns t0 (s)."""
+    producer = make_producer(settings, linger_ms=1)
+    topic = settings.topic("updates.raw")
+    t0 = time.time()
+    for i in range(0, len(lines), PER_MESSAGE):
+        if rate:
+            due = t0 + i / rate
+            while time.time() < due:
+                producer.poll(min(0.005, max(0.0, due - time.time())))
+        producer.produce(topic, ("\n".join(lines[i:i + PER_MESSAGE]) + "\n").encode(), partition=0)
+        producer.poll(0)
+    producer.flush(60)
+    return t0
+
+
+def answers_after(settings: KafkaSettings, expected: int, timeout: float) -> list[tuple[int, int | None]]:
+    """Wait for ``expected`` answers in total; return (produced_at_ms, origin_ms) of each."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msgs = read_all(settings, settings.topic("answers"), timeout=60)
+        if len(msgs) >= expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    out = []
+    for msg in msgs:
+        origin = dict(msg.headers() or ()).get(ORIGIN_HEADER)
+        out.append((codec.decode("Answer", msg.value())["produced_at_ms"], int(origin) if origin else None))
+    if len(out) < expected:
+        raise TimeoutError(f"only {len(out)} of {expected} answers after {timeout}s")
+    return out
+
+
+def wait_ready(fleet: Fleet, workers: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all("event=assigned" in fleet.log_text(f"w{i}") for i in range(workers)) and \
+                "event=assigned" in fleet.log_text("answers"):
+            time.sleep(1.0)  # let the last rebalance settle
+            return
+        time.sleep(0.2)
+    raise TimeoutError("fleet not ready")
+
+
+def run(workers: int, updates: int, rate: float, tmp: Path) -> dict[str, float]:
+    lines = generate_patch(2 * updates, seed=99, subjects=3000)
+    latency_lines, burst_lines = lines[:updates], lines[updates:]
+    expected = replay(tmp, latency_lines, BENCH_QUERIES)
+    n_latency = sum(len(d) for d in expected.values())
+    n_total = sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
+    with EmbeddedBroker(tmp / "broker") as broker:
+        settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix="bench.", partitions=4)
+        ensure_topics(settings)
+        for name, text in BENCH_QUERIES.items():
+            publish_plan(settings, name, text)
+        with Fleet(settings, tmp / "logs") as fleet:
+            fleet.start("ingest", "ingest", "--instance-id", "i1", "--log-level", "WARNING")
+            for i in range(workers):
+                fleet.start(f"w{i}", "worker", "--worker-id", f"w{i}")
+            fleet.start("answers", "answers", "--instance-id", "a1")
+            wait_ready(fleet, workers)
+            produce(settings, latency_lines, rate)
+            first = answers_after(settings, n_latency, 120)
+            lat = sorted(produced - origin for produced, origin in first if origin is not None)
+            t0 = produce(settings, burst_lines, None)
+            every = answers_after(settings, n_total, 300)
+            t_end = max(produced for produced, _ in every) / 1000
+    return {"workers": workers, "updates_per_s": len(burst_lines) / (t_end - t0),
+            "p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "answers": n_total}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,2,4", help="worker counts to run (default 1,2,4)")
+    parser.add_argument("--updates", type=int, default=10000, help="updates per phase (default 10000)")
+    parser.add_argument("--rate", type=float, default=5000, help="paced rate of the latency phase (updates/s)")
+    args = parser.parse_args(argv)
+    rows = []
+    for workers in (int(w) for w in args.workers.split(",")):
+        with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+            rows.append(run(workers, args.updates, args.rate, Path(tmp)))
+        r = rows[-1]
+        print(f"workers={r['workers']} throughput={r['updates_per_s']:,.0f} updates/s "
+              f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p99={r['p99_ms']:.0f} ms", file=sys.stderr)
+    print(f"\n{'workers':>7} | {'updates/s (burst)':>17} | {'p50 ms':>7} | {'p99 ms':>7} | answers")
+    print(f"{'-' * 7}-+-{'-' * 17}-+-{'-' * 7}-+-{'-' * 7}-+--------")
+    for r in rows:
+        print(f"{r['workers']:>7} | {r['updates_per_s']:>17,.0f} | {r['p50_ms']:>7.0f} | {r['p99_ms']:>7.0f} | {r['answers']}")
+    print(f"(goals on 2 cores: >= 20,000 updates/s end to end; p99 < 250 ms at {args.rate:,.0f} updates/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
