@@ -327,11 +327,9 @@ def compact_batch(spark: SparkSession, deltas: DataFrame, store: SnapshotStore, 
     # otherwise be read from the broker again for each of them.
     deltas = deltas.localCheckpoint(eager=True)
     folded_n = store.folded_n()  # 1.
-    if deltas.isEmpty():
-        return FoldReport(folded_n=dict(folded_n))
     result = fold(spark, deltas, store.read(spark), folded_n)
     report = result.report
-    if report.changed == 0:  # nothing new (empty, stale or undecodable only): keep the current version
+    if report.changed == 0:  # nothing new (empty batch, stale or undecodable only): keep the current version
         return _logged(report, started)
     version = store.write_version(result.snapshot)  # 2.
     written = spark.read.schema(SNAPSHOT_SCHEMA).parquet(str(store.version_dir(version)))

@@ -57,7 +57,8 @@ def test_job_compacts_periodically_and_exits_cleanly_on_sigterm(kafka_settings: 
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "spark.job", "--compact-interval", "1", "--state-dir", str(tmp_path / "state")],
+            [sys.executable, "-m", "spark.job", "--compact-interval", "1", "--master", "local[1]",
+             "--state-dir", str(tmp_path / "state")],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     manifest = tmp_path / "state" / "snapshot" / "manifest.json"
