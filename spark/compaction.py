@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 DELTA_SCHEMA = "query_id string, n long, sign int, binding string, error string"
 SNAPSHOT_SCHEMA = "query_id string, binding string, multiplicity long, last_n long"
 MANIFEST_NAME = "manifest.json"
+MAX_GAP_RANGES = 10
 _KEEP_VERSIONS = 2  # the current one and its predecessor, which a slow reader may still be scanning
 
 
@@ -126,7 +127,10 @@ class FoldReport:
     already_folded: int = 0  # n at or below the manifest's n for its query
     undecodable: int = 0
     errors: list[str] = field(default_factory=list)  # first few undecodable records
-    gaps: dict[str, list[list[int]]] = field(default_factory=dict)  # query -> [[first_missing, last_missing]]
+    # query -> [[first_missing, last_missing], ...]: the first MAX_GAP_RANGES ranges of this fold, and
+    # query -> how many numbers are missing in all (a broken producer must not bloat logs or the manifest).
+    gaps: dict[str, list[list[int]]] = field(default_factory=dict)
+    missing: dict[str, int] = field(default_factory=dict)
     negative: int = 0  # bindings whose multiplicity went below 0: a "-" for an absent answer
     folded_n: dict[str, int] = field(default_factory=dict)  # query -> highest n after this fold
     changed: int = 0  # bindings touched = answers.current records published (tombstones included)
@@ -168,7 +172,6 @@ def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, fol
         F.count_distinct(F.when(F.col("is_new"), F.col("binding"))).alias("touched"),
     ).collect()
     report = FoldReport(folded_n={q: int(n) for q, n in folded_n.items()})
-    has_gaps = False
     for r in stats:
         total, bad, new, unique = int(r["total"]), int(r["bad"]), int(r["new"]), int(r["unique"])
         report.deltas_in += total
@@ -178,15 +181,19 @@ def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, fol
         report.changed += int(r["touched"])
         if r["max_n"] is not None:
             report.folded_n[r["query_id"]] = int(r["max_n"])
-            has_gaps |= int(r["max_n"]) - int(r["folded_n"]) != unique
+            missing = int(r["max_n"]) - int(r["folded_n"]) - unique
+            if missing:
+                report.missing[r["query_id"]] = missing
     unique_new = fresh.where("is_new").drop("error").dropDuplicates(["query_id", "n"])
-    if has_gaps:  # only then is the per-query ordering pass worth running
+    if report.missing:  # only then is the per-query ordering pass worth running
         w = Window.partitionBy("query_id").orderBy("n")
         gap_rows = (
             unique_new.select("query_id", "n", "folded_n")
             .withColumn("prev", F.coalesce(F.lag("n").over(w), F.col("folded_n")))
             .where(F.col("n") - F.col("prev") > 1)
             .select("query_id", (F.col("prev") + 1).alias("first"), (F.col("n") - 1).alias("last"))
+            .withColumn("rank", F.row_number().over(Window.partitionBy("query_id").orderBy("first")))
+            .where(F.col("rank") <= MAX_GAP_RANGES)
         )
         for r in gap_rows.orderBy("query_id", "first").collect():
             report.gaps.setdefault(r["query_id"], []).append([int(r["first"]), int(r["last"])])
@@ -222,7 +229,7 @@ class SnapshotStore:
     def manifest(self) -> dict[str, Any]:
         path = self.root / MANIFEST_NAME
         if not path.exists():
-            return {"version": 0, "queries": {}, "gaps": {}}
+            return {"version": 0, "queries": {}, "gaps": {}, "missing": {}}
         try:
             return json.loads(path.read_text())
         except ValueError as exc:
@@ -255,8 +262,12 @@ class SnapshotStore:
         old = self.manifest()
         gaps = {q: list(g) for q, g in old.get("gaps", {}).items()}
         for q, g in report.gaps.items():
-            gaps.setdefault(q, []).extend(g)
-        manifest = {"version": version, "queries": report.folded_n, "gaps": gaps, "updated_at_ms": int(time.time() * 1000)}
+            gaps[q] = (gaps.get(q, []) + g)[-MAX_GAP_RANGES:]  # the most recent ones: what an operator chases
+        missing = dict(old.get("missing", {}))
+        for q, count in report.missing.items():
+            missing[q] = missing.get(q, 0) + count
+        manifest = {"version": version, "queries": report.folded_n, "gaps": gaps, "missing": missing,
+                    "updated_at_ms": int(time.time() * 1000)}
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".manifest-")
         with os.fdopen(fd, "w") as fh:
@@ -348,8 +359,10 @@ def compact_batch(spark: SparkSession, deltas: DataFrame, store: SnapshotStore, 
 
 def _logged(report: FoldReport, started: float) -> FoldReport:
     report.seconds = round(time.monotonic() - started, 3)
-    if report.gaps or report.undecodable or report.negative:
-        log.warning("compaction anomalies: %s", json.dumps({k: v for k, v in asdict(report).items()
-                                                           if k in ("gaps", "undecodable", "errors", "negative")}))
-    log.info("compaction: %s", json.dumps({k: v for k, v in asdict(report).items() if k != "folded_n"}))
+    if report.missing or report.undecodable or report.negative:
+        anomalies = {k: v for k, v in asdict(report).items() if k in ("missing", "undecodable", "errors", "negative")}
+        anomalies["gaps"] = dict(list(report.gaps.items())[:MAX_GAP_RANGES])  # a sample; counts are in missing
+        log.warning("compaction anomalies: %s", json.dumps(anomalies))
+    log.info("compaction: %s", json.dumps({k: v for k, v in asdict(report).items()
+                                           if k not in ("folded_n", "gaps", "missing", "errors")}))
     return report

@@ -125,7 +125,7 @@ def test_fold_equals_replay_of_the_whole_log_with_duplicates_and_retractions(spa
     report = compact_batch(spark, deltas, store, publish=None)
     assert snapshot_answers(spark, store) == expected_answers(log)
     assert report.duplicates == len(log) - len({(r["query_id"], r["n"]) for r in log})
-    assert report.gaps == {} and report.negative == 0 and report.undecodable == 0
+    assert report.gaps == {} and report.missing == {} and report.negative == 0 and report.undecodable == 0
     max_n = {q: max(r["n"] for r in log if r["query_id"] == q) for q in {r["query_id"] for r in log}}
     assert store.folded_n() == max_n
 
@@ -158,12 +158,16 @@ def test_snapshot_plus_later_deltas_replays_like_the_whole_log(spark: SparkSessi
 def test_gaps_in_n_are_reported_and_recorded(spark: SparkSession, tmp_path: Path) -> None:
     b = canonical_binding({"x": TERMS[0]})
     rows = [("q1", n, 1 if n % 2 else -1, b, None) for n in (1, 2, 3, 6, 7, 9)] + [("q2", 2, 1, b, None)]
+    rows += [("q3", n, 1 if n % 4 == 1 else -1, b, None) for n in range(2, 43, 2)]  # every odd n missing
     store = SnapshotStore(tmp_path / "snap")
     report = compact_batch(spark, spark.createDataFrame(rows, "query_id string, n long, sign int, binding string, error string"),
                            store, publish=None)
-    assert report.gaps == {"q1": [[4, 5], [8, 8]], "q2": [[1, 1]]}
-    assert store.manifest()["gaps"] == report.gaps
-    assert store.folded_n() == {"q1": 9, "q2": 2}
+    assert report.missing == {"q1": 3, "q2": 1, "q3": 21}
+    assert report.gaps["q1"] == [[4, 5], [8, 8]] and report.gaps["q2"] == [[1, 1]]
+    assert report.gaps["q3"] == [[n, n] for n in range(1, 20, 2)]  # only the first ranges are listed
+    manifest = store.manifest()
+    assert manifest["gaps"] == report.gaps and manifest["missing"] == report.missing
+    assert store.folded_n() == {"q1": 9, "q2": 2, "q3": 42}
 
 
 def test_retracting_every_answer_leaves_an_empty_snapshot_that_later_folds_build_on(spark: SparkSession, tmp_path: Path) -> None:
