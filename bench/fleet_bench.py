@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services import codec  # noqa: E402
-from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics, make_producer, read_all  # noqa: E402
-from services.runtime import ORIGIN_HEADER  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING  # noqa: E402
+
+from services.kafka import EmbeddedBroker, KafkaSettings, end_offsets, ensure_topics, make_producer  # noqa: E402
+from services.runtime import ORIGIN_HEADER, Fetcher  # noqa: E402
 from tests.fleet_support import QUERIES, Fleet, generate_patch, publish_plan, replay  # noqa: E402
 
 BENCH_QUERIES = {name: QUERIES[name] for name in ("star", "path", "names")}
@@ -50,21 +52,32 @@ def produce(settings: KafkaSettings, lines: list[str], rate: float | None) -> fl
     return t0
 
 
-def answers_after(settings: KafkaSettings, expected: int, timeout: float) -> list[tuple[int, int | None]]:
-    """Wait for ``expected`` answers in total; return (produced_at_ms, origin_ms) of each."""
-    deadline = time.monotonic() + timeout
-    while True:
-        msgs = read_all(settings, settings.topic("answers"), timeout=60)
-        if len(msgs) >= expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
-    out = []
-    for msg in msgs:
-        origin = dict(msg.headers() or ()).get(ORIGIN_HEADER)
-        out.append((codec.decode("Answer", msg.value())["produced_at_ms"], int(origin) if origin else None))
-    if len(out) < expected:
-        raise TimeoutError(f"only {len(out)} of {expected} answers after {timeout}s")
-    return out
+class AnswerReader:
+    """One consumer reading the answers topic incrementally (re-reading the whole topic with ``read_all``
+    several times a second would load the broker the fleet is being measured on)."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        topic = settings.topic("answers")
+        self.fetcher = Fetcher(settings, "bench-answers", 10000)  # idles unassigned: noida-db does not long-poll
+        self.fetcher.set_positions({(topic, p): OFFSET_BEGINNING for p in end_offsets(settings, topic)})
+        self.seen: list[tuple[int, int | None]] = []  # (produced_at_ms, origin_ms) of every answer so far
+
+    def until(self, expected: int, timeout: float) -> list[tuple[int, int | None]]:
+        """Read until ``expected`` answers in total; return (produced_at_ms, origin_ms) of each."""
+        deadline = time.monotonic() + timeout
+        while len(self.seen) < expected:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(self.seen)} of {expected} answers after {timeout}s")
+            for msg in self.fetcher.poll():
+                if msg.error() is not None:
+                    continue
+                origin = dict(msg.headers() or ()).get(ORIGIN_HEADER)
+                self.seen.append((codec.decode("Answer", msg.value())["produced_at_ms"],
+                                  int(origin) if origin else None))
+        return list(self.seen)
+
+    def close(self) -> None:
+        self.fetcher.close()
 
 
 def wait_ready(fleet: Fleet, workers: int, timeout: float = 60) -> None:
@@ -95,11 +108,15 @@ def run(workers: int, updates: int, rate: float, tmp: Path) -> dict[str, float]:
                 fleet.start(f"w{i}", "worker", "--worker-id", f"w{i}")
             fleet.start("answers", "answers", "--instance-id", "a1")
             wait_ready(fleet, workers)
-            produce(settings, latency_lines, rate)
-            first = answers_after(settings, n_latency, 120)
-            lat = sorted(produced - origin for produced, origin in first if origin is not None)
-            t0 = produce(settings, burst_lines, None)
-            every = answers_after(settings, n_total, 300)
+            reader = AnswerReader(settings)
+            try:
+                produce(settings, latency_lines, rate)
+                first = reader.until(n_latency, 120)
+                lat = sorted(produced - origin for produced, origin in first if origin is not None)
+                t0 = produce(settings, burst_lines, None)
+                every = reader.until(n_total, 300)
+            finally:
+                reader.close()
             t_end = max(produced for produced, _ in every) / 1000
     return {"workers": workers, "updates_per_s": len(burst_lines) / (t_end - t0),
             "p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],

@@ -29,7 +29,7 @@ from services import codec
 from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
                               UPDATES_OUT, record_consumer_lag, start_metrics_server)
-from services.runtime import (ORIGIN_HEADER, Output, Stopper, add_service_flags, commit_transaction,
+from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, add_service_flags, commit_transaction,
                               default_instance_id, kv, metrics_port, origin_ms, read_range, run_service,
                               setup_logging)
 
@@ -170,16 +170,23 @@ def _term_of(avro: dict) -> str:
 
 
 class Dictionary:
-    """The dictionary topic, read continuously: id -> canonical term."""
+    """The dictionary topic, read on demand: id -> canonical term.
+
+    The consumer is only assigned while ids are missing (ingest commits a term before any update that
+    uses it, so a delta's terms are always there to be read): an idle assigned consumer would fetch in a
+    tight loop on noida-db (see ``services.runtime``).
+    """
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.topic = settings.topic("dictionary")
         self.terms: dict[int, str] = {}
         self.consumer = make_consumer(settings, f"{settings.topic_prefix}answers.dictionary")
-        self.consumer.assign([TopicPartition(self.topic, p, 0) for p in end_offsets(settings, self.topic)])
+        self.positions = {p: 0 for p in end_offsets(settings, self.topic)}  # next offset per partition
 
     def poll(self, timeout: float) -> None:
         for msg in self.consumer.consume(5000, timeout):
+            if msg.error() is None:
+                self.positions[msg.partition()] = msg.offset() + 1
             if msg.error() is None and msg.value() is not None:
                 try:
                     entry = codec.decode("DictionaryEntry", msg.value())
@@ -189,11 +196,17 @@ class Dictionary:
 
     def wait_for(self, ids: set[int], timeout: float = DICTIONARY_WAIT_SECONDS) -> None:
         """Poll until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""
-        deadline = time.monotonic() + timeout
         missing = {i for i in ids if i not in self.terms}
-        while missing and time.monotonic() < deadline:
-            self.poll(0.1)
-            missing = {i for i in missing if i not in self.terms}
+        if not missing:
+            return
+        deadline = time.monotonic() + timeout
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.positions.items()])
+        try:
+            while missing and time.monotonic() < deadline:
+                self.poll(0.05)
+                missing = {i for i in missing if i not in self.terms}
+        finally:
+            self.consumer.unassign()
 
     def close(self) -> None:
         self.consumer.close()
@@ -211,7 +224,8 @@ class AnswersService:
                                 self.t_source)
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.dictionary = Dictionary(settings)
-        self.consumer: Consumer | None = None
+        self.input: GroupInput | None = None
+        self.consumer: Consumer | None = None  # the group member
         self.assigned: set[int] = set()
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -238,13 +252,15 @@ class AnswersService:
         4. one transaction: answers + answers.current records, then the deltas.parts offsets; a failure
            raises :class:`TransactionFailed` and a new life restores from the answers topic.
         """
-        self.consumer = make_consumer(self.settings, self.group, [self.t_source], on_assign=self.on_assign,
-                                      on_revoke=lambda c, p: None)
+        self.input = GroupInput(self.settings, self.group, [self.t_source], self.args.batch,
+                                on_assign=self.on_assign)
+        self.consumer = self.input.member
         self.ready[0] = True
+        updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
+        latency = PROCESSING_LATENCY.labels(SERVICE)
         try:
             while not stopper.stopping:
-                self.dictionary.poll(0)
-                msgs = [m for m in self.consumer.consume(self.args.batch, 0.1) if _ok(m)]
+                msgs = [m for m in self.input.poll() if _ok(m)]
                 if not msgs:
                     continue
                 started = time.monotonic()
@@ -259,13 +275,14 @@ class AnswersService:
                     offsets[msg.partition()] = msg.offset() + 1
                 tps = [TopicPartition(self.t_source, p, o) for p, o in offsets.items()]
                 commit_transaction(self.producer, outputs, [(tps, self.consumer.consumer_group_metadata())])
-                UPDATES_IN.labels(SERVICE).inc(len(msgs))
-                UPDATES_OUT.labels(SERVICE).inc(len(outputs))
-                PROCESSING_LATENCY.labels(SERVICE).observe(time.monotonic() - started)
-                record_consumer_lag(self.consumer)
+                updates_in.inc(len(msgs))
+                updates_out.inc(len(outputs))
+                latency.observe(time.monotonic() - started)
+                record_consumer_lag(self.input.fetcher.consumer)
         finally:
             self.ready[0] = False
-            self.consumer.close()
+            if self.input is not None:
+                self.input.close()
             self.dictionary.close()
             self.producer.flush(5)
 

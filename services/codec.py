@@ -16,6 +16,7 @@ written with the current schema is read without resolution.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
@@ -29,7 +30,7 @@ from fastavro.schema import to_parsing_canonical_form
 from fastavro.validation import ValidationError, validate
 
 __all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "fingerprint", "record_names",
-           "crc64_avro", "MAGIC"]
+           "crc64_avro", "MAGIC", "encode_routed", "encode_encoded"]
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
@@ -243,3 +244,62 @@ def decode_any(data: bytes) -> tuple[str, dict[str, Any]]:
     """``(record_name, record)`` for bytes of any known schema (for the CLI and dead-letter inspection)."""
     writer, body = _split(data)
     return writer.name, _read(writer, _reg().current[writer.name], body, len(data) - HEADER_LEN)
+
+
+# ---------------------------------------------------------------------------------------- hot-path writers
+#
+# The data path writes millions of EncodedUpdate / RoutedUpdate records; fastavro's generic writer costs
+# ~10-20 us per call for them, a fixed-layout writer ~2-3 us.  These produce exactly the bytes
+# :func:`encode` produces (tests/test_ingest.py checks it on random values); they follow the *current*
+# schemas, so a schema change must update them (the same test fails otherwise).
+
+_VARINT_CACHE: dict[int, bytes] = {}
+_VARINT_CACHE_MAX = 1 << 20
+
+
+def _long(n: int) -> bytes:
+    """Avro ``long``: zig-zag, then base-128 varint (term ids repeat, so their encodings are cached)."""
+    found = _VARINT_CACHE.get(n)
+    if found is not None:
+        return found
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    data = bytes(out)
+    if len(_VARINT_CACHE) < _VARINT_CACHE_MAX:
+        _VARINT_CACHE[n] = data
+    return data
+
+
+def _string(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return _long(len(data)) + data
+
+
+_OP = {"ADD": b"\x00", "DEL": b"\x02"}
+_ROLE = {"SUBJECT": b"\x00", "OBJECT": b"\x02", "BOTH": b"\x04"}
+
+
+def _optional_long(n: int | None) -> bytes:
+    return b"\x00" if n is None else b"\x02" + _long(n)
+
+
+@functools.cache
+def _header(record_name: str) -> bytes:
+    return MAGIC + fingerprint(record_name)
+
+
+def encode_routed(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None, role: str) -> bytes:
+    """``encode("RoutedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
+    return b"".join((_header("RoutedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
+                     _long(g), _optional_long(event_time_ms), _ROLE[role]))
+
+
+def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None,
+                   topic: str, partition: int, offset: int) -> bytes:
+    """``encode("EncodedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
+    return b"".join((_header("EncodedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
+                     _long(g), _optional_long(event_time_ms), _string(topic), _long(partition), _long(offset)))

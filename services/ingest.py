@@ -27,10 +27,10 @@ from prometheus_client import Counter
 from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError
 from services import codec
-from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
+from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_producer
 from services.metrics import (PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
                               start_metrics_server)
-from services.runtime import (ORIGIN_HEADER, Output, Stopper, add_service_flags, commit_transaction,
+from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, add_service_flags, commit_transaction,
                               default_instance_id, kv, metrics_port, read_range, run_service, setup_logging)
 
 log = logging.getLogger("cbgp.ingest")
@@ -39,6 +39,7 @@ SERVICE = "ingest"
 ROLE_NAMES = {1: "SUBJECT", 2: "OBJECT", 3: "BOTH"}
 # Inserts of present quads and deletes of absent ones: not errors (users send them), but worth watching.
 NOOP_UPDATES = Counter("cbgp_ingest_noop_updates", "Updates dropped by set semantics.", ["op"])
+NOOP_ADD, NOOP_DEL = NOOP_UPDATES.labels("ADD"), NOOP_UPDATES.labels("DEL")  # hoisted: labels() is slow per call
 
 
 @dataclass(slots=True)
@@ -64,6 +65,7 @@ class IngestProcessor:
         self.dictionary = TermDictionary(stable=True)
         self.published: set[int] = set()  # ids already on the dictionary topic
         self.seq = 0  # seq of the last effective change
+        self.keys: dict[int, bytes] = {}  # term id -> its routed key (ASCII decimal)
         self.t_dictionary = settings.topic("dictionary")
         self.t_encoded = settings.topic("updates.encoded")
         self.t_routed = settings.topic("updates.routed")
@@ -155,25 +157,36 @@ class IngestProcessor:
         quad = (ids[0], ids[1], ids[2], gid)
         if op > 0:
             if quad in self.present:
-                NOOP_UPDATES.labels("ADD").inc()
+                NOOP_ADD.inc()
                 return
             self.present.add(quad)
         else:
             if quad not in self.present:
-                NOOP_UPDATES.labels("DEL").inc()
+                NOOP_DEL.inc()
                 return
             self.present.discard(quad)
         self.seq += 1
         op_name = "ADD" if op > 0 else "DEL"
-        record = {"seq": self.seq, "op": op_name, "s": quad[0], "p": quad[1], "o": quad[2], "g": gid,
-                  "event_time_ms": event_time_ms,
-                  "source": {"topic": raw.topic, "partition": raw.partition, "offset": raw.offset}}
-        out.append(Output(self.t_encoded, codec.encode("EncodedUpdate", record), None, 0, origin))
-        del record["source"]
-        for centre, role in self.routes(quad[0], quad[2]):
-            record["role"] = ROLE_NAMES[role]
-            out.append(Output(self.t_routed, codec.encode("RoutedUpdate", record), str(centre).encode(),
-                              centre % self.n_routed, origin))
+        seq, s_id, p_id, o_id = self.seq, quad[0], quad[1], quad[2]
+        out.append(Output(self.t_encoded, codec.encode_encoded(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
+                                                               raw.topic, raw.partition, raw.offset),
+                          None, 0, origin))
+        n = self.n_routed
+        ps, po = s_id % n, o_id % n
+        if ps == po:
+            out.append(Output(self.t_routed, codec.encode_routed(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
+                                                                 "BOTH"), self._key(s_id), ps, origin))
+        else:
+            out.append(Output(self.t_routed, codec.encode_routed(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
+                                                                 "SUBJECT"), self._key(s_id), ps, origin))
+            out.append(Output(self.t_routed, codec.encode_routed(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
+                                                                 "OBJECT"), self._key(o_id), po, origin))
+
+    def _key(self, term_id: int) -> bytes:
+        key = self.keys.get(term_id)
+        if key is None:
+            key = self.keys[term_id] = str(term_id).encode()
+        return key
 
     def routes(self, s: int, o: int) -> list[tuple[int, int]]:
         """``(centre id, role)`` pairs: by subject and by object, once with BOTH when they share a partition."""
@@ -243,13 +256,15 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
     raw_topic = settings.topic("updates.raw")
     group = args.group or f"{settings.topic_prefix}ingest"
     producer = make_producer(settings, transactional_id=f"{group}.{args.instance_id}")
-    consumer = make_consumer(settings, group, [raw_topic])
+    consumer: GroupInput | None = None
     try:
         restore(processor, settings)
+        consumer = GroupInput(settings, group, [raw_topic], args.batch)
         ready[0] = True
+        updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
+        latency = PROCESSING_LATENCY.labels(SERVICE)
         while not stopper.stopping:
-            msgs = consumer.consume(args.batch, 0.2)
-            msgs = [m for m in msgs if m.error() is None]
+            msgs = [m for m in consumer.poll() if m.error() is None]
             if not msgs:
                 continue
             started = time.monotonic()
@@ -257,19 +272,21 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
             offsets: dict[int, int] = {}
             for msg in msgs:
                 ts_type, ts = msg.timestamp()
-                raw = RawRecord(msg.value(), {k: v for k, v in (msg.headers() or ()) if v is not None},
+                headers = msg.headers()
+                raw = RawRecord(msg.value(), {k: v for k, v in headers if v is not None} if headers else {},
                                 msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
                 outputs.extend(processor.process(raw))
                 offsets[msg.partition()] = msg.offset() + 1
             tps = [TopicPartition(raw_topic, p, o) for p, o in offsets.items()]
             commit_transaction(producer, outputs, [(tps, consumer.consumer_group_metadata())])
-            UPDATES_IN.labels(SERVICE).inc(len(msgs))
-            UPDATES_OUT.labels(SERVICE).inc(len(outputs))
-            PROCESSING_LATENCY.labels(SERVICE).observe(time.monotonic() - started)
-            record_consumer_lag(consumer)
+            updates_in.inc(len(msgs))
+            updates_out.inc(len(outputs))
+            latency.observe(time.monotonic() - started)
+            record_consumer_lag(consumer.fetcher.consumer)
     finally:
         ready[0] = False
-        consumer.close()  # leaves the group now rather than after the session timeout
+        if consumer is not None:
+            consumer.close()  # leaves the group now rather than after the session timeout
         producer.flush(5)
 
 

@@ -26,9 +26,9 @@ from typing import Any, Callable, Iterator, Sequence
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cbgp.terms import stable_term_id
-from services.kafka import KafkaSettings
+from services.kafka import KafkaSettings, make_consumer
 
-__all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
+__all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
            "read_range", "run_service", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
 
 log = logging.getLogger("cbgp.runtime")
@@ -131,6 +131,140 @@ class Stopper:
         self.stopping = True
 
 
+# ---------------------------------------------------------------------------------------- polling
+
+# noida-db answers an empty Fetch at once instead of holding it for ``fetch.wait.max.ms`` (measured: one idle
+# consumer makes 6-15k Fetch requests/s, ~0.4 core in the client and ~0.35 in the broker), and librdkafka has
+# no client-side back-off for empty fetches.  With a dozen consumers in a fleet that alone saturates two
+# cores.  pause()/resume() does not help (after resume() the next records took seconds to arrive), but an
+# unassigned consumer fetches nothing and assign() at a known offset fetches at once.  So every data-path
+# input is read by an assign-only :class:`Fetcher` that unassigns itself for a moment when idle, and group
+# membership is kept by a consumer whose partitions stay paused (:class:`GroupInput`).
+LISTEN_SECONDS = 0.005
+IDLE_PAUSE_SECONDS = 0.015
+
+
+class Fetcher:
+    """An assign-only consumer reading partitions from explicit positions, in batches that grow with the
+    backlog; when idle it is unassigned for ``IDLE_PAUSE_SECONDS`` (see above).  ``epoch`` changes whenever
+    the positions are replaced, so a caller can tell a batch fetched under an older assignment."""
+
+    def __init__(self, settings: KafkaSettings, name: str, max_records: int) -> None:
+        self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}{name}"))
+        self.max_records = max_records
+        self.positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
+        self.parked = False
+        self.epoch = 0
+
+    def set_positions(self, positions: dict[tuple[str, int], int]) -> None:
+        self.epoch += 1
+        self.positions = dict(positions)
+        self.parked = False
+        if self.positions:
+            self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.positions.items()])
+        else:
+            self.consumer.unassign()
+
+    def _track(self, msgs: list[Message]) -> list[Message]:
+        positions = self.positions
+        for msg in msgs:
+            if msg.error() is None:
+                positions[(msg.topic(), msg.partition())] = msg.offset() + 1
+        return msgs
+
+    def take(self) -> list[Message]:
+        """Records already fetched (up to ``max_records``), without waiting."""
+        if self.parked or not self.positions:
+            return []
+        return self._track(self.consumer.consume(self.max_records, 0))
+
+    def wait(self, timeout: float) -> list[Message]:
+        """The first record to arrive within ``timeout``, with everything fetched behind it."""
+        if self.parked or not self.positions:
+            return []
+        first = self.consumer.poll(timeout)
+        if first is None:
+            return []
+        return self._track([first] + self.consumer.consume(self.max_records - 1, 0))
+
+    def park(self) -> None:
+        if self.positions and not self.parked:
+            self.consumer.unassign()
+            self.parked = True
+
+    def unpark(self) -> None:
+        if self.parked:
+            self.parked = False
+            self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.positions.items()])
+
+    def poll(self) -> list[Message]:
+        """Everything fetched, else what arrives within LISTEN_SECONDS, else [] after an idle pause."""
+        msgs = self.take() or self.wait(LISTEN_SECONDS)
+        if not msgs:
+            idle_pause([self])
+        return msgs
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def idle_pause(fetchers: Sequence[Fetcher]) -> None:
+    """Stop fetching on every fetcher for IDLE_PAUSE_SECONDS (nothing was there to read)."""
+    for fetcher in fetchers:
+        fetcher.park()
+    time.sleep(IDLE_PAUSE_SECONDS)
+    for fetcher in fetchers:
+        fetcher.unpark()
+
+
+class GroupInput:
+    """A consumer-group input: membership, rebalance callbacks and transactional offsets through a
+    subscribed consumer (``member``) whose partitions stay paused; records through a :class:`Fetcher`
+    started at the committed offsets of the partitions the group assigned.
+
+    ``on_assign``/``on_revoke`` are called like confluent-kafka's (with ``member``), from :meth:`poll`.
+    """
+
+    def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], max_records: int, *,
+                 on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
+                 on_revoke: Callable[[Consumer, list[TopicPartition]], None] | None = None) -> None:
+        self.user_assign = on_assign
+        self.user_revoke = on_revoke
+        self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records)
+        self.member = make_consumer(settings, group, topics, on_assign=self._assigned, on_revoke=self._revoked)
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.assign(partitions)
+        consumer.pause(partitions)  # the member never fetches: the fetcher does
+        positions: dict[tuple[str, int], int] = {}
+        if partitions:
+            for tp in consumer.committed(partitions, timeout=30):
+                positions[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+        if self.user_assign is not None:
+            self.user_assign(consumer, partitions)
+        self.fetcher.set_positions(positions)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.fetcher.set_positions({})
+        if self.user_revoke is not None:
+            self.user_revoke(consumer, partitions)
+
+    def serve(self) -> None:
+        """Run pending rebalance callbacks (the member's partitions are paused: nothing is returned)."""
+        self.member.poll(0)
+
+    def poll(self) -> list[Message]:
+        self.serve()
+        return self.fetcher.poll()
+
+    def consumer_group_metadata(self) -> Any:
+        return self.member.consumer_group_metadata()
+
+    def close(self) -> None:
+        self.member.close()  # leave the group now rather than after the session timeout
+        self.fetcher.close()
+
+
 # ---------------------------------------------------------------------------------------- transactions
 
 
@@ -216,7 +350,28 @@ def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, 
 
 def run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> int:
     """Run ``loop`` until a stop is requested; after a :class:`TransactionFailed` or a Kafka error, run it
-    again from scratch (fresh clients, state restored from the logs) after a short pause."""
+    again from scratch (fresh clients, state restored from the logs) after a short pause.
+
+    With ``CBGP_PROFILE=<dir>`` the whole run is profiled with cProfile and the stats are written to
+    ``<dir>/<service>-<pid>.prof`` on exit (read them with ``python -m pstats``): the hook for finding
+    where a service spends its time under load.
+    """
+    profile_dir = os.environ.get("CBGP_PROFILE")
+    if profile_dir:
+        import cProfile
+
+        profiler = cProfile.Profile(time.process_time)  # CPU time: the machine is shared
+        profiler.enable()
+        try:
+            return _run_service(name, loop, stopper)
+        finally:
+            profiler.disable()
+            os.makedirs(profile_dir, exist_ok=True)
+            profiler.dump_stats(os.path.join(profile_dir, f"{name}-{os.getpid()}.prof"))
+    return _run_service(name, loop, stopper)
+
+
+def _run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> int:
     while not stopper.stopping:
         try:
             loop(stopper)

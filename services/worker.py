@@ -8,6 +8,12 @@ Topology::
                                                                     --> deltas.parts (key = query id)
 
 The transform is :class:`services.worker_core.WorkerCore`; this module is the Kafka loop around it.
+
+Fetching (see ``services.runtime``: noida-db does not long-poll, so idle inputs are unassigned for a
+moment): routed records come through a :class:`GroupInput`; one fetcher reads updates.encoded for every
+whole shard of the worker (each record is fetched and decoded once, then fed to each shard at or past its
+position), and each whole shard keeps its own group ``<group>.encoded.<P>`` only to commit its position (a
+consumer that never fetches); queries.plans is only fetched in a short window every ``PLANS_POLL_SECONDS``.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from prometheus_client import Gauge
 from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
 from services.metrics import (PROCESSING_LATENCY, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
                               start_metrics_server)
-from services.runtime import (Output, Stopper, add_service_flags, commit_transaction, default_instance_id, kv,
-                              metrics_port, origin_ms, read_range, run_service, setup_logging)
+from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, add_service_flags,
+                              commit_transaction, default_instance_id, idle_pause, kv, metrics_port, origin_ms,
+                              read_range, run_service, setup_logging)
 from services.worker_core import Change, WorkerCore, changes_of, decode_change
 from services import codec
 
@@ -34,6 +41,8 @@ SERVICE = "worker"
 QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds for one query (0 once unregistered).",
                     ["query"])
 STATE_REPORT_SECONDS = 1.0
+PLANS_POLL_SECONDS = 0.2  # how often queries.plans is fetched (a registration waits at most about this)
+PLANS_LISTEN_SECONDS = 0.01
 
 
 class WorkerService:
@@ -54,11 +63,17 @@ class WorkerService:
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log)
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
-        self.encoded: dict[int, Consumer] = {}  # whole shard partition -> its encoded reader
+        self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
+        # The one fetching reader of updates.encoded, assigned at the lowest whole-shard position; its epoch
+        # changes on every re-assignment so a batch fetched before a shard opened is never fed to it.
+        self.encoded_reader = Fetcher(settings, "worker.encoded", args.batch)
+        self.encoded_epoch = 0
+        self.next_plans_poll = 0.0
         self.assigned: set[int] = set()
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.worker_id}")
         self.plans = make_consumer(settings, f"{self.group}.plans", enable_partition_eof=False)
-        self.consumer: Consumer | None = None
+        self.routed_in: GroupInput | None = None
+        self.consumer: Consumer | None = None  # the group member (committed offsets, group metadata)
         self.last_report = 0.0
 
     # -- log access for restores and late registrations
@@ -84,8 +99,26 @@ class WorkerService:
         if pending:
             raise TimeoutError(f"queries.plans partitions {sorted(pending)} not read to their end")
 
+    def poll_plans_window(self) -> None:
+        """Fetch queries.plans for a short window at most every PLANS_POLL_SECONDS; keep it paused otherwise
+        (an unpaused idle partition is fetched in a tight loop by librdkafka on noida-db)."""
+        now = time.monotonic()
+        if now < self.next_plans_poll:
+            return
+        self.next_plans_poll = now + PLANS_POLL_SECONDS
+        self.plans.assign([TopicPartition(self.t_plans, p, o) for p, o in enumerate(self.core.plan_positions)])
+        try:
+            first = self.plans.poll(PLANS_LISTEN_SECONDS)
+            if first is not None:
+                self._apply_plans([first] + self.plans.consume(500, 0))
+        finally:
+            self.plans.unassign()
+
     def poll_plans(self, timeout: float) -> None:
-        for msg in self.plans.consume(500, timeout):
+        self._apply_plans(self.plans.consume(500, timeout))
+
+    def _apply_plans(self, msgs: list[Message]) -> None:
+        for msg in msgs:
             if msg.error() is not None:
                 continue
             out, to_open = self.core.on_plan(msg.partition(), msg.offset(), msg.key(), msg.value(), self.assigned)
@@ -101,17 +134,25 @@ class WorkerService:
         return (tp.offset if tp.offset >= 0 else 0), tp.metadata
 
     def _open_whole(self, partition: int) -> None:
-        reader = make_consumer(self.settings, f"{self.group}.encoded.{partition}")
-        offset, metadata = self._committed(reader, self.t_encoded, partition=0)
+        committer = make_consumer(self.settings, f"{self.group}.encoded.{partition}")
+        offset, metadata = self._committed(committer, self.t_encoded, partition=0)
         self.pending.extend(self.core.open_shard("whole", partition, offset, metadata))
-        reader.assign([TopicPartition(self.t_encoded, 0, offset)])
-        self.encoded[partition] = reader
+        self.encoded[partition] = committer
+        self._assign_encoded_reader()
 
     def _close_whole(self, partition: int) -> None:
         self.core.close_shard("whole", partition)
-        reader = self.encoded.pop(partition, None)
-        if reader is not None:
-            reader.close()
+        committer = self.encoded.pop(partition, None)
+        if committer is not None:
+            committer.close()
+        if not self.encoded:
+            self._assign_encoded_reader()
+
+    def _assign_encoded_reader(self) -> None:
+        """(Re)start the shared encoded reader at the lowest whole-shard position (none: stop fetching)."""
+        self.encoded_epoch += 1
+        positions = [self.core.shards[("whole", p)].position for p in self.encoded]
+        self.encoded_reader.set_positions({(self.t_encoded, 0): min(positions)} if positions else {})
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Restore every newly assigned partition before any of its records is processed.
@@ -156,52 +197,99 @@ class WorkerService:
            own group); on failure :class:`TransactionFailed` ends this life and a new one restores.
         """
         self.load_plans()
-        self.consumer = make_consumer(self.settings, self.group, [self.t_routed], on_assign=self.on_assign,
-                                      on_revoke=self.on_revoke)
+        self.plans.unassign()
+        self.routed_in = GroupInput(self.settings, self.group, [self.t_routed], self.args.batch,
+                                    on_assign=self.on_assign, on_revoke=self.on_revoke)
+        self.consumer = self.routed_in.member
         self.ready[0] = True
+        updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
+        latency = PROCESSING_LATENCY.labels(SERVICE)
         try:
             while not stopper.stopping:
-                self.poll_plans(0)
-                msgs = self.consumer.consume(self.args.batch, 0.1)
+                self.poll_plans_window()
+                routed, encoded = self._poll_inputs()
                 started = time.monotonic()
                 outputs = self.pending
                 self.pending = []
-                count = self._process(msgs, "routed", outputs)
-                for partition, reader in list(self.encoded.items()):
-                    count += self._process(reader.consume(self.args.batch, 0), "whole", outputs, partition)
+                count = self._process(routed, outputs)
+                count += self._process_whole(encoded, outputs)
                 if not (count or outputs or self.dirty):
                     self._report()
                     continue
                 commit_transaction(self.producer, outputs, self._offsets())
                 self.dirty = False
-                UPDATES_IN.labels(SERVICE).inc(count)
-                UPDATES_OUT.labels(SERVICE).inc(len(outputs))
-                PROCESSING_LATENCY.labels(SERVICE).observe(time.monotonic() - started)
-                record_consumer_lag(self.consumer)
+                updates_in.inc(count)
+                updates_out.inc(len(outputs))
+                latency.observe(time.monotonic() - started)
                 self._report()
         finally:
             self.ready[0] = False
             self.close()
 
-    def _process(self, msgs: list[Message], kind: str, outputs: list[Output], whole_partition: int = 0) -> int:
+    def _poll_inputs(self) -> tuple[list[Message], tuple[int, list[Message]]]:
+        """Routed records and (epoch, encoded records) already fetched; when both inputs are idle, listen
+        briefly on the routed consumer (where rebalance callbacks run), then pause both for a moment."""
+        self.routed_in.serve()  # rebalance callbacks (restores) run here ...
+        epoch = self.encoded_epoch  # ... so a batch read after this line matches the shards it is fed to
+        routed_fetcher = self.routed_in.fetcher
+        routed = routed_fetcher.take()
+        encoded = self.encoded_reader.take()
+        if routed or encoded:
+            return routed, (epoch, encoded)
+        routed = routed_fetcher.wait(LISTEN_SECONDS)
+        encoded = self.encoded_reader.take()
+        if routed or encoded:
+            return routed, (epoch, encoded)
+        idle_pause([routed_fetcher, self.encoded_reader])
+        return [], (epoch, [])
+
+    def _process(self, msgs: list[Message], outputs: list[Output]) -> int:
         count = 0
+        shards = self.core.shards
         for msg in msgs:
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning(kv(event="consume-error", error=str(err)))
                 continue
-            key = ("routed", msg.partition()) if kind == "routed" else ("whole", whole_partition)
-            shard = self.core.shards.get(key)
+            shard = shards.get(("routed", msg.partition()))
             if shard is None or msg.offset() < shard.position:
                 continue  # revoked meanwhile, or already applied by a restore
             count += 1
             try:
-                change = decode_change(kind, msg.offset(), msg.value(), origin_ms(msg))
+                change = decode_change("routed", msg.offset(), msg.value(), origin_ms(msg))
             except (codec.CodecError, KeyError) as exc:
                 outputs.extend(self.core.skip(shard, msg.offset(), msg.value(), str(exc)))
                 continue
             outputs.extend(self.core.on_change(shard, change))
+        return count
+
+    def _process_whole(self, polled: tuple[int, list[Message]], outputs: list[Output]) -> int:
+        """Feed encoded records (decoded once) to every whole shard at or before their offset."""
+        epoch, msgs = polled
+        if epoch != self.encoded_epoch:
+            return 0  # a shard opened after this batch was fetched: the re-assigned reader fetches it again
+        count = 0
+        shards = [self.core.shards[("whole", p)] for p in self.encoded]
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning(kv(event="consume-error", error=str(err)))
+                continue
+            offset = msg.offset()
+            targets = [shard for shard in shards if offset >= shard.position]
+            if not targets:
+                continue  # every shard already has it (restored, or the reader started lower)
+            count += 1
+            try:
+                change = decode_change("whole", offset, msg.value(), origin_ms(msg))
+            except (codec.CodecError, KeyError) as exc:
+                for shard in targets:
+                    outputs.extend(self.core.skip(shard, offset, msg.value(), str(exc)))
+                continue
+            for shard in targets:
+                outputs.extend(self.core.on_change(shard, change))
         return count
 
     def _offsets(self) -> list:
@@ -209,10 +297,10 @@ class WorkerService:
         routed = [TopicPartition(self.t_routed, p, s.position, metadata=metadata)
                   for (kind, p), s in self.core.shards.items() if kind == "routed" and p in self.assigned]
         offsets = [(routed, self.consumer.consumer_group_metadata())]
-        for partition, reader in self.encoded.items():
+        for partition, committer in self.encoded.items():
             shard = self.core.shards[("whole", partition)]
             offsets.append(([TopicPartition(self.t_encoded, 0, shard.position, metadata=metadata)],
-                            reader.consumer_group_metadata()))
+                            committer.consumer_group_metadata()))
         return offsets
 
     def _report(self) -> None:
@@ -221,6 +309,8 @@ class WorkerService:
         if now - self.last_report < STATE_REPORT_SECONDS:
             return
         self.last_report = now
+        if self.routed_in is not None:
+            record_consumer_lag(self.routed_in.fetcher.consumer)
         for (kind, partition), shard in self.core.shards.items():
             label = str(partition) if kind == "routed" else f"whole-{partition}"
             STATE_ENTRIES.labels(label).set(shard.engine.state_entries())
@@ -232,10 +322,11 @@ class WorkerService:
                 QUERY_STATE.labels(*labels).set(0)
 
     def close(self) -> None:
-        if self.consumer is not None:
-            self.consumer.close()  # leave the group now, not after the session timeout
+        if self.routed_in is not None:
+            self.routed_in.close()  # leave the group now, not after the session timeout
         for partition in list(self.encoded):
             self._close_whole(partition)
+        self.encoded_reader.close()
         self.plans.close()
         self.producer.flush(5)
 
@@ -248,7 +339,8 @@ def register(commands: argparse._SubParsersAction) -> dict:
     parser.add_argument("--group", help="consumer group (default <prefix>workers)")
     parser.add_argument("--worker-id", default=default_instance_id(),
                         help="stable worker name, part of the transactional id (default: host name)")
-    parser.add_argument("--batch", type=int, default=1000, help="records per transaction (default 1000)")
+    parser.add_argument("--batch", type=int, default=5000,
+                        help="most records per input per transaction (default 5000; batches grow with the backlog)")
 
     def handler(args: argparse.Namespace) -> int:
         setup_logging(SERVICE, args.log_level)
