@@ -119,78 +119,95 @@ class RegisteredQuery:
         multi = len(parts) > 1
         self.single_part = not multi
         self.states: list = []
-        self.slots: list[tuple[int, ...]] = []
+        self.slots: list[tuple[int, ...]] = []  # where each part's row values go in the full tuple
         self.handlers: list[tuple[int, int, _Handler]] = []  # (graph id, predicate id, handler)
-        patterns = query.patterns
-
-        def const(term: str) -> int:
-            return dictionary.encode(term)
-
-        def graph_of(index: int) -> int:
-            g = patterns[index].g
-            return DEFAULT_GRAPH_ID if g is None else const(g)
-
+        self._dictionary = dictionary
         for part_index, part in enumerate(parts):
             if isinstance(part, GroundPart):
-                state = GroundState(len(part.patterns))
+                state = self._ground_part(part_index, part)
                 self.slots.append(())
-                for bit_no, index in enumerate(part.patterns):
-                    t = patterns[index]
-                    h = _Handler(self, part_index, state, 1 << bit_no, _GROUND, const(t.s), const(t.o), ROLE_ALL,
-                                 (number, part_index, bit_no))
-                    self.handlers.append((graph_of(index), const(t.p), h))
             elif isinstance(part, StarPart):
-                state = StarState(len(part.patterns), multi)
+                state = self._star_part(part_index, part, multi)
                 self.slots.append((var_index[part.variable],))
-                for bit_no, index in enumerate(part.patterns):
-                    t = patterns[index]
-                    star_role = ROLE_ALL if multi else None
-                    if t.s == part.variable and t.o == part.variable:
-                        match, key, role = _SELF_LOOP, None, star_role or ROLE_SUBJECT
-                    elif t.s == part.variable:
-                        match, key, role = _BY_OBJECT, const(t.o), star_role or ROLE_SUBJECT
-                    else:
-                        match, key, role = _BY_SUBJECT, const(t.s), star_role or ROLE_OBJECT
-                    h = _Handler(self, part_index, state, 1 << bit_no, match, key, None, role,
-                                 (number, part_index, bit_no))
-                    self.handlers.append((graph_of(index), const(t.p), h))
             else:
-                assert isinstance(part, ComponentPart)
-                local_vars = {v: i for i, v in enumerate(part.variables)}
-                specs: list[tuple[int, ...]] = []
-                matches: list[tuple[int, int | None]] = []
-                for index in part.patterns:
-                    t = patterns[index]
-                    if is_var(t.s) and is_var(t.o) and t.s != t.o:
-                        specs.append((VAR_VAR, local_vars[t.s], local_vars[t.o]))
-                        matches.append((_VAR_VAR, None))
-                    elif is_var(t.s) and t.s == t.o:
-                        specs.append((SINGLE, local_vars[t.s]))
-                        matches.append((_SELF_LOOP, None))
-                    elif is_var(t.s):
-                        specs.append((SINGLE, local_vars[t.s]))
-                        matches.append((_BY_OBJECT, const(t.o)))
-                    else:
-                        specs.append((SINGLE, local_vars[t.o]))
-                        matches.append((_BY_SUBJECT, const(t.s)))
-                orders = [[local_vars[v] for v in part.join_order(index)] for index in part.patterns]
-                state = ComponentState(len(part.variables), specs, orders, multi)
+                state = self._component_part(part_index, part, multi)
                 self.slots.append(tuple(var_index[v] for v in part.variables))
-                for local, index in enumerate(part.patterns):
-                    match, key = matches[local]
-                    h = _Handler(self, part_index, state, local, match, key, None, ROLE_ALL,
-                                 (number, part_index, local))
-                    self.handlers.append((graph_of(index), const(patterns[index].p), h))
             self.states.append(state)
+        # A single part whose row is already the projected tuple needs no re-assembly: the hot path.
+        self.rows_are_output = (
+            self.single_part and not self.distinct
+            and self.slots[0] == tuple(range(self.n_vars)) == self.projection
+        )
+
+    def _const(self, term: str) -> int:
+        return self._dictionary.encode(term)
+
+    def _add_handler(self, pattern_index: int, part_index: int, position: int, state, local: int,  # noqa: ANN001
+                     match: int, key: int | None, check: int | None, role: int) -> None:
+        """Index one pattern; `position` is its rank in the part (the fixed processing order)."""
+        t = self.plan.query.patterns[pattern_index]
+        graph = DEFAULT_GRAPH_ID if t.g is None else self._const(t.g)
+        handler = _Handler(self, part_index, state, local, match, key, check, role,
+                           (self.number, part_index, position))
+        self.handlers.append((graph, self._const(t.p), handler))
+
+    def _ground_part(self, part_index: int, part: GroundPart) -> GroundState:
+        state = GroundState(len(part.patterns))
+        for bit_no, index in enumerate(part.patterns):
+            t = self.plan.query.patterns[index]
+            self._add_handler(index, part_index, bit_no, state, 1 << bit_no, _GROUND, self._const(t.s),
+                              self._const(t.o), ROLE_ALL)
+        return state
+
+    def _star_part(self, part_index: int, part: StarPart, multi: bool) -> StarState:
+        state = StarState(len(part.patterns), multi)
+        centre = part.variable
+        for bit_no, index in enumerate(part.patterns):
+            t = self.plan.query.patterns[index]
+            if t.s == centre and t.o == centre:
+                match, key, centre_role = _SELF_LOOP, None, ROLE_SUBJECT
+            elif t.s == centre:
+                match, key, centre_role = _BY_OBJECT, self._const(t.o), ROLE_SUBJECT
+            else:
+                match, key, centre_role = _BY_SUBJECT, self._const(t.s), ROLE_OBJECT
+            # Partitioned by centre value only when the star is the whole query; else every change counts once.
+            self._add_handler(index, part_index, bit_no, state, 1 << bit_no, match, key, None,
+                              ROLE_ALL if multi else centre_role)
+        return state
+
+    def _component_part(self, part_index: int, part: ComponentPart, multi: bool) -> ComponentState:
+        local_vars = {v: i for i, v in enumerate(part.variables)}
+        specs: list[tuple[int, ...]] = []
+        matches: list[tuple[int, int | None]] = []
+        for index in part.patterns:
+            t = self.plan.query.patterns[index]
+            if is_var(t.s) and is_var(t.o) and t.s != t.o:
+                specs.append((VAR_VAR, local_vars[t.s], local_vars[t.o]))
+                matches.append((_VAR_VAR, None))
+            elif is_var(t.s) and t.s == t.o:
+                specs.append((SINGLE, local_vars[t.s]))
+                matches.append((_SELF_LOOP, None))
+            elif is_var(t.s):
+                specs.append((SINGLE, local_vars[t.s]))
+                matches.append((_BY_OBJECT, self._const(t.o)))
+            else:
+                specs.append((SINGLE, local_vars[t.o]))
+                matches.append((_BY_SUBJECT, self._const(t.s)))
+        orders = [[local_vars[v] for v in part.join_order(index)] for index in part.patterns]
+        state = ComponentState(len(part.variables), specs, orders, multi)
+        for local, index in enumerate(part.patterns):
+            match, key = matches[local]
+            self._add_handler(index, part_index, local, state, local, match, key, None, ROLE_ALL)
+        return state
 
     # -- emission --
 
     def emit(self, part_index: int, deltas: list[tuple[int, tuple[int, ...]]], out: list[Delta]) -> None:
+        if self.rows_are_output:
+            name = self.name
+            out.extend((name, sign, row) for sign, row in deltas)
+            return
         if self.single_part:
-            if self.projection == tuple(range(self.n_vars)) and not self.distinct:
-                name = self.name
-                out.extend((name, sign, row) for sign, row in deltas)
-                return
             slots = self.slots[0]
             for sign, row in deltas:
                 full = self.template.copy()
@@ -388,6 +405,18 @@ class Engine:
                 self.graph.discard(quad)
         out: list[Delta] = []
         self._dispatch(sign, s, p, o, g, role, out, None)
+        return out
+
+    def apply_to(self, name: str, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
+                 role: int = ROLE_ALL) -> list[Delta]:
+        """Apply one change (ids) to the query ``name`` alone and return its deltas.
+
+        For bringing a query registered late up to date by replaying the changes the other queries already
+        saw (unlike ``register(initial=...)``, this takes deletions and roles).  The engine's graph copy
+        (``keep_graph``) is not touched: the change is not new to the engine.
+        """
+        out: list[Delta] = []
+        self._dispatch(sign, s, p, o, g, role, out, self.queries[name])
         return out
 
     def apply_terms(self, sign: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta]:

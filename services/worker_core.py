@@ -86,13 +86,13 @@ class WorkerEngine(Engine):
         ``only=True`` feeds the changes to the ``collect`` queries alone (the others already saw them).
         """
         net: dict[str, Multiset] = {name: Multiset() for name in collect}
-        targets = [self.queries[name] for name in collect]
+        targets = sorted(collect)
         for _offset, sign, s, p, o, g, role, _seq, _origin in changes:
             if only:
                 out: list = []
-                for query in targets:
+                for name in targets:
                     # Engine.register(initial=...) only inserts and ignores roles; a replay needs both.
-                    self._dispatch(sign, s, p, o, g, role, out, query)
+                    out.extend(self.apply_to(name, sign, s, p, o, g, role))
             else:
                 out = self.apply(sign, s, p, o, g, role)
             for name, delta_sign, row in out:

@@ -192,3 +192,37 @@ def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retract
         "query_id": "q", "part": 0, "seq": 1, "sign": "PLUS", "binding": {"x": 12345}, "source_partition": 2,
         "source_offset": 7, "index": 0, "snapshot": False, "event_time_ms": None}), None, terms.get)
     assert codec.decode("DeadLetter", unknown[0].value)["reason"] == "unknown-term"
+
+
+def test_engine_apply_to_replays_deletions_and_roles_into_one_query_only() -> None:
+    """The worker's late-registration replay: ``Engine.apply_to`` feeds one query (deletions and routed
+    roles included) and leaves the others alone; the late query ends where a query fed from the start is."""
+    from cbgp.engine import ROLE_OBJECT, ROLE_SUBJECT
+
+    changes = []
+    for line in generate_patch(600, seed=8):
+        s, p, o = line[2:-2].split(" ", 2)
+        changes.append((1 if line[0] == "A" else -1, s, p, o))
+    early, late = Engine(), Engine()
+    early.register("star", QUERIES["star"])
+    late.register("path", QUERIES["path"])
+    encode = late.dictionary.encode
+    ids = [(sign, encode(s), encode(p), encode(o)) for sign, s, p, o in changes]
+    for sign, s, p, o in ids:
+        late.apply(sign, s, p, o)
+    late.register("star", QUERIES["star"])  # late: sees nothing of the history
+    path_before = late.state_entries("path")
+    assert path_before > 0
+    replayed = Counter()
+    for sign, s, p, o in ids:
+        for role in (ROLE_SUBJECT, ROLE_OBJECT):
+            for name, d_sign, row in late.apply_to("star", sign, s, p, o, role=role):
+                assert name == "star"
+                replayed[tuple(late.decode_row(name, row).items())] += d_sign
+    assert late.state_entries("path") == path_before, "apply_to touched another query"
+    reference = Counter()
+    for sign, s, p, o in changes:
+        for name, d_sign, row in early.apply_terms(sign, s, p, o):
+            reference[tuple(early.decode_row(name, row).items())] += d_sign
+    assert +replayed == +reference and sum(reference.values()) > 0
+    assert late.state_entries("star") == early.state_entries("star")
