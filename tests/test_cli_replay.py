@@ -17,7 +17,7 @@ EX = "http://ex/"
 
 
 def cbgp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*CBGP, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run([*CBGP, *args], cwd=cwd, capture_output=True, text=True, timeout=180)
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def check_stream(queries: dict[str, str], stream: list[tuple]) -> None:
             assert replayed[name].rows == expected, f"query {name} after update {step} {(op, s, p, o, g)}"
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(stream=streams)
 def test_fixed_queries_of_every_class_match_pyoxigraph_after_every_update(stream):
     check_stream(FIXED_QUERIES, stream)
@@ -107,7 +107,7 @@ def random_queries(draw):
     return f"SELECT {'DISTINCT ' if distinct else ''}{head} WHERE {{ {body} }}"
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(queries=st.lists(random_queries(), min_size=1, max_size=3), stream=streams)
 def test_random_bgps_match_pyoxigraph_after_every_update(queries, stream):
     check_stream({f"q{i}": q for i, q in enumerate(queries)}, stream)
