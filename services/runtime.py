@@ -230,10 +230,13 @@ class GroupInput:
                  on_revoke: Callable[[Consumer, list[TopicPartition]], None] | None = None) -> None:
         self.user_assign = on_assign
         self.user_revoke = on_revoke
+        self.closing = False
         self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records)
         self.member = make_consumer(settings, group, topics, on_assign=self._assigned, on_revoke=self._revoked)
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.closing:
+            return  # a rebalance while leaving (others left too): the handle cannot fetch offsets any more
         consumer.assign(partitions)
         consumer.pause(partitions)  # the member never fetches: the fetcher does
         positions: dict[tuple[str, int], int] = {}
@@ -261,6 +264,7 @@ class GroupInput:
         return self.member.consumer_group_metadata()
 
     def close(self) -> None:
+        self.closing = True
         self.member.close()  # leave the group now rather than after the session timeout
         self.fetcher.close()
 
