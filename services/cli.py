@@ -55,6 +55,22 @@ from services.registry import registry_commands  # noqa: E402 - registry, usercl
 FLEET_COMMANDS.append(registry_commands)
 
 
+def _spark_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
+    """`cbgp spark-job`: listed here for help; its own parser (spark.job) reads the arguments."""
+    commands.add_parser("spark-job", add_help=False,
+                        help="the PySpark job: periodic compaction of answers (see cbgp spark-job --help)")
+    return {"spark-job": lambda args: _run_spark_job([])}
+
+
+def _run_spark_job(argv: list[str]) -> int:
+    from spark.job import main as spark_main  # lazy: importing pyspark costs seconds
+
+    return spark_main(argv)
+
+
+FLEET_COMMANDS.append(_spark_commands)
+
+
 def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
     handlers: dict[str, Handler] = {}
     for register in FLEET_COMMANDS:
@@ -63,6 +79,9 @@ def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handl
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["spark-job"]:
+        return _run_spark_job(args[1:])  # the job has its own flags (--master, --compact-interval, ...)
     return run(argv, _add_fleet_commands)
 
 
