@@ -26,6 +26,7 @@ only those centred on the object (`c p ?x`); other patterns need ROLE_ALL.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from itertools import product
 from typing import Iterable
@@ -250,6 +251,10 @@ class RegisteredQuery:
     def state_entries(self) -> int:
         return sum(state.entries() for state in self.states) + len(self.counts)
 
+    def state_bytes(self) -> int:
+        """Approximate bytes of this query's state (containers; term ids are shared with the dictionary)."""
+        return sum(state.approx_bytes() for state in self.states) + sys.getsizeof(self.counts)
+
 
 class PerGraphQuery:
     """A query whose patterns all sit in one `GRAPH ?g` block: one instance per named graph.
@@ -297,6 +302,9 @@ class PerGraphQuery:
 
     def state_entries(self) -> int:
         return sum(instance.state_entries() for instance in self.instances.values())
+
+    def state_bytes(self) -> int:
+        return sum(instance.state_bytes() for instance in self.instances.values())
 
 
 class Engine:
@@ -486,6 +494,12 @@ class Engine:
         if name is not None:
             return self.queries[name].state_entries()
         return sum(q.state_entries() for q in self.queries.values())
+
+    def state_bytes(self, name: str | None = None) -> int:
+        """Approximate bytes of query state (one query, or all): what the state metrics report."""
+        if name is not None:
+            return self.queries[name].state_bytes()
+        return sum(q.state_bytes() for q in self.queries.values())
 
     def decode_row(self, name: str, row: tuple[int, ...]) -> dict[str, str]:
         decode = self.dictionary.decode

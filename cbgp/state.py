@@ -29,9 +29,24 @@ the bare int: most centres have one neighbour per pattern, and a 1-element
 
 from __future__ import annotations
 
+import sys
+from itertools import islice
 from typing import Iterator
 
 Row = tuple[int, ...]
+_SAMPLE = 1000  # neighbour tables larger than this are sampled when estimating their bytes
+
+
+def table_bytes(table: dict | None) -> int:
+    """Approximate bytes of a neighbour table: the dict plus its set-valued entries (ids are shared ints)."""
+    if table is None:
+        return 0
+    size = sys.getsizeof(table)
+    if not table:
+        return size
+    values = table.values() if len(table) <= _SAMPLE else list(islice(table.values(), _SAMPLE))
+    sets = sum(sys.getsizeof(v) for v in values if type(v) is set)
+    return size + sets * len(table) // len(values)
 
 
 # --- neighbour containers: int when single, set when several --------------------------------------
@@ -114,6 +129,9 @@ class GroundState:
     def entries(self) -> int:
         return 1
 
+    def approx_bytes(self) -> int:
+        return sys.getsizeof(self.bits)
+
 
 # --- single-variable star -----------------------------------------------------------------------------
 
@@ -161,6 +179,9 @@ class StarState:
 
     def entries(self) -> int:
         return len(self.centres)
+
+    def approx_bytes(self) -> int:
+        return sys.getsizeof(self.centres) + (sys.getsizeof(self.complete) if self.complete is not None else 0)
 
 
 # --- var-connected component ----------------------------------------------------------------------------
@@ -394,4 +415,11 @@ class ComponentState:
         for table in self.backward:
             if table is not None:
                 total += len(table)
+        return total
+
+    def approx_bytes(self) -> int:
+        total = sum(sys.getsizeof(m) for m in self.masks)
+        total += sum(table_bytes(t) for t in self.forward) + sum(table_bytes(t) for t in self.backward)
+        if self.answer_set is not None:
+            total += sys.getsizeof(self.answer_set)
         return total

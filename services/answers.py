@@ -278,7 +278,7 @@ class AnswersService:
                 updates_in.inc(len(msgs))
                 updates_out.inc(len(outputs))
                 latency.observe(time.monotonic() - started)
-                record_consumer_lag(self.input.fetcher.consumer)
+                record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
         finally:
             self.ready[0] = False
             if self.input is not None:

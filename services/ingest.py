@@ -282,7 +282,7 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
             updates_in.inc(len(msgs))
             updates_out.inc(len(outputs))
             latency.observe(time.monotonic() - started)
-            record_consumer_lag(consumer.fetcher.consumer)
+            record_consumer_lag(consumer.fetcher.consumer, consumer.fetcher.positions)
     finally:
         ready[0] = False
         if consumer is not None:

@@ -13,6 +13,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
+from confluent_kafka import TopicPartition
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = [
@@ -46,21 +47,28 @@ ANSWER_LATENCY = Histogram(
 )
 
 
-def record_consumer_lag(consumer: Any) -> None:
-    """Set ``cbgp_consumer_lag`` for every partition assigned to ``consumer`` (a confluent-kafka Consumer).
+def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | None = None) -> None:
+    """Set ``cbgp_consumer_lag`` for the partitions ``consumer`` (a confluent-kafka Consumer) reads.
 
-    Uses the watermarks cached from fetch responses (no broker round trip), so it is cheap to call per poll.
+    Uses the watermarks cached from fetch responses when there are some (no broker round trip). A reader
+    that tracks its own ``positions`` ((topic, partition) -> next offset) passes them: it may be
+    unassigned between polls while idle, and then the broker is asked for the high watermark.
     """
-    assignment = consumer.assignment()
-    if not assignment:
-        return
-    for tp in consumer.position(assignment):
+    if positions is None:
+        assignment = consumer.assignment()
+        if not assignment:
+            return
+        positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(assignment)}
+    for (topic, partition), offset in positions.items():
+        tp = TopicPartition(topic, partition)
         try:
             _low, high = consumer.get_watermark_offsets(tp, cached=True)
-        except Exception:  # noqa: BLE001 - no fetch yet for this partition: nothing cached, try next time
+            if high < 0:
+                _low, high = consumer.get_watermark_offsets(tp, timeout=1.0)
+        except Exception:  # noqa: BLE001 - broker busy or partition unknown yet: report next time
             continue
-        if high >= 0 and tp.offset >= 0:
-            CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+        if high >= 0 and offset >= 0:
+            CONSUMER_LAG.labels(topic, str(partition)).set(max(0, high - offset))
 
 
 # ------------------------------------------------------------------------------------ HTTP server

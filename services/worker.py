@@ -27,12 +27,12 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from prometheus_client import Gauge
 
 from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
-from services.metrics import (PROCESSING_LATENCY, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
+from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
                               start_metrics_server)
 from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, add_service_flags,
                               commit_transaction, default_instance_id, idle_pause, kv, metrics_port, origin_ms,
                               read_range, run_service, setup_logging)
-from services.worker_core import Change, WorkerCore, changes_of, decode_change
+from services.worker_core import Change, WorkerCore, changes_of, decode_change, shard_label
 from services import codec
 
 log = logging.getLogger("cbgp.worker")
@@ -310,10 +310,11 @@ class WorkerService:
             return
         self.last_report = now
         if self.routed_in is not None:
-            record_consumer_lag(self.routed_in.fetcher.consumer)
+            record_consumer_lag(self.routed_in.fetcher.consumer, self.routed_in.fetcher.positions)
         for (kind, partition), shard in self.core.shards.items():
-            label = str(partition) if kind == "routed" else f"whole-{partition}"
+            label = shard_label(kind, partition)
             STATE_ENTRIES.labels(label).set(shard.engine.state_entries())
+            STATE_BYTES.labels(label).set(shard.engine.state_bytes())
         by_query = self.core.state_by_query()
         for name, entries in by_query.items():
             QUERY_STATE.labels(name).set(entries)

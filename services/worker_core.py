@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter as Multiset
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
@@ -26,6 +27,7 @@ from cbgp.plan import Plan, StarPart, decompose
 from cbgp.sparql import QueryError, parse_query
 from cbgp.terms import TermDictionary
 from services import codec
+from services.metrics import RESTORE_PROGRESS
 from services.runtime import ORIGIN_HEADER, Output, kv, query_partition
 
 log = logging.getLogger("cbgp.worker")
@@ -99,6 +101,21 @@ class WorkerEngine(Engine):
                 if name in net:
                     net[name][row] += delta_sign
         return net
+
+
+def shard_label(kind: str, partition: int) -> str:
+    """The `partition` label of a shard's metrics: the routed partition, or `whole-P` for whole queries."""
+    return str(partition) if kind == "routed" else f"whole-{partition}"
+
+
+def _with_progress(changes: Iterable, total: int, label: str, every: int = 2000) -> Iterator:
+    """Pass `changes` through, publishing the share of the log replayed so far (restore progress)."""
+    gauge = RESTORE_PROGRESS.labels(label)
+    gauge.set(0.0 if total else 1.0)
+    for count, change in enumerate(changes, 1):
+        if count % every == 0:
+            gauge.set(min(count / total, 1.0))
+        yield change
 
 
 @dataclass
@@ -206,10 +223,14 @@ class WorkerCore:
         for info in infos:
             shard.engine.register(info.query_id, info.plan)
             shard.versions[info.query_id] = info.version
-        changes = self.reader(kind, partition, 0, shard.position)
+        started = time.monotonic()
+        label = shard_label(kind, partition)
+        changes = _with_progress(self.reader(kind, partition, 0, shard.position), shard.position, label)
         net = shard.engine.replay(changes, {i.query_id for i in owed}, only=False)
+        RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
-                    queries=len(infos), snapshots_owed=len(owed)))
+                    queries=len(infos), snapshots_owed=len(owed),
+                    restore_seconds=f"{time.monotonic() - started:.3f}"))
         return self._snapshot(shard, owed, net)
 
     def close_shard(self, kind: str, partition: int) -> None:

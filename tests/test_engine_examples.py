@@ -183,3 +183,17 @@ def test_state_holds_only_relevant_triples():
     assert engine.state_entries() == 0
     engine.apply_terms(1, f"<{EX}n1>", f"<{EX}p>", f"<{EX}a>")
     assert engine.state_entries() == 1
+
+
+def test_state_bytes_grow_with_relevant_triples_and_return_to_empty():
+    engine = Engine()
+    engine.register("path", f"SELECT * WHERE {{ ?x <{EX}p> ?y . ?y <{EX}p> ?z }}")
+    empty = engine.state_bytes()
+    triples = [(f"<{EX}n{i}>", f"<{EX}p>", f"<{EX}n{(i * 7) % 50}>") for i in range(200)]
+    for s, p, o in triples:
+        engine.apply_terms(1, s, p, o)
+    grown = engine.state_bytes()
+    assert grown > empty + 200 * 20  # at least a dict slot per relevant triple
+    for s, p, o in triples:
+        engine.apply_terms(-1, s, p, o)
+    assert engine.state_entries() == 0
