@@ -97,7 +97,8 @@ class RegisteredQuery:
     """Runtime of one query: its parts' states, product assembly and projection."""
 
     def __init__(self, name: str, plan: Plan, number: int, dictionary: TermDictionary,
-                 constants: dict[str, int] | None = None, owner: object = None) -> None:
+                 constants: dict[str, int] | None = None, owner: object = None,
+                 bound_terms: dict[str, int] | None = None) -> None:
         self.name = name
         self.plan = plan
         self.number = number
@@ -123,6 +124,7 @@ class RegisteredQuery:
         self.slots: list[tuple[int, ...]] = []  # where each part's row values go in the full tuple
         self.handlers: list[tuple[int, int, _Handler]] = []  # (graph id, predicate id, handler)
         self._dictionary = dictionary
+        self._bound_terms = bound_terms or {}  # placeholder term -> id known without its term (GRAPH ?g)
         for part_index, part in enumerate(parts):
             if isinstance(part, GroundPart):
                 state = self._ground_part(part_index, part)
@@ -141,7 +143,8 @@ class RegisteredQuery:
         )
 
     def _const(self, term: str) -> int:
-        return self._dictionary.encode(term)
+        bound = self._bound_terms.get(term)
+        return bound if bound is not None else self._dictionary.encode(term)
 
     def _add_handler(self, pattern_index: int, part_index: int, position: int, state, local: int,  # noqa: ANN001
                      match: int, key: int | None, check: int | None, role: int) -> None:
@@ -256,6 +259,9 @@ class RegisteredQuery:
         return sum(state.approx_bytes() for state in self.states) + sys.getsizeof(self.counts)
 
 
+_BOUND_GRAPH = "<urn:cbgp:bound-graph>"  # stands for an instance's graph in its patterns; never looked up
+
+
 class PerGraphQuery:
     """A query whose patterns all sit in one `GRAPH ?g` block: one instance per named graph.
 
@@ -282,7 +288,9 @@ class PerGraphQuery:
         found = self.instances.get(graph)
         if found is not None:
             return found, False
-        term = self.dictionary.decode(graph)
+        # The graph is known by id only (a worker's dictionary need not hold data terms): patterns get a
+        # placeholder constant that the instance maps straight to that id.
+        term = _BOUND_GRAPH
         var = self.graph_var
 
         def sub(value: str) -> str:
@@ -294,7 +302,7 @@ class PerGraphQuery:
                                      tuple(v for v in self.query.variables if v != var))
         constants = {var[1:]: graph} if var[1:] in self.query.projected else {}
         created = RegisteredQuery(self.name, decompose(instance_query), self.number, self.dictionary,
-                                  constants, owner=self)
+                                  constants, owner=self, bound_terms={_BOUND_GRAPH: graph})
         # Rows must list the columns in the wrapper's order whichever variables the instance has.
         created.columns = tuple(c for c in self.columns if c in created.columns)
         self.instances[graph] = created

@@ -25,7 +25,8 @@ from confluent_kafka import TopicPartition
 from prometheus_client import Counter
 
 from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
-from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError
+from cbgp.update import UpdateDelta, UpdateExtractor, UpdateRequestError
+from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
 from services import codec
 from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_producer
 from services.metrics import (PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
@@ -54,6 +55,59 @@ class RawRecord:
     timestamp_ms: int = 0
 
 
+UPDATE_FORMAT = "sparql-update"  # SPARQL 1.1 Update requests: applied to the current graph, then their real delta
+
+
+class GraphMirror:
+    """The current graph in a pyoxigraph store, for the WHERE clauses of SPARQL Update requests.
+
+    Built from the presence set on the first request and then kept in step with every effective change,
+    so a request sees exactly the graph the fleet has emitted -- and users who never send requests pay
+    nothing.  It is derived state: a new service life rebuilds it from the restored log, so it cannot
+    drift from updates.encoded (the durable copy of the graph).
+    """
+
+    def __init__(self, dictionary: TermDictionary) -> None:
+        self.dictionary = dictionary
+        self.store = None
+        self.extractor = None
+        self._terms: dict[int, object] = {}
+
+    def _term(self, term_id: int):  # noqa: ANN202 - a pyoxigraph term
+        found = self._terms.get(term_id)
+        if found is None:
+            found = self._terms[term_id] = to_oxigraph(self.dictionary.decode(term_id))
+        return found
+
+    def _quad(self, quad: tuple[int, int, int, int]):  # noqa: ANN202
+        import pyoxigraph as ox
+
+        s, p, o, g = quad
+        graph = ox.DefaultGraph() if g == DEFAULT_GRAPH_ID else self._term(g)
+        return ox.Quad(self._term(s), self._term(p), self._term(o), graph)
+
+    @property
+    def active(self) -> bool:
+        return self.store is not None
+
+    def build(self, present: set[tuple[int, int, int, int]]) -> None:
+        import pyoxigraph as ox
+
+        self.store = ox.Store()
+        self.store.extend(self._quad(q) for q in present)
+        self.extractor = UpdateExtractor(self.store)
+
+    def apply(self, op: int, quad: tuple[int, int, int, int]) -> None:
+        if op > 0:
+            self.store.add(self._quad(quad))
+        else:
+            self.store.remove(self._quad(quad))
+
+    def update(self, request: str) -> UpdateDelta:
+        """Apply a request atomically (UpdateRequestError: nothing changed) and return its real delta."""
+        return self.extractor.apply(request)
+
+
 class IngestProcessor:
     """Raw record -> outputs, with set semantics, stable dictionary ids, seq numbering and routing."""
 
@@ -66,6 +120,7 @@ class IngestProcessor:
         self.published: set[int] = set()  # ids already on the dictionary topic
         self.seq = 0  # seq of the last effective change
         self.keys: dict[int, bytes] = {}  # term id -> its routed key (ASCII decimal)
+        self.graph = GraphMirror(self.dictionary)
         self.t_dictionary = settings.topic("dictionary")
         self.t_encoded = settings.topic("updates.encoded")
         self.t_routed = settings.topic("updates.routed")
@@ -103,6 +158,9 @@ class IngestProcessor:
             return self._dead(out, raw, "unknown-format", "cannot tell the input format from headers "
                               f"content-type={raw.headers.get('content-type', b'')!r} cbgp-format="
                               f"{raw.headers.get('cbgp-format', b'')!r}; use one of {', '.join(FORMATS)}", None)
+        if fmt == UPDATE_FORMAT:
+            self._update_request(out, raw, origin)
+            return out
         for item in parse_input(raw.value, fmt):
             if isinstance(item, InputError):
                 reason = "invalid-utf8" if item.message.startswith("invalid UTF-8") else "malformed-rdf"
@@ -111,10 +169,33 @@ class IngestProcessor:
             self._change(out, raw, origin, item.op, item.s, item.p, item.o, item.g, None, item.line)
         return out
 
+    def _update_request(self, out: list[Output], raw: RawRecord, origin: list[tuple[str, bytes]]) -> None:
+        """A SPARQL 1.1 Update request: apply it atomically to the current graph; emit the quads it really
+        inserted and deleted (seed paper 004).  A failing request changes nothing and is dead-lettered."""
+        try:
+            request = raw.value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self._dead(out, raw, "invalid-utf8", f"SPARQL Update request is not UTF-8 (byte {exc.start})", None)
+            return
+        if not self.graph.active:
+            self.graph.build(self.present)
+        try:
+            delta = self.graph.update(request)
+        except UpdateRequestError as exc:
+            self._dead(out, raw, "invalid-update", str(exc), None)
+            return
+        for s, p, o, g in delta.deleted:
+            self._change(out, raw, origin, -1, s, p, o, g, None, None, mirrored=True)
+        for s, p, o, g in delta.inserted:
+            self._change(out, raw, origin, 1, s, p, o, g, None, None, mirrored=True)
+
     def _format(self, raw: RawRecord) -> str | None:
         for header in ("cbgp-format", "content-type"):
             value = raw.headers.get(header)
             if value:
+                media = value.decode("utf-8", "replace").split(";", 1)[0].strip().lower()
+                if media in (UPDATE_FORMAT, "application/sparql-update"):
+                    return UPDATE_FORMAT
                 try:
                     return detect_format(value.decode("utf-8", "replace"))
                 except ValueError:
@@ -142,8 +223,11 @@ class IngestProcessor:
         self._change(out, raw, origin, op, *terms, record["event_time_ms"], None)
 
     def _change(self, out: list[Output], raw: RawRecord, origin: list[tuple[str, bytes]], op: int, s: str, p: str,
-                o: str, g: str | None, event_time_ms: int | None, line: int | None) -> None:
-        """One parsed change: validate positions, encode, apply set semantics, emit encoded + routed."""
+                o: str, g: str | None, event_time_ms: int | None, line: int | None, mirrored: bool = False) -> None:
+        """One parsed change: validate positions, encode, apply set semantics, emit encoded + routed.
+
+        `mirrored`: the change is already in the graph mirror (it came from a SPARQL Update request).
+        """
         problem = _position_problem(s, p, o, g)
         if problem:
             self._dead(out, raw, "malformed-rdf", (f"line {line}: " if line else "") + problem, line)
@@ -165,6 +249,8 @@ class IngestProcessor:
                 NOOP_DEL.inc()
                 return
             self.present.discard(quad)
+        if self.graph.active and not mirrored:
+            self.graph.apply(op, quad)
         self.seq += 1
         op_name = "ADD" if op > 0 else "DEL"
         seq, s_id, p_id, o_id = self.seq, quad[0], quad[1], quad[2]

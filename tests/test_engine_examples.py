@@ -197,3 +197,14 @@ def test_state_bytes_grow_with_relevant_triples_and_return_to_empty():
     for s, p, o in triples:
         engine.apply_terms(-1, s, p, o)
     assert engine.state_entries() == 0
+
+
+def test_graph_variable_instances_need_only_the_graph_id_not_its_term():
+    # A state worker's dictionary holds query constants only: data terms arrive as stable ids.
+    from cbgp.terms import TermDictionary, stable_term_id
+
+    engine = Engine(TermDictionary(stable=True))
+    engine.register("q", f"SELECT ?g ?x WHERE {{ GRAPH ?g {{ ?x <{EX}p> ?g }} }}")
+    ids = {t: stable_term_id(t) for t in (f"<{EX}a>", f"<{EX}p>", f"<{EX}g1>")}
+    deltas = engine.apply(1, ids[f"<{EX}a>"], ids[f"<{EX}p>"], ids[f"<{EX}g1>"], ids[f"<{EX}g1>"])
+    assert deltas == [("q", 1, (ids[f"<{EX}g1>"], ids[f"<{EX}a>"]))]
