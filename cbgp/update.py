@@ -54,6 +54,10 @@ _ABSOLUTE_IRI = re.compile(r"^<[A-Za-z][A-Za-z0-9+.\-]*:[^\\]*>$")
 _CONST, _VAR, _BNODE = 0, 1, 2
 
 
+# Format name of SPARQL 1.1 Update requests among the inputs (media type application/sparql-update).
+UPDATE_FORMAT = "sparql-update"
+
+
 @dataclass(frozen=True)
 class UpdateDelta:
     inserted: list[tuple[str, str, str, str | None]]  # (s, p, o, g) canonical N-Triples; g None = default graph

@@ -25,7 +25,7 @@ from confluent_kafka import TopicPartition
 from prometheus_client import Counter
 
 from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
-from cbgp.update import UpdateDelta, UpdateExtractor, UpdateRequestError
+from cbgp.update import UPDATE_FORMAT, UpdateDelta, UpdateExtractor, UpdateRequestError
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
 from services import codec
 from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_producer
@@ -53,9 +53,6 @@ class RawRecord:
     partition: int = 0
     offset: int = 0
     timestamp_ms: int = 0
-
-
-UPDATE_FORMAT = "sparql-update"  # SPARQL 1.1 Update requests: applied to the current graph, then their real delta
 
 
 class GraphMirror:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, TextIO
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
+from cbgp.update import UPDATE_FORMAT
 from services.codec import CodecError, decode, encode
 from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, make_consumer, make_producer, read_all
 
@@ -64,9 +65,9 @@ def chunk_lines(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -
 
     A record is cut once it holds ``chunk_bytes``, but never inside a patch transaction; for patch input
     the prefix lines seen so far are prepended to every later record (they are not counted as its lines).
-    Turtle is one record.
+    Turtle and SPARQL Update requests are one record each.
     """
-    if fmt == "turtle":
+    if fmt in ("turtle", UPDATE_FORMAT):  # statements span lines; a request applies atomically as a whole
         yield 1, data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1), data
         return
     prefixes: list[bytes] = []
@@ -128,14 +129,18 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
         data = Path(path).read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    known = (*FORMATS, UPDATE_FORMAT)
     if fmt is None:
-        try:
-            fmt = detect_format(path)
-        except ValueError:
-            raise UserError(f"cannot tell the format of {path} from its name: pass --format "
-                            f"({', '.join(FORMATS)})") from None
-    elif fmt not in FORMATS:
-        raise UserError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+        if path.lower().endswith((".ru", ".sparql-update")):
+            fmt = UPDATE_FORMAT
+        else:
+            try:
+                fmt = detect_format(path)
+            except ValueError:
+                raise UserError(f"cannot tell the format of {path} from its name: pass --format "
+                                f"({', '.join(known)})") from None
+    elif fmt not in known:
+        raise UserError(f"unknown format {fmt!r}: use one of {', '.join(known)}")
     topic = settings.topic("updates.raw")
     producer = make_producer(settings)
     errors: list[str] = []
@@ -144,7 +149,8 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
     start = time.monotonic()
     for first, lines, payload in chunk_lines(data, fmt, chunk_bytes):
         if len(payload) > MAX_RECORD_BYTES:
-            raise UserError(f"{path}: a {'Turtle file' if fmt == 'turtle' else 'patch transaction'} starting at line "
+            what = {"turtle": "Turtle file", UPDATE_FORMAT: "SPARQL Update request"}.get(fmt, "patch transaction")
+            raise UserError(f"{path}: a {what} starting at line "
                             f"{first} is {len(payload):,} bytes, over the {MAX_RECORD_BYTES:,}-byte record limit; "
                             "split it (or convert Turtle to N-Triples)")
         headers = [("cbgp-format", fmt.encode()), ("cbgp-source", os.path.basename(path).encode()),

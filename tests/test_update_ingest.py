@@ -10,6 +10,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pyoxigraph as ox
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -123,9 +127,12 @@ def test_fleet_answers_a_published_update_request(kafka_settings, tmp_path):
         topic = kafka_settings.topic("updates.raw")
         producer.produce(topic, f"INSERT DATA {{ GRAPH <{EX}g1> {{ <{EX}a> <{EX}p> <{EX}b> }} }}".encode(),
                          headers=[("content-type", b"application/sparql-update")], partition=0)
-        producer.produce(topic, f"MOVE <{EX}g1> TO <{EX}g2>".encode(),
-                         headers=[("content-type", b"application/sparql-update")], partition=0)
         producer.flush(30)
+        (tmp_path / "move.ru").write_text(f"PREFIX ex: <{EX}>\nMOVE ex:g1\n  TO ex:g2\n")
+        env = {**os.environ, **kafka_settings.to_env()}
+        published = subprocess.run([sys.executable, "-m", "services.cli", "publish", str(tmp_path / "move.ru")],
+                                   env=env, capture_output=True, text=True, timeout=120)
+        assert published.returncode == 0, published.stderr
         answers = wait_answers(kafka_settings, {"graphs": 3})["graphs"]
     got = [(a["sign"], a["binding"]["g"]["value"]) for a in sorted(answers, key=lambda a: a["n"])]
     assert got[0] == ("+", f"{EX}g1")
