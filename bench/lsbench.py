@@ -33,7 +33,8 @@ from pathlib import Path
 Triple = tuple[str, str, str]
 UpdateRow = tuple[int, str, str, str]  # (+1 insert | -1 delete, s, p, o), canonical N-Triples terms
 
-DEFAULT_DATA = Path("/work/shared/data/lsbench-1000")
+# The shared data sits beside the repository (shared/ next to the clone); the project runs without it.
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "lsbench-1000"
 STREAMS = ("post", "photo", "postlike", "photolike")
 _FILES = {
     "static": "mr0_sibdataset{n}.nt.gz",
