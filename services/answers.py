@@ -26,12 +26,11 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from cbgp.terms import to_sparql_json
 from services import codec
-from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
+from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
-                              UPDATES_OUT, record_consumer_lag, start_metrics_server)
-from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, add_service_flags, commit_transaction,
-                              default_instance_id, kv, metrics_port, origin_ms, read_range, run_service,
-                              setup_logging)
+                              UPDATES_OUT, record_consumer_lag)
+from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit_transaction, kv, origin_ms,
+                              read_range, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -306,25 +305,6 @@ def _ids_of(msgs: list[Message]) -> set[int]:
 
 def register(commands: argparse._SubParsersAction) -> dict:
     """Add ``cbgp answers`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
-    parser = commands.add_parser("answers", help="number deltas and maintain current answers (service)")
-    add_kafka_flags(parser)
-    add_service_flags(parser)
-    parser.add_argument("--group", help="consumer group (default <prefix>answers)")
-    parser.add_argument("--instance-id", default=default_instance_id(),
-                        help="stable instance name, part of the transactional id (default: host name)")
-    parser.add_argument("--batch", type=int, default=1000, help="deltas per transaction (default 1000)")
-
-    def handler(args: argparse.Namespace) -> int:
-        setup_logging(SERVICE, args.log_level)
-        settings = KafkaSettings.from_args(args)
-        ensure_topics(settings)
-        ready = [False]
-        server = start_metrics_server(metrics_port(args), lambda: ready[0])
-        log.info(kv(event="started", metrics_port=server.port, instance=args.instance_id))
-        stopper = Stopper()
-        try:
-            return run_service(SERVICE, lambda s: AnswersService(settings, args, ready).run(s), stopper)
-        finally:
-            server.stop()
-
-    return {"answers": handler}
+    return service_command(commands, SERVICE, "number deltas and maintain current answers (service)",
+                           lambda settings, args, stopper, ready: AnswersService(settings, args, ready).run(stopper),
+                           batch=1000, batch_help="deltas per transaction")

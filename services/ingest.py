@@ -28,11 +28,10 @@ from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_t
 from cbgp.update import UPDATE_FORMAT, UpdateDelta, UpdateExtractor, UpdateRequestError
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
 from services import codec
-from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_producer
-from services.metrics import (PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
-                              start_metrics_server)
-from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, add_service_flags, commit_transaction,
-                              default_instance_id, kv, metrics_port, read_range, run_service, setup_logging)
+from services.kafka import KafkaSettings, end_offsets, make_producer
+from services.metrics import PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, record_consumer_lag
+from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit_transaction, kv, read_range,
+                              service_command)
 
 log = logging.getLogger("cbgp.ingest")
 
@@ -375,28 +374,8 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
 
 def register(commands: argparse._SubParsersAction) -> dict:
     """Add ``cbgp ingest`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
-    parser = commands.add_parser("ingest", help="parse, deduplicate, encode and route raw updates (service)")
-    add_kafka_flags(parser)
-    add_service_flags(parser)
-    parser.add_argument("--group", help="consumer group (default <prefix>ingest)")
-    parser.add_argument("--instance-id", default=default_instance_id(),
-                        help="stable instance name, part of the transactional id (default: host name)")
-    parser.add_argument("--batch", type=int, default=500, help="raw records per transaction (default 500)")
-
-    def handler(args: argparse.Namespace) -> int:
-        setup_logging(SERVICE, args.log_level)
-        settings = KafkaSettings.from_args(args)
-        ensure_topics(settings)
-        ready = [False]
-        server = start_metrics_server(metrics_port(args), lambda: ready[0])
-        log.info(kv(event="started", metrics_port=server.port, topics=settings.topic_prefix))
-        stopper = Stopper()
-        try:
-            return run_service(SERVICE, lambda s: run(settings, args, s, ready), stopper)
-        finally:
-            server.stop()
-
-    return {"ingest": handler}
+    return service_command(commands, SERVICE, "parse, deduplicate, encode and route raw updates (service)", run,
+                           batch=500, batch_help="raw records per transaction")
 
 
 def replay_outputs(processor: IngestProcessor, records: Iterable[RawRecord]) -> list[Output]:

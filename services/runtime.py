@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator, Sequence
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cbgp.terms import stable_term_id
-from services.kafka import KafkaSettings, make_consumer
+from services.kafka import KafkaSettings, add_kafka_flags, ensure_topics, make_consumer
+from services.metrics import start_metrics_server
 
 __all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
            "read_range", "run_service", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
@@ -386,6 +387,43 @@ def _run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -
         break
     log.info(kv(event="stopped", service=name))
     return 0
+
+
+ServiceLife = Callable[[KafkaSettings, argparse.Namespace, "Stopper", list[bool]], None]
+
+
+def service_command(commands: argparse._SubParsersAction, name: str, description: str, life: ServiceLife, *,
+                    batch: int, batch_help: str, id_flag: str = "--instance-id",
+                    id_help: str = "stable instance name, part of the transactional id (default: host name)",
+                    group: str | None = None) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Register ``cbgp <name>``: Kafka and service flags, then one handler that runs the service.
+
+    The handler sets up logging and topics, serves /metrics /healthz /readyz (ready once ``life`` says
+    so through ``ready[0]``) and runs ``life(settings, args, stopper, ready)`` under :func:`run_service`,
+    which starts a new life after a failed transaction.
+    """
+    parser = commands.add_parser(name, help=description)
+    add_kafka_flags(parser)
+    add_service_flags(parser)
+    parser.add_argument("--group", help=f"consumer group (default <prefix>{group or name})")
+    parser.add_argument(id_flag, dest="instance_id", default=default_instance_id(), help=id_help)
+    parser.add_argument("--batch", type=int, default=batch, help=f"{batch_help} (default {batch})")
+
+    def handler(args: argparse.Namespace) -> int:
+        setup_logging(name, args.log_level)
+        settings = KafkaSettings.from_args(args)
+        ensure_topics(settings)
+        ready = [False]
+        server = start_metrics_server(metrics_port(args), lambda: ready[0])
+        logging.getLogger(f"cbgp.{name}").info(kv(event="started", metrics_port=server.port,
+                                                   instance=args.instance_id, topics=settings.topic_prefix))
+        stopper = Stopper()
+        try:
+            return run_service(name, lambda stop: life(settings, args, stop, ready), stopper)
+        finally:
+            server.stop()
+
+    return {name: handler}
 
 
 def data_path_commands(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:

@@ -26,12 +26,11 @@ from typing import Iterable
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from prometheus_client import Gauge
 
-from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer, make_producer
-from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT, record_consumer_lag,
-                              start_metrics_server)
-from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, add_service_flags,
-                              commit_transaction, default_instance_id, idle_pause, kv, metrics_port, origin_ms,
-                              read_range, run_service, setup_logging)
+from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
+from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT,
+                              record_consumer_lag)
+from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, commit_transaction, idle_pause,
+                              kv, origin_ms, read_range, service_command)
 from services.worker_core import Change, WorkerCore, changes_of, decode_change, shard_label
 from services import codec
 
@@ -70,7 +69,7 @@ class WorkerService:
         self.encoded_epoch = 0
         self.next_plans_poll = 0.0
         self.assigned: set[int] = set()
-        self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.worker_id}")
+        self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.plans = make_consumer(settings, f"{self.group}.plans", enable_partition_eof=False)
         self.routed_in: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member (committed offsets, group metadata)
@@ -334,26 +333,8 @@ class WorkerService:
 
 def register(commands: argparse._SubParsersAction) -> dict:
     """Add ``cbgp worker`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
-    parser = commands.add_parser("worker", help="hold star state and emit per-query deltas (service)")
-    add_kafka_flags(parser)
-    add_service_flags(parser)
-    parser.add_argument("--group", help="consumer group (default <prefix>workers)")
-    parser.add_argument("--worker-id", default=default_instance_id(),
-                        help="stable worker name, part of the transactional id (default: host name)")
-    parser.add_argument("--batch", type=int, default=5000,
-                        help="most records per input per transaction (default 5000; batches grow with the backlog)")
-
-    def handler(args: argparse.Namespace) -> int:
-        setup_logging(SERVICE, args.log_level)
-        settings = KafkaSettings.from_args(args)
-        ensure_topics(settings)
-        ready = [False]
-        server = start_metrics_server(metrics_port(args), lambda: ready[0])
-        log.info(kv(event="started", metrics_port=server.port, worker=args.worker_id))
-        stopper = Stopper()
-        try:
-            return run_service(SERVICE, lambda s: WorkerService(settings, args, ready).run(s), stopper)
-        finally:
-            server.stop()
-
-    return {"worker": handler}
+    return service_command(commands, SERVICE, "hold star state and emit per-query deltas (service)",
+                           lambda settings, args, stopper, ready: WorkerService(settings, args, ready).run(stopper),
+                           batch=5000, batch_help="most records per input per transaction (batches grow with the backlog)",
+                           group="workers", id_flag="--worker-id",
+                           id_help="stable worker name, part of the transactional id (default: host name)")

@@ -55,7 +55,7 @@ def query_state(url: str, query: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)
 @pytest.mark.parametrize("workers", [1, 3, 4])
 def test_answers_equal_replay_as_multisets(kafka_settings: KafkaSettings, tmp_path: Path, workers: int) -> None:
     """Star, path, product and DISTINCT queries over 2500 updates (deletions, duplicates, absent deletes,
@@ -71,7 +71,8 @@ def test_answers_equal_replay_as_multisets(kafka_settings: KafkaSettings, tmp_pa
             publish_plan(kafka_settings, query, text)
         start_fleet(fleet, workers)
         publish_patch(kafka_settings, lines)
-        got = wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()})
+        # Patience, not a speed check: on a loaded 2-core machine four workers' rebalances take a while.
+        got = wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()}, timeout=240)
         assert_matches(got, expected)
         assert_current(kafka_settings, expected)
         assert not any(a["snapshot"] for answers in got.values() for a in answers)
