@@ -33,7 +33,9 @@ test: setup tools
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+## The engine against pyoxigraph re-evaluation and pathway (installed into its own venv by bench/setup.sh).
 bench: setup
+	bash bench/setup.sh
 	$(PY) bench/engine_bench.py
 
 clean:
