@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from cbgp.terms import to_sparql_json
 from services import codec
@@ -30,7 +30,7 @@ from services.kafka import KafkaSettings, end_offsets, make_consumer, make_produ
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
                               UPDATES_OUT, record_consumer_lag)
 from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit_transaction, kv, origin_ms,
-                              read_range, service_command)
+                              read_range, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -259,7 +259,7 @@ class AnswersService:
         latency = PROCESSING_LATENCY.labels(SERVICE)
         try:
             while not stopper.stopping:
-                msgs = [m for m in self.input.poll() if _ok(m)]
+                msgs = [m for m in self.input.poll() if record_ok(m, log)]
                 if not msgs:
                     continue
                 started = time.monotonic()
@@ -284,13 +284,6 @@ class AnswersService:
                 self.input.close()
             self.dictionary.close()
             self.producer.flush(5)
-
-
-def _ok(msg: Message) -> bool:
-    err = msg.error()
-    if err is not None and err.code() != KafkaError._PARTITION_EOF:
-        log.warning(kv(event="consume-error", error=str(err)))
-    return err is None
 
 
 def _ids_of(msgs: list[Message]) -> set[int]:

@@ -209,6 +209,14 @@ class Fetcher:
         self.consumer.close()
 
 
+def record_ok(msg: Message, log: logging.Logger) -> bool:
+    """True for a data record; logs a consume error (partition EOF is not one) and returns False."""
+    err = msg.error()
+    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+        log.warning(kv(event="consume-error", error=str(err)))
+    return err is None
+
+
 def idle_pause(fetchers: Sequence[Fetcher]) -> None:
     """Stop fetching on every fetcher for IDLE_PAUSE_SECONDS (nothing was there to read)."""
     for fetcher in fetchers:

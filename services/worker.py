@@ -23,14 +23,14 @@ import logging
 import time
 from typing import Iterable
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Gauge
 
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT,
                               record_consumer_lag)
 from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, commit_transaction, idle_pause,
-                              kv, origin_ms, read_range, service_command)
+                              kv, origin_ms, read_range, record_ok, service_command)
 from services.worker_core import Change, WorkerCore, changes_of, decode_change, shard_label
 from services import codec
 
@@ -246,10 +246,7 @@ class WorkerService:
         count = 0
         shards = self.core.shards
         for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning(kv(event="consume-error", error=str(err)))
+            if not record_ok(msg, log):
                 continue
             shard = shards.get(("routed", msg.partition()))
             if shard is None or msg.offset() < shard.position:
@@ -271,10 +268,7 @@ class WorkerService:
         count = 0
         shards = [self.core.shards[("whole", p)] for p in self.encoded]
         for msg in msgs:
-            err = msg.error()
-            if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
-                    log.warning(kv(event="consume-error", error=str(err)))
+            if not record_ok(msg, log):
                 continue
             offset = msg.offset()
             targets = [shard for shard in shards if offset >= shard.position]
