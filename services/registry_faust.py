@@ -177,7 +177,9 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
     admin = app.topic(settings.topic("admin"), partitions=1, key_type=bytes, value_type=bytes,
                       key_serializer="raw", value_serializer="raw", internal=False)
     # use_partitioner: the reconcile task writes outside a stream event; the changelog has one partition.
-    table = app.Table("queries", default=None, partitions=1, use_partitioner=True, key_type=str, value_type=dict)
+    # No value_type: values stay plain JSON (the app's codec). With value_type=dict, recovering a changelog
+    # whose last record is a value calls dict.from_data, fails, and the registry never becomes ready.
+    table = app.Table("queries", default=None, partitions=1, use_partitioner=True, key_type=str)
 
     def mirror(decision: Decision | None) -> None:
         if decision is None:

@@ -246,3 +246,23 @@ def test_restart_keeps_the_registered_set(kafka_broker: Any, tmp_path: Path) -> 
         assert http_ok(f"http://127.0.0.1:{second.metrics_port}/metrics")
     finally:
         second.child.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_restart_after_a_plain_register_recovers_the_table(kafka_broker: Any, tmp_path: Path) -> None:
+    """The faust table's changelog ending on a value (not a tombstone) must still recover on restart."""
+    settings = fresh_settings(kafka_broker.bootstrap)
+    ensure_topics(settings)
+    first = Registered(settings, tmp_path / "s1", tmp_path / "first.log").start()
+    try:
+        assert first.ask(command="REGISTER", query_id="keep", sparql=QUERIES["star"])["status"] == "ACCEPTED"
+        first.child.signal(signal.SIGTERM)
+        assert first.child.proc.wait(30) == 0
+    finally:
+        first.child.stop()
+    second = Registered(settings, tmp_path / "s2", tmp_path / "second.log").start()
+    try:
+        assert second.ask(command="LIST")["queries"] == ["keep"]
+    finally:
+        second.child.stop()
