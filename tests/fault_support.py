@@ -69,14 +69,12 @@ FAULT_QUERIES = {
 KILL_ROTATION = ("ingest", "worker", "answers", "registry")
 
 
-# The registry is not killed by default: after any restart it waits forever in faust's table recovery when
-# the last record of its changelog is a value (see the report of issue 5; CBGP_FAULT_SERVICES adds it back).
-DEFAULT_SERVICES = ("ingest", "worker", "answers")
+DEFAULT_SERVICES = KILL_ROTATION
 
 
 @dataclass
 class FaultConfig:
-    kills: int = 6  # SIGKILLs in total, rotating over ``services``
+    kills: int = 8  # SIGKILLs in total, rotating over ``services`` (two of each by default)
     services: tuple[str, ...] = DEFAULT_SERVICES
     broker_restarts: int = 1  # graceful stop + start on the same data dir
     add_remove_worker: bool = True  # one worker joins and one leaves mid-stream (two rebalances)

@@ -1,9 +1,9 @@
 """Fault injection: kill -9 every kind of service in rotation, rebalance, restart the broker, while a stream
 with deletions flows; the answers must still equal the oracle's, numbered 1..N with no duplicates.
 
-The schedule and the checks are in ``tests/fault_support.py``.  ``CBGP_FAULT_KILLS`` (default 6: ingest,
-a worker and answers twice each), ``CBGP_FAULT_SERVICES`` (default ``ingest,worker,answers``; the registry
-is left out until it can restart, see ``fault_support.DEFAULT_SERVICES``), ``CBGP_FAULT_BROKER_RESTARTS``
+The schedule and the checks are in ``tests/fault_support.py``.  ``CBGP_FAULT_KILLS`` (default 8: ingest,
+a worker, answers and the registry twice each), ``CBGP_FAULT_SERVICES`` (default
+``ingest,worker,answers,registry``), ``CBGP_FAULT_BROKER_RESTARTS``
 (default 1), ``CBGP_FAULT_LINES`` and ``CBGP_FAULT_SEED`` make the run longer or different;
 ``bench/faults_run.py`` is the long version (30 kills).
 """
