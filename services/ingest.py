@@ -228,6 +228,12 @@ class IngestProcessor:
         if problem:
             self._dead(out, raw, "malformed-rdf", (f"line {line}: " if line else "") + problem, line)
             return
+        longest = max(len(s), len(p), len(o), len(g or ""))
+        if longest > MAX_TERM_CHARS:
+            self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") +
+                       f"a term of {longest:,} characters is over the {MAX_TERM_CHARS:,} limit "
+                       "(answers carrying it would not fit in a Kafka record)", line)
+            return
         try:
             ids = [self._encode(out, term) for term in (s, p, o)]
             gid = DEFAULT_GRAPH_ID if g is None else self._encode(out, g)
@@ -292,6 +298,11 @@ class IngestProcessor:
                   "original": raw.value or b"", "at_ms": int(time.time() * 1000)}
         out.append(Output(self.t_deadletter, codec.encode("DeadLetter", record)))
         return out
+
+
+# Downstream records (answers, current answers) carry terms whole and Kafka's default record limit is ~1 MB:
+# a larger term would make the answers service's transaction fail forever, so it is refused here instead.
+MAX_TERM_CHARS = 512 * 1024
 
 
 def _position_problem(s: str, p: str, o: str, g: str | None) -> str | None:

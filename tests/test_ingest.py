@@ -244,3 +244,18 @@ def test_fast_writers_produce_exactly_the_generic_avro_bytes() -> None:
         source = {"topic": rng.choice(["", "u.updates.raw", "tópico"]), "partition": rng.randrange(0, 1 << 31),
                   "offset": pick()}
         assert codec.encode_encoded(**v, **source) == codec.encode("EncodedUpdate", {**v, "source": source})
+
+
+def test_a_term_too_large_for_downstream_records_is_dead_lettered_and_the_rest_goes_on():
+    from services.ingest import MAX_TERM_CHARS
+
+    processor = IngestProcessor(KafkaSettings.from_env(), 4, 1)
+    big = "x" * (MAX_TERM_CHARS + 1)
+    fine = "y" * 400_000
+    text = (f'A <http://ex/a> <http://ex/p> "{big}" .\n'
+            f'A <http://ex/b> <http://ex/p> "{fine}" .\n').encode()
+    outputs = processor.process(RawRecord(text, {"cbgp-format": b"patch"}))
+    letters = [codec.decode("DeadLetter", o.value) for o in outputs if o.topic == processor.t_deadletter]
+    assert [(d["reason"], d["line"]) for d in letters] == [("term-too-large", 1)]
+    assert "limit" in letters[0]["message"]
+    assert processor.seq == 1  # the 400 KB literal on line 2 is ingested
