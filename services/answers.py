@@ -10,7 +10,8 @@ duplicates by idempotence key (per (query, source partition) the key (source_off
 increase), decodes term ids and maintains multiplicities.  Answers of a query go to the partition of
 deltas.parts it came from (both keyed by query id), so a partition's state is restored by re-reading its
 answers partition: n and multiplicities from the records, idempotence keys from their ``cbgp-src`` header.
-The answers.current key is ``spark.compaction.current_key`` (canonical JSON ``["<query>", {binding}]``).
+The answers.current key is ``services.codec.current_key`` (canonical JSON ``["<query>", {binding}]``),
+shared with the compaction job.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Callable
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from cbgp.terms import to_sparql_json
 from services import codec
+from services.codec import canonical_binding, current_key, term_from_avro, term_to_avro
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
                               UPDATES_OUT, record_consumer_lag)
@@ -37,21 +38,6 @@ log = logging.getLogger("cbgp.answers")
 SERVICE = "answers"
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 DICTIONARY_WAIT_SECONDS = 10.0
-
-
-def canonical_binding(terms: dict[str, str]) -> str:
-    """``{var: canonical N-Triples term}`` as canonical JSON (= ``spark.compaction.canonical_binding``)."""
-    return json.dumps(terms, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def current_key(query_id: str, binding_json: str) -> bytes:
-    """The answers.current key (= ``spark.compaction.current_key``), without importing Spark."""
-    return ("[" + json.dumps(query_id, ensure_ascii=False) + "," + binding_json + "]").encode("utf-8")
-
-
-def avro_term(term: str) -> dict:
-    obj = to_sparql_json(term)
-    return {"type": obj["type"], "value": obj["value"], "datatype": obj.get("datatype"), "lang": obj.get("xml:lang")}
 
 
 @dataclass
@@ -88,7 +74,7 @@ class AnswersCore:
         if src:
             p, offset, index = (int(x) for x in src.decode().split(":"))
             state.last_key[p] = max(state.last_key.get(p, (-1, -1)), (offset, index))
-        terms = {var: _term_of(t) for var, t in record["binding"].items()}
+        terms = {var: term_from_avro(t) for var, t in record["binding"].items()}
         key = canonical_binding(terms)
         entry = state.current.setdefault(key, [0, 0])
         entry[0] += 1 if record["sign"] == "+" else -1
@@ -122,7 +108,7 @@ class AnswersCore:
         state.n += 1
         sign = "+" if record["sign"] == "PLUS" else "-"
         now = int(time.time() * 1000)
-        binding = {var: avro_term(term) for var, term in terms.items()}
+        binding = {var: term_to_avro(term) for var, term in terms.items()}
         answer = {"query_id": name, "n": state.n, "seq": record["seq"], "sign": sign, "binding": binding,
                   "snapshot": record["snapshot"], "produced_at_ms": now}
         headers = [(SOURCE_HEADER, f"{src}:{key[0]}:{key[1]}".encode())]
@@ -152,17 +138,6 @@ class AnswersCore:
                   "reason": reason, "message": message, "line": None, "original": value or b"",
                   "at_ms": int(time.time() * 1000)}
         return Output(self.t_deadletter, codec.encode("DeadLetter", record))
-
-
-def _term_of(avro: dict) -> str:
-    from cbgp.terms import from_sparql_json
-
-    obj = {"type": avro["type"], "value": avro["value"]}
-    if avro.get("lang"):
-        obj["xml:lang"] = avro["lang"]
-    elif avro.get("datatype"):
-        obj["datatype"] = avro["datatype"]
-    return from_sparql_json(obj)
 
 
 # ---------------------------------------------------------------------------------------- Kafka loop

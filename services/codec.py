@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
@@ -303,3 +303,39 @@ def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time
     """``encode("EncodedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
     return b"".join((_header("EncodedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
                      _long(g), _optional_long(event_time_ms), _string(topic), _long(partition), _long(offset)))
+
+
+# ---------------------------------------------------------------- SparqlTerm records and answer keys
+# Answers carry terms as Avro SparqlTerm records; inside the fleet a term is its canonical N-Triples string
+# (cbgp.terms), which is RDF term identity.  The answers service and the compaction job must agree on these
+# conversions and on the answers.current key byte for byte, so both use the functions below.
+
+
+def term_from_avro(term: Mapping[str, Any]) -> str:
+    """Canonical term string of an Avro ``SparqlTerm`` {type, value, datatype, lang}."""
+    from cbgp.terms import from_sparql_json
+
+    obj = {"type": term["type"], "value": term["value"]}
+    if term.get("lang"):
+        obj["xml:lang"] = term["lang"]
+    elif term.get("datatype"):
+        obj["datatype"] = term["datatype"]
+    return from_sparql_json(obj)
+
+
+def term_to_avro(term: str) -> dict[str, Any]:
+    """Avro ``SparqlTerm`` of a canonical term string."""
+    from cbgp.terms import to_sparql_json
+
+    obj = to_sparql_json(term)
+    return {"type": obj["type"], "value": obj["value"], "datatype": obj.get("datatype"), "lang": obj.get("xml:lang")}
+
+
+def canonical_binding(terms: Mapping[str, str]) -> str:
+    """``{var: canonical term}`` as canonical JSON: equal strings exactly for equal solution mappings."""
+    return json.dumps(dict(terms), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def current_key(query_id: str, binding_json: str) -> bytes:
+    """The answers.current key: canonical JSON ``["<query_id>", {binding}]`` (unambiguous, parseable)."""
+    return ("[" + json.dumps(query_id, ensure_ascii=False) + "," + binding_json + "]").encode("utf-8")

@@ -34,6 +34,8 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from services import codec
+
 log = logging.getLogger(__name__)
 
 DELTA_SCHEMA = "query_id string, n long, sign int, binding string, error string"
@@ -57,36 +59,16 @@ def canonical_binding(binding: Mapping[str, Mapping[str, Any] | None]) -> str:
     bindings are the same solution mapping exactly when their canonical JSON strings are equal.
     Unbound variables (null terms) are left out, as in SPARQL results.
     """
-    from cbgp.terms import from_sparql_json
-
-    out = {}
-    for var, term in binding.items():
-        if term is None:
-            continue
-        obj = {"type": term["type"], "value": term["value"]}
-        if term.get("lang"):
-            obj["xml:lang"] = term["lang"]
-        if term.get("datatype"):
-            obj["datatype"] = term["datatype"]
-        out[var] = from_sparql_json(obj)
-    return json.dumps(out, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return codec.canonical_binding({var: codec.term_from_avro(term) for var, term in binding.items()
+                                    if term is not None})
 
 
 def binding_terms(binding_json: str) -> dict[str, dict[str, Any]]:
     """Inverse of :func:`canonical_binding`: canonical JSON -> Avro ``{var: SparqlTerm}``."""
-    from cbgp.terms import to_sparql_json
-
-    out = {}
-    for var, term in json.loads(binding_json).items():
-        obj = to_sparql_json(term)
-        out[var] = {"type": obj["type"], "value": obj["value"], "datatype": obj.get("datatype"),
-                    "lang": obj.get("xml:lang")}
-    return out
+    return {var: codec.term_to_avro(term) for var, term in json.loads(binding_json).items()}
 
 
-def current_key(query_id: str, binding_json: str) -> bytes:
-    """The answers.current key: canonical JSON ``["<query_id>", {binding}]`` (unambiguous, parseable)."""
-    return ("[" + json.dumps(query_id, ensure_ascii=False) + "," + binding_json + "]").encode("utf-8")
+current_key = codec.current_key  # the answers service writes the same keys
 
 
 def decode_answers(kafka_df: DataFrame) -> DataFrame:

@@ -55,7 +55,8 @@ from typing import Callable
 
 from cbgp.inputs import Update, parse_input
 from services import codec
-from services.answers import SOURCE_HEADER, _term_of, canonical_binding
+from services.answers import SOURCE_HEADER
+from services.codec import canonical_binding, term_from_avro
 from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
 from services.kafka.broker import EmbeddedBroker, free_port
 from tests.fleet_support import CBGP, EX, QUERIES, Fleet, final_answers, generate_patch, read_current, replay
@@ -160,7 +161,7 @@ def read_answer_records(settings: KafkaSettings) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for msg in read_all(settings, settings.topic("answers"), timeout=60):
         record = codec.decode("Answer", msg.value())
-        record["key"] = canonical_binding({v: _term_of(t) for v, t in record["binding"].items()})
+        record["key"] = canonical_binding({v: term_from_avro(t) for v, t in record["binding"].items()})
         headers = dict(msg.headers() or ())
         record["src"] = (headers.get(SOURCE_HEADER) or b"").decode()
         out.setdefault(record["query_id"], []).append(record)

@@ -18,7 +18,7 @@ from cbgp.plan import decompose
 from cbgp.sparql import parse_query
 from cbgp.terms import from_sparql_json
 from services import codec
-from services.answers import _term_of, canonical_binding
+from services.codec import canonical_binding, term_from_avro
 from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
 from services.runtime import query_partition
 
@@ -128,7 +128,7 @@ def read_answers(settings: KafkaSettings) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for msg in read_all(settings, settings.topic("answers"), timeout=30):
         record = codec.decode("Answer", msg.value())
-        record["key"] = canonical_binding({v: _term_of(t) for v, t in record["binding"].items()})
+        record["key"] = canonical_binding({v: term_from_avro(t) for v, t in record["binding"].items()})
         out.setdefault(record["query_id"], []).append(record)
     for records in out.values():
         records.sort(key=lambda r: r["n"])
@@ -145,7 +145,7 @@ def read_current(settings: KafkaSettings) -> dict[str, Counter]:
         if value is None:
             continue
         record = codec.decode("CurrentAnswer", value)
-        key = canonical_binding({v: _term_of(t) for v, t in record["binding"].items()})
+        key = canonical_binding({v: term_from_avro(t) for v, t in record["binding"].items()})
         out.setdefault(record["query_id"], Counter())[key] = record["multiplicity"]
     return out
 
