@@ -33,6 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from services.codec import CodecError, decode
 from services.kafka import EmbeddedBroker, KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer
 from services.kafka.broker import free_port
+from services.runtime import Stopper
 from services.supervise import ChildProcess, cbgp_command, http_ok
 
 __all__ = ["LiveView", "main", "service_plan"]
@@ -144,18 +145,6 @@ class LiveView:
         self.consumer.close()
 
 
-class _Stop:
-    """Turns SIGTERM (and SIGINT) into a flag, so shutdown runs the same ordered steps for both."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGTERM, self._set)
-        signal.signal(signal.SIGINT, self._set)
-
-    def _set(self, _signum: int, _frame: Any) -> None:
-        self.requested = True
-
-
 def _register_and_publish(settings: KafkaSettings, registry: tuple[ChildProcess, dict[str, int]] | None,
                           err: TextIO) -> None:
     from services.usercli import UserError, admin_request, format_status, publish_file
@@ -177,7 +166,7 @@ def _register_and_publish(settings: KafkaSettings, registry: tuple[ChildProcess,
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """The orchestrator (module docstring); returns the exit code."""
-    stop = _Stop()
+    stop = Stopper()  # SIGTERM and Ctrl-C run the same ordered shutdown
     run_dir = Path(args.run_dir).resolve()
     external = bool(args.bootstrap_servers or os.environ.get("CBGP_BOOTSTRAP_SERVERS"))
     broker: EmbeddedBroker | None = None
@@ -210,12 +199,12 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write("run: started " + ", ".join(f"{c.name} (pid {c.pid})" for c in children)
                   + f"; logs in {run_dir / 'logs'}\n")
         # Step 4: the demo.
-        if not args.no_demo and not stop.requested:
+        if not args.no_demo and not stop.stopping:
             _register_and_publish(settings, registry, err)
         # Step 5: the live view, until asked to stop.
         view = LiveView(settings, err)
         started = time.monotonic()
-        while not stop.requested and (args.duration is None or time.monotonic() - started < args.duration):
+        while not stop.stopping and (args.duration is None or time.monotonic() - started < args.duration):
             view.pump(1.0)
             view.draw(children, time.monotonic() - started)
         summary["queries"] = {q: {"answers": n, "last": view.last[q]} for q, n in view.counts.items()}
