@@ -19,11 +19,10 @@ of `cbgp.engine` relies on.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass
 
-from cbgp.sparql import ParsedQuery, TriplePattern, is_bnode_var, is_var
+from cbgp.sparql import ParsedQuery, TriplePattern, is_var
 
 
 @dataclass(frozen=True)
@@ -222,8 +221,4 @@ def _component(patterns: tuple[TriplePattern, ...], block: tuple[str, ...], memb
     )
 
 
-def plan_json_dumps(plan: Plan) -> str:
-    return json.dumps(plan.to_json(), indent=2)
-
-
-__all__ = ["ComponentPart", "GroundPart", "Part", "Plan", "StarPart", "decompose", "is_bnode_var", "is_var"]
+__all__ = ["ComponentPart", "GroundPart", "Part", "Plan", "StarPart", "decompose"]
