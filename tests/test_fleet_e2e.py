@@ -239,6 +239,12 @@ def test_queries_registered_and_unregistered_through_the_registry_process(kafka_
         got = wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()})
         assert_matches(got, expected)
         assert_current(kafka_settings, expected)
+        # the gauges are refreshed once a second: wait until they show both queries' state before the
+        # UNREGISTER, or a stale 0 for "names" would end the wait below before the worker saw the command
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and \
+                not all((query_state(url, query) or 0) > 0 for query in ("names", "star")):
+            time.sleep(0.3)
         command("UNREGISTER", "names")
         deadline = time.monotonic() + 60
         while query_state(url, "names") != 0 and time.monotonic() < deadline:
