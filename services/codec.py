@@ -299,10 +299,11 @@ def encode_routed(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_
 
 
 def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None,
-                   topic: str, partition: int, offset: int) -> bytes:
+                   topic: str, partition: int, offset: int, refresh: bool = False) -> bytes:
     """``encode("EncodedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
     return b"".join((_header("EncodedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
-                     _long(g), _optional_long(event_time_ms), _string(topic), _long(partition), _long(offset)))
+                     _long(g), _optional_long(event_time_ms), _string(topic), _long(partition), _long(offset),
+                     b"\x01" if refresh else b"\x00"))
 
 
 # ---------------------------------------------------------------- SparqlTerm records and answer keys

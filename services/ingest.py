@@ -241,9 +241,15 @@ class IngestProcessor:
             self._dead(out, raw, "term-collision", str(exc), line)
             return
         quad = (ids[0], ids[1], ids[2], gid)
+        if event_time_ms is None and raw.timestamp_ms is not None and raw.timestamp_ms >= 0:
+            event_time_ms = raw.timestamp_ms  # the Kafka record's time is the event time unless one was given
         if op > 0:
             if quad in self.present:
                 NOOP_ADD.inc()
+                # no change to the graph, but event-time windows must see the newer time (spark.windows)
+                out.append(Output(self.t_encoded, codec.encode_encoded(
+                    self.seq, "ADD", *quad, event_time_ms, raw.topic, raw.partition, raw.offset, refresh=True),
+                    None, 0, origin))
                 return
             self.present.add(quad)
         else:

@@ -29,9 +29,22 @@ def test_set_semantics_drop_duplicate_inserts_and_absent_deletes_and_number_effe
     text = f"A {A} {P} {B} .\nA {A} {P} {B} .\nD {A} {P} <{EX}zz> .\nD {A} {P} {B} .\nA {A} {P} {B} .\n"
     out = outputs_by_topic(ingest.process(RawRecord(text.encode(), offset=9)))
     encoded = [codec.decode("EncodedUpdate", o.value) for o in out["updates.encoded"]]
-    assert [(e["seq"], e["op"]) for e in encoded] == [(1, "ADD"), (2, "DEL"), (3, "ADD")]
+    # the duplicate insert is forwarded as a refresh (for event-time windows) without a seq of its own
+    assert [(e["seq"], e["op"], e["refresh"]) for e in encoded] == \
+        [(1, "ADD", False), (1, "ADD", True), (2, "DEL", False), (3, "ADD", False)]
     assert all(e["source"]["offset"] == 9 for e in encoded)
+    assert len(out["updates.routed"]) == 3 * len(ingest.routes(encoded[0]["s"], encoded[0]["o"]))
     assert "deadletter" not in out
+
+
+def test_event_time_is_the_given_one_or_else_the_kafka_record_time() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 4)
+    given = codec.encode("RawUpdate", {"op": "ADD", "s": A, "p": P, "o": B, "event_time_ms": 1234})
+    out = outputs_by_topic(ingest.process(RawRecord(given, timestamp_ms=99)))
+    out2 = outputs_by_topic(ingest.process(RawRecord(f"A {B} {P} {A} .".encode(), timestamp_ms=5678)))
+    times = [codec.decode("EncodedUpdate", o.value)["event_time_ms"]
+             for o in out["updates.encoded"] + out2["updates.encoded"]]
+    assert times == [1234, 5678]
 
 
 def test_new_terms_go_to_the_dictionary_once_and_before_the_updates_that_use_them() -> None:
@@ -243,7 +256,9 @@ def test_fast_writers_produce_exactly_the_generic_avro_bytes() -> None:
         assert codec.encode_routed(**v, role=role) == codec.encode("RoutedUpdate", {**v, "role": role})
         source = {"topic": rng.choice(["", "u.updates.raw", "tópico"]), "partition": rng.randrange(0, 1 << 31),
                   "offset": pick()}
-        assert codec.encode_encoded(**v, **source) == codec.encode("EncodedUpdate", {**v, "source": source})
+        refresh = rng.random() < 0.5
+        assert codec.encode_encoded(**v, **source, refresh=refresh) == \
+            codec.encode("EncodedUpdate", {**v, "source": source, "refresh": refresh})
 
 
 def test_a_term_too_large_for_downstream_records_is_dead_lettered_and_the_rest_goes_on():
