@@ -36,6 +36,7 @@ from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit
 log = logging.getLogger("cbgp.answers")
 
 SERVICE = "answers"
+WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers (worker_core.WHOLE_QUERY_PART)
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 DICTIONARY_WAIT_SECONDS = 10.0
 
@@ -89,6 +90,8 @@ class AnswersCore:
             record = codec.decode("PartDelta", value)
         except codec.CodecError as exc:
             return [self._dead(partition, offset, "schema-mismatch", str(exc), value)]
+        if record["part"] != WHOLE_QUERY_PART:
+            return []  # one part of a multi-part query: input of the Spark assembly, which sends the answers
         name = record["query_id"]
         state = self.queries.setdefault(name, QueryAnswers())
         self.partition_of[name] = partition

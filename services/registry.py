@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterable
 
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
 from cbgp.sparql import QueryError, parse_query
+from cbgp.windows import WindowError, WindowSpec
+from services.queries import read_registration
 
 __all__ = ["QUERY_ID_PATTERN", "Decision", "Entry", "Registry", "plan_summary", "registry_commands"]
 
@@ -80,6 +82,14 @@ def plan_summary(plan: Plan) -> str:
             parts.append(f"component {{{','.join(part.variables)}}} [{pats}]")
     count = len(plan.query.patterns)
     return f"{plan.query_class}: {count} pattern{'s' if count != 1 else ''} in {len(parts)} part(s): " + "; ".join(parts)
+
+
+def window_summary(window: WindowSpec) -> str:
+    """``sliding range 60000 ms step 10000 ms, lateness 0 ms, late updates dropped`` (ACCEPTED messages)."""
+    shape = f"{window.kind} range {window.range_ms} ms" + \
+        (f" step {window.step_ms} ms" if window.kind == "sliding" else "")
+    late = "dropped" if window.late_policy == "drop" else "admitted"
+    return f"{shape}, lateness {window.lateness_ms} ms, late updates {late} (evaluated by the Spark job)"
 
 
 def _now_ms() -> int:
@@ -161,15 +171,20 @@ class Registry:
                 f"query id {query_id!r} is already registered with a different text or options; "
                 "unregister it first or register with --option replace=true", request_id))
         try:
-            plan = decompose(parse_query(sparql))
+            text, window = read_registration(sparql, stored_options)
+            plan = decompose(parse_query(text))
         except QueryError as exc:
             return Decision(self._status(query_id, "REJECTED", exc.message, request_id, exc.line, exc.column))
+        except WindowError as exc:
+            return Decision(self._status(query_id, "REJECTED", str(exc), request_id, getattr(exc, "line", None),
+                                         getattr(exc, "column", None)))
         version = existing.version + 1 if existing is not None else 1
         seq = encoded_end()
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
                   "plan_json": json.dumps(plan.to_json(), separators=(",", ":")),
                   "projected": list(plan.query.projected), "registered_at_seq": seq, "version": version}
-        summary = plan_summary(plan) + (f" (version {version}, replaced)" if existing is not None else "")
+        summary = plan_summary(plan) + (f"; window {window_summary(window)}" if window else "") + \
+            (f" (version {version}, replaced)" if existing is not None else "")
         entry = Entry(query_id, sparql, plan.query_class, version, stored_options, seq)
         return Decision(self._status(query_id, "ACCEPTED", summary, request_id), plan=(query_id, record), entry=entry)
 

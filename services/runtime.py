@@ -403,7 +403,9 @@ ServiceLife = Callable[[KafkaSettings, argparse.Namespace, "Stopper", list[bool]
 def service_command(commands: argparse._SubParsersAction, name: str, description: str, life: ServiceLife, *,
                     batch: int, batch_help: str, id_flag: str = "--instance-id",
                     id_help: str = "stable instance name, part of the transactional id (default: host name)",
-                    group: str | None = None) -> dict[str, Callable[[argparse.Namespace], int]]:
+                    group: str | None = None,
+                    configure: Callable[[argparse.ArgumentParser], None] | None = None,
+                    ) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Register ``cbgp <name>``: Kafka and service flags, then one handler that runs the service.
 
     The handler sets up logging and topics, serves /metrics /healthz /readyz (ready once ``life`` says
@@ -416,6 +418,8 @@ def service_command(commands: argparse._SubParsersAction, name: str, description
     parser.add_argument("--group", help=f"consumer group (default <prefix>{group or name})")
     parser.add_argument(id_flag, dest="instance_id", default=default_instance_id(), help=id_help)
     parser.add_argument("--batch", type=int, default=batch, help=f"{batch_help} (default {batch})")
+    if configure is not None:
+        configure(parser)  # the service's own flags
 
     def handler(args: argparse.Namespace) -> int:
         setup_logging(name, args.log_level)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from typing import Iterable
 
@@ -59,7 +60,8 @@ class WorkerService:
              ("updates.routed", "queries.plans", "deltas.parts")}
         topics = {name: settings.topic(name) for name in ("deltas.parts", "deadletter", "queries.plans",
                                                            "updates.routed", "updates.encoded")}
-        self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log)
+        self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
+                               assemble_in_spark=getattr(args, "assembly", "spark") == "spark")
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -331,4 +333,13 @@ def register(commands: argparse._SubParsersAction) -> dict:
                            lambda settings, args, stopper, ready: WorkerService(settings, args, ready).run(stopper),
                            batch=5000, batch_help="most records per input per transaction (batches grow with the backlog)",
                            group="workers", id_flag="--worker-id",
-                           id_help="stable worker name, part of the transactional id (default: host name)")
+                           id_help="stable worker name, part of the transactional id (default: host name)",
+                           configure=_worker_flags)
+
+
+def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--assembly", choices=["spark", "worker"], default=os.environ.get("CBGP_ASSEMBLY", "spark"),
+                        help="where multi-part queries (ground part, several stars/components) are multiplied: "
+                             "'spark' publishes each part's deltas for the Spark job to assemble (the parts can "
+                             "be spread later), 'worker' multiplies them here (lower latency, no Spark needed); "
+                             "env CBGP_ASSEMBLY (default spark)")

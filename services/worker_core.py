@@ -22,11 +22,14 @@ from collections import Counter as Multiset
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from cbgp.assembly import needs_assembly, split_parts
 from cbgp.engine import ROLE_ALL, Engine
 from cbgp.plan import Plan, StarPart, decompose
 from cbgp.sparql import QueryError, parse_query
 from cbgp.terms import TermDictionary
+from cbgp.windows import WindowError, WindowSpec
 from services import codec
+from services.queries import read_registration
 from services.metrics import RESTORE_PROGRESS
 from services.runtime import ORIGIN_HEADER, Output, kv, query_partition
 
@@ -38,6 +41,7 @@ SIGNS = {"ADD": 1, "DEL": -1}
 # offset, before every delta of the next one, so answers' "(offset, index) increases" rule keeps them.
 SNAPSHOT_INDEX_BASE = 1 << 30
 WHOLE_SOURCE_PARTITION = -1
+WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers (what the answers service numbers)
 
 # One input change as the engine needs it: (offset, sign, s, p, o, g, role, seq, origin_ms).
 Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
@@ -66,6 +70,19 @@ class QueryInfo:
     registered_at_seq: int
     plans_partition: int
     plans_offset: int
+    window: WindowSpec | None = None
+    assembled: bool = False  # parts published separately; the Spark job multiplies them
+
+    @property
+    def windowed(self) -> bool:
+        """Windowed queries are evaluated by the Spark job alone (it owns expiry); workers hold nothing."""
+        return self.window is not None
+
+    def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
+        """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine."""
+        if not self.assembled:
+            return [(self.query_id, WHOLE_QUERY_PART, self.plan)]
+        return [(f"{self.query_id}#{part.index}", part.index, part.sparql) for part in split_parts(self.plan.query)]
 
     @property
     def partitioned(self) -> bool:
@@ -103,6 +120,15 @@ class WorkerEngine(Engine):
         return net
 
 
+def info_mode(info: QueryInfo) -> str:
+    """How a query is evaluated, for logs: windowed (Spark), partitioned, whole, or assembled (parts)."""
+    if info.windowed:
+        return "windowed"
+    if info.partitioned:
+        return "partitioned"
+    return "assembled" if info.assembled else "whole"
+
+
 def shard_label(kind: str, partition: int) -> str:
     """The `partition` label of a shard's metrics: the routed partition, or `whole-P` for whole queries."""
     return str(partition) if kind == "routed" else f"whole-{partition}"
@@ -125,6 +151,17 @@ class Shard:
     engine: WorkerEngine = field(default_factory=lambda: WorkerEngine(TermDictionary(stable=True)))
     position: int = 0  # next offset of its log to apply
     versions: dict[str, int] = field(default_factory=dict)  # query id -> registered plan version
+    outputs: dict[str, tuple[str, int]] = field(default_factory=dict)  # engine name -> (query id, part)
+
+    def register(self, info: QueryInfo) -> list[str]:
+        """Register ``info``'s engine queries (the query, or its parts); return their engine names."""
+        names = []
+        for name, part, query in info.engine_queries():
+            self.engine.register(name, query)
+            self.outputs[name] = (info.query_id, part)
+            names.append(name)
+        self.versions[info.query_id] = info.version
+        return names
 
     @property
     def source_partition(self) -> int:
@@ -135,8 +172,9 @@ class WorkerCore:
     """Plans and shards of one worker; every method returns the records to produce."""
 
     def __init__(self, topics: dict[str, str], routed_partitions: int, plans_partitions: int,
-                 deltas_partitions: int, reader: LogReader) -> None:
+                 deltas_partitions: int, reader: LogReader, assemble_in_spark: bool = True) -> None:
         self.topics = topics  # logical name -> broker topic (deltas.parts, deadletter)
+        self.assemble_in_spark = assemble_in_spark
         self.n_routed = routed_partitions
         self.n_deltas = deltas_partitions
         self.reader = reader
@@ -147,6 +185,8 @@ class WorkerCore:
     # -- ownership
 
     def holds(self, info: QueryInfo, kind: str, partition: int) -> bool:
+        if info.windowed:
+            return False
         if info.partitioned:
             return kind == "routed"
         return kind == "whole" and partition == query_partition(info.query_id, self.n_routed)
@@ -174,11 +214,13 @@ class WorkerCore:
             return out, []
         try:
             record = codec.decode("QueryPlan", value)
-            plan = decompose(parse_query(record["sparql"]))
-        except (codec.CodecError, QueryError) as exc:
+            text, window = read_registration(record["sparql"], record["options"])
+            plan = decompose(parse_query(text))
+        except (codec.CodecError, QueryError, WindowError) as exc:
             out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return out, []
-        info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset)
+        info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
+                         window, self.assemble_in_spark and window is None and needs_assembly(plan.query))
         old = self.plans.get(info.query_id)
         if old is not None and old.version == info.version and old.plans_offset == offset:
             return out, []
@@ -187,10 +229,9 @@ class WorkerCore:
         for shard in self.shards.values():
             if self.holds(info, shard.kind, shard.partition):
                 out.extend(self._add_queries(shard, [info]))
-        log.info(kv(event="registered", query=info.query_id, version=info.version,
-                    mode="partitioned" if info.partitioned else "whole"))
+        log.info(kv(event="registered", query=info.query_id, version=info.version, mode=info_mode(info)))
         to_open = []
-        if not info.partitioned:
+        if not info.partitioned and not info.windowed:
             owner = query_partition(info.query_id, self.n_routed)
             if owner in set(routed_assigned) and ("whole", owner) not in self.shards:
                 to_open.append(owner)
@@ -199,16 +240,16 @@ class WorkerCore:
     def _drop_everywhere(self, query_id: str) -> None:
         for shard in self.shards.values():
             if query_id in shard.versions:
-                shard.engine.unregister(query_id)
+                for name in [n for n, (q, _part) in shard.outputs.items() if q == query_id]:
+                    shard.engine.unregister(name)
+                    del shard.outputs[name]
                 del shard.versions[query_id]
 
     def _add_queries(self, shard: Shard, infos: list[QueryInfo]) -> list[Output]:
         """Register ``infos`` in a live shard: replay its log into them alone, emit the netted snapshot."""
-        for info in infos:
-            shard.engine.register(info.query_id, info.plan)
-            shard.versions[info.query_id] = info.version
+        names = {name for info in infos for name in shard.register(info)}
         changes = self.reader(shard.kind, shard.partition, 0, shard.position)
-        net = shard.engine.replay(changes, {i.query_id for i in infos}, only=True)
+        net = shard.engine.replay(changes, names, only=True)
         return self._snapshot(shard, infos, net)
 
     # -- shards
@@ -221,12 +262,11 @@ class WorkerCore:
         infos = self.wanted(kind, partition)
         owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
         for info in infos:
-            shard.engine.register(info.query_id, info.plan)
-            shard.versions[info.query_id] = info.version
+            shard.register(info)
         started = time.monotonic()
         label = shard_label(kind, partition)
         changes = _with_progress(self.reader(kind, partition, 0, shard.position), shard.position, label)
-        net = shard.engine.replay(changes, {i.query_id for i in owed}, only=False)
+        net = shard.engine.replay(changes, {name for i in owed for name, _p, _q in i.engine_queries()}, only=False)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
                     queries=len(infos), snapshots_owed=len(owed),
@@ -261,21 +301,23 @@ class WorkerCore:
         out: list[Output] = []
         index = SNAPSHOT_INDEX_BASE
         for info in infos:
-            for row, count in sorted(net.get(info.query_id, {}).items()):
-                for _ in range(max(count, 0)):
-                    out.append(self._part_delta(shard, info.query_id, 1, row, info.registered_at_seq,
-                                                shard.position - 1, index, True, []))
-                    index += 1
+            for name, _part, _query in info.engine_queries():
+                for row, count in sorted(net.get(name, {}).items()):
+                    for _ in range(max(count, 0)):
+                        out.append(self._part_delta(shard, name, 1, row, info.registered_at_seq,
+                                                    shard.position - 1, index, True, []))
+                        index += 1
         return out
 
     def _part_delta(self, shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int, offset: int,
                     index: int, snapshot: bool, headers: list) -> Output:
         columns = shard.engine.columns(name)
-        record = {"query_id": name, "part": 0, "seq": seq, "sign": "PLUS" if sign > 0 else "MINUS",
+        query_id, part = shard.outputs[name]
+        record = {"query_id": query_id, "part": part, "seq": seq, "sign": "PLUS" if sign > 0 else "MINUS",
                   "binding": dict(zip(columns, row)), "source_partition": shard.source_partition,
                   "source_offset": offset, "index": index, "snapshot": snapshot, "event_time_ms": None}
-        return Output(self.topics["deltas.parts"], codec.encode("PartDelta", record), name.encode(),
-                      query_partition(name, self.n_deltas), headers)
+        return Output(self.topics["deltas.parts"], codec.encode("PartDelta", record), query_id.encode(),
+                      query_partition(query_id, self.n_deltas), headers)
 
     def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
         import time
@@ -291,8 +333,8 @@ class WorkerCore:
     def state_by_query(self) -> dict[str, int]:
         totals: dict[str, int] = {}
         for shard in self.shards.values():
-            for name in shard.versions:
-                totals[name] = totals.get(name, 0) + shard.engine.state_entries(name)
+            for name, (query_id, _part) in shard.outputs.items():
+                totals[query_id] = totals.get(query_id, 0) + shard.engine.state_entries(name)
         return totals
 
 

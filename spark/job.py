@@ -1,6 +1,6 @@
 """``cbgp spark-job``: the long-running Spark side of the fleet.
 
-Phase 1 runs the periodic compaction of the ``answers`` delta log (``spark.compaction``) as a Structured
+Compaction: the periodic compaction of the ``answers`` delta log (``spark.compaction``) as a Structured
 Streaming query: source = the cbgpkafka reader on ``answers`` (offsets in the checkpoint dir), trigger =
 ``processingTime(--compact-interval)``, sink = ``foreachBatch`` folding each micro-batch into the snapshot
 store and publishing the touched answers to ``answers.current``.  Spark commits a micro-batch's offsets only
@@ -11,35 +11,15 @@ which the manifest's per-query ``n`` makes a no-op.  ``--once`` processes what i
 SIGTERM / SIGINT stop the query and the session cleanly (the current batch is abandoned; its rerun after
 restart is harmless for the reason above).
 
-Design note: how the two other Spark duties plug in (not built yet)
---------------------------------------------------------------------
-Both are further streaming queries started next to :func:`start_compaction` in the same session; ``main``
-would then wait on ``spark.streams.awaitAnyTermination`` and stop them all on SIGTERM.  The session already
-has what they need: the RocksDB state store (``transformWithStateInPandas`` refuses the default one) and
-``protobuf`` (reference/notes-spark-helm-offline.md, section 3).
+Next to it, in the same session, two stateful streaming queries (``--trigger-interval``, default 1 s):
 
-*Event-time window expiry* (a triple counts while ``event_time + range`` is ahead of the watermark).
-Stream-level windows: read ``updates.encoded`` with ``withWatermark("event_time", <allowed lateness>)``,
-``groupBy(triple).transformWithStateInPandas`` keeping the triple's latest insertion time in a ValueState and
-one event-time timer at ``event_time + range`` (a re-insertion moves the timer).  ``handleExpiredTimer``
-emits a synthetic ``del`` of the triple into ``updates.raw``, so ingest orders it and every downstream
-component treats expiry exactly as a deletion -- the contract's "expiry produces - deltas like a deletion".
-Query-level windows (different ranges on the same triple) must expire matches, not triples: the workers
-put on each PartDelta the *minimum* event time of the triples the match uses (a match dies with its
-oldest triple), and the query keyed by ``(query_id, part, binding)`` on ``deltas.parts`` sets its timer at
-``event_time_ms + range(query)`` and emits the ``-`` PartDelta on expiry, with an idempotence key
-``(query_id, source_partition=-1, source_offset=timer time, index)`` so the answers service dedupes reruns.
+- ``spark.windows``: event-time windows with expiry for windowed queries (updates.encoded in);
+- ``spark.assembly``: cartesian-product assembly of multi-part queries (part deltas of deltas.parts in);
 
-*Cartesian-product assembly of multi-part queries* (answer = product of the var-connected parts' answers,
-gated by the ground part).  ``deltas.parts`` grouped by ``query_id`` into ``transformWithStateInPandas``
-with one MapState per part (binding -> multiplicity).  Within a micro-batch a group's deltas are sorted by
-``(seq, part, index)`` and applied one update at a time with the delta rule: a delta ``s * b`` of part i
-emits ``s * (b x current answers of every other part)``, then updates part i -- the parts updated earlier in
-the same seq are already new, the later ones still old, which is exact when one update touches several
-parts.  The assembled deltas go to ``deltas.parts`` as part ``-1`` (whole query), so numbering stays the
-answers service's job.  A seq may only be assembled once all its part deltas are in: the workers'
-per-partition progress (the highest seq each routed partition has completed) is the watermark, and deltas
-above it wait in a ListState.  Single-part queries bypass this query entirely (the common case).
+both write ``part = -1`` deltas to deltas.parts, numbered by the answers service like every other query's.
+``--only`` picks a subset.  ``main`` waits on all of them and stops them all on SIGTERM; if one fails the
+others are stopped and the exit code is 1, so the supervisor (or Kubernetes) restarts the job from its
+checkpoints.
 """
 
 from __future__ import annotations
@@ -49,6 +29,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Mapping
@@ -109,6 +90,23 @@ def start_compaction(
     return writer.start()
 
 
+DUTIES = ("compaction", "windows", "assembly")
+
+
+def start_stateful(spark: SparkSession, settings: KafkaSettings, duty: str, checkpoint_dir: str | Path,
+                   interval_s: float | None) -> StreamingQuery:
+    """Start ``spark.windows`` or ``spark.assembly`` against the fleet's topics."""
+    from services.kafka import end_offsets
+    from spark.assembly import start_assembly
+    from spark.windows import start_windows
+
+    topics = {name: settings.topic(name) for name in ("updates.encoded", "deltas.parts", "queries.plans")}
+    deltas_partitions = len(end_offsets(settings, topics["deltas.parts"]))
+    start = start_windows if duty == "windows" else start_assembly
+    return start(spark, kafka_options(settings), topics, deltas_partitions, str(checkpoint_dir), interval_s,
+                 settings.client_config(), f"{settings.topic_prefix}spark-{duty}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cbgp spark-job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--compact-interval", type=float, default=60.0, metavar="SECONDS",
@@ -123,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cap on deltas per compaction batch (default: everything available)")
     parser.add_argument("--no-publish-current", action="store_true",
                         help="only write snapshots; leave answers.current to the answers service")
+    parser.add_argument("--trigger-interval", type=float, default=1.0, metavar="SECONDS",
+                        help="micro-batch interval of the window and assembly queries (default 1)")
+    parser.add_argument("--only", action="append", choices=DUTIES, metavar="DUTY",
+                        help=f"run only these duties (repeatable; {', '.join(DUTIES)}; default all)")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark setting (repeatable)")
     parser.add_argument("--log-level", default="INFO")
@@ -155,21 +157,35 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = build_session(master=args.master, app_name="cbgp-spark-job", extra_conf=extra_conf)
     code = 0
+    duties = args.only or list(DUTIES)
+    queries: list[StreamingQuery] = []
     try:
-        query = start_compaction(spark, settings, snapshot_dir, checkpoint_dir,
-                                 None if args.once else args.compact_interval,
-                                 max_offsets_per_trigger=args.max_offsets_per_trigger,
-                                 publish_current=not args.no_publish_current)
-        log.info("compaction of %s every %s s; snapshots in %s, checkpoint in %s", settings.topic("answers"),
-                 "once" if args.once else args.compact_interval, snapshot_dir, checkpoint_dir)
+        if "compaction" in duties:
+            queries.append(start_compaction(spark, settings, snapshot_dir, checkpoint_dir,
+                                            None if args.once else args.compact_interval,
+                                            max_offsets_per_trigger=args.max_offsets_per_trigger,
+                                            publish_current=not args.no_publish_current))
+            log.info("compaction of %s every %s s; snapshots in %s, checkpoint in %s", settings.topic("answers"),
+                     "once" if args.once else args.compact_interval, snapshot_dir, checkpoint_dir)
+        for duty in ("windows", "assembly"):
+            if duty in duties:
+                queries.append(start_stateful(spark, settings, duty, args.state_dir / f"checkpoint-{duty}",
+                                              None if args.once else args.trigger_interval))
+                log.info("%s: every %s s, checkpoint in %s", duty, "once" if args.once else args.trigger_interval,
+                         args.state_dir / f"checkpoint-{duty}")
         # Short waits so the signal handler (which runs between bytecodes of this thread) gets a turn.
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(1)
-        if query.isActive:
-            query.stop()
-        if query.exception() is not None:
-            log.error("compaction query failed: %s", query.exception())
-            code = 1
+        # --once: until every query has drained what it found; otherwise until one of them ends (fails).
+        while not stop.is_set():
+            active = [q.isActive for q in queries]
+            if not any(active) or (not args.once and not all(active)):
+                break
+            time.sleep(0.5)
+        for query in queries:
+            if query.isActive:
+                query.stop()
+            if query.exception() is not None:
+                log.error("%s query failed: %s", query.name, query.exception())
+                code = 1
     finally:
         spark.stop()
         for sig, handler in previous.items():

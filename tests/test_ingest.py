@@ -191,7 +191,7 @@ def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retract
     terms = {stable_term_id(A): A}
 
     def delta(sign, offset, index):
-        return codec.encode("PartDelta", {"query_id": "q", "part": 0, "seq": 1, "sign": sign,
+        return codec.encode("PartDelta", {"query_id": "q", "part": -1, "seq": 1, "sign": sign,
                                           "binding": {"x": stable_term_id(A)}, "source_partition": 2,
                                           "source_offset": offset, "index": index, "snapshot": False,
                                           "event_time_ms": None})
@@ -202,7 +202,7 @@ def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retract
     assert [codec.decode("Answer", first[0].value)["n"], codec.decode("Answer", retract[0].value)["n"]] == [1, 2]
     assert retract[1].value is None and retract[1].key == first[1].key == current_key("q", f'{{"x":"{A}"}}')
     unknown = answers.on_delta(0, 3, codec.encode("PartDelta", {
-        "query_id": "q", "part": 0, "seq": 1, "sign": "PLUS", "binding": {"x": 12345}, "source_partition": 2,
+        "query_id": "q", "part": -1, "seq": 1, "sign": "PLUS", "binding": {"x": 12345}, "source_partition": 2,
         "source_offset": 7, "index": 0, "snapshot": False, "event_time_ms": None}), None, terms.get)
     assert codec.decode("DeadLetter", unknown[0].value)["reason"] == "unknown-term"
 
