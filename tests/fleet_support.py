@@ -20,6 +20,7 @@ from cbgp.terms import from_sparql_json
 from services import codec
 from services.codec import canonical_binding, term_from_avro
 from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
+from services.queries import read_registration
 from services.runtime import query_partition
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,10 +109,13 @@ def publish_patch(settings: KafkaSettings, lines: list[str], per_message: int = 
     producer.flush(30)
 
 
-def publish_plan(settings: KafkaSettings, query_id: str, sparql: str, version: int = 1, seq: int = 0) -> None:
+def publish_plan(settings: KafkaSettings, query_id: str, sparql: str, version: int = 1, seq: int = 0,
+                 options: dict[str, str] | None = None) -> None:
     """A QueryPlan as the registry would publish it (for tests that bypass the registry)."""
-    plan = decompose(parse_query(sparql))
-    record = {"query_id": query_id, "sparql": sparql, "options": {}, "plan_json": json.dumps(plan.to_json()),
+    plain, _window = read_registration(sparql, options or {})
+    plan = decompose(parse_query(plain))
+    record = {"query_id": query_id, "sparql": sparql, "options": options or {},
+              "plan_json": json.dumps(plan.to_json()),
               "projected": list(plan.query.projected), "registered_at_seq": seq, "version": version}
     partition = query_partition(query_id, settings.partitions)
     produce_sync(make_producer(settings), settings.topic("queries.plans"), codec.encode("QueryPlan", record),
