@@ -39,9 +39,17 @@ def _read_text(path: str) -> str:
 
 
 def _parse_query_file(path: str):  # noqa: ANN202
+    from cbgp.windows import WindowError, parse_rspql
+
     text = _read_text(path)
     try:
+        if parse_rspql(text)[1] is not None:
+            raise CliError(f"{path}: the query declares an event-time window; replay evaluates a stream without "
+                           "event times, so register windowed queries with the fleet (their Spark job)")
         return parse_query(text)
+    except WindowError as exc:
+        where = f":{exc.line}:{exc.column}" if exc.line is not None else ""
+        raise CliError(f"{path}{where}: {exc.message}") from None
     except QueryError as exc:
         where = f":{exc.line}:{exc.column}" if exc.line is not None else ""
         raise CliError(f"{path}{where}: {exc.message}") from None

@@ -58,7 +58,7 @@ FLEET_COMMANDS.append(registry_commands)
 def _spark_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
     """`cbgp spark-job`: listed here for help; its own parser (spark.job) reads the arguments."""
     commands.add_parser("spark-job", add_help=False,
-                        help="the PySpark job: periodic compaction of answers (see cbgp spark-job --help)")
+                        help="the PySpark job: event-time windows, multi-part assembly, compaction (see cbgp spark-job --help)")
     return {"spark-job": lambda args: _run_spark_job([])}
 
 

@@ -6,10 +6,11 @@ Steps, in order (each one needs the previous):
    fresh data dir under ``<run-dir>/broker``; otherwise the given broker (only the services are started);
 2. the topics, with explicit partition counts (:func:`ensure_topics`);
 3. the services, one child process each, in their own process groups (``cbgp ingest``, ``cbgp registry``,
-   ``--workers`` x ``cbgp worker``, ``cbgp answers``: whichever commands this installation has);
+   ``--workers`` x ``cbgp worker``, ``cbgp answers``, ``cbgp spark-job`` in local mode for windows, multi-part
+   assembly and compaction: whichever commands this installation has);
 4. unless ``--no-demo``: register the example queries (``services/demo/queries/*.rq``) and publish the demo
    stream (``services/demo/updates.rdfp``);
-5. a live view on stderr, refreshed every second: per query its answer count and last deltas, updates/s in
+5. a live view on stderr (and a clock record on updates.raw every second, so windows move), refreshed every second: per query its answer count and last deltas, updates/s in
    (``updates.encoded``) and answers/s out (``answers``), and any child that died;
 6. on Ctrl-C, SIGTERM or after ``--duration``: SIGTERM to every child, SIGKILL to any still alive after the
    grace period, then the broker last.  A JSON summary (answers per query, child exit codes and pids) is
@@ -50,7 +51,8 @@ def available_commands() -> set[str]:
     return set(_add_fleet_commands(parser.add_subparsers()))
 
 
-def service_plan(commands: set[str], workers: int, run_dir: Path) -> list[tuple[str, list[str], dict[str, int]]]:
+def service_plan(commands: set[str], workers: int, run_dir: Path,
+                 spark: bool = True) -> list[tuple[str, list[str], dict[str, int]]]:
     """``[(child name, cbgp args, ports)]`` for the services that exist, in start order."""
     plan: list[tuple[str, list[str], dict[str, int]]] = []
     if "ingest" in commands:
@@ -64,7 +66,39 @@ def service_plan(commands: set[str], workers: int, run_dir: Path) -> list[tuple[
             plan.append((f"worker-{i}", ["worker", "--worker-id", f"w{i}", "--metrics-port", "0"], {}))
     if "answers" in commands:
         plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", "0"], {}))
+    if "spark-job" in commands and spark:
+        # windows and multi-part assembly for the queries that need them, compaction every 30 s; started
+        # first because its JVM takes longest to come up
+        plan.insert(0, ("spark-job", ["spark-job", "--state-dir", str(run_dir / "spark"), "--compact-interval",
+                                      "30"], {}))
     return plan
+
+
+class Clock:
+    """Stream time for event-time windows when nothing else is flowing: every second one record on
+    updates.raw (the clock triple moves on), so windowed answers expire in the demo as time passes."""
+
+    SUBJECT, PREDICATE = "<urn:cbgp:demo:clock>", "<urn:cbgp:demo:now>"
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        from services.kafka import make_producer
+
+        self.producer = make_producer(settings)
+        self.topic = settings.topic("updates.raw")
+        self.ticks = 0
+        self.next_at = time.monotonic()
+
+    def tick(self) -> None:
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at += 1.0
+        old = f"D {self.SUBJECT} {self.PREDICATE} \"{self.ticks}\" .\n" if self.ticks else ""
+        self.ticks += 1
+        self.producer.produce(self.topic, (old + f"A {self.SUBJECT} {self.PREDICATE} \"{self.ticks}\" .\n").encode())
+        self.producer.poll(0)
+
+    def close(self) -> None:
+        self.producer.flush(5)
 
 
 def _short(term: dict[str, Any]) -> str:
@@ -190,8 +224,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write(f"run: {len(created)} topic(s) created with prefix {settings.topic_prefix!r}\n")
         # Step 3: the services.
         env = {**os.environ, **settings.to_env()}
+        if args.no_spark:
+            env["CBGP_ASSEMBLY"] = "worker"  # nobody else would multiply multi-part queries
         registry = None
-        for name, argv, ports in service_plan(available_commands(), args.workers, run_dir):
+        for name, argv, ports in service_plan(available_commands(), args.workers, run_dir, spark=not args.no_spark):
             child = ChildProcess(name, cbgp_command(*argv), env=env, log_path=run_dir / "logs" / f"{name}.log").start()
             children.append(child)
             if name == "registry":
@@ -203,10 +239,15 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             _register_and_publish(settings, registry, err)
         # Step 5: the live view, until asked to stop.
         view = LiveView(settings, err)
+        clock = Clock(settings) if not args.no_demo else None
         started = time.monotonic()
         while not stop.stopping and (args.duration is None or time.monotonic() - started < args.duration):
+            if clock is not None:
+                clock.tick()
             view.pump(1.0)
             view.draw(children, time.monotonic() - started)
+        if clock is not None:
+            clock.close()
         summary["queries"] = {q: {"answers": n, "last": view.last[q]} for q, n in view.counts.items()}
         return 0
     except Exception as exc:  # noqa: BLE001 - one readable line, then the same orderly shutdown
@@ -235,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: Ctrl-C)")
     parser.add_argument("--no-demo", action="store_true", help="start the fleet only (no queries, no data)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--no-spark", action="store_true",
+                        help="no Spark job: workers multiply multi-part queries, windowed queries get no answers")
     parser.add_argument("--run-dir", default=".run", help="broker data, logs and state (default .run)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="S",
                         help="seconds a child gets to exit after SIGTERM before SIGKILL (default 10)")

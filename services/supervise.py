@@ -46,6 +46,7 @@ class ChildProcess:
         self.log_path = Path(log_path) if log_path else None
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
+        self.terminating = False  # SIGTERM sent
 
     @property
     def pid(self) -> int | None:
@@ -73,6 +74,8 @@ class ChildProcess:
         """Send ``sig`` to the child's whole process group (if it still exists)."""
         if self.proc is None:
             return
+        if sig == signal.SIGTERM:
+            self.terminating = True
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
@@ -83,7 +86,10 @@ class ChildProcess:
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.signal(signal.SIGTERM)
+            if not self.terminating:
+                # once only: a second SIGTERM can land after a service's graceful shutdown removed its
+                # handler (faust does), and kill it mid-shutdown
+                self.signal(signal.SIGTERM)
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:

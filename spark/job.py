@@ -17,9 +17,9 @@ Next to it, in the same session, two stateful streaming queries (``--trigger-int
 - ``spark.assembly``: cartesian-product assembly of multi-part queries (part deltas of deltas.parts in);
 
 both write ``part = -1`` deltas to deltas.parts, numbered by the answers service like every other query's.
-``--only`` picks a subset.  ``main`` waits on all of them and stops them all on SIGTERM; if one fails the
-others are stopped and the exit code is 1, so the supervisor (or Kubernetes) restarts the job from its
-checkpoints.
+``--only`` picks a subset.  ``main`` waits on all of them and stops them all on SIGTERM; a query that fails
+is restarted from its checkpoint after a pause (2 s, doubling to 30 s), since its state and offsets are
+there; with ``--once`` a failure ends the job with exit code 1 instead.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -90,7 +90,7 @@ def start_compaction(
     return writer.start()
 
 
-DUTIES = ("compaction", "windows", "assembly")
+DUTIES = ("windows", "assembly", "compaction")  # start order: the answer paths first
 
 
 def start_stateful(spark: SparkSession, settings: KafkaSettings, duty: str, checkpoint_dir: str | Path,
@@ -156,41 +156,99 @@ def main(argv: list[str] | None = None) -> int:
     from spark.session import build_session
 
     spark = build_session(master=args.master, app_name="cbgp-spark-job", extra_conf=extra_conf)
-    code = 0
-    duties = args.only or list(DUTIES)
-    queries: list[StreamingQuery] = []
-    try:
-        if "compaction" in duties:
-            queries.append(start_compaction(spark, settings, snapshot_dir, checkpoint_dir,
+    interval = None if args.once else args.trigger_interval
+
+    def starter(duty: str) -> Callable[[], StreamingQuery]:
+        if duty == "compaction":
+            return lambda: start_compaction(spark, settings, snapshot_dir, checkpoint_dir,
                                             None if args.once else args.compact_interval,
                                             max_offsets_per_trigger=args.max_offsets_per_trigger,
-                                            publish_current=not args.no_publish_current))
-            log.info("compaction of %s every %s s; snapshots in %s, checkpoint in %s", settings.topic("answers"),
-                     "once" if args.once else args.compact_interval, snapshot_dir, checkpoint_dir)
-        for duty in ("windows", "assembly"):
-            if duty in duties:
-                queries.append(start_stateful(spark, settings, duty, args.state_dir / f"checkpoint-{duty}",
-                                              None if args.once else args.trigger_interval))
-                log.info("%s: every %s s, checkpoint in %s", duty, "once" if args.once else args.trigger_interval,
-                         args.state_dir / f"checkpoint-{duty}")
+                                            publish_current=not args.no_publish_current)
+        return lambda: start_stateful(spark, settings, duty, args.state_dir / f"checkpoint-{duty}", interval)
+
+    supervised = [SupervisedQuery(duty, starter(duty), restart=not args.once) for duty in args.only or DUTIES]
+    try:
+        for query in supervised:
+            # one at a time: each query's Python source worker must connect back within Spark's fixed
+            # 10 s, which three workers importing pyspark at once on a loaded machine can miss
+            query.start()
+            query.wait_started(stop, timeout_s=30)
+        log.info("running %s (%s); state in %s", ", ".join(q.duty for q in supervised),
+                 "once" if args.once else f"every {args.trigger_interval} s, compaction every "
+                 f"{args.compact_interval} s", args.state_dir)
         # Short waits so the signal handler (which runs between bytecodes of this thread) gets a turn.
-        # --once: until every query has drained what it found; otherwise until one of them ends (fails).
-        while not stop.is_set():
-            active = [q.isActive for q in queries]
-            if not any(active) or (not args.once and not all(active)):
-                break
+        while not stop.is_set() and any([q.check() for q in supervised]):  # a list: check every duty
             time.sleep(0.5)
-        for query in queries:
-            if query.isActive:
-                query.stop()
-            if query.exception() is not None:
-                log.error("%s query failed: %s", query.name, query.exception())
-                code = 1
+        code = 0 if stop.is_set() or all(q.failures == 0 for q in supervised) else 1
+        for query in supervised:
+            query.stop()
     finally:
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as exc:  # noqa: BLE001 - a SIGTERM to the process group already ended the JVM
+            log.info("Spark was already stopped (%s)", type(exc).__name__)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return code
+
+
+class SupervisedQuery:
+    """One duty's streaming query, restarted from its checkpoint when it fails (a Python worker that did
+    not start in time on a loaded machine, a broker that went away), with a growing pause in between."""
+
+    def __init__(self, duty: str, start: Callable[[], StreamingQuery], restart: bool) -> None:
+        self.duty = duty
+        self._start = start
+        self.restart = restart
+        self.query: StreamingQuery | None = None
+        self.failures = 0
+        self.retry_at = 0.0
+
+    def start(self) -> None:
+        self.query = self._start()
+
+    def wait_started(self, stop: threading.Event, timeout_s: float) -> None:
+        """Until the query's source is initialised (its Python source worker connected back), it ended, or
+        the job is stopping."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            while (self.query is not None and self.query.isActive
+                   and self.query.status["message"] == "Initializing sources"
+                   and not stop.is_set() and time.monotonic() < deadline):
+                time.sleep(0.5)
+        except Exception:  # noqa: BLE001 - the JVM is gone; check() reports it
+            pass
+
+    def check(self) -> bool:
+        """False once the duty is over for good (finished, or failed with restarts off)."""
+        if self.query is None:  # waiting for a restart
+            if time.monotonic() >= self.retry_at:
+                log.info("%s: restarting from its checkpoint", self.duty)
+                self.start()
+            return True
+        try:
+            if self.query.isActive:
+                return True
+            error = self.query.exception()
+        except Exception as exc:  # noqa: BLE001 - the JVM is gone (shutdown)
+            log.info("%s: cannot reach Spark (%s)", self.duty, type(exc).__name__)
+            return False
+        if error is None:
+            return False  # availableNow finished
+        self.failures += 1
+        log.error("%s query failed (%d so far): %s", self.duty, self.failures, str(error).splitlines()[0])
+        if not self.restart:
+            return False
+        self.query = None
+        self.retry_at = time.monotonic() + min(2.0 * 2 ** min(self.failures - 1, 4), 30.0)
+        return True
+
+    def stop(self) -> None:
+        try:
+            if self.query is not None and self.query.isActive:
+                self.query.stop()
+        except Exception as exc:  # noqa: BLE001 - the JVM is gone (shutdown)
+            log.info("%s: not stopped cleanly (%s)", self.duty, type(exc).__name__)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
     # Arrow for mapInPandas / toPandas; the data sources' read() may also yield Arrow batches.
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Python sides of Spark's local sockets wait this long (default 15 s): on a loaded 2-core machine
+    # (make run starts the whole fleet at once) a worker can take longer than that to get scheduled.
+    "spark.python.authenticate.socketTimeout": "120s",
     # Streaming queries here are small and frequent: don't keep 100 batches of metadata around.
     "spark.sql.streaming.minBatchesToRetain": "10",
 }
