@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from cbgp.engine import Engine
 from cbgp.terms import stable_term_id
 from services import codec
 from services.answers import AnswersCore, current_key
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
+from services.runtime import Output
 from services.worker_core import WorkerCore, decode_change
 from tests.fleet_support import EX, QUERIES, generate_patch
 
@@ -130,8 +133,11 @@ def test_restore_from_the_encoded_log_gives_the_same_state_as_processing() -> No
     assert [o.value for o in restored.process(more)] == [o.value for o in live.process(more)]
 
 
-def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine() -> None:
-    """Ingest -> 4 routed shards + whole shards -> answers, driven in memory: same multisets as one Engine."""
+@pytest.mark.parametrize("assembly", ["worker", "spark"])
+def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(assembly: str) -> None:
+    """Ingest -> 4 routed shards + whole shards -> answers, driven in memory: same multisets as one Engine.
+    With ``assembly="spark"`` the product query's part deltas go through the Spark job's per-query
+    function (``spark.assembly.assemble_group``) on their way to the answers core."""
     lines = generate_patch(1500, seed=5)
     ingest = IngestProcessor(SETTINGS, 4, 4)
     outputs = ingest.process(RawRecord(("\n".join(lines) + "\n").encode()))
@@ -150,7 +156,7 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
         return logs.get((kind, partition if kind == "routed" else 0), [])[start:end]
 
     topics = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}
-    core = WorkerCore(topics, 4, 4, 4, reader)
+    core = WorkerCore(topics, 4, 4, 4, reader, assemble_in_spark=assembly == "spark")
     for i, (name, text) in enumerate(QUERIES.items()):
         plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
                 "registered_at_seq": 0, "version": 1}
@@ -164,6 +170,8 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
         for shard in shards:
             for change in log:
                 deltas += core.on_change(shard, change)
+    if assembly == "spark":
+        deltas = assembled_through_spark_function(deltas, QUERIES)
     answers = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
     produced = Counter()
     for offset, out in enumerate(deltas):
@@ -184,6 +192,31 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
             reference[(name, "+" if sign > 0 else "-", tuple(sorted(
                 (v, t.strip("<>").split('"')[1] if t.startswith('"') else t.strip("<>")) for v, t in binding.items())))] += 1
     assert produced == reference and sum(reference.values()) > 100
+
+
+def assembled_through_spark_function(outputs: list, queries: dict[str, str]) -> list:
+    """Part deltas (part >= 0) replaced by what spark.assembly's per-query function makes of them."""
+    import json
+
+    import pandas as pd
+
+    from spark.assembly import PART_DELTA_SCHEMA, assemble_group
+
+    kept, parts = [], {}
+    for offset, out in enumerate(outputs):
+        record = codec.decode("PartDelta", out.value)
+        if record["part"] < 0:
+            kept.append(out)
+            continue
+        parts.setdefault(record["query_id"], []).append((
+            record["query_id"], record["part"], record["seq"], 1 if record["sign"] == "PLUS" else -1,
+            json.dumps(record["binding"]), record["snapshot"], out.partition, offset))
+    assert parts, "some query must be assembled"
+    columns = [c.split()[0] for c in PART_DELTA_SCHEMA.split(", ")]
+    for query_id, rows in parts.items():
+        _assembler, records = assemble_group(query_id, pd.DataFrame(rows, columns=columns), None, queries[query_id], 4)
+        kept += [Output("u.deltas.parts", value, key, partition) for key, value, partition in records]
+    return kept
 
 
 def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retracted_answers() -> None:
@@ -274,3 +307,19 @@ def test_a_term_too_large_for_downstream_records_is_dead_lettered_and_the_rest_g
     assert [(d["reason"], d["line"]) for d in letters] == [("term-too-large", 1)]
     assert "limit" in letters[0]["message"]
     assert processor.seq == 1  # the 400 KB literal on line 2 is ingested
+
+
+def test_workers_leave_windowed_queries_to_the_spark_job_and_split_multi_part_ones() -> None:
+    core = WorkerCore({"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}, 4, 4, 4,
+                      lambda kind, partition, start, end: [])
+    windowed = (f"PREFIX : <{EX}>\nSELECT ?x FROM NAMED WINDOW :w ON :s [RANGE PT1M]\n"
+                "WHERE { WINDOW :w { ?x :type :Person } }")
+    for i, (name, text) in enumerate({"windowed": windowed, "product": QUERIES["product"]}.items()):
+        plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
+                "registered_at_seq": 0, "version": 1}
+        out, _open = core.on_plan(0, i, name.encode(), codec.encode("QueryPlan", plan), range(4))
+        assert out == []  # accepted, nothing dead-lettered
+    assert core.plans["windowed"].windowed and core.plans["product"].assembled
+    held = {info.query_id for kind in ("routed", "whole") for p in range(4) for info in core.wanted(kind, p)}
+    assert held == {"product"}
+    assert [name for name, _part, _query in core.plans["product"].engine_queries()] == ["product#0", "product#1"]

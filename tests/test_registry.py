@@ -75,6 +75,37 @@ def test_a_second_text_under_the_same_id_needs_replace_and_bumps_the_version() -
     assert reg.queries["q"].version == 2 and reg.queries["q"].query_class == "var-connected"
 
 
+WINDOWED = (f"PREFIX : <{EX}>\nSELECT ?a FROM NAMED WINDOW :w ON :s [RANGE PT60S STEP PT10S]\n"
+            "WHERE { WINDOW :w { ?a :knows ?b } }")
+
+
+def test_a_windowed_query_is_accepted_with_its_window_and_the_plan_of_its_patterns() -> None:
+    decision = _register(Registry(), "w", WINDOWED, late="admit", lateness="PT5S")
+    assert decision.status["status"] == "ACCEPTED"
+    assert "window sliding range 60000 ms step 10000 ms, lateness 5000 ms, late updates admitted" in \
+        decision.status["message"]
+    _key, plan = decision.plan
+    assert plan["sparql"] == WINDOWED and plan["options"] == {"late": "admit", "lateness": "PT5S"}
+    assert json.loads(plan["plan_json"]) == decompose(parse_query(f"SELECT ?a WHERE {{ ?a <{EX}knows> ?b }}")).to_json()
+    by_options = _register(Registry(), "o", QUERIES["path"], window="tumbling", range="PT1M")
+    assert by_options.status["status"] == "ACCEPTED" and "window tumbling range 60000 ms" in by_options.status["message"]
+
+
+@pytest.mark.parametrize("sparql, options, fragment, line", [
+    (WINDOWED.replace("PT60S", "PT6X"), {}, "RANGE", 2),
+    (WINDOWED.replace("WINDOW :w {", "WINDOW :v {"), {}, "undeclared window", 3),
+    (WINDOWED, {"window": "sliding"}, "declares its window", None),
+    (QUERIES["path"], {"window": "hourly", "range": "PT1H"}, "hourly", None),
+    (QUERIES["path"], {"range": "PT1H"}, "without window=", None),
+])
+def test_window_mistakes_are_rejected_with_a_message_that_says_what(sparql: str, options: dict, fragment: str,
+                                                                     line: int | None) -> None:
+    decision = _register(Registry(), "w", sparql, **options)
+    assert decision.status["status"] == "REJECTED" and decision.plan is None
+    assert fragment in decision.status["message"]
+    assert decision.status["line"] == line
+
+
 def test_registering_the_same_text_again_publishes_nothing() -> None:
     reg = Registry()
     _register(reg, "q", QUERIES["star"])
