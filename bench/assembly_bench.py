@@ -174,7 +174,7 @@ def run_duty(workload_class, args: argparse.Namespace, spark, settings: KafkaSet
             print(rows[-1], flush=True)
             if round_no > 1:
                 latencies.append(latency)
-                throughputs.append(sent / latency)
+                throughputs.append((sent / latency, out / latency))
             if out < target:
                 raise RuntimeError(f"{workload.duty}: round {round_no} produced {out} of {target} answer deltas; "
                                    f"query active={query.isActive} exception={query.exception()}")
@@ -182,8 +182,9 @@ def run_duty(workload_class, args: argparse.Namespace, spark, settings: KafkaSet
         query.stop()
     summary = (f"{workload.duty}: first round {rows[0].split('latency')[1].strip()}; then median latency "
                f"{statistics.median(latencies):.2f} s (max {max(latencies):.2f} s), median throughput "
-               f"{statistics.median(throughputs):,.0f} input records/s over {len(latencies)} rounds of "
-               f"{args.updates} updates")
+               f"{statistics.median(t[0] for t in throughputs):,.0f} input records/s and "
+               f"{statistics.median(t[1] for t in throughputs):,.0f} answer deltas/s over {len(latencies)} "
+               f"rounds of {args.updates} updates")
     return [summary]
 
 

@@ -230,10 +230,11 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
     assert args == {
         "rel-cbgp-ingest": ["ingest"],
         "rel-cbgp-registry": ["registry"],
-        "rel-cbgp-worker": ["worker"],
+        "rel-cbgp-worker": ["worker", "--assembly", "spark"],
         "rel-cbgp-answers": ["answers"],
         # The image's working directory is read-only: the job's state must go to the mounted volume.
-        "rel-cbgp-spark": ["spark-job", "--master", "local[2]", "--state-dir", "/var/lib/cbgp/state"],
+        "rel-cbgp-spark": ["spark-job", "--master", "local[2]", "--state-dir", "/var/lib/cbgp/state",
+                           "--trigger-interval", "1", "--compact-interval", "60"],
     }
     for d in by_kind(docs, "Deployment"):
         pod = d["spec"]["template"]["spec"]
@@ -372,6 +373,13 @@ def test_sasl_without_any_credentials_source_is_refused() -> None:
     assert "kafka.sasl.existingSecret" in result.stderr
 
 
+def test_without_spark_the_workers_multiply_multi_part_queries_themselves() -> None:
+    docs = render("--set", "spark.enabled=false")
+    assert "rel-cbgp-spark" not in {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
+    worker = one(docs, "Deployment", "rel-cbgp-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert worker["args"] == ["worker", "--assembly", "worker"]
+
+
 def test_spark_application_mode_renders_an_operator_app_instead_of_a_deployment(rendered) -> None:
     docs = rendered["sparkApplication"]
     assert "rel-cbgp-spark" not in {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
@@ -387,7 +395,8 @@ def test_spark_application_mode_renders_an_operator_app_instead_of_a_deployment(
     pinned = re.search(r"^pyspark(\[[^\]]*\])?==(\S+)$", (REPO / "requirements.lock").read_text(), re.M)
     assert pinned and spec["sparkVersion"] == pinned.group(2)
     assert spec["arguments"] == ["--master", "k8s://https://kubernetes.default.svc",
-                                 "--state-dir", "/var/lib/cbgp/state"]
+                                 "--state-dir", "/var/lib/cbgp/state", "--trigger-interval", "1",
+                                 "--compact-interval", "60"]
     mounts = {m["mountPath"] for m in spec["driver"]["volumeMounts"]}
     assert "/var/lib/cbgp/state" in mounts
     # The driver's ServiceAccount may manage its executor pods, and nothing outside the namespace.
