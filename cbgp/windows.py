@@ -73,7 +73,7 @@ from functools import lru_cache
 
 from cbgp.engine import Engine
 from cbgp.plan import decompose
-from cbgp.sparql import is_var, parse_query
+from cbgp.sparql import QueryError, is_var, parse_query
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
 KINDS = ("sliding", "tumbling", "event")
@@ -86,18 +86,9 @@ _parse = lru_cache(maxsize=256)(parse_query)
 _ANY_NAMED = -1  # graph slot of a `GRAPH ?g` pattern: any named graph (term ids are > 0, default graph 0)
 
 
-class WindowError(ValueError):
-    """A window specification, window clause or windowed query is invalid.
-
-    `line` / `column` (1-based) locate the problem in query text when known.
-    """
-
-    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
-        self.message = message
-        self.line = line
-        self.column = column
-        where = f" (line {line}, column {column})" if line is not None else ""
-        super().__init__(message + where)
+class WindowError(QueryError):
+    """A window specification, window clause or windowed query is invalid (a QueryError: same `message`,
+    `line` / `column` in the query text when known, so callers report both alike)."""
 
 
 # --- specification ---------------------------------------------------------------------------------

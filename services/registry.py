@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
 from cbgp.sparql import QueryError, parse_query
-from cbgp.windows import WindowError, WindowSpec
+from cbgp.windows import WindowSpec
 from services.queries import read_registration
 
 __all__ = ["QUERY_ID_PATTERN", "Decision", "Entry", "Registry", "plan_summary", "registry_commands"]
@@ -173,11 +173,8 @@ class Registry:
         try:
             text, window = read_registration(sparql, stored_options)
             plan = decompose(parse_query(text))
-        except QueryError as exc:
+        except QueryError as exc:  # WindowError included
             return Decision(self._status(query_id, "REJECTED", exc.message, request_id, exc.line, exc.column))
-        except WindowError as exc:
-            return Decision(self._status(query_id, "REJECTED", str(exc), request_id, getattr(exc, "line", None),
-                                         getattr(exc, "column", None)))
         version = existing.version + 1 if existing is not None else 1
         seq = encoded_end()
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,

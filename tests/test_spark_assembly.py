@@ -23,7 +23,7 @@ from services import codec
 from services.kafka import KafkaSettings, ensure_topics, make_producer, read_all
 from services.runtime import query_partition
 from spark.assembly import ASSEMBLY_SOURCE_BASE
-from spark.job import start_stateful
+from tests.fixtures.spark import run_stateful_once
 from tests.fleet_support import publish_plan, unpublish_plan
 from tests.oracle import OracleGraph
 
@@ -109,12 +109,6 @@ def assembled(settings: KafkaSettings, dictionary: TermDictionary) -> dict[str, 
     return out
 
 
-def run_once(spark: SparkSession, settings: KafkaSettings, checkpoint: Path) -> None:
-    query = start_stateful(spark, settings, "assembly", checkpoint, None)
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-
-
 def test_assembly_is_exact_per_update_across_restarts(spark: SparkSession, kafka_settings: KafkaSettings,
                                                       tmp_path: Path) -> None:
     ensure_topics(kafka_settings)
@@ -126,8 +120,8 @@ def test_assembly_is_exact_per_update_across_restarts(spark: SparkSession, kafka
     checkpoint = tmp_path / "checkpoint"
     for start in range(0, len(updates), 80):  # three rounds, each a restart from the checkpoint
         publisher.publish(updates[start:start + 80])
-        run_once(spark, kafka_settings, checkpoint)
-    run_once(spark, kafka_settings, checkpoint)  # nothing new: must produce nothing
+        run_stateful_once(spark, kafka_settings, "assembly", checkpoint)
+    run_stateful_once(spark, kafka_settings, "assembly", checkpoint)  # nothing new: must produce nothing
 
     outputs = assembled(kafka_settings, publisher.dictionary)
     oracle = OracleGraph()
@@ -170,10 +164,10 @@ def test_an_unregistered_query_gets_no_more_answers_and_its_state_goes(spark: Sp
     publisher = PartPublisher(kafka_settings, {"product": QUERIES["product"]})
     robot, tea = (f"{EX}type", iri(f"{EX}Robot")), (f"{EX}likes", iri(f"{EX}Tea"))
     publisher.publish([(1, 1, iri(f"{EX}r1"), iri(robot[0]), robot[1]), (2, 1, iri(f"{EX}p1"), iri(tea[0]), tea[1])])
-    run_once(spark, kafka_settings, tmp_path / "cp")
+    run_stateful_once(spark, kafka_settings, "assembly", tmp_path / "cp")
     before = assembled(kafka_settings, publisher.dictionary)["product"]
     assert [(r["sign"], r["terms"]) for r in before] == [("PLUS", {"x": iri(f"{EX}r1"), "y": iri(f"{EX}p1")})]
     unpublish_plan(kafka_settings, "product")
     publisher.publish([(3, 1, iri(f"{EX}r2"), iri(robot[0]), robot[1])])
-    run_once(spark, kafka_settings, tmp_path / "cp")
+    run_stateful_once(spark, kafka_settings, "assembly", tmp_path / "cp")
     assert len(assembled(kafka_settings, publisher.dictionary)["product"]) == 1

@@ -24,8 +24,8 @@ from services import codec
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings, ensure_topics, make_producer, read_all
 from services.queries import read_registration
-from spark.job import start_stateful
 from spark.windows import WINDOW_SOURCE_PARTITION
+from tests.fixtures.spark import run_stateful_once
 from tests.fleet_support import publish_plan
 from tests.oracle import OracleGraph
 
@@ -106,12 +106,6 @@ def publish_records(settings: KafkaSettings, ingest: IngestProcessor, records, o
     return offset
 
 
-def run_once(spark: SparkSession, settings: KafkaSettings, checkpoint: Path) -> None:
-    query = start_stateful(spark, settings, "windows", checkpoint, None)
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-
-
 def test_sliding_tumbling_and_per_event_windows_expire_exactly(spark: SparkSession, kafka_settings: KafkaSettings,
                                                                tmp_path: Path) -> None:
     ensure_topics(kafka_settings)
@@ -123,12 +117,12 @@ def test_sliding_tumbling_and_per_event_windows_expire_exactly(spark: SparkSessi
     offset = 0
     for start in range(0, len(records), 30):  # three rounds, each a restart from the checkpoint
         offset = publish_records(kafka_settings, ingest, records[start:start + 30], offset)
-        run_once(spark, kafka_settings, checkpoint)
+        run_stateful_once(spark, kafka_settings, "windows", checkpoint)
     # A far-future record moves every watermark past the whole stream: everything must expire.
     flush_time = records[-1][0] + 60_000
     publish_records(kafka_settings, ingest, [(flush_time, [("A", iri(f"{EX}z"), iri(f"{EX}other"), iri(f"{EX}z"))])],
                     offset)
-    run_once(spark, kafka_settings, checkpoint)
+    run_stateful_once(spark, kafka_settings, "windows", checkpoint)
 
     dictionary = TermDictionary(stable=True)
     for _time, triples in records:
