@@ -27,7 +27,7 @@ from cbgp.engine import ROLE_ALL, Engine
 from cbgp.plan import Plan, StarPart, decompose
 from cbgp.sparql import QueryError, parse_query
 from cbgp.terms import TermDictionary
-from cbgp.windows import WindowError, WindowSpec
+from cbgp.windows import WindowSpec
 from services import codec
 from services.queries import read_registration
 from services.metrics import RESTORE_PROGRESS
@@ -216,7 +216,7 @@ class WorkerCore:
             record = codec.decode("QueryPlan", value)
             text, window = read_registration(record["sparql"], record["options"])
             plan = decompose(parse_query(text))
-        except (codec.CodecError, QueryError, WindowError) as exc:
+        except (codec.CodecError, QueryError) as exc:  # WindowError is a QueryError
             out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return out, []
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,

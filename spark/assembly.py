@@ -129,13 +129,13 @@ def _state_function(kafka_config: Mapping[str, Any], plans_topic: str, deltas_pa
             live = _LIVE.get(query_id)
             if live is not None and live[0] == version and live[1] == sparql:
                 assembler = live[2]  # this process ran the previous batch: skip the unpickling
-            elif saved["assembler"] is not None:
+            else:
                 assembler = Assembler.from_state(sparql, saved["assembler"])
-        plan = plan_cache(kafka_config, plans_topic).get(query_id)
-        if deltas["snapshot"].any() or sparql is None:
-            plan = plan_cache(kafka_config, plans_topic).refresh().get(query_id)
+        plans = plan_cache(kafka_config, plans_topic)
+        if deltas["snapshot"].any() or sparql is None:  # a (re-)registration: take its current text
+            plan = plans.refresh().get(query_id)
             sparql = plan.sparql if plan is not None else None
-        elif plan is None:
+        elif plans.get(query_id) is None:  # unregistered: drop its deltas and state
             sparql = None
         assembler, out = assemble_group(query_id, deltas, assembler, sparql, deltas_partitions)
         if assembler is None:

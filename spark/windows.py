@@ -46,16 +46,15 @@ OUTPUT_SCHEMA = "key binary, value binary, partition int"
 STATE_SCHEMA = "blob binary"
 
 _LIVE: dict[str, tuple[int, WindowedQuery]] = {}  # query id -> (state version, evaluator), per Python worker
-_PREDICATES: dict[tuple[str, int], frozenset[int] | None] = {}  # (query id, version) -> predicate ids
+_PREDICATES: dict[tuple[str, int], frozenset[int]] = {}  # (query id, version) -> predicate ids
 
 
-def _predicates(query_id: str, version: int, sparql: str) -> frozenset[int] | None:
-    """Predicate ids the query's patterns use (None: a variable predicate, i.e. everything is relevant)."""
+def _predicates(query_id: str, version: int, sparql: str) -> frozenset[int]:
+    """Predicate ids the query's patterns use (predicates are always constants: the parser rejects
+    variables there)."""
     key = (query_id, version)
     if key not in _PREDICATES:
-        patterns = parse_query(sparql).patterns
-        ids = {stable_term_id(t.p) for t in patterns if not t.p.startswith("?")}
-        _PREDICATES[key] = None if any(t.p.startswith("?") for t in patterns) else frozenset(ids)
+        _PREDICATES[key] = frozenset(stable_term_id(t.p) for t in parse_query(sparql).patterns)
     return _PREDICATES[key]
 
 
@@ -88,7 +87,7 @@ def fan_out(kafka_config: Mapping[str, Any], plans_topic: str):  # noqa: ANN201
             rows = []
             for plan in windowed:
                 wanted = _predicates(plan.query_id, plan.version, plan.sparql)
-                rows.extend((plan.query_id, False, *d) for d in decoded if wanted is None or d[4] in wanted)
+                rows.extend((plan.query_id, False, *d) for d in decoded if d[4] in wanted)
                 rows.append((plan.query_id, True, last_offset, top_seq, 0, 0, 0, 0, 0, top_time))
             yield pd.DataFrame(rows, columns=columns)
 
