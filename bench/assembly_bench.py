@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             for duty, workload_class in (("assembly", AssemblyWorkload), ("windows", WindowWorkload)):
                 if args.duty not in (duty, "both"):
                     continue
-                settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix=f"bench-{duty}.")
+                settings = broker.settings(topic_prefix=f"bench-{duty}.")
                 ensure_topics(settings)
                 print(f"{duty}: {args.rounds} rounds of {args.updates} updates, trigger 1 s", flush=True)
                 summaries += run_duty(workload_class, args, spark, settings, work)

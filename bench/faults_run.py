@@ -35,7 +35,7 @@ def long_run(args: argparse.Namespace, tmp: Path) -> int:
     cfg = FaultConfig(kills=args.kills, broker_restarts=args.broker_restarts, lines=args.lines, seed=args.seed,
                       services=tuple(args.services.split(",")), settle_timeout=args.settle)
     with EmbeddedBroker(tmp / "broker") as broker:
-        settings = fresh_settings(broker.bootstrap)
+        settings = fresh_settings(broker)
         ensure_topics(settings)
         run = FaultRun(broker, settings, tmp, cfg, log=lambda s: print(time.strftime("%H:%M:%S"), s, flush=True))
         report = run.run()
@@ -53,7 +53,7 @@ def broker_sigkill(args: argparse.Namespace, tmp: Path) -> int:
     that survived are still the oracle's answers over the raw records that survived."""
     cfg = FaultConfig(kills=0, broker_restarts=0, add_remove_worker=False, lines=args.lines, seed=args.seed)
     with EmbeddedBroker(tmp / "broker") as broker:
-        settings = fresh_settings(broker.bootstrap)
+        settings = fresh_settings(broker)
         ensure_topics(settings)
         run = FaultRun(broker, settings, tmp, cfg, log=lambda s: print(time.strftime("%H:%M:%S"), s, flush=True))
         from services.kafka import end_offsets, read_all
@@ -117,7 +117,7 @@ def noida_expiry(args: argparse.Namespace, tmp: Path) -> int:
     from services.kafka import make_consumer
 
     with EmbeddedBroker(tmp / "broker") as broker:
-        settings = fresh_settings(broker.bootstrap)
+        settings = fresh_settings(broker)
         ensure_topics(settings)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run([sys.executable, "-c", NOIDA_EXPIRY, broker.bootstrap, settings.topic_prefix], env=env,

@@ -98,7 +98,7 @@ def run(workers: int, updates: int, rate: float, tmp: Path) -> dict[str, float]:
     n_latency = sum(len(d) for d in expected.values())
     n_total = sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
     with EmbeddedBroker(tmp / "broker") as broker:
-        settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix="bench.", partitions=4)
+        settings = broker.settings(topic_prefix="bench.", partitions=4)
         ensure_topics(settings)
         for name, text in BENCH_QUERIES.items():
             publish_plan(settings, name, text)

@@ -95,7 +95,7 @@ def bench_kafka(spark: SparkSession, args: argparse.Namespace, work: Path, rows:
     from spark.job import start_compaction
 
     with EmbeddedBroker(work / "broker") as broker:
-        settings = KafkaSettings(bootstrap_servers=broker.bootstrap, topic_prefix="bench.", partitions=2)
+        settings = broker.settings(topic_prefix="bench.", partitions=2)
         ensure_topics(settings)
         producer = make_producer(settings, linger_ms=20)
         rng = random.Random(1)

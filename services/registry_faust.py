@@ -141,6 +141,14 @@ class RegistryService:
         self._watermarks.close()
 
 
+def _faust_rebalance_options(settings: KafkaSettings) -> dict[str, float]:
+    """``rebalance_timeout_ms`` (the embedded broker's JoinGroup workaround) in faust's terms, seconds."""
+    if settings.rebalance_timeout_ms is None:
+        return {}
+    seconds = settings.rebalance_timeout_ms / 1000
+    return {"broker_rebalance_timeout": seconds, "broker_max_poll_interval": seconds}
+
+
 def _faust_broker_options(settings: KafkaSettings) -> dict[str, Any]:
     """faust (aiokafka) connection options from the shared settings (security included)."""
     servers = ";".join(f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(","))
@@ -169,6 +177,7 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
         topic_replication_factor=settings.replication_factor,
         broker_session_timeout=6,
         broker_heartbeat_interval=2,
+        **_faust_rebalance_options(settings),
         consumer_auto_offset_reset="earliest",
         web_enabled=True, web_port=web_port, web_host=web_host, web_bind=web_host,
         datadir=str(datadir),

@@ -33,7 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from services.codec import CodecError, decode
 from services.kafka import EmbeddedBroker, KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer
-from services.kafka.broker import free_port
+from services.kafka.broker import EMBEDDED_REBALANCE_TIMEOUT_MS, free_port
 from services.runtime import Stopper
 from services.supervise import ChildProcess, cbgp_command, http_ok
 
@@ -217,6 +217,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             broker = EmbeddedBroker(run_dir / "broker").start()
             summary["broker_pid"] = broker.pid
             os.environ["CBGP_BOOTSTRAP_SERVERS"] = broker.bootstrap
+            os.environ.setdefault("CBGP_REBALANCE_TIMEOUT_MS", str(EMBEDDED_REBALANCE_TIMEOUT_MS))
             settings = KafkaSettings.from_args(args)
             err.write(f"run: embedded broker at {broker.bootstrap} (pid {broker.pid}, data {broker.data_dir})\n")
         # Step 2: topics with explicit partition counts (services also check this on start).

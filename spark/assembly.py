@@ -131,12 +131,13 @@ def _state_function(kafka_config: Mapping[str, Any], plans_topic: str, deltas_pa
                 assembler = live[2]  # this process ran the previous batch: skip the unpickling
             else:
                 assembler = Assembler.from_state(sparql, saved["assembler"])
-        plans = plan_cache(kafka_config, plans_topic)
-        if deltas["snapshot"].any() or sparql is None:  # a (re-)registration: take its current text
-            plan = plans.refresh().get(query_id)
-            sparql = plan.sparql if plan is not None else None
-        elif plans.get(query_id) is None:  # unregistered: drop its deltas and state
+        # Refresh every time: this process may have cached the plan before an unregistration, and a stale
+        # cache would keep answering a query nobody asks any more (one watermark look per partition).
+        plan = plan_cache(kafka_config, plans_topic).refresh().get(query_id)
+        if plan is None:  # unregistered: drop its deltas and state
             sparql = None
+        elif deltas["snapshot"].any() or sparql is None:  # a (re-)registration: take its current text
+            sparql = plan.sparql
         assembler, out = assemble_group(query_id, deltas, assembler, sparql, deltas_partitions)
         if assembler is None:
             state.remove()

@@ -154,7 +154,7 @@ def test_consume_transform_produce_commits_offsets_in_the_transaction(kafka_sett
 
 
 def test_embedded_broker_keeps_data_across_a_graceful_restart(embedded_broker: EmbeddedBroker) -> None:
-    settings = fresh_settings(embedded_broker.bootstrap)
+    settings = fresh_settings(embedded_broker)
     ensure_topics(settings)
     producer = make_producer(settings)
     produce_sync(producer, settings.topic("admin"), b"survives")

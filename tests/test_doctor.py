@@ -31,7 +31,7 @@ def topics_on(bootstrap: str) -> set[str]:
 
 @pytest.mark.slow
 def test_every_check_passes_on_the_embedded_broker_and_scratch_topics_are_removed(kafka_broker) -> None:  # type: ignore[no-untyped-def]
-    settings = KafkaSettings(bootstrap_servers=kafka_broker.bootstrap, topic_prefix="doctortest.")
+    settings = kafka_broker.settings(topic_prefix="doctortest.")
     checks = run_doctor(settings)
     assert [c.name for c in checks] == EXPECTED
     assert all(c.ok for c in checks), format_report(checks)
@@ -43,7 +43,7 @@ def test_every_check_passes_on_the_embedded_broker_and_scratch_topics_are_remove
 
 @pytest.mark.slow
 def test_a_replication_factor_the_cluster_cannot_meet_fails_with_a_remedy(kafka_broker) -> None:  # type: ignore[no-untyped-def]
-    settings = KafkaSettings(bootstrap_servers=kafka_broker.bootstrap, topic_prefix="doctorrf.", replication_factor=3)
+    settings = kafka_broker.settings(topic_prefix="doctorrf.", replication_factor=3)
     checks = {c.name: c for c in run_doctor(settings)}
     assert checks["metadata reachable"].ok
     rf = checks["brokers vs replication factor"]

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow]
 
 
 def run_and_check(broker: EmbeddedBroker, tmp_path: Path, cfg: FaultConfig) -> None:
-    settings = fresh_settings(broker.bootstrap)
+    settings = fresh_settings(broker)
     ensure_topics(settings)
     run = FaultRun(broker, settings, tmp_path, cfg, log=lambda s: print(s, file=sys.stderr))
     report = run.run()

@@ -49,6 +49,7 @@ def test_to_env_round_trips_into_a_child_process_environment() -> None:
     ({"CBGP_PARTITIONS": "four"}, "CBGP_PARTITIONS: 'four' is not an integer"),
     ({"CBGP_PARTITIONS": "0"}, "partitions: 0 is not a positive integer"),
     ({"CBGP_SECURITY_PROTOCOL": "TLS"}, "security protocol: 'TLS'"),
+    ({"CBGP_REBALANCE_TIMEOUT_MS": "3000"}, "rebalance timeout: 3000 ms is below the session timeout"),
 ])
 def test_bad_env_values_give_a_one_line_error_naming_the_setting(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(KafkaConfigError) as info:
@@ -73,6 +74,23 @@ def test_producer_and_consumer_configs_carry_the_reliability_settings() -> None:
     assert c["group.id"] == "g" and c["session.timeout.ms"] == 6000 and c["heartbeat.interval.ms"] == 2000
     assert c["enable.auto.commit"] is False and c["isolation.level"] == "read_committed"
     assert c["auto.offset.reset"] == "latest"
+
+
+def test_rebalance_timeout_reaches_consumers_only_and_child_processes() -> None:
+    s = KafkaSettings.from_env({"CBGP_REBALANCE_TIMEOUT_MS": "20000"})
+    assert s.consumer_config("g")["max.poll.interval.ms"] == 20000
+    assert "max.poll.interval.ms" not in s.producer_config() and "max.poll.interval.ms" not in s.admin_config()
+    assert KafkaSettings.from_env(s.to_env()) == s
+    assert "max.poll.interval.ms" not in KafkaSettings().consumer_config("g")  # librdkafka's default elsewhere
+
+
+def test_the_embedded_broker_settings_carry_its_join_workaround(tmp_path) -> None:  # noqa: ANN001
+    from services.kafka import EmbeddedBroker
+    from services.kafka.broker import EMBEDDED_REBALANCE_TIMEOUT_MS
+
+    s = EmbeddedBroker(tmp_path, port=1).settings(topic_prefix="e.")  # not started: settings only
+    assert (s.bootstrap_servers, s.topic_prefix) == ("127.0.0.1:1", "e.")
+    assert s.consumer_config("g")["max.poll.interval.ms"] == EMBEDDED_REBALANCE_TIMEOUT_MS
 
 
 def test_catalogue_resolves_prefix_and_partitions() -> None:

@@ -167,7 +167,7 @@ class Registered:
 @pytest.fixture(scope="module")
 def registry(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registered]:
     """One registry process for the module's service tests (each test uses its own query ids)."""
-    settings = fresh_settings(kafka_broker.bootstrap)
+    settings = fresh_settings(kafka_broker)
     ensure_topics(settings)
     tmp = tmp_path_factory.mktemp("registry")
     service = Registered(settings, tmp / "state", tmp / "registry.log").start()
@@ -257,7 +257,7 @@ def test_web_view_lists_queries_and_shows_one(registry: Registered) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_restart_keeps_the_registered_set(kafka_broker: Any, tmp_path: Path) -> None:
-    settings = fresh_settings(kafka_broker.bootstrap)
+    settings = fresh_settings(kafka_broker)
     ensure_topics(settings)
     first = Registered(settings, tmp_path / "state", tmp_path / "first.log").start()
     try:
@@ -283,7 +283,7 @@ def test_restart_keeps_the_registered_set(kafka_broker: Any, tmp_path: Path) -> 
 @pytest.mark.timeout(180)
 def test_restart_after_a_plain_register_recovers_the_table(kafka_broker: Any, tmp_path: Path) -> None:
     """The faust table's changelog ending on a value (not a tombstone) must still recover on restart."""
-    settings = fresh_settings(kafka_broker.bootstrap)
+    settings = fresh_settings(kafka_broker)
     ensure_topics(settings)
     first = Registered(settings, tmp_path / "s1", tmp_path / "first.log").start()
     try:

@@ -88,7 +88,7 @@ def test_publish_of_an_unknown_format_is_a_one_line_error(tmp_path: Path, capsys
 
 @pytest.fixture(scope="module")
 def registry_settings(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaSettings]:
-    settings = fresh_settings(kafka_broker.bootstrap)
+    settings = fresh_settings(kafka_broker)
     ensure_topics(settings)
     tmp = tmp_path_factory.mktemp("usercli-registry")
     metrics = free_port()

@@ -59,6 +59,9 @@ class KafkaSettings:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
     ssl_ca_location: str | None = None
+    # Consumers' max.poll.interval.ms, which is also the rebalance timeout sent in JoinGroup (and bounds
+    # how long librdkafka waits for a JoinGroup answer).  None: librdkafka's default (300 s).
+    rebalance_timeout_ms: int | None = None
     # Extra librdkafka properties, applied to every client (after ours, so a user can override anything).
     extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -69,6 +72,10 @@ class KafkaSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise KafkaConfigError(f"{name}: {value!r} is not a positive integer")
+        if self.rebalance_timeout_ms is not None and (
+                not isinstance(self.rebalance_timeout_ms, int) or self.rebalance_timeout_ms < SESSION_TIMEOUT_MS):
+            raise KafkaConfigError(f"rebalance timeout: {self.rebalance_timeout_ms!r} ms is below the session "
+                                   f"timeout ({SESSION_TIMEOUT_MS} ms), which librdkafka refuses")
         if self.security_protocol is not None and self.security_protocol.upper() not in SECURITY_PROTOCOLS:
             raise KafkaConfigError(
                 f"security protocol: {self.security_protocol!r} is not one of {', '.join(SECURITY_PROTOCOLS)}"
@@ -166,6 +173,8 @@ class KafkaSettings:
                 "auto.offset.reset": "earliest",
             }
         )
+        if self.rebalance_timeout_ms is not None:
+            conf["max.poll.interval.ms"] = self.rebalance_timeout_ms
         conf.update(self.extra)
         conf.update({key.replace("_", "."): value for key, value in overrides.items()})
         return conf
@@ -191,8 +200,9 @@ _ENV_VARS = {
     "sasl_username": "CBGP_SASL_USERNAME",
     "sasl_password": "CBGP_SASL_PASSWORD",
     "ssl_ca_location": "CBGP_SSL_CA_LOCATION",
+    "rebalance_timeout_ms": "CBGP_REBALANCE_TIMEOUT_MS",
 }
-_INT_FIELDS = {"partitions", "replication_factor"}
+_INT_FIELDS = {"partitions", "replication_factor", "rebalance_timeout_ms"}
 
 
 def _parse_int(where: str, raw: str) -> int:
@@ -228,6 +238,8 @@ def add_kafka_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--sasl-username", help="env CBGP_SASL_USERNAME")
     group.add_argument("--sasl-password", help="env CBGP_SASL_PASSWORD (prefer the env var: flags show in ps)")
     group.add_argument("--ssl-ca-location", metavar="PATH", help="env CBGP_SSL_CA_LOCATION")
+    group.add_argument("--rebalance-timeout-ms", type=_positive_int, metavar="MS",
+                       help="consumers' max.poll.interval.ms; env CBGP_REBALANCE_TIMEOUT_MS (default librdkafka's)")
     group.add_argument("--kafka-config", action="append", metavar="KEY=VALUE",
                        help="extra librdkafka property (repeatable); env CBGP_KAFKA_<KEY>")
     return parser
