@@ -1,6 +1,7 @@
 """The long fault-injection run (``tests/test_faults.py`` is the short one), and what a broker SIGKILL loses.
 
-    .venv/bin/python bench/faults_run.py                      # 30 kills, 2 broker restarts, 6000 updates
+    .venv/bin/python bench/faults_run.py                      # 30 kills, 6000 updates
+    .venv/bin/python bench/faults_run.py --kills 0 --broker-restarts 6
     .venv/bin/python bench/faults_run.py --kills 12 --lines 3000 --services ingest,worker,answers,registry
     .venv/bin/python bench/faults_run.py --broker-sigkill     # what noida-db loses on SIGKILL (documentation)
     .venv/bin/python bench/faults_run.py --noida-expiry       # noida-db never expires a SIGKILLed group member
@@ -32,8 +33,13 @@ from tests.fixtures.broker import fresh_settings  # noqa: E402
 
 
 def long_run(args: argparse.Namespace, tmp: Path) -> int:
+    if args.kills and args.broker_restarts:
+        print("run kills and broker restarts separately: killed services need static group membership on "
+              "noida-db 0.2.3, and after a broker restart it does not let a static member back into its group")
+        return 2
     cfg = FaultConfig(kills=args.kills, broker_restarts=args.broker_restarts, lines=args.lines, seed=args.seed,
-                      services=tuple(args.services.split(",")), settle_timeout=args.settle)
+                      services=tuple(args.services.split(",")), settle_timeout=args.settle,
+                      static_members=args.kills > 0)
     with EmbeddedBroker(tmp / "broker") as broker:
         settings = fresh_settings(broker)
         ensure_topics(settings)
@@ -51,16 +57,16 @@ def broker_sigkill(args: argparse.Namespace, tmp: Path) -> int:
     """Fleet without faults of its own; the broker is SIGKILLed right after the stream is acknowledged, then
     restarted.  Reports which acknowledged raw records and which answers survived, and whether the answers
     that survived are still the oracle's answers over the raw records that survived."""
-    cfg = FaultConfig(kills=0, broker_restarts=0, add_remove_worker=False, lines=args.lines, seed=args.seed)
+    cfg = FaultConfig(kills=0, broker_restarts=0, add_remove_worker=False, lines=args.lines, seed=args.seed,
+                      static_members=False)
     with EmbeddedBroker(tmp / "broker") as broker:
         settings = fresh_settings(broker)
         ensure_topics(settings)
         run = FaultRun(broker, settings, tmp, cfg, log=lambda s: print(time.strftime("%H:%M:%S"), s, flush=True))
-        from services.kafka import end_offsets, read_all
-        from services import codec
+        from services.kafka import end_offsets, make_producer, read_all
 
         with run.fleet:
-            run.producer = __import__("services.kafka", fromlist=["make_producer"]).make_producer(settings)
+            run.producer = make_producer(settings)
             for name in ("registry", "ingest", "answers"):
                 run.start(name)
             run.add_worker()
@@ -74,8 +80,7 @@ def broker_sigkill(args: argparse.Namespace, tmp: Path) -> int:
             run.publish(run.lines[half:])  # acknowledged (acks=all) ...
             time.sleep(args.delay)
             broker.kill()  # ... then the broker dies before its next snapshot
-            acked = {t: sum(hi for _lo, hi in end_offsets_safe(settings, t, broker).values())
-                     for t in ("updates.raw",)}
+            broker.start()  # on the same data dir: what its last snapshot held
             survived = {t: sum(hi for _lo, hi in end_offsets(settings, settings.topic(t)).values())
                         for t in ("updates.raw", "updates.encoded", "answers")}
             raw = [m.value().decode() for m in read_all(settings, settings.topic("updates.raw"), timeout=30)]
@@ -90,21 +95,14 @@ def broker_sigkill(args: argparse.Namespace, tmp: Path) -> int:
             print(f"updates.encoded end: {before['updates.encoded']} before, {survived['updates.encoded']} after restart")
             print(f"answers end: {before['answers']} before, {survived['answers']} after restart")
             print(f"answers over the surviving raw records equal the oracle's: {ok}")
-            del acked, codec
     return 0
-
-
-def end_offsets_safe(settings, topic, broker):  # noqa: ANN001, ANN201 - the broker is down: restart it first
-    from services.kafka import end_offsets
-
-    broker.start()
-    return end_offsets(settings, settings.topic(topic))
 
 
 NOIDA_EXPIRY = r'''
 import os, sys, time
 from services.kafka import KafkaSettings, make_consumer
-s = KafkaSettings(bootstrap_servers=sys.argv[1], topic_prefix=sys.argv[2], partitions=4)
+s = KafkaSettings(bootstrap_servers=sys.argv[1], topic_prefix=sys.argv[2], partitions=4,
+                  rebalance_timeout_ms=int(sys.argv[3]))
 c = make_consumer(s, "g1", [s.topic("updates.routed")])
 while not c.assignment():
     c.poll(0.1)
@@ -120,7 +118,8 @@ def noida_expiry(args: argparse.Namespace, tmp: Path) -> int:
         settings = fresh_settings(broker)
         ensure_topics(settings)
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-c", NOIDA_EXPIRY, broker.bootstrap, settings.topic_prefix], env=env,
+        subprocess.run([sys.executable, "-c", NOIDA_EXPIRY, broker.bootstrap, settings.topic_prefix,
+                        str(settings.rebalance_timeout_ms)], env=env,
                        check=False, timeout=60)
         consumer = make_consumer(settings, "g1", [settings.topic("updates.routed")])
         started = time.monotonic()
@@ -138,7 +137,7 @@ def noida_expiry(args: argparse.Namespace, tmp: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=30)
-    parser.add_argument("--broker-restarts", type=int, default=2)
+    parser.add_argument("--broker-restarts", type=int, default=0, help="graceful restarts (use with --kills 0)")
     parser.add_argument("--lines", type=int, default=6000)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--services", default=",".join(FaultConfig().services),
@@ -150,6 +149,7 @@ def main() -> int:
     parser.add_argument("--wait", type=float, default=60.0, help="--noida-expiry: how long to wait")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, broker data)")
     args = parser.parse_args()
+    os.environ.setdefault("CBGP_ASSEMBLY", "worker")  # no Spark job in these runs: workers assemble products
     tmp = Path(tempfile.mkdtemp(prefix="cbgp-faults-"))
     try:
         if args.noida_expiry:

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cbgp.terms import stable_term_id
-from services.kafka import KafkaSettings, add_kafka_flags, ensure_topics, make_consumer
+from services.kafka import KafkaSettings, add_kafka_flags, broker_outages, ensure_topics, make_consumer
 from services.metrics import start_metrics_server
 
 __all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
@@ -274,6 +275,16 @@ class GroupInput:
 
     def close(self) -> None:
         self.closing = True
+        # Give the partitions up through poll() first: a revocation served inside close() can deadlock
+        # librdkafka (the callback's assign waits on a main thread that is shutting down), seen right after
+        # a broker restart.  Revoking on unsubscribe is local, so this works with the broker down too.
+        try:
+            self.member.unsubscribe()
+            deadline = time.monotonic() + 10.0
+            while self.member.assignment() and time.monotonic() < deadline:
+                self.member.poll(0.1)
+        except KafkaException:
+            pass
         self.member.close()  # leave the group now rather than after the session timeout
         self.fetcher.close()
 
@@ -306,6 +317,11 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
     Any failure aborts (when the producer can) and raises :class:`TransactionFailed`: neither the outputs
     nor the offsets happened, and the caller must restore its state from the logs.
     """
+    if broker_outages() != _LIFE[0]:
+        # librdkafka can then wait forever for a stale group coordinator in send_offsets_to_transaction,
+        # ignoring its timeout (librdkafka #5456, #5511); a new life has fresh clients.
+        raise TransactionFailed("the broker connection was lost: starting again with new clients")
+    _WATCHDOG.enter(timeout)
     try:
         producer.begin_transaction()
         produce_all(producer, outputs)
@@ -321,6 +337,47 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
         except KafkaException:
             pass  # the producer is unusable; the restart makes a new one (which fences this one)
         raise TransactionFailed(f"transaction aborted: {exc}") from None
+    finally:
+        _WATCHDOG.leave()
+
+
+_LIFE = [0]  # broker_outages() when the current service life started
+
+
+class _TransactionWatchdog:
+    """Re-executes the process when a transaction call outlives its timeout by far.
+
+    librdkafka's transactional calls can block past their timeout (#5456); a blocked C call cannot be
+    interrupted, so the only way on is a fresh process, which restores from the logs like any new life
+    (same PID and arguments; the new producer fences the blocked one's transactional id).
+    """
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.limit = 0.0
+        self.thread: threading.Thread | None = None
+
+    def enter(self, timeout: float) -> None:
+        self.limit = timeout + 10.0
+        self.since = time.monotonic()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._watch, name="transaction-watchdog", daemon=True)
+            self.thread.start()
+
+    def leave(self) -> None:
+        self.since = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(2.0)
+            since = self.since
+            if since is not None and time.monotonic() - since > self.limit:
+                log.error(kv(event="restart-process", reason=f"a transaction call blocked for over {self.limit:.0f} s"))
+                logging.shutdown()
+                os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+_WATCHDOG = _TransactionWatchdog()
 
 
 # ---------------------------------------------------------------------------------------- log replay
@@ -386,6 +443,7 @@ def run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) ->
 
 def _run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> int:
     while not stopper.stopping:
+        _LIFE[0] = broker_outages()
         try:
             loop(stopper)
         except (TransactionFailed, KafkaException, TimeoutError) as exc:

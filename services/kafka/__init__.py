@@ -8,16 +8,16 @@
 """
 
 from services.kafka.broker import BrokerError, EmbeddedBroker
-from services.kafka.client import (DeliveryError, consume_until, delete_topics, end_offsets, make_consumer,
-                                   make_producer, produce_sync, read_all, wait_assignment)
+from services.kafka.client import (DeliveryError, broker_outages, consume_until, delete_topics, end_offsets,
+                                   make_consumer, make_producer, produce_sync, read_all, wait_assignment)
 from services.kafka.config import KafkaConfigError, KafkaSettings, add_kafka_flags
 from services.kafka.doctor import Check, format_report, run_doctor
 from services.kafka.topics import TOPICS, TopicError, TopicSpec, catalogue, ensure_topics
 
 __all__ = [
     "BrokerError", "EmbeddedBroker",
-    "DeliveryError", "consume_until", "delete_topics", "end_offsets", "make_consumer", "make_producer",
-    "produce_sync", "read_all", "wait_assignment",
+    "DeliveryError", "broker_outages", "consume_until", "delete_topics", "end_offsets", "make_consumer",
+    "make_producer", "produce_sync", "read_all", "wait_assignment",
     "KafkaConfigError", "KafkaSettings", "add_kafka_flags",
     "Check", "format_report", "run_doctor",
     "TOPICS", "TopicError", "TopicSpec", "catalogue", "ensure_topics",

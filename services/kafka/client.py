@@ -26,6 +26,7 @@ __all__ = [
     "read_all",
     "consume_until",
     "delete_topics",
+    "broker_outages",
 ]
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,20 @@ class DeliveryError(KafkaException):
     """The broker did not acknowledge a produced record."""
 
 
+_OUTAGES = [0]  # "all brokers down" reports seen by this process's clients
+
+
+def broker_outages() -> int:
+    """How many times a client of this process lost every broker connection (a broker restart, a network
+    cut).  Transactional services start a new life after one: see ``services.runtime.commit_transaction``."""
+    return _OUTAGES[0]
+
+
 def _log_client_error(err: KafkaError) -> None:
     # librdkafka retries transient errors itself (broker down, leader moves); log them so an operator can see
     # why the service is stuck, and let fatal ones surface through the next produce/poll call.
+    if err.code() == KafkaError._ALL_BROKERS_DOWN:
+        _OUTAGES[0] += 1
     log.warning("kafka client error: %s", err)
 
 

@@ -1,0 +1,38 @@
+"""The transaction watchdog: a transactional call blocked far past its timeout (librdkafka #5456 can do
+that after a broker restart) makes the process start again from scratch, same PID and arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BLOCKED = '''
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+if os.environ.get("CBGP_TEST_AGAIN"):
+    print("started again", os.getpid(), flush=True)
+    sys.exit(0)
+os.environ["CBGP_TEST_AGAIN"] = "1"
+print("first start", os.getpid(), flush=True)
+from services.runtime import _WATCHDOG
+_WATCHDOG.enter(0.0)  # a call with a 0 s timeout that never returns: the watchdog acts after 10 s
+time.sleep(120)
+print("the watchdog did not act", flush=True)
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_blocked_transaction_call_restarts_the_process(tmp_path: Path) -> None:
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    done = subprocess.run([sys.executable, str(script), str(ROOT)], capture_output=True, text=True, timeout=80)
+    lines = done.stdout.split()
+    assert done.returncode == 0, done.stderr
+    assert "first start" in done.stdout and "started again" in done.stdout, done.stdout
+    assert lines[2] == lines[5], "execv keeps the PID (a supervisor sees the same process)"
+    assert "event=restart-process" in done.stderr and "blocked for over 10 s" in done.stderr
