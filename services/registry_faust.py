@@ -28,11 +28,12 @@ import asyncio
 import logging
 import os
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
 import faust
-from confluent_kafka import KafkaError, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from services.codec import CodecError, decode, encode
 from services.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, read_all
@@ -83,11 +84,27 @@ class RegistryService:
         # read_all orders by partition then offset; one key lives in one partition, so per-key order holds.
         return self.registry.restore(records)
 
-    def encoded_end(self) -> int:
-        """End offset of ``updates.encoded`` = number of changes ordered so far = seq of the last one."""
-        _low, high = self._watermarks.get_watermark_offsets(TopicPartition(self.settings.topic("updates.encoded"), 0),
-                                                            timeout=10)
-        return max(high, 0)
+    def encoded_end(self, patience_s: float = 60.0) -> int:
+        """End offset of ``updates.encoded`` = number of changes ordered so far = seq of the last one.
+
+        Transient broker errors (the topic not in this client's metadata yet right after the topics were
+        created, a broker restart) are retried for ``patience_s``: they say nothing about the command.
+        """
+        tp = TopicPartition(self.settings.topic("updates.encoded"), 0)
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                _low, high = self._watermarks.get_watermark_offsets(tp, timeout=10)
+                return max(high, 0)
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("end of %s not available yet (%s); retrying", tp.topic, exc)
+                time.sleep(0.5)
+                try:  # librdkafka keeps "unknown partition" until its next metadata refresh (minutes): ask now
+                    self._watermarks.list_topics(tp.topic, timeout=10)
+                except KafkaException:
+                    pass
 
     def handle(self, value: bytes | None, partition: int, offset: int) -> Decision | None:
         """Process one admin record synchronously (run in an executor thread); return the applied decision."""
@@ -101,6 +118,9 @@ class RegistryService:
             return None
         try:
             decision = self.registry.decide(command, self.encoded_end)
+        except KafkaException as exc:
+            # The broker, not the command: raise so faust does not commit this admin offset; it is replayed.
+            raise RuntimeError(f"admin offset {offset}: broker unavailable: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - an unexpected bug must answer the user, not kill the service
             log.exception("admin offset %d: internal error", offset)
             self._send(self.settings.topic("queries.status"),

@@ -297,3 +297,25 @@ def test_restart_after_a_plain_register_recovers_the_table(kafka_broker: Any, tm
         assert second.ask(command="LIST")["queries"] == ["keep"]
     finally:
         second.child.stop()
+
+
+def test_the_end_of_the_update_log_is_waited_for_not_reported_as_an_internal_error(kafka_broker: Any) -> None:
+    """Right after the topics are created, the registry may not see updates.encoded yet (librdkafka reports
+    an unknown partition): that is the broker catching up, so the registry waits instead of failing the
+    command (a fault run once lost its first query this way)."""
+    import threading
+
+    from services.kafka import ensure_topics
+    from services.registry_faust import RegistryService
+
+    settings = fresh_settings(kafka_broker)  # no topics yet
+    service = RegistryService(settings)
+    try:
+        with pytest.raises(Exception):
+            service.encoded_end(patience_s=0)  # no updates.encoded yet: an error, not a made-up offset
+        creator = threading.Timer(1.5, ensure_topics, args=(settings,))
+        creator.start()
+        assert service.encoded_end(patience_s=60) == 0
+        creator.join()
+    finally:
+        service.close()
