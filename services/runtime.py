@@ -358,7 +358,8 @@ class _TransactionWatchdog:
         self.thread: threading.Thread | None = None
 
     def enter(self, timeout: float) -> None:
-        self.limit = timeout + 10.0
+        # Each of a transaction's calls (offsets per group, commit, abort) may take ``timeout``.
+        self.limit = 4 * timeout + 10.0
         self.since = time.monotonic()
         if self.thread is None:
             self.thread = threading.Thread(target=self._watch, name="transaction-watchdog", daemon=True)
@@ -372,7 +373,8 @@ class _TransactionWatchdog:
             time.sleep(2.0)
             since = self.since
             if since is not None and time.monotonic() - since > self.limit:
-                log.error(kv(event="restart-process", reason=f"a transaction call blocked for over {self.limit:.0f} s"))
+                reason = f"a transaction call blocked for over {self.limit:.0f} s"
+                log.error(kv(event="restart-process", reason=reason))
                 logging.shutdown()
                 os.execv(sys.executable, [sys.executable, *sys.argv])
 

@@ -20,7 +20,7 @@ if os.environ.get("CBGP_TEST_AGAIN"):
 os.environ["CBGP_TEST_AGAIN"] = "1"
 print("first start", os.getpid(), flush=True)
 from services.runtime import _WATCHDOG
-_WATCHDOG.enter(0.0)  # a call with a 0 s timeout that never returns: the watchdog acts after 10 s
+_WATCHDOG.enter(0.0)  # calls with a 0 s timeout that never return: the watchdog acts after 10 s
 time.sleep(120)
 print("the watchdog did not act", flush=True)
 '''
@@ -35,4 +35,4 @@ def test_a_blocked_transaction_call_restarts_the_process(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     assert "first start" in done.stdout and "started again" in done.stdout, done.stdout
     assert lines[2] == lines[5], "execv keeps the PID (a supervisor sees the same process)"
-    assert "event=restart-process" in done.stderr and "blocked for over 10 s" in done.stderr
+    assert "event=restart-process" in done.stderr and "blocked for over 10 s" in done.stderr  # 4 x 0 s + 10 s
