@@ -317,6 +317,7 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
     Any failure aborts (when the producer can) and raises :class:`TransactionFailed`: neither the outputs
     nor the offsets happened, and the caller must restore its state from the logs.
     """
+    producer.poll(0)  # serves pending error callbacks, so an outage reported meanwhile is counted
     if broker_outages() != _LIFE[0]:
         # librdkafka can then wait forever for a stale group coordinator in send_offsets_to_transaction,
         # ignoring its timeout (librdkafka #5456, #5511); a new life has fresh clients.
