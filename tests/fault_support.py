@@ -84,7 +84,7 @@ class FaultConfig:
     settle_timeout: float = 180.0  # after the last event, how long the fleet gets to converge
     # Static group membership for the killed services (needed on noida-db, see the module doc).  After a
     # broker restart noida-db never lets a static member back into its group, so runs with broker restarts
-    # use dynamic members and no kills (tests/test_faults.py runs the two kinds of faults separately).
+    # use dynamic members and no kills (``bench/faults_run.py --kills 0 --broker-restarts N``).
     static_members: bool = True
 
     @classmethod
