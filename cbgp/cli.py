@@ -39,7 +39,7 @@ def _read_text(path: str) -> str:
 
 
 def _parse_query_file(path: str):  # noqa: ANN202
-    from cbgp.windows import WindowError, parse_rspql
+    from cbgp.windows import parse_rspql
 
     text = _read_text(path)
     try:
@@ -47,10 +47,7 @@ def _parse_query_file(path: str):  # noqa: ANN202
             raise CliError(f"{path}: the query declares an event-time window; replay evaluates a stream without "
                            "event times, so register windowed queries with the fleet (their Spark job)")
         return parse_query(text)
-    except WindowError as exc:
-        where = f":{exc.line}:{exc.column}" if exc.line is not None else ""
-        raise CliError(f"{path}{where}: {exc.message}") from None
-    except QueryError as exc:
+    except QueryError as exc:  # WindowError included
         where = f":{exc.line}:{exc.column}" if exc.line is not None else ""
         raise CliError(f"{path}{where}: {exc.message}") from None
 

@@ -10,8 +10,9 @@ Steps, in order (each one needs the previous):
    assembly and compaction: whichever commands this installation has);
 4. unless ``--no-demo``: register the example queries (``services/demo/queries/*.rq``) and publish the demo
    stream (``services/demo/updates.rdfp``);
-5. a live view on stderr (and a clock record on updates.raw every second, so windows move), refreshed every second: per query its answer count and last deltas, updates/s in
-   (``updates.encoded``) and answers/s out (``answers``), and any child that died;
+5. a live view on stderr, refreshed every second: per query its answer count and last deltas, updates/s in
+   (``updates.encoded``) and answers/s out (``answers``), and any child that died; with the demo, also a
+   clock record on updates.raw every second, so windows move;
 6. on Ctrl-C, SIGTERM or after ``--duration``: SIGTERM to every child, SIGKILL to any still alive after the
    grace period, then the broker last.  A JSON summary (answers per query, child exit codes and pids) is
    printed on stdout.

@@ -156,12 +156,7 @@ def random_queries(draw):
     named = [f"{s} {p} {o}" for s, p, o, named in patterns if named and "_:b" not in (s, o)]
     body = default + ([f"GRAPH {G1} {{ {' . '.join(named)} }}"] if named else [])
     used = sorted({t for s, _, o, _ in patterns for t in (s, o) if t.startswith("?")})
-    distinct = draw(st.booleans())
-    if used and draw(st.booleans()):
-        head = " ".join(draw(st.lists(st.sampled_from(used), min_size=1, max_size=len(used), unique=True)))
-    else:
-        head = "*"
-    return f"SELECT {'DISTINCT ' if distinct else ''}{head} WHERE {{ {' . '.join(body)} }}"
+    return f"{differential.select_clause(draw, used)} WHERE {{ {' . '.join(body)} }}"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))

@@ -98,13 +98,17 @@ def random_queries(draw):
     )
     body = " . ".join(f"{s} {p} {o}" for s, p, o in patterns)
     used = sorted({t for s, _, o in patterns for t in (s, o) if t.startswith("?")})
+    return f"{select_clause(draw, used)} WHERE {{ {body} }}"
+
+
+def select_clause(draw, used: list[str]) -> str:  # noqa: ANN001 - hypothesis' draw
+    """``SELECT [DISTINCT] *`` or a random non-empty projection of the ``used`` variables."""
     distinct = draw(st.booleans())
     if used and draw(st.booleans()):
-        chosen = draw(st.lists(st.sampled_from(used), min_size=1, max_size=len(used), unique=True))
-        head = " ".join(chosen)
+        head = " ".join(draw(st.lists(st.sampled_from(used), min_size=1, max_size=len(used), unique=True)))
     else:
         head = "*"
-    return f"SELECT {'DISTINCT ' if distinct else ''}{head} WHERE {{ {body} }}"
+    return f"SELECT {'DISTINCT ' if distinct else ''}{head}"
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
