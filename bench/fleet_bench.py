@@ -16,6 +16,7 @@ Completion is known exactly: the expected answer count comes from ``cbgp replay`
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from tests.fleet_support import QUERIES, Fleet, generate_patch, publish_plan, re
 
 BENCH_QUERIES = {name: QUERIES[name] for name in ("star", "path", "names")}
 PER_MESSAGE = 50
+IDLE_SECONDS = 5.0  # CPU of the idle fleet is measured over this long before the load starts
 
 
 def produce(settings: KafkaSettings, lines: list[str], rate: float | None) -> float:
@@ -80,6 +82,23 @@ class AnswerReader:
         self.fetcher.close()
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User+system CPU seconds so far of each named process (Linux /proc; 0 if it is gone)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            out[name] = 0.0
+    return out
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
+
+
 def wait_ready(fleet: Fleet, workers: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -108,19 +127,27 @@ def run(workers: int, updates: int, rate: float, tmp: Path) -> dict[str, float]:
                 fleet.start(f"w{i}", "worker", "--worker-id", f"w{i}")
             fleet.start("answers", "answers", "--instance-id", "a1")
             wait_ready(fleet, workers)
+            pids = {"broker": broker.pid, **{name: proc.pid for name, proc in fleet.procs.items()},
+                    "bench": os.getpid()}
+            idle_start = cpu_seconds(pids)
+            time.sleep(IDLE_SECONDS)
+            idle = cpu_spent(idle_start, cpu_seconds(pids))
             reader = AnswerReader(settings)
             try:
                 produce(settings, latency_lines, rate)
                 first = reader.until(n_latency, 120)
                 lat = sorted(produced - origin for produced, origin in first if origin is not None)
+                burst_start = cpu_seconds(pids)
                 t0 = produce(settings, burst_lines, None)
                 every = reader.until(n_total, 300)
+                burst = cpu_spent(burst_start, cpu_seconds(pids))
             finally:
                 reader.close()
             t_end = max(produced for produced, _ in every) / 1000
     return {"workers": workers, "updates_per_s": len(burst_lines) / (t_end - t0),
             "p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-            "answers": n_total}
+            "answers": n_total, "idle_cpu": {k: v / IDLE_SECONDS for k, v in idle.items()},
+            "burst_cpu_us": {k: 1e6 * v / len(burst_lines) for k, v in burst.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'-' * 7}-+-{'-' * 17}-+-{'-' * 7}-+-{'-' * 7}-+--------")
     for r in rows:
         print(f"{r['workers']:>7} | {r['updates_per_s']:>17,.0f} | {r['p50_ms']:>7.0f} | {r['p99_ms']:>7.0f} | {r['answers']}")
+    print("\nCPU per process: idle (cores busy while no data flows) and burst (CPU microseconds per update)")
+    for r in rows:
+        names = sorted(r["burst_cpu_us"], key=lambda n: -r["burst_cpu_us"][n])
+        print(f"  {r['workers']} worker(s): idle " + ", ".join(f"{n} {r['idle_cpu'][n]:.2f}" for n in names))
+        print(f"  {r['workers']} worker(s): burst " + ", ".join(f"{n} {r['burst_cpu_us'][n]:.0f}" for n in names) +
+              f" = {sum(r['burst_cpu_us'].values()):.0f} us/update")
     print(f"(goals on 2 cores: >= 20,000 updates/s end to end; p99 < 250 ms at {args.rate:,.0f} updates/s)")
     return 0
 

@@ -26,7 +26,7 @@ from typing import Callable
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from services import codec
-from services.codec import canonical_binding, current_key, term_from_avro, term_to_avro
+from services.codec import canonical_binding, current_key, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
                               UPDATES_OUT, record_consumer_lag)
@@ -87,7 +87,7 @@ class AnswersCore:
                  lookup: Callable[[int], str | None]) -> list[Output]:
         """The outputs of one PartDelta: an Answer and the new CurrentAnswer (or tombstone), or a dead letter."""
         try:
-            record = codec.decode("PartDelta", value)
+            record = codec.decode_part_delta(value)
         except codec.CodecError as exc:
             return [self._dead(partition, offset, "schema-mismatch", str(exc), value)]
         if record["part"] != WHOLE_QUERY_PART:
@@ -111,14 +111,12 @@ class AnswersCore:
         state.n += 1
         sign = "+" if record["sign"] == "PLUS" else "-"
         now = int(time.time() * 1000)
-        binding = {var: term_to_avro(term) for var, term in terms.items()}
-        answer = {"query_id": name, "n": state.n, "seq": record["seq"], "sign": sign, "binding": binding,
-                  "snapshot": record["snapshot"], "produced_at_ms": now}
         headers = [(SOURCE_HEADER, f"{src}:{key[0]}:{key[1]}".encode())]
         if origin is not None:
             headers.append((ORIGIN_HEADER, str(origin).encode()))
             ANSWER_LATENCY.observe(max(0, now - origin) / 1000)
-        out = [Output(self.t_answers, codec.encode("Answer", answer), name.encode(), partition, headers)]
+        answer = codec.encode_answer(name, state.n, record["seq"], sign, terms, record["snapshot"], now)
+        out = [Output(self.t_answers, answer, name.encode(), partition, headers)]
         binding_json = canonical_binding(terms)
         entry = state.current.setdefault(binding_json, [0, 0])
         entry[0] += 1 if sign == "+" else -1
@@ -130,8 +128,8 @@ class AnswersCore:
             del state.current[binding_json]
             out.append(Output(self.t_current, None, ckey, partition))
         else:
-            current = {"query_id": name, "binding": binding, "multiplicity": entry[0], "last_n": state.n}
-            out.append(Output(self.t_current, codec.encode("CurrentAnswer", current), ckey, partition))
+            current = codec.encode_current_answer(name, terms, entry[0], state.n)
+            out.append(Output(self.t_current, current, ckey, partition))
         DELTAS_EMITTED.labels(name, sign).inc()
         return out
 
@@ -268,7 +266,7 @@ def _ids_of(msgs: list[Message]) -> set[int]:
     ids: set[int] = set()
     for msg in msgs:
         try:
-            ids.update(codec.decode("PartDelta", msg.value())["binding"].values())
+            ids.update(codec.decode_part_delta(msg.value())["binding"].values())
         except codec.CodecError:
             continue
     return ids

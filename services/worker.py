@@ -235,11 +235,15 @@ class WorkerService:
         routed_fetcher = self.routed_in.fetcher
         routed = routed_fetcher.take()
         encoded = self.encoded_reader.take()
+        if not (routed or encoded):
+            routed = routed_fetcher.wait(LISTEN_SECONDS)
+            encoded = self.encoded_reader.take()
         if routed or encoded:
-            return routed, (epoch, encoded)
-        routed = routed_fetcher.wait(LISTEN_SECONDS)
-        encoded = self.encoded_reader.take()
-        if routed or encoded:
+            # An input with nothing fetched is caught up: park it too while the batch is processed.
+            if not routed:
+                routed_fetcher.park()
+            if not encoded:
+                self.encoded_reader.park()
             return routed, (epoch, encoded)
         idle_pause([routed_fetcher, self.encoded_reader])
         return [], (epoch, [])

@@ -36,7 +36,6 @@ from services.runtime import ORIGIN_HEADER, Output, kv, query_partition
 log = logging.getLogger("cbgp.worker")
 
 ROLES = {"SUBJECT": 1, "OBJECT": 2, "BOTH": ROLE_ALL}
-SIGNS = {"ADD": 1, "DEL": -1}
 # Snapshot deltas take the idempotence key (last replayed offset, 2^30 + i): after every live delta of that
 # offset, before every delta of the next one, so answers' "(offset, index) increases" rule keeps them.
 SNAPSHOT_INDEX_BASE = 1 << 30
@@ -52,12 +51,12 @@ LogReader = Callable[[str, int, int, int], Iterable[Change]]
 def decode_change(kind: str, offset: int, value: bytes, origin: int | None) -> Change:
     """A routed (``kind="routed"``) or encoded record as a :data:`Change`; raises ``codec.CodecError``."""
     if kind == "routed":
-        r = codec.decode("RoutedUpdate", value)
-        role = ROLES[r["role"]]
+        seq, sign, s, p, o, g, _event_time, role_name = codec.decode_routed(value)
+        role = ROLES[role_name]
     else:
-        r = codec.decode("EncodedUpdate", value)
+        seq, sign, s, p, o, g, _event_time, _refresh = codec.decode_encoded(value)
         role = ROLE_ALL
-    return (offset, SIGNS[r["op"]], r["s"], r["p"], r["o"], r["g"], role, r["seq"], origin)
+    return (offset, sign, s, p, o, g, role, seq, origin)
 
 
 @dataclass
@@ -313,10 +312,9 @@ class WorkerCore:
                     index: int, snapshot: bool, headers: list) -> Output:
         columns = shard.engine.columns(name)
         query_id, part = shard.outputs[name]
-        record = {"query_id": query_id, "part": part, "seq": seq, "sign": "PLUS" if sign > 0 else "MINUS",
-                  "binding": dict(zip(columns, row)), "source_partition": shard.source_partition,
-                  "source_offset": offset, "index": index, "snapshot": snapshot, "event_time_ms": None}
-        return Output(self.topics["deltas.parts"], codec.encode("PartDelta", record), query_id.encode(),
+        value = codec.encode_part_delta(query_id, part, seq, "PLUS" if sign > 0 else "MINUS", dict(zip(columns, row)),
+                                        shard.source_partition, offset, index, snapshot, None)
+        return Output(self.topics["deltas.parts"], value, query_id.encode(),
                       query_partition(query_id, self.n_deltas), headers)
 
     def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
