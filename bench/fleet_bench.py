@@ -1,14 +1,18 @@
 """End-to-end benchmark of the fleet (ingest -> workers -> answers) on the embedded broker.
 
-    .venv/bin/python bench/fleet_bench.py [--workers 1,2,4] [--updates 10000] [--rate 5000]
+    .venv/bin/python bench/fleet_bench.py [--workers 1,2,4] [--updates 10000] [--rate 5000] [--warmup 5000]
 
 For each worker count, on a fresh noida-db broker with 4 routed partitions and three queries (a star, a
 path, a DISTINCT component):
+- idle CPU: cores each process uses for 5 s before any data flows;
+- warm-up: ``--warmup`` updates at ``--rate``, not measured except for their worst latency (the first
+  answers wait for clients to find coordinators, transactions to add partitions, the answers service to
+  fetch the dictionary...);
 - latency: updates produced at ``--rate`` updates/s (messages of 50 updates every 10 ms); the latency of
   an answer is its ``produced_at_ms`` minus the produce time of the raw record that caused it (carried in
-  the ``cbgp-origin-ms`` header); p50/p99 over every answer of the phase;
+  the ``cbgp-origin-ms`` header); p50/p90/p99/max over every answer of the phase;
 - throughput: ``--updates`` more updates produced as fast as possible; updates/s = updates / (time of the
-  last answer - time of the first produce).
+  last answer - time of the first produce), with the CPU each process spent per update meanwhile.
 Completion is known exactly: the expected answer count comes from ``cbgp replay``.  Runs stay under
 ~10^5 broker messages (noida-db's comfortable range).  Prints a table.
 """
@@ -27,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services import codec  # noqa: E402
-from confluent_kafka import OFFSET_BEGINNING  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, Producer  # noqa: E402
 
 from services.kafka import EmbeddedBroker, KafkaSettings, end_offsets, ensure_topics, make_producer  # noqa: E402
 from services.runtime import ORIGIN_HEADER, Fetcher  # noqa: E402
@@ -38,9 +42,11 @@ PER_MESSAGE = 50
 IDLE_SECONDS = 5.0  # CPU of the idle fleet is measured over this long before the load starts
 
 
-def produce(settings: KafkaSettings, lines: list[str], rate: float | None) -> float:
-    """Produce ``lines`` in messages of PER_MESSAGE; paced at ``rate`` updates/s if given. Returns t0 (s)."""
-    producer = make_producer(settings, linger_ms=1)
+def produce(producer: Producer, settings: KafkaSettings, lines: list[str], rate: float | None) -> float:
+    """Produce ``lines`` in messages of PER_MESSAGE; paced at ``rate`` updates/s if given. Returns t0 (s).
+
+    One producer serves every phase: a new one holds its first records until it has connected and fetched
+    metadata, which would show up as fleet latency."""
     topic = settings.topic("updates.raw")
     t0 = time.time()
     for i in range(0, len(lines), PER_MESSAGE):
@@ -110,12 +116,17 @@ def wait_ready(fleet: Fleet, workers: int, timeout: float = 60) -> None:
     raise TimeoutError("fleet not ready")
 
 
-def run(workers: int, updates: int, rate: float, tmp: Path) -> dict[str, float]:
-    lines = generate_patch(2 * updates, seed=99, subjects=3000)
-    latency_lines, burst_lines = lines[:updates], lines[updates:]
-    expected = replay(tmp, latency_lines, BENCH_QUERIES)
-    n_latency = sum(len(d) for d in expected.values())
-    n_total = sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
+def answer_count(tmp: Path, lines: list[str]) -> int:
+    return sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
+
+
+def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path) -> dict[str, float]:
+    lines = generate_patch(warmup + 2 * updates, seed=99, subjects=3000)
+    warmup_lines = lines[:warmup]
+    latency_lines, burst_lines = lines[warmup:warmup + updates], lines[warmup + updates:]
+    n_warmup = answer_count(tmp, warmup_lines)
+    n_latency = answer_count(tmp, lines[:warmup + updates])
+    n_total = answer_count(tmp, lines)
     with EmbeddedBroker(tmp / "broker") as broker:
         settings = broker.settings(topic_prefix="bench.", partitions=4)
         ensure_topics(settings)
@@ -133,12 +144,16 @@ def run(workers: int, updates: int, rate: float, tmp: Path) -> dict[str, float]:
             time.sleep(IDLE_SECONDS)
             idle = cpu_spent(idle_start, cpu_seconds(pids))
             reader = AnswerReader(settings)
+            producer = make_producer(settings, linger_ms=1)
             try:
-                produce(settings, latency_lines, rate)
-                first = reader.until(n_latency, 120)
+                produce(producer, settings, warmup_lines, rate)
+                reader.until(n_warmup, 120)
+                cold = max(produced - origin for produced, origin in reader.seen if origin is not None)
+                produce(producer, settings, latency_lines, rate)
+                first = reader.until(n_latency, 120)[n_warmup:]
                 lat = sorted(produced - origin for produced, origin in first if origin is not None)
                 burst_start = cpu_seconds(pids)
-                t0 = produce(settings, burst_lines, None)
+                t0 = produce(producer, settings, burst_lines, None)
                 every = reader.until(n_total, 300)
                 burst = cpu_spent(burst_start, cpu_seconds(pids))
             finally:
@@ -146,6 +161,7 @@ def run(workers: int, updates: int, rate: float, tmp: Path) -> dict[str, float]:
             t_end = max(produced for produced, _ in every) / 1000
     return {"workers": workers, "updates_per_s": len(burst_lines) / (t_end - t0),
             "p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "p90_ms": lat[int(0.9 * len(lat))], "max_ms": lat[-1], "cold_max_ms": cold,
             "answers": n_total, "idle_cpu": {k: v / IDLE_SECONDS for k, v in idle.items()},
             "burst_cpu_us": {k: 1e6 * v / len(burst_lines) for k, v in burst.items()}}
 
@@ -155,14 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2,4", help="worker counts to run (default 1,2,4)")
     parser.add_argument("--updates", type=int, default=10000, help="updates per phase (default 10000)")
     parser.add_argument("--rate", type=float, default=5000, help="paced rate of the latency phase (updates/s)")
+    parser.add_argument("--warmup", type=int, default=5000,
+                        help="updates sent at --rate before the latency phase, not measured (default 5000)")
     args = parser.parse_args(argv)
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-            rows.append(run(workers, args.updates, args.rate, Path(tmp)))
+            rows.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp)))
         r = rows[-1]
         print(f"workers={r['workers']} throughput={r['updates_per_s']:,.0f} updates/s "
-              f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p99={r['p99_ms']:.0f} ms", file=sys.stderr)
+              f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p90={r['p90_ms']:.0f} ms p99={r['p99_ms']:.0f} ms "
+              f"max={r['max_ms']:.0f} ms (warm-up max {r['cold_max_ms']:.0f} ms)", file=sys.stderr)
     print(f"\n{'workers':>7} | {'updates/s (burst)':>17} | {'p50 ms':>7} | {'p99 ms':>7} | answers")
     print(f"{'-' * 7}-+-{'-' * 17}-+-{'-' * 7}-+-{'-' * 7}-+--------")
     for r in rows:
