@@ -27,11 +27,11 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from services import codec
 from services.codec import canonical_binding, current_key, term_from_avro
-from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
+from services.kafka import KafkaSettings, end_offsets, make_producer
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
                               UPDATES_OUT, record_consumer_lag)
-from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit_transaction, kv, origin_ms,
-                              read_range, record_ok, service_command)
+from services.runtime import (LISTEN_SECONDS, ORIGIN_HEADER, Fetcher, GroupInput, Output, Stopper, commit_transaction,
+                              idle_pause, kv, origin_ms, read_range, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -155,13 +155,11 @@ class Dictionary:
     def __init__(self, settings: KafkaSettings) -> None:
         self.topic = settings.topic("dictionary")
         self.terms: dict[int, str] = {}
-        self.consumer = make_consumer(settings, f"{settings.topic_prefix}answers.dictionary")
-        self.positions = {p: 0 for p in end_offsets(settings, self.topic)}  # next offset per partition
+        self.fetcher = Fetcher(settings, "answers.dictionary", 5000)
+        self.start = {(self.topic, p): 0 for p in end_offsets(settings, self.topic)}
 
-    def poll(self, timeout: float) -> None:
-        for msg in self.consumer.consume(5000, timeout):
-            if msg.error() is None:
-                self.positions[msg.partition()] = msg.offset() + 1
+    def _read(self, msgs: list[Message]) -> None:
+        for msg in msgs:
             if msg.error() is None and msg.value() is not None:
                 try:
                     entry = codec.decode("DictionaryEntry", msg.value())
@@ -170,21 +168,26 @@ class Dictionary:
                 self.terms[entry["id"]] = entry["term"]
 
     def wait_for(self, ids: set[int], timeout: float = DICTIONARY_WAIT_SECONDS) -> None:
-        """Poll until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""
+        """Read until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""
         missing = {i for i in ids if i not in self.terms}
         if not missing:
             return
+        if not self.fetcher.positions:
+            self.fetcher.set_positions(self.start)
         deadline = time.monotonic() + timeout
-        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.positions.items()])
         try:
             while missing and time.monotonic() < deadline:
-                self.poll(0.05)
+                msgs = self.fetcher.take() or self.fetcher.wait(LISTEN_SECONDS)
+                if not msgs:
+                    idle_pause([self.fetcher])
+                    continue
+                self._read(msgs)
                 missing = {i for i in missing if i not in self.terms}
         finally:
-            self.consumer.unassign()
+            self.fetcher.park()  # fetch nothing until ids are missing again
 
     def close(self) -> None:
-        self.consumer.close()
+        self.fetcher.close()
 
 
 class AnswersService:

@@ -142,8 +142,11 @@ class Stopper:
 # unassigned consumer fetches nothing and assign() at a known offset fetches at once.  So every data-path
 # input is read by an assign-only :class:`Fetcher` that unassigns itself for a moment when idle, and group
 # membership is kept by a consumer whose partitions stay paused (:class:`GroupInput`).
-LISTEN_SECONDS = 0.002
+# The pause doubles while an input stays idle, up to IDLE_PAUSE_MAX_SECONDS: an idle fleet costs little,
+# and a busy one (idle only between records) waits at most IDLE_PAUSE_SECONDS per stage.
+LISTEN_SECONDS = 0.005
 IDLE_PAUSE_SECONDS = 0.015
+IDLE_PAUSE_MAX_SECONDS = 0.06
 
 
 class Fetcher:
@@ -152,11 +155,14 @@ class Fetcher:
     the positions are replaced, so a caller can tell a batch fetched under an older assignment."""
 
     def __init__(self, settings: KafkaSettings, name: str, max_records: int) -> None:
-        self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}{name}"))
+        # Partition-EOF events tell when one fetch found every partition caught up (see wait()).
+        self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}{name}",
+                                                          enable_partition_eof=True))
         self.max_records = max_records
         self.positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
         self.parked = False
         self.epoch = 0
+        self.idle_streak = 0  # consecutive idle pauses with nothing read
 
     def set_positions(self, positions: dict[tuple[str, int], int]) -> None:
         self.epoch += 1
@@ -175,24 +181,41 @@ class Fetcher:
         return self._settle(self.consumer.consume(self.max_records, 0))
 
     def wait(self, timeout: float) -> list[Message]:
-        """The first record to arrive within ``timeout``, with everything fetched behind it."""
+        """The first record to arrive within ``timeout``, with everything fetched behind it; [] as soon as
+        every partition reported its end (one fetch round trip, not ``timeout`` of empty fetches)."""
         if not self.positions:
             return []
         self.unpark()
-        first = self.consumer.poll(timeout)
-        if first is None:
-            return []
-        return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
+        deadline = time.monotonic() + timeout
+        not_at_end = set(self.positions)
+        while True:
+            first = self.consumer.poll(max(0.0, deadline - time.monotonic()))
+            if first is None:
+                return []
+            err = first.error()
+            if err is None or err.code() != KafkaError._PARTITION_EOF:
+                return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
+            not_at_end.discard((first.topic(), first.partition()))
+            if not not_at_end:
+                return []
 
     def _settle(self, msgs: list[Message]) -> list[Message]:
-        """Track positions; a short batch means the fetcher is caught up, so it parks while the caller
-        processes the batch (an assigned, caught-up consumer spins on empty fetches: see above)."""
+        """Track positions and drop partition-EOF events; a short batch means the fetcher is caught up, so it
+        parks while the caller processes the batch (an assigned, caught-up consumer spins on empty fetches)."""
         positions = self.positions
+        kept = []
         for msg in msgs:
-            if msg.error() is None:
+            err = msg.error()
+            if err is None:
                 positions[(msg.topic(), msg.partition())] = msg.offset() + 1
-        if msgs and len(msgs) < self.max_records:
-            self.park()
+            elif err.code() == KafkaError._PARTITION_EOF:
+                continue
+            kept.append(msg)
+        msgs = kept
+        if msgs:
+            self.idle_streak = 0
+            if len(msgs) < self.max_records:
+                self.park()
         return msgs
 
     def park(self) -> None:
@@ -225,10 +248,13 @@ def record_ok(msg: Message, log: logging.Logger) -> bool:
 
 
 def idle_pause(fetchers: Sequence[Fetcher]) -> None:
-    """Stop fetching on every fetcher for IDLE_PAUSE_SECONDS (nothing was there to read)."""
+    """Stop fetching on every fetcher for a moment (nothing was there to read): IDLE_PAUSE_SECONDS, doubled
+    for each further idle pause in a row of the least idle fetcher, up to IDLE_PAUSE_MAX_SECONDS."""
+    streak = min(fetcher.idle_streak for fetcher in fetchers)
     for fetcher in fetchers:
         fetcher.park()
-    time.sleep(IDLE_PAUSE_SECONDS)
+        fetcher.idle_streak += 1
+    time.sleep(min(IDLE_PAUSE_MAX_SECONDS, IDLE_PAUSE_SECONDS * (1 << min(streak, 8))))
     for fetcher in fetchers:
         fetcher.unpark()
 

@@ -24,7 +24,7 @@ import os
 import time
 from typing import Iterable
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from prometheus_client import Gauge
 
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
@@ -72,7 +72,7 @@ class WorkerService:
         self.next_plans_poll = 0.0
         self.assigned: set[int] = set()
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
-        self.plans = make_consumer(settings, f"{self.group}.plans", enable_partition_eof=False)
+        self.plans = make_consumer(settings, f"{self.group}.plans", enable_partition_eof=True)
         self.routed_in: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member (committed offsets, group metadata)
         self.last_report = 0.0
@@ -109,9 +109,17 @@ class WorkerService:
         self.next_plans_poll = now + PLANS_POLL_SECONDS
         self.plans.assign([TopicPartition(self.t_plans, p, o) for p, o in enumerate(self.core.plan_positions)])
         try:
-            first = self.plans.poll(PLANS_LISTEN_SECONDS)
-            if first is not None:
-                self._apply_plans([first] + self.plans.consume(500, 0))
+            deadline = now + PLANS_LISTEN_SECONDS
+            not_at_end = set(range(len(self.core.plan_positions)))
+            while not_at_end:  # usually one fetch: every partition reports its end at once
+                msg = self.plans.poll(max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    break
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    not_at_end.discard(msg.partition())
+                    continue
+                self._apply_plans([msg] + self.plans.consume(500, 0))
         finally:
             self.plans.unassign()
 
