@@ -140,8 +140,10 @@ class Stopper:
 # no client-side back-off for empty fetches.  With a dozen consumers in a fleet that alone saturates two
 # cores.  pause()/resume() does not help (after resume() the next records took seconds to arrive), but an
 # unassigned consumer fetches nothing and assign() at a known offset fetches at once.  So every data-path
-# input is read by an assign-only :class:`Fetcher` that unassigns itself for a moment when idle, and group
-# membership is kept by a consumer whose partitions stay paused (:class:`GroupInput`).
+# input is read by an assign-only :class:`Fetcher` that is unassigned while it processes a batch and for a
+# moment when idle, and that stops listening as soon as every partition reported its end (partition-EOF
+# events: one fetch round trip); group membership is kept by a consumer whose partitions stay paused
+# (:class:`GroupInput`).
 # The pause doubles while an input stays idle, up to IDLE_PAUSE_MAX_SECONDS: an idle fleet costs little,
 # and a busy one (idle only between records) waits at most IDLE_PAUSE_SECONDS per stage.
 LISTEN_SECONDS = 0.005
