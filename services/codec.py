@@ -419,7 +419,8 @@ def _fast(record_name: str, data: bytes, read):  # noqa: ANN001, ANN202 - intern
     return value if end == len(data) else None
 
 
-def _read_routed(data: bytes) -> tuple[tuple, int]:
+def _read_change(data: bytes) -> tuple[tuple, int]:
+    """The fields RoutedUpdate and EncodedUpdate start with: ``(seq, sign, s, p, o, g, event_time_ms)``."""
     pos = HEADER_LEN
     seq, pos = _varint(data, pos)
     sign, pos = _op_sign(data, pos)
@@ -428,10 +429,15 @@ def _read_routed(data: bytes) -> tuple[tuple, int]:
     o, pos = _varint(data, pos)
     g, pos = _varint(data, pos)
     event_time_ms, pos = _optional(data, pos)
+    return (seq, sign, s, p, o, g, event_time_ms), pos
+
+
+def _read_routed(data: bytes) -> tuple[tuple, int]:
+    change, pos = _read_change(data)
     role, pos = _varint(data, pos)
     if not 0 <= role < 3:
         raise IndexError(f"Role index {role}")
-    return (seq, sign, s, p, o, g, event_time_ms, _ROLE_NAMES[role]), pos
+    return (*change, _ROLE_NAMES[role]), pos
 
 
 def decode_routed(data: bytes) -> tuple[int, int, int, int, int, int, int | None, str]:
@@ -444,21 +450,14 @@ def decode_routed(data: bytes) -> tuple[int, int, int, int, int, int, int | None
 
 
 def _read_encoded(data: bytes) -> tuple[tuple, int]:
-    pos = HEADER_LEN
-    seq, pos = _varint(data, pos)
-    sign, pos = _op_sign(data, pos)
-    s, pos = _varint(data, pos)
-    p, pos = _varint(data, pos)
-    o, pos = _varint(data, pos)
-    g, pos = _varint(data, pos)
-    event_time_ms, pos = _optional(data, pos)
+    change, pos = _read_change(data)
     _topic, pos = _text(data, pos)
     _partition, pos = _varint(data, pos)
     _offset, pos = _varint(data, pos)
     refresh = data[pos]
     if refresh > 1:
         raise IndexError(f"boolean byte {refresh}")
-    return (seq, sign, s, p, o, g, event_time_ms, bool(refresh)), pos + 1
+    return (*change, bool(refresh)), pos + 1
 
 
 def decode_encoded(data: bytes) -> tuple[int, int, int, int, int, int, int | None, bool]:
