@@ -107,7 +107,8 @@ class RegistryService:
                     pass
 
     def handle(self, value: bytes | None, partition: int, offset: int) -> Decision | None:
-        """Process one admin record synchronously (run in an executor thread); return the applied decision."""
+        """Process one admin record synchronously (run in an executor thread); return the applied decision,
+        whose status :meth:`reply` sends (errors are answered here)."""
         UPDATES_IN.labels(SERVICE).inc()
         try:
             if value is None:
@@ -133,9 +134,12 @@ class RegistryService:
             self._send(self.settings.topic("queries.plans"), None if plan is None else encode("QueryPlan", plan), key)
         # Step 2: the registered set follows the published plans.
         self.registry.commit(decision)
-        # Step 3: the reply, last, so ACCEPTED always means "the plan is on queries.plans".
-        self._send(self.settings.topic("queries.status"), encode("QueryStatus", decision.status))
         return decision
+
+    def reply(self, decision: Decision) -> None:
+        """Step 3 of :meth:`handle`, called once the table shows the decision: ACCEPTED always means "the
+        plan is on queries.plans and the web view lists it"."""
+        self._send(self.settings.topic("queries.status"), encode("QueryStatus", decision.status))
 
     def _reject_record(self, value: bytes, partition: int, offset: int, reason: str) -> None:
         message = f"undecodable admin record at offset {offset}: {reason}"
@@ -210,9 +214,7 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
     # whose last record is a value calls dict.from_data, fails, and the registry never becomes ready.
     table = app.Table("queries", default=None, partitions=1, use_partitioner=True, key_type=str)
 
-    def mirror(decision: Decision | None) -> None:
-        if decision is None:
-            return
+    def mirror(decision: Decision) -> None:
         if decision.entry is not None:
             table[decision.entry.query_id] = decision.entry.view()
         if decision.removed is not None and decision.removed in table:
@@ -225,7 +227,9 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
             msg = event.message
             # Producing waits for acks: keep it off the event loop so faust's heartbeats keep flowing.
             decision = await loop.run_in_executor(None, service.handle, msg.value, msg.partition, msg.offset)
-            mirror(decision)
+            if decision is not None:
+                mirror(decision)
+                await loop.run_in_executor(None, service.reply, decision)
 
     @app.task
     async def reconcile() -> None:
