@@ -30,8 +30,8 @@ from services.codec import canonical_binding, current_key, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_producer
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
                               UPDATES_OUT, record_consumer_lag)
-from services.runtime import (LISTEN_SECONDS, ORIGIN_HEADER, Fetcher, GroupInput, Output, Stopper, commit_transaction,
-                              idle_pause, kv, origin_ms, read_range, record_ok, service_command)
+from services.runtime import (ORIGIN_HEADER, Fetcher, GroupInput, Output, Stopper, commit_transaction, kv, origin_ms,
+                              read_range, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -177,11 +177,7 @@ class Dictionary:
         deadline = time.monotonic() + timeout
         try:
             while missing and time.monotonic() < deadline:
-                msgs = self.fetcher.take() or self.fetcher.wait(LISTEN_SECONDS)
-                if not msgs:
-                    idle_pause([self.fetcher])
-                    continue
-                self._read(msgs)
+                self._read(self.fetcher.poll())
                 missing = {i for i in missing if i not in self.terms}
         finally:
             self.fetcher.park()  # fetch nothing until ids are missing again

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -30,7 +30,7 @@ from cbgp.terms import stable_term_id
 from services.kafka import KafkaSettings, add_kafka_flags, broker_outages, ensure_topics, make_consumer
 from services.metrics import start_metrics_server
 
-__all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
+__all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "first_record", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
            "read_range", "run_service", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
 
 log = logging.getLogger("cbgp.runtime")
@@ -153,8 +153,9 @@ IDLE_PAUSE_MAX_SECONDS = 0.06
 
 class Fetcher:
     """An assign-only consumer reading partitions from explicit positions, in batches that grow with the
-    backlog; when idle it is unassigned for ``IDLE_PAUSE_SECONDS`` (see above).  ``epoch`` changes whenever
-    the positions are replaced, so a caller can tell a batch fetched under an older assignment."""
+    backlog; it is unassigned (*parked*) from a caught-up batch or an idle pause until it is read again (see
+    above).  ``epoch`` changes whenever the positions are replaced, so a caller can tell a batch fetched under
+    an older assignment."""
 
     def __init__(self, settings: KafkaSettings, name: str, max_records: int) -> None:
         # Partition-EOF events tell when one fetch found every partition caught up (see wait()).
@@ -188,18 +189,10 @@ class Fetcher:
         if not self.positions:
             return []
         self.unpark()
-        deadline = time.monotonic() + timeout
-        not_at_end = set(self.positions)
-        while True:
-            first = self.consumer.poll(max(0.0, deadline - time.monotonic()))
-            if first is None:
-                return []
-            err = first.error()
-            if err is None or err.code() != KafkaError._PARTITION_EOF:
-                return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
-            not_at_end.discard((first.topic(), first.partition()))
-            if not not_at_end:
-                return []
+        first = first_record(self.consumer, self.positions, timeout)
+        if first is None:
+            return []
+        return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
 
     def _settle(self, msgs: list[Message]) -> list[Message]:
         """Track positions and drop partition-EOF events; a short batch means the fetcher is caught up, so it
@@ -241,6 +234,23 @@ class Fetcher:
         self.consumer.close()
 
 
+def first_record(consumer: Consumer, partitions: Iterable[tuple[str, int]], timeout: float) -> Message | None:
+    """The first record (or error) ``consumer`` delivers within ``timeout``; None at the timeout or as soon as
+    each of ``partitions`` (``(topic, partition)``) reported its end.  The consumer must have partition-EOF
+    events on: they end the wait after one fetch round trip instead of ``timeout`` of empty fetches."""
+    deadline = time.monotonic() + timeout
+    not_at_end = set(partitions)
+    while not_at_end:
+        msg = consumer.poll(max(0.0, deadline - time.monotonic()))
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is None or err.code() != KafkaError._PARTITION_EOF:
+            return msg
+        not_at_end.discard((msg.topic(), msg.partition()))
+    return None
+
+
 def record_ok(msg: Message, log: logging.Logger) -> bool:
     """True for a data record; logs a consume error (partition EOF is not one) and returns False."""
     err = msg.error()
@@ -257,8 +267,7 @@ def idle_pause(fetchers: Sequence[Fetcher]) -> None:
         fetcher.park()
         fetcher.idle_streak += 1
     time.sleep(min(IDLE_PAUSE_MAX_SECONDS, IDLE_PAUSE_SECONDS * (1 << min(streak, 8))))
-    for fetcher in fetchers:
-        fetcher.unpark()
+    # They stay parked: the next take() or wait() resumes them, so nothing is fetched before it is wanted.
 
 
 class GroupInput:

@@ -24,14 +24,14 @@ import os
 import time
 from typing import Iterable
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Gauge
 
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT,
                               record_consumer_lag)
-from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, commit_transaction, idle_pause,
-                              kv, origin_ms, read_range, record_ok, service_command)
+from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, commit_transaction, first_record,
+                              idle_pause, kv, origin_ms, read_range, record_ok, service_command)
 from services.worker_core import Change, WorkerCore, changes_of, decode_change, shard_label
 from services import codec
 
@@ -109,17 +109,10 @@ class WorkerService:
         self.next_plans_poll = now + PLANS_POLL_SECONDS
         self.plans.assign([TopicPartition(self.t_plans, p, o) for p, o in enumerate(self.core.plan_positions)])
         try:
-            deadline = now + PLANS_LISTEN_SECONDS
-            not_at_end = set(range(len(self.core.plan_positions)))
-            while not_at_end:  # usually one fetch: every partition reports its end at once
-                msg = self.plans.poll(max(0.0, deadline - time.monotonic()))
-                if msg is None:
-                    break
-                err = msg.error()
-                if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                    not_at_end.discard(msg.partition())
-                    continue
-                self._apply_plans([msg] + self.plans.consume(500, 0))
+            partitions = [(self.t_plans, p) for p in range(len(self.core.plan_positions))]
+            first = first_record(self.plans, partitions, PLANS_LISTEN_SECONDS)
+            if first is not None:
+                self._apply_plans([first] + self.plans.consume(500, 0))
         finally:
             self.plans.unassign()
 
