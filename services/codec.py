@@ -341,16 +341,9 @@ def canonical_binding(terms: Mapping[str, str]) -> str:
     return "{" + ",".join(_json_string(var) + ":" + _json_string(terms[var]) for var in sorted(terms)) + "}"
 
 
-_JSON_CACHE: dict[str, str] = {}
-
-
+@functools.lru_cache(maxsize=1 << 18)
 def _json_string(text: str) -> str:
-    found = _JSON_CACHE.get(text)
-    if found is None:
-        found = json.dumps(text, ensure_ascii=False)
-        if len(_JSON_CACHE) < (1 << 18):
-            _JSON_CACHE[text] = found
-    return found
+    return json.dumps(text, ensure_ascii=False)
 
 
 def current_key(query_id: str, binding_json: str) -> bytes:
@@ -508,16 +501,10 @@ def decode_part_delta(data: bytes) -> dict[str, Any]:
     return found if found is not None else decode("PartDelta", data)
 
 
-_TEXT_CACHE: dict[str, bytes] = {}  # query ids and variable names repeat on every record
-
-
+@functools.lru_cache(maxsize=1 << 16)
 def _cached_string(text: str) -> bytes:
-    found = _TEXT_CACHE.get(text)
-    if found is None:
-        found = _string(text)
-        if len(_TEXT_CACHE) < _VARINT_CACHE_MAX:
-            _TEXT_CACHE[text] = found
-    return found
+    """:func:`_string` for query ids and variable names, which repeat on every record."""
+    return _string(text)
 
 
 def encode_part_delta(query_id: str, part: int, seq: int, sign: str, binding: Mapping[str, int],
@@ -535,21 +522,15 @@ def encode_part_delta(query_id: str, part: int, seq: int, sign: str, binding: Ma
 
 
 _TERM_TYPE = {"uri": b"\x00", "literal": b"\x02", "bnode": b"\x04"}
-_TERM_CACHE: dict[str, bytes] = {}
-_TERM_CACHE_MAX = 1 << 18
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def _sparql_term(term: str) -> bytes:
     """The Avro SparqlTerm body of a canonical term string (cached: answers repeat terms)."""
-    found = _TERM_CACHE.get(term)
-    if found is None:
-        avro = term_to_avro(term)
-        found = b"".join((_TERM_TYPE[avro["type"]], _string(avro["value"]),
-                          b"\x00" if avro["datatype"] is None else b"\x02" + _string(avro["datatype"]),
-                          b"\x00" if avro["lang"] is None else b"\x02" + _string(avro["lang"])))
-        if len(_TERM_CACHE) < _TERM_CACHE_MAX:
-            _TERM_CACHE[term] = found
-    return found
+    avro = term_to_avro(term)
+    return b"".join((_TERM_TYPE[avro["type"]], _string(avro["value"]),
+                     b"\x00" if avro["datatype"] is None else b"\x02" + _string(avro["datatype"]),
+                     b"\x00" if avro["lang"] is None else b"\x02" + _string(avro["lang"])))
 
 
 def _binding_map(terms: Mapping[str, str]) -> list[bytes]:
