@@ -356,12 +356,24 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
     2. produce every output (dictionary entries before the updates that use them: callers order them);
     3. add the input offsets of each consumer group (``(partitions, group_metadata)`` pairs: the next offset
        to read, with optional commit metadata) to the transaction, so they commit only with the outputs;
-    4. commit: outputs become visible to read_committed readers and offsets advance atomically.
+    4. wait until every output is acknowledged, then commit: outputs become visible to read_committed
+       readers and offsets advance atomically.
     Any failure aborts (when the producer can) and raises :class:`TransactionFailed`: neither the outputs
     nor the offsets happened, and the caller must restore its state from the logs.
+
+    A broker outage (every connection lost: a restart) during the transaction also raises
+    :class:`TransactionFailed`, before the commit if it is seen by then (the transaction is aborted), or
+    after it: a broker that restarts forgets its open transactions (noida-db aborts them in its snapshot
+    and then acknowledges the commit of the forgotten transaction without writing it), so the outcome is
+    unknown and only a restore from what the broker kept is safe.
     """
-    producer.poll(0)  # serves pending error callbacks, so an outage reported meanwhile is counted
-    if broker_outages() != _LIFE[0]:
+    life = _LIFE[0]
+
+    def outage() -> bool:
+        producer.poll(0)  # serves pending error callbacks, so an outage reported meanwhile is counted
+        return broker_outages() != life
+
+    if outage():
         # librdkafka can then wait forever for a stale group coordinator in send_offsets_to_transaction,
         # ignoring its timeout (librdkafka #5456, #5511); a new life has fresh clients.
         raise TransactionFailed("the broker connection was lost: starting again with new clients")
@@ -372,6 +384,10 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
         for partitions, group_metadata in offsets:
             if partitions:
                 producer.send_offsets_to_transaction(list(partitions), group_metadata, timeout)
+        if producer.flush(timeout) or outage():
+            producer.abort_transaction(timeout)
+            raise TransactionFailed("the broker connection was lost during a transaction: aborted, starting "
+                                    "again with new clients")
         producer.commit_transaction(timeout)
     except KafkaException as exc:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -383,6 +399,9 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
         raise TransactionFailed(f"transaction aborted: {exc}") from None
     finally:
         _WATCHDOG.leave()
+    if outage():
+        raise TransactionFailed("the broker connection was lost while a transaction committed: its outcome is "
+                                "unknown, starting again from what the broker kept")
 
 
 _LIFE = [0]  # broker_outages() when the current service life started
