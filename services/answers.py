@@ -200,21 +200,36 @@ class AnswersService:
         self.dictionary = Dictionary(settings)
         self.input: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member
-        self.assigned: set[int] = set()
+        self.assigned: set[int] = set()  # partitions whose deltas are processed now
+        self.held: set[int] = set()  # partitions whose state is in the core (assigned, or revoked and parked)
+        self.positions: dict[int, int] = {}  # next deltas.parts offset of each held partition, as committed
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Restore each newly assigned partition from its answers partition (the service's changelog)."""
+        """Restore each newly assigned partition from its answers partition (the service's changelog).
+
+        A partition whose state this instance still holds keeps it only if its committed offset is where
+        this instance left it: otherwise another instance numbered its deltas in between."""
         new = {tp.partition for tp in partitions}
-        for partition in self.assigned - new:
-            self.core.drop_partition(partition)
-        for partition in sorted(new - self.assigned):
+        committed = {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=30)} if partitions else {}
+        for partition in sorted(self.held):
+            if partition not in new or self.positions.get(partition) != committed[partition]:
+                self.core.drop_partition(partition)
+                self.held.discard(partition)
+        for partition in sorted(new - self.held):
             low, high = end_offsets(self.settings, self.t_answers)[partition]
             for msg in read_range(self.settings, self.t_answers, partition, low, high):
                 headers = {k: v for k, v in (msg.headers() or ()) if v is not None}
                 self.core.restore(partition, msg.value(), headers)
+            self.positions[partition] = committed[partition]
+        self.held = set(new)
         self.assigned = new
         log.info(kv(event="assigned", partitions=",".join(map(str, sorted(new))) or "-",
                     queries=len(self.core.queries)))
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """No delta of a revoked partition is processed or committed from here on (its state is kept for an
+        unchanged re-assignment: see on_assign)."""
+        self.assigned -= {tp.partition for tp in partitions}
 
     def run(self, stopper: Stopper) -> None:
         """Consume-process-produce until stopped.
@@ -227,7 +242,7 @@ class AnswersService:
            raises :class:`TransactionFailed` and a new life restores from the answers topic.
         """
         self.input = GroupInput(self.settings, self.group, [self.t_source], self.args.batch,
-                                on_assign=self.on_assign)
+                                on_assign=self.on_assign, on_revoke=self.on_revoke)
         self.consumer = self.input.member
         self.ready[0] = True
         updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
@@ -247,8 +262,11 @@ class AnswersService:
                     outputs.extend(self.core.on_delta(msg.partition(), msg.offset(), msg.value(), origin_ms(msg),
                                                       self.dictionary.terms.get))
                     offsets[msg.partition()] = msg.offset() + 1
+                if not offsets:
+                    continue  # every delta was of a partition revoked meanwhile
                 tps = [TopicPartition(self.t_source, p, o) for p, o in offsets.items()]
                 commit_transaction(self.producer, outputs, [(tps, self.consumer.consumer_group_metadata())])
+                self.positions.update(offsets)
                 updates_in.inc(len(msgs))
                 updates_out.inc(len(outputs))
                 latency.observe(time.monotonic() - started)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Counter
 
 from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
@@ -340,7 +340,8 @@ def restore(processor: IngestProcessor, settings: KafkaSettings) -> None:
 
 
 def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:
-    """One life of the service: restore, then consume-process-produce until stopped.
+    """One life of the service: consume-process-produce until stopped, with the state restored from the logs
+    when partitions are assigned (``on_assign``).
 
     Steps per batch (exactly-once):
     1. poll up to ``--batch`` raw records;
@@ -350,15 +351,35 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
        starts a new life, which restores the state from the committed logs, so nothing half-done survives.
     """
     # Partition counts come from the broker, not the flags: routing must match the topics as they exist.
-    processor = IngestProcessor(settings, len(end_offsets(settings, settings.topic("updates.routed"))),
-                                len(end_offsets(settings, settings.topic("dictionary"))))
+    partitions = (len(end_offsets(settings, settings.topic("updates.routed"))),
+                  len(end_offsets(settings, settings.topic("dictionary"))))
+    processor = IngestProcessor(settings, *partitions)
     raw_topic = settings.topic("updates.raw")
     group = args.group or f"{settings.topic_prefix}ingest"
     producer = make_producer(settings, transactional_id=f"{group}.{args.instance_id}")
     consumer: GroupInput | None = None
+    positions: dict[int, int] = {}  # next raw offset per partition that the processor's state includes
+    owned: set[int] = set()  # raw partitions assigned now
+
+    def on_assign(member: Consumer, assigned: list[TopicPartition]) -> None:
+        # The state is global (one order, one presence set), so it is rebuilt whenever any assigned raw
+        # partition was processed elsewhere since this life last saw it: at the start of every life, and when
+        # a standby replica takes over.  An unchanged re-assignment keeps it.
+        nonlocal processor
+        committed = {tp.partition: tp.offset for tp in member.committed(assigned, timeout=30)} if assigned else {}
+        if any(positions.get(p) != offset for p, offset in committed.items()):
+            processor = IngestProcessor(settings, *partitions)
+            restore(processor, settings)
+            positions.clear()
+            positions.update(committed)
+        owned.clear()
+        owned.update(committed)
+
+    def on_revoke(_member: Consumer, revoked: list[TopicPartition]) -> None:
+        owned.difference_update(tp.partition for tp in revoked)  # nothing of theirs is processed from here on
+
     try:
-        restore(processor, settings)
-        consumer = GroupInput(settings, group, [raw_topic], args.batch)
+        consumer = GroupInput(settings, group, [raw_topic], args.batch, on_assign=on_assign, on_revoke=on_revoke)
         ready[0] = True
         updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
         latency = PROCESSING_LATENCY.labels(SERVICE)
@@ -370,14 +391,19 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
             outputs: list[Output] = []
             offsets: dict[int, int] = {}
             for msg in msgs:
+                if msg.partition() not in owned:
+                    continue  # revoked meanwhile
                 ts_type, ts = msg.timestamp()
                 headers = msg.headers()
                 raw = RawRecord(msg.value(), {k: v for k, v in headers if v is not None} if headers else {},
                                 msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
                 outputs.extend(processor.process(raw))
                 offsets[msg.partition()] = msg.offset() + 1
+            if not offsets:
+                continue
             tps = [TopicPartition(raw_topic, p, o) for p, o in offsets.items()]
             commit_transaction(producer, outputs, [(tps, consumer.consumer_group_metadata())])
+            positions.update(offsets)
             updates_in.inc(len(msgs))
             updates_out.inc(len(outputs))
             latency.observe(time.monotonic() - started)

@@ -32,7 +32,7 @@ from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UP
                               record_consumer_lag)
 from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, commit_transaction, first_record,
                               idle_pause, kv, origin_ms, read_range, record_ok, service_command)
-from services.worker_core import Change, WorkerCore, changes_of, decode_change, shard_label
+from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_change, shard_label
 from services import codec
 
 log = logging.getLogger("cbgp.worker")
@@ -71,6 +71,8 @@ class WorkerService:
         self.encoded_epoch = 0
         self.next_plans_poll = 0.0
         self.assigned: set[int] = set()
+        # Routed shards of revoked partitions, with the plans positions they had: see on_assign.
+        self.parked: dict[int, tuple[Shard, list[int]]] = {}
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.plans = make_consumer(settings, f"{self.group}.plans", enable_partition_eof=True)
         self.routed_in: GroupInput | None = None
@@ -159,8 +161,10 @@ class WorkerService:
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Restore every newly assigned partition before any of its records is processed.
 
-        A partition this worker already holds at exactly its committed offset keeps its state (eager
-        rebalances revoke and re-assign everything; rebuilding unchanged state would be wasted work).
+        A routed shard this worker parked when the partition was revoked comes back as it was if nothing
+        moved meanwhile: the committed offset is still its position and no plan arrived (eager rebalances
+        revoke and re-assign everything; rebuilding unchanged state would be wasted work).  Otherwise another
+        worker owned the partition in between, and the shard is restored from the log.
         """
         new = {tp.partition for tp in partitions}
         for partition in list(self.assigned - new):
@@ -169,6 +173,10 @@ class WorkerService:
         for partition in sorted(new):
             offset, metadata = self._committed(consumer, self.t_routed, partition)
             shard = self.core.shards.get(("routed", partition))
+            parked = self.parked.pop(partition, None)
+            if shard is None and parked is not None and parked[0].position == offset \
+                    and parked[1] == self.core.plan_positions:
+                self.core.shards[("routed", partition)] = shard = parked[0]
             if shard is None or shard.position != offset:
                 self.pending.extend(self.core.open_shard("routed", partition, offset, metadata))
             whole = self.core.shards.get(("whole", partition))
@@ -176,12 +184,25 @@ class WorkerService:
                 if whole is not None:
                     self._close_whole(partition)  # its committed position may have moved: restore it
                 self._open_whole(partition)
+        self.parked.clear()  # revoked and not given back: another worker owns them now
         self.assigned = new
         self.dirty = True
         log.info(kv(event="assigned", partitions=",".join(map(str, sorted(new))) or "-"))
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Nothing to flush: every batch is committed before the next poll, where this callback runs.
+        """Stop every shard of the revoked partitions at once: no record of theirs is processed and no offset
+        of theirs is committed from here on, however long the next assignment takes (noida-db can leave a
+        JoinGroup unanswered for a minute while another worker already owns the partitions).
+
+        Nothing is in flight: every batch is committed before the next poll, where this callback runs.
+        Routed shards are parked (kept for an unchanged re-assignment), whole shards closed.
+        """
+        for tp in partitions:
+            shard = self.core.shards.pop(("routed", tp.partition), None)
+            if shard is not None:
+                self.parked[tp.partition] = (shard, list(self.core.plan_positions))
+            self._close_whole(tp.partition)
+            self.assigned.discard(tp.partition)
         log.info(kv(event="revoked", partitions=",".join(str(tp.partition) for tp in partitions) or "-"))
 
     # -- the loop

@@ -1,0 +1,78 @@
+"""What a worker does with its shards when the group takes partitions away and gives them back.
+
+Real broker and the real service object; the group's decisions are played by calling the rebalance
+callbacks with a member of the worker's group (the same calls librdkafka makes).  The failure this guards
+against: a worker whose partitions were revoked kept processing and committing them while its next
+assignment was pending (noida-db can leave a JoinGroup unanswered for a minute), at the same time as the
+worker that owned them now.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from confluent_kafka import TopicPartition
+
+from services.ingest import IngestProcessor, RawRecord, replay_outputs
+from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
+from services.runtime import produce_all, query_partition
+from services.worker import WorkerService
+from tests.fleet_support import QUERIES, generate_patch, publish_plan
+
+
+def publish_encoded(settings: KafkaSettings, lines: list[str]) -> None:
+    """Dictionary, encoded and routed records as ingest makes them (without running ingest)."""
+    processor = IngestProcessor(settings, settings.partitions, len(end_offsets(settings, settings.topic("dictionary"))))
+    raw = RawRecord(("\n".join(lines) + "\n").encode(), {}, settings.topic("updates.raw"), 0, 0, 1)
+    producer = make_producer(settings)
+    produce_all(producer, replay_outputs(processor, [raw]))
+    assert producer.flush(30) == 0
+
+
+def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_settings: KafkaSettings) -> None:
+    settings = kafka_settings
+    publish_plan(settings, "star", QUERIES["star"])  # routed: a shard per partition
+    publish_plan(settings, "path", QUERIES["path"])  # whole: one shard, on the partition that owns it
+    owner = query_partition("path", settings.partitions)
+    other = (owner + 1) % settings.partitions
+    args = argparse.Namespace(group=None, instance_id="rebalance-test", batch=100, assembly="worker")
+    service = WorkerService(settings, args, [False])
+    member = make_consumer(settings, service.group)  # answers committed() for the group, like the real member
+    service.consumer = member
+    routed = settings.topic("updates.routed")
+    every = [TopicPartition(routed, p) for p in range(settings.partitions)]
+    try:
+        service.load_plans()
+        service.on_assign(member, every)
+        assert {p for kind, p in service.core.shards if kind == "routed"} == set(range(settings.partitions))
+        assert ("whole", owner) in service.core.shards and owner in service.encoded
+
+        # Revoked: nothing of the partition is processed or committed from now on, however long the next
+        # assignment takes.
+        service.on_revoke(member, [TopicPartition(routed, owner)])
+        assert ("routed", owner) not in service.core.shards
+        assert ("whole", owner) not in service.core.shards and owner not in service.encoded
+        committed = {tp.partition for parts, _meta in service._offsets() for tp in parts if tp.topic == routed}
+        assert committed == set(range(settings.partitions)) - {owner}
+
+        # Given back unchanged (nobody committed it meanwhile): the parked shard resumes as it was.
+        parked = service.parked[owner][0]
+        service.on_assign(member, every)
+        assert service.core.shards[("routed", owner)] is parked
+        assert ("whole", owner) in service.core.shards
+
+        # Revoked, then processed by another worker (its committed offset moved): restored from the log.
+        service.on_revoke(member, every)
+        publish_encoded(settings, generate_patch(200, seed=3))
+        moved = end_offsets(settings, routed)[other][1]
+        assert moved > 0
+        member.commit(offsets=[TopicPartition(routed, other, moved)], asynchronous=False)
+        kept = service.parked[owner][0]
+        service.on_assign(member, every)
+        assert service.core.shards[("routed", owner)] is kept
+        restored = service.core.shards[("routed", other)]
+        assert restored.position == moved and restored.engine.state_entries() > 0
+        assert not service.parked
+    finally:
+        service.close()
+        member.close()
