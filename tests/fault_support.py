@@ -368,8 +368,13 @@ class FaultRun:
                 if i in spread:
                     self.register_next()
                 self.publish(chunks[i])
-                time.sleep(self.rng.uniform(0.5, 2.0))  # let the fleet get into the slice
-                self.wait_groups_stable()
+                if event == "broker":
+                    # Restart while the slice is being processed, so that transactions are open when the
+                    # broker stops (and the fleet's groups are still settling from the previous event).
+                    time.sleep(self.rng.uniform(0.05, 0.4))
+                else:
+                    time.sleep(self.rng.uniform(0.5, 2.0))  # let the fleet get into the slice
+                    self.wait_groups_stable()
                 self.log(f"event {i + 1}/{len(events)}: {event}")
                 if event == "registry":
                     self.register_next()
