@@ -49,6 +49,11 @@ def metrics_url(fleet: Fleet, name: str, timeout: float = 30.0) -> str:
     raise TimeoutError(f"{name} did not log its metrics port")
 
 
+def records_in(url: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(v) for v in re.findall(r'^cbgp_updates_in_total\{[^}]*\} (\S+)$', text, re.M))
+
+
 def query_state(url: str, query: str) -> float | None:
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     found = re.search(rf'^cbgp_query_state_entries\{{query="{query}"\}} (\S+)$', text, re.M)
@@ -250,3 +255,31 @@ def test_queries_registered_and_unregistered_through_the_registry_process(kafka_
         while query_state(url, "names") != 0 and time.monotonic() < deadline:
             time.sleep(0.3)
         assert query_state(url, "names") == 0 and query_state(url, "star") > 0
+
+
+@pytest.mark.timeout(240)
+def test_standby_ingest_takes_over_with_the_state_it_replaces(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+    """updates.raw has one partition, so a second ingest waits as a standby.  When the active one stops, the
+    standby must continue from the state the active one committed (presence set, order, dictionary), not
+    from what it restored when it started: the second half re-inserts and deletes triples of the first."""
+    lines = generate_patch(3000, seed=43)
+    first, second = lines[:1500], lines[1500:]
+    expected = replay(tmp_path, lines, QUERIES)
+    partial = replay(tmp_path, first, QUERIES)
+    with Fleet(kafka_settings, tmp_path / "logs") as fleet:
+        for query, text in QUERIES.items():
+            publish_plan(kafka_settings, query, text)
+        start_fleet(fleet, 1)
+        fleet.start("standby", "ingest", "--instance-id", "i2")
+        metrics_url(fleet, "standby")  # started: restored (nothing yet) and joining the group
+        publish_patch(kafka_settings, first)
+        wait_answers(kafka_settings, {q: len(d) for q, d in partial.items()})
+        consumed = {name: records_in(metrics_url(fleet, name)) for name in ("ingest", "standby")}
+        active = max(consumed, key=lambda name: consumed[name])
+        assert sorted(consumed.values())[0] == 0, f"both ingests consumed: {consumed}"
+        assert fleet.stop(active) == 0
+        publish_patch(kafka_settings, second)
+        wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()})
+        time.sleep(1.0)  # anything duplicated would arrive right after the expected count
+        assert_matches(read_answers(kafka_settings), expected)
+        assert_current(kafka_settings, expected)
