@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,6 +103,21 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def transactions(fleet: Fleet) -> dict[str, tuple[float, float]]:
+    """(transactions, records consumed) so far per service process, from its /metrics (one batch = one
+    transaction: ``cbgp_processing_latency_seconds`` is observed once per committed batch)."""
+    out = {}
+    for name in fleet.procs:
+        found = re.search(r"event=started metrics_port=(\d+)", fleet.log_text(name))
+        if not found:
+            continue
+        text = urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/metrics", timeout=5).read().decode()
+        values = [sum(float(v) for v in re.findall(rf"^{metric}\{{[^}}]*\}} (\S+)$", text, re.M))
+                  for metric in ("cbgp_processing_latency_seconds_count", "cbgp_updates_in_total")]
+        out[name] = (values[0], values[1])
+    return out
+
+
 def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {name: after[name] - before.get(name, 0.0) for name in after}
 
@@ -120,7 +137,7 @@ def answer_count(tmp: Path, lines: list[str]) -> int:
     return sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
 
 
-def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path) -> dict[str, float]:
+def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path, batches: dict[str, list[str]]) -> dict[str, float]:
     lines = generate_patch(warmup + 2 * updates, seed=99, subjects=3000)
     warmup_lines = lines[:warmup]
     latency_lines, burst_lines = lines[warmup:warmup + updates], lines[warmup + updates:]
@@ -133,10 +150,10 @@ def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path) -> dict
         for name, text in BENCH_QUERIES.items():
             publish_plan(settings, name, text)
         with Fleet(settings, tmp / "logs") as fleet:
-            fleet.start("ingest", "ingest", "--instance-id", "i1", "--log-level", "WARNING")
+            fleet.start("ingest", "ingest", "--instance-id", "i1", *batches["ingest"])
             for i in range(workers):
-                fleet.start(f"w{i}", "worker", "--worker-id", f"w{i}")
-            fleet.start("answers", "answers", "--instance-id", "a1")
+                fleet.start(f"w{i}", "worker", "--worker-id", f"w{i}", *batches["worker"])
+            fleet.start("answers", "answers", "--instance-id", "a1", *batches["answers"])
             wait_ready(fleet, workers)
             pids = {"broker": broker.pid, **{name: proc.pid for name, proc in fleet.procs.items()},
                     "bench": os.getpid()}
@@ -152,18 +169,22 @@ def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path) -> dict
                 produce(producer, settings, latency_lines, rate)
                 first = reader.until(n_latency, 120)[n_warmup:]
                 lat = sorted(produced - origin for produced, origin in first if origin is not None)
-                burst_start = cpu_seconds(pids)
+                burst_start, txn_start = cpu_seconds(pids), transactions(fleet)
                 t0 = produce(producer, settings, burst_lines, None)
                 every = reader.until(n_total, 300)
                 burst = cpu_spent(burst_start, cpu_seconds(pids))
+                txn = {name: (t - txn_start[name][0], r - txn_start[name][1])
+                       for name, (t, r) in transactions(fleet).items() if name in txn_start}
             finally:
                 reader.close()
             t_end = max(produced for produced, _ in every) / 1000
+            stored = sum(f.stat().st_size for f in (tmp / "broker").rglob("*.json"))
     return {"workers": workers, "updates_per_s": len(burst_lines) / (t_end - t0),
             "p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "p90_ms": lat[int(0.9 * len(lat))], "max_ms": lat[-1], "cold_max_ms": cold,
             "answers": n_total, "idle_cpu": {k: v / IDLE_SECONDS for k, v in idle.items()},
-            "burst_cpu_us": {k: 1e6 * v / len(burst_lines) for k, v in burst.items()}}
+            "burst_cpu_us": {k: 1e6 * v / len(burst_lines) for k, v in burst.items()},
+            "burst_txn": txn, "broker_snapshot_mb": stored / 1e6}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,11 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=5000, help="paced rate of the latency phase (updates/s)")
     parser.add_argument("--warmup", type=int, default=5000,
                         help="updates sent at --rate before the latency phase, not measured (default 5000)")
+    for service in ("ingest", "worker", "answers"):
+        parser.add_argument(f"--{service}-batch", type=int, help=f"the {service} service's --batch (default: its own)")
     args = parser.parse_args(argv)
+    batches = {service: ["--batch", str(getattr(args, f"{service}_batch"))] if getattr(args, f"{service}_batch") else []
+               for service in ("ingest", "worker", "answers")}
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-            rows.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp)))
+            rows.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp), batches))
         r = rows[-1]
         print(f"workers={r['workers']} throughput={r['updates_per_s']:,.0f} updates/s "
               f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p90={r['p90_ms']:.0f} ms p99={r['p99_ms']:.0f} ms "
@@ -192,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['workers']} worker(s): idle " + ", ".join(f"{n} {r['idle_cpu'][n]:.2f}" for n in names))
         print(f"  {r['workers']} worker(s): burst " + ", ".join(f"{n} {r['burst_cpu_us'][n]:.0f}" for n in names) +
               f" = {sum(r['burst_cpu_us'].values()):.0f} us/update")
+    print("\nBurst transactions per service (input records per transaction); the broker's JSON snapshot at the end")
+    for r in rows:
+        print(f"  {r['workers']} worker(s): " + ", ".join(
+            f"{n} {t:,.0f} ({recs / t if t else 0:.1f})" for n, (t, recs) in sorted(r["burst_txn"].items())) +
+            f"; snapshot {r['broker_snapshot_mb']:.0f} MB")
     print(f"(goals on 2 cores: >= 20,000 updates/s end to end; p99 < 250 ms at {args.rate:,.0f} updates/s)")
     return 0
 
