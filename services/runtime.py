@@ -384,10 +384,12 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
         for partitions, group_metadata in offsets:
             if partitions:
                 producer.send_offsets_to_transaction(list(partitions), group_metadata, timeout)
-        if producer.flush(timeout) or outage():
+        unacknowledged = producer.flush(timeout)
+        if unacknowledged or outage():
             producer.abort_transaction(timeout)
-            raise TransactionFailed("the broker connection was lost during a transaction: aborted, starting "
-                                    "again with new clients")
+            reason = (f"{unacknowledged} outputs not acknowledged within {timeout:.0f} s" if unacknowledged
+                      else "the broker connection was lost during the transaction")
+            raise TransactionFailed(f"{reason}: aborted, starting again with new clients")
         producer.commit_transaction(timeout)
     except KafkaException as exc:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
