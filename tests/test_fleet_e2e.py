@@ -32,6 +32,20 @@ def assert_current(settings: KafkaSettings, expected: dict[str, list[tuple[str, 
         assert current.get(query, Counter()) == final_answers(deltas), f"{query}: answers.current differs"
 
 
+def two_halves(tmp_path: Path, seed: int) -> tuple[list[str], list[str], dict, dict]:
+    """A 3,000-update stream split in two, with the replay's deltas for all of it and for its first half."""
+    lines = generate_patch(3000, seed=seed)
+    return lines[:1500], lines[1500:], replay(tmp_path, lines, QUERIES), replay(tmp_path, lines[:1500], QUERIES)
+
+
+def assert_final(settings: KafkaSettings, expected: dict[str, list[tuple[str, str]]]) -> None:
+    """Once every expected delta arrived (and a moment more, for duplicates), the answers are exactly them."""
+    wait_answers(settings, {q: len(d) for q, d in expected.items()})
+    time.sleep(1.0)  # anything duplicated would arrive right after the expected count
+    assert_matches(read_answers(settings), expected)
+    assert_current(settings, expected)
+
+
 def start_fleet(fleet: Fleet, workers: int) -> None:
     fleet.start("ingest", "ingest", "--instance-id", "i1")
     for i in range(workers):
@@ -194,10 +208,7 @@ def test_bad_input_is_dead_lettered_and_good_lines_are_answered(kafka_settings: 
 @pytest.mark.timeout(180)
 def test_worker_restarted_after_sigterm_resumes_without_loss_or_duplicates(kafka_settings: KafkaSettings,
                                                                            tmp_path: Path) -> None:
-    lines = generate_patch(3000, seed=41)
-    first, second = lines[:1500], lines[1500:]
-    expected = replay(tmp_path, lines, QUERIES)
-    partial = replay(tmp_path, first, QUERIES)
+    first, second, expected, partial = two_halves(tmp_path, seed=41)
     with Fleet(kafka_settings, tmp_path / "logs") as fleet:
         for query, text in QUERIES.items():
             publish_plan(kafka_settings, query, text)
@@ -207,11 +218,7 @@ def test_worker_restarted_after_sigterm_resumes_without_loss_or_duplicates(kafka
         assert fleet.stop("w0") == 0
         publish_patch(kafka_settings, second)
         fleet.start("w0", "worker", "--worker-id", "w0")
-        got = wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()})
-        time.sleep(1.0)  # anything duplicated would arrive right after the expected count
-        got = read_answers(kafka_settings)
-        assert_matches(got, expected)
-        assert_current(kafka_settings, expected)
+        assert_final(kafka_settings, expected)
 
 
 @pytest.mark.timeout(180)
@@ -262,10 +269,7 @@ def test_standby_ingest_takes_over_with_the_state_it_replaces(kafka_settings: Ka
     """updates.raw has one partition, so a second ingest waits as a standby.  When the active one stops, the
     standby must continue from the state the active one committed (presence set, order, dictionary), not
     from what it restored when it started: the second half re-inserts and deletes triples of the first."""
-    lines = generate_patch(3000, seed=43)
-    first, second = lines[:1500], lines[1500:]
-    expected = replay(tmp_path, lines, QUERIES)
-    partial = replay(tmp_path, first, QUERIES)
+    first, second, expected, partial = two_halves(tmp_path, seed=43)
     with Fleet(kafka_settings, tmp_path / "logs") as fleet:
         for query, text in QUERIES.items():
             publish_plan(kafka_settings, query, text)
@@ -279,7 +283,4 @@ def test_standby_ingest_takes_over_with_the_state_it_replaces(kafka_settings: Ka
         assert sorted(consumed.values())[0] == 0, f"both ingests consumed: {consumed}"
         assert fleet.stop(active) == 0
         publish_patch(kafka_settings, second)
-        wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()})
-        time.sleep(1.0)  # anything duplicated would arrive right after the expected count
-        assert_matches(read_answers(kafka_settings), expected)
-        assert_current(kafka_settings, expected)
+        assert_final(kafka_settings, expected)
