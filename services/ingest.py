@@ -361,12 +361,12 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
     positions: dict[int, int] = {}  # next raw offset per partition that the processor's state includes
     owned: set[int] = set()  # raw partitions assigned now
 
-    def on_assign(member: Consumer, assigned: list[TopicPartition]) -> None:
+    def on_assign(_member: Consumer, assigned: list[TopicPartition]) -> None:
         # The state is global (one order, one presence set), so it is rebuilt whenever any assigned raw
         # partition was processed elsewhere since this life last saw it: at the start of every life, and when
         # a standby replica takes over.  An unchanged re-assignment keeps it.
         nonlocal processor
-        committed = {tp.partition: tp.offset for tp in member.committed(assigned, timeout=30)} if assigned else {}
+        committed = {tp.partition: tp.offset for tp in assigned}  # GroupInput passes the committed offsets
         if any(positions.get(p) != offset for p, offset in committed.items()):
             processor = IngestProcessor(settings, *partitions)
             restore(processor, settings)

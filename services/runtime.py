@@ -275,7 +275,8 @@ class GroupInput:
     subscribed consumer (``member``) whose partitions stay paused; records through a :class:`Fetcher`
     started at the committed offsets of the partitions the group assigned.
 
-    ``on_assign``/``on_revoke`` are called like confluent-kafka's (with ``member``), from :meth:`poll`.
+    ``on_assign``/``on_revoke`` are called like confluent-kafka's (with ``member``), from :meth:`poll`;
+    ``on_assign`` gets the partitions with their committed offsets and commit metadata (offset < 0: none).
     """
 
     def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], max_records: int, *,
@@ -292,12 +293,10 @@ class GroupInput:
             return  # a rebalance while leaving (others left too): the handle cannot fetch offsets any more
         consumer.assign(partitions)
         consumer.pause(partitions)  # the member never fetches: the fetcher does
-        positions: dict[tuple[str, int], int] = {}
-        if partitions:
-            for tp in consumer.committed(partitions, timeout=30):
-                positions[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+        committed = consumer.committed(partitions, timeout=30) if partitions else []
+        positions = {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else OFFSET_BEGINNING for tp in committed}
         if self.user_assign is not None:
-            self.user_assign(consumer, partitions)
+            self.user_assign(consumer, committed)
         self.fetcher.set_positions(positions)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

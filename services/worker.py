@@ -159,7 +159,8 @@ class WorkerService:
         self.encoded_reader.set_positions({(self.t_encoded, 0): min(positions)} if positions else {})
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Restore every newly assigned partition before any of its records is processed.
+        """Restore every newly assigned partition before any of its records is processed (``partitions`` carry
+        their committed offsets and metadata: see GroupInput).
 
         A routed shard this worker parked when the partition was revoked comes back as it was if nothing
         moved meanwhile: the committed offset is still its position and no plan arrived (eager rebalances
@@ -170,8 +171,8 @@ class WorkerService:
         for partition in list(self.assigned - new):
             self.core.close_shard("routed", partition)
             self._close_whole(partition)
-        for partition in sorted(new):
-            offset, metadata = self._committed(consumer, self.t_routed, partition)
+        for tp in sorted(partitions, key=lambda tp: tp.partition):  # with their committed offsets (GroupInput)
+            partition, offset, metadata = tp.partition, max(tp.offset, 0), tp.metadata
             shard = self.core.shards.get(("routed", partition))
             parked = self.parked.pop(partition, None)
             if shard is None and parked is not None and parked[0].position == offset \

@@ -41,9 +41,12 @@ def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_sett
     service.consumer = member
     routed = settings.topic("updates.routed")
     every = [TopicPartition(routed, p) for p in range(settings.partitions)]
+
+    def assign() -> None:  # as GroupInput does it: the partitions with their committed offsets
+        service.on_assign(member, member.committed(every, timeout=30))
     try:
         service.load_plans()
-        service.on_assign(member, every)
+        assign()
         assert {p for kind, p in service.core.shards if kind == "routed"} == set(range(settings.partitions))
         assert ("whole", owner) in service.core.shards and owner in service.encoded
 
@@ -57,7 +60,7 @@ def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_sett
 
         # Given back unchanged (nobody committed it meanwhile): the parked shard resumes as it was.
         parked = service.parked[owner][0]
-        service.on_assign(member, every)
+        assign()
         assert service.core.shards[("routed", owner)] is parked
         assert ("whole", owner) in service.core.shards
 
@@ -68,7 +71,7 @@ def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_sett
         assert moved > 0
         member.commit(offsets=[TopicPartition(routed, other, moved)], asynchronous=False)
         kept = service.parked[owner][0]
-        service.on_assign(member, every)
+        assign()
         assert service.core.shards[("routed", owner)] is kept
         restored = service.core.shards[("routed", other)]
         assert restored.position == moved and restored.engine.state_entries() > 0
