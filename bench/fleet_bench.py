@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +35,7 @@ from confluent_kafka import OFFSET_BEGINNING, Producer  # noqa: E402
 
 from services.kafka import EmbeddedBroker, KafkaSettings, end_offsets, ensure_topics, make_producer  # noqa: E402
 from services.runtime import ORIGIN_HEADER, Fetcher  # noqa: E402
-from tests.fleet_support import QUERIES, Fleet, generate_patch, publish_plan, replay  # noqa: E402
+from tests.fleet_support import QUERIES, Fleet, generate_patch, metric_total, publish_plan, replay  # noqa: E402
 
 BENCH_QUERIES = {name: QUERIES[name] for name in ("star", "path", "names")}
 PER_MESSAGE = 50
@@ -106,16 +104,8 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
 def transactions(fleet: Fleet) -> dict[str, tuple[float, float]]:
     """(transactions, records consumed) so far per service process, from its /metrics (one batch = one
     transaction: ``cbgp_processing_latency_seconds`` is observed once per committed batch)."""
-    out = {}
-    for name in fleet.procs:
-        found = re.search(r"event=started metrics_port=(\d+)", fleet.log_text(name))
-        if not found:
-            continue
-        text = urllib.request.urlopen(f"http://127.0.0.1:{found.group(1)}/metrics", timeout=5).read().decode()
-        values = [sum(float(v) for v in re.findall(rf"^{metric}\{{[^}}]*\}} (\S+)$", text, re.M))
-                  for metric in ("cbgp_processing_latency_seconds_count", "cbgp_updates_in_total")]
-        out[name] = (values[0], values[1])
-    return out
+    return {name: (metric_total(fleet.metrics_url(name), "cbgp_processing_latency_seconds_count"),
+                   metric_total(fleet.metrics_url(name), "cbgp_updates_in_total")) for name in fleet.procs}
 
 
 def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -137,7 +127,8 @@ def answer_count(tmp: Path, lines: list[str]) -> int:
     return sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
 
 
-def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path, batches: dict[str, list[str]]) -> dict[str, float]:
+def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path,
+        batches: dict[str, list[str]]) -> dict[str, float]:
     lines = generate_patch(warmup + 2 * updates, seed=99, subjects=3000)
     warmup_lines = lines[:warmup]
     latency_lines, burst_lines = lines[warmup:warmup + updates], lines[warmup + updates:]

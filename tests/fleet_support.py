@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Iterable
@@ -98,6 +100,12 @@ def final_answers(deltas: Iterable[tuple[str, str]]) -> Counter:
 
 
 # ------------------------------------------------------------------------------------------ Kafka side
+
+
+def metric_total(url: str, metric: str) -> float:
+    """The sum of ``metric`` over all its label sets at ``url`` (0 if absent)."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(v) for v in re.findall(rf"^{metric}\{{[^}}]*\}} (\S+)$", text, re.M))
 
 
 def publish_patch(settings: KafkaSettings, lines: list[str], per_message: int = 50) -> None:
@@ -199,6 +207,16 @@ class Fleet:
     def log_text(self, name: str) -> str:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def metrics_url(self, name: str, timeout: float = 30.0) -> str:
+        """The /metrics URL of process ``name`` (it logs its port once started)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(r"event=started metrics_port=(\d+)", self.log_text(name))
+            if found:
+                return f"http://127.0.0.1:{found.group(1)}/metrics"
+            time.sleep(0.2)
+        raise TimeoutError(f"{name} did not log its metrics port")
 
     def __enter__(self) -> "Fleet":
         return self

@@ -13,8 +13,8 @@ import pytest
 
 from services import codec
 from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
-from tests.fleet_support import (EX, QUERIES, Fleet, final_answers, generate_patch, publish_patch, publish_plan,
-                                 read_answers, read_current, replay, unpublish_plan, wait_answers)
+from tests.fleet_support import (EX, QUERIES, Fleet, final_answers, generate_patch, metric_total, publish_patch,
+                                 publish_plan, read_answers, read_current, replay, unpublish_plan, wait_answers)
 
 pytestmark = [pytest.mark.slow]
 
@@ -51,21 +51,6 @@ def start_fleet(fleet: Fleet, workers: int) -> None:
     for i in range(workers):
         fleet.start(f"w{i}", "worker", "--worker-id", f"w{i}")
     fleet.start("answers", "answers", "--instance-id", "a1")
-
-
-def metrics_url(fleet: Fleet, name: str, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(r"event=started metrics_port=(\d+)", fleet.log_text(name))
-        if found:
-            return f"http://127.0.0.1:{found.group(1)}/metrics"
-        time.sleep(0.2)
-    raise TimeoutError(f"{name} did not log its metrics port")
-
-
-def records_in(url: str) -> float:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(float(v) for v in re.findall(r'^cbgp_updates_in_total\{[^}]*\} (\S+)$', text, re.M))
 
 
 def query_state(url: str, query: str) -> float | None:
@@ -147,7 +132,7 @@ def test_unregister_stops_output_and_frees_state(kafka_settings: KafkaSettings, 
         for query, text in queries.items():
             publish_plan(kafka_settings, query, text)
         start_fleet(fleet, 1)
-        url = metrics_url(fleet, "w0")
+        url = fleet.metrics_url("w0")
         publish_patch(kafka_settings, first)
         wait_answers(kafka_settings, {q: len(d) for q, d in before.items()})
         deadline = time.monotonic() + 20
@@ -241,7 +226,7 @@ def test_queries_registered_and_unregistered_through_the_registry_process(kafka_
     with Fleet(kafka_settings, tmp_path / "logs") as fleet:
         fleet.start("registry", "registry", "--web-port", str(free_port()), "--state-dir", str(tmp_path / "state"))
         start_fleet(fleet, 1)
-        url = metrics_url(fleet, "w0")
+        url = fleet.metrics_url("w0")
         for query, text in queries.items():
             command("REGISTER", query, text)
         deadline = time.monotonic() + 60
@@ -275,10 +260,11 @@ def test_standby_ingest_takes_over_with_the_state_it_replaces(kafka_settings: Ka
             publish_plan(kafka_settings, query, text)
         start_fleet(fleet, 1)
         fleet.start("standby", "ingest", "--instance-id", "i2")
-        metrics_url(fleet, "standby")  # started: restored (nothing yet) and joining the group
+        fleet.metrics_url("standby")  # started: restored (nothing yet) and joining the group
         publish_patch(kafka_settings, first)
         wait_answers(kafka_settings, {q: len(d) for q, d in partial.items()})
-        consumed = {name: records_in(metrics_url(fleet, name)) for name in ("ingest", "standby")}
+        consumed = {name: metric_total(fleet.metrics_url(name), "cbgp_updates_in_total")
+                    for name in ("ingest", "standby")}
         active = max(consumed, key=lambda name: consumed[name])
         assert sorted(consumed.values())[0] == 0, f"both ingests consumed: {consumed}"
         assert fleet.stop(active) == 0
