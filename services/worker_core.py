@@ -48,15 +48,15 @@ Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
 LogReader = Callable[[str, int, int, int], Iterable[Change]]
 
 
-def decode_change(kind: str, offset: int, value: bytes, origin: int | None) -> Change:
-    """A routed (``kind="routed"``) or encoded record as a :data:`Change`; raises ``codec.CodecError``."""
+def decode_changes(kind: str, offset: int, value: bytes, origin: int | None) -> list[Change]:
+    """The changes of one routed (``kind="routed"``) or encoded record (a batch, or a format-1 single change)
+    as :data:`Change` tuples sharing ``offset``; raises ``codec.CodecError``.  Refreshes (ADDs of present
+    triples, forwarded for event-time windows) change no match and are left out."""
     if kind == "routed":
-        seq, sign, s, p, o, g, _event_time, role_name = codec.decode_routed(value)
-        role = ROLES[role_name]
-    else:
-        seq, sign, s, p, o, g, _event_time, _refresh = codec.decode_encoded(value)
-        role = ROLE_ALL
-    return (offset, sign, s, p, o, g, role, seq, origin)
+        return [(offset, sign, s, p, o, g, ROLES[role], seq, origin)
+                for seq, sign, s, p, o, g, _event_time, role in codec.routed_changes(value)]
+    return [(offset, sign, s, p, o, g, ROLE_ALL, seq, origin)
+            for seq, sign, s, p, o, g, _event_time, refresh in codec.encoded_changes(value) if not refresh]
 
 
 @dataclass
@@ -277,15 +277,22 @@ class WorkerCore:
 
     # -- live records
 
-    def on_change(self, shard: Shard, change: Change) -> list[Output]:
-        offset, sign, s, p, o, g, role, seq, origin = change
+    def on_record(self, shard: Shard, offset: int, changes: list[Change]) -> list[Output]:
+        """Apply the changes of one input record (at ``offset``); their deltas are numbered 0, 1, ... across
+        the record, the ``index`` of the idempotence key ``(source partition, offset, index)``."""
         shard.position = offset + 1
-        deltas = shard.engine.apply(sign, s, p, o, g, role)
-        if not deltas:
-            return []
-        headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
-        return [self._part_delta(shard, name, d_sign, row, seq, offset, index, False, headers)
-                for index, (name, d_sign, row) in enumerate(deltas)]
+        out: list[Output] = []
+        headers: list | None = None
+        apply = shard.engine.apply
+        for _offset, sign, s, p, o, g, role, seq, origin in changes:
+            deltas = apply(sign, s, p, o, g, role)
+            if not deltas:
+                continue
+            if headers is None:
+                headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
+            for name, d_sign, row in deltas:
+                out.append(self._part_delta(shard, name, d_sign, row, seq, offset, len(out), False, headers))
+        return out
 
     def skip(self, shard: Shard, offset: int, value: bytes, error: str) -> list[Output]:
         """A record of a shard's log that cannot be decoded: dead-letter it and move on."""
@@ -351,6 +358,7 @@ def changes_of(kind: str, records: Iterable[tuple[int, bytes, int | None]]) -> I
     """Decode ``(offset, value, origin)`` records of a log, skipping undecodable ones (already dead-lettered)."""
     for offset, value, origin in records:
         try:
-            yield decode_change(kind, offset, value, origin)
+            changes = decode_changes(kind, offset, value, origin)
         except codec.CodecError:
             continue
+        yield from changes

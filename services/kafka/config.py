@@ -149,7 +149,8 @@ class KafkaSettings:
         used the same id -- that is how a restarted worker stops its zombie predecessor.
         """
         conf = self.client_config()
-        conf.update({"acks": "all", "linger.ms": LINGER_MS, "enable.idempotence": idempotent or bool(transactional_id)})
+        conf.update({"acks": "all", "linger.ms": LINGER_MS, "enable.idempotence": idempotent or bool(transactional_id),
+                     "compression.type": os.environ.get("CBGP_COMPRESSION", "none")})
         if transactional_id:
             conf["transactional.id"] = transactional_id
         conf.update(self.extra)  # the user's explicit passthrough wins over our defaults
