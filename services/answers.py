@@ -59,6 +59,7 @@ class AnswersCore:
         self.queries: dict[str, QueryAnswers] = {}
         self.partition_of: dict[str, int] = {}
         self.duplicates = 0
+        self.emitted: dict[tuple[str, str], object] = {}  # (query, sign) -> its DELTAS_EMITTED child
 
     def drop_partition(self, partition: int) -> None:
         for name in [q for q, p in self.partition_of.items() if p == partition]:
@@ -84,12 +85,14 @@ class AnswersCore:
             del state.current[key]
 
     def on_delta(self, partition: int, offset: int, value: bytes, origin: int | None,
-                 lookup: Callable[[int], str | None]) -> list[Output]:
-        """The outputs of one PartDelta: an Answer and the new CurrentAnswer (or tombstone), or a dead letter."""
-        try:
-            record = codec.decode_part_delta(value)
-        except codec.CodecError as exc:
-            return [self._dead(partition, offset, "schema-mismatch", str(exc), value)]
+                 lookup: Callable[[int], str | None], record: dict | None = None) -> list[Output]:
+        """The outputs of one PartDelta: an Answer and the new CurrentAnswer (or tombstone), or a dead letter.
+        ``record``: ``value`` already decoded (``None``: decode it here)."""
+        if record is None:
+            try:
+                record = codec.decode_part_delta(value)
+            except codec.CodecError as exc:
+                return [self._dead(partition, offset, "schema-mismatch", str(exc), value)]
         if record["part"] != WHOLE_QUERY_PART:
             return []  # one part of a multi-part query: input of the Spark assembly, which sends the answers
         name = record["query_id"]
@@ -130,7 +133,10 @@ class AnswersCore:
         else:
             current = codec.encode_current_answer(name, terms, entry[0], state.n)
             out.append(Output(self.t_current, current, ckey, partition))
-        DELTAS_EMITTED.labels(name, sign).inc()
+        counter = self.emitted.get((name, sign))
+        if counter is None:  # labels() costs microseconds: once per query and sign
+            counter = self.emitted[(name, sign)] = DELTAS_EMITTED.labels(name, sign)
+        counter.inc()
         return out
 
     def _dead(self, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
@@ -253,14 +259,16 @@ class AnswersService:
                 if not msgs:
                     continue
                 started = time.monotonic()
-                self.dictionary.wait_for(_ids_of(msgs))
+                records = _decoded(msgs)
+                self.dictionary.wait_for({i for r in records if r is not None for i in r["binding"].values()})
                 outputs: list[Output] = []
                 offsets: dict[int, int] = {}
-                for msg in msgs:
+                lookup = self.dictionary.terms.get
+                for msg, record in zip(msgs, records):
                     if msg.partition() not in self.assigned:
                         continue
                     outputs.extend(self.core.on_delta(msg.partition(), msg.offset(), msg.value(), origin_ms(msg),
-                                                      self.dictionary.terms.get))
+                                                      lookup, record))
                     offsets[msg.partition()] = msg.offset() + 1
                 if not offsets:
                     continue  # every delta was of a partition revoked meanwhile
@@ -279,14 +287,15 @@ class AnswersService:
             self.producer.flush(5)
 
 
-def _ids_of(msgs: list[Message]) -> set[int]:
-    ids: set[int] = set()
+def _decoded(msgs: list[Message]) -> list[dict | None]:
+    """Each message's PartDelta, or None where it does not decode (on_delta then dead-letters it)."""
+    records: list[dict | None] = []
     for msg in msgs:
         try:
-            ids.update(codec.decode_part_delta(msg.value())["binding"].values())
+            records.append(codec.decode_part_delta(msg.value()))
         except codec.CodecError:
-            continue
-    return ids
+            records.append(None)
+    return records
 
 
 def register(commands: argparse._SubParsersAction) -> dict:
