@@ -84,15 +84,24 @@ class AnswersCore:
         if entry[0] <= 0:
             del state.current[key]
 
-    def on_delta(self, partition: int, offset: int, value: bytes, origin: int | None,
-                 lookup: Callable[[int], str | None], record: dict | None = None) -> list[Output]:
-        """The outputs of one PartDelta: an Answer and the new CurrentAnswer (or tombstone), or a dead letter.
-        ``record``: ``value`` already decoded (``None``: decode it here)."""
-        if record is None:
+    def on_record(self, partition: int, offset: int, value: bytes, origin: int | None,
+                  lookup: Callable[[int], str | None], deltas: list[dict] | None = None) -> list[Output]:
+        """The outputs of one deltas.parts record (a PartDeltaBatch or one PartDelta), or a dead letter.
+        ``deltas``: ``value`` already decoded (``None``: decode it here)."""
+        if deltas is None:
             try:
-                record = codec.decode_part_delta(value)
+                deltas = codec.part_deltas(value)
             except codec.CodecError as exc:
                 return [self._dead(partition, offset, "schema-mismatch", str(exc), value)]
+        out: list[Output] = []
+        for record in deltas:
+            out.extend(self.on_delta(partition, offset, value, origin, lookup, record))
+        return out
+
+    def on_delta(self, partition: int, offset: int, value: bytes, origin: int | None,
+                 lookup: Callable[[int], str | None], record: dict) -> list[Output]:
+        """The outputs of one decoded delta: an Answer and the new CurrentAnswer (or tombstone), or a dead
+        letter (``value``: the record it came from)."""
         if record["part"] != WHOLE_QUERY_PART:
             return []  # one part of a multi-part query: input of the Spark assembly, which sends the answers
         name = record["query_id"]
@@ -260,22 +269,23 @@ class AnswersService:
                     continue
                 started = time.monotonic()
                 records = _decoded(msgs)
-                self.dictionary.wait_for({i for r in records if r is not None for i in r["binding"].values()})
+                self.dictionary.wait_for({i for deltas in records if deltas is not None for r in deltas
+                                          for i in r["binding"].values()})
                 outputs: list[Output] = []
                 offsets: dict[int, int] = {}
                 lookup = self.dictionary.terms.get
                 for msg, record in zip(msgs, records):
                     if msg.partition() not in self.assigned:
                         continue
-                    outputs.extend(self.core.on_delta(msg.partition(), msg.offset(), msg.value(), origin_ms(msg),
-                                                      lookup, record))
+                    outputs.extend(self.core.on_record(msg.partition(), msg.offset(), msg.value(), origin_ms(msg),
+                                                       lookup, record))
                     offsets[msg.partition()] = msg.offset() + 1
                 if not offsets:
                     continue  # every delta was of a partition revoked meanwhile
                 tps = [TopicPartition(self.t_source, p, o) for p, o in offsets.items()]
                 commit_transaction(self.producer, outputs, [(tps, self.consumer.consumer_group_metadata())])
                 self.positions.update(offsets)
-                updates_in.inc(len(msgs))
+                updates_in.inc(sum(len(deltas) for deltas in records if deltas is not None))
                 updates_out.inc(len(outputs))
                 latency.observe(time.monotonic() - started)
                 record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
@@ -287,12 +297,12 @@ class AnswersService:
             self.producer.flush(5)
 
 
-def _decoded(msgs: list[Message]) -> list[dict | None]:
-    """Each message's PartDelta, or None where it does not decode (on_delta then dead-letters it)."""
-    records: list[dict | None] = []
+def _decoded(msgs: list[Message]) -> list[list[dict] | None]:
+    """Each message's deltas, or None where it does not decode (on_record then dead-letters it)."""
+    records: list[list[dict] | None] = []
     for msg in msgs:
         try:
-            records.append(codec.decode_part_delta(msg.value()))
+            records.append(codec.part_deltas(msg.value()))
         except codec.CodecError:
             records.append(None)
     return records

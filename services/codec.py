@@ -32,7 +32,8 @@ from fastavro.validation import ValidationError, validate
 __all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "fingerprint", "record_names",
            "crc64_avro", "MAGIC", "encode_routed", "encode_encoded", "decode_routed", "decode_encoded",
            "decode_part_delta", "encode_part_delta", "encode_answer", "encode_current_answer",
-           "encode_routed_batch", "encode_encoded_batch", "routed_changes", "encoded_changes", "encoded_records"]
+           "encode_routed_batch", "encode_encoded_batch", "routed_changes", "encoded_changes", "encoded_records",
+           "encode_part_delta_batch", "part_deltas"]
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
@@ -539,6 +540,31 @@ def encoded_records(data: bytes) -> list[dict[str, Any]]:
     return [{"seq": seq, "op": op, "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
              "source": {"topic": topic, "partition": partition, "offset": offset}, "refresh": refresh}
             for seq, op, s, p, o, g, t, partition, offset, refresh in zip(*_columns("EncodedBatch", record, fields))]
+
+
+_PART_DELTA_COLUMNS = ("seq", "sign", "binding", "source_partition", "source_offset", "index", "snapshot",
+                       "event_time_ms")
+
+
+def encode_part_delta_batch(query_id: str, part: int, rows: Sequence[tuple]) -> bytes:
+    """One PartDeltaBatch of ``(seq, sign, binding, source_partition, source_offset, index, snapshot,
+    event_time_ms)`` rows (sign: PLUS/MINUS)."""
+    return encode("PartDeltaBatch", {"query_id": query_id, "part": part,
+                                     **dict(zip(_PART_DELTA_COLUMNS, zip(*rows)))})
+
+
+def part_deltas(data: bytes) -> list[dict[str, Any]]:
+    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta) as PartDelta dicts;
+    raises :class:`CodecError`."""
+    if _writer_name(data) != "PartDeltaBatch":
+        return [decode_part_delta(data)]
+    record = decode("PartDeltaBatch", data)
+    query_id, part = record["query_id"], record["part"]
+    return [{"query_id": query_id, "part": part, "seq": seq, "sign": sign, "binding": binding,
+             "source_partition": src, "source_offset": offset, "index": index, "snapshot": snapshot,
+             "event_time_ms": event_time}
+            for seq, sign, binding, src, offset, index, snapshot, event_time
+            in zip(*_columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS))]
 
 
 def _read_part_delta(data: bytes) -> tuple[dict, int]:

@@ -237,6 +237,7 @@ class WorkerService:
                 self.pending = []
                 count = self._process(routed, outputs)
                 count += self._process_whole(encoded, outputs)
+                outputs.extend(self.core.flush_batches())
                 if not (count or outputs or self.dirty):
                     self._report()
                     continue

@@ -178,12 +178,13 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
         for shard in shards:
             for offset, changes in enumerate(log):
                 deltas += core.on_record(shard, offset, changes)
+    deltas += core.flush_batches()  # the answer deltas, one PartDeltaBatch per query
     if assembly == "spark":
         deltas = assembled_through_spark_function(deltas, QUERIES)
     answers = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
     produced = Counter()
     for offset, out in enumerate(deltas):
-        for result in answers.on_delta(out.partition, offset, out.value, None, dictionary.get):
+        for result in answers.on_record(out.partition, offset, out.value, None, dictionary.get):
             if result.topic == "u.answers":
                 record = codec.decode("Answer", result.value)
                 produced[(record["query_id"], record["sign"], tuple(sorted(
@@ -212,10 +213,10 @@ def assembled_through_spark_function(outputs: list, queries: dict[str, str]) -> 
 
     kept, parts = [], {}
     for offset, out in enumerate(outputs):
-        record = codec.decode("PartDelta", out.value)
-        if record["part"] < 0:
-            kept.append(out)
+        if codec.part_deltas(out.value)[0]["part"] < 0:
+            kept.append(out)  # answers, in batches: the Spark assembly reads single PartDelta records only
             continue
+        record = codec.decode("PartDelta", out.value)
         parts.setdefault(record["query_id"], []).append((
             record["query_id"], record["part"], record["seq"], 1 if record["sign"] == "PLUS" else -1,
             json.dumps(record["binding"]), record["snapshot"], out.partition, offset))
@@ -237,15 +238,27 @@ def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retract
                                           "source_offset": offset, "index": index, "snapshot": False,
                                           "event_time_ms": None})
 
-    first = answers.on_delta(0, 0, delta("PLUS", 5, 0), None, terms.get)
-    assert answers.on_delta(0, 1, delta("PLUS", 5, 0), None, terms.get) == []  # a replayed duplicate
-    retract = answers.on_delta(0, 2, delta("MINUS", 6, 0), None, terms.get)
+    first = answers.on_record(0, 0, delta("PLUS", 5, 0), None, terms.get)
+    assert answers.on_record(0, 1, delta("PLUS", 5, 0), None, terms.get) == []  # a replayed duplicate
+    retract = answers.on_record(0, 2, delta("MINUS", 6, 0), None, terms.get)
     assert [codec.decode("Answer", first[0].value)["n"], codec.decode("Answer", retract[0].value)["n"]] == [1, 2]
     assert retract[1].value is None and retract[1].key == first[1].key == current_key("q", f'{{"x":"{A}"}}')
-    unknown = answers.on_delta(0, 3, codec.encode("PartDelta", {
+    unknown = answers.on_record(0, 3, codec.encode("PartDelta", {
         "query_id": "q", "part": -1, "seq": 1, "sign": "PLUS", "binding": {"x": 12345}, "source_partition": 2,
         "source_offset": 7, "index": 0, "snapshot": False, "event_time_ms": None}), None, terms.get)
     assert codec.decode("DeadLetter", unknown[0].value)["reason"] == "unknown-term"
+
+
+def test_answers_core_numbers_the_deltas_of_a_batch_in_order_and_drops_its_replayed_part() -> None:
+    answers = AnswersCore("a", "c", "d", "parts")
+    terms = {stable_term_id(A): A, stable_term_id(B): B}
+    row = (1, "PLUS", {"x": stable_term_id(A)}, 2, 5, 0, False, None)
+    batch = codec.encode_part_delta_batch("q", -1, [row, (2, "PLUS", {"x": stable_term_id(B)}, 2, 6, 0, False, None)])
+    first = answers.on_record(0, 0, batch, None, terms.get)
+    assert [codec.decode("Answer", o.value)["n"] for o in first if o.topic == "a"] == [1, 2]
+    replay = codec.encode_part_delta_batch("q", -1, [row, (3, "MINUS", {"x": stable_term_id(A)}, 2, 7, 0, False, None)])
+    again = [codec.decode("Answer", o.value) for o in answers.on_record(0, 1, replay, None, terms.get) if o.topic == "a"]
+    assert [(a["n"], a["sign"]) for a in again] == [(3, "-")] and answers.duplicates == 1
 
 
 def test_engine_apply_to_replays_deletions_and_roles_into_one_query_only() -> None:
