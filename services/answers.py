@@ -312,4 +312,5 @@ def register(commands: argparse._SubParsersAction) -> dict:
     """Add ``cbgp answers`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
     return service_command(commands, SERVICE, "number deltas and maintain current answers (service)",
                            lambda settings, args, stopper, ready: AnswersService(settings, args, ready).run(stopper),
-                           batch=1000, batch_help="deltas.parts records per transaction (a worker's record holds a query's deltas of one transaction)")
+                           batch=1000,
+                           batch_help="deltas.parts records per transaction (a worker's record holds many deltas)")

@@ -12,8 +12,8 @@ Topology (``cbgp ingest``)::
 :class:`IngestProcessor` is the whole transform, with no Kafka in it: it maps raw records to output
 records and updates its state (presence set, next seq, dictionary cache).  Changes are batched: ``accept``
 returns what must be produced at once (dictionary entries, dead letters) and buffers the changes, ``flush``
-returns them as batch records (at most MAX_BATCH_CHANGES changes each) -- once per transaction.  :func:`run` wraps it in a
-transactional consume-process-produce loop.  Its state is a pure function of updates.encoded (presence
+returns them as batch records (at most MAX_BATCH_CHANGES changes each) -- once per transaction.
+:func:`run` wraps it in a transactional consume-process-produce loop.  Its state is a pure function of updates.encoded (presence
 set, seq) and the dictionary topic, which is how it is restored on start.
 """
 
