@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from services import codec  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Producer  # noqa: E402
 
 from services.kafka import EmbeddedBroker, KafkaSettings, end_offsets, ensure_topics, make_producer  # noqa: E402
-from services.runtime import ORIGIN_HEADER, Fetcher  # noqa: E402
+from services.runtime import ORIGIN_HEADER, Fetcher, read_range  # noqa: E402
 from tests.fleet_support import QUERIES, Fleet, generate_patch, metric_total, publish_plan, replay  # noqa: E402
 
 BENCH_QUERIES = {name: QUERIES[name] for name in ("star", "path", "names")}
@@ -123,12 +124,61 @@ def wait_ready(fleet: Fleet, workers: int, timeout: float = 60) -> None:
     raise TimeoutError("fleet not ready")
 
 
+class CpuSampler:
+    """Cores each process uses per ``step`` seconds while running (the burst's timeline)."""
+
+    def __init__(self, pids: dict[str, int], step: float = 0.1) -> None:
+        self.pids, self.step, self.rows = pids, step, []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        last, t_last = cpu_seconds(self.pids), time.time()
+        while not self.done.wait(self.step):
+            now, t_now = cpu_seconds(self.pids), time.time()
+            self.rows.append((t_now, {k: (now[k] - last[k]) / (t_now - t_last) for k in now}))
+            last, t_last = now, t_now
+
+    def stop(self) -> list[tuple[float, dict[str, float]]]:
+        self.done.set()
+        self.thread.join()
+        return self.rows
+
+
+STAGE_TOPICS = ("updates.raw", "updates.encoded", "updates.routed", "deltas.parts", "answers")
+
+
+def stage_times(settings: KafkaSettings, t0: float) -> dict[str, tuple[int, float, float]]:
+    """(records, first, last) create times in seconds after ``t0`` of each stage's committed output."""
+    out = {}
+    for name in STAGE_TOPICS:
+        topic, stamps = settings.topic(name), []
+        for partition, (low, high) in end_offsets(settings, topic).items():
+            stamps += [m.timestamp()[1] / 1000 - t0 for m in read_range(settings, topic, partition, low, high)]
+        stamps = [s for s in stamps if s >= -0.05]
+        out[name] = (len(stamps), min(stamps, default=0.0), max(stamps, default=0.0))
+    return out
+
+
+def print_timeline(stages: dict[str, tuple[int, float, float]], samples: list, t0: float) -> None:
+    print("  burst timeline: stage output (records, first s, last s) after the first produce", file=sys.stderr)
+    for name, (count, first, last) in stages.items():
+        print(f"    {name:<16} {count:>7,} records  {first:6.2f} .. {last:6.2f} s", file=sys.stderr)
+    print("  cores per process, 0.1 s steps:", file=sys.stderr)
+    names = sorted(samples[0][1]) if samples else []
+    print("    " + "t(s)  " + " ".join(f"{n:>7}" for n in names) + "    sum", file=sys.stderr)
+    for t, cores in samples:
+        print(f"    {t - t0:5.1f} " + " ".join(f"{cores[n]:7.2f}" for n in names) + f"  {sum(cores.values()):5.2f}",
+              file=sys.stderr)
+
+
 def answer_count(tmp: Path, lines: list[str]) -> int:
     return sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
 
 
 def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path,
-        batches: dict[str, list[str]]) -> dict[str, float]:
+        batches: dict[str, list[str]], timeline: bool = False) -> dict[str, float]:
     lines = generate_patch(warmup + 2 * updates, seed=99, subjects=3000)
     warmup_lines = lines[:warmup]
     latency_lines, burst_lines = lines[warmup:warmup + updates], lines[warmup + updates:]
@@ -161,9 +211,17 @@ def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path,
                 first = reader.until(n_latency, 120)[n_warmup:]
                 lat = sorted(produced - origin for produced, origin in first if origin is not None)
                 burst_start, txn_start = cpu_seconds(pids), transactions(fleet)
+                sampler = CpuSampler(pids) if timeline else None
                 t0 = produce(producer, settings, burst_lines, None)
                 every = reader.until(n_total, 300)
                 burst = cpu_spent(burst_start, cpu_seconds(pids))
+                if sampler is not None:
+                    samples = sampler.stop()
+                    print_timeline(stage_times(settings, t0), samples, t0)
+                    for name in fleet.procs:
+                        for line in fleet.log_text(name).splitlines():
+                            if "slow-transaction" in line:
+                                print(f"    {name}: {line}", file=sys.stderr)
                 txn = {name: (t - txn_start[name][0], r - txn_start[name][1])
                        for name, (t, r) in transactions(fleet).items() if name in txn_start}
             finally:
@@ -185,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=5000, help="paced rate of the latency phase (updates/s)")
     parser.add_argument("--warmup", type=int, default=5000,
                         help="updates sent at --rate before the latency phase, not measured (default 5000)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also print, for the burst, when each stage wrote its first and last record and the "
+                             "cores each process used every 0.1 s (where the wall time goes)")
     for service in ("ingest", "worker", "answers"):
         parser.add_argument(f"--{service}-batch", type=int, help=f"the {service} service's --batch (default: its own)")
     args = parser.parse_args(argv)
@@ -193,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for workers in (int(w) for w in args.workers.split(",")):
         with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-            rows.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp), batches))
+            rows.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp), batches, args.timeline))
         r = rows[-1]
         print(f"workers={r['workers']} throughput={r['updates_per_s']:,.0f} updates/s "
               f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p90={r['p90_ms']:.0f} ms p99={r['p99_ms']:.0f} ms "

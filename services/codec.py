@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
@@ -31,7 +31,9 @@ from fastavro.validation import ValidationError, validate
 
 __all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "fingerprint", "record_names",
            "crc64_avro", "MAGIC", "encode_routed", "encode_encoded", "decode_routed", "decode_encoded",
-           "decode_part_delta", "encode_part_delta", "encode_answer", "encode_current_answer"]
+           "decode_part_delta", "encode_part_delta", "encode_answer", "encode_current_answer",
+           "encode_routed_batch", "encode_encoded_batch", "routed_changes", "encoded_changes", "encoded_records",
+           "encode_part_delta_batch", "part_deltas"]
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
@@ -249,10 +251,10 @@ def decode_any(data: bytes) -> tuple[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------------------------------- hot-path writers
 #
-# The data path writes millions of EncodedUpdate / RoutedUpdate records; fastavro's generic writer costs
-# ~10-20 us per call for them, a fixed-layout writer ~2-3 us.  These produce exactly the bytes
-# :func:`encode` produces (tests/test_ingest.py checks it on random values); they follow the *current*
-# schemas, so a schema change must update them (the same test fails otherwise).
+# Fixed-layout writers: fastavro's generic writer costs ~10-20 us per small record, these ~2-3 us.  They
+# produce exactly the bytes :func:`encode` produces (tests check it on random values) and follow the
+# *current* schemas, so a schema change must update them (the same tests fail otherwise).  The one-change
+# EncodedUpdate / RoutedUpdate records (data format 1) are now only written by tools and tests.
 
 _VARINT_CACHE: dict[int, bytes] = {}
 _VARINT_CACHE_MAX = 1 << 20
@@ -462,6 +464,107 @@ def decode_encoded(data: bytes) -> tuple[int, int, int, int, int, int, int | Non
     r = decode("EncodedUpdate", data)
     return (r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"], r["g"], r["event_time_ms"],
             r["refresh"])
+
+
+# ---------------------------------------------------------------------------------------- change batches
+#
+# updates.encoded and updates.routed carry EncodedBatch / RoutedBatch records (data format 2): many changes
+# per Kafka record, column by column, so consuming, decoding and storing cost per batch, not per change
+# (fastavro reads the arrays in C).  Readers also take the one-change records of format 1 (EncodedUpdate,
+# RoutedUpdate) still in old logs, so the logs need no migration.
+
+_OP_NAME = {1: "ADD", -1: "DEL"}
+_SIGN = {"ADD": 1, "DEL": -1}
+
+
+def encode_routed_batch(rows: Sequence[tuple]) -> bytes:
+    """One RoutedBatch of ``(seq, sign, s, p, o, g, event_time_ms, role)`` rows (role: SUBJECT/OBJECT/BOTH)."""
+    seq, sign, s, p, o, g, event_time, role = zip(*rows)
+    return encode("RoutedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in sign], "s": s, "p": p, "o": o, "g": g,
+                                  "event_time_ms": event_time, "role": role})
+
+
+def encode_encoded_batch(rows: Sequence[tuple], source_topic: str) -> bytes:
+    """One EncodedBatch of ``(seq, sign, s, p, o, g, event_time_ms, source partition, source offset, refresh)``
+    rows whose raw updates were read from ``source_topic``."""
+    seq, sign, s, p, o, g, event_time, partition, offset, refresh = zip(*rows)
+    return encode("EncodedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in sign], "s": s, "p": p, "o": o, "g": g,
+                                   "event_time_ms": event_time, "source_topic": source_topic,
+                                   "source_partition": partition, "source_offset": offset, "refresh": refresh})
+
+
+def _writer_name(data: bytes) -> str | None:
+    if not isinstance(data, (bytes, bytearray)) or len(data) < HEADER_LEN:
+        return None
+    writer = _reg().by_fingerprint.get(bytes(data[2:HEADER_LEN])) if data[:2] == MAGIC else None
+    return writer.name if writer is not None else None
+
+
+def _columns(name: str, record: dict[str, Any], fields: Sequence[str]) -> list[list]:
+    columns = [record[f] for f in fields]
+    sizes = {len(c) for c in columns}
+    if len(sizes) != 1 or 0 in sizes:
+        raise CodecError(f"corrupt {name}: its arrays must have one common, non-zero length, got " +
+                         ", ".join(f"{f}={len(c)}" for f, c in zip(fields, columns)))
+    return columns
+
+
+def routed_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, str]]:
+    """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate) as
+    ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples; raises :class:`CodecError`."""
+    if _writer_name(data) != "RoutedBatch":
+        return [decode_routed(data)]
+    seq, op, s, p, o, g, event_time, role = _columns("RoutedBatch", decode("RoutedBatch", data), (
+        "seq", "op", "s", "p", "o", "g", "event_time_ms", "role"))
+    return list(zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, role))
+
+
+def encoded_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, bool]]:
+    """The changes of an updates.encoded record (an EncodedBatch, or a format-1 EncodedUpdate) as
+    ``(seq, sign, s, p, o, g, event_time_ms, refresh)`` tuples; raises :class:`CodecError`."""
+    if _writer_name(data) != "EncodedBatch":
+        return [decode_encoded(data)]
+    seq, op, s, p, o, g, event_time, refresh = _columns("EncodedBatch", decode("EncodedBatch", data), (
+        "seq", "op", "s", "p", "o", "g", "event_time_ms", "refresh"))
+    return list(zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, refresh))
+
+
+def encoded_records(data: bytes) -> list[dict[str, Any]]:
+    """The changes of an updates.encoded record as EncodedUpdate dicts (with ``source``), for tools, tests
+    and restores that want every field; raises :class:`CodecError`."""
+    if _writer_name(data) != "EncodedBatch":
+        return [decode("EncodedUpdate", data)]
+    record = decode("EncodedBatch", data)
+    fields = ("seq", "op", "s", "p", "o", "g", "event_time_ms", "source_partition", "source_offset", "refresh")
+    topic = record["source_topic"]
+    return [{"seq": seq, "op": op, "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
+             "source": {"topic": topic, "partition": partition, "offset": offset}, "refresh": refresh}
+            for seq, op, s, p, o, g, t, partition, offset, refresh in zip(*_columns("EncodedBatch", record, fields))]
+
+
+_PART_DELTA_COLUMNS = ("seq", "sign", "binding", "source_partition", "source_offset", "index", "snapshot",
+                       "event_time_ms")
+
+
+def encode_part_delta_batch(query_id: str, part: int, rows: Sequence[tuple]) -> bytes:
+    """One PartDeltaBatch of ``(seq, sign, binding, source_partition, source_offset, index, snapshot,
+    event_time_ms)`` rows (sign: PLUS/MINUS)."""
+    return encode("PartDeltaBatch", {"query_id": query_id, "part": part,
+                                     **dict(zip(_PART_DELTA_COLUMNS, zip(*rows)))})
+
+
+def part_deltas(data: bytes) -> list[dict[str, Any]]:
+    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta) as PartDelta dicts;
+    raises :class:`CodecError`."""
+    if _writer_name(data) != "PartDeltaBatch":
+        return [decode_part_delta(data)]
+    record = decode("PartDeltaBatch", data)
+    query_id, part = record["query_id"], record["part"]
+    return [{"query_id": query_id, "part": part, "seq": seq, "sign": sign, "binding": binding,
+             "source_partition": src, "source_offset": offset, "index": index, "snapshot": snapshot,
+             "event_time_ms": event_time}
+            for seq, sign, binding, src, offset, index, snapshot, event_time
+            in zip(*_columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS))]
 
 
 def _read_part_delta(data: bytes) -> tuple[dict, int]:

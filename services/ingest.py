@@ -3,13 +3,17 @@
 Topology (``cbgp ingest``)::
 
     updates.raw (1 partition) --[IngestProcessor]--> dictionary      (key term id, partition id % N)
-                                                 --> updates.encoded (the total order, seq 1, 2, 3 ...)
-                                                 --> updates.routed  (partition id % N of subject/object)
+                                                 --> updates.encoded (the total order, seq 1, 2, 3 ...,
+                                                                      in EncodedBatch records)
+                                                 --> updates.routed  (partition id % N of subject/object,
+                                                                      in RoutedBatch records)
                                                  --> deadletter      (one record per rejected statement)
 
-:class:`IngestProcessor` is the whole transform, with no Kafka in it: it maps one raw record to output
-records and updates its state (presence set, next seq, dictionary cache).  :func:`run` wraps it in a
-transactional consume-process-produce loop.  Its state is a pure function of updates.encoded (presence
+:class:`IngestProcessor` is the whole transform, with no Kafka in it: it maps raw records to output
+records and updates its state (presence set, next seq, dictionary cache).  Changes are batched: ``accept``
+returns what must be produced at once (dictionary entries, dead letters) and buffers the changes, ``flush``
+returns them as batch records (at most MAX_BATCH_CHANGES changes each) -- once per transaction.
+:func:`run` wraps it in a transactional consume-process-produce loop.  Its state is a pure function of updates.encoded (presence
 set, seq) and the dictionary topic, which is how it is restored on start.
 """
 
@@ -19,7 +23,7 @@ import argparse
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Counter
@@ -115,23 +119,27 @@ class IngestProcessor:
         self.dictionary = TermDictionary(stable=True)
         self.published: set[int] = set()  # ids already on the dictionary topic
         self.seq = 0  # seq of the last effective change
-        self.keys: dict[int, bytes] = {}  # term id -> its routed key (ASCII decimal)
         self.graph = GraphMirror(self.dictionary)
         self.t_dictionary = settings.topic("dictionary")
         self.t_encoded = settings.topic("updates.encoded")
         self.t_routed = settings.topic("updates.routed")
         self.t_deadletter = settings.topic("deadletter")
+        self.t_raw = settings.topic("updates.raw")
+        # Changes since the last flush(): encoded rows, routed rows per partition, earliest origin time.
+        self.pending_encoded: list[tuple] = []
+        self.pending_routed: dict[int, list[tuple]] = {}
+        self.pending_origin: int | None = None
 
     # -- restore
 
-    def restore_encoded(self, record: dict) -> None:
-        """Re-apply one EncodedUpdate of the changelog (updates.encoded) to the state."""
-        quad = (record["s"], record["p"], record["o"], record["g"])
-        if record["op"] == "ADD":
-            self.present.add(quad)
-        else:
-            self.present.discard(quad)
-        self.seq = max(self.seq, record["seq"])
+    def restore_encoded(self, value: bytes) -> None:
+        """Re-apply one record of the changelog (updates.encoded) to the state."""
+        for seq, sign, s, p, o, g, _event_time, _refresh in codec.encoded_changes(value):
+            if sign > 0:
+                self.present.add((s, p, o, g))
+            else:
+                self.present.discard((s, p, o, g))
+            self.seq = max(self.seq, seq)
 
     def restore_dictionary(self, record: dict) -> None:
         self.dictionary.add(record["id"], record["term"])
@@ -140,12 +148,30 @@ class IngestProcessor:
     # -- transform
 
     def process(self, raw: RawRecord) -> list[Output]:
-        """The outputs of one raw record, in produce order (dictionary entries before their first use)."""
+        """Every output of one raw record, its changes flushed (for tests and tools)."""
+        return self.accept(raw) + self.flush()
+
+    def flush(self) -> list[Output]:
+        """The changes accepted since the last flush, as EncodedBatch and RoutedBatch records."""
+        if not self.pending_encoded:
+            return []
+        headers = [(ORIGIN_HEADER, str(self.pending_origin).encode())] if self.pending_origin is not None else []
+        out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, self.t_raw), None, 0, headers)
+               for rows in _chunks(self.pending_encoded)]
+        for partition, routed in sorted(self.pending_routed.items()):
+            out.extend(Output(self.t_routed, codec.encode_routed_batch(rows), None, partition, headers)
+                       for rows in _chunks(routed))
+        self.pending_encoded, self.pending_routed, self.pending_origin = [], {}, None
+        return out
+
+    def accept(self, raw: RawRecord) -> list[Output]:
+        """Take one raw record: return what to produce now (dictionary entries before the batches that use
+        them, dead letters); its changes wait for :meth:`flush`."""
         out: list[Output] = []
         if raw.value is None or raw.value == b"":
             self._dead(out, raw, "empty", "empty record value: nothing to ingest", None)
             return out
-        origin = [(ORIGIN_HEADER, str(raw.timestamp_ms).encode())]
+        origin = raw.timestamp_ms
         if raw.value[:2] == codec.MAGIC:
             self._avro(out, raw, origin)
             return out
@@ -165,7 +191,7 @@ class IngestProcessor:
             self._change(out, raw, origin, item.op, item.s, item.p, item.o, item.g, None, item.line)
         return out
 
-    def _update_request(self, out: list[Output], raw: RawRecord, origin: list[tuple[str, bytes]]) -> None:
+    def _update_request(self, out: list[Output], raw: RawRecord, origin: int | None) -> None:
         """A SPARQL 1.1 Update request: apply it atomically to the current graph; emit the quads it really
         inserted and deleted (seed paper 004).  A failing request changes nothing and is dead-lettered."""
         try:
@@ -198,7 +224,7 @@ class IngestProcessor:
                     return None
         return "jsonl" if raw.value.lstrip()[:1] == b"{" else "patch"
 
-    def _avro(self, out: list[Output], raw: RawRecord, origin: list[tuple[str, bytes]]) -> None:
+    def _avro(self, out: list[Output], raw: RawRecord, origin: int | None) -> None:
         try:
             record = codec.decode("RawUpdate", raw.value)
         except codec.CodecError as exc:
@@ -218,7 +244,7 @@ class IngestProcessor:
         op = 1 if record["op"] == "ADD" else -1
         self._change(out, raw, origin, op, *terms, record["event_time_ms"], None)
 
-    def _change(self, out: list[Output], raw: RawRecord, origin: list[tuple[str, bytes]], op: int, s: str, p: str,
+    def _change(self, out: list[Output], raw: RawRecord, origin: int | None, op: int, s: str, p: str,
                 o: str, g: str | None, event_time_ms: int | None, line: int | None, mirrored: bool = False) -> None:
         """One parsed change: validate positions, encode, apply set semantics, emit encoded + routed.
 
@@ -243,13 +269,13 @@ class IngestProcessor:
         quad = (ids[0], ids[1], ids[2], gid)
         if event_time_ms is None and raw.timestamp_ms is not None and raw.timestamp_ms >= 0:
             event_time_ms = raw.timestamp_ms  # the Kafka record's time is the event time unless one was given
+        if origin is not None and (self.pending_origin is None or origin < self.pending_origin):
+            self.pending_origin = origin
         if op > 0:
             if quad in self.present:
                 NOOP_ADD.inc()
                 # no change to the graph, but event-time windows must see the newer time (spark.windows)
-                out.append(Output(self.t_encoded, codec.encode_encoded(
-                    self.seq, "ADD", *quad, event_time_ms, raw.topic, raw.partition, raw.offset, refresh=True),
-                    None, 0, origin))
+                self.pending_encoded.append((self.seq, 1, *quad, event_time_ms, raw.partition, raw.offset, True))
                 return
             self.present.add(quad)
         else:
@@ -260,27 +286,15 @@ class IngestProcessor:
         if self.graph.active and not mirrored:
             self.graph.apply(op, quad)
         self.seq += 1
-        op_name = "ADD" if op > 0 else "DEL"
-        seq, s_id, p_id, o_id = self.seq, quad[0], quad[1], quad[2]
-        out.append(Output(self.t_encoded, codec.encode_encoded(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
-                                                               raw.topic, raw.partition, raw.offset),
-                          None, 0, origin))
+        seq, s_id, o_id = self.seq, quad[0], quad[2]
+        self.pending_encoded.append((seq, op, *quad, event_time_ms, raw.partition, raw.offset, False))
         n = self.n_routed
         ps, po = s_id % n, o_id % n
         if ps == po:
-            out.append(Output(self.t_routed, codec.encode_routed(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
-                                                                 "BOTH"), self._key(s_id), ps, origin))
+            self.pending_routed.setdefault(ps, []).append((seq, op, *quad, event_time_ms, "BOTH"))
         else:
-            out.append(Output(self.t_routed, codec.encode_routed(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
-                                                                 "SUBJECT"), self._key(s_id), ps, origin))
-            out.append(Output(self.t_routed, codec.encode_routed(seq, op_name, s_id, p_id, o_id, gid, event_time_ms,
-                                                                 "OBJECT"), self._key(o_id), po, origin))
-
-    def _key(self, term_id: int) -> bytes:
-        key = self.keys.get(term_id)
-        if key is None:
-            key = self.keys[term_id] = str(term_id).encode()
-        return key
+            self.pending_routed.setdefault(ps, []).append((seq, op, *quad, event_time_ms, "SUBJECT"))
+            self.pending_routed.setdefault(po, []).append((seq, op, *quad, event_time_ms, "OBJECT"))
 
     def routes(self, s: int, o: int) -> list[tuple[int, int]]:
         """``(centre id, role)`` pairs: by subject and by object, once with BOTH when they share a partition."""
@@ -304,6 +318,14 @@ class IngestProcessor:
                   "original": raw.value or b"", "at_ms": int(time.time() * 1000)}
         out.append(Output(self.t_deadletter, codec.encode("DeadLetter", record)))
         return out
+
+
+MAX_BATCH_CHANGES = 2000  # changes per batch record (~80 KB): far below Kafka's 1 MB default record limit
+
+
+def _chunks(rows: list[tuple]) -> Iterator[list[tuple]]:
+    for start in range(0, len(rows), MAX_BATCH_CHANGES):
+        yield rows[start:start + MAX_BATCH_CHANGES]
 
 
 # Downstream records (answers, current answers) carry terms whole and Kafka's default record limit is ~1 MB:
@@ -334,7 +356,7 @@ def restore(processor: IngestProcessor, settings: KafkaSettings) -> None:
                 processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
     low, high = end_offsets(settings, processor.t_encoded)[0]
     for msg in read_range(settings, processor.t_encoded, 0, low, high):
-        processor.restore_encoded(codec.decode("EncodedUpdate", msg.value()))
+        processor.restore_encoded(msg.value())
     log.info(kv(event="restored", seq=processor.seq, present=len(processor.present),
                 terms=len(processor.published), seconds=round(time.monotonic() - started, 2)))
 
@@ -397,10 +419,11 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
                 headers = msg.headers()
                 raw = RawRecord(msg.value(), {k: v for k, v in headers if v is not None} if headers else {},
                                 msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
-                outputs.extend(processor.process(raw))
+                outputs.extend(processor.accept(raw))
                 offsets[msg.partition()] = msg.offset() + 1
             if not offsets:
                 continue
+            outputs.extend(processor.flush())
             tps = [TopicPartition(raw_topic, p, o) for p, o in offsets.items()]
             commit_transaction(producer, outputs, [(tps, consumer.consumer_group_metadata())])
             positions.update(offsets)
@@ -425,5 +448,5 @@ def replay_outputs(processor: IngestProcessor, records: Iterable[RawRecord]) -> 
     """Drive the processor over ``records`` (for tests and tools: the TopologyTestDriver idea)."""
     out: list[Output] = []
     for record in records:
-        out.extend(processor.process(record))
-    return out
+        out.extend(processor.accept(record))
+    return out + processor.flush()

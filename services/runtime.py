@@ -378,18 +378,27 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
         raise TransactionFailed("the broker connection was lost: starting again with new clients")
     _WATCHDOG.enter(timeout)
     try:
+        marks = [time.monotonic()]
         producer.begin_transaction()
         produce_all(producer, outputs)
+        marks.append(time.monotonic())
         for partitions, group_metadata in offsets:
             if partitions:
                 producer.send_offsets_to_transaction(list(partitions), group_metadata, timeout)
+        marks.append(time.monotonic())
         unacknowledged = producer.flush(timeout)
+        marks.append(time.monotonic())
         if unacknowledged or outage():
             producer.abort_transaction(timeout)
             reason = (f"{unacknowledged} outputs not acknowledged within {timeout:.0f} s" if unacknowledged
                       else "the broker connection was lost during the transaction")
             raise TransactionFailed(f"{reason}: aborted, starting again with new clients")
         producer.commit_transaction(timeout)
+        marks.append(time.monotonic())
+        if marks[-1] - marks[0] > SLOW_TRANSACTION_SECONDS:
+            log.warning(kv(event="slow-transaction", outputs=len(outputs), **{
+                f"{step}_s": f"{b - a:.3f}" for step, a, b in zip(("produce", "offsets", "flush", "commit"),
+                                                                  marks, marks[1:])}))
     except KafkaException as exc:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         try:
@@ -405,6 +414,7 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
                                 "unknown, starting again from what the broker kept")
 
 
+SLOW_TRANSACTION_SECONDS = 0.5  # a transaction taking longer is logged with the time of each step
 _LIFE = [0]  # broker_outages() when the current service life started
 
 

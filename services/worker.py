@@ -32,7 +32,7 @@ from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UP
                               record_consumer_lag)
 from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, commit_transaction, first_record,
                               idle_pause, kv, origin_ms, read_range, record_ok, service_command)
-from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_change, shard_label
+from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
 from services import codec
 
 log = logging.getLogger("cbgp.worker")
@@ -237,6 +237,7 @@ class WorkerService:
                 self.pending = []
                 count = self._process(routed, outputs)
                 count += self._process_whole(encoded, outputs)
+                outputs.extend(self.core.flush_batches())
                 if not (count or outputs or self.dirty):
                     self._report()
                     continue
@@ -280,13 +281,14 @@ class WorkerService:
             shard = shards.get(("routed", msg.partition()))
             if shard is None or msg.offset() < shard.position:
                 continue  # revoked meanwhile, or already applied by a restore
-            count += 1
             try:
-                change = decode_change("routed", msg.offset(), msg.value(), origin_ms(msg))
+                changes = decode_changes("routed", msg.offset(), msg.value(), origin_ms(msg))
             except (codec.CodecError, KeyError) as exc:
                 outputs.extend(self.core.skip(shard, msg.offset(), msg.value(), str(exc)))
+                count += 1
                 continue
-            outputs.extend(self.core.on_change(shard, change))
+            count += len(changes)
+            outputs.extend(self.core.on_record(shard, msg.offset(), changes))
         return count
 
     def _process_whole(self, polled: tuple[int, list[Message]], outputs: list[Output]) -> int:
@@ -303,15 +305,17 @@ class WorkerService:
             targets = [shard for shard in shards if offset >= shard.position]
             if not targets:
                 continue  # every shard already has it (restored, or the reader started lower)
-            count += 1
             try:
-                change = decode_change("whole", offset, msg.value(), origin_ms(msg))
+                changes = decode_changes("whole", offset, msg.value(), origin_ms(msg))
             except (codec.CodecError, KeyError) as exc:
                 for shard in targets:
                     outputs.extend(self.core.skip(shard, offset, msg.value(), str(exc)))
+                count += 1
                 continue
+            count += len(changes)
+            self.dirty = self.dirty or not changes  # only refreshes: nothing to emit, but the offsets moved
             for shard in targets:
-                outputs.extend(self.core.on_change(shard, change))
+                outputs.extend(self.core.on_record(shard, offset, changes))
         return count
 
     def _offsets(self) -> list:

@@ -41,6 +41,7 @@ ROLES = {"SUBJECT": 1, "OBJECT": 2, "BOTH": ROLE_ALL}
 SNAPSHOT_INDEX_BASE = 1 << 30
 WHOLE_SOURCE_PARTITION = -1
 WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers (what the answers service numbers)
+MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record (bindings of a few ids: well under 1 MB)
 
 # One input change as the engine needs it: (offset, sign, s, p, o, g, role, seq, origin_ms).
 Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
@@ -48,15 +49,15 @@ Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
 LogReader = Callable[[str, int, int, int], Iterable[Change]]
 
 
-def decode_change(kind: str, offset: int, value: bytes, origin: int | None) -> Change:
-    """A routed (``kind="routed"``) or encoded record as a :data:`Change`; raises ``codec.CodecError``."""
+def decode_changes(kind: str, offset: int, value: bytes, origin: int | None) -> list[Change]:
+    """The changes of one routed (``kind="routed"``) or encoded record (a batch, or a format-1 single change)
+    as :data:`Change` tuples sharing ``offset``; raises ``codec.CodecError``.  Refreshes (ADDs of present
+    triples, forwarded for event-time windows) change no match and are left out."""
     if kind == "routed":
-        seq, sign, s, p, o, g, _event_time, role_name = codec.decode_routed(value)
-        role = ROLES[role_name]
-    else:
-        seq, sign, s, p, o, g, _event_time, _refresh = codec.decode_encoded(value)
-        role = ROLE_ALL
-    return (offset, sign, s, p, o, g, role, seq, origin)
+        return [(offset, sign, s, p, o, g, ROLES[role], seq, origin)
+                for seq, sign, s, p, o, g, _event_time, role in codec.routed_changes(value)]
+    return [(offset, sign, s, p, o, g, ROLE_ALL, seq, origin)
+            for seq, sign, s, p, o, g, _event_time, refresh in codec.encoded_changes(value) if not refresh]
 
 
 @dataclass
@@ -180,6 +181,9 @@ class WorkerCore:
         self.plans: dict[str, QueryInfo] = {}
         self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
         self.shards: dict[tuple[str, int], Shard] = {}
+        # Answer deltas (part -1) since the last flush_batches(), per query, with the earliest origin time.
+        self.batched: dict[str, list[tuple]] = {}
+        self.batched_origin: int | None = None
 
     # -- ownership
 
@@ -277,15 +281,36 @@ class WorkerCore:
 
     # -- live records
 
-    def on_change(self, shard: Shard, change: Change) -> list[Output]:
-        offset, sign, s, p, o, g, role, seq, origin = change
+    def on_record(self, shard: Shard, offset: int, changes: list[Change]) -> list[Output]:
+        """Apply the changes of one input record (at ``offset``); their deltas are numbered 0, 1, ... across
+        the record, the ``index`` of the idempotence key ``(source partition, offset, index)``."""
         shard.position = offset + 1
-        deltas = shard.engine.apply(sign, s, p, o, g, role)
-        if not deltas:
-            return []
-        headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
-        return [self._part_delta(shard, name, d_sign, row, seq, offset, index, False, headers)
-                for index, (name, d_sign, row) in enumerate(deltas)]
+        out: list[Output] = []
+        index = 0
+        apply = shard.engine.apply
+        for _offset, sign, s, p, o, g, role, seq, origin in changes:
+            deltas = apply(sign, s, p, o, g, role)
+            if not deltas:
+                continue
+            if origin is not None and (self.batched_origin is None or origin < self.batched_origin):
+                self.batched_origin = origin
+            for name, d_sign, row in deltas:
+                self._part_delta(out, shard, name, d_sign, row, seq, offset, index, False, origin)
+                index += 1
+        return out
+
+    def flush_batches(self) -> list[Output]:
+        """The answer deltas collected since the last call, as one PartDeltaBatch record per query (at most
+        MAX_BATCH_DELTAS deltas each), in the order they were made; once per transaction."""
+        out: list[Output] = []
+        headers = [(ORIGIN_HEADER, str(self.batched_origin).encode())] if self.batched_origin is not None else []
+        for query_id, rows in self.batched.items():
+            key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
+            for start in range(0, len(rows), MAX_BATCH_DELTAS):
+                value = codec.encode_part_delta_batch(query_id, WHOLE_QUERY_PART, rows[start:start + MAX_BATCH_DELTAS])
+                out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
+        self.batched, self.batched_origin = {}, None
+        return out
 
     def skip(self, shard: Shard, offset: int, value: bytes, error: str) -> list[Output]:
         """A record of a shard's log that cannot be decoded: dead-letter it and move on."""
@@ -303,19 +328,27 @@ class WorkerCore:
             for name, _part, _query in info.engine_queries():
                 for row, count in sorted(net.get(name, {}).items()):
                     for _ in range(max(count, 0)):
-                        out.append(self._part_delta(shard, name, 1, row, info.registered_at_seq,
-                                                    shard.position - 1, index, True, []))
+                        self._part_delta(out, shard, name, 1, row, info.registered_at_seq, shard.position - 1,
+                                         index, True, None)
                         index += 1
         return out
 
-    def _part_delta(self, shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int, offset: int,
-                    index: int, snapshot: bool, headers: list) -> Output:
+    def _part_delta(self, out: list[Output], shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int,
+                    offset: int, index: int, snapshot: bool, origin: int | None) -> None:
+        """A query's answer delta joins its batch (see flush_batches); a part's delta (for the Spark assembly,
+        which takes one PartDelta per record) goes to ``out``."""
         columns = shard.engine.columns(name)
         query_id, part = shard.outputs[name]
-        value = codec.encode_part_delta(query_id, part, seq, "PLUS" if sign > 0 else "MINUS", dict(zip(columns, row)),
+        sign_name = "PLUS" if sign > 0 else "MINUS"
+        if part == WHOLE_QUERY_PART:
+            self.batched.setdefault(query_id, []).append((seq, sign_name, dict(zip(columns, row)),
+                                                          shard.source_partition, offset, index, snapshot, None))
+            return
+        value = codec.encode_part_delta(query_id, part, seq, sign_name, dict(zip(columns, row)),
                                         shard.source_partition, offset, index, snapshot, None)
-        return Output(self.topics["deltas.parts"], value, query_id.encode(),
-                      query_partition(query_id, self.n_deltas), headers)
+        headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
+        out.append(Output(self.topics["deltas.parts"], value, query_id.encode(),
+                          query_partition(query_id, self.n_deltas), headers))
 
     def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
         import time
@@ -351,6 +384,7 @@ def changes_of(kind: str, records: Iterable[tuple[int, bytes, int | None]]) -> I
     """Decode ``(offset, value, origin)`` records of a log, skipping undecodable ones (already dead-lettered)."""
     for offset, value, origin in records:
         try:
-            yield decode_change(kind, offset, value, origin)
+            changes = decode_changes(kind, offset, value, origin)
         except codec.CodecError:
             continue
+        yield from changes

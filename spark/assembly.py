@@ -50,7 +50,8 @@ _LIVE: dict[str, tuple[int, str, Assembler]] = {}  # query id -> (state version,
 
 def decode_part_deltas(kafka_df: DataFrame) -> DataFrame:
     """The part deltas (part >= 0) of a cbgpkafka DataFrame of ``deltas.parts``; undecodable records are
-    the answers service's to dead-letter, so they are skipped here."""
+    the answers service's to dead-letter, so they are skipped here, and so are the workers' PartDeltaBatch
+    records (answers, part -1, which ``decode("PartDelta")`` refuses)."""
 
     def decode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         for batch in batches:

@@ -40,8 +40,9 @@ from services.runtime import query_partition
 __all__ = ["WINDOW_SOURCE_PARTITION", "fan_out", "start_windows", "window_group"]
 
 WINDOW_SOURCE_PARTITION = -2
-UPDATE_SCHEMA = ("query_id string, tick boolean, kafka_offset long, seq long, op int, s long, p long, o long, "
-                 "g long, event_time_ms long")
+# (kafka_offset, item) is a change's stream position: item = its place in the offset's batch record.
+UPDATE_SCHEMA = ("query_id string, tick boolean, kafka_offset long, item int, seq long, op int, s long, p long, "
+                 "o long, g long, event_time_ms long")
 OUTPUT_SCHEMA = "key binary, value binary, partition int"
 STATE_SCHEMA = "blob binary"
 
@@ -72,23 +73,23 @@ def fan_out(kafka_config: Mapping[str, Any], plans_topic: str):  # noqa: ANN201
             decoded = []
             for value, offset in zip(batch["value"], batch["offset"]):
                 try:
-                    r = codec.decode("EncodedUpdate", bytes(value))
+                    changes = codec.encoded_changes(bytes(value))
                 except codec.CodecError:
                     continue  # the workers dead-letter undecodable records
-                if r["event_time_ms"] is None:
-                    continue  # ingest always sets one; records from before it did have no place in a window
-                decoded.append((int(offset), r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"],
-                                r["g"], r["event_time_ms"]))
+                for item, (seq, sign, s, p, o, g, event_time, _refresh) in enumerate(changes):
+                    if event_time is None:
+                        continue  # ingest always sets one; records from before it did have no place in a window
+                    decoded.append((int(offset), item, seq, sign, s, p, o, g, event_time))
             if not decoded:
                 continue
             last_offset = max(d[0] for d in decoded)
-            top_seq = max(d[1] for d in decoded)
-            top_time = max(d[7] for d in decoded)
+            top_seq = max(d[2] for d in decoded)
+            top_time = max(d[8] for d in decoded)
             rows = []
             for plan in windowed:
                 wanted = _predicates(plan.query_id, plan.version, plan.sparql)
-                rows.extend((plan.query_id, False, *d) for d in decoded if d[4] in wanted)
-                rows.append((plan.query_id, True, last_offset, top_seq, 0, 0, 0, 0, 0, top_time))
+                rows.extend((plan.query_id, False, *d) for d in decoded if d[5] in wanted)
+                rows.append((plan.query_id, True, last_offset, 0, top_seq, 0, 0, 0, 0, 0, top_time))
             yield pd.DataFrame(rows, columns=columns)
 
     return expand
@@ -100,7 +101,7 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
     watermark; return (top seq, top event time, late updates dropped, output records)."""
     out: list[tuple[bytes, bytes, int]] = []
     dropped = 0
-    updates = updates.sort_values(["kafka_offset", "tick"], kind="stable")
+    updates = updates.sort_values(["kafka_offset", "tick", "item"], kind="stable")
     for tick, seq, op, s, p, o, g, event_time in zip(updates["tick"], updates["seq"], updates["op"], updates["s"],
                                                      updates["p"], updates["o"], updates["g"],
                                                      updates["event_time_ms"]):

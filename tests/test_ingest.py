@@ -13,11 +13,16 @@ from services.answers import AnswersCore, current_key
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.runtime import Output
-from services.worker_core import WorkerCore, decode_change
+from services.worker_core import WorkerCore, decode_changes
 from tests.fleet_support import EX, QUERIES, generate_patch
 
 SETTINGS = KafkaSettings(topic_prefix="u.")
 A, P, B = f"<{EX}a>", f"<{EX}p>", f"<{EX}b>"
+
+
+def encoded_of(outputs) -> list[dict]:
+    """Every change in the EncodedBatch records among ``outputs``, as EncodedUpdate dicts."""
+    return [change for out in outputs for change in codec.encoded_records(out.value)]
 
 
 def outputs_by_topic(outputs):
@@ -31,12 +36,14 @@ def test_set_semantics_drop_duplicate_inserts_and_absent_deletes_and_number_effe
     ingest = IngestProcessor(SETTINGS, 4, 4)
     text = f"A {A} {P} {B} .\nA {A} {P} {B} .\nD {A} {P} <{EX}zz> .\nD {A} {P} {B} .\nA {A} {P} {B} .\n"
     out = outputs_by_topic(ingest.process(RawRecord(text.encode(), offset=9)))
-    encoded = [codec.decode("EncodedUpdate", o.value) for o in out["updates.encoded"]]
+    assert len(out["updates.encoded"]) == 1  # one batch record per flush
+    encoded = encoded_of(out["updates.encoded"])
     # the duplicate insert is forwarded as a refresh (for event-time windows) without a seq of its own
     assert [(e["seq"], e["op"], e["refresh"]) for e in encoded] == \
         [(1, "ADD", False), (1, "ADD", True), (2, "DEL", False), (3, "ADD", False)]
     assert all(e["source"]["offset"] == 9 for e in encoded)
-    assert len(out["updates.routed"]) == 3 * len(ingest.routes(encoded[0]["s"], encoded[0]["o"]))
+    routed = [change for o in out["updates.routed"] for change in codec.routed_changes(o.value)]
+    assert len(routed) == 3 * len(ingest.routes(encoded[0]["s"], encoded[0]["o"]))
     assert "deadletter" not in out
 
 
@@ -45,8 +52,7 @@ def test_event_time_is_the_given_one_or_else_the_kafka_record_time() -> None:
     given = codec.encode("RawUpdate", {"op": "ADD", "s": A, "p": P, "o": B, "event_time_ms": 1234})
     out = outputs_by_topic(ingest.process(RawRecord(given, timestamp_ms=99)))
     out2 = outputs_by_topic(ingest.process(RawRecord(f"A {B} {P} {A} .".encode(), timestamp_ms=5678)))
-    times = [codec.decode("EncodedUpdate", o.value)["event_time_ms"]
-             for o in out["updates.encoded"] + out2["updates.encoded"]]
+    times = [e["event_time_ms"] for e in encoded_of(out["updates.encoded"] + out2["updates.encoded"])]
     assert times == [1234, 5678]
 
 
@@ -67,11 +73,12 @@ def test_routing_by_subject_and_object_at_most_twice_with_both_when_partitions_c
     patch = "".join(f"A <{EX}s{i}> {P} <{EX}o{i}> .\n" for i in range(40))
     routed = [o for o in ingest.process(RawRecord(patch.encode())) if o.topic == "u.updates.routed"]
     by_seq: dict[int, list] = {}
+    assert len({out.partition for out in routed}) == len(routed)  # one batch record per partition
     for out in routed:
-        record = codec.decode("RoutedUpdate", out.value)
-        centre = record["s"] if record["role"] in ("SUBJECT", "BOTH") else record["o"]
-        assert out.partition == centre % 4 and out.key == str(centre).encode()
-        by_seq.setdefault(record["seq"], []).append(record)
+        for seq, _sign, s, _p, o, _g, _time, role in codec.routed_changes(out.value):
+            centre = s if role in ("SUBJECT", "BOTH") else o
+            assert out.partition == centre % 4
+            by_seq.setdefault(seq, []).append({"s": s, "o": o, "role": role})
     assert len(by_seq) == 40
     for records in by_seq.values():
         s, o = records[0]["s"], records[0]["o"]
@@ -90,7 +97,7 @@ def test_each_bad_line_is_one_dead_letter_and_the_rest_of_the_message_goes_on() 
     assert [(d["reason"], d["line"]) for d in dead] == [("malformed-rdf", 2), ("invalid-utf8", 3), ("malformed-rdf", 4)]
     assert all(d["offset"] == 5 and d["original"] == data and d["message"].startswith(f"line {d['line']}")
                for d in dead)
-    assert len(out["updates.encoded"]) == 2
+    assert len(encoded_of(out["updates.encoded"])) == 2
 
 
 def test_avro_raw_updates_are_parsed_and_bad_avro_or_terms_are_dead_lettered() -> None:
@@ -102,7 +109,7 @@ def test_avro_raw_updates_are_parsed_and_bad_avro_or_terms_are_dead_lettered() -
     for value in (good, good[:11], bad_term, literal_predicate, b""):
         out.extend(ingest.process(RawRecord(value)))
     grouped = outputs_by_topic(out)
-    encoded = [codec.decode("EncodedUpdate", o.value) for o in grouped["updates.encoded"]]
+    encoded = encoded_of(grouped["updates.encoded"])
     assert len(encoded) == 1 and encoded[0]["event_time_ms"] == 7
     reasons = [codec.decode("DeadLetter", o.value)["reason"] for o in grouped["deadletter"]]
     assert reasons == ["schema-mismatch", "malformed-rdf", "malformed-rdf", "empty"]
@@ -114,7 +121,7 @@ def test_format_comes_from_headers_or_json_sniffing() -> None:
     jsonl = RawRecord(b'{"op": "+", "s": "<http://example.org/a>", "p": "<http://example.org/q>", "o": "\\"1\\""}\n')
     unknown = RawRecord(b"whatever", {"cbgp-format": b"yaml"})
     out = outputs_by_topic(ingest.process(nt) + ingest.process(jsonl) + ingest.process(unknown))
-    assert len(out["updates.encoded"]) == 2
+    assert len(encoded_of(out["updates.encoded"])) == 2
     assert [codec.decode("DeadLetter", o.value)["reason"] for o in out["deadletter"]] == ["unknown-format"]
 
 
@@ -125,7 +132,7 @@ def test_restore_from_the_encoded_log_gives_the_same_state_as_processing() -> No
     restored = IngestProcessor(SETTINGS, 4, 4)
     for out in outputs:
         if out.topic == "u.updates.encoded":
-            restored.restore_encoded(codec.decode("EncodedUpdate", out.value))
+            restored.restore_encoded(out.value)
         elif out.topic == "u.dictionary":
             restored.restore_dictionary(codec.decode("DictionaryEntry", out.value))
     assert restored.present == live.present and restored.seq == live.seq and restored.published == live.published
@@ -150,10 +157,11 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
         elif out.topic in ("u.updates.routed", "u.updates.encoded"):
             kind = "routed" if out.topic == "u.updates.routed" else "whole"
             log = logs.setdefault((kind, out.partition if kind == "routed" else 0), [])
-            log.append(decode_change(kind, len(log), out.value, None))
+            log.append(decode_changes(kind, len(log), out.value, None))  # one batch record = one offset
 
     def reader(kind, partition, start, end):
-        return logs.get((kind, partition if kind == "routed" else 0), [])[start:end]
+        return [change for changes in logs.get((kind, partition if kind == "routed" else 0), [])[start:end]
+                for change in changes]
 
     topics = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}
     core = WorkerCore(topics, 4, 4, 4, reader, assemble_in_spark=assembly == "spark")
@@ -168,14 +176,15 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
     for (kind, partition), log in logs.items():
         shards = [core.shards[(kind, partition)]] if kind == "routed" else [core.shards[("whole", p)] for p in range(4)]
         for shard in shards:
-            for change in log:
-                deltas += core.on_change(shard, change)
+            for offset, changes in enumerate(log):
+                deltas += core.on_record(shard, offset, changes)
+    deltas += core.flush_batches()  # the answer deltas, one PartDeltaBatch per query
     if assembly == "spark":
         deltas = assembled_through_spark_function(deltas, QUERIES)
     answers = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
     produced = Counter()
     for offset, out in enumerate(deltas):
-        for result in answers.on_delta(out.partition, offset, out.value, None, dictionary.get):
+        for result in answers.on_record(out.partition, offset, out.value, None, dictionary.get):
             if result.topic == "u.answers":
                 record = codec.decode("Answer", result.value)
                 produced[(record["query_id"], record["sign"], tuple(sorted(
@@ -204,10 +213,10 @@ def assembled_through_spark_function(outputs: list, queries: dict[str, str]) -> 
 
     kept, parts = [], {}
     for offset, out in enumerate(outputs):
-        record = codec.decode("PartDelta", out.value)
-        if record["part"] < 0:
-            kept.append(out)
+        if codec.part_deltas(out.value)[0]["part"] < 0:
+            kept.append(out)  # answers, in batches: the Spark assembly reads single PartDelta records only
             continue
+        record = codec.decode("PartDelta", out.value)
         parts.setdefault(record["query_id"], []).append((
             record["query_id"], record["part"], record["seq"], 1 if record["sign"] == "PLUS" else -1,
             json.dumps(record["binding"]), record["snapshot"], out.partition, offset))
@@ -229,15 +238,27 @@ def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retract
                                           "source_offset": offset, "index": index, "snapshot": False,
                                           "event_time_ms": None})
 
-    first = answers.on_delta(0, 0, delta("PLUS", 5, 0), None, terms.get)
-    assert answers.on_delta(0, 1, delta("PLUS", 5, 0), None, terms.get) == []  # a replayed duplicate
-    retract = answers.on_delta(0, 2, delta("MINUS", 6, 0), None, terms.get)
+    first = answers.on_record(0, 0, delta("PLUS", 5, 0), None, terms.get)
+    assert answers.on_record(0, 1, delta("PLUS", 5, 0), None, terms.get) == []  # a replayed duplicate
+    retract = answers.on_record(0, 2, delta("MINUS", 6, 0), None, terms.get)
     assert [codec.decode("Answer", first[0].value)["n"], codec.decode("Answer", retract[0].value)["n"]] == [1, 2]
     assert retract[1].value is None and retract[1].key == first[1].key == current_key("q", f'{{"x":"{A}"}}')
-    unknown = answers.on_delta(0, 3, codec.encode("PartDelta", {
+    unknown = answers.on_record(0, 3, codec.encode("PartDelta", {
         "query_id": "q", "part": -1, "seq": 1, "sign": "PLUS", "binding": {"x": 12345}, "source_partition": 2,
         "source_offset": 7, "index": 0, "snapshot": False, "event_time_ms": None}), None, terms.get)
     assert codec.decode("DeadLetter", unknown[0].value)["reason"] == "unknown-term"
+
+
+def test_answers_core_numbers_the_deltas_of_a_batch_in_order_and_drops_its_replayed_part() -> None:
+    answers = AnswersCore("a", "c", "d", "parts")
+    terms = {stable_term_id(A): A, stable_term_id(B): B}
+    row = (1, "PLUS", {"x": stable_term_id(A)}, 2, 5, 0, False, None)
+    batch = codec.encode_part_delta_batch("q", -1, [row, (2, "PLUS", {"x": stable_term_id(B)}, 2, 6, 0, False, None)])
+    first = answers.on_record(0, 0, batch, None, terms.get)
+    assert [codec.decode("Answer", o.value)["n"] for o in first if o.topic == "a"] == [1, 2]
+    replay = codec.encode_part_delta_batch("q", -1, [row, (3, "MINUS", {"x": stable_term_id(A)}, 2, 7, 0, False, None)])
+    again = [codec.decode("Answer", o.value) for o in answers.on_record(0, 1, replay, None, terms.get) if o.topic == "a"]
+    assert [(a["n"], a["sign"]) for a in again] == [(3, "-")] and answers.duplicates == 1
 
 
 def test_engine_apply_to_replays_deletions_and_roles_into_one_query_only() -> None:

@@ -76,6 +76,12 @@ def test_producer_and_consumer_configs_carry_the_reliability_settings() -> None:
     assert c["auto.offset.reset"] == "latest"
 
 
+def test_producers_compress_with_lz4_unless_the_passthrough_says_otherwise() -> None:
+    assert KafkaSettings().producer_config()["compression.type"] == "lz4"
+    chosen = KafkaSettings.from_env({"CBGP_KAFKA_COMPRESSION_TYPE": "zstd"})
+    assert chosen.producer_config(transactional_id="w")["compression.type"] == "zstd"
+
+
 def test_rebalance_timeout_reaches_consumers_only_and_child_processes() -> None:
     s = KafkaSettings.from_env({"CBGP_REBALANCE_TIMEOUT_MS": "20000"})
     assert s.consumer_config("g")["max.poll.interval.ms"] == 20000

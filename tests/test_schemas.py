@@ -76,8 +76,9 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 
 def test_catalogue_of_records_is_complete() -> None:
-    assert NAMES == sorted(["RawUpdate", "EncodedUpdate", "RoutedUpdate", "DictionaryEntry", "AdminCommand",
-                            "QueryStatus", "QueryPlan", "PartDelta", "SparqlTerm", "Answer", "CurrentAnswer",
+    assert NAMES == sorted(["RawUpdate", "EncodedUpdate", "RoutedUpdate", "EncodedBatch", "RoutedBatch",
+                            "DictionaryEntry", "AdminCommand",
+                            "QueryStatus", "QueryPlan", "PartDelta", "PartDeltaBatch", "SparqlTerm", "Answer", "CurrentAnswer",
                             "DeadLetter"])
 
 

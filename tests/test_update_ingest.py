@@ -68,8 +68,8 @@ def _encoded(outputs, processor: IngestProcessor) -> list[tuple]:
     rows = []
     for out in outputs:
         if out.topic == processor.t_encoded:
-            r = codec.decode("EncodedUpdate", out.value)
-            rows.append((r["op"], decode(r["s"]), decode(r["p"]), decode(r["o"]), r["g"] and decode(r["g"])))
+            for r in codec.encoded_records(out.value):
+                rows.append((r["op"], decode(r["s"]), decode(r["p"]), decode(r["o"]), r["g"] and decode(r["g"])))
     return rows
 
 
