@@ -82,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["spark-job"]:
         return _run_spark_job(args[1:])  # the job has its own flags (--master, --compact-interval, ...)
-    return run(argv, _add_fleet_commands)
+    from services.kafka import TopicError
+
+    try:
+        return run(argv, _add_fleet_commands)
+    except TopicError as exc:  # a topic layout the fleet cannot use: say so in one line, not a traceback
+        print(f"cbgp: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

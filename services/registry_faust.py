@@ -39,6 +39,7 @@ from services.codec import CodecError, decode, encode
 from services.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, read_all
 from services.metrics import REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, start_metrics_server
 from services.registry import Decision, Registry
+from services.runtime import Stopper, kv, wait_for_topics
 
 __all__ = ["RegistryService", "build_app", "describe", "run_service"]
 
@@ -259,14 +260,47 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
 
 def run_service(settings: KafkaSettings, *, metrics_port: int | None = None, web_port: int = 6066,
                 web_host: str = "127.0.0.1", state_dir: str = ".cbgp-state", log_level: str = "warning") -> int:
-    """``cbgp registry``: create topics, restore, run faust until SIGTERM/SIGINT; return the exit code."""
+    """``cbgp registry``: create topics, restore, run faust until SIGTERM/SIGINT; return the exit code.
+
+    Like the data-path services, the registry waits for a broker that is not up yet, and after a life
+    that ended on an error (faust's clients give up when the broker goes away while they start) it starts
+    a new one: fresh clients, the registered set restored again from ``queries.plans``.
+    """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    ensure_topics(settings)
+    current: list[RegistryService | None] = [None]
+    metrics = (start_metrics_server(metrics_port, ready=lambda: current[0] is not None and current[0].ready)
+               if metrics_port is not None else None)
+    try:
+        while True:
+            stopper = Stopper()  # faust's own handlers replace it during a life and are gone after one
+            if not wait_for_topics(settings, SERVICE, stopper):
+                return 0
+            try:
+                code = _life(settings, current, stopper, web_port=web_port, web_host=web_host,
+                             state_dir=state_dir, log_level=log_level)
+                reason = f"the faust worker stopped with exit code {code} (its error is logged above)"
+            except (KafkaException, TimeoutError) as exc:
+                code, reason = 1, str(exc).replace("\n", " ")
+            if code == 0 or stopper.stopping:
+                return code
+            log.error(kv(event="restart", service=SERVICE, reason=reason))
+            time.sleep(1.0)
+            # mode's worker closed the event loop of the life that ended; the next app needs a new one.
+            asyncio.set_event_loop(asyncio.new_event_loop())
+    finally:
+        if metrics is not None:
+            metrics.stop()
+
+
+def _life(settings: KafkaSettings, current: list[RegistryService | None], stopper: Stopper, *, web_port: int,
+          web_host: str, state_dir: str, log_level: str) -> int:
     service = RegistryService(settings)
-    metrics = start_metrics_server(metrics_port, ready=lambda: service.ready) if metrics_port is not None else None
     try:
         count = service.restore()
         log.info("restored %d registered queries from %s", count, settings.topic("queries.plans"))
+        if stopper.stopping:
+            return 0
+        current[0] = service
         app = build_app(service, web_port=web_port, web_host=web_host, state_dir=state_dir)
         worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, redirect_stdouts=False)
         try:
@@ -275,6 +309,5 @@ def run_service(settings: KafkaSettings, *, metrics_port: int | None = None, web
             return int(exc.code or 0)
         return 0
     finally:
+        service.ready = False
         service.close()
-        if metrics is not None:
-            metrics.stop()

@@ -27,11 +27,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cbgp.terms import stable_term_id
-from services.kafka import KafkaSettings, add_kafka_flags, broker_outages, ensure_topics, make_consumer
+from services.kafka import BrokerUnreachable, KafkaSettings, add_kafka_flags, broker_outages, ensure_topics, make_consumer
 from services.metrics import start_metrics_server
 
 __all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "first_record", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
-           "read_range", "run_service", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
+           "read_range", "run_service", "wait_for_topics", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -131,6 +131,19 @@ class Stopper:
     def _stop(self, signum: int, _frame: object) -> None:
         log.info(kv(event="stop-requested", signal=signal.Signals(signum).name))
         self.stopping = True
+
+
+def wait_for_topics(settings: KafkaSettings, service: str, stopper: "Stopper") -> bool:
+    """:func:`ensure_topics`, retried while the broker does not answer (a service may start before its
+    broker, as pods do); False if a stop was requested meanwhile.  A wrong layout still raises at once."""
+    while not stopper.stopping:
+        try:
+            ensure_topics(settings)
+            return True
+        except BrokerUnreachable as exc:
+            log.warning(kv(event="waiting-for-broker", service=service, reason=str(exc).replace("\n", " ")))
+            time.sleep(2.0)
+    return False
 
 
 # ---------------------------------------------------------------------------------------- polling
@@ -558,13 +571,14 @@ def service_command(commands: argparse._SubParsersAction, name: str, description
     def handler(args: argparse.Namespace) -> int:
         setup_logging(name, args.log_level)
         settings = KafkaSettings.from_args(args)
-        ensure_topics(settings)
+        stopper = Stopper()
         ready = [False]
-        server = start_metrics_server(metrics_port(args), lambda: ready[0])
+        server = start_metrics_server(metrics_port(args), lambda: ready[0])  # /healthz answers while waiting
         logging.getLogger(f"cbgp.{name}").info(kv(event="started", metrics_port=server.port,
                                                    instance=args.instance_id, topics=settings.topic_prefix))
-        stopper = Stopper()
         try:
+            if not wait_for_topics(settings, name, stopper):
+                return 0
             return run_service(name, lambda stop: life(settings, args, stop, ready), stopper)
         finally:
             server.stop()

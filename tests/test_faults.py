@@ -62,6 +62,42 @@ def test_answers_survive_broker_restarts_mid_stream(embedded_broker: EmbeddedBro
     run_and_check(embedded_broker, tmp_path, cfg)
 
 
+@pytest.mark.timeout(300)
+def test_services_started_before_their_broker_wait_for_it(tmp_path: Path) -> None:
+    """Pods start in any order: a registry and an ingest started while no broker listens say they are
+    waiting, and once the broker is up they create the topics and serve, in the same processes."""
+    from services.kafka.broker import free_port
+    from services.supervise import http_ok
+    from services.usercli import admin_request
+    from tests.fleet_support import QUERIES, Fleet
+
+    broker = EmbeddedBroker(tmp_path / "broker", port=free_port())  # clients need its port before it starts
+    settings = fresh_settings(broker)
+    registry_metrics = free_port()
+    try:
+        with Fleet(settings, tmp_path / "logs") as fleet:
+            registry = fleet.start("registry", "registry", "--metrics-port", str(registry_metrics),
+                                   "--web-port", str(free_port()), "--state-dir", str(tmp_path / "state"))
+            ingest = fleet.start("ingest", "ingest", "--instance-id", "i1")
+            deadline = time.monotonic() + 90
+            while not all("event=waiting-for-broker" in fleet.log_text(n) for n in ("registry", "ingest")):
+                assert time.monotonic() < deadline, "the services did not report that they wait for the broker"
+                assert registry.poll() is None and ingest.poll() is None, "a service gave up on the broker"
+                time.sleep(0.5)
+            broker.start()
+            ready = {"registry": f"http://127.0.0.1:{registry_metrics}/readyz",
+                     "ingest": fleet.metrics_url("ingest").replace("/metrics", "/readyz")}
+            deadline = time.monotonic() + 120
+            while not all(http_ok(url) for url in ready.values()):
+                assert time.monotonic() < deadline, "the services did not become ready once the broker was up"
+                time.sleep(0.5)
+            reply = admin_request(settings, {"command": "REGISTER", "query_id": "star", "sparql": QUERIES["star"]})
+            assert reply["status"] == "ACCEPTED"
+            assert registry.poll() is None and ingest.poll() is None  # the same processes did it
+    finally:
+        broker.stop()
+
+
 # ---------------------------------------------------------------------------------------- backpressure
 
 RSS_BOUND_MB = 400  # generous: a worker holds ~100 MB at rest (Python, librdkafka, pyoxigraph, engine state)

@@ -12,7 +12,7 @@ from services.kafka.client import (DeliveryError, broker_outages, consume_until,
                                    make_consumer, make_producer, produce_sync, read_all, wait_assignment)
 from services.kafka.config import KafkaConfigError, KafkaSettings, add_kafka_flags
 from services.kafka.doctor import Check, format_report, run_doctor
-from services.kafka.topics import TOPICS, TopicError, TopicSpec, catalogue, ensure_topics
+from services.kafka.topics import TOPICS, BrokerUnreachable, TopicError, TopicSpec, catalogue, ensure_topics
 
 __all__ = [
     "BrokerError", "EmbeddedBroker",
@@ -20,5 +20,5 @@ __all__ = [
     "make_producer", "produce_sync", "read_all", "wait_assignment",
     "KafkaConfigError", "KafkaSettings", "add_kafka_flags",
     "Check", "format_report", "run_doctor",
-    "TOPICS", "TopicError", "TopicSpec", "catalogue", "ensure_topics",
+    "TOPICS", "BrokerUnreachable", "TopicError", "TopicSpec", "catalogue", "ensure_topics",
 ]

@@ -17,11 +17,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from services.kafka.config import KafkaSettings
 
-__all__ = ["TopicSpec", "TopicError", "TOPICS", "catalogue", "ensure_topics", "spec"]
+__all__ = ["TopicSpec", "TopicError", "BrokerUnreachable", "TOPICS", "catalogue", "ensure_topics", "spec"]
 
 
 class TopicError(RuntimeError):
     """A topic could not be created, or exists with a layout the fleet cannot use."""
+
+
+class BrokerUnreachable(TopicError):
+    """The broker did not answer a metadata request: the topics are not known to be wrong, only unseen."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def ensure_topics(
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise TopicError(f"cannot list topics on {settings.bootstrap_servers}: {exc.args[0]}") from None
+        raise BrokerUnreachable(f"cannot list topics on {settings.bootstrap_servers}: {exc.args[0]}") from None
 
     mismatches = [
         f"{name} has {len(existing[name].partitions)} partitions, expected {t.partitions_for(settings)}"
