@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Iterable
+from typing import Iterable, Mapping
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
 XSD_STRING = XSD + "string"
@@ -197,6 +197,11 @@ class TermDictionary:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    @property
+    def ids(self) -> Mapping[str, int]:
+        """term -> id of every term seen: a live view for hot loops (``ids.get(term)``), not to be modified."""
+        return self._ids
 
     def encode(self, term: str) -> int:
         found = self._ids.get(term)

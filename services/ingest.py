@@ -117,6 +117,7 @@ class IngestProcessor:
         self.n_dictionary = dictionary_partitions
         self.present: set[tuple[int, int, int, int]] = set()
         self.dictionary = TermDictionary(stable=True)
+        self.known = self.dictionary.ids  # every term in it is published (_encode publishes it at once)
         self.published: set[int] = set()  # ids already on the dictionary topic
         self.seq = 0  # seq of the last effective change
         self.graph = GraphMirror(self.dictionary)
@@ -254,19 +255,25 @@ class IngestProcessor:
         if problem:
             self._dead(out, raw, "malformed-rdf", (f"line {line}: " if line else "") + problem, line)
             return
-        longest = max(len(s), len(p), len(o), len(g or ""))
-        if longest > MAX_TERM_CHARS:
-            self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") +
-                       f"a term of {longest:,} characters is over the {MAX_TERM_CHARS:,} limit "
-                       "(answers carrying it would not fit in a Kafka record)", line)
-            return
-        try:
-            ids = [self._encode(out, term) for term in (s, p, o)]
-            gid = DEFAULT_GRAPH_ID if g is None else self._encode(out, g)
-        except TermCollisionError as exc:
-            self._dead(out, raw, "term-collision", str(exc), line)
-            return
-        quad = (ids[0], ids[1], ids[2], gid)
+        known = self.known
+        s_id, p_id, o_id = known.get(s), known.get(p), known.get(o)
+        if s_id is None or p_id is None or o_id is None or g is not None:
+            # Some term is new (known terms were checked and published when first seen).
+            longest = max(len(s), len(p), len(o), len(g or ""))
+            if longest > MAX_TERM_CHARS:
+                self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") +
+                           f"a term of {longest:,} characters is over the {MAX_TERM_CHARS:,} limit "
+                           "(answers carrying it would not fit in a Kafka record)", line)
+                return
+            try:
+                s_id, p_id, o_id = (self._encode(out, term) for term in (s, p, o))
+                gid = DEFAULT_GRAPH_ID if g is None else self._encode(out, g)
+            except TermCollisionError as exc:
+                self._dead(out, raw, "term-collision", str(exc), line)
+                return
+        else:
+            gid = DEFAULT_GRAPH_ID
+        quad = (s_id, p_id, o_id, gid)
         if event_time_ms is None and raw.timestamp_ms is not None and raw.timestamp_ms >= 0:
             event_time_ms = raw.timestamp_ms  # the Kafka record's time is the event time unless one was given
         if origin is not None and (self.pending_origin is None or origin < self.pending_origin):
@@ -286,7 +293,7 @@ class IngestProcessor:
         if self.graph.active and not mirrored:
             self.graph.apply(op, quad)
         self.seq += 1
-        seq, s_id, o_id = self.seq, quad[0], quad[2]
+        seq = self.seq
         self.pending_encoded.append((seq, op, *quad, event_time_ms, raw.partition, raw.offset, False))
         n = self.n_routed
         ps, po = s_id % n, o_id % n
