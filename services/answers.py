@@ -39,6 +39,7 @@ SERVICE = "answers"
 WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers (worker_core.WHOLE_QUERY_PART)
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 DICTIONARY_WAIT_SECONDS = 10.0
+TERM_CACHE_MAX = 1 << 18
 
 
 @dataclass
@@ -60,6 +61,9 @@ class AnswersCore:
         self.partition_of: dict[str, int] = {}
         self.duplicates = 0
         self.emitted: dict[tuple[str, str], object] = {}  # (query, sign) -> its DELTAS_EMITTED child
+        # term id -> (canonical JSON, Avro SparqlTerm body): answers repeat terms (ids are stable, so an entry
+        # never goes stale; the cache is emptied when full)
+        self._terms: dict[int, tuple[str, bytes]] = {}
 
     def drop_partition(self, partition: int) -> None:
         for name in [q for q, p in self.partition_of.items() if p == partition]:
@@ -85,67 +89,88 @@ class AnswersCore:
             del state.current[key]
 
     def on_record(self, partition: int, offset: int, value: bytes, origin: int | None,
-                  lookup: Callable[[int], str | None], deltas: list[dict] | None = None) -> list[Output]:
-        """The outputs of one deltas.parts record (a PartDeltaBatch or one PartDelta), or a dead letter.
-        ``deltas``: ``value`` already decoded (``None``: decode it here)."""
+                  lookup: Callable[[int], str | None], deltas: codec.PartDeltaColumns | None = None) -> list[Output]:
+        """The outputs of one deltas.parts record (a PartDeltaBatch or one PartDelta): per delta an Answer
+        and the new CurrentAnswer (or tombstone); a dead letter for a record that does not decode or names a
+        term id the dictionary does not have.  ``deltas``: ``value`` already decoded (``None``: decode here)."""
         if deltas is None:
             try:
-                deltas = codec.part_deltas(value)
+                deltas = codec.part_delta_columns(value)
             except codec.CodecError as exc:
                 return [self._dead(partition, offset, "schema-mismatch", str(exc), value)]
-        out: list[Output] = []
-        for record in deltas:
-            out.extend(self.on_delta(partition, offset, value, origin, lookup, record))
-        return out
-
-    def on_delta(self, partition: int, offset: int, value: bytes, origin: int | None,
-                 lookup: Callable[[int], str | None], record: dict) -> list[Output]:
-        """The outputs of one decoded delta: an Answer and the new CurrentAnswer (or tombstone), or a dead
-        letter (``value``: the record it came from)."""
-        if record["part"] != WHOLE_QUERY_PART:
+        if deltas.part != WHOLE_QUERY_PART:
             return []  # one part of a multi-part query: input of the Spark assembly, which sends the answers
-        name = record["query_id"]
+        name = deltas.query_id
         state = self.queries.setdefault(name, QueryAnswers())
         self.partition_of[name] = partition
-        key = (record["source_offset"], record["index"])
-        src = record["source_partition"]
-        if key <= state.last_key.get(src, (-1, -1)):
-            self.duplicates += 1
-            return []
-        terms: dict[str, str] = {}
-        for var, term_id in record["binding"].items():
-            term = lookup(term_id)
-            if term is None:
-                return [self._dead(partition, offset, "unknown-term",
-                                   f"query {name}: term id {term_id} of ?{var} is not in the dictionary", value)]
-            terms[var] = term
-        state.last_key[src] = key
-        state.n += 1
-        sign = "+" if record["sign"] == "PLUS" else "-"
+        variables = deltas.variables
+        k = len(variables)
+        # Canonical JSON and Avro maps list the variables sorted; terms are looked up once per id.
+        order = sorted(range(k), key=variables.__getitem__)
+        var_json = [codec.json_string(variables[j]) + ":" for j in order]
+        writer = codec.BindingWriter([variables[j] for j in order])
+        query_json = codec.json_string(name)
+        terms = self._terms
         now = int(time.time() * 1000)
-        headers = [(SOURCE_HEADER, f"{src}:{key[0]}:{key[1]}".encode())]
-        if origin is not None:
-            headers.append((ORIGIN_HEADER, str(origin).encode()))
-            ANSWER_LATENCY.observe(max(0, now - origin) / 1000)
-        answer = codec.encode_answer(name, state.n, record["seq"], sign, terms, record["snapshot"], now)
-        out = [Output(self.t_answers, answer, name.encode(), partition, headers)]
-        binding_json = canonical_binding(terms)
-        entry = state.current.setdefault(binding_json, [0, 0])
-        entry[0] += 1 if sign == "+" else -1
-        entry[1] = state.n
-        ckey = current_key(name, binding_json)
-        if entry[0] <= 0:
-            if entry[0] < 0:
-                log.warning(kv(event="negative-multiplicity", query=name, binding=binding_json))
-            del state.current[binding_json]
-            out.append(Output(self.t_current, None, ckey, partition))
-        else:
-            current = codec.encode_current_answer(name, terms, entry[0], state.n)
-            out.append(Output(self.t_current, current, ckey, partition))
-        counter = self.emitted.get((name, sign))
-        if counter is None:  # labels() costs microseconds: once per query and sign
-            counter = self.emitted[(name, sign)] = DELTAS_EMITTED.labels(name, sign)
-        counter.inc()
+        latency = max(0, now - origin) / 1000 if origin is not None else None
+        origin_text = str(origin).encode()
+        name_key = name.encode()
+        out: list[Output] = []
+        values, signs, seqs, snapshots = deltas.values, deltas.sign, deltas.seq, deltas.snapshot
+        emitted = {"+": 0, "-": 0}
+        for i in range(len(deltas)):
+            key = (deltas.source_offset[i], deltas.index[i])
+            src = deltas.source_partition[i]
+            if key <= state.last_key.get(src, (-1, -1)):
+                self.duplicates += 1
+                continue
+            row = values[i * k:(i + 1) * k]
+            encoded: list[tuple[str, bytes]] = []  # (canonical JSON, Avro SparqlTerm body) per sorted variable
+            for j in order:
+                term = terms.get(row[j])
+                if term is None:
+                    text = lookup(row[j])
+                    if text is None:
+                        break
+                    if len(terms) >= TERM_CACHE_MAX:
+                        terms.clear()
+                    term = terms[row[j]] = (codec.json_string(text), writer.term_body(text))
+                encoded.append(term)
+            if len(encoded) < k:
+                missing = order[len(encoded)]
+                out.append(self._dead(partition, offset, "unknown-term", f"query {name}: term id {row[missing]} "
+                                      f"of ?{variables[missing]} is not in the dictionary", value))
+                continue
+            state.last_key[src] = key
+            state.n += 1
+            sign = "+" if signs[i] == "PLUS" else "-"
+            emitted[sign] += 1
+            headers = [(SOURCE_HEADER, f"{src}:{key[0]}:{key[1]}".encode())]
+            if latency is not None:
+                headers.append((ORIGIN_HEADER, origin_text))
+                ANSWER_LATENCY.observe(latency)
+            binding = writer.write([body for _json, body in encoded])
+            out.append(Output(self.t_answers, codec.encode_answer_record(
+                name, state.n, seqs[i], sign, binding, snapshots[i], now), name_key, partition, headers))
+            binding_json = "{" + ",".join([vj + tj for vj, (tj, _body) in zip(var_json, encoded)]) + "}"
+            entry = state.current.setdefault(binding_json, [0, 0])
+            entry[0] += 1 if sign == "+" else -1
+            entry[1] = state.n
+            ckey = ("[" + query_json + "," + binding_json + "]").encode("utf-8")  # = codec.current_key
+            if entry[0] <= 0:
+                if entry[0] < 0:
+                    log.warning(kv(event="negative-multiplicity", query=name, binding=binding_json))
+                del state.current[binding_json]
+                out.append(Output(self.t_current, None, ckey, partition))
+            else:
+                out.append(Output(self.t_current, codec.encode_current_answer_record(
+                    name, binding, entry[0], state.n), ckey, partition))
+        for sign, count in emitted.items():
+            if count:
+                counter = self.emitted.get((name, sign))
+                if counter is None:  # labels() costs microseconds: once per query and sign
+                    counter = self.emitted[(name, sign)] = DELTAS_EMITTED.labels(name, sign)
+                counter.inc(count)
         return out
 
     def _dead(self, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
@@ -269,8 +294,7 @@ class AnswersService:
                     continue
                 started = time.monotonic()
                 records = _decoded(msgs)
-                self.dictionary.wait_for({i for deltas in records if deltas is not None for r in deltas
-                                          for i in r["binding"].values()})
+                self.dictionary.wait_for({i for deltas in records if deltas is not None for i in deltas.values})
                 outputs: list[Output] = []
                 offsets: dict[int, int] = {}
                 lookup = self.dictionary.terms.get
@@ -297,12 +321,12 @@ class AnswersService:
             self.producer.flush(5)
 
 
-def _decoded(msgs: list[Message]) -> list[list[dict] | None]:
+def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:
     """Each message's deltas, or None where it does not decode (on_record then dead-letters it)."""
-    records: list[list[dict] | None] = []
+    records: list[codec.PartDeltaColumns | None] = []
     for msg in msgs:
         try:
-            records.append(codec.part_deltas(msg.value()))
+            records.append(codec.part_delta_columns(msg.value()))
         except codec.CodecError:
             records.append(None)
     return records

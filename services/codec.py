@@ -33,7 +33,8 @@ __all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "finger
            "crc64_avro", "MAGIC", "encode_routed", "encode_encoded", "decode_routed", "decode_encoded",
            "decode_part_delta", "encode_part_delta", "encode_answer", "encode_current_answer",
            "encode_routed_batch", "encode_encoded_batch", "routed_changes", "encoded_changes", "encoded_records",
-           "encode_part_delta_batch", "part_deltas"]
+           "encode_part_delta_batch", "part_deltas", "part_delta_columns", "PartDeltaColumns",
+           "answer_binding", "BindingWriter", "json_string", "encode_answer_record", "encode_current_answer_record"]
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10
@@ -340,11 +341,12 @@ def canonical_binding(terms: Mapping[str, str]) -> str:
 
     The same string as ``json.dumps(terms, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``,
     built from cached per-string encodings (this runs once per answer)."""
-    return "{" + ",".join(_json_string(var) + ":" + _json_string(terms[var]) for var in sorted(terms)) + "}"
+    return "{" + ",".join(json_string(var) + ":" + json_string(terms[var]) for var in sorted(terms)) + "}"
 
 
 @functools.lru_cache(maxsize=1 << 18)
-def _json_string(text: str) -> str:
+def json_string(text: str) -> str:
+    """A string as a JSON string literal, as :func:`canonical_binding` writes it (cached)."""
     return json.dumps(text, ensure_ascii=False)
 
 
@@ -542,29 +544,72 @@ def encoded_records(data: bytes) -> list[dict[str, Any]]:
             for seq, op, s, p, o, g, t, partition, offset, refresh in zip(*_columns("EncodedBatch", record, fields))]
 
 
-_PART_DELTA_COLUMNS = ("seq", "sign", "binding", "source_partition", "source_offset", "index", "snapshot",
-                       "event_time_ms")
+_PART_DELTA_COLUMNS = ("seq", "sign", "source_partition", "source_offset", "index", "snapshot", "event_time_ms")
 
 
-def encode_part_delta_batch(query_id: str, part: int, rows: Sequence[tuple]) -> bytes:
-    """One PartDeltaBatch of ``(seq, sign, binding, source_partition, source_offset, index, snapshot,
-    event_time_ms)`` rows (sign: PLUS/MINUS)."""
-    return encode("PartDeltaBatch", {"query_id": query_id, "part": part,
-                                     **dict(zip(_PART_DELTA_COLUMNS, zip(*rows)))})
+@dataclass(frozen=True, slots=True)
+class PartDeltaColumns:
+    """The deltas of one deltas.parts record, column by column (a PartDeltaBatch as written; a format-1
+    PartDelta as a batch of one).  Delta i binds ``variables[j]`` to ``values[i * len(variables) + j]``."""
+
+    query_id: str
+    part: int
+    variables: list[str]
+    seq: list[int]
+    sign: list[str]
+    values: list[int]
+    source_partition: list[int]
+    source_offset: list[int]
+    index: list[int]
+    snapshot: list[bool]
+    event_time_ms: list[int | None]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def binding(self, i: int) -> dict[str, int]:
+        k = len(self.variables)
+        return dict(zip(self.variables, self.values[i * k:(i + 1) * k]))
+
+
+def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], rows: Sequence[tuple]) -> bytes:
+    """One PartDeltaBatch of ``(seq, sign, values, source_partition, source_offset, index, snapshot,
+    event_time_ms)`` rows (sign: PLUS/MINUS; values: the term ids of ``variables``, in their order)."""
+    k = len(variables)
+    if any(len(row[2]) != k for row in rows):
+        raise CodecError(f"PartDeltaBatch of {query_id}: every delta must bind the {k} variables {list(variables)}")
+    columns = list(zip(*rows))
+    values = [term_id for row_values in columns[2] for term_id in row_values]
+    del columns[2]
+    return encode("PartDeltaBatch", {"query_id": query_id, "part": part, "variables": list(variables),
+                                     "values": values, **dict(zip(_PART_DELTA_COLUMNS, columns))})
+
+
+def part_delta_columns(data: bytes) -> PartDeltaColumns:
+    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta); raises :class:`CodecError`."""
+    if _writer_name(data) != "PartDeltaBatch":
+        one = decode_part_delta(data)
+        return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]], [one["sign"]],
+                                list(one["binding"].values()), [one["source_partition"]], [one["source_offset"]],
+                                [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
+    record = decode("PartDeltaBatch", data)
+    seq, sign, src, offset, index, snapshot, event_time = _columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
+    variables, values = record["variables"], record["values"]
+    if len(values) != len(seq) * len(variables):
+        raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
+                         f"{len(seq) * len(variables)} values, got {len(values)}")
+    return PartDeltaColumns(record["query_id"], record["part"], variables, seq, sign, values, src, offset, index,
+                            snapshot, event_time)
 
 
 def part_deltas(data: bytes) -> list[dict[str, Any]]:
-    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta) as PartDelta dicts;
-    raises :class:`CodecError`."""
-    if _writer_name(data) != "PartDeltaBatch":
-        return [decode_part_delta(data)]
-    record = decode("PartDeltaBatch", data)
-    query_id, part = record["query_id"], record["part"]
-    return [{"query_id": query_id, "part": part, "seq": seq, "sign": sign, "binding": binding,
-             "source_partition": src, "source_offset": offset, "index": index, "snapshot": snapshot,
-             "event_time_ms": event_time}
-            for seq, sign, binding, src, offset, index, snapshot, event_time
-            in zip(*_columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS))]
+    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta) as PartDelta dicts, for tools
+    and tests (the answers service reads :func:`part_delta_columns`); raises :class:`CodecError`."""
+    cols = part_delta_columns(data)
+    return [{"query_id": cols.query_id, "part": cols.part, "seq": cols.seq[i], "sign": cols.sign[i],
+             "binding": cols.binding(i), "source_partition": cols.source_partition[i],
+             "source_offset": cols.source_offset[i], "index": cols.index[i], "snapshot": cols.snapshot[i],
+             "event_time_ms": cols.event_time_ms[i]} for i in range(len(cols))]
 
 
 def _read_part_delta(data: bytes) -> tuple[dict, int]:
@@ -645,14 +690,45 @@ def _binding_map(terms: Mapping[str, str]) -> list[bytes]:
     return items
 
 
+def answer_binding(terms: Mapping[str, str]) -> bytes:
+    """The Avro ``binding`` map ``{var: SparqlTerm}`` of an Answer or CurrentAnswer, in ``terms``' order."""
+    return b"".join(_binding_map(terms))
+
+
+class BindingWriter:
+    """:func:`answer_binding` over fixed variables from cached term bodies, for the answers service, which
+    writes each binding twice (Answer and CurrentAnswer) and sees the same terms again and again."""
+
+    term_body = staticmethod(_sparql_term)  # a term's SparqlTerm body (cached)
+
+    def __init__(self, variables: Sequence[str]) -> None:
+        self._prefix = _long(len(variables)) if variables else b""
+        self._keys = [_cached_string(var) for var in variables]
+
+    def write(self, bodies: Sequence[bytes]) -> bytes:
+        """The map binding variable j to the term whose body is ``bodies[j]``."""
+        return self._prefix + b"".join([key + body for key, body in zip(self._keys, bodies)]) + b"\x00"
+
+
+def encode_answer_record(query_id: str, n: int, seq: int, sign: str, binding: bytes, snapshot: bool,
+                         produced_at_ms: int) -> bytes:
+    """An Answer whose binding map is already encoded (:func:`answer_binding`, :class:`BindingWriter`)."""
+    return b"".join((_header("Answer"), _cached_string(query_id), _long(n), _long(seq), _cached_string(sign),
+                     binding, b"\x01" if snapshot else b"\x00", _long(produced_at_ms)))
+
+
+def encode_current_answer_record(query_id: str, binding: bytes, multiplicity: int, last_n: int) -> bytes:
+    """A CurrentAnswer whose binding map is already encoded."""
+    return b"".join((_header("CurrentAnswer"), _cached_string(query_id), binding, _long(multiplicity),
+                     _long(last_n)))
+
+
 def encode_answer(query_id: str, n: int, seq: int, sign: str, terms: Mapping[str, str], snapshot: bool,
                   produced_at_ms: int) -> bytes:
     """``encode("Answer", {..., "binding": {var: term_to_avro(term)}})`` for the data path (same bytes)."""
-    return b"".join((_header("Answer"), _cached_string(query_id), _long(n), _long(seq), _cached_string(sign),
-                     *_binding_map(terms), b"\x01" if snapshot else b"\x00", _long(produced_at_ms)))
+    return encode_answer_record(query_id, n, seq, sign, answer_binding(terms), snapshot, produced_at_ms)
 
 
 def encode_current_answer(query_id: str, terms: Mapping[str, str], multiplicity: int, last_n: int) -> bytes:
     """``encode("CurrentAnswer", {..., "binding": {var: term_to_avro(term)}})`` (same bytes)."""
-    return b"".join((_header("CurrentAnswer"), _cached_string(query_id), *_binding_map(terms),
-                     _long(multiplicity), _long(last_n)))
+    return encode_current_answer_record(query_id, answer_binding(terms), multiplicity, last_n)

@@ -182,7 +182,7 @@ class WorkerCore:
         self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
         self.shards: dict[tuple[str, int], Shard] = {}
         # Answer deltas (part -1) since the last flush_batches(), per query, with the earliest origin time.
-        self.batched: dict[str, list[tuple]] = {}
+        self.batched: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}  # (query id, variables) -> rows
         self.batched_origin: int | None = None
 
     # -- ownership
@@ -304,10 +304,11 @@ class WorkerCore:
         MAX_BATCH_DELTAS deltas each), in the order they were made; once per transaction."""
         out: list[Output] = []
         headers = [(ORIGIN_HEADER, str(self.batched_origin).encode())] if self.batched_origin is not None else []
-        for query_id, rows in self.batched.items():
+        for (query_id, variables), rows in self.batched.items():
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
             for start in range(0, len(rows), MAX_BATCH_DELTAS):
-                value = codec.encode_part_delta_batch(query_id, WHOLE_QUERY_PART, rows[start:start + MAX_BATCH_DELTAS])
+                value = codec.encode_part_delta_batch(query_id, WHOLE_QUERY_PART, variables,
+                                                      rows[start:start + MAX_BATCH_DELTAS])
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
         self.batched, self.batched_origin = {}, None
         return out
@@ -341,8 +342,8 @@ class WorkerCore:
         query_id, part = shard.outputs[name]
         sign_name = "PLUS" if sign > 0 else "MINUS"
         if part == WHOLE_QUERY_PART:
-            self.batched.setdefault(query_id, []).append((seq, sign_name, dict(zip(columns, row)),
-                                                          shard.source_partition, offset, index, snapshot, None))
+            self.batched.setdefault((query_id, columns), []).append(
+                (seq, sign_name, row, shard.source_partition, offset, index, snapshot, None))
             return
         value = codec.encode_part_delta(query_id, part, seq, sign_name, dict(zip(columns, row)),
                                         shard.source_partition, offset, index, snapshot, None)

@@ -158,18 +158,69 @@ def test_batches_with_unequal_columns_or_of_the_wrong_kind_are_refused() -> None
         codec.routed_changes(routed[:5])
 
 
-PART_DELTA_ROWS = st.lists(st.tuples(LONGS, st.sampled_from(["PLUS", "MINUS"]),
-                                     st.dictionaries(st.text(min_size=1, max_size=4), LONGS, max_size=4),
-                                     st.integers(-(1 << 31), (1 << 31) - 1), LONGS, st.integers(0, (1 << 31) - 1),
-                                     st.booleans(), EVENT_TIMES), min_size=1, max_size=30)
+VARIABLES = st.lists(st.text(min_size=1, max_size=4), max_size=4, unique=True)
+
+
+@st.composite
+def part_delta_rows(draw: st.DrawFn) -> tuple[list[str], list[tuple]]:
+    """Variables, and deltas binding each of them (the layout of a PartDeltaBatch)."""
+    variables = draw(VARIABLES)
+    values = st.tuples(*[LONGS] * len(variables))
+    rows = draw(st.lists(st.tuples(LONGS, st.sampled_from(["PLUS", "MINUS"]), values,
+                                   st.integers(-(1 << 31), (1 << 31) - 1), LONGS, st.integers(0, (1 << 31) - 1),
+                                   st.booleans(), EVENT_TIMES), min_size=1, max_size=30))
+    return variables, rows
 
 
 @FAST
-@given(PART_DELTA_ROWS, current_records("PartDelta"))
-def test_part_delta_batches_read_back_as_single_part_deltas_read(rows: list[tuple], single: dict) -> None:
-    data = codec.encode_part_delta_batch("q1", -1, rows)
+@given(part_delta_rows(), current_records("PartDelta"))
+def test_part_delta_batches_read_back_as_single_part_deltas_read(batch: tuple[list[str], list[tuple]],
+                                                                 single: dict) -> None:
+    variables, rows = batch
+    data = codec.encode_part_delta_batch("q1", -1, variables, rows)
     fields = ("seq", "sign", "binding", "source_partition", "source_offset", "index", "snapshot", "event_time_ms")
-    assert codec.part_deltas(data) == [{"query_id": "q1", "part": -1, **dict(zip(fields, row))} for row in rows]
+    assert codec.part_deltas(data) == [
+        {"query_id": "q1", "part": -1, **dict(zip(fields, row)), "binding": dict(zip(variables, row[2]))}
+        for row in rows]
     assert codec.part_deltas(codec.encode("PartDelta", single)) == [single]
     with pytest.raises(codec.CodecError, match="expected PartDelta but the message was written as PartDeltaBatch"):
         codec.decode("PartDelta", data)  # what the Spark assembly relies on to skip answer batches
+
+
+def test_part_delta_batches_whose_values_do_not_fit_their_variables_are_refused() -> None:
+    with pytest.raises(codec.CodecError, match="every delta must bind the 2 variables"):
+        codec.encode_part_delta_batch("q", -1, ["x", "y"], [(1, "PLUS", (5,), 0, 0, 0, False, None)])
+    short = codec.encode("PartDeltaBatch", {
+        "query_id": "q", "part": -1, "variables": ["x", "y"], "values": [5, 6, 7], "seq": [1, 2],
+        "sign": ["PLUS", "PLUS"], "source_partition": [0, 0], "source_offset": [0, 0], "index": [0, 1],
+        "snapshot": [False, False], "event_time_ms": [None, None]})
+    with pytest.raises(codec.CodecError, match="2 deltas of 2 variables need 4 values, got 3"):
+        codec.part_delta_columns(short)
+
+
+@FAST
+@given(part_delta_rows())
+def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
+        batch: tuple[list[str], list[tuple]]) -> None:
+    """AnswersCore builds Answer and CurrentAnswer records from cached term encodings: each must equal
+    ``encode("Answer" | "CurrentAnswer")`` of the decoded delta, and each key ``current_key``."""
+    from services.answers import AnswersCore
+
+    variables, rows = batch
+    terms = {term_id: f"<http://example.org/{term_id}>" if term_id % 3 else f'"lit {term_id}"@en'
+             for row in rows for term_id in row[2]}
+    rows = [(seq, "PLUS", *rest) for seq, _sign, *rest in rows]  # additions only: multiplicities stay positive
+    rows = [(*row[:4], i, i, *row[6:]) for i, row in enumerate(rows)]  # increasing idempotence keys
+    core = AnswersCore("a", "c", "d", "parts")
+    out = core.on_record(1, 0, codec.encode_part_delta_batch("q", -1, variables, rows), 123, terms.get)
+    answers = [o for o in out if o.topic == "a"]
+    assert len(answers) == len(rows)
+    for n, (answer, row) in enumerate(zip(answers, rows), start=1):
+        record = codec.decode("Answer", answer.value)
+        binding = {var: codec.term_to_avro(terms[term_id]) for var, term_id in zip(variables, row[2])}
+        assert record == {"query_id": "q", "n": n, "seq": row[0], "sign": "+", "binding": binding,
+                          "snapshot": row[6], "produced_at_ms": record["produced_at_ms"]}
+    for current in (o for o in out if o.topic == "c" and o.value is not None):
+        record = codec.decode("CurrentAnswer", current.value)
+        text = {var: codec.term_from_avro(t) for var, t in record["binding"].items()}
+        assert current.key == codec.current_key("q", codec.canonical_binding(text))

@@ -252,11 +252,11 @@ def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retract
 def test_answers_core_numbers_the_deltas_of_a_batch_in_order_and_drops_its_replayed_part() -> None:
     answers = AnswersCore("a", "c", "d", "parts")
     terms = {stable_term_id(A): A, stable_term_id(B): B}
-    row = (1, "PLUS", {"x": stable_term_id(A)}, 2, 5, 0, False, None)
-    batch = codec.encode_part_delta_batch("q", -1, [row, (2, "PLUS", {"x": stable_term_id(B)}, 2, 6, 0, False, None)])
+    row = (1, "PLUS", (stable_term_id(A),), 2, 5, 0, False, None)
+    batch = codec.encode_part_delta_batch("q", -1, ["x"], [row, (2, "PLUS", (stable_term_id(B),), 2, 6, 0, False, None)])
     first = answers.on_record(0, 0, batch, None, terms.get)
     assert [codec.decode("Answer", o.value)["n"] for o in first if o.topic == "a"] == [1, 2]
-    replay = codec.encode_part_delta_batch("q", -1, [row, (3, "MINUS", {"x": stable_term_id(A)}, 2, 7, 0, False, None)])
+    replay = codec.encode_part_delta_batch("q", -1, ["x"], [row, (3, "MINUS", (stable_term_id(A),), 2, 7, 0, False, None)])
     again = [codec.decode("Answer", o.value) for o in answers.on_record(0, 1, replay, None, terms.get) if o.topic == "a"]
     assert [(a["n"], a["sign"]) for a in again] == [(3, "-")] and answers.duplicates == 1
 
