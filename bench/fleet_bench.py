@@ -1,8 +1,9 @@
 """End-to-end benchmark of the fleet (ingest -> workers -> answers) on the embedded broker.
 
     .venv/bin/python bench/fleet_bench.py [--workers 1,2,4] [--updates 10000] [--rate 5000] [--warmup 5000]
+                                          [--repeat 3]
 
-For each worker count, on a fresh noida-db broker with 4 routed partitions and three queries (a star, a
+For each worker count, ``--repeat`` times, on a fresh noida-db broker with 4 routed partitions and three queries (a star, a
 path, a DISTINCT component):
 - idle CPU: cores each process uses for 5 s before any data flows;
 - warm-up: ``--warmup`` updates at ``--rate``, not measured except for their worst latency (the first
@@ -13,8 +14,10 @@ path, a DISTINCT component):
   the ``cbgp-origin-ms`` header); p50/p90/p99/max over every answer of the phase;
 - throughput: ``--updates`` more updates produced as fast as possible; updates/s = updates / (time of the
   last answer - time of the first produce), with the CPU each process spent per update meanwhile.
-Completion is known exactly: the expected answer count comes from ``cbgp replay``.  Runs stay under
-~10^5 broker messages (noida-db's comfortable range).  Prints a table.
+Completion is known exactly: the expected answer count comes from ``cbgp replay``.  The bench stays off
+the two cores while the fleet works: it polls the answers service's emitted-deltas counter and reads the
+answers once they are all out (their times are in the records).  Runs stay under ~10^5 broker messages
+(noida-db's comfortable range).  Prints a table: the median run per worker count, and the range.
 """
 
 from __future__ import annotations
@@ -62,17 +65,31 @@ def produce(producer: Producer, settings: KafkaSettings, lines: list[str], rate:
 
 
 class AnswerReader:
-    """One consumer reading the answers topic incrementally (re-reading the whole topic with ``read_all``
-    several times a second would load the broker the fleet is being measured on)."""
+    """Reads the answers topic incrementally, once the answers service says it has emitted them.
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    While the fleet works, the bench only asks the answers service's /metrics for its emitted-deltas count
+    five times a second: reading every answer as it comes cost ~20 us of CPU per update on the two cores the
+    fleet is measured on, and an answer's times (``produced_at_ms``, its origin header) do not depend on
+    when it is read."""
+
+    def __init__(self, settings: KafkaSettings, emitted_url: str) -> None:
         topic = settings.topic("answers")
+        self.emitted_url = emitted_url
         self.fetcher = Fetcher(settings, "bench-answers", 10000)  # idles unassigned: noida-db does not long-poll
         self.fetcher.set_positions({(topic, p): OFFSET_BEGINNING for p in end_offsets(settings, topic)})
         self.seen: list[tuple[int, int | None]] = []  # (produced_at_ms, origin_ms) of every answer so far
 
+    def wait_emitted(self, expected: int, timeout: float) -> None:
+        """Until the answers service has emitted ``expected`` answers in total (a /metrics poll every 0.2 s)."""
+        deadline = time.monotonic() + timeout
+        while (emitted := metric_total(self.emitted_url, "cbgp_deltas_emitted_total")) < expected:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {emitted:.0f} of {expected} answers emitted after {timeout}s")
+            time.sleep(0.2)
+
     def until(self, expected: int, timeout: float) -> list[tuple[int, int | None]]:
-        """Read until ``expected`` answers in total; return (produced_at_ms, origin_ms) of each."""
+        """Wait until ``expected`` answers in total were emitted, read them; (produced_at_ms, origin_ms) each."""
+        self.wait_emitted(expected, timeout)
         deadline = time.monotonic() + timeout
         while len(self.seen) < expected:
             if time.monotonic() > deadline:
@@ -146,7 +163,8 @@ class CpuSampler:
         return self.rows
 
 
-STAGE_TOPICS = ("updates.raw", "updates.encoded", "updates.routed", "deltas.parts", "answers")
+STAGE_TOPICS = ("updates.raw", "dictionary", "updates.encoded", "updates.routed", "deltas.parts", "answers",
+                "answers.current")
 
 
 def stage_times(settings: KafkaSettings, t0: float) -> dict[str, tuple[int, float, float]]:
@@ -201,7 +219,7 @@ def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path,
             idle_start = cpu_seconds(pids)
             time.sleep(IDLE_SECONDS)
             idle = cpu_spent(idle_start, cpu_seconds(pids))
-            reader = AnswerReader(settings)
+            reader = AnswerReader(settings, fleet.metrics_url("answers"))
             producer = make_producer(settings, linger_ms=1)
             try:
                 produce(producer, settings, warmup_lines, rate)
@@ -213,8 +231,9 @@ def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path,
                 burst_start, txn_start = cpu_seconds(pids), transactions(fleet)
                 sampler = CpuSampler(pids) if timeline else None
                 t0 = produce(producer, settings, burst_lines, None)
+                reader.wait_emitted(n_total, 300)
+                burst = cpu_spent(burst_start, cpu_seconds(pids))  # the fleet's work, not the bench's reading
                 every = reader.until(n_total, 300)
-                burst = cpu_spent(burst_start, cpu_seconds(pids))
                 if sampler is not None:
                     samples = sampler.stop()
                     print_timeline(stage_times(settings, t0), samples, t0)
@@ -243,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=5000, help="paced rate of the latency phase (updates/s)")
     parser.add_argument("--warmup", type=int, default=5000,
                         help="updates sent at --rate before the latency phase, not measured (default 5000)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs per worker count, each on a fresh broker; the table shows the median and the range "
+                             "(the embedded broker's once-a-second snapshot makes single runs vary by +-20%%)")
     parser.add_argument("--timeline", action="store_true",
                         help="also print, for the burst, when each stage wrote its first and last record and the "
                              "cores each process used every 0.1 s (where the wall time goes)")
@@ -251,19 +273,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     batches = {service: ["--batch", str(getattr(args, f"{service}_batch"))] if getattr(args, f"{service}_batch") else []
                for service in ("ingest", "worker", "answers")}
-    rows = []
+    rows = []  # per worker count, the run with the median throughput, plus every run's figures
     for workers in (int(w) for w in args.workers.split(",")):
-        with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-            rows.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp), batches, args.timeline))
-        r = rows[-1]
-        print(f"workers={r['workers']} throughput={r['updates_per_s']:,.0f} updates/s "
-              f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p90={r['p90_ms']:.0f} ms p99={r['p99_ms']:.0f} ms "
-              f"max={r['max_ms']:.0f} ms (warm-up max {r['cold_max_ms']:.0f} ms)", file=sys.stderr)
-    print(f"\n{'workers':>7} | {'updates/s (burst)':>17} | {'p50 ms':>7} | {'p99 ms':>7} | answers")
-    print(f"{'-' * 7}-+-{'-' * 17}-+-{'-' * 7}-+-{'-' * 7}-+--------")
+        runs = []
+        for attempt in range(1, args.repeat + 1):
+            with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+                runs.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp), batches, args.timeline))
+            r = runs[-1]
+            print(f"workers={r['workers']} run {attempt}/{args.repeat}: throughput={r['updates_per_s']:,.0f} updates/s "
+                  f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p90={r['p90_ms']:.0f} ms "
+                  f"p99={r['p99_ms']:.0f} ms max={r['max_ms']:.0f} ms (warm-up max {r['cold_max_ms']:.0f} ms)",
+                  file=sys.stderr, flush=True)
+        runs.sort(key=lambda r: r["updates_per_s"])
+        median = dict(runs[len(runs) // 2])
+        median["all_updates_per_s"] = [r["updates_per_s"] for r in runs]
+        median["all_p99_ms"] = sorted(r["p99_ms"] for r in runs)
+        rows.append(median)
+    print(f"\nMedian of {args.repeat} run(s) per worker count (range in brackets)")
+    print(f"{'workers':>7} | {'updates/s (burst)':>26} | {'p50 ms':>6} | {'p99 ms':>14} | answers")
+    print(f"{'-' * 7}-+-{'-' * 26}-+-{'-' * 6}-+-{'-' * 14}-+--------")
     for r in rows:
-        print(f"{r['workers']:>7} | {r['updates_per_s']:>17,.0f} | {r['p50_ms']:>7.0f} | {r['p99_ms']:>7.0f} | {r['answers']}")
-    print("\nCPU per process: idle (cores busy while no data flows) and burst (CPU microseconds per update)")
+        rates, p99s = r["all_updates_per_s"], r["all_p99_ms"]
+        rate = f"{statistics.median(rates):,.0f} [{min(rates):,.0f}-{max(rates):,.0f}]"
+        p99 = f"{statistics.median(p99s):.0f} [{p99s[0]:.0f}-{p99s[-1]:.0f}]"
+        print(f"{r['workers']:>7} | {rate:>26} | {r['p50_ms']:>6.0f} | {p99:>14} | {r['answers']}")
+    print("\nCPU per process in the median run: idle (cores busy while no data flows) and burst (CPU us per update)")
     for r in rows:
         names = sorted(r["burst_cpu_us"], key=lambda n: -r["burst_cpu_us"][n])
         print(f"  {r['workers']} worker(s): idle " + ", ".join(f"{n} {r['idle_cpu'][n]:.2f}" for n in names))
