@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
@@ -514,21 +514,21 @@ def _columns(name: str, record: dict[str, Any], fields: Sequence[str]) -> list[l
 def routed_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, str]]:
     """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate) as
     ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples; raises :class:`CodecError`."""
-    if _writer_name(data) != "RoutedBatch":
-        return [decode_routed(data)]
-    seq, op, s, p, o, g, event_time, role = _columns("RoutedBatch", decode("RoutedBatch", data), (
-        "seq", "op", "s", "p", "o", "g", "event_time_ms", "role"))
-    return list(zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, role))
+    return _changes(data, "RoutedBatch", decode_routed, "role")
 
 
 def encoded_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, bool]]:
     """The changes of an updates.encoded record (an EncodedBatch, or a format-1 EncodedUpdate) as
     ``(seq, sign, s, p, o, g, event_time_ms, refresh)`` tuples; raises :class:`CodecError`."""
-    if _writer_name(data) != "EncodedBatch":
-        return [decode_encoded(data)]
-    seq, op, s, p, o, g, event_time, refresh = _columns("EncodedBatch", decode("EncodedBatch", data), (
-        "seq", "op", "s", "p", "o", "g", "event_time_ms", "refresh"))
-    return list(zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, refresh))
+    return _changes(data, "EncodedBatch", decode_encoded, "refresh")
+
+
+def _changes(data: bytes, batch: str, read_single: Callable[[bytes], tuple], last: str) -> list[tuple]:
+    if _writer_name(data) != batch:
+        return [read_single(data)]
+    seq, op, s, p, o, g, event_time, extra = _columns(batch, decode(batch, data), (
+        "seq", "op", "s", "p", "o", "g", "event_time_ms", last))
+    return list(zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, extra))
 
 
 def encoded_records(data: bytes) -> list[dict[str, Any]]:
