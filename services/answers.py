@@ -109,7 +109,6 @@ class AnswersCore:
         order = sorted(range(k), key=variables.__getitem__)
         var_json = [codec.json_string(variables[j]) + ":" for j in order]
         writer = codec.BindingWriter([variables[j] for j in order])
-        query_json = codec.json_string(name)
         terms = self._terms
         now = int(time.time() * 1000)
         latency = max(0, now - origin) / 1000 if origin is not None else None
@@ -156,7 +155,7 @@ class AnswersCore:
             entry = state.current.setdefault(binding_json, [0, 0])
             entry[0] += 1 if sign == "+" else -1
             entry[1] = state.n
-            ckey = ("[" + query_json + "," + binding_json + "]").encode("utf-8")  # = codec.current_key
+            ckey = current_key(name, binding_json)
             if entry[0] <= 0:
                 if entry[0] < 0:
                     log.warning(kv(event="negative-multiplicity", query=name, binding=binding_json))

@@ -352,7 +352,7 @@ def json_string(text: str) -> str:
 
 def current_key(query_id: str, binding_json: str) -> bytes:
     """The answers.current key: canonical JSON ``["<query_id>", {binding}]`` (unambiguous, parseable)."""
-    return ("[" + json.dumps(query_id, ensure_ascii=False) + "," + binding_json + "]").encode("utf-8")
+    return ("[" + json_string(query_id) + "," + binding_json + "]").encode("utf-8")
 
 
 # ---------------------------------------------------------------------------------------- hot-path readers

@@ -181,8 +181,9 @@ class WorkerCore:
         self.plans: dict[str, QueryInfo] = {}
         self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
         self.shards: dict[tuple[str, int], Shard] = {}
-        # Answer deltas (part -1) since the last flush_batches(), per query, with the earliest origin time.
-        self.batched: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}  # (query id, variables) -> rows
+        # Answer deltas (part -1) since the last flush_batches(), per query and its variables (a replaced plan
+        # may bind others), with the earliest origin time.
+        self.batched: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}
         self.batched_origin: int | None = None
 
     # -- ownership
