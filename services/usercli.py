@@ -224,10 +224,24 @@ def format_status(status: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------- answers
 
 
+def sparql_term(term: dict[str, Any]) -> dict[str, str]:
+    """SPARQL 1.1 Query Results JSON term of an Avro ``SparqlTerm`` (``lang`` becomes ``xml:lang``)."""
+    out = {"type": term["type"], "value": term["value"]}
+    if term.get("lang"):
+        out["xml:lang"] = term["lang"]
+    elif term.get("datatype"):
+        out["datatype"] = term["datatype"]
+    return out
+
+
+def _binding_json(binding: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {var: sparql_term(term) for var, term in binding.items()}
+
+
 def _answer_json(record: dict[str, Any]) -> dict[str, Any]:
-    binding = {var: {k: v for k, v in term.items() if v is not None} for var, term in record["binding"].items()}
-    return {"query_id": record["query_id"], "n": record["n"], "seq": record["seq"], "sign": record["sign"],
-            "binding": binding, "snapshot": record["snapshot"]}
+    """A watch line: named like ``cbgp replay``'s lines (``query``, ``seq``, ``sign``, ``binding``)."""
+    return {"query": record["query_id"], "n": record["n"], "seq": record["seq"], "sign": record["sign"],
+            "binding": _binding_json(record["binding"]), "snapshot": record["snapshot"]}
 
 
 def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, count: int | None = None,
@@ -297,8 +311,7 @@ def current_answers(settings: KafkaSettings, query_id: str) -> list[tuple[dict[s
     rows = []
     for record in latest.values():
         if record is not None and record["multiplicity"] > 0:
-            binding = {var: {k: v for k, v in term.items() if v is not None} for var, term in record["binding"].items()}
-            rows.append((binding, record["multiplicity"]))
+            rows.append((_binding_json(record["binding"]), record["multiplicity"]))
     rows.sort(key=lambda row: json.dumps(row[0], sort_keys=True))
     return rows
 
@@ -327,8 +340,8 @@ def _term_text(term: dict[str, Any]) -> str:
     if term["type"] == "bnode":
         return f"_:{term['value']}"
     text = json.dumps(term["value"], ensure_ascii=False)
-    if term.get("lang"):
-        return f"{text}@{term['lang']}"
+    if term.get("xml:lang"):
+        return f"{text}@{term['xml:lang']}"
     if term.get("datatype"):
         return f"{text}^^<{term['datatype']}>"
     return text

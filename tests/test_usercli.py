@@ -10,7 +10,9 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
+import pyoxigraph as ox
 import pytest
+from rdflib import BNode, Literal, URIRef
 
 from cbgp.inputs import InputError, parse_patch
 from services.cli import main as cbgp
@@ -18,8 +20,9 @@ from services.codec import decode, encode
 from services.kafka import KafkaSettings, ensure_topics, make_producer, produce_sync, read_all
 from services.kafka.broker import free_port
 from services.supervise import ChildProcess, cbgp_command, http_ok
-from services.usercli import chunk_lines, watch_answers
+from services.usercli import _answer_json, chunk_lines, results_json, watch_answers
 from tests.fixtures.broker import fresh_settings
+from tests.sparql_results import parse_with_pyoxigraph, parse_with_rdflib, results_document
 
 EX = "http://ex.org/"
 PATCH = (
@@ -36,6 +39,23 @@ def flags(settings: KafkaSettings) -> list[str]:
 
 def term(iri: str) -> dict[str, Any]:
     return {"type": "uri", "value": iri, "datatype": None, "lang": None}
+
+
+XSD_INT = "http://www.w3.org/2001/XMLSchema#integer"
+# Avro SparqlTerm records of a language-tagged literal, a typed literal and a blank node, and what a real
+# SPARQL JSON client must read back for them.
+LANG = {"type": "literal", "value": "Bob", "datatype": None, "lang": "en"}
+TYPED = {"type": "literal", "value": "42", "datatype": XSD_INT, "lang": None}
+BLANK = {"type": "bnode", "value": "b7", "datatype": None, "lang": None}
+OX_TERMS = {"n": ox.Literal("Bob", language="en"), "age": ox.Literal("42", datatype=ox.NamedNode(XSD_INT)),
+            "x": ox.NamedNode(f"{EX}bob")}
+RDFLIB_TERMS = {"n": Literal("Bob", lang="en"), "age": Literal("42", datatype=URIRef(XSD_INT)), "x": URIRef(f"{EX}bob")}
+
+
+def assert_real_clients_read(document: str, rows: int = 1) -> None:
+    """pyoxigraph and rdflib both parse ``document`` and get the terms of OX_TERMS / RDFLIB_TERMS back."""
+    assert parse_with_pyoxigraph(document) == [OX_TERMS] * rows
+    assert parse_with_rdflib(document) == [RDFLIB_TERMS] * rows
 
 
 # ---------------------------------------------------------------------------------------- publish
@@ -139,6 +159,20 @@ def test_register_without_a_registry_says_so(kafka_settings: KafkaSettings, tmp_
 # ---------------------------------------------------------------------------------------- answers
 
 
+def test_watch_lines_and_current_results_are_sparql_json_that_pyoxigraph_and_rdflib_read() -> None:
+    binding = {"x": term(f"{EX}bob"), "n": LANG, "age": TYPED}
+    line = _answer_json({"query_id": "q", "n": 1, "seq": 5, "sign": "+", "binding": binding, "snapshot": False})
+    assert line["binding"]["n"] == {"type": "literal", "value": "Bob", "xml:lang": "en"}
+    assert line["binding"]["age"] == {"type": "literal", "value": "42", "datatype": XSD_INT}
+    assert line["query"] == "q" and "query_id" not in line  # named as in `cbgp replay`'s lines
+    assert_real_clients_read(results_document(["x", "n", "age"], [line["binding"]]))
+    assert_real_clients_read(json.dumps(results_json(["x", "n", "age"], [(line["binding"], 2)])), rows=2)
+    blank = _answer_json({"query_id": "q", "n": 2, "seq": 6, "sign": "-", "binding": {"b": BLANK},
+                          "snapshot": False})["binding"]
+    assert parse_with_pyoxigraph(results_document(["b"], [blank])) == [{"b": ox.BlankNode("b7")}]
+    assert parse_with_rdflib(results_document(["b"], [blank])) == [{"b": BNode("b7")}]
+
+
 def _answer(query: str, n: int, sign: str = "+") -> bytes:
     return encode("Answer", {"query_id": query, "n": n, "seq": 10 + n, "sign": sign,
                              "binding": {"x": term(f"{EX}a{n}")}, "snapshot": False, "produced_at_ms": 0})
@@ -156,6 +190,7 @@ def test_watch_starts_at_n_drops_duplicates_and_warns_on_gaps(kafka_settings: Ka
     assert watch_answers(kafka_settings, "q", 2, count=4, out=out, err=err) == 4
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [a["n"] for a in lines] == [2, 3, 6, 7] and lines[0]["binding"] == {"x": {"type": "uri", "value": f"{EX}a2"}}
+    assert {a["query"] for a in lines} == {"q"}
     assert "expected n=4, got n=6 (2 missing)" in err.getvalue()
 
 
@@ -211,3 +246,22 @@ def test_current_folds_the_latest_value_per_key(kafka_settings: KafkaSettings,
     assert f"| <{EX}b>" in table and table.rstrip().endswith("3 answers") and f"{EX}c" not in table
     assert cbgp(["current", "nope", *f]) == 1
     assert "no query with id 'nope' is registered" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_current_prints_results_that_pyoxigraph_and_rdflib_read(kafka_settings: KafkaSettings,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    producer = make_producer(kafka_settings)
+    binding = {"x": term(f"{EX}bob"), "n": LANG, "age": TYPED}
+    key = json.dumps(["people", {"x": {"type": "uri", "value": f"{EX}bob"}}]).encode()
+    produce_sync(producer, kafka_settings.topic("answers.current"), encode("CurrentAnswer", {
+        "query_id": "people", "binding": binding, "multiplicity": 1, "last_n": 1}), key=key)
+    plan = {"query_id": "people", "sparql": f"SELECT ?x ?n ?age WHERE {{ ?x <{EX}n> ?n ; <{EX}age> ?age }}",
+            "options": {}, "plan_json": "{}", "projected": ["x", "n", "age"], "registered_at_seq": 0, "version": 1}
+    produce_sync(producer, kafka_settings.topic("queries.plans"), encode("QueryPlan", plan), key="people")
+    f = flags(kafka_settings)
+    assert cbgp(["current", "people", *f]) == 0
+    assert_real_clients_read(capsys.readouterr().out)
+    assert cbgp(["current", "people", "--table", *f]) == 0
+    assert f'| <{EX}bob> | "Bob"@en | "42"^^<{XSD_INT}> |' in capsys.readouterr().out
