@@ -328,6 +328,13 @@ def registered_plan(settings: KafkaSettings, query_id: str) -> dict[str, Any] | 
     return plan
 
 
+def _require_plan(settings: KafkaSettings, query_id: str) -> dict[str, Any]:
+    plan = registered_plan(settings, query_id)
+    if plan is None:
+        raise UserError(f"no query with id {query_id!r} is registered (`cbgp list` shows the registered ids)")
+    return plan
+
+
 def results_json(variables: list[str], rows: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
     """SPARQL 1.1 Query Results JSON; a binding with multiplicity m appears m times (bag semantics)."""
     return {"head": {"vars": variables},
@@ -446,19 +453,19 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
         return 0
 
     def run_watch(args: argparse.Namespace) -> int:
+        settings = KafkaSettings.from_args(args)
+        _require_plan(settings, args.query_id)  # else it would wait forever for answers that never come
         try:
-            watch_answers(KafkaSettings.from_args(args), args.query_id, max(1, args.start), count=args.count)
+            watch_answers(settings, args.query_id, max(1, args.start), count=args.count)
         except KeyboardInterrupt:
             pass  # Ctrl-C is how a live watch ends
         return 0
 
     def run_current(args: argparse.Namespace) -> int:
         settings = KafkaSettings.from_args(args)
-        plan = registered_plan(settings, args.query_id)
+        plan = _require_plan(settings, args.query_id)  # answers left by an unregistered query are not current
         rows = current_answers(settings, args.query_id)
-        if plan is None and not rows:
-            raise UserError(f"no query with id {args.query_id!r} is registered")
-        variables = list(plan["projected"]) if plan else sorted({v for b, _ in rows for v in b})
+        variables = list(plan["projected"])
         if args.table:
             print(results_table(variables, rows))
         else:

@@ -194,10 +194,35 @@ def test_watch_starts_at_n_drops_duplicates_and_warns_on_gaps(kafka_settings: Ka
     assert "expected n=4, got n=6 (2 missing)" in err.getvalue()
 
 
+def put_plan(settings: KafkaSettings, query_id: str, projected: list[str], sparql: str = "") -> None:
+    """The ``QueryPlan`` the registry would publish for ``query_id`` (watch and current look it up)."""
+    plan = {"query_id": query_id, "sparql": sparql or f"SELECT * WHERE {{ ?x <{EX}p> <{EX}o> }}", "options": {},
+            "plan_json": "{}", "projected": projected, "registered_at_seq": 0, "version": 1}
+    produce_sync(make_producer(settings), settings.topic("queries.plans"), encode("QueryPlan", plan), key=query_id)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_watch_and_current_of_an_unknown_id_say_so_in_one_line(kafka_settings: KafkaSettings) -> None:
+    producer = make_producer(kafka_settings)
+    # answers left behind by a query that is no longer registered (its plan tombstoned) are not served either
+    produce_sync(producer, kafka_settings.topic("answers"), _answer("gone", 1), key="gone")
+    put_plan(kafka_settings, "gone", ["x"])
+    produce_sync(producer, kafka_settings.topic("queries.plans"), None, key="gone")
+    for command in ("watch", "current"):
+        for query_id in ("nope", "gone"):
+            result = subprocess.run(cbgp_command(command, query_id, *flags(kafka_settings)), capture_output=True,
+                                    text=True, timeout=30)  # watch used to wait forever
+            assert result.returncode == 1 and result.stdout == ""
+            assert result.stderr == (f"cbgp {command}: error: no query with id {query_id!r} is registered "
+                                     "(`cbgp list` shows the registered ids)\n")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_watch_runs_live_until_ctrl_c(kafka_settings: KafkaSettings) -> None:
     producer = make_producer(kafka_settings)
+    put_plan(kafka_settings, "live", ["x"])
     produce_sync(producer, kafka_settings.topic("answers"), _answer("live", 1), key="live")
     proc = subprocess.Popen(cbgp_command("watch", "live", *flags(kafka_settings)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
