@@ -175,9 +175,10 @@ def parse_query(text: str) -> ParsedQuery:
     try:
         parsed = parseQuery(text)
     except ParseException as exc:
-        raise QueryError(f"SPARQL syntax error: {exc.msg}", exc.lineno, exc.col) from None
-    except Exception as exc:  # rdflib raises assorted errors for bad prefixes etc.
-        raise QueryError(f"SPARQL syntax error: {exc}") from None
+        raise _syntax_error(text, (exc.lineno, exc.col)) from None
+    except Exception:  # rdflib raises assorted errors for bad prefixes etc.
+        raise _syntax_error(text, None) from None
+    _check_prefixes(text)  # rdflib quietly knows foaf:, rdf:, xsd:, ...; SPARQL (and pyoxigraph) do not
     form = parsed[1].name
     if form != "SelectQuery":
         keyword = {"ConstructQuery": "CONSTRUCT", "AskQuery": "ASK", "DescribeQuery": "DESCRIBE"}.get(form, form)
@@ -224,6 +225,165 @@ def parse_query(text: str) -> ParsedQuery:
     else:
         projected = tuple(projected_vars)
     return ParsedQuery(text, tuple(unique), projected, distinct, select_star, tuple(variables))
+
+
+# --- syntax errors that name their cause ---------------------------------------------------------
+# rdflib says where it gave up ("Expected SelectQuery"), rarely why; these checks find the usual causes
+# first, in this order: an unterminated string or IRI, an unbalanced bracket, a malformed prologue or
+# query form, an undeclared prefix.  Anything else is "unexpected <token>" at pyoxigraph's position (its
+# parser reports the furthest point it reached, which is where the mistake is, more often than rdflib's).
+
+_PN_CHARS = r"A-Za-z0-9_\-\u00b7\u00c0-\ufffd"
+# A prefixed name's prefix (possibly empty) and its colon, not preceded by a name character, '?', '$',
+# '@' or ':' (which would make it part of a variable, a blank node label `_:b`, a local name, ...).
+_PNAME_RE = re.compile(rf"(?<![{_PN_CHARS}.:?$@])((?:[A-Za-z\u00c0-\ufffd](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?)?):")
+_PREFIX_DECL_RE = re.compile(rf"(?<![{_PN_CHARS}])PREFIX\s*$", re.IGNORECASE)
+_SCHEME_RE = re.compile(r"<[A-Za-z][A-Za-z0-9+.\-]*:")
+_OPENERS = {"}": "{", ")": "(", "]": "["}
+
+
+def _masked(text: str) -> str:
+    """``text`` with comments, string literals and IRIs blanked out (same length and line breaks)."""
+    out = list(text)
+    for kind, value, offset in _tokens(text):
+        if kind in ("comment", "string", "iri"):
+            for i in range(offset, offset + len(value)):
+                if out[i] != "\n":
+                    out[i] = " "
+    return "".join(out)
+
+
+def _undeclared_prefix(text: str) -> QueryError | None:
+    masked = _masked(text)
+    declared: set[str] = set()
+    for match in _PNAME_RE.finditer(masked):
+        prefix = match.group(1)
+        if _PREFIX_DECL_RE.search(masked, max(0, match.start() - 200), match.start()):
+            declared.add(prefix)
+        elif prefix not in declared:
+            end = match.end()
+            while end < len(masked) and (masked[end].isalnum() or masked[end] in "_-.:%\\"):
+                end += 1
+            name = masked[match.start():end].rstrip(".")
+            return QueryError(f"undeclared prefix '{prefix}:' in {name} (declare it before the query: "
+                              f"PREFIX {prefix}: <...>)", *_line_col(text, match.start()))
+    return None
+
+
+def _check_prefixes(text: str) -> None:
+    error = _undeclared_prefix(text)
+    if error is not None:
+        raise error
+
+
+def _syntax_error(text: str, rdflib_position: tuple[int, int] | None) -> QueryError:
+    """The error for a text rdflib could not parse, naming a cause where one can be told."""
+
+    def error(message: str, offset: int | None = None, position: tuple[int, int] | None = None) -> QueryError:
+        line, column = _line_col(text, offset) if offset is not None else position or (None, None)
+        return QueryError(f"SPARQL syntax error: {message}", line, column)
+
+    tokens = _tokens(text)
+    for index, (kind, value, offset) in enumerate(tokens):
+        if kind == "other" and value in "\"'":
+            before = tokens[index - 1] if index else None
+            if before and before[0] == "string" and before[1] == value * 2 and before[2] + 2 == offset:
+                offset = before[2]  # the opening of an unterminated long string
+            return error("unterminated string literal", offset)
+        if kind == "punct" and value == "<" and _SCHEME_RE.match(text, offset):
+            return error("unterminated IRI: no '>' before the next space, quote or brace", offset)
+    stack: list[tuple[str, int]] = []
+    for kind, value, offset in tokens:
+        if kind != "punct":
+            continue
+        if value in "{([":
+            stack.append((value, offset))
+        elif value in _OPENERS:
+            if not stack:
+                return error(f"unexpected '{value}' (nothing to close)", offset)
+            opener, opened_at = stack.pop()
+            if opener != _OPENERS[value]:
+                line, column = _line_col(text, opened_at)
+                return error(f"unexpected '{value}' ('{opener}' at line {line}, column {column} is still open)",
+                             offset)
+    if stack:
+        opener, opened_at = stack[-1]
+        return error(f"'{opener}' is never closed", opened_at)
+    prologue = _prologue_error(tokens)
+    if prologue is not None:
+        message, offset = prologue
+        return error(message, offset if offset is not None else len(text))
+    undeclared = _undeclared_prefix(text)
+    if undeclared is not None:
+        return undeclared
+    # rdflib's position is the token it could not take, except that a triple it cannot complete is
+    # reported at the triple's start (after '{' or '.'); there pyoxigraph's position (the furthest point
+    # its parser reached) names the token, unless it ran on to the end of the text.
+    offset = _offset(text, *rdflib_position) if rdflib_position else None
+    previous = [v for k, v, o in tokens if k != "comment" and o < (offset or 0)][-1:]
+    if offset is None or previous in (["{"], ["."]):
+        ox_position = _oxigraph_position(text)
+        ox_offset = _offset(text, *ox_position) if ox_position else None
+        if ox_offset is not None and (offset or 0) < ox_offset < len(text.rstrip()):
+            offset = ox_offset
+    if offset is None:
+        return error("the query could not be parsed")
+    following = [(v, o) for k, v, o in tokens if k != "comment" and o + len(v) > offset]
+    if not following:
+        return error("unexpected end of query", len(text))
+    value, at = following[0]
+    shown = value if len(value) <= 40 else value[:37] + "..."
+    return error(f"unexpected '{shown}'", at)
+
+
+def _prologue_error(tokens: list[tuple[str, str, int]]) -> tuple[str, int | None] | None:
+    """A malformed PREFIX / BASE declaration, or a query form that is not a SPARQL keyword."""
+    rest = [t for t in tokens if t[0] != "comment"]
+    i = 0
+
+    def found(j: int) -> tuple[str, int | None]:
+        return ("the end of the query", None) if j >= len(rest) else (repr(rest[j][1]), rest[j][2])
+
+    while i < len(rest) and rest[i][1].upper() in ("PREFIX", "BASE"):
+        keyword = rest[i][1].upper()
+        if keyword == "PREFIX":
+            if i + 1 >= len(rest) or rest[i + 1][0] != "word" or not rest[i + 1][1].endswith(":"):
+                what, offset = found(i + 1)
+                return f"PREFIX expects a name ending in ':' then an <IRI>, found {what}", offset
+            i += 1
+        if i + 1 >= len(rest) or rest[i + 1][0] != "iri":
+            what, offset = found(i + 1)
+            return f"{keyword} expects an <IRI>, found {what}", offset
+        i += 2
+    if i >= len(rest):
+        return "the query has no SELECT", None
+    if rest[i][1].upper() not in ("SELECT", "CONSTRUCT", "DESCRIBE", "ASK"):
+        return f"expected PREFIX, BASE or SELECT, found {rest[i][1]!r}", rest[i][2]
+    return None
+
+
+def _oxigraph_position(text: str) -> tuple[int, int] | None:
+    """Where pyoxigraph's SPARQL parser stops on ``text`` (1-based line and column), if it does."""
+    try:
+        import pyoxigraph
+    except ImportError:  # pragma: no cover - a dependency, but only for better error positions
+        return None
+    try:
+        pyoxigraph.Store().query(text)
+    except SyntaxError as exc:
+        match = re.match(r"error at (\d+):(\d+):", str(exc))
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    except Exception:  # noqa: BLE001 - an evaluation error means it parsed
+        return None
+    return None
+
+
+def _offset(text: str, line: int, column: int) -> int | None:
+    lines = text.split("\n")
+    if not 1 <= line <= len(lines):
+        return None
+    return sum(len(ln) + 1 for ln in lines[: line - 1]) + min(max(column - 1, 0), len(lines[line - 1]))
 
 
 _TRANSLATE_LOCK = threading.Lock()

@@ -130,3 +130,57 @@ def test_graph_variable_block_is_accepted_and_mixing_it_with_other_graphs_is_rej
     assert (info.value.line, info.value.column) == (2, 2)
     with pytest.raises(QueryError, match="only one GRAPH"):
         parse_query(f"SELECT * WHERE {{ GRAPH ?g {{ ?x <{EX}p> ?y }} GRAPH ?h {{ ?y <{EX}p> ?z }} }}")
+
+
+@pytest.mark.parametrize(
+    "text, prefix, line, column",
+    [
+        ("SELECT ?p WHERE { ?p foaf:name ?n }", "foaf", 1, 22),  # rdflib knows foaf: on its own; SPARQL does not
+        ("SELECT ?x WHERE {\n  ?x a rdf:Property }", "rdf", 2, 8),
+        ('PREFIX ex: <http://ex/>\nSELECT ?x WHERE { ?x ex:p "1"^^xsd:int }', "xsd", 2, 32),
+        ("PREFIX : <http://ex/>\nSELECT ?p WHERE {\n  ?p ex:name ?n }", "ex", 3, 6),
+        ("PREFIX ex: <http://ex/>\nSELECT ?x WHERE { ?x ex:p :o }", "", 2, 27),
+    ],
+)
+def test_undeclared_prefixes_are_rejected_with_the_prefix_and_its_position(text, prefix, line, column):
+    import pyoxigraph
+
+    with pytest.raises(SyntaxError):  # the reference parser rejects them too
+        pyoxigraph.Store().query(text)
+    with pytest.raises(QueryError) as info:
+        parse_query(text)
+    assert info.value.message.startswith(f"undeclared prefix '{prefix}:'")
+    assert (info.value.line, info.value.column) == (line, column)
+
+
+def test_declared_prefixes_and_prefix_lookalikes_in_strings_iris_comments_and_blank_nodes_are_fine():
+    q = parse_query('PREFIX ex: <http://ex/>\nprefix : <http://d/>\nPREFIX a.b-c: <http://abc/>\n'
+                    'SELECT ?x WHERE { ?x ex:p :o, _:b1, "foaf:no", <urn:x:y>, a.b-c:z, ex:a:b . # rdf:type\n}')
+    assert {p.o for p in q.patterns} >= {"<http://d/o>", '"foaf:no"', "<urn:x:y>", "<http://abc/z>", "<http://ex/a:b>"}
+
+
+@pytest.mark.parametrize(
+    "text, cause, line, column",
+    [
+        ('PREFIX ex: <http://ex/>\nSELECT ?x WHERE {\n  ?x ex:p "abc .\n  ?x ex:q ?y }',
+         "unterminated string literal", 3, 11),
+        ('SELECT ?x WHERE { ?x <http://ex/p> """abc }', "unterminated string literal", 1, 36),
+        ("SELECT * WHERE { ?x <http://ex/p ?o }", "unterminated IRI", 1, 21),
+        ("SELECT * WHERE { ?x <http://ex/p> ?o } }", "unexpected '}'", 1, 40),
+        ("SELECT * WHERE { ?x <http://ex/p> ?o ) }", "unexpected ')'", 1, 38),
+        ("SELECT * WHERE {\n  ?x <http://ex/p> ?o .", "'{' is never closed", 1, 16),
+        ("SELECT * WHERE { ?x <http://ex/p> }", "unexpected '}'", 1, 35),
+        ("SELECT * WHERE { ?x <http://ex/p> ?o ; ?z }", "unexpected '?z'", 1, 40),
+        ("SELECT ?x, ?y WHERE { ?x <http://ex/p> ?y }", "unexpected ','", 1, 10),
+        ("SELCT * WHERE { ?x <http://ex/p> ?o }", "found 'SELCT'", 1, 1),
+        ("PREFIX ex <http://ex/>\nSELECT * WHERE { ?x ex:p ?o }", "PREFIX expects a name ending in ':'", 1, 8),
+    ],
+)
+def test_syntax_errors_name_their_cause_and_position(text, cause, line, column):
+    with pytest.raises(QueryError) as info:
+        parse_query(text)
+    error = info.value
+    assert error.message.startswith("SPARQL syntax error: ") and cause in error.message
+    assert "Expected" not in error.message  # rdflib's grammar rule names are not a cause
+    assert (error.line, error.column) == (line, column)
+    assert str(error) == f"{error.message} (line {line}, column {column})" and "\n" not in str(error)
