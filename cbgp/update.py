@@ -429,3 +429,9 @@ def _keys(quads: list[ox.Quad]) -> list[QuadKey]:
         ]
     except TermError as exc:
         raise UpdateRequestError(f"unsupported term (RDF 1.2 triple terms are not supported): {exc}") from None
+
+
+def check_request(request: str, *, base: str | None = None) -> None:
+    """Raise :class:`UpdateRequestError` if ``request`` would be refused whatever the graph holds (syntax,
+    LOAD, SERVICE): the checks ingest makes before running a request, without a graph (``cbgp publish``)."""
+    UpdateExtractor(ox.Store())._analyse(request, base)

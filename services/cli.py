@@ -26,17 +26,20 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
     add_kafka_flags(topics)
 
     def run_doctor_command(args: argparse.Namespace) -> int:
-        from services.kafka import KafkaSettings, format_report, run_doctor
+        from services.kafka import KafkaSettings, format_report, quiet_librdkafka, require_broker, run_doctor
 
-        checks = run_doctor(KafkaSettings.from_args(args))
+        settings = quiet_librdkafka(KafkaSettings.from_args(args))
+        require_broker(settings, hint=False)  # unreachable: one line (main), not a report of one failed check
+        checks = run_doctor(settings)
         print(format_report(checks))
         return 0 if all(check.ok for check in checks) else 1
 
     def run_topics(args: argparse.Namespace) -> int:
-        from services.kafka import KafkaSettings, catalogue, ensure_topics
+        from services.kafka import KafkaSettings, catalogue, ensure_topics, quiet_librdkafka, require_broker
 
-        settings = KafkaSettings.from_args(args)
+        settings = quiet_librdkafka(KafkaSettings.from_args(args))
         if args.action == "create":
+            require_broker(settings)  # `topics list` shows the catalogue without a broker
             created = ensure_topics(settings)
             print(f"created {len(created)} topic(s)" + (": " + ", ".join(created) if created else ""))
         else:

@@ -1,4 +1,4 @@
-"""The user's commands: ``cbgp publish | register | unregister | list | watch | current``.
+"""The user's commands: ``cbgp publish | register | unregister | list | watch | current | deadletter``.
 
 All take the shared Kafka flags (or ``CBGP_*`` variables).  What they put on and read from the topics:
 
@@ -7,7 +7,10 @@ All take the shared Kafka flags (or ``CBGP_*`` variables).  What they put on and
   ``cbgp-first-line``).  RDF Patch transactions ``TX .. TC/TA`` are never split across records, and the
   patch prefixes (``PA``/``@prefix`` lines) seen so far are repeated at the head of every later record, so
   ingest can parse each record on its own.  Turtle is sent as one record (statements span lines and
-  depend on prefixes).
+  depend on prefixes).  ``FILE`` ``-`` is standard input (then ``--format`` is needed).  Before sending,
+  the input is checked with ingest's parsers and limits: each problem ingest would dead-letter is printed as
+  ``FILE:LINE: reason``; the input is still published (ingest dead-letters the bad parts) unless
+  ``--strict``, and the exit code is 1.  A record over the broker's size limit is never sent.
 - ``register / unregister / list``: an Avro ``AdminCommand`` with a fresh ``request_id`` to ``admin``, then
   wait for the ``QueryStatus`` with that id on ``queries.status`` (read from its end offset taken *before*
   sending, so the reply cannot be missed).
@@ -15,6 +18,11 @@ All take the shared Kafka flags (or ``CBGP_*`` variables).  What they put on and
   ``--from``; duplicates (n already seen) are dropped, a jump in n is reported on stderr.
 - ``current ID``: the query's ``answers.current`` records folded to the latest value per key (the topic is
   compacted, but a broker may not have compacted it yet), as SPARQL 1.1 Query Results JSON or ``--table``.
+- ``deadletter``: the ``DeadLetter`` records on ``deadletter`` (inputs a service rejected), one line each,
+  from offset ``--from``; ``--follow`` keeps printing new ones until Ctrl-C.
+
+Every command first checks that the broker answers (a few seconds at most): if not, it prints one line
+and exits with code 2; librdkafka's own log lines never reach the terminal.
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from cbgp.update import UPDATE_FORMAT
 from services.codec import CodecError, decode, encode
-from services.kafka import KafkaSettings, add_kafka_flags, end_offsets, make_consumer, make_producer, read_all
+from services.kafka import (BrokerUnreachable, KafkaSettings, add_kafka_flags, end_offsets, make_consumer,
+                            make_producer, quiet_librdkafka, read_all, require_broker)
 
-__all__ = ["UserError", "admin_request", "chunk_lines", "current_answers", "format_status", "publish_file",
+__all__ = ["UserError", "admin_request", "check_input", "chunk_lines", "current_answers", "deadletter_line",
+           "format_status", "print_deadletters", "publish_file",
            "results_json", "results_table", "user_commands", "watch_answers"]
 
 Handler = Callable[[argparse.Namespace], int]
@@ -117,19 +127,69 @@ class _Meter:
         self.out.flush()
 
 
-def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = False, out: TextIO | None = None) -> dict[str, int]:
-    """Send ``path`` to ``updates.raw`` (see the module docstring); returns ``{records, lines, bytes}``.
+STDIN = "-"
+# At most this many problems are printed one per line; the rest are counted in the summary.
+MAX_PROBLEMS_SHOWN = 100
 
-    Progress and the summary go to ``out`` (default: stderr at call time)."""
-    out = sys.stderr if out is None else out
+
+def _record_kind(fmt: str) -> str:
+    return {"turtle": "Turtle file", UPDATE_FORMAT: "SPARQL Update request"}.get(fmt, "patch transaction or line")
+
+
+def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[tuple[int, str]]:
+    """What ingest would dead-letter in ``data`` (and records the broker would refuse), found locally with
+    ingest's own parsers and limits: ``[(line, reason)]`` in line order, lines counted in ``data``."""
+    from cbgp.inputs import InputError, parse_input
+    from cbgp.update import UpdateRequestError, check_request
+    from services.ingest import MAX_TERM_CHARS, _position_problem
+
+    problems: list[tuple[int, str]] = []
+    if fmt == UPDATE_FORMAT:
+        try:
+            check_request(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problems.append((data.count(b"\n", 0, exc.start) + 1, f"SPARQL Update request is not UTF-8 "
+                             f"(byte {exc.start})"))
+        except UpdateRequestError as exc:
+            problems.append((exc.line or 1, str(exc)))
+    else:
+        for item in parse_input(data, fmt):
+            if isinstance(item, InputError):
+                problems.append((item.line, item.message))
+                continue
+            problem = _position_problem(item.s, item.p, item.o, item.g)
+            if problem is None:
+                longest = max(len(item.s), len(item.p), len(item.o), len(item.g or ""))
+                if longest > MAX_TERM_CHARS:
+                    problem = (f"a term of {longest:,} characters is over ingest's {MAX_TERM_CHARS:,}-character "
+                               "limit (answers carrying it would not fit in a Kafka record)")
+            if problem is not None:
+                problems.append((item.line, problem))
+    for first, _lines, payload in chunk_lines(data, fmt, chunk_bytes):
+        if len(payload) > MAX_RECORD_BYTES:
+            problems.append((first, f"a {_record_kind(fmt)} of {len(payload):,} bytes starts here, over the "
+                             f"{MAX_RECORD_BYTES:,}-byte record limit: not sent; split it"
+                             + (" (or convert Turtle to N-Triples)" if fmt == "turtle" else "")))
+    problems.sort(key=lambda p: p[0])
+    return problems
+
+
+def _read_input(path: str, fmt: str | None, stdin: Any = None) -> tuple[bytes, str, str]:
+    """``(data, format, name to show)`` of ``path`` (``-``: standard input)."""
     from cbgp.inputs import FORMATS, detect_format
 
+    known = (*FORMATS, UPDATE_FORMAT)
+    if fmt is not None and fmt not in known:
+        raise UserError(f"unknown format {fmt!r}: use one of {', '.join(known)}")
+    if path == STDIN:
+        if fmt is None:
+            raise UserError(f"cannot tell the format of standard input: pass --format ({', '.join(known)})")
+        stream = sys.stdin if stdin is None else stdin
+        return getattr(stream, "buffer", stream).read(), fmt, "<stdin>"
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    known = (*FORMATS, UPDATE_FORMAT)
     if fmt is None:
         if path.lower().endswith((".ru", ".sparql-update")):
             fmt = UPDATE_FORMAT
@@ -139,22 +199,41 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
             except ValueError:
                 raise UserError(f"cannot tell the format of {path} from its name: pass --format "
                                 f"({', '.join(known)})") from None
-    elif fmt not in known:
-        raise UserError(f"unknown format {fmt!r}: use one of {', '.join(known)}")
+    return data, fmt, path
+
+
+def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = False, out: TextIO | None = None,
+                 strict: bool = False, stdin: Any = None) -> dict[str, int]:
+    """Check ``path`` (``-``: ``stdin``, default standard input) and send it to ``updates.raw`` (see the module
+    docstring); returns ``{records, lines, bytes, problems}``.
+
+    Each problem found locally is printed to ``out`` (default: stderr at call time) as ``FILE:LINE: reason``,
+    before anything is sent; with ``strict`` nothing is sent then (:class:`UserError`).  Otherwise the input
+    is sent as it is (ingest dead-letters the bad parts), except records over the size limit.
+    Progress and the summary go to ``out`` too."""
+    out = sys.stderr if out is None else out
+    data, fmt, name = _read_input(path, fmt, stdin)
+    problems = check_input(data, fmt, chunk_bytes)
+    for line, reason in problems[:MAX_PROBLEMS_SHOWN]:
+        out.write(f"{name}:{line}: {reason}\n")
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        out.write(f"{name}: {len(problems) - MAX_PROBLEMS_SHOWN:,} more problem(s) not shown\n")
+    out.flush()
+    if problems and strict:
+        raise UserError(f"{len(problems)} problem(s) in {name}; nothing published (--strict)")
+    require_broker(settings)
     topic = settings.topic("updates.raw")
     producer = make_producer(settings)
     errors: list[str] = []
     meter = _Meter(out, progress, len(data))
-    counts = {"records": 0, "lines": 0, "bytes": 0}
+    counts = {"records": 0, "lines": 0, "bytes": 0, "problems": len(problems)}
     start = time.monotonic()
+    source = os.path.basename(name).encode()
     for first, lines, payload in chunk_lines(data, fmt, chunk_bytes):
         if len(payload) > MAX_RECORD_BYTES:
-            what = {"turtle": "Turtle file", UPDATE_FORMAT: "SPARQL Update request"}.get(fmt, "patch transaction")
-            raise UserError(f"{path}: a {what} starting at line "
-                            f"{first} is {len(payload):,} bytes, over the {MAX_RECORD_BYTES:,}-byte record limit; "
-                            "split it (or convert Turtle to N-Triples)")
-        headers = [("cbgp-format", fmt.encode()), ("cbgp-source", os.path.basename(path).encode()),
-                   ("cbgp-first-line", str(first).encode())]
+            continue  # reported above: the broker would refuse it
+        headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source), ("cbgp-first-line", str(first).encode())]
         while True:
             try:
                 producer.produce(topic, value=payload, headers=headers,
@@ -172,9 +251,79 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
     if errors:
         raise UserError(f"publish to {topic} failed: {errors[0]} ({len(errors)} record(s) affected)")
     elapsed = time.monotonic() - start
-    meter.done(f"published {counts['lines']:,} lines ({counts['bytes']:,} bytes, {fmt}) in {counts['records']} "
-               f"record(s) to {topic} in {elapsed:.1f} s ({counts['lines'] / max(elapsed, 1e-9):,.0f} lines/s)")
+    flagged = f", {len(problems)} with problems listed above" if problems else ""
+    meter.done(f"published {counts['lines']:,} lines ({counts['bytes']:,} bytes, {fmt}{flagged}) in "
+               f"{counts['records']} record(s) to {topic} in {elapsed:.1f} s "
+               f"({counts['lines'] / max(elapsed, 1e-9):,.0f} lines/s)")
     return counts
+
+
+# ---------------------------------------------------------------------------------------- dead letters
+
+
+def _excerpt(original: bytes, line: int | None, limit: int = 80) -> str:
+    """The rejected line of ``original`` (or its start), as a short quoted string."""
+    text = original
+    if line is not None and line >= 1:
+        lines = original.split(b"\n")
+        if line <= len(lines):
+            text = lines[line - 1]
+    shown = text.decode("utf-8", "replace").strip()
+    cut = len(shown) > limit
+    return json.dumps(shown[:limit], ensure_ascii=False) + ("..." if cut else "")
+
+
+def deadletter_line(offset: int, record: dict[str, Any]) -> str:
+    """One readable line for the DeadLetter record at ``offset`` of the deadletter topic."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["at_ms"] / 1000))
+    line = record.get("line")
+    message = record["message"]
+    if line is not None and message.startswith(f"line {line}: "):
+        message = message[len(f"line {line}: "):]
+    where = f"{record['source_topic']}[{record['partition']}]@{record['offset']}"
+    at_line = f" line {line}" if line is not None else ""
+    return (f"#{offset} {when} {record['service']} {where}{at_line}: {record['reason']}: {message} "
+            f"-- {_excerpt(record['original'], line)}")
+
+
+def print_deadletters(settings: KafkaSettings, start: int = 0, *, follow: bool = False, out: TextIO | None = None,
+                      poll: Callable[[], bool] = lambda: True) -> int:
+    """Print the dead letters from offset ``start`` (one line each, :func:`deadletter_line`) up to the end of
+    the topic, or with ``follow`` until ``poll()`` is false / Ctrl-C.  Returns how many were printed."""
+    out = sys.stdout if out is None else out
+    topic = settings.topic("deadletter")
+    low, high = end_offsets(settings, topic).get(0, (0, 0))
+    start = max(start, low)
+    if not follow and start >= high:
+        return 0
+    consumer = make_consumer(settings, f"cbgp-deadletter-{uuid.uuid4().hex}", fetch_wait_max_ms=100)
+    printed = 0
+    try:
+        consumer.assign([TopicPartition(topic, 0, start)])
+        while poll():
+            if not follow and consumer.position([TopicPartition(topic, 0)])[0].offset >= high:
+                break  # the position also moves past transaction markers
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(msg.error())
+                continue
+            if msg.value() is None:
+                continue
+            if not follow and msg.offset() >= high:
+                break
+            try:
+                text = deadletter_line(msg.offset(), decode("DeadLetter", msg.value()))
+            except CodecError as exc:
+                text = f"#{msg.offset()} undecodable dead letter ({exc})"
+            out.write(text + "\n")
+            out.flush()
+            printed += 1
+        return printed
+    finally:
+        consumer.close()
 
 
 # ---------------------------------------------------------------------------------------- admin requests
@@ -381,14 +530,16 @@ def _options(values: list[str] | None) -> dict[str, str]:
 def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
     """Register the user commands; return their handlers."""
     p_pub = add_kafka_flags(commands.add_parser("publish", help="send an updates file to updates.raw"))
-    p_pub.add_argument("file", help="RDF Patch, N-Triples, N-Quads, Turtle or JSON lines")
-    p_pub.add_argument("--format", help="input format (default: from the file name)")
+    p_pub.add_argument("file", help="RDF Patch, N-Triples, N-Quads, Turtle, JSON lines or SPARQL Update; - = stdin")
+    p_pub.add_argument("--format", help="input format (default: from the file name; required for stdin)")
+    p_pub.add_argument("--strict", action="store_true",
+                       help="publish nothing if the input has problems (default: publish, report them, exit 1)")
     p_pub.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES, help="target record size")
     p_pub.add_argument("--progress", action="store_true", help="progress line on stderr (default: when a terminal)")
 
     p_reg = add_kafka_flags(commands.add_parser("register", help="register a SPARQL query with the registry"))
     p_reg.add_argument("query_id", metavar="ID")
-    p_reg.add_argument("file", metavar="FILE.rq")
+    p_reg.add_argument("file", metavar="FILE.rq", help="the query (- = standard input)")
     p_reg.add_argument("--option", action="append", metavar="KEY=VALUE", help="query option (repeatable), e.g. replace=true")
     p_reg.add_argument("--wait", type=float, default=30.0, metavar="S", help="seconds to wait for the reply (default 30)")
 
@@ -408,6 +559,19 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
     p_cur.add_argument("query_id", metavar="ID")
     p_cur.add_argument("--table", action="store_true", help="a text table instead of JSON")
 
+    p_dead = add_kafka_flags(commands.add_parser("deadletter", help="print the inputs the fleet rejected, one line each"))
+    p_dead.add_argument("--from", dest="start", type=int, default=0, metavar="N",
+                        help="first offset of the deadletter topic (default 0; each line starts with #offset)")
+    p_dead.add_argument("--follow", action="store_true", help="keep printing new dead letters until Ctrl-C")
+
+    def settings_of(args: argparse.Namespace) -> KafkaSettings:
+        return quiet_librdkafka(KafkaSettings.from_args(args))  # librdkafka's log lines stay off the terminal
+
+    def connect(args: argparse.Namespace) -> KafkaSettings:
+        settings = settings_of(args)
+        require_broker(settings)  # a wrong address: one line within seconds, not minutes of librdkafka logs
+        return settings
+
     def guarded(fn: Callable[[argparse.Namespace], int], name: str) -> Handler:
         def handler(args: argparse.Namespace) -> int:
             try:
@@ -415,35 +579,42 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
             except UserError as exc:
                 print(f"cbgp {name}: error: {exc}", file=sys.stderr)
                 return 1
+            except BrokerUnreachable as exc:
+                print(f"cbgp {name}: error: {exc}", file=sys.stderr)
+                return 2
             except KafkaException as exc:
-                print(f"cbgp {name}: error: kafka: {exc.args[0]}", file=sys.stderr)
+                err = exc.args[0] if exc.args else exc
+                print(f"cbgp {name}: error: kafka: {err.str() if hasattr(err, 'str') else err}", file=sys.stderr)
                 return 1
         return handler
 
     def run_publish(args: argparse.Namespace) -> int:
-        publish_file(KafkaSettings.from_args(args), args.file, args.format, chunk_bytes=max(1, args.chunk_bytes),
-                     progress=args.progress or sys.stderr.isatty())
+        counts = publish_file(settings_of(args), args.file, args.format, chunk_bytes=max(1, args.chunk_bytes),
+                              progress=args.progress or sys.stderr.isatty(), strict=args.strict)
+        if counts["problems"]:
+            raise UserError(f"{counts['problems']} problem(s) in the input (listed above); ingest dead-letters "
+                            "them: see `cbgp deadletter`")
         return 0
 
     def run_register(args: argparse.Namespace) -> int:
         try:
-            sparql = Path(args.file).read_text(encoding="utf-8")
+            sparql = sys.stdin.read() if args.file == STDIN else Path(args.file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {args.file}: {getattr(exc, 'strerror', None) or exc}") from None
-        status = admin_request(KafkaSettings.from_args(args), {"command": "REGISTER", "query_id": args.query_id,
+        status = admin_request(connect(args), {"command": "REGISTER", "query_id": args.query_id,
                                                                "sparql": sparql, "options": _options(args.option)},
                                args.wait)
         print(format_status(status))
         return 0 if status["status"] == "ACCEPTED" else 1
 
     def run_unregister(args: argparse.Namespace) -> int:
-        status = admin_request(KafkaSettings.from_args(args), {"command": "UNREGISTER", "query_id": args.query_id},
+        status = admin_request(connect(args), {"command": "UNREGISTER", "query_id": args.query_id},
                                args.wait)
         print(format_status(status))
         return 0 if status["status"] == "UNREGISTERED" else 1
 
     def run_list(args: argparse.Namespace) -> int:
-        status = admin_request(KafkaSettings.from_args(args), {"command": "LIST"}, args.wait)
+        status = admin_request(connect(args), {"command": "LIST"}, args.wait)
         if status["status"] != "LISTED":
             print(format_status(status))
             return 1
@@ -453,7 +624,7 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
         return 0
 
     def run_watch(args: argparse.Namespace) -> int:
-        settings = KafkaSettings.from_args(args)
+        settings = connect(args)
         _require_plan(settings, args.query_id)  # else it would wait forever for answers that never come
         try:
             watch_answers(settings, args.query_id, max(1, args.start), count=args.count)
@@ -462,7 +633,7 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
         return 0
 
     def run_current(args: argparse.Namespace) -> int:
-        settings = KafkaSettings.from_args(args)
+        settings = connect(args)
         plan = _require_plan(settings, args.query_id)  # answers left by an unregistered query are not current
         rows = current_answers(settings, args.query_id)
         variables = list(plan["projected"])
@@ -472,6 +643,13 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
             print(json.dumps(results_json(variables, rows), indent=2))
         return 0
 
+    def run_deadletter(args: argparse.Namespace) -> int:
+        try:
+            print_deadletters(connect(args), max(0, args.start), follow=args.follow)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how --follow ends
+        return 0
+
     runs = {"publish": run_publish, "register": run_register, "unregister": run_unregister, "list": run_list,
-            "watch": run_watch, "current": run_current}
+            "watch": run_watch, "current": run_current, "deadletter": run_deadletter}
     return {name: guarded(fn, name) for name, fn in runs.items()}

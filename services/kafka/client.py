@@ -7,7 +7,9 @@ Topic arguments are always the broker-side names (``settings.topic("answers")``)
 from __future__ import annotations
 
 import logging
+import re
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -27,6 +29,9 @@ __all__ = [
     "consume_until",
     "delete_topics",
     "broker_outages",
+    "quiet_librdkafka",
+    "require_broker",
+    "unreachable_message",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,70 @@ def _log_client_error(err: KafkaError) -> None:
     if err.code() == KafkaError._ALL_BROKERS_DOWN:
         _OUTAGES[0] += 1
     log.warning("kafka client error: %s", err)
+
+
+# librdkafka writes its own log lines (``%3|...|FAIL|...``, one per refused connection attempt) straight to
+# stderr.  A command-line tool routes them here instead: they reach a log handler if the process configured
+# one (``CBGP_LOG_LEVEL``-style setups, tests), and are dropped otherwise.
+LIBRDKAFKA_LOG = logging.getLogger("cbgp.librdkafka")
+LIBRDKAFKA_LOG.propagate = False
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
+# Seconds a command waits for the broker's first metadata answer before saying it cannot reach it.
+REACHABLE_TIMEOUT = 5.0
+# "FAIL [rdkafka#producer-1] [thrd:...]: host:port/bootstrap: Connect to ipv4#... failed: Connection refused (after 0ms
+# in state CONNECT)" -> "Connection refused"; "...: Failed to resolve 'h:p': Name or service not known (after ...)"
+# -> "Failed to resolve 'h:p': Name or service not known".
+_FAIL_REASON = re.compile(r"/bootstrap: (?:Connect to \S+ failed: )?(.+?)(?: \(after \d+ms[^)]*\))?$")
+
+
+class _LastFailure(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reason: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _FAIL_REASON.search(record.getMessage())
+        if match:
+            self.reason = match.group(1).strip()
+
+
+def quiet_librdkafka(settings: KafkaSettings) -> KafkaSettings:
+    """``settings`` whose clients send librdkafka's log lines to the ``cbgp.librdkafka`` logger, not stderr
+    (for user commands: a refused connection must not print hundreds of lines).  Not for child processes:
+    the logger does not survive :meth:`KafkaSettings.to_env`."""
+    return replace(settings, extra={**settings.extra, "logger": LIBRDKAFKA_LOG, "log.connection.close": False})
+
+
+def unreachable_message(settings: KafkaSettings, why: str, hint: bool = True) -> str:
+    """The one line a command prints when the broker does not answer."""
+    return (f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({why}); check --bootstrap-servers / "
+            "CBGP_BOOTSTRAP_SERVERS" + (", or run 'cbgp doctor'" if hint else
+                                        ", that the broker is running and listening there, and the security settings"))
+
+
+def require_broker(settings: KafkaSettings, timeout: float = REACHABLE_TIMEOUT, *, hint: bool = True) -> None:
+    """Raise :class:`~services.kafka.topics.BrokerUnreachable` (one readable line) unless the broker answers a
+    metadata request within ``timeout`` seconds.  librdkafka's own log lines go to ``cbgp.librdkafka``."""
+    from services.kafka.topics import BrokerUnreachable
+
+    failure = _LastFailure()
+    watcher = logging.getLogger(f"cbgp.librdkafka.check.{id(failure)}")
+    watcher.propagate = False
+    watcher.addHandler(failure)
+    watcher.setLevel(logging.DEBUG)
+    admin = AdminClient({**settings.admin_config(), "logger": watcher, "log.connection.close": False})
+    try:
+        admin.list_topics(timeout=timeout)
+        return
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        detail = err.str() if hasattr(err, "str") else str(exc)
+    finally:
+        admin.poll(0)  # serves the queued log lines to the watcher
+        watcher.removeHandler(failure)
+    log.info("broker %s unreachable: %s (last connection error: %s)", settings.bootstrap_servers, detail, failure.reason)
+    raise BrokerUnreachable(unreachable_message(settings, failure.reason or f"no answer within {timeout:g} s: {detail}",
+                                                hint))
 
 
 def make_producer(settings: KafkaSettings, *, idempotent: bool = True, transactional_id: str | None = None,
