@@ -28,6 +28,7 @@ import asyncio
 import logging
 import os
 import ssl
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,39 @@ class RegistryService:
         self._watermarks.close()
 
 
+# noida-db (the embedded broker) answers an empty Fetch at once instead of holding it for fetch.max.wait, and
+# aiokafka sends the next Fetch as soon as the last one returned: an idle registry spun at 0.7-0.9 core (and
+# kept the broker busy answering).  faust reads only the admin topic and its table's changelog, a few records
+# a day, so after a fetch that brought nothing aiokafka waits EMPTY_FETCH_BACKOFF_S before the next one (a
+# command waits at most that much longer; a fetch that brings records is followed at once).
+EMPTY_FETCH_BACKOFF_S = 0.25
+
+
+def install_empty_fetch_backoff(backoff_s: float = EMPTY_FETCH_BACKOFF_S) -> None:
+    """Make aiokafka's fetcher pause ``backoff_s`` after a fetch response with no records (idempotent)."""
+    from aiokafka.consumer.fetcher import Fetcher
+
+    original = Fetcher._proc_fetch_request
+    if getattr(original, "_cbgp_backoff", None) is not None:
+        original = original._cbgp_original  # type: ignore[attr-defined]
+
+    async def proc_fetch_request(self: Any, assignment: Any, node_id: Any, request: Any) -> bool:
+        records_before = len(self._records)
+        woke = await original(self, assignment, node_id, request)
+        if not woke and len(self._records) == records_before and assignment.active:
+            # Still "in flight" for this node while we sleep, so the fetch loop sends nothing meanwhile;
+            # an unassignment cancels the sleep with the task.
+            try:
+                await asyncio.sleep(backoff_s)
+            except asyncio.CancelledError:  # close() or an unassignment: the result is of no interest
+                return False
+        return woke
+
+    proc_fetch_request._cbgp_backoff = backoff_s  # type: ignore[attr-defined]
+    proc_fetch_request._cbgp_original = original  # type: ignore[attr-defined]
+    Fetcher._proc_fetch_request = proc_fetch_request  # type: ignore[method-assign]
+
+
 def _faust_rebalance_options(settings: KafkaSettings) -> dict[str, float]:
     """``rebalance_timeout_ms`` (the embedded broker's JoinGroup workaround) in faust's terms, seconds."""
     if settings.rebalance_timeout_ms is None:
@@ -267,6 +301,16 @@ def run_service(settings: KafkaSettings, *, metrics_port: int | None = None, web
     a new one: fresh clients, the registered set restored again from ``queries.plans``.
     """
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The registry's own lines (start, restore, ready, restarts) at INFO whatever faust's level: faust's INFO
+    # is a hundred lines per start, and at its default WARNING an idle registry's log said nothing at all.
+    own = logging.StreamHandler(sys.stderr)
+    own.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.handlers[:] = [own]
+    log.setLevel(min(logging.INFO, logging.getLevelName(log_level.upper())))
+    log.propagate = False
+    log.info("starting: broker %s, web view http://%s:%d/queries, metrics %s, state in %s",
+             settings.bootstrap_servers, web_host, web_port,
+             f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port is not None else "off", state_dir)
     current: list[RegistryService | None] = [None]
     metrics = (start_metrics_server(metrics_port, ready=lambda: current[0] is not None and current[0].ready)
                if metrics_port is not None else None)
@@ -294,6 +338,7 @@ def run_service(settings: KafkaSettings, *, metrics_port: int | None = None, web
 
 def _life(settings: KafkaSettings, current: list[RegistryService | None], stopper: Stopper, *, web_port: int,
           web_host: str, state_dir: str, log_level: str) -> int:
+    install_empty_fetch_backoff()
     service = RegistryService(settings)
     try:
         count = service.restore()
@@ -303,6 +348,9 @@ def _life(settings: KafkaSettings, current: list[RegistryService | None], stoppe
         current[0] = service
         app = build_app(service, web_port=web_port, web_host=web_host, state_dir=state_dir)
         worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, redirect_stdouts=False)
+        if not sys.stdout.isatty():
+            # faust's progress spinner writes cursor control codes; in a log file that is all one saw
+            worker.spinner = None
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -319,3 +320,53 @@ def test_the_end_of_the_update_log_is_waited_for_not_reported_as_an_internal_err
         creator.join()
     finally:
         service.close()
+
+
+def test_after_an_empty_fetch_aiokafka_backs_off_and_after_records_it_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    # noida-db answers an empty Fetch at once: without a pause aiokafka's fetch loop spun at ~0.7 core idle
+    import asyncio
+
+    from aiokafka.consumer.fetcher import Fetcher
+
+    import services.registry_faust as registry_faust
+
+    class Fake:
+        def __init__(self) -> None:
+            self._records: dict[str, int] = {}
+
+    class Assignment:
+        active = True
+
+    async def original(self: Fake, assignment: Any, node_id: int, request: str) -> bool:
+        if request == "records":
+            self._records["admin-0"] = 1
+            return True
+        return False
+
+    slept: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(Fetcher, "_proc_fetch_request", original)
+    monkeypatch.setattr(registry_faust.asyncio, "sleep", fake_sleep)
+    registry_faust.install_empty_fetch_backoff(0.25)
+    registry_faust.install_empty_fetch_backoff(0.25)  # idempotent: one backoff per empty fetch, not two
+    fetcher = Fake()
+    assert asyncio.run(Fetcher._proc_fetch_request(fetcher, Assignment(), 1, "empty")) is False
+    assert slept == [0.25]
+    assert asyncio.run(Fetcher._proc_fetch_request(fetcher, Assignment(), 1, "records")) is True
+    assert slept == [0.25]
+
+
+@pytest.mark.slow
+def test_the_registry_log_is_readable_and_names_its_ports(registry: Registered) -> None:
+    # Its log is a file, not a terminal: faust's spinner codes filled it and said nothing else before.
+    wait = time.monotonic() + 30
+    while "ready" not in registry.child.log_tail(200) and time.monotonic() < wait:
+        time.sleep(0.5)
+    text = registry.child.log_tail(200)
+    assert "\x1b" not in text and "\b" not in text
+    assert f"http://127.0.0.1:{registry.web_port}/queries" in text
+    assert f"http://127.0.0.1:{registry.metrics_port}/metrics" in text
+    assert "registry ready" in text
