@@ -524,6 +524,13 @@ def _options(values: list[str] | None) -> dict[str, str]:
         if not sep or not key.strip():
             raise UserError(f"--option expects KEY=VALUE (e.g. replace=true), got {item!r}")
         options[key.strip()] = value.strip()
+    from services.queries import check_option_keys
+    from cbgp.windows import WindowError
+
+    try:
+        check_option_keys(options)  # before sending: the registry would reject it too
+    except WindowError as exc:
+        raise UserError(f"--option: {exc.message}") from None
     return options
 
 
@@ -601,9 +608,9 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
             sparql = sys.stdin.read() if args.file == STDIN else Path(args.file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read {args.file}: {getattr(exc, 'strerror', None) or exc}") from None
+        options = _options(args.option)  # a bad option is reported before any broker is contacted
         status = admin_request(connect(args), {"command": "REGISTER", "query_id": args.query_id,
-                                                               "sparql": sparql, "options": _options(args.option)},
-                               args.wait)
+                                               "sparql": sparql, "options": options}, args.wait)
         print(format_status(status))
         return 0 if status["status"] == "ACCEPTED" else 1
 

@@ -20,7 +20,7 @@ from services.codec import decode, encode
 from services.kafka import KafkaSettings, ensure_topics, make_producer, produce_sync, read_all
 from services.kafka.broker import free_port
 from services.supervise import ChildProcess, cbgp_command, http_ok
-from services.usercli import _answer_json, chunk_lines, results_json, watch_answers
+from services.usercli import _answer_json, admin_request, chunk_lines, results_json, watch_answers
 from tests.fixtures.broker import fresh_settings
 from tests.sparql_results import parse_with_pyoxigraph, parse_with_rdflib, results_document
 
@@ -144,6 +144,29 @@ def test_register_list_unregister(registry_settings: KafkaSettings, tmp_path: Pa
     assert capsys.readouterr().out.strip() == "unregistered: query 'people' unregistered"
     assert cbgp(["unregister", "people", *f]) == 1
     assert "no query with id 'people'" in capsys.readouterr().out
+
+
+def test_register_with_an_unknown_option_fails_before_sending(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    query = tmp_path / "q.rq"
+    query.write_text(f"SELECT ?x WHERE {{ ?x <{EX}p> ?y }}")
+    # no broker at this address: the option is checked before any is contacted
+    assert cbgp(["register", "late", str(query), "--option", "windw=sliding", "--bootstrap-servers",
+                 "127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("cbgp register: error: --option: unknown option 'windw' (did you mean 'window'?): the options "
+                   "are window, range, step, lateness, late, replace\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_raw_admin_command_with_an_unknown_option_is_rejected_on_the_status_topic(
+        registry_settings: KafkaSettings) -> None:
+    status = admin_request(registry_settings, {"command": "REGISTER", "query_id": "typo",
+                                               "sparql": f"SELECT ?x WHERE {{ ?x <{EX}p> ?y }}",
+                                               "options": {"windw": "sliding"}})
+    assert status["status"] == "REJECTED" and status["message"].startswith("unknown option 'windw'")
+    assert "typo" not in admin_request(registry_settings, {"command": "LIST"})["queries"]
 
 
 @pytest.mark.slow
