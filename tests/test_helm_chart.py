@@ -229,7 +229,7 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
             for d in by_kind(docs, "Deployment")}
     assert args == {
         "rel-cbgp-ingest": ["ingest"],
-        "rel-cbgp-registry": ["registry"],
+        "rel-cbgp-registry": ["registry", "--web-host", "0.0.0.0", "--web-port", "6066"],
         "rel-cbgp-worker": ["worker", "--assembly", "spark"],
         "rel-cbgp-answers": ["answers"],
         # The image's working directory is read-only: the job's state must go to the mounted volume.
@@ -254,12 +254,39 @@ def test_each_deployment_has_a_metrics_service_and_a_disruption_budget(variant: 
         assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
         selecting = [s for s in services if s["spec"]["selector"].items() <= labels.items()]
         assert len(selecting) == 1, d["metadata"]["name"]
-        assert selecting[0]["spec"]["ports"] == [
-            {"name": "metrics", "port": int(config(docs)["CBGP_METRICS_PORT"]), "targetPort": "metrics",
-             "protocol": "TCP"}]
+        assert selecting[0]["spec"]["ports"][0] == {
+            "name": "metrics", "port": int(config(docs)["CBGP_METRICS_PORT"]), "targetPort": "metrics",
+            "protocol": "TCP"}
+        # Only the registry serves more than metrics (its HTTP view: test_registry_http_view_...).
+        assert len(selecting[0]["spec"]["ports"]) == (2 if labels["app.kubernetes.io/component"] == "registry" else 1)
         if labels["app.kubernetes.io/component"] != "spark":  # one streaming pod: no budget by default
             assert any(p["spec"]["selector"]["matchLabels"].items() <= labels.items() for p in pdbs), \
                 d["metadata"]["name"]
+
+
+@pytest.mark.parametrize("variant", ["default", "production"])
+def test_registry_http_view_listens_on_the_pod_address_and_is_in_its_service(variant: str, rendered) -> None:
+    docs = rendered[variant]
+    container = one(docs, "Deployment", "rel-cbgp-registry")["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    # faust binds --web-host: the default 127.0.0.1 cannot be reached through a Service.
+    assert args[args.index("--web-host") + 1] == "0.0.0.0"
+    port = int(args[args.index("--web-port") + 1])
+    assert {"name": "http", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    service = one(docs, "Service", "rel-cbgp-registry")
+    assert {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"} in service["spec"]["ports"]
+    # Below one core faust's loop was throttled (issue 14): replies to register/list came late.
+    assert container["resources"]["limits"]["cpu"] == "1"
+
+
+def test_notes_say_how_to_register_publish_and_reach_the_registry_view() -> None:
+    result = _run_helm("install", "rel", str(CHART), "--namespace", "cbgp", "--dry-run=client",
+                       "--set", "registry.web.port=7070")
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "exec -i deploy/rel-cbgp-registry -- cbgp register people - < people.rq" in notes
+    assert "cbgp publish - --format ntriples < changes.nt" in notes
+    assert "port-forward svc/rel-cbgp-registry 7070" in notes and "localhost:7070/queries" in notes
 
 
 @pytest.mark.parametrize("variant", ["default", "production"])

@@ -1,7 +1,8 @@
 {{/*
 One Deployment, shared by every service and by the Spark job in deployment mode.
 Arguments (dict): root, component, spec (the component's values), args (container args),
-image, replicas, hpa (true: an HPA owns the replica count), recreate (one pod at a time), stateVolume.
+image, replicas, hpa (true: an HPA owns the replica count), recreate (one pod at a time), stateVolume,
+ports (optional: container ports besides metrics).
 */}}
 {{- define "cbgp.deployment" -}}
 {{- $root := .root }}
@@ -64,6 +65,9 @@ spec:
             - name: metrics
               containerPort: {{ $root.Values.metrics.port }}
               protocol: TCP
+            {{- with .ports }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           # /healthz: the process is alive. /readyz: 503 while restoring state or without a broker.
           livenessProbe:
             httpGet:
