@@ -101,6 +101,9 @@ class Registry:
 
     def __init__(self, clock: Callable[[], int] = _now_ms) -> None:
         self.queries: dict[str, Entry] = {}
+        # id -> the version of its last unregistered registration: a new registration of the id gets a higher
+        # one, so its answers are a new stream (issue 14 item 3).  Rebuilt from the plan before each tombstone.
+        self.retired: dict[str, int] = {}
         self._clock = clock
 
     # ------------------------------------------------------------------ restore
@@ -112,7 +115,7 @@ class Registry:
         """
         for key, plan in records:
             if plan is None:
-                self.queries.pop(key, None)
+                self._retire(key)
                 continue
             try:
                 query_class = json.loads(plan["plan_json"]).get("class", "?")
@@ -175,7 +178,7 @@ class Registry:
             plan = decompose(parse_query(text))
         except QueryError as exc:  # WindowError included
             return Decision(self._status(query_id, "REJECTED", exc.message, request_id, exc.line, exc.column))
-        version = existing.version + 1 if existing is not None else 1
+        version = max(existing.version if existing is not None else 0, self.retired.get(query_id, 0)) + 1
         seq = encoded_end()
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
                   "plan_json": json.dumps(plan.to_json(), separators=(",", ":")),
@@ -190,7 +193,12 @@ class Registry:
         if decision.entry is not None:
             self.queries[decision.entry.query_id] = decision.entry
         if decision.removed is not None:
-            self.queries.pop(decision.removed, None)
+            self._retire(decision.removed)
+
+    def _retire(self, query_id: str) -> None:
+        entry = self.queries.pop(query_id, None)
+        if entry is not None:
+            self.retired[query_id] = max(entry.version, self.retired.get(query_id, 0))
 
     def error(self, message: str, request_id: str | None = None) -> dict[str, Any]:
         """An ERROR status (undecodable admin record, internal failure)."""

@@ -88,14 +88,15 @@ TERMS = ["<http://example.org/a>", "<http://ex.org/ü>", "_:b0", '"plain"', '"ch
 @FAST
 @given(st.text(min_size=1, max_size=12), st.integers(0, 2**62), st.integers(0, 2**62), st.sampled_from("+-"),
        st.dictionaries(st.text(min_size=1, max_size=6), st.sampled_from(TERMS), max_size=4), st.booleans(),
-       st.integers(0, 2**62))
-def test_answers_are_written_as_the_generic_writer_writes_them(query_id, n, seq, sign, terms, snapshot, at) -> None:
+       st.integers(0, 2**62), st.integers(-(2**31), 2**31 - 1))
+def test_answers_are_written_as_the_generic_writer_writes_them(query_id, n, seq, sign, terms, snapshot, at,
+                                                               version) -> None:
     binding = {var: codec.term_to_avro(term) for var, term in terms.items()}
-    assert codec.encode_answer(query_id, n, seq, sign, terms, snapshot, at) == codec.encode("Answer", {
+    assert codec.encode_answer(query_id, n, seq, sign, terms, snapshot, at, version) == codec.encode("Answer", {
         "query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot,
-        "produced_at_ms": at})
-    assert codec.encode_current_answer(query_id, terms, n, seq) == codec.encode("CurrentAnswer", {
-        "query_id": query_id, "binding": binding, "multiplicity": n, "last_n": seq})
+        "produced_at_ms": at, "version": version})
+    assert codec.encode_current_answer(query_id, terms, n, seq, version) == codec.encode("CurrentAnswer", {
+        "query_id": query_id, "binding": binding, "multiplicity": n, "last_n": seq, "version": version})
     assert codec.canonical_binding(terms) == json.dumps(terms, sort_keys=True, separators=(",", ":"),
                                                         ensure_ascii=False)
 
@@ -219,7 +220,7 @@ def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
         record = codec.decode("Answer", answer.value)
         binding = {var: codec.term_to_avro(terms[term_id]) for var, term_id in zip(variables, row[2])}
         assert record == {"query_id": "q", "n": n, "seq": row[0], "sign": "+", "binding": binding,
-                          "snapshot": row[6], "produced_at_ms": record["produced_at_ms"]}
+                          "snapshot": row[6], "produced_at_ms": record["produced_at_ms"], "version": 0}
     for current in (o for o in out if o.topic == "c" and o.value is not None):
         record = codec.decode("CurrentAnswer", current.value)
         text = {var: codec.term_from_avro(t) for var, t in record["binding"].items()}
