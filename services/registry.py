@@ -29,9 +29,23 @@ from cbgp.sparql import QueryError, parse_query
 from cbgp.windows import WindowSpec
 from services.queries import read_registration
 
-__all__ = ["QUERY_ID_PATTERN", "Decision", "Entry", "Registry", "plan_summary", "registry_commands"]
+__all__ = ["QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "plan_summary", "registry_commands",
+           "tombstone_version"]
 
 QUERY_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+# Header of a queries.plans tombstone: the version of the registration it ends (decimal).
+VERSION_HEADER = "cbgp-version"
+
+
+def tombstone_version(headers: Any) -> int | None:
+    """The version a queries.plans tombstone ends, from its VERSION_HEADER (None: not named)."""
+    for name, value in headers or ():
+        if name == VERSION_HEADER and value:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 # Options that steer the registration itself and are not part of the query's stored options.
 CONTROL_OPTIONS = ("replace",)
 

@@ -39,7 +39,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from services.codec import CodecError, decode, encode
 from services.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, read_all
 from services.metrics import REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, start_metrics_server
-from services.registry import Decision, Registry
+from services.registry import VERSION_HEADER, Decision, Registry, tombstone_version
 from services.runtime import Stopper, kv, wait_for_topics
 
 __all__ = ["RegistryService", "build_app", "describe", "run_service"]
@@ -74,17 +74,24 @@ class RegistryService:
     def restore(self) -> int:
         """Rebuild the registered set from ``queries.plans``; undecodable plan records are skipped with a warning."""
         records: list[tuple[str, dict[str, Any] | None]] = []
+        retired: dict[str, int] = {}  # versions named by tombstones (their plans may be compacted away)
         for msg in read_all(self.settings, self.settings.topic("queries.plans"), timeout=60):
             key = (msg.key() or b"").decode("utf-8", "replace")
             if msg.value() is None:
                 records.append((key, None))
+                version = tombstone_version(msg.headers())
+                if version is not None:
+                    retired[key] = max(version, retired.get(key, 0))
                 continue
             try:
                 records.append((key, decode("QueryPlan", msg.value())))
             except CodecError as exc:
                 log.warning("queries.plans offset %d: skipping undecodable plan: %s", msg.offset(), exc)
         # read_all orders by partition then offset; one key lives in one partition, so per-key order holds.
-        return self.registry.restore(records)
+        count = self.registry.restore(records)
+        for key, version in retired.items():
+            self.registry.retired[key] = max(version, self.registry.retired.get(key, 0))
+        return count
 
     def encoded_end(self, patience_s: float = 60.0) -> int:
         """End offset of ``updates.encoded`` = number of changes ordered so far = seq of the last one.
@@ -133,7 +140,10 @@ class RegistryService:
         # Step 1: the plan (or tombstone) is durable before anything else changes.
         if decision.plan is not None:
             key, plan = decision.plan
-            self._send(self.settings.topic("queries.plans"), None if plan is None else encode("QueryPlan", plan), key)
+            # A tombstone names the version it ends (VERSION_HEADER): compaction keeps it after the plan is gone.
+            ended = self.registry.queries.get(key) if plan is None else None
+            self._send(self.settings.topic("queries.plans"), None if plan is None else encode("QueryPlan", plan), key,
+                       [(VERSION_HEADER, str(ended.version).encode())] if ended is not None else None)
         # Step 2: the registered set follows the published plans.
         self.registry.commit(decision)
         return decision
@@ -153,9 +163,10 @@ class RegistryService:
             "original": bytes(value), "at_ms": self.registry.error("")["at_ms"]}))
         self._send(self.settings.topic("queries.status"), encode("QueryStatus", self.registry.error(message)))
 
-    def _send(self, topic: str, value: bytes | None, key: str | None = None) -> None:
+    def _send(self, topic: str, value: bytes | None, key: str | None = None,
+              headers: list[tuple[str, bytes]] | None = None) -> None:
         errors: list[KafkaError] = []
-        self.producer.produce(topic, value=value, key=key.encode() if key is not None else None,
+        self.producer.produce(topic, value=value, key=key.encode() if key is not None else None, headers=headers,
                               on_delivery=lambda err, _msg: errors.append(err) if err else None)
         if self.producer.flush(30) or errors:
             # Not acknowledged: raise so faust does not commit this admin offset; the command is replayed.

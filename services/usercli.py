@@ -388,15 +388,19 @@ def _binding_json(binding: dict[str, dict[str, Any]]) -> dict[str, dict[str, str
 
 
 def _answer_json(record: dict[str, Any]) -> dict[str, Any]:
-    """A watch line: named like ``cbgp replay``'s lines (``query``, ``seq``, ``sign``, ``binding``)."""
-    return {"query": record["query_id"], "n": record["n"], "seq": record["seq"], "sign": record["sign"],
-            "binding": _binding_json(record["binding"]), "snapshot": record["snapshot"]}
+    """A watch line: named like ``cbgp replay``'s lines (``query``, ``seq``, ``sign``, ``binding``), plus the
+    answer number ``n`` within the registration ``version``."""
+    return {"query": record["query_id"], "version": record["version"], "n": record["n"], "seq": record["seq"],
+            "sign": record["sign"], "binding": _binding_json(record["binding"]), "snapshot": record["snapshot"]}
 
 
 def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, count: int | None = None,
-                  out: TextIO | None = None, err: TextIO | None = None, poll: Callable[[], bool] = lambda: True) -> int:
-    """Print the query's answers from number ``start_n`` as JSON lines until ``count`` printed or ``poll()``
-    is false (Ctrl-C raises KeyboardInterrupt through it).  Returns how many were printed."""
+                  out: TextIO | None = None, err: TextIO | None = None, poll: Callable[[], bool] = lambda: True,
+                  version: int = 0) -> int:
+    """Print the query's answers of registration ``version`` from number ``start_n`` as JSON lines until
+    ``count`` printed or ``poll()`` is false (Ctrl-C raises KeyboardInterrupt through it).  Answers of older
+    versions are skipped; when a newer registration's answers appear, watch follows them from their n = 1
+    (saying so on stderr).  Returns how many were printed."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     topic = settings.topic("answers")
@@ -423,6 +427,17 @@ def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, c
             except CodecError as exc:
                 err.write(f"watch: skipping undecodable answer at {topic}[{msg.partition()}]@{msg.offset()}: {exc}\n")
                 continue
+            answer_version = record["version"] or version  # 0: written before versions, the current one
+            if answer_version < version:
+                continue  # an earlier registration of the id
+            if answer_version > version:
+                if version:
+                    err.write(f"watch: {query_id} was registered again: version {answer_version}, "
+                              f"its answers from n=1\n")
+                    err.flush()
+                    expected = 1
+                version = answer_version
+            record["version"] = version
             n = record["n"]
             if n < expected:
                 continue  # before --from, or a duplicate left by a restarted producer
@@ -439,8 +454,9 @@ def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, c
         consumer.close()
 
 
-def current_answers(settings: KafkaSettings, query_id: str) -> list[tuple[dict[str, Any], int]]:
-    """``[(binding, multiplicity)]`` of the query now, from ``answers.current`` (latest value per key wins)."""
+def current_answers(settings: KafkaSettings, query_id: str, version: int | None = None) -> list[tuple[dict[str, Any], int]]:
+    """``[(binding, multiplicity)]`` of the query now, from ``answers.current`` (latest value per key wins);
+    with ``version``, only that registration's answers (an older one's not yet retracted are not current)."""
     latest: dict[bytes, dict[str, Any] | None] = {}
     for msg in read_all(settings, settings.topic("answers.current"), timeout=60):
         key = msg.key() or b""
@@ -459,6 +475,8 @@ def current_answers(settings: KafkaSettings, query_id: str) -> list[tuple[dict[s
             continue
     rows = []
     for record in latest.values():
+        if record is not None and version is not None and record["version"] not in (0, version):
+            continue
         if record is not None and record["multiplicity"] > 0:
             rows.append((_binding_json(record["binding"]), record["multiplicity"]))
     rows.sort(key=lambda row: json.dumps(row[0], sort_keys=True))
@@ -632,9 +650,9 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
 
     def run_watch(args: argparse.Namespace) -> int:
         settings = connect(args)
-        _require_plan(settings, args.query_id)  # else it would wait forever for answers that never come
+        plan = _require_plan(settings, args.query_id)  # else it would wait forever for answers that never come
         try:
-            watch_answers(settings, args.query_id, max(1, args.start), count=args.count)
+            watch_answers(settings, args.query_id, max(1, args.start), count=args.count, version=plan["version"])
         except KeyboardInterrupt:
             pass  # Ctrl-C is how a live watch ends
         return 0
@@ -642,7 +660,7 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
     def run_current(args: argparse.Namespace) -> int:
         settings = connect(args)
         plan = _require_plan(settings, args.query_id)  # answers left by an unregistered query are not current
-        rows = current_answers(settings, args.query_id)
+        rows = current_answers(settings, args.query_id, plan["version"])
         variables = list(plan["projected"])
         if args.table:
             print(results_table(variables, rows))
