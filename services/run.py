@@ -7,12 +7,15 @@ Steps, in order (each one needs the previous):
 2. the topics, with explicit partition counts (:func:`ensure_topics`);
 3. the services, one child process each, in their own process groups (``cbgp ingest``, ``cbgp registry``,
    ``--workers`` x ``cbgp worker``, ``cbgp answers``, ``cbgp spark-job`` in local mode for windows, multi-part
-   assembly and compaction: whichever commands this installation has);
+   assembly and compaction: whichever commands this installation has); every port they listen on is chosen
+   here and printed (``run: ports: ...``);
 4. unless ``--no-demo``: register the example queries (``services/demo/queries/*.rq``) and publish the demo
    stream (``services/demo/updates.rdfp``);
-5. a live view on stderr, refreshed every second: per query its answer count and last deltas, updates/s in
-   (``updates.encoded``) and answers/s out (``answers``), and any child that died; with the demo, also a
-   clock record on updates.raw every second, so windows move;
+5. a live view on stderr (:class:`LiveView`): per query its answer count and last deltas (terms in N-Triples
+   form), graph changes in (rows of ``updates.encoded``) and answers out (``answers``), the Spark job's
+   streaming queries (its ``status.json``: a failing one is shown), and any child that died.  On a terminal
+   the frame is redrawn when something in it changed; otherwise one summary line at most every 15 s.  With
+   the demo, also a clock record on updates.raw every second, so windows move;
 6. on Ctrl-C, SIGTERM or after ``--duration``: SIGTERM to every child, SIGKILL to any still alive after the
    grace period, then the broker last.  A JSON summary (answers per query, child exit codes and pids) is
    printed on stdout.
@@ -30,10 +33,10 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
-from services.codec import CodecError, decode
-from services.kafka import EmbeddedBroker, KafkaSettings, add_kafka_flags, end_offsets, ensure_topics, make_consumer
+from services.codec import CodecError, decode, encoded_changes, term_from_avro
+from services.kafka import EmbeddedBroker, KafkaSettings, add_kafka_flags, end_offsets, ensure_topics
 from services.kafka.broker import EMBEDDED_REBALANCE_TIMEOUT_MS, free_port
 from services.runtime import Stopper
 from services.supervise import ChildProcess, cbgp_command, http_ok
@@ -56,23 +59,43 @@ def service_plan(commands: set[str], workers: int, run_dir: Path,
                  spark: bool = True) -> list[tuple[str, list[str], dict[str, int]]]:
     """``[(child name, cbgp args, ports)]`` for the services that exist, in start order."""
     plan: list[tuple[str, list[str], dict[str, int]]] = []
+    # Every port is chosen here (not "0 = any") so that make run can print them all.
     if "ingest" in commands:
-        plan.append(("ingest", ["ingest", "--instance-id", "i1", "--metrics-port", "0"], {}))
+        ports = {"metrics": free_port()}
+        plan.append(("ingest", ["ingest", "--instance-id", "i1", "--metrics-port", str(ports["metrics"])], ports))
     if "registry" in commands:
         ports = {"web": free_port(), "metrics": free_port()}
         plan.append(("registry", ["registry", "--web-port", str(ports["web"]), "--metrics-port", str(ports["metrics"]),
                                   "--state-dir", str(run_dir / "state")], ports))
     if "worker" in commands:
         for i in range(workers):
-            plan.append((f"worker-{i}", ["worker", "--worker-id", f"w{i}", "--metrics-port", "0"], {}))
+            ports = {"metrics": free_port()}
+            plan.append((f"worker-{i}", ["worker", "--worker-id", f"w{i}", "--metrics-port", str(ports["metrics"])],
+                         ports))
     if "answers" in commands:
-        plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", "0"], {}))
+        ports = {"metrics": free_port()}
+        plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", str(ports["metrics"])], ports))
     if "spark-job" in commands and spark:
         # windows and multi-part assembly for the queries that need them, compaction every 30 s; started
         # first because its JVM takes longest to come up
         plan.insert(0, ("spark-job", ["spark-job", "--state-dir", str(run_dir / "spark"), "--compact-interval",
                                       "30"], {}))
     return plan
+
+
+def port_lines(bootstrap: str, plan: list[tuple[str, list[str], dict[str, int]]], spark_status_path: Path) -> str:
+    """Where everything listens, one line per service, for make run's start-up output."""
+    lines = [f"run: ports: broker {bootstrap}"]
+    for name, _argv, ports in plan:
+        where = []
+        if "web" in ports:
+            where.append(f"queries http://127.0.0.1:{ports['web']}/queries")
+        if "metrics" in ports:
+            where.append(f"metrics http://127.0.0.1:{ports['metrics']}/metrics (/healthz /readyz)")
+        if name == "spark-job":
+            where.append(f"no port; query status in {spark_status_path}")
+        lines.append(f"run: ports: {name}: {', '.join(where) or 'none'}")
+    return "\n".join(lines) + "\n"
 
 
 class Clock:
@@ -102,82 +125,187 @@ class Clock:
         self.producer.flush(5)
 
 
-def _short(term: dict[str, Any]) -> str:
-    """A compact term for the terminal: the IRI's last segment, a quoted lexical form, or _:label."""
-    value = term["value"]
-    if term["type"] == "uri":
-        return value.rstrip("/").rsplit("/", 1)[-1].rsplit("#", 1)[-1]
-    if term["type"] == "bnode":
-        return "_:" + value
-    return json.dumps(value[:30], ensure_ascii=False)
+def _term(term: dict[str, Any]) -> str:
+    """A term as N-Triples writes it (``<iri>``, ``"Bob"@en``, ``"5"^^<...#integer>``, ``_:b``)."""
+    try:
+        return term_from_avro(term)
+    except Exception:  # noqa: BLE001 - a term the canonical form refuses is still shown, marked
+        return f"?{term.get('value')!r}"
+
+
+def spark_status(path: Path | None) -> dict[str, Any] | None:
+    """The Spark job's ``status.json`` (see spark.job.JobStatus), or None if there is none (yet)."""
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _spark_summary(status: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """(``windows running, assembly failed x3, ...``, problem lines) for the view."""
+    if status is None:
+        return "", []
+    parts, problems = [], []
+    for duty, q in sorted((status.get("queries") or {}).items()):
+        state = q.get("state", "?")
+        if q.get("failures"):
+            parts.append(f"{duty} {state} (failed {q['failures']}x)")
+        else:
+            parts.append(f"{duty} {state}")
+        if state == "failed":
+            problems.append(f"spark {duty} query failed ({q.get('failures', 0)}x, restarting): {q.get('error')}")
+    if status.get("error"):
+        problems.append(f"spark job: {status['error']}")
+    return ", ".join(parts), problems
 
 
 class LiveView:
-    """Follows ``answers`` and ``updates.encoded`` and draws the one-second view."""
+    """Follows ``answers`` and ``updates.encoded`` and draws the view: on a terminal a frame redrawn in place
+    when something in it changed; otherwise (a log file, a pipe) a one-line summary at most every
+    ``summary_every`` seconds when something changed, plus one line at once for each child that died and each
+    Spark query that fails.
 
-    def __init__(self, settings: KafkaSettings, out: TextIO, keep: int = 3) -> None:
+    Idle it costs next to nothing: its inputs are read by a :class:`services.runtime.Fetcher`, which stops
+    fetching once every partition reported its end (the embedded broker answers an empty fetch at once, so a
+    consumer left assigned spins), and the view only listens again after a pause."""
+
+    IDLE_PAUSE_S = 0.25
+
+    def __init__(self, settings: KafkaSettings, out: TextIO, keep: int = 3, *,
+                 spark_status_path: Path | None = None, summary_every: float = 15.0) -> None:
+        from services.runtime import Fetcher
+
         self.settings = settings
         self.out = out
         self.keep = keep
         self.tty = out.isatty()
+        self.summary_every = summary_every
+        self.spark_status_path = spark_status_path
         self.counts: dict[str, int] = {}
         self.last: dict[str, list[str]] = {}
         self.total = 0
-        self._prev_total = 0
-        self._prev_in = 0
-        self._prev_t = time.monotonic()
+        self.changes = 0  # graph changes (rows of the EncodedBatch records, refreshes not counted)
+        self._prev = (0, 0, time.monotonic())  # changes, answers, time of the last drawn frame / summary
         self._drawn = 0
-        topic = settings.topic("answers")
-        self.consumer = make_consumer(settings, "cbgp-run-view", fetch_wait_max_ms=100)
-        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in end_offsets(settings, topic)])
+        self._frame_key: Any = None
+        self._summary_at = time.monotonic()
+        self._summary_key: Any = None
+        self._summary_counts: dict[str, int] = {}
+        self._reported: set[str] = set()
+        self.answers_topic, self.encoded_topic = settings.topic("answers"), settings.topic("updates.encoded")
+        positions = {(self.answers_topic, p): OFFSET_BEGINNING for p in end_offsets(settings, self.answers_topic)}
+        positions[(self.encoded_topic, 0)] = OFFSET_BEGINNING
+        self.fetcher = Fetcher(settings, "run-view", 5000)
+        self.fetcher.set_positions(positions)
 
     def pump(self, seconds: float) -> None:
-        """Consume answers for ``seconds``."""
+        """Consume answers and updates for ``seconds``."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            msg = self.consumer.poll(min(0.2, max(0.01, deadline - time.monotonic())))
-            if msg is None or msg.value() is None:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            msgs = self.fetcher.take() or self.fetcher.wait(min(0.2, left))
+            if not msgs:
+                self.fetcher.park()
+                time.sleep(min(self.IDLE_PAUSE_S, max(0.0, deadline - time.monotonic())))
                 continue
-            if msg.error() is not None:
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    self.out.write(f"run: answers: {msg.error()}\n")
-                continue
+            for msg in msgs:
+                self.consume(msg)
+
+    def consume(self, msg: Any) -> None:
+        if msg.error() is not None:
+            if msg.error().code() != KafkaError._PARTITION_EOF:
+                self.out.write(f"run: view: {msg.error()}\n")
+            return
+        if msg.value() is None:
+            return
+        if msg.topic() == self.encoded_topic:
             try:
-                answer = decode("Answer", msg.value())
-            except CodecError:
-                continue
-            query = answer["query_id"]
-            self.counts[query] = self.counts.get(query, 0) + 1
-            self.total += 1
-            binding = " ".join(f"?{k}={_short(v)}" for k, v in sorted(answer["binding"].items()))
-            self.last.setdefault(query, []).append(f"{answer['sign']} #{answer['n']} {binding}")
-            del self.last[query][:-self.keep]
+                self.changes += sum(1 for change in encoded_changes(msg.value()) if not change[7])
+            except (CodecError, ValueError, IndexError):
+                pass
+            return
+        try:
+            answer = decode("Answer", msg.value())
+        except CodecError:
+            return
+        query = answer["query_id"]
+        self.counts[query] = self.counts.get(query, 0) + 1
+        self.total += 1
+        binding = " ".join(f"?{k}={_term(v)}" for k, v in sorted(answer["binding"].items()))
+        self.last.setdefault(query, []).append(f"{answer['sign']} #{answer['n']} {binding}")
+        del self.last[query][:-self.keep]
+
+    def _rates(self) -> tuple[float, float]:
+        changes, total, then = self._prev
+        now = time.monotonic()
+        span = max(now - then, 1e-6)
+        self._prev = (self.changes, self.total, now)
+        return (self.changes - changes) / span, (self.total - total) / span
 
     def draw(self, children: list[ChildProcess], elapsed: float) -> None:
-        now = time.monotonic()
-        try:
-            encoded = end_offsets(self.settings, self.settings.topic("updates.encoded"), timeout=2).get(0, (0, 0))[1]
-        except Exception:  # noqa: BLE001 - a slow broker must not stop the view
-            encoded = self._prev_in
-        span = max(now - self._prev_t, 1e-6)
-        rate_in, rate_out = (encoded - self._prev_in) / span, (self.total - self._prev_total) / span
-        self._prev_in, self._prev_total, self._prev_t = encoded, self.total, now
-        dead = [f"{c.name} exited ({c.proc.returncode}; log {c.log_path})" for c in children if not c.alive()]
-        lines = [f"cbgp run  {elapsed:5.0f} s   updates in: {encoded:,} ({rate_in:,.0f}/s)   "
-                 f"answers out: {self.total:,} ({rate_out:,.0f}/s)   children: {sum(c.alive() for c in children)}"
-                 f"/{len(children)} alive"]
-        lines += [f"  !! {d}" for d in dead]
+        alive = sum(c.alive() for c in children)
+        dead = [f"{c.name} exited ({c.proc.returncode if c.proc else '?'}; log {c.log_path})"
+                for c in children if not c.alive()]
+        status = spark_status(self.spark_status_path)
+        job = next((c for c in children if c.name == "spark-job"), None)
+        if status is not None and job is not None and status.get("pid") != job.pid:
+            status = None  # not this run's job (yet)
+        spark, problems = _spark_summary(status)
+        if self.tty:
+            self._draw_frame(children, elapsed, alive, dead, spark, problems)
+        else:
+            self._write_lines(children, elapsed, alive, dead, spark, problems)
+        self.out.flush()
+
+    def _draw_frame(self, children: list[ChildProcess], elapsed: float, alive: int, dead: list[str], spark: str,
+                    problems: list[str]) -> None:
+        key = (self.changes, self.total, alive, tuple(dead), spark, tuple(problems))
+        if key == self._frame_key and self._drawn:
+            return  # nothing changed: no redraw (the elapsed time alone is not news)
+        self._frame_key = key
+        rate_in, rate_out = self._rates()
+        lines = [f"cbgp run  {elapsed:5.0f} s   updates in: {self.changes:,} changes ({rate_in:,.0f}/s)   "
+                 f"answers out: {self.total:,} ({rate_out:,.0f}/s)   children: {alive}/{len(children)} alive"]
+        if spark:
+            lines.append(f"  spark: {spark}")
+        lines += [f"  !! {d}" for d in dead + problems]
         for query in sorted(self.counts):
             lines.append(f"  {query}: {self.counts[query]:,} deltas")
-            lines += [f"      {delta[:110]}" for delta in self.last[query]]
-        if self.tty and self._drawn:
+            lines += [f"      {delta[:160]}" for delta in self.last[query]]
+        if self._drawn:
             self.out.write(f"\x1b[{self._drawn}F\x1b[J")  # redraw in place
         self.out.write("\n".join(lines) + "\n")
-        self.out.flush()
-        self._drawn = len(lines) if self.tty else 0
+        self._drawn = len(lines)
+
+    def _write_lines(self, children: list[ChildProcess], elapsed: float, alive: int, dead: list[str], spark: str,
+                     problems: list[str]) -> None:
+        for problem in dead + problems:  # news at once, each once
+            if problem not in self._reported:
+                self._reported.add(problem)
+                self.out.write(f"run: !! {problem}\n")
+        self._reported &= set(dead + problems)  # a problem that clears and comes back is news again
+        key = (self.changes, self.total, alive, spark, tuple(sorted(self.counts.items())))
+        now = time.monotonic()
+        if key == self._summary_key or now - self._summary_at < self.summary_every:
+            return
+        self._summary_key, self._summary_at = key, now
+        rate_in, rate_out = self._rates()
+        queries = ", ".join(f"{q} {n:,}" for q, n in sorted(self.counts.items()))
+        self.out.write(f"cbgp run {elapsed:.0f} s: updates in {self.changes:,} changes ({rate_in:,.0f}/s), answers out "
+                       f"{self.total:,} ({rate_out:,.0f}/s), children {alive}/{len(children)} alive"
+                       + (f", spark: {spark}" if spark else "") + (f"; deltas per query: {queries}" if queries else "")
+                       + "\n")
+        for query, count in sorted(self.counts.items()):  # the newest delta of each query that moved
+            if self._summary_counts.get(query) != count:
+                self.out.write(f"  {query}: {self.last[query][-1][:160]}\n")
+        self._summary_counts = dict(self.counts)
 
     def close(self) -> None:
-        self.consumer.close()
+        self.fetcher.close()
 
 
 def _register_and_publish(settings: KafkaSettings, registry: tuple[ChildProcess, dict[str, int]] | None,
@@ -229,18 +357,22 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         if args.no_spark:
             env["CBGP_ASSEMBLY"] = "worker"  # nobody else would multiply multi-part queries
         registry = None
-        for name, argv, ports in service_plan(available_commands(), args.workers, run_dir, spark=not args.no_spark):
+        spark_status_path = run_dir / "spark" / "status.json"
+        spark_status_path.unlink(missing_ok=True)  # the last run's
+        plan = service_plan(available_commands(), args.workers, run_dir, spark=not args.no_spark)
+        for name, argv, ports in plan:
             child = ChildProcess(name, cbgp_command(*argv), env=env, log_path=run_dir / "logs" / f"{name}.log").start()
             children.append(child)
             if name == "registry":
                 registry = (child, ports)
         err.write("run: started " + ", ".join(f"{c.name} (pid {c.pid})" for c in children)
                   + f"; logs in {run_dir / 'logs'}\n")
+        err.write(port_lines(settings.bootstrap_servers, plan, spark_status_path))
         # Step 4: the demo.
         if not args.no_demo and not stop.stopping:
             _register_and_publish(settings, registry, err)
         # Step 5: the live view, until asked to stop.
-        view = LiveView(settings, err)
+        view = LiveView(settings, err, spark_status_path=None if args.no_spark else spark_status_path)
         clock = Clock(settings) if not args.no_demo else None
         started = time.monotonic()
         while not stop.stopping and (args.duration is None or time.monotonic() - started < args.duration):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
@@ -93,3 +94,144 @@ def test_every_example_query_has_answers_on_the_demo_stream(tmp_path: Path) -> N
     replay(str(demo / "updates.rdfp"), [(q, str(demo / "queries" / f"{q}.rq")) for q in UNWINDOWED], out)
     signs = {(json.loads(line)["query"], json.loads(line)["sign"]) for line in out.getvalue().splitlines()}
     assert signs == {(q, s) for q in UNWINDOWED for s in "+-"}  # every query gains and loses answers
+
+
+# ---------------------------------------------------------------------------------------- the live view
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _answer(n: int, binding: dict) -> bytes:
+    from services.codec import encode
+
+    return encode("Answer", {"query_id": "people", "n": n, "seq": n, "sign": "+", "snapshot": False,
+                             "produced_at_ms": 0, "binding": binding})
+
+
+def _publish_view_inputs(settings) -> None:  # noqa: ANN001 - KafkaSettings
+    from services.codec import encode_encoded_batch
+    from services.kafka import make_producer
+
+    producer = make_producer(settings)
+    xsd_int = "http://www.w3.org/2001/XMLSchema#integer"
+    producer.produce(settings.topic("answers"), key=b"people", partition=0, value=_answer(1, {
+        "p": {"type": "uri", "value": "http://example.org/bob", "datatype": None, "lang": None},
+        "name": {"type": "literal", "value": "Bob", "datatype": None, "lang": "en"},
+        "age": {"type": "literal", "value": "42", "datatype": xsd_int, "lang": None}}))
+    # one Kafka record holding three changes, one of them a refresh (the graph does not change)
+    rows = [(1, 1, 11, 12, 13, 0, None, 0, 0, False), (2, 1, 21, 12, 13, 0, None, 0, 0, False),
+            (3, 1, 11, 12, 13, 0, None, 0, 1, True)]
+    producer.produce(settings.topic("updates.encoded"), partition=0, value=encode_encoded_batch(rows, "raw"))
+    assert producer.flush(10) == 0
+
+
+def _view(settings, out, tmp_path: Path, wait: bool = True, **kw):  # noqa: ANN001, ANN202
+    from services.run import LiveView
+
+    view = LiveView(settings, out, spark_status_path=tmp_path / "status.json", **kw)
+    deadline = time.monotonic() + 30
+    while wait and (view.total < 1 or view.changes < 2) and time.monotonic() < deadline:
+        view.pump(0.5)
+    return view
+
+
+def test_live_view_prints_terms_in_ntriples_form_and_counts_changes_not_records(kafka_settings, tmp_path: Path) -> None:
+    _publish_view_inputs(kafka_settings)
+    out = io.StringIO()
+    view = _view(kafka_settings, out, tmp_path, summary_every=0)
+    try:
+        view.draw([], 3.0)
+    finally:
+        view.close()
+    text = out.getvalue()
+    assert '?name="Bob"@en' in text
+    assert '?age="42"^^<http://www.w3.org/2001/XMLSchema#integer>' in text
+    assert "?p=<http://example.org/bob>" in text
+    assert "updates in 2 changes" in text  # three rows in one record, one a refresh
+
+
+def test_without_a_terminal_the_view_prints_a_line_only_when_something_changed(kafka_settings, tmp_path: Path) -> None:
+    _publish_view_inputs(kafka_settings)
+    out = io.StringIO()
+    view = _view(kafka_settings, out, tmp_path, summary_every=0)
+    try:
+        for second in range(20):  # twenty ticks with nothing new
+            view.pump(0.01)
+            view.draw([], float(second))
+        assert len(out.getvalue().splitlines()) == 2, out.getvalue()  # the summary and people's newest delta
+        assert "\x1b" not in out.getvalue()
+        from services.kafka import make_producer
+
+        producer = make_producer(kafka_settings)
+        producer.produce(kafka_settings.topic("answers"), key=b"people", partition=0, value=_answer(2, {}))
+        assert producer.flush(10) == 0
+        deadline = time.monotonic() + 30
+        while view.total < 2 and time.monotonic() < deadline:
+            view.pump(0.5)
+        view.draw([], 21.0)
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 4 and "answers out 2" in lines[-2] and lines[-1].startswith("  people: + #2"), lines
+    finally:
+        view.close()
+    # and at most one summary per summary_every seconds, however much changes
+    quiet = io.StringIO()
+    view = _view(kafka_settings, quiet, tmp_path, summary_every=3600)
+    try:
+        for second in range(5):
+            view.total += 1  # something changes every tick
+            view.draw([], float(second))
+    finally:
+        view.close()
+    assert len([line for line in quiet.getvalue().splitlines() if line.startswith("cbgp run")]) <= 1
+
+
+def test_on_a_terminal_the_frame_is_redrawn_only_when_something_changed(kafka_settings, tmp_path: Path) -> None:
+    _publish_view_inputs(kafka_settings)
+    out = _Terminal()
+    view = _view(kafka_settings, out, tmp_path)
+    try:
+        view.draw([], 1.0)
+        first = out.getvalue()
+        for second in range(2, 10):
+            view.draw([], float(second))
+        assert out.getvalue() == first
+    finally:
+        view.close()
+
+
+def test_the_view_shows_a_failing_spark_query(kafka_settings, tmp_path: Path) -> None:
+    job = ChildProcess("spark-job", [sys.executable, "-c", "import time; time.sleep(60)"]).start()
+    try:
+        (tmp_path / "status.json").write_text(json.dumps({"pid": job.pid, "reset": None, "error": None, "queries": {
+            "windows": {"state": "failed", "failures": 3,
+                        "error": "KafkaSourceError: cbgp.updates.encoded/0@151: Offset out of range"},
+            "assembly": {"state": "running", "failures": 0, "error": None}}}))
+        for out in (io.StringIO(), _Terminal()):
+            view = _view(kafka_settings, out, tmp_path, wait=False, summary_every=0)
+            try:
+                view.draw([job], 5.0)
+                view.draw([job], 6.0)
+            finally:
+                view.close()
+            text = out.getvalue()
+            assert text.count("spark windows query failed (3x, restarting): KafkaSourceError: "
+                              "cbgp.updates.encoded/0@151: Offset out of range") == 1, text
+            assert "assembly running" in text and "children 1/1 alive" in text.replace(":", "")
+    finally:
+        job.stop(grace=1)
+
+
+def test_make_run_prints_every_service_port() -> None:
+    from services.run import port_lines, service_plan
+
+    plan = service_plan({"ingest", "registry", "worker", "answers", "spark-job"}, 2, Path("/tmp/run"))
+    text = port_lines("127.0.0.1:9092", plan, Path("/tmp/run/spark/status.json"))
+    for name, _argv, ports in plan:
+        for port in ports.values():
+            assert f":{port}/" in text, (name, text)
+        line = next(line for line in text.splitlines() if line.startswith(f"run: ports: {name}:"))
+        assert line.split(":", 3)[3].strip() != "none"
+    assert "127.0.0.1:9092" in text
