@@ -28,7 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from cbgp.terms import stable_term_id
 from services.kafka import BrokerUnreachable, KafkaSettings, add_kafka_flags, broker_outages, ensure_topics, make_consumer
-from services.metrics import start_metrics_server
+from services.metrics import record_consumer_lag, start_metrics_server
 
 __all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "first_record", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
            "read_range", "run_service", "wait_for_topics", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
@@ -179,6 +179,7 @@ class Fetcher:
         self.parked = False
         self.epoch = 0
         self.idle_streak = 0  # consecutive idle pauses with nothing read
+        self.lag_fresh: set[tuple[str, int]] = set()  # partitions whose lag gauge was set at their end since a record
 
     def set_positions(self, positions: dict[tuple[str, int], int]) -> None:
         self.epoch += 1
@@ -202,7 +203,7 @@ class Fetcher:
         if not self.positions:
             return []
         self.unpark()
-        first = first_record(self.consumer, self.positions, timeout)
+        first = first_record(self.consumer, self.positions, timeout, on_end=self._at_end)
         if first is None:
             return []
         return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
@@ -217,14 +218,32 @@ class Fetcher:
             if err is None:
                 positions[(msg.topic(), msg.partition())] = msg.offset() + 1
             elif err.code() == KafkaError._PARTITION_EOF:
+                self._at_end(msg)
                 continue
             kept.append(msg)
         msgs = kept
         if msgs:
+            self.lag_fresh.clear()
             self.idle_streak = 0
             if len(msgs) < self.max_records:
                 self.park()
         return msgs
+
+    def _at_end(self, eof: Message) -> None:
+        """A partition-EOF event: the partition is read to its end.  Its offset is past the transaction
+        markers that follow the last record (the next offset of a transactional topic's last record is its
+        commit marker), so the position moves there; and the lag gauge is set now, while the partition is
+        assigned (cached watermarks, no broker round trip): else an idle reader of a transactional topic
+        reported the marker as a lag of 1 until the next record."""
+        key = (eof.topic(), eof.partition())
+        position = self.positions.get(key)
+        if position is None:
+            return
+        if eof.offset() > position:
+            self.positions[key] = position = eof.offset()
+        if key not in self.lag_fresh:
+            self.lag_fresh.add(key)
+            record_consumer_lag(self.consumer, {key: position})
 
     def park(self) -> None:
         if self.positions and not self.parked:
@@ -247,10 +266,12 @@ class Fetcher:
         self.consumer.close()
 
 
-def first_record(consumer: Consumer, partitions: Iterable[tuple[str, int]], timeout: float) -> Message | None:
+def first_record(consumer: Consumer, partitions: Iterable[tuple[str, int]], timeout: float, *,
+                 on_end: Callable[[Message], None] | None = None) -> Message | None:
     """The first record (or error) ``consumer`` delivers within ``timeout``; None at the timeout or as soon as
     each of ``partitions`` (``(topic, partition)``) reported its end.  The consumer must have partition-EOF
-    events on: they end the wait after one fetch round trip instead of ``timeout`` of empty fetches."""
+    events on: they end the wait after one fetch round trip instead of ``timeout`` of empty fetches.
+    ``on_end`` is called with each partition-EOF event."""
     deadline = time.monotonic() + timeout
     not_at_end = set(partitions)
     while not_at_end:
@@ -260,6 +281,8 @@ def first_record(consumer: Consumer, partitions: Iterable[tuple[str, int]], time
         err = msg.error()
         if err is None or err.code() != KafkaError._PARTITION_EOF:
             return msg
+        if on_end is not None:
+            on_end(msg)
         not_at_end.discard((msg.topic(), msg.partition()))
     return None
 
