@@ -68,8 +68,9 @@ LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
 REACHABLE_TIMEOUT = 5.0
 # "FAIL [rdkafka#producer-1] [thrd:...]: host:port/bootstrap: Connect to ipv4#... failed: Connection refused (after 0ms
 # in state CONNECT)" -> "Connection refused"; "...: Failed to resolve 'h:p': Name or service not known (after ...)"
-# -> "Failed to resolve 'h:p': Name or service not known".
-_FAIL_REASON = re.compile(r"/bootstrap: (?:Connect to \S+ failed: )?(.+?)(?: \(after \d+ms[^)]*\))?$")
+# -> "Failed to resolve 'h:p': Name or service not known"; the suffix may say "(after 0ms in state CONNECT, 1
+# identical error(s) suppressed)".
+_FAIL_REASON = re.compile(r"/bootstrap: (?:Connect to \S+ failed: )?(.+?)(?: \(after \d+ms.*\))?$")
 
 
 class _LastFailure(logging.Handler):
@@ -87,7 +88,13 @@ def quiet_librdkafka(settings: KafkaSettings) -> KafkaSettings:
     """``settings`` whose clients send librdkafka's log lines to the ``cbgp.librdkafka`` logger, not stderr
     (for user commands: a refused connection must not print hundreds of lines).  Not for child processes:
     the logger does not survive :meth:`KafkaSettings.to_env`."""
-    return replace(settings, extra={**settings.extra, "logger": LIBRDKAFKA_LOG, "log.connection.close": False})
+    return replace(settings, extra={**settings.extra, "logger": LIBRDKAFKA_LOG, "log.connection.close": False,
+                                    "error_cb": _log_quietly})
+
+
+def _log_quietly(err: KafkaError) -> None:
+    # A command reports what failed itself (one line); the client's transient errors only go to the log.
+    LIBRDKAFKA_LOG.info("kafka client error: %s", err)
 
 
 def unreachable_message(settings: KafkaSettings, why: str, hint: bool = True) -> str:
