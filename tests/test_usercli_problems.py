@@ -160,18 +160,19 @@ def test_every_command_says_in_one_line_that_the_broker_cannot_be_reached(tmp_pa
     commands: list[list[str]] = [["publish", str(tmp_path / "ok.nt")], ["register", "q", str(tmp_path / "q.rq")],
                                  ["unregister", "q"], ["list"], ["watch", "q"], ["current", "q"], ["deadletter"],
                                  ["topics", "create"], ["doctor"]]
-    started = time.monotonic()
-    procs: dict[str, Any] = {c[0]: subprocess.Popen(cbgp_command(*c, "--bootstrap-servers", address),
-                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                             for c in commands}
-    results = {}
-    for name, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=max(1.0, started + 40 - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        results[name] = (proc.returncode, time.monotonic() - started, out, err)
+    results: dict[str, tuple[int, float, str, str]] = {}
+    for batch in (commands[0:3], commands[3:6], commands[6:9]):  # three at a time: the machine has 2 cores
+        started = time.monotonic()
+        procs: dict[str, Any] = {c[0]: subprocess.Popen(cbgp_command(*c, "--bootstrap-servers", address),
+                                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 for c in batch}
+        for name, proc in procs.items():
+            try:
+                out, err = proc.communicate(timeout=max(1.0, started + 40 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            results[name] = (proc.returncode, time.monotonic() - started, out, err)
     for name, (code, elapsed, out, err) in results.items():
         assert code == 2, (name, code, err)
         lines = err.splitlines()
@@ -179,5 +180,5 @@ def test_every_command_says_in_one_line_that_the_broker_cannot_be_reached(tmp_pa
         assert f"cannot reach the Kafka broker at {address} (Connection refused)" in lines[0], (name, lines[0])
         assert "CBGP_BOOTSTRAP_SERVERS" in lines[0]
         assert out == "", (name, out)
-    # Each waits 5 s for the broker's answer (the nine run at once).
-    assert max(elapsed for _c, elapsed, _o, _e in results.values()) < 12
+    # Each waits 5 s for the broker's answer.
+    assert max(elapsed for _c, elapsed, _o, _e in results.values()) < 12, {n: round(r[1], 1) for n, r in results.items()}
