@@ -4,7 +4,12 @@
 writes one JSON line per delta answer:
     {"query": NAME, "seq": K, "sign": "+"|"-", "binding": {VAR: TERM}}
 K is the 1-based position of the causing update among the patch's A/D lines,
-VAR has no '?', TERM is a SPARQL 1.1 Query Results JSON term.
+VAR has no '?', TERM is a SPARQL 1.1 Query Results JSON term.  The updates file's
+format comes from its name as for `cbgp publish` (.rdfp .nt .nq .ttl .jsonl .ru)
+unless --format names it; a .ru file is one SPARQL Update request applied to an
+empty graph, and its quad changes are numbered 1, 2, ... (deletions first).
+
+`cbgp explain FILE.rq` prints a query's decomposition (and its RSP-QL window).
 
 The fleet's commands (ingest, worker, ...) are added by `services.cli`, which
 is the installed `cbgp` entry point; this module stays free of Kafka.
@@ -38,18 +43,73 @@ def _read_text(path: str) -> str:
         raise CliError(f"{path} is not UTF-8 text (byte {exc.start})") from None
 
 
-def _parse_query_file(path: str):  # noqa: ANN202
+def _parse_rspql_file(path: str):  # noqa: ANN202
+    """``(ParsedQuery of the plain SPARQL, WindowSpec or None)`` of a .rq file, RSP-QL windows allowed."""
     from cbgp.windows import parse_rspql
 
     text = _read_text(path)
     try:
-        if parse_rspql(text)[1] is not None:
-            raise CliError(f"{path}: the query declares an event-time window; replay evaluates a stream without "
-                           "event times, so register windowed queries with the fleet (their Spark job)")
-        return parse_query(text)
+        plain, window = parse_rspql(text)
+        return parse_query(plain), window
     except QueryError as exc:  # WindowError included
         where = f":{exc.line}:{exc.column}" if exc.line is not None else ""
         raise CliError(f"{path}{where}: {exc.message}") from None
+
+
+def _parse_query_file(path: str):  # noqa: ANN202
+    query, window = _parse_rspql_file(path)
+    if window is not None:
+        raise CliError(f"{path}: the query declares an event-time window; replay evaluates a stream without "
+                       "event times, so register windowed queries with the fleet (their Spark job)")
+    return query
+
+
+def _window_json(window) -> dict:  # noqa: ANN001
+    return {"kind": window.kind, "range_ms": window.range_ms, "step_ms": window.step_ms,
+            "lateness_ms": window.lateness_ms, "late": window.late_policy}
+
+
+def _window_text(window) -> str:  # noqa: ANN001
+    shape = f"{window.kind}, range {window.range_ms} ms" + \
+        (f", step {window.step_ms} ms" if window.kind == "sliding" else "")
+    late = "dropped" if window.late_policy == "drop" else "admitted"
+    return (f"event-time window: {shape}, lateness {window.lateness_ms} ms, late updates {late}; evaluated by "
+            "the fleet's Spark job over the window's content at each instant")
+
+
+# File name endings `cbgp publish` and `cbgp replay` read a format from (besides cbgp.inputs' own).
+_UPDATE_SUFFIXES = (".ru", ".sparql-update")
+
+
+def input_format(path: str) -> str:
+    """The input format of ``path`` from its name, as ``cbgp publish`` tells it; CliError if it cannot."""
+    from cbgp.inputs import FORMATS, detect_format
+    from cbgp.update import UPDATE_FORMAT
+
+    if path.lower().endswith(_UPDATE_SUFFIXES):
+        return UPDATE_FORMAT
+    try:
+        return detect_format(path)
+    except ValueError:
+        raise CliError(f"cannot tell the format of {path} from its name (.rdfp, .nt, .nq, .ttl, .jsonl, .ru): "
+                       f"pass --format ({', '.join((*FORMATS, UPDATE_FORMAT))})") from None
+
+
+def _update_items(path: str, text: str):  # noqa: ANN202
+    """The quad changes of a SPARQL Update request applied to an empty store, as ingest emits them
+    (deletions, then insertions), numbered 1, 2, ...; a failing request is a CliError."""
+    import pyoxigraph as ox
+
+    from cbgp.inputs import Update
+    from cbgp.update import UpdateExtractor, UpdateRequestError
+
+    try:
+        delta = UpdateExtractor(ox.Store()).apply(text)
+    except UpdateRequestError as exc:
+        raise CliError(f"{path}: the SPARQL Update request was rejected: {exc}") from None
+    changes = [(-1, q) for q in delta.deleted] + [(1, q) for q in delta.inserted]
+    for position, (op, (s, p, o, g)) in enumerate(changes, 1):
+        yield Update(op, s, p, o, g, 0, position)
 
 
 def _query_args(values: list[str]) -> list[tuple[str, str]]:
@@ -92,10 +152,14 @@ class _Progress:
 
 
 def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, strict: bool = False,
-           fmt: str = "patch", progress: bool = False, errors: TextIO = sys.stderr) -> dict[str, int]:
-    """Replay a recorded stream through the engine; write deltas as JSON lines. Returns counters."""
-    from cbgp.inputs import InputError, InputFormatError, parse_input
+           fmt: str | None = None, progress: bool = False, errors: TextIO = sys.stderr) -> dict[str, int]:
+    """Replay a recorded stream through the engine; write deltas as JSON lines. Returns counters.
 
+    ``fmt`` None: from the file name (``input_format``)."""
+    from cbgp.inputs import InputError, InputFormatError, parse_input
+    from cbgp.update import UPDATE_FORMAT
+
+    fmt = fmt or input_format(patch_path)
     engine = Engine()
     for name, path in queries:
         engine.register(name, _parse_query_file(path))
@@ -116,7 +180,8 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
     write = out.write
     dumps = json.dumps
     try:
-        for item in parse_input(text, fmt, strict=strict):
+        items = _update_items(patch_path, text) if fmt == UPDATE_FORMAT else parse_input(text, fmt, strict=strict)
+        for item in items:
             if isinstance(item, InputError):
                 counters["errors"] += 1
                 print(f"{patch_path}:{item.line}: {item.message}", file=errors)
@@ -138,22 +203,29 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 
 
 def explain(path: str, as_json: bool, out: TextIO) -> None:
-    plan = decompose(_parse_query_file(path))
+    query, window = _parse_rspql_file(path)
+    plan = decompose(query)
     if as_json:
-        json.dump(plan.to_json(), out, indent=2)
+        data = plan.to_json()
+        if window is not None:
+            data["window"] = _window_json(window)
+        json.dump(data, out, indent=2)
         out.write("\n")
     else:
-        out.write(plan.explain() + "\n")
+        out.write((_window_text(window) + "\n" if window is not None else "") + plan.explain() + "\n")
 
 
 def add_engine_commands(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Register `replay` and `explain`; return their handlers by command name."""
     p = commands.add_parser("replay", help="replay a recorded update stream and print delta answers as JSON lines")
-    p.add_argument("--patch", required=True, help="updates file (RDF Patch by default)")
+    p.add_argument("--patch", required=True, metavar="UPDATES",
+                   help="updates file: RDF Patch, N-Triples, N-Quads, Turtle, JSON lines or SPARQL Update")
     p.add_argument("--query", action="append", required=True, metavar="NAME=FILE.rq", help="a query (repeatable)")
     p.add_argument("--out", help="write deltas here instead of standard output")
-    p.add_argument("--format", default="patch", choices=["patch", "ntriples", "nquads", "turtle", "jsonl"],
-                   help="format of the updates file (default: patch)")
+    p.add_argument("--format", default=None,
+                   choices=["patch", "ntriples", "nquads", "turtle", "jsonl", "sparql-update"],
+                   help="format of the updates file (default: from its name, as publish: .rdfp .nt .nq .ttl "
+                        ".jsonl .ru)")
     p.add_argument("--strict", action="store_true", help="stop at the first malformed line")
     p.add_argument("--progress", action="store_true", help="show progress on stderr (default: when it is a terminal)")
 
@@ -163,12 +235,13 @@ def add_engine_commands(commands: argparse._SubParsersAction) -> dict[str, Calla
 
     def run_replay(args: argparse.Namespace) -> int:
         queries = _query_args(args.query)
+        fmt = args.format or input_format(args.patch)  # before --out is created
         progress = args.progress or sys.stderr.isatty()
         if args.out:
             with open(args.out, "w", encoding="utf-8") as out:
-                counters = replay(args.patch, queries, out, strict=args.strict, fmt=args.format, progress=progress)
+                counters = replay(args.patch, queries, out, strict=args.strict, fmt=fmt, progress=progress)
         else:
-            counters = replay(args.patch, queries, sys.stdout, strict=args.strict, fmt=args.format,
+            counters = replay(args.patch, queries, sys.stdout, strict=args.strict, fmt=fmt,
                               progress=progress)
         if counters["errors"]:
             print(f"cbgp replay: {counters['errors']} malformed line(s) skipped (see above)", file=sys.stderr)

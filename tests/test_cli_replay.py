@@ -103,3 +103,66 @@ def test_explain_prints_the_decomposition_and_json(files: Path):
     assert "var-connected component {?a, ?b, ?c}" in text.stdout
     data = json.loads(cbgp("explain", "--json", "knows.rq", cwd=files).stdout)
     assert data["class"] == "var-connected" and data["distinct"] is True
+
+
+def test_replay_bindings_are_sparql_json_that_pyoxigraph_and_rdflib_read(files: Path):
+    import pyoxigraph as ox
+    from rdflib import Literal, URIRef
+
+    from tests.sparql_results import parse_with_pyoxigraph, parse_with_rdflib, results_document
+
+    result = cbgp("replay", "--patch", "updates.rdfp", "--query", "people=people.rq", cwd=files)
+    bindings = [json.loads(line)["binding"] for line in result.stdout.splitlines()]
+    document = results_document(["x", "n"], bindings)
+    alice_ox = {"x": ox.NamedNode(f"{EX}alice"), "n": ox.Literal("Alice", language="en")}
+    assert parse_with_pyoxigraph(document) == [alice_ox, alice_ox]
+    alice_rdflib = {"x": URIRef(f"{EX}alice"), "n": Literal("Alice", lang="en")}
+    assert parse_with_rdflib(document) == [alice_rdflib, alice_rdflib]
+
+
+RDF_TYPE = "http://www.w3.org/1999/02/22-rdf-syntax-ns#type"
+SAME_UPDATES = {  # alice a Person; name "Alice"@en -- in every format publish reads, named as publish expects
+    "in.nt": f'<{EX}alice> <{RDF_TYPE}> <{EX}Person> .\n<{EX}alice> <{EX}name> "Alice"@en .\n',
+    "in.nq": f'<{EX}alice> <{RDF_TYPE}> <{EX}Person> .\n<{EX}alice> <{EX}name> "Alice"@en .\n',
+    "in.ttl": f'@prefix ex: <{EX}> .\nex:alice a ex:Person ;\n  ex:name "Alice"@en .\n',
+    "in.jsonl": json.dumps({"op": "+", "s": f"<{EX}alice>", "p": f"<{RDF_TYPE}>", "o": f"<{EX}Person>"}) + "\n"
+                + json.dumps({"op": "+", "s": f"<{EX}alice>", "p": f"<{EX}name>", "o": '"Alice"@en'}) + "\n",
+    "in.rdfp": f'A <{EX}alice> <{RDF_TYPE}> <{EX}Person> .\nA <{EX}alice> <{EX}name> "Alice"@en .\n',
+    "in.ru": f'PREFIX ex: <{EX}>\nINSERT DATA {{ ex:alice a ex:Person ; ex:name "Alice"@en }}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_UPDATES))
+def test_replay_tells_the_input_format_from_the_file_name_as_publish_does(files: Path, name: str):
+    (files / name).write_text(SAME_UPDATES[name])
+    result = cbgp("replay", "--patch", name, "--query", "people=people.rq", cwd=files)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    (delta,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert delta["sign"] == "+" and delta["binding"] == {
+        "x": {"type": "uri", "value": f"{EX}alice"}, "n": {"type": "literal", "value": "Alice", "xml:lang": "en"}}
+    assert delta["seq"] == 2 or name.endswith(".ru")  # a request's changes are numbered in the extractor's order
+
+
+def test_replay_of_a_file_name_with_no_known_format_asks_for_format_in_one_line(files: Path):
+    (files / "updates.txt").write_text((files / "updates.rdfp").read_text())
+    result = cbgp("replay", "--patch", "updates.txt", "--query", "people=people.rq", cwd=files)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("cbgp replay: error: cannot tell the format of updates.txt from its name")
+    assert result.stderr.count("\n") == 1
+    forced = cbgp("replay", "--format", "patch", "--patch", "updates.txt", "--query", "people=people.rq", cwd=files)
+    assert forced.returncode == 0 and len(forced.stdout.splitlines()) == 2
+
+
+def test_explain_of_a_windowed_query_shows_the_window_and_does_not_mention_replay(files: Path):
+    (files / "recent.rq").write_text(
+        "PREFIX : <http://example.org/>\nSELECT ?fan ?photo\n"
+        "FROM NAMED WINDOW :recent ON :updates [RANGE PT10S STEP PT1S]\n"
+        "WHERE { WINDOW :recent { ?fan :likes ?photo . ?photo a :Photo } }\n")
+    text = cbgp("explain", "recent.rq", cwd=files)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("event-time window: sliding, range 10000 ms, step 1000 ms, lateness 0 ms, "
+                                  "late updates dropped; evaluated by the fleet's Spark job")
+    assert "var-connected component {?fan, ?photo}" in text.stdout
+    assert "replay" not in (text.stdout + text.stderr).lower()
+    data = json.loads(cbgp("explain", "--json", "recent.rq", cwd=files).stdout)
+    assert data["window"] == {"kind": "sliding", "range_ms": 10000, "step_ms": 1000, "lateness_ms": 0, "late": "drop"}
