@@ -292,6 +292,7 @@ def print_deadletters(settings: KafkaSettings, start: int = 0, *, follow: bool =
     the topic, or with ``follow`` until ``poll()`` is false / Ctrl-C.  Returns how many were printed."""
     out = sys.stdout if out is None else out
     topic = settings.topic("deadletter")
+    # A read_committed client's high watermark is the last stable offset: an open transaction is not waited for.
     low, high = end_offsets(settings, topic).get(0, (0, 0))
     start = max(start, low)
     if not follow and start >= high:

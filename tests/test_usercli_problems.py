@@ -182,3 +182,19 @@ def test_every_command_says_in_one_line_that_the_broker_cannot_be_reached(tmp_pa
         assert out == "", (name, out)
     # Each waits 5 s for the broker's answer.
     assert max(elapsed for _c, elapsed, _o, _e in results.values()) < 12, {n: round(r[1], 1) for n, r in results.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_deadletter_does_not_wait_forever_behind_an_open_transaction(kafka_settings: KafkaSettings,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    _put_dead_letters(kafka_settings, b"A <x> .\n", "patch", 1)
+    producer = make_producer(kafka_settings, transactional_id=kafka_settings.topic("open-txn"))
+    producer.begin_transaction()
+    producer.produce(kafka_settings.topic("deadletter"), value=b"not yet committed")
+    producer.flush(10)  # stored, never committed: read_committed readers stop before it
+    started = time.monotonic()
+    assert cbgp(["deadletter", *flags(kafka_settings)]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["#0"]
+    assert time.monotonic() - started < 10
+    producer.abort_transaction(10)
