@@ -38,7 +38,7 @@ from services import codec
 
 log = logging.getLogger(__name__)
 
-DELTA_SCHEMA = "query_id string, n long, sign int, binding string, error string"
+DELTA_SCHEMA = "query_id string, n long, sign int, binding string, error string, version int"
 SNAPSHOT_SCHEMA = "query_id string, binding string, multiplicity long, last_n long"
 MANIFEST_NAME = "manifest.json"
 MAX_GAP_RANGES = 10
@@ -89,10 +89,12 @@ def decode_answers(kafka_df: DataFrame) -> DataFrame:
                 try:
                     rec = avro_decode("Answer", bytes(value))
                     sign = {"+": 1, "-": -1}[rec["sign"]]
-                    rows.append((rec["query_id"], int(rec["n"]), sign, canonical_binding(rec["binding"]), None))
+                    rows.append((rec["query_id"], int(rec["n"]), sign, canonical_binding(rec["binding"]), None,
+                                 int(rec["version"])))
                 except Exception as exc:  # noqa: BLE001 - reported per record, never stops the job
-                    rows.append((None, None, None, None, f"partition {partition} offset {offset}: {exc!r}"[:500]))
-            yield pd.DataFrame(rows, columns=["query_id", "n", "sign", "binding", "error"])
+                    rows.append((None, None, None, None, f"partition {partition} offset {offset}: {exc!r}"[:500],
+                                 None))
+            yield pd.DataFrame(rows, columns=["query_id", "n", "sign", "binding", "error", "version"])
 
     return kafka_df.select("value", "partition", "offset").mapInPandas(decode, DELTA_SCHEMA)
 
@@ -115,6 +117,9 @@ class FoldReport:
     missing: dict[str, int] = field(default_factory=dict)
     negative: int = 0  # bindings whose multiplicity went below 0: a "-" for an absent answer
     folded_n: dict[str, int] = field(default_factory=dict)  # query -> highest n after this fold
+    # query -> the registration version folded (n counts within it); a newer version replaces the query's rows
+    versions: dict[str, int] = field(default_factory=dict)
+    stale: int = 0  # deltas of an older version than the query's folded one (ended streams)
     changed: int = 0  # bindings touched = answers.current records published (tombstones included)
     snapshot_rows: int = 0
     seconds: float = 0.0
@@ -127,8 +132,14 @@ class FoldResult:
     report: FoldReport
 
 
-def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, folded_n: Mapping[str, int]) -> FoldResult:
-    """Fold ``deltas`` (``DELTA_SCHEMA``) onto ``snapshot`` given the manifest's ``folded_n``.
+def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, folded_n: Mapping[str, int],
+         versions: Mapping[str, int] | None = None) -> FoldResult:
+    """Fold ``deltas`` (``DELTA_SCHEMA``) onto ``snapshot`` given the manifest's ``folded_n`` and ``versions``.
+
+    Registration versions: each query's stream is that of its latest version (the manifest's, or a newer one
+    in ``deltas``); deltas of older versions are dropped (``stale``).  A newer version than the manifest's
+    starts over: the query's snapshot rows are dropped (touched, so they are tombstoned) and n counts from 0.
+    Version 0 (written before versions) belongs to the query's version.
 
     Multiplicity is the sum of signs, so a fold is associative: folding a log in pieces equals folding it
     at once, which is what makes snapshot + later deltas replay exactly like the whole log.
@@ -136,11 +147,27 @@ def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, fol
     Runs one Spark job for the report (two when there are gaps, three with undecodable records); the
     returned DataFrames are lazy.  ``deltas`` should be materialised by the caller: it is scanned again.
     """
-    manifest_df = spark.createDataFrame(list(folded_n.items()), "query_id string, folded_n long")
+    versions = dict(versions or {})
+    if "version" not in deltas.columns:
+        deltas = deltas.withColumn("version", F.lit(0))
+    manifest_df = spark.createDataFrame([(q, int(n), int(versions.get(q, 0))) for q, n in folded_n.items()],
+                                        "query_id string, folded_n long, folded_version int")
+    seen = deltas.where("error is null").groupBy("query_id").agg(
+        F.max("version").alias("hi"), F.min(F.when(F.col("version") != 0, F.col("version"))).alias("lo")).collect()
+    targets = {r["query_id"]: max(int(r["hi"]), versions.get(r["query_id"], 0)) for r in seen}
+    # Queries whose stream restarts here: a version newer than a versioned fold, or two versions in this batch
+    # (0 -> v alone adopts: answers written before versions carry on in the first versioned stream).
+    reset = sorted(r["query_id"] for r in seen if targets[r["query_id"]] > versions.get(r["query_id"], 0) and (
+        versions.get(r["query_id"], 0) or r["lo"] is not None and int(r["lo"]) < targets[r["query_id"]]))
+    targets_df = spark.createDataFrame(list(targets.items()) or [], "query_id string, target int")
     fresh = (
         deltas.join(F.broadcast(manifest_df), "query_id", "left")
-        .withColumn("folded_n", F.coalesce("folded_n", F.lit(0)))
-        .withColumn("is_new", F.col("error").isNull() & (F.col("n") > F.col("folded_n")))
+        .join(F.broadcast(targets_df), "query_id", "left")
+        .withColumn("folded_n", F.when(F.col("query_id").isin(reset), F.lit(0))
+                    .otherwise(F.coalesce("folded_n", F.lit(0))))
+        .withColumn("stale", F.col("error").isNull() & (F.col("version") != 0)
+                    & (F.col("version") < F.col("target")))
+        .withColumn("is_new", F.col("error").isNull() & ~F.col("stale") & (F.col("n") > F.col("folded_n")))
     )
     new_n = F.when(F.col("is_new"), F.col("n"))
     # One pass for every count the report needs; undecodable records form the query_id-null group.
@@ -152,13 +179,17 @@ def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, fol
         F.max(new_n).alias("max_n"),
         F.min("folded_n").alias("folded_n"),
         F.count_distinct(F.when(F.col("is_new"), F.col("binding"))).alias("touched"),
+        F.count(F.when(F.col("stale"), 1)).alias("stale"),
     ).collect()
-    report = FoldReport(folded_n={q: int(n) for q, n in folded_n.items()})
+    report = FoldReport(folded_n={q: int(n) for q, n in folded_n.items() if q not in reset},
+                        versions={**versions, **targets})
     for r in stats:
         total, bad, new, unique = int(r["total"]), int(r["bad"]), int(r["new"]), int(r["unique"])
+        stale = int(r["stale"])
         report.deltas_in += total
         report.undecodable += bad
-        report.already_folded += total - bad - new
+        report.stale += stale
+        report.already_folded += total - bad - new - stale
         report.duplicates += new - unique
         report.changed += int(r["touched"])
         if r["max_n"] is not None:
@@ -186,13 +217,18 @@ def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, fol
         F.sum("sign").cast("long").alias("delta"), F.max("n").alias("delta_n")
     )
     old = snapshot if snapshot is not None else spark.createDataFrame([], SNAPSHOT_SCHEMA)
+    ended = old.where(F.col("query_id").isin(reset))  # rows of a replaced registration: tombstoned
+    old = old.where(~F.col("query_id").isin(reset))
     merged = old.join(delta_agg, ["query_id", "binding"], "full_outer").select(
         "query_id",
         "binding",
         (F.coalesce("multiplicity", F.lit(0)) + F.coalesce("delta", F.lit(0))).alias("multiplicity"),
         F.greatest(F.coalesce("last_n", F.lit(0)), F.coalesce("delta_n", F.lit(0))).alias("last_n"),
     )
-    return FoldResult(merged.where("multiplicity != 0"), delta_agg.select("query_id", "binding", "delta_n"), report)
+    touched = delta_agg.select("query_id", "binding", "delta_n").unionByName(
+        ended.select("query_id", "binding", F.col("last_n").alias("delta_n"))).dropDuplicates(["query_id", "binding"])
+    report.changed += ended.count() if reset else 0
+    return FoldResult(merged.where("multiplicity != 0"), touched, report)
 
 
 # ---------------------------------------------------------------- snapshot store
@@ -219,6 +255,10 @@ class SnapshotStore:
 
     def folded_n(self) -> dict[str, int]:
         return {q: int(n) for q, n in self.manifest()["queries"].items()}
+
+    def versions(self) -> dict[str, int]:
+        """Query -> the registration version its folded n belongs to (absent: 0, before versions)."""
+        return {q: int(v) for q, v in self.manifest().get("versions", {}).items()}
 
     def version_dir(self, version: int) -> Path:
         return self.root / f"v{version:06d}"
@@ -249,6 +289,7 @@ class SnapshotStore:
         for q, count in report.missing.items():
             missing[q] = missing.get(q, 0) + count
         manifest = {"version": version, "queries": report.folded_n, "gaps": gaps, "missing": missing,
+                    "versions": {**old.get("versions", {}), **report.versions},
                     "updated_at_ms": int(time.time() * 1000)}
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".manifest-")
@@ -277,12 +318,14 @@ def current_answer_records(changed: DataFrame) -> DataFrame:
 
         for pdf in batches:
             keys, values = [], []
-            for q, b, m, n in zip(pdf["query_id"], pdf["binding"], pdf["multiplicity"], pdf["last_n"]):
+            versions = pdf["version"] if "version" in pdf else [0] * len(pdf)
+            for q, b, m, n, v in zip(pdf["query_id"], pdf["binding"], pdf["multiplicity"], pdf["last_n"], versions):
                 keys.append(current_key(q, b))
                 values.append(
                     None if m <= 0 else avro_encode(
                         "CurrentAnswer",
-                        {"query_id": q, "binding": binding_terms(b), "multiplicity": int(m), "last_n": int(n)},
+                        {"query_id": q, "binding": binding_terms(b), "multiplicity": int(m), "last_n": int(n),
+                         "version": int(v) if v == v and v is not None else 0},
                     )
                 )
             yield pd.DataFrame({"key": keys, "value": values})
@@ -320,7 +363,7 @@ def compact_batch(spark: SparkSession, deltas: DataFrame, store: SnapshotStore, 
     # otherwise be read from the broker again for each of them.
     deltas = deltas.localCheckpoint(eager=True)
     folded_n = store.folded_n()  # 1.
-    result = fold(spark, deltas, store.read(spark), folded_n)
+    result = fold(spark, deltas, store.read(spark), folded_n, store.versions())
     report = result.report
     if report.changed == 0:  # nothing new (empty batch, stale or undecodable only): keep the current version
         return _logged(report, started)
@@ -330,9 +373,11 @@ def compact_batch(spark: SparkSession, deltas: DataFrame, store: SnapshotStore, 
     report.snapshot_rows, report.negative = int(sizes["rows"]), int(sizes["neg"])
     if publish is not None:  # 3.
         # Touched bindings with their new multiplicity; absent from the snapshot = now 0 = tombstone.
-        changed = result.touched.join(written, ["query_id", "binding"], "left").select(
+        versions_df = spark.createDataFrame(list(report.versions.items()), "query_id string, version int")
+        changed = result.touched.join(written, ["query_id", "binding"], "left").join(
+            F.broadcast(versions_df), "query_id", "left").select(
             "query_id", "binding", F.coalesce("multiplicity", F.lit(0)).alias("multiplicity"),
-            F.coalesce("last_n", "delta_n").alias("last_n"),
+            F.coalesce("last_n", "delta_n").alias("last_n"), F.coalesce("version", F.lit(0)).alias("version"),
         )
         publish(changed)
     store.commit(version, report)  # 4.

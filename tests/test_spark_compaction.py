@@ -291,3 +291,34 @@ def test_streaming_job_resumes_and_keeps_answers_current_exact(
         assert {tp.partition: tp.offset for tp in committed} == first_ends
     finally:
         group.close()
+
+
+def test_a_new_registration_version_replaces_the_querys_folded_answers(spark: SparkSession, tmp_path: Path) -> None:
+    """Issue 14 item 3: a re-registered id's answers are a new stream numbered from n = 1 (Answer.version);
+    the fold keeps only the latest version's rows, tombstones the old ones and drops late old deltas."""
+    schema = "query_id string, n long, sign int, binding string, error string, version int"
+    a, b, c = (json.dumps({"x": t}, separators=(",", ":")) for t in ("<http://ex/a>", "<http://ex/b>", "<http://ex/c>"))
+    published: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def record(changed) -> None:  # noqa: ANN001 - a DataFrame
+        for r in changed.collect():
+            if r["multiplicity"] > 0:
+                published[(r["query_id"], r["binding"])] = (r["multiplicity"], r["version"])
+            else:
+                published.pop((r["query_id"], r["binding"]), None)
+
+    store = SnapshotStore(tmp_path / "snap")
+    v1 = [("q", 1, 1, a, None, 1), ("q", 2, 1, b, None, 1), ("q", 3, 1, b, None, 1), ("other", 1, 1, a, None, 0)]
+    compact_batch(spark, spark.createDataFrame(v1, schema), store, record)
+    assert published == {("q", a): (1, 1), ("q", b): (2, 1), ("other", a): (1, 0)}
+    # Version 2 starts at n = 1 while version 1's deltas are still in the batch.
+    v2 = [("q", 4, -1, a, None, 1), ("q", 1, 1, c, None, 2), ("q", 2, 1, b, None, 2)]
+    report = compact_batch(spark, spark.createDataFrame(v2, schema), store, record)
+    assert report.stale == 1 and store.versions() == {"q": 2, "other": 0} and store.folded_n()["q"] == 2
+    assert published == {("q", c): (1, 2), ("q", b): (1, 2), ("other", a): (1, 0)}
+    rows = {(r["query_id"], r["binding"], r["multiplicity"]) for r in store.read(spark).collect()}
+    assert rows == {("q", c, 1), ("q", b, 1), ("other", a, 1)}
+    # A late version-1 delta changes nothing; version 2 carries on from its own n.
+    report = compact_batch(spark, spark.createDataFrame([("q", 5, 1, a, None, 1), ("q", 3, -1, c, None, 2)], schema),
+                           store, record)
+    assert report.stale == 1 and published == {("q", b): (1, 2), ("other", a): (1, 0)}
