@@ -25,6 +25,7 @@ there; with ``--once`` a failure ends the job with exit code 1 instead.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -107,6 +108,132 @@ def start_stateful(spark: SparkSession, settings: KafkaSettings, duty: str, chec
                  settings.client_config(), f"{settings.topic_prefix}spark-{duty}")
 
 
+# ------------------------------------------------------------------ checkpoints belong to one cluster
+
+# Every duty's checkpoint (offsets, state store) and the compaction snapshot are derived from the topics of
+# one broker/cluster.  Resumed against another one (a fresh embedded broker in a second ``make run``, a
+# re-created cluster), the offsets point past the new topics' ends or, worse, into unrelated records, and
+# the job either loops on "Offset out of range" or answers wrongly.  So the state dir records the identity
+# of the cluster it was made against, and a start against another cluster starts clean.
+#
+# The identity: Kafka's cluster id is no help on noida-db (the same constant for every broker, and topic ids
+# are all zeros), so the job keeps its own marker: the first record of a one-partition topic
+# ``<prefix>spark.cluster-id``, written once (a random id) by the first job that finds the topic empty.
+# A new broker has no such record, so it gets a new id.  Independently, a checkpoint whose committed
+# offsets lie beyond its source topic's end cannot belong to that topic (this catches state dirs made
+# before the marker existed and a broker that lost data).
+
+IDENTITY_FILE = "cluster.json"
+MARKER_TOPIC = "spark.cluster-id"
+DUTY_SOURCES = {"windows": "updates.encoded", "assembly": "deltas.parts", "compaction": "answers"}
+
+
+def cluster_identity(settings: KafkaSettings, timeout: float = 30.0) -> str:
+    """``<broker cluster id>/<marker id>``: the marker topic's first record, written now if there is none."""
+    import uuid
+
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from services.kafka import make_consumer, make_producer
+
+    topic = settings.topic(MARKER_TOPIC)
+    admin = AdminClient(settings.admin_config())
+    metadata = admin.list_topics(timeout=timeout)
+    if topic not in metadata.topics:
+        futures = admin.create_topics([NewTopic(topic, 1, settings.replication_factor,
+                                                config={"cleanup.policy": "compact"})])
+        try:
+            futures[topic].result(timeout)
+        except Exception as exc:  # noqa: BLE001 - created meanwhile by another job is fine
+            if "exist" not in str(exc).lower():
+                raise
+    consumer = make_consumer(settings, f"{settings.topic_prefix}spark-cluster-id", enable_partition_eof=True)
+    try:
+        for attempt in range(2):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
+            if high > low:
+                consumer.assign([TopicPartition(topic, 0, low)])
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    msg = consumer.poll(1.0)
+                    if msg is not None and msg.error() is None and msg.value():
+                        return f"{metadata.cluster_id}/{msg.value().decode('utf-8', 'replace')}"
+                raise TimeoutError(f"cannot read the first record of {topic}")
+            if attempt == 0:
+                producer = make_producer(settings)
+                producer.produce(topic, key=b"cluster-id", value=uuid.uuid4().hex.encode())
+                if producer.flush(timeout):
+                    raise TimeoutError(f"cannot write the cluster marker to {topic}")
+        raise RuntimeError(f"{topic} is still empty after writing the cluster marker")
+    finally:
+        consumer.close()
+
+
+def _checkpoint_offsets(checkpoint_dir: Path) -> dict[str, int] | None:
+    """The source offsets (``{"<partition>": next offset}``) of the checkpoint's last planned batch, if any."""
+    offsets_dir = checkpoint_dir / "offsets"
+    batches = sorted((int(p.name) for p in offsets_dir.glob("*") if p.name.isdigit()), reverse=True) \
+        if offsets_dir.is_dir() else []
+    for batch in batches:
+        try:
+            lines = (offsets_dir / str(batch)).read_text().splitlines()
+            return {str(k): int(v) for k, v in json.loads(lines[2]).items()}
+        except (OSError, IndexError, ValueError, AttributeError):
+            continue  # a half-written file: the previous batch's
+    return None
+
+
+def offsets_mismatch(settings: KafkaSettings, duty: str, checkpoint_dir: Path) -> str | None:
+    """Why ``checkpoint_dir`` cannot belong to this cluster's source topic of ``duty`` (None if it can)."""
+    from services.kafka import end_offsets
+
+    offsets = _checkpoint_offsets(checkpoint_dir)
+    if not offsets:
+        return None
+    topic = settings.topic(DUTY_SOURCES[duty])
+    ends = end_offsets(settings, topic)
+    for partition, offset in sorted(offsets.items()):
+        high = ends.get(int(partition), (0, 0))[1]
+        if offset > high:
+            return f"its {duty} offsets are past the end of {topic}/{partition} ({offset} > {high})"
+    return None
+
+
+def claim_state(settings: KafkaSettings, state_dir: Path, duty_checkpoints: Mapping[str, Path],
+                snapshot_dir: Path | None) -> str | None:
+    """Make the state dir belong to this cluster: if it was made against another one (or its offsets cannot
+    be this cluster's), remove the checkpoints and the snapshot and start clean.  Returns the reason when it
+    started clean, else None; records this cluster's identity in ``<state_dir>/cluster.json``."""
+    import shutil
+
+    identity = cluster_identity(settings)
+    record = state_dir / IDENTITY_FILE
+    reason = None
+    try:
+        saved = json.loads(record.read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        saved = None
+    existing = [p for p in [*duty_checkpoints.values(), snapshot_dir] if p is not None and p.exists()]
+    if existing:
+        if saved is not None and saved != identity:
+            reason = f"it was made against another cluster ({saved}, now {identity})"
+        else:
+            for duty, checkpoint in duty_checkpoints.items():
+                reason = offsets_mismatch(settings, duty, checkpoint)
+                if reason:
+                    break
+    if reason:
+        for path in existing:
+            shutil.rmtree(path, ignore_errors=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"identity": identity, "bootstrap_servers": settings.bootstrap_servers,
+                               "topic_prefix": settings.topic_prefix}))
+    tmp.replace(record)
+    return reason
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cbgp spark-job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--compact-interval", type=float, default=60.0, metavar="SECONDS",
@@ -153,6 +280,27 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    duties = args.only or list(DUTIES)
+    checkpoints = {duty: checkpoint_dir if duty == "compaction" else args.state_dir / f"checkpoint-{duty}"
+                   for duty in duties}
+    status = JobStatus(args.state_dir / STATUS_FILE, duties)
+    while True:  # the broker may not be up yet (pods start in any order)
+        try:
+            reset = claim_state(settings, args.state_dir, checkpoints,
+                                snapshot_dir if "compaction" in duties else None)
+            break
+        except Exception as exc:  # noqa: BLE001 - retried; one line per attempt
+            log.warning("cannot check which cluster the state in %s belongs to yet: %s", args.state_dir,
+                        str(exc).replace("\n", " "))
+            status.note_error(f"waiting for the broker: {exc}")
+            if stop.wait(2.0):
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                return 0
+    if reset:
+        log.warning("state in %s does not belong to the broker at %s: %s; started clean", args.state_dir,
+                    settings.bootstrap_servers, reset)
+        status.reset = reset
     from spark.session import build_session
 
     spark = build_session(master=args.master, app_name="cbgp-spark-job", extra_conf=extra_conf)
@@ -164,9 +312,24 @@ def main(argv: list[str] | None = None) -> int:
                                             None if args.once else args.compact_interval,
                                             max_offsets_per_trigger=args.max_offsets_per_trigger,
                                             publish_current=not args.no_publish_current)
-        return lambda: start_stateful(spark, settings, duty, args.state_dir / f"checkpoint-{duty}", interval)
+        return lambda: start_stateful(spark, settings, duty, checkpoints[duty], interval)
 
-    supervised = [SupervisedQuery(duty, starter(duty), restart=not args.once) for duty in args.only or DUTIES]
+    def before_restart(duty: str) -> None:
+        # A query that fails because its checkpoint's offsets are past the topic's end (the broker was
+        # replaced under the running job) would fail the same way forever: start that duty clean.
+        import shutil
+
+        try:
+            reason = offsets_mismatch(settings, duty, checkpoints[duty])
+        except Exception:  # noqa: BLE001 - the broker is away: restart as usual, check again next time
+            return
+        if reason:
+            log.warning("%s: checkpoint %s does not belong to this broker: %s; starting it clean", duty,
+                        checkpoints[duty], reason)
+            shutil.rmtree(checkpoints[duty], ignore_errors=True)
+
+    supervised = [SupervisedQuery(duty, starter(duty), restart=not args.once, status=status,
+                                  before_restart=before_restart) for duty in duties]
     try:
         for query in supervised:
             # one at a time: each query's Python source worker must connect back within Spark's fixed
@@ -178,10 +341,13 @@ def main(argv: list[str] | None = None) -> int:
                  f"{args.compact_interval} s", args.state_dir)
         # Short waits so the signal handler (which runs between bytecodes of this thread) gets a turn.
         while not stop.is_set() and any([q.check() for q in supervised]):  # a list: check every duty
+            status.write()
             time.sleep(0.5)
         code = 0 if stop.is_set() or all(q.failures == 0 for q in supervised) else 1
         for query in supervised:
             query.stop()
+            status.set(query.duty, "stopped")
+        status.write()
     finally:
         try:
             spark.stop()
@@ -192,20 +358,75 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+STATUS_FILE = "status.json"
+
+
+class JobStatus:
+    """The job's streaming queries as ``<state_dir>/status.json`` (what ``make run``'s live view shows):
+    ``{"pid", "updated_ms", "reset", "error", "queries": {duty: {"state", "failures", "error"}}}``, with state
+    one of starting, running, failed (waiting for its restart), finished, stopped.  Rewritten (atomically)
+    only when something in it changed."""
+
+    def __init__(self, path: Path, duties: list[str]) -> None:
+        import os
+
+        self.path = path
+        self.pid = os.getpid()
+        self.reset: str | None = None
+        self.error: str | None = None
+        self.queries = {duty: {"state": "starting", "failures": 0, "error": None} for duty in duties}
+        self._written: str | None = None
+        self.write()
+
+    def set(self, duty: str, state: str, *, failures: int | None = None, error: str | None = None) -> None:
+        entry = self.queries[duty]
+        entry["state"] = state
+        if failures is not None:
+            entry["failures"] = failures
+        if error is not None:
+            entry["error"] = error
+
+    def note_error(self, error: str | None) -> None:
+        self.error = error
+        self.write()
+
+    def write(self) -> None:
+        body = {"pid": self.pid, "reset": self.reset, "error": self.error, "queries": self.queries}
+        text = json.dumps(body, sort_keys=True)
+        if text == self._written:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**body, "updated_ms": int(time.time() * 1000)}))
+            tmp.replace(self.path)
+            self._written = text
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.path, exc)
+
+
 class SupervisedQuery:
     """One duty's streaming query, restarted from its checkpoint when it fails (a Python worker that did
     not start in time on a loaded machine, a broker that went away), with a growing pause in between."""
 
-    def __init__(self, duty: str, start: Callable[[], StreamingQuery], restart: bool) -> None:
+    def __init__(self, duty: str, start: Callable[[], StreamingQuery], restart: bool,
+                 status: JobStatus | None = None, before_restart: Callable[[str], None] | None = None) -> None:
         self.duty = duty
         self._start = start
         self.restart = restart
+        self.status = status
+        self.before_restart = before_restart
         self.query: StreamingQuery | None = None
         self.failures = 0
         self.retry_at = 0.0
 
+    def _set(self, state: str, **kw: object) -> None:
+        if self.status is not None:
+            self.status.set(self.duty, state, **kw)  # type: ignore[arg-type]
+
     def start(self) -> None:
         self.query = self._start()
+        self._set("starting")
 
     def wait_started(self, stop: threading.Event, timeout_s: float) -> None:
         """Until the query's source is initialised (its Python source worker connected back), it ended, or
@@ -223,20 +444,39 @@ class SupervisedQuery:
         """False once the duty is over for good (finished, or failed with restarts off)."""
         if self.query is None:  # waiting for a restart
             if time.monotonic() >= self.retry_at:
+                if self.before_restart is not None:
+                    self.before_restart(self.duty)
                 log.info("%s: restarting from its checkpoint", self.duty)
-                self.start()
+                try:
+                    self.start()
+                except Exception as exc:  # noqa: BLE001 - e.g. the broker is away: try again later
+                    self._failed(exc)
             return True
         try:
             if self.query.isActive:
+                if self.status is not None and self.status.queries[self.duty]["state"] == "starting" \
+                        and self.query.status["message"] != "Initializing sources":
+                    self._set("running")
                 return True
             error = self.query.exception()
         except Exception as exc:  # noqa: BLE001 - the JVM is gone (shutdown)
             log.info("%s: cannot reach Spark (%s)", self.duty, type(exc).__name__)
             return False
         if error is None:
+            self._set("finished")
             return False  # availableNow finished
+        return self._failed(error)
+
+    def _failed(self, error: object) -> bool:
         self.failures += 1
-        log.error("%s query failed (%d so far): %s", self.duty, self.failures, str(error).splitlines()[0])
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        # PySpark wraps the source's exception: keep the line that names it when there is one
+        for line in str(error).splitlines():
+            if "Error:" in line and ("Kafka" in line or "Exception" in line):
+                first_line = line.strip()
+                break
+        log.error("%s query failed (%d so far): %s", self.duty, self.failures, first_line)
+        self._set("failed", failures=self.failures, error=first_line[:300])
         if not self.restart:
             return False
         self.query = None

@@ -80,3 +80,33 @@ def test_job_compacts_periodically_and_exits_cleanly_on_sigterm(kafka_settings: 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_second_run_against_a_fresh_broker_with_the_same_state_dir_answers_from_that_broker(tmp_path: Path) -> None:
+    # issue 14 item 1: `make run` twice = a fresh broker each time, the same .run/spark
+    import pyarrow.parquet as pq
+
+    from services.kafka import EmbeddedBroker, ensure_topics
+
+    state = tmp_path / "state"
+    runs = [["http://a", "http://b"], ["http://c", "http://d", "http://e"]]
+    for i, values in enumerate(runs):
+        with EmbeddedBroker(tmp_path / f"broker{i}") as broker:
+            settings = broker.settings()
+            ensure_topics(settings)
+            producer = make_producer(settings)
+            for n, value in enumerate(values, start=1):
+                producer.produce(settings.topic("answers"), key=b"q1", partition=0, value=answer("q1", n, "+", value))
+            assert producer.flush(10) == 0
+            proc = subprocess.run([sys.executable, "-m", "spark.job", "--once", "--only", "compaction", "--master",
+                                   "local[1]", "--state-dir", str(state)], env={**os.environ, **settings.to_env()},
+                                  capture_output=True, text=True, timeout=200)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((state / "snapshot" / "manifest.json").read_text())
+    assert manifest["queries"] == {"q1": 3}
+    rows = pq.read_table(state / "snapshot" / f"v{manifest['version']:06d}").to_pylist()
+    text = json.dumps(rows, default=str)
+    assert all(v in text for v in runs[1]) and not any(v in text for v in runs[0]), rows
+    assert "started clean" in proc.stderr
+    status = json.loads((state / "status.json").read_text())
+    assert status["reset"] and status["queries"]["compaction"]["state"] in ("finished", "stopped")
