@@ -20,8 +20,9 @@ How one change flows:
    reported, with DISTINCT a row counts 0 -> 1 as `+` and 1 -> 0 as `-`.
 
 Partitioned use (state workers): `apply(..., role=ROLE_SUBJECT)` fires only the
-star patterns whose centre is the subject (`?x p c`, `?x p ?x`), ROLE_OBJECT
-only those centred on the object (`c p ?x`); other patterns need ROLE_ALL.
+patterns whose centre is the subject (`?x p c`, `?x p ?x`, and in a single-centre
+component `?x p ?y` centred on ?x), ROLE_OBJECT only those centred on the object;
+other patterns (ground parts, products, multi-centre components) need ROLE_ALL.
 """
 
 from __future__ import annotations
@@ -199,9 +200,16 @@ class RegisteredQuery:
                 matches.append((_BY_SUBJECT, self._const(t.s)))
         orders = [[local_vars[v] for v in part.join_order(index)] for index in part.patterns]
         state = ComponentState(len(part.variables), specs, orders, multi)
+        # A single-centre component that is the whole query is partitioned by its centre's value like a star:
+        # each pattern fires where the triple was routed for the centre's end (see ComponentPart.centre).
+        centre = None if multi else part.centre
         for local, index in enumerate(part.patterns):
             match, key = matches[local]
-            self._add_handler(index, part_index, local, state, local, match, key, None, ROLE_ALL)
+            if centre is None:
+                role = ROLE_ALL
+            else:
+                role = ROLE_SUBJECT if self.plan.query.patterns[index].s == centre else ROLE_OBJECT
+            self._add_handler(index, part_index, local, state, local, match, key, None, role)
         return state
 
     # -- emission --

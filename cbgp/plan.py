@@ -62,8 +62,23 @@ class ComponentPart:
     def join_order(self, pattern: int) -> tuple[str, ...]:
         return dict(self.join_orders)[pattern]
 
+    @property
+    def centre(self) -> str | None:
+        """The variable every pattern contains, if there is one (a *single-centre* component: a star with
+        attribute variables, a 2-hop path, a 2-cycle), else None.  Every triple of an embedding then has that
+        variable's value at its subject or object, so routing by subject and by object brings all of them to
+        the partition of that value: the component is evaluated there, per centre value, with no hop."""
+        everything = set(self.patterns)
+        for variable, patterns in self.stars:
+            if set(patterns) == everything:
+                return variable
+        return None
+
 
 Part = GroundPart | StarPart | ComponentPart
+
+BY_CENTRE = "by-centre"
+SINGLE_OWNER = "single-owner"
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,17 @@ class Plan:
     def parts(self) -> tuple[Part, ...]:
         head: tuple[Part, ...] = (self.ground,) if self.ground else ()
         return head + self.stars + self.components
+
+    @property
+    def placement(self) -> str:
+        """Where the fleet keeps the query's state: ``by-centre`` (keyed by the centre value over the routed
+        partitions: one star, or one single-centre component) or ``single-owner`` (one worker evaluates the
+        whole query on the total order: ground parts, products of parts, multi-centre components)."""
+        parts = self.parts
+        if len(parts) == 1 and (isinstance(parts[0], StarPart)
+                                or (isinstance(parts[0], ComponentPart) and parts[0].centre is not None)):
+            return BY_CENTRE
+        return SINGLE_OWNER
 
     @property
     def query_class(self) -> str:
@@ -95,11 +121,13 @@ class Plan:
         patterns = [str(p) for p in self.query.patterns]
         parts = []
         for part in self.parts:
-            entry: dict = {"kind": part.kind, "patterns": list(part.patterns), "variables": list(part.variables)}
+            entry: dict = {"kind": part.kind, "patterns": list(part.patterns), "variables": list(part.variables),
+                           "placement": self.placement}
             if isinstance(part, StarPart):
                 entry["centre"] = part.variable
                 entry["simple"] = part.simple
             if isinstance(part, ComponentPart):
+                entry["centre"] = part.centre
                 entry["stars"] = [{"centre": v, "patterns": list(ps)} for v, ps in part.stars]
                 entry["overlaps"] = [{"stars": [a, b], "shared_patterns": list(ps)} for a, b, ps in part.overlaps]
                 entry["join_orders"] = {str(p): list(order) for p, order in part.join_orders}
@@ -109,6 +137,7 @@ class Plan:
             "patterns": patterns,
             "projected": list(self.query.projected),
             "distinct": self.query.distinct,
+            "placement": self.placement,
             "parts": parts,
         }
 
@@ -149,6 +178,17 @@ class Plan:
                     lines.append(f"      t{pattern}: " + " -> ".join(order))
         if len(self.parts) > 1:
             lines.append("answers: cartesian product of the parts' answers (delta rule per update)")
+        lines.append(f"placement in the fleet: {self.placement}")
+        if self.placement == BY_CENTRE:
+            part = self.parts[0]
+            centre = part.variable if isinstance(part, StarPart) else part.centre
+            lines.append(f"  state keyed by the value of {centre} on the updates.routed partition of that value "
+                         "(every pattern contains it: triples routed by subject and object meet there, no hop);")
+            lines.append("  the answers service releases the partitions' deltas in seq order"
+                         + (" and applies DISTINCT" if q.distinct else ""))
+        else:
+            lines.append("  one worker (the owner of the query's partition) evaluates it on the total order "
+                         "of updates.encoded")
         return "\n".join(lines)
 
 

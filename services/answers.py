@@ -24,14 +24,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from confluent_kafka import Consumer, Message, TopicPartition
+from prometheus_client import Gauge
 
 from services import codec
 from services.codec import canonical_binding, current_key, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_producer
+from services.release import SeqRelease
+from services.registry import tombstone_version
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
                               UPDATES_OUT, record_consumer_lag)
-from services.runtime import (ORIGIN_HEADER, Fetcher, GroupInput, Output, Stopper, commit_transaction, kv, origin_ms,
-                              read_range, record_ok, service_command)
+from services.runtime import (ORIGIN_HEADER, Fetcher, GroupInput, Output, Stopper, commit_transaction, first_record, kv,
+                              origin_ms, read_range, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -39,14 +42,22 @@ SERVICE = "answers"
 WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers (worker_core.WHOLE_QUERY_PART)
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 DICTIONARY_WAIT_SECONDS = 10.0
+PLANS_POLL_SECONDS = 0.2  # how often queries.plans is fetched (an unregistration is retracted about this late)
+PLANS_LISTEN_SECONDS = 0.01
+HELD_DELTAS = Gauge("cbgp_held_deltas", "By-centre answer deltas held until every routed partition's frontier "
+                    "passes their seq (services.release).")
 TERM_CACHE_MAX = 1 << 18
 
 
 @dataclass
 class QueryAnswers:
+    """The answer stream of one registration (version) of one query."""
+
     n: int = 0
     current: dict[str, list] = field(default_factory=dict)  # binding json -> [multiplicity, last_n]
     last_key: dict[int, tuple[int, int]] = field(default_factory=dict)  # source partition -> (offset, index)
+    version: int = 0  # QueryPlan.version of the registration (0: unknown, written before versions: adopted)
+    seq: int = 0  # highest seq of its answers (the seq of the retractions that end the stream)
 
 
 class AnswersCore:
@@ -60,6 +71,12 @@ class AnswersCore:
         self.queries: dict[str, QueryAnswers] = {}
         self.partition_of: dict[str, int] = {}
         self.duplicates = 0
+        self.stale = 0  # deltas of a version older than the query's (or of an unregistered one), dropped
+        # What queries.plans says (see on_plan): the version of each registered query, and per unregistered or
+        # re-registered id the highest version whose stream has ended (its deltas are dropped from then on).
+        self.plan_version: dict[str, int] = {}
+        self.ended: dict[str, int] = {}
+        self.unsettled = False  # a plan or a restore may have left a stream to end: call settle()
         self.emitted: dict[tuple[str, str], object] = {}  # (query, sign) -> its DELTAS_EMITTED child
         # term id -> (canonical JSON, Avro SparqlTerm body): answers repeat terms (ids are stable, so an entry
         # never goes stale; the cache is emptied when full)
@@ -71,11 +88,23 @@ class AnswersCore:
             del self.partition_of[name]
 
     def restore(self, partition: int, value: bytes, headers: dict[str, bytes]) -> None:
-        """Re-apply one Answer already produced (restore of the numbering, multiplicities and dedupe keys)."""
+        """Re-apply one Answer already produced (restore of the numbering, multiplicities and dedupe keys).
+
+        Only the latest version's stream is kept: an answer of a newer version replaces the state (the older
+        stream was ended, or is ended by :meth:`settle`), one of an older version is skipped."""
         record = codec.decode("Answer", value)
-        state = self.queries.setdefault(record["query_id"], QueryAnswers())
-        self.partition_of[record["query_id"]] = partition
+        name, version = record["query_id"], record["version"]
+        state = self.queries.get(name)
+        if state is None or (version > state.version and state.version != 0):
+            state = self.queries[name] = QueryAnswers(version=version)
+        elif version < state.version and version != 0:
+            return
+        elif state.version == 0:
+            state.version = version  # records written before versions carry on in the first versioned stream
+        self.partition_of[name] = partition
+        self.unsettled = True
         state.n = max(state.n, record["n"])
+        state.seq = max(state.seq, record["seq"])
         src = headers.get(SOURCE_HEADER)
         if src:
             p, offset, index = (int(x) for x in src.decode().split(":"))
@@ -101,7 +130,22 @@ class AnswersCore:
         if deltas.part != WHOLE_QUERY_PART:
             return []  # one part of a multi-part query: input of the Spark assembly, which sends the answers
         name = deltas.query_id
-        state = self.queries.setdefault(name, QueryAnswers())
+        out: list[Output] = []
+        state = self.queries.get(name)
+        # Deltas without a version (the Spark job's, records written before versions) belong to the version
+        # the query has now.
+        version = deltas.version or (state.version if state is not None else self.plan_version.get(name, 0))
+        if self._stale(name, version, state):
+            self.stale += len(deltas)  # an unregistered or replaced registration's deltas still in flight
+            return out
+        if state is None:
+            state = self.queries[name] = QueryAnswers(version=version)
+        elif version > state.version:
+            if state.version:  # a new registration: its stream starts at n = 1, the old one ends
+                out.extend(self._end(name, state))
+                state = self.queries[name] = QueryAnswers(version=version)
+            else:
+                state.version = version
         self.partition_of[name] = partition
         variables = deltas.variables
         k = len(variables)
@@ -114,7 +158,7 @@ class AnswersCore:
         latency = max(0, now - origin) / 1000 if origin is not None else None
         origin_text = str(origin).encode()
         name_key = name.encode()
-        out: list[Output] = []
+        version = state.version
         values, signs, seqs, snapshots = deltas.values, deltas.sign, deltas.seq, deltas.snapshot
         emitted = {"+": 0, "-": 0}
         for i in range(len(deltas)):
@@ -142,6 +186,8 @@ class AnswersCore:
                 continue
             state.last_key[src] = key
             state.n += 1
+            if seqs[i] > state.seq:
+                state.seq = seqs[i]
             sign = "+" if signs[i] == "PLUS" else "-"
             emitted[sign] += 1
             headers = [(SOURCE_HEADER, f"{src}:{key[0]}:{key[1]}".encode())]
@@ -150,7 +196,7 @@ class AnswersCore:
                 ANSWER_LATENCY.observe(latency)
             binding = writer.write([body for _json, body in encoded])
             out.append(Output(self.t_answers, codec.encode_answer_record(
-                name, state.n, seqs[i], sign, binding, snapshots[i], now), name_key, partition, headers))
+                name, state.n, seqs[i], sign, binding, snapshots[i], now, version), name_key, partition, headers))
             binding_json = "{" + ",".join([vj + tj for vj, (tj, _body) in zip(var_json, encoded)]) + "}"
             entry = state.current.setdefault(binding_json, [0, 0])
             entry[0] += 1 if sign == "+" else -1
@@ -163,13 +209,84 @@ class AnswersCore:
                 out.append(Output(self.t_current, None, ckey, partition))
             else:
                 out.append(Output(self.t_current, codec.encode_current_answer_record(
-                    name, binding, entry[0], state.n), ckey, partition))
+                    name, binding, entry[0], state.n, version), ckey, partition))
         for sign, count in emitted.items():
             if count:
                 counter = self.emitted.get((name, sign))
                 if counter is None:  # labels() costs microseconds: once per query and sign
                     counter = self.emitted[(name, sign)] = DELTAS_EMITTED.labels(name, sign)
                 counter.inc(count)
+        return out
+
+    def _stale(self, name: str, version: int, state: QueryAnswers | None) -> bool:
+        """Deltas of ``version`` belong to an ended stream: an older registration, or an unregistered one."""
+        if version == 0:  # unversioned, with no stream to join: only a registered query gets a new one
+            return state is None and name in self.ended and name not in self.plan_version
+        if version <= self.ended.get(name, 0):
+            return True
+        return state is not None and version < state.version
+
+    def on_plan(self, query_id: str, version: int | None, ended: int | None = None) -> None:
+        """One queries.plans record: a plan of ``version``, or (``version`` None) a tombstone, which ends the
+        registration ``ended`` (its version when known, else every version this service has seen of the id).
+        A stream it ends is retracted by the next :meth:`settle`."""
+        if version is not None:
+            self.plan_version[query_id] = max(version, self.plan_version.get(query_id, 0))
+        else:
+            last = self.plan_version.pop(query_id, None)
+            if ended is None:
+                ended = last
+            if ended is None:
+                state = self.queries.get(query_id)
+                ended = state.version if state is not None else None
+            if ended is not None:
+                self.ended[query_id] = max(ended, self.ended.get(query_id, 0))
+        self.unsettled = True
+
+    def settle(self, partitions: set[int] | None = None) -> list[Output]:
+        """End every held stream that queries.plans has left behind: its query was unregistered, or registered
+        again with a newer version.  Its current answers are retracted (see :meth:`_end`) and its state is
+        forgotten (the ended version is remembered, so its deltas still in flight are dropped).  Only streams
+        of ``partitions`` (None: all) are ended; the others wait for a later call."""
+        out: list[Output] = []
+        if not self.unsettled:
+            return out
+        self.unsettled = False
+        for name in list(self.queries):
+            state = self.queries[name]
+            if partitions is not None and self.partition_of[name] not in partitions:
+                self.unsettled = True  # a revoked partition's state, kept for an unchanged re-assignment
+                continue
+            registered = self.plan_version.get(name)
+            if state.version and (state.version <= self.ended.get(name, 0)
+                                  or registered is not None and state.version < registered):
+                out.extend(self._end(name, state))
+                del self.queries[name]
+                del self.partition_of[name]
+            elif not state.version and name in self.ended and registered is None:
+                out.extend(self._end(name, state))  # a stream from before versions, unregistered
+                del self.queries[name]
+                del self.partition_of[name]
+        return out
+
+    def _end(self, name: str, state: QueryAnswers) -> list[Output]:
+        """The end of one registration's stream: a "-" Answer (numbered on in that stream, at the highest seq
+        it reached) per unit of multiplicity of each current answer, and its answers.current tombstone; so
+        the stream sums to nothing for any reader that folds it (restore, compaction, ``cbgp watch``)."""
+        self.ended[name] = max(state.version, self.ended.get(name, 0))
+        partition = self.partition_of[name]
+        now = int(time.time() * 1000)
+        out: list[Output] = []
+        for binding_json, (multiplicity, _last_n) in sorted(state.current.items()):
+            binding = codec.answer_binding(json.loads(binding_json))
+            for _ in range(multiplicity):
+                state.n += 1
+                out.append(Output(self.t_answers, codec.encode_answer_record(
+                    name, state.n, state.seq, "-", binding, False, now, state.version), name.encode(), partition))
+            out.append(Output(self.t_current, None, current_key(name, binding_json), partition))
+        if state.current:
+            log.info(kv(event="stream-ended", query=name, version=state.version, retracted=len(state.current)))
+        state.current.clear()
         return out
 
     def _dead(self, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
@@ -225,6 +342,61 @@ class Dictionary:
         self.fetcher.close()
 
 
+class Plans:
+    """queries.plans (compacted, key query id; tombstone = unregistered), read for :meth:`AnswersCore.on_plan`.
+
+    Read to its end when a life starts (before any partition is restored), then fetched in a short window at
+    most every PLANS_POLL_SECONDS and unassigned in between, as the workers do: an idle assigned consumer
+    fetches in a tight loop on noida-db.  Positions are never committed: every life reads it from the start.
+    """
+
+    def __init__(self, settings: KafkaSettings, core: AnswersCore) -> None:
+        self.settings = settings
+        self.topic = settings.topic("queries.plans")
+        self.core = core
+        self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}answers.plans",
+                                                          enable_partition_eof=True))
+        self.positions = {p: 0 for p in end_offsets(settings, self.topic)}
+        self.next_poll = 0.0
+
+    def load(self) -> None:
+        for partition, (_low, high) in end_offsets(self.settings, self.topic).items():
+            self._apply(read_range(self.settings, self.topic, partition, self.positions.get(partition, 0), high))
+            self.positions[partition] = max(self.positions.get(partition, 0), high)
+        self.next_poll = time.monotonic() + PLANS_POLL_SECONDS
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now < self.next_poll:
+            return
+        self.next_poll = now + PLANS_POLL_SECONDS
+        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.positions.items()])
+        try:
+            first = first_record(self.consumer, [(self.topic, p) for p in self.positions], PLANS_LISTEN_SECONDS)
+            if first is not None:
+                self._apply([first] + self.consumer.consume(500, 0))
+        finally:
+            self.consumer.unassign()
+
+    def _apply(self, msgs) -> None:
+        for msg in msgs:
+            if msg.error() is not None:
+                continue
+            self.positions[msg.partition()] = msg.offset() + 1
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            if msg.value() is None:
+                self.core.on_plan(key, None, tombstone_version(msg.headers()))
+                continue
+            try:
+                plan = codec.decode("QueryPlan", msg.value())
+            except codec.CodecError:
+                continue  # the registry's own output; not ours to reject
+            self.core.on_plan(key, plan["version"])
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
 class AnswersService:
     def __init__(self, settings: KafkaSettings, args: argparse.Namespace, ready: list[bool]) -> None:
         self.settings = settings
@@ -237,6 +409,8 @@ class AnswersService:
                                 self.t_source)
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.dictionary = Dictionary(settings)
+        self.plans = Plans(settings, self.core)
+        self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))))
         self.input: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member
         self.assigned: set[int] = set()  # partitions whose deltas are processed now
@@ -253,7 +427,17 @@ class AnswersService:
         for partition in sorted(self.held):
             if partition not in new or self.positions.get(partition) != committed[partition]:
                 self.core.drop_partition(partition)
+                self.release.drop(partition)
                 self.held.discard(partition)
+        for tp in partitions:
+            # Held deltas are re-read from the committed offset: restart the release from what was committed
+            # with it (an unchanged re-assignment included), and rebuild DISTINCT counts of a new partition.
+            self.release.restore(tp.partition, tp.metadata)
+            if tp.partition not in self.held:
+                for msg in read_range(self.settings, self.t_source, tp.partition, 0, max(tp.offset, 0)):
+                    deltas = _decoded([msg])[0]
+                    if deltas is not None:
+                        self.release.restore_counts(deltas)
         for partition in sorted(new - self.held):
             low, high = end_offsets(self.settings, self.t_answers)[partition]
             for msg in read_range(self.settings, self.t_answers, partition, low, high):
@@ -280,6 +464,7 @@ class AnswersService:
         4. one transaction: answers + answers.current records, then the deltas.parts offsets; a failure
            raises :class:`TransactionFailed` and a new life restores from the answers topic.
         """
+        self.plans.load()  # before any restore: a restored stream of an unregistered query is then ended
         self.input = GroupInput(self.settings, self.group, [self.t_source], self.args.batch,
                                 on_assign=self.on_assign, on_revoke=self.on_revoke)
         self.consumer = self.input.member
@@ -289,25 +474,43 @@ class AnswersService:
         try:
             while not stopper.stopping:
                 msgs = [m for m in self.input.poll() if record_ok(m, log)]
+                self.plans.poll()
                 if not msgs:
+                    self._settle()
                     continue
                 started = time.monotonic()
                 records = _decoded(msgs)
                 self.dictionary.wait_for({i for deltas in records if deltas is not None for i in deltas.values})
-                outputs: list[Output] = []
+                outputs: list[Output] = self.core.settle(self.assigned)  # streams queries.plans ended
                 offsets: dict[int, int] = {}
                 lookup = self.dictionary.terms.get
+                release = self.release
                 for msg, record in zip(msgs, records):
-                    if msg.partition() not in self.assigned:
+                    partition, offset = msg.partition(), msg.offset()
+                    if partition not in self.assigned:
                         continue
-                    outputs.extend(self.core.on_record(msg.partition(), msg.offset(), msg.value(), origin_ms(msg),
-                                                       lookup, record))
-                    offsets[msg.partition()] = msg.offset() + 1
+                    offsets[partition] = offset + 1
+                    if record is None:
+                        frontier = _frontier(msg.value())
+                        if frontier is None:  # undecodable: the core dead-letters it
+                            outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
+                            continue
+                        ready = release.on_frontier(partition, frontier)
+                    else:
+                        ready = release.on_deltas(partition, offset, origin_ms(msg), record)
+                    for source_offset, origin, deltas in ready:
+                        outputs.extend(self.core.on_record(partition, source_offset, msg.value(), origin, lookup,
+                                                           deltas))
                 if not offsets:
+                    if outputs:
+                        commit_transaction(self.producer, outputs, [])
                     continue  # every delta was of a partition revoked meanwhile
-                tps = [TopicPartition(self.t_source, p, o) for p, o in offsets.items()]
+                # Never past a held delta: a restart re-reads it (see services.release).
+                commits = {p: release.commit_position(p, o) for p, o in offsets.items()}
+                tps = [TopicPartition(self.t_source, p, o, metadata=m) for p, (o, m) in commits.items()]
                 commit_transaction(self.producer, outputs, [(tps, self.consumer.consumer_group_metadata())])
-                self.positions.update(offsets)
+                self.positions.update({p: o for p, (o, _m) in commits.items()})
+                HELD_DELTAS.set(release.held())
                 updates_in.inc(sum(len(deltas) for deltas in records if deltas is not None))
                 updates_out.inc(len(outputs))
                 latency.observe(time.monotonic() - started)
@@ -317,7 +520,22 @@ class AnswersService:
             if self.input is not None:
                 self.input.close()
             self.dictionary.close()
+            self.plans.close()
             self.producer.flush(5)
+
+    def _settle(self) -> None:
+        """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction
+        of their own: nothing is consumed, so nothing else commits with them."""
+        outputs = self.core.settle(self.assigned)
+        if outputs:
+            commit_transaction(self.producer, outputs, [])
+
+
+def _frontier(value: bytes | None) -> dict[int, int] | None:
+    try:
+        return codec.frontier_of(value)
+    except codec.CodecError:
+        return None
 
 
 def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:

@@ -513,7 +513,10 @@ def _columns(name: str, record: dict[str, Any], fields: Sequence[str]) -> list[l
 
 def routed_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, str]]:
     """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate) as
-    ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples; raises :class:`CodecError`."""
+    ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples (none for a Frontier mark); raises
+    :class:`CodecError`."""
+    if _writer_name(data) == "Frontier":
+        return []
     return _changes(data, "RoutedBatch", decode_routed, "role")
 
 
@@ -563,6 +566,8 @@ class PartDeltaColumns:
     index: list[int]
     snapshot: list[bool]
     event_time_ms: list[int | None]
+    version: int = 0  # the query's registration version (QueryPlan.version)
+    distinct: bool = False  # rows are a DISTINCT query's underlying projections: the answers service counts them
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -572,9 +577,11 @@ class PartDeltaColumns:
         return dict(zip(self.variables, self.values[i * k:(i + 1) * k]))
 
 
-def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], rows: Sequence[tuple]) -> bytes:
+def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], rows: Sequence[tuple],
+                            version: int = 0, distinct: bool = False) -> bytes:
     """One PartDeltaBatch of ``(seq, sign, values, source_partition, source_offset, index, snapshot,
-    event_time_ms)`` rows (sign: PLUS/MINUS; values: the term ids of ``variables``, in their order)."""
+    event_time_ms)`` rows (sign: PLUS/MINUS; values: the term ids of ``variables``, in their order) of the
+    query's registration ``version``; ``distinct``: see PartDeltaBatch.distinct."""
     k = len(variables)
     if any(len(row[2]) != k for row in rows):
         raise CodecError(f"PartDeltaBatch of {query_id}: every delta must bind the {k} variables {list(variables)}")
@@ -582,7 +589,8 @@ def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], 
     values = [term_id for row_values in columns[2] for term_id in row_values]
     del columns[2]
     return encode("PartDeltaBatch", {"query_id": query_id, "part": part, "variables": list(variables),
-                                     "values": values, **dict(zip(_PART_DELTA_COLUMNS, columns))})
+                                     "values": values, **dict(zip(_PART_DELTA_COLUMNS, columns)),
+                                     "version": version, "distinct": distinct})
 
 
 def part_delta_columns(data: bytes) -> PartDeltaColumns:
@@ -599,7 +607,23 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
         raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
                          f"{len(seq) * len(variables)} values, got {len(values)}")
     return PartDeltaColumns(record["query_id"], record["part"], variables, seq, sign, values, src, offset, index,
-                            snapshot, event_time)
+                            snapshot, event_time, record["version"], record["distinct"])
+
+
+def encode_frontier(frontiers: Mapping[int, int]) -> bytes:
+    """One Frontier record: routed partition -> the highest seq it has completed (see schemas/Frontier.avsc)."""
+    partitions = sorted(frontiers)
+    return encode("Frontier", {"partition": partitions, "seq": [frontiers[p] for p in partitions]})
+
+
+def frontier_of(data: bytes) -> dict[int, int] | None:
+    """The frontiers of a Frontier record, or None when ``data`` is another record (cheap: the header only)."""
+    if _writer_name(data) != "Frontier":
+        return None
+    record = decode("Frontier", data)
+    if len(record["partition"]) != len(record["seq"]):
+        raise CodecError("corrupt Frontier: partition and seq arrays differ in length")
+    return dict(zip(record["partition"], record["seq"]))
 
 
 def part_deltas(data: bytes) -> list[dict[str, Any]]:
@@ -711,24 +735,26 @@ class BindingWriter:
 
 
 def encode_answer_record(query_id: str, n: int, seq: int, sign: str, binding: bytes, snapshot: bool,
-                         produced_at_ms: int) -> bytes:
+                         produced_at_ms: int, version: int = 0) -> bytes:
     """An Answer whose binding map is already encoded (:func:`answer_binding`, :class:`BindingWriter`)."""
     return b"".join((_header("Answer"), _cached_string(query_id), _long(n), _long(seq), _cached_string(sign),
-                     binding, b"\x01" if snapshot else b"\x00", _long(produced_at_ms)))
+                     binding, b"\x01" if snapshot else b"\x00", _long(produced_at_ms), _long(version)))
 
 
-def encode_current_answer_record(query_id: str, binding: bytes, multiplicity: int, last_n: int) -> bytes:
+def encode_current_answer_record(query_id: str, binding: bytes, multiplicity: int, last_n: int,
+                                 version: int = 0) -> bytes:
     """A CurrentAnswer whose binding map is already encoded."""
     return b"".join((_header("CurrentAnswer"), _cached_string(query_id), binding, _long(multiplicity),
-                     _long(last_n)))
+                     _long(last_n), _long(version)))
 
 
 def encode_answer(query_id: str, n: int, seq: int, sign: str, terms: Mapping[str, str], snapshot: bool,
-                  produced_at_ms: int) -> bytes:
+                  produced_at_ms: int, version: int = 0) -> bytes:
     """``encode("Answer", {..., "binding": {var: term_to_avro(term)}})`` for the data path (same bytes)."""
-    return encode_answer_record(query_id, n, seq, sign, answer_binding(terms), snapshot, produced_at_ms)
+    return encode_answer_record(query_id, n, seq, sign, answer_binding(terms), snapshot, produced_at_ms, version)
 
 
-def encode_current_answer(query_id: str, terms: Mapping[str, str], multiplicity: int, last_n: int) -> bytes:
+def encode_current_answer(query_id: str, terms: Mapping[str, str], multiplicity: int, last_n: int,
+                          version: int = 0) -> bytes:
     """``encode("CurrentAnswer", {..., "binding": {var: term_to_avro(term)}})`` (same bytes)."""
-    return encode_current_answer_record(query_id, answer_binding(terms), multiplicity, last_n)
+    return encode_current_answer_record(query_id, answer_binding(terms), multiplicity, last_n, version)

@@ -120,6 +120,7 @@ class IngestProcessor:
         self.known = self.dictionary.ids  # every term in it is published (_encode publishes it at once)
         self.published: set[int] = set()  # ids already on the dictionary topic
         self.seq = 0  # seq of the last effective change
+        self.frontier_sent = 0  # seq of the last Frontier records written to updates.routed
         self.graph = GraphMirror(self.dictionary)
         self.t_dictionary = settings.topic("dictionary")
         self.t_encoded = settings.topic("updates.encoded")
@@ -162,6 +163,12 @@ class IngestProcessor:
         for partition, routed in sorted(self.pending_routed.items()):
             out.extend(Output(self.t_routed, codec.encode_routed_batch(rows), None, partition, headers)
                        for rows in _chunks(routed))
+        if self.seq > self.frontier_sent:
+            # Every routed partition, with changes or not, learns that it holds all changes up to self.seq:
+            # idle partitions move too, so the answers service can release by-centre deltas in seq order.
+            out.extend(Output(self.t_routed, codec.encode_frontier({partition: self.seq}), None, partition)
+                       for partition in range(self.n_routed))
+            self.frontier_sent = self.seq
         self.pending_encoded, self.pending_routed, self.pending_origin = [], {}, None
         return out
 

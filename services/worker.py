@@ -282,6 +282,11 @@ class WorkerService:
             if shard is None or msg.offset() < shard.position:
                 continue  # revoked meanwhile, or already applied by a restore
             try:
+                frontier = codec.frontier_of(msg.value())
+                if frontier is not None:
+                    self.core.on_frontier(shard, msg.offset(), frontier)
+                    self.dirty = True  # the offset moved, and the frontier goes on to deltas.parts
+                    continue
                 changes = decode_changes("routed", msg.offset(), msg.value(), origin_ms(msg))
             except (codec.CodecError, KeyError) as exc:
                 outputs.extend(self.core.skip(shard, msg.offset(), msg.value(), str(exc)))

@@ -19,12 +19,12 @@ import json
 import logging
 import time
 from collections import Counter as Multiset
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 from cbgp.assembly import needs_assembly, split_parts
 from cbgp.engine import ROLE_ALL, Engine
-from cbgp.plan import Plan, StarPart, decompose
+from cbgp.plan import BY_CENTRE, Plan, decompose
 from cbgp.sparql import QueryError, parse_query
 from cbgp.terms import TermDictionary
 from cbgp.windows import WindowSpec
@@ -80,20 +80,26 @@ class QueryInfo:
 
     def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
         """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine."""
+        if self.counted_distinct:
+            # Each partition sees only its centre values: it reports every solution's row and the answers
+            # service, which sees them all in seq order, applies DISTINCT.
+            return [(self.query_id, WHOLE_QUERY_PART, replace(self.plan, query=replace(self.plan.query,
+                                                                                      distinct=False)))]
         if not self.assembled:
             return [(self.query_id, WHOLE_QUERY_PART, self.plan)]
         return [(f"{self.query_id}#{part.index}", part.index, part.sparql) for part in split_parts(self.plan.query)]
 
     @property
     def partitioned(self) -> bool:
-        """Single-star queries are evaluated per centre value; everything else needs the total order.
+        """Stars and single-centre components are evaluated per centre value on the routed partitions
+        (``Plan.placement`` "by-centre"); everything else by one owner on the total order."""
+        return self.plan.placement == BY_CENTRE
 
-        DISTINCT without the centre projected would deduplicate per partition only, so it is whole too.
-        """
-        parts = self.plan.parts
-        if len(parts) != 1 or not isinstance(parts[0], StarPart):
-            return False
-        return not self.plan.query.distinct or parts[0].variable[1:] in self.plan.query.projected
+    @property
+    def counted_distinct(self) -> bool:
+        """A partitioned DISTINCT query: its deltas are rows with multiplicity, DISTINCT is applied by the
+        answers service (PartDeltaBatch.distinct)."""
+        return self.partitioned and self.plan.query.distinct
 
 
 class WorkerEngine(Engine):
@@ -150,6 +156,7 @@ class Shard:
     partition: int
     engine: WorkerEngine = field(default_factory=lambda: WorkerEngine(TermDictionary(stable=True)))
     position: int = 0  # next offset of its log to apply
+    frontier: int = -1  # routed shards: highest seq the partition has completed (ingest's Frontier records)
     versions: dict[str, int] = field(default_factory=dict)  # query id -> registered plan version
     outputs: dict[str, tuple[str, int]] = field(default_factory=dict)  # engine name -> (query id, part)
 
@@ -185,6 +192,7 @@ class WorkerCore:
         # may bind others), with the earliest origin time.
         self.batched: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}
         self.batched_origin: int | None = None
+        self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
 
     # -- ownership
 
@@ -307,12 +315,32 @@ class WorkerCore:
         headers = [(ORIGIN_HEADER, str(self.batched_origin).encode())] if self.batched_origin is not None else []
         for (query_id, variables), rows in self.batched.items():
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
+            info = self.plans.get(query_id)
+            version, distinct = (info.version, info.counted_distinct) if info is not None else (0, False)
             for start in range(0, len(rows), MAX_BATCH_DELTAS):
                 value = codec.encode_part_delta_batch(query_id, WHOLE_QUERY_PART, variables,
-                                                      rows[start:start + MAX_BATCH_DELTAS])
+                                                      rows[start:start + MAX_BATCH_DELTAS], version, distinct)
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
         self.batched, self.batched_origin = {}, None
+        out.extend(self._frontiers())
         return out
+
+    def on_frontier(self, shard: Shard, offset: int, frontiers: dict[int, int]) -> None:
+        """Ingest's Frontier record at ``offset`` of a routed shard: every change up to its seq is applied."""
+        shard.position = offset + 1
+        shard.frontier = max(shard.frontier, frontiers.get(shard.partition, -1))
+
+    def _frontiers(self) -> list[Output]:
+        """After this transaction's deltas, a Frontier record on every deltas.parts partition for the routed
+        shards that moved: every delta they caused up to that seq precedes it (the answers service's release
+        rule).  Nothing when nothing moved, so an idle worker writes nothing."""
+        moved = {p: s.frontier for (kind, p), s in self.shards.items()
+                 if kind == "routed" and s.frontier > self.frontier_sent.get(p, -1)}
+        if not moved:
+            return []
+        self.frontier_sent.update(moved)
+        value = codec.encode_frontier(moved)
+        return [Output(self.topics["deltas.parts"], value, None, partition) for partition in range(self.n_deltas)]
 
     def skip(self, shard: Shard, offset: int, value: bytes, error: str) -> list[Output]:
         """A record of a shard's log that cannot be decoded: dead-letter it and move on."""

@@ -30,14 +30,16 @@ CBGP = str(ROOT / ".venv" / "bin" / "cbgp")
 EX = "http://example.org/"
 
 QUERIES = {
-    # single star: partitioned by centre value over updates.routed
+    # single star: by centre value over updates.routed
     "star": f"SELECT ?x WHERE {{ ?x <{EX}type> <{EX}Person> . ?x <{EX}likes> <{EX}Pizza> }}",
-    # var-connected path: a whole query, on updates.encoded
+    # 2-hop path, a single-centre component: by the value of ?b
     "path": f"SELECT ?a ?b ?c WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c }}",
-    # product of two stars: a whole query
+    # product of two stars: single owner, on updates.encoded
     "product": f"SELECT ?x ?y WHERE {{ ?x <{EX}type> <{EX}Robot> . ?y <{EX}likes> <{EX}Tea> }}",
-    # DISTINCT projection of a component with literals
+    # DISTINCT projection of a star with an attribute variable: by centre, DISTINCT applied by answers
     "names": f"SELECT DISTINCT ?n WHERE {{ ?x <{EX}name> ?n . ?x <{EX}type> <{EX}Person> }}",
+    # DISTINCT of a 2-hop path without its centre: rows of several partitions coincide
+    "fof": f"SELECT DISTINCT ?a WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}likes> <{EX}Jazz> }}",
 }
 
 

@@ -24,6 +24,8 @@ def assert_matches(got: dict[str, list[dict]], expected: dict[str, list[tuple[st
         answers = got.get(query, [])
         assert [a["n"] for a in answers] == list(range(1, len(answers) + 1)), f"{query}: numbering has gaps/repeats"
         assert Counter((a["sign"], a["key"]) for a in answers) == Counter(deltas), f"{query}: deltas differ"
+        live = [a["seq"] for a in answers if not a["snapshot"]]
+        assert live == sorted(live), f"{query}: live answers not in seq order"
 
 
 def assert_current(settings: KafkaSettings, expected: dict[str, list[tuple[str, str]]]) -> None:

@@ -12,6 +12,7 @@ from services import codec
 from services.answers import AnswersCore, current_key
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
+from services.release import SeqRelease
 from services.runtime import Output
 from services.worker_core import WorkerCore, decode_changes
 from tests.fleet_support import EX, QUERIES, generate_patch
@@ -72,6 +73,10 @@ def test_routing_by_subject_and_object_at_most_twice_with_both_when_partitions_c
     ingest = IngestProcessor(SETTINGS, 4, 4)
     patch = "".join(f"A <{EX}s{i}> {P} <{EX}o{i}> .\n" for i in range(40))
     routed = [o for o in ingest.process(RawRecord(patch.encode())) if o.topic == "u.updates.routed"]
+    marks = [o for o in routed if codec.frontier_of(o.value) is not None]
+    assert sorted(o.partition for o in marks) == [0, 1, 2, 3]  # every partition learns its frontier (seq 40)
+    assert all(codec.frontier_of(o.value) == {o.partition: 40} for o in marks)
+    routed = [o for o in routed if o not in marks]
     by_seq: dict[int, list] = {}
     assert len({out.partition for out in routed}) == len(routed)  # one batch record per partition
     for out in routed:
@@ -157,11 +162,13 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
         elif out.topic in ("u.updates.routed", "u.updates.encoded"):
             kind = "routed" if out.topic == "u.updates.routed" else "whole"
             log = logs.setdefault((kind, out.partition if kind == "routed" else 0), [])
-            log.append(decode_changes(kind, len(log), out.value, None))  # one batch record = one offset
+            frontier = codec.frontier_of(out.value)
+            # one batch record = one offset; a Frontier mark stays as such
+            log.append(frontier if frontier is not None else decode_changes(kind, len(log), out.value, None))
 
     def reader(kind, partition, start, end):
         return [change for changes in logs.get((kind, partition if kind == "routed" else 0), [])[start:end]
-                for change in changes]
+                if isinstance(changes, list) for change in changes]
 
     topics = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}
     core = WorkerCore(topics, 4, 4, 4, reader, assemble_in_spark=assembly == "spark")
@@ -177,14 +184,27 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
         shards = [core.shards[(kind, partition)]] if kind == "routed" else [core.shards[("whole", p)] for p in range(4)]
         for shard in shards:
             for offset, changes in enumerate(log):
-                deltas += core.on_record(shard, offset, changes)
-    deltas += core.flush_batches()  # the answer deltas, one PartDeltaBatch per query
+                if isinstance(changes, dict):
+                    core.on_frontier(shard, offset, changes)
+                else:
+                    deltas += core.on_record(shard, offset, changes)
+    deltas += core.flush_batches()  # the answer deltas, one PartDeltaBatch per query, then the frontiers
     if assembly == "spark":
         deltas = assembled_through_spark_function(deltas, QUERIES)
     answers = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
+    release = SeqRelease(4)  # the answers service's first step: by-centre deltas in seq order
+    for partition in range(4):
+        release.restore(partition, None)
     produced = Counter()
+    ready = []
     for offset, out in enumerate(deltas):
-        for result in answers.on_record(out.partition, offset, out.value, None, dictionary.get):
+        frontier = codec.frontier_of(out.value)
+        released = (release.on_frontier(out.partition, frontier) if frontier is not None else
+                    release.on_deltas(out.partition, offset, None, codec.part_delta_columns(out.value)))
+        ready += [(out.partition, *r) for r in released]
+    assert release.held() == 0
+    for partition, offset, _origin, columns in ready:
+        for result in answers.on_record(partition, offset, b"", None, dictionary.get, columns):
             if result.topic == "u.answers":
                 record = codec.decode("Answer", result.value)
                 produced[(record["query_id"], record["sign"], tuple(sorted(
@@ -213,7 +233,7 @@ def assembled_through_spark_function(outputs: list, queries: dict[str, str]) -> 
 
     kept, parts = [], {}
     for offset, out in enumerate(outputs):
-        if codec.part_deltas(out.value)[0]["part"] < 0:
+        if codec.frontier_of(out.value) is not None or codec.part_deltas(out.value)[0]["part"] < 0:
             kept.append(out)  # answers, in batches: the Spark assembly reads single PartDelta records only
             continue
         record = codec.decode("PartDelta", out.value)
