@@ -12,6 +12,12 @@ deltas.parts it came from (both keyed by query id), so a partition's state is re
 answers partition: n and multiplicities from the records, idempotence keys from their ``cbgp-src`` header.
 The answers.current key is ``services.codec.current_key`` (canonical JSON ``["<query>", {binding}]``),
 shared with the compaction job.
+
+Registration versions: every registration of a query id is its own stream, numbered from n = 1 and told
+apart by ``(query, version, n)``; idempotence keys are kept per stream.  queries.plans (read by :class:`Plans`)
+and the versions of the deltas end a stream when its query is unregistered or registered again: its current
+answers are retracted in it ("-" answers and answers.current tombstones), and its late deltas are dropped.
+Restore keeps only each query's latest stream.
 """
 
 from __future__ import annotations
