@@ -34,12 +34,15 @@ from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopp
                               idle_pause, kv, origin_ms, read_range, record_ok, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
 from services import codec
+from cbgp.plan import BY_CENTRE, SINGLE_OWNER
 
 log = logging.getLogger("cbgp.worker")
 
 SERVICE = "worker"
 QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds for one query (0 once unregistered).",
                     ["query"])
+FRONTIER = Gauge("cbgp_frontier_seq", "Highest seq a routed partition held by this worker has completed "
+                 "(compare with ingest's seq for the frontier lag).", ["partition"])
 STATE_REPORT_SECONDS = 1.0
 PLANS_POLL_SECONDS = 0.2  # how often queries.plans is fetched (a registration waits at most about this)
 PLANS_LISTEN_SECONDS = 0.01
@@ -61,7 +64,8 @@ class WorkerService:
         topics = {name: settings.topic(name) for name in ("deltas.parts", "deadletter", "queries.plans",
                                                            "updates.routed", "updates.encoded")}
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
-                               assemble_in_spark=getattr(args, "assembly", "spark") == "spark")
+                               assemble_in_spark=getattr(args, "assembly", "spark") == "spark",
+                               placement=getattr(args, "placement", BY_CENTRE))
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -344,6 +348,8 @@ class WorkerService:
             record_consumer_lag(self.routed_in.fetcher.consumer, self.routed_in.fetcher.positions)
         for (kind, partition), shard in self.core.shards.items():
             label = shard_label(kind, partition)
+            if kind == "routed":
+                FRONTIER.labels(label).set(shard.frontier)
             STATE_ENTRIES.labels(label).set(shard.engine.state_entries())
             STATE_BYTES.labels(label).set(shard.engine.state_bytes())
         by_query = self.core.state_by_query()
@@ -374,6 +380,12 @@ def register(commands: argparse._SubParsersAction) -> dict:
 
 
 def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--placement", choices=[BY_CENTRE, SINGLE_OWNER],
+                        default=os.environ.get("CBGP_PLACEMENT", BY_CENTRE),
+                        help="'by-centre' keeps stars and single-centre components (stars with attribute variables, "
+                             "2-hop paths, 2-cycles) on the routed partition of their centre value; "
+                             "'single-owner' evaluates every query whole on one worker (for comparison); every "
+                             "worker of a fleet must use the same; env CBGP_PLACEMENT (default by-centre)")
     parser.add_argument("--assembly", choices=["spark", "worker"], default=os.environ.get("CBGP_ASSEMBLY", "spark"),
                         help="where multi-part queries (ground part, several stars/components) are multiplied: "
                              "'spark' publishes each part's deltas for the Spark job to assemble (the parts can "

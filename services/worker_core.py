@@ -72,6 +72,7 @@ class QueryInfo:
     plans_offset: int
     window: WindowSpec | None = None
     assembled: bool = False  # parts published separately; the Spark job multiplies them
+    single_owner: bool = False  # the fleet runs with --placement single-owner (for comparison)
 
     @property
     def windowed(self) -> bool:
@@ -93,7 +94,7 @@ class QueryInfo:
     def partitioned(self) -> bool:
         """Stars and single-centre components are evaluated per centre value on the routed partitions
         (``Plan.placement`` "by-centre"); everything else by one owner on the total order."""
-        return self.plan.placement == BY_CENTRE
+        return self.plan.placement == BY_CENTRE and not self.single_owner
 
     @property
     def counted_distinct(self) -> bool:
@@ -179,9 +180,14 @@ class WorkerCore:
     """Plans and shards of one worker; every method returns the records to produce."""
 
     def __init__(self, topics: dict[str, str], routed_partitions: int, plans_partitions: int,
-                 deltas_partitions: int, reader: LogReader, assemble_in_spark: bool = True) -> None:
+                 deltas_partitions: int, reader: LogReader, assemble_in_spark: bool = True,
+                 placement: str = BY_CENTRE) -> None:
+        """``placement``: ``by-centre`` (the default: stars and single-centre components keyed by centre value
+        over the routed partitions) or ``single-owner`` (every query whole on one worker, for comparison).
+        Every worker of a fleet must use the same."""
         self.topics = topics  # logical name -> broker topic (deltas.parts, deadletter)
         self.assemble_in_spark = assemble_in_spark
+        self.single_owner = placement != BY_CENTRE
         self.n_routed = routed_partitions
         self.n_deltas = deltas_partitions
         self.reader = reader
@@ -232,7 +238,8 @@ class WorkerCore:
             out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return out, []
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
-                         window, self.assemble_in_spark and window is None and needs_assembly(plan.query))
+                         window, self.assemble_in_spark and window is None and needs_assembly(plan.query),
+                         self.single_owner)
         old = self.plans.get(info.query_id)
         if old is not None and old.version == info.version and old.plans_offset == offset:
             return out, []
