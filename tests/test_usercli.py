@@ -184,13 +184,14 @@ def test_register_without_a_registry_says_so(kafka_settings: KafkaSettings, tmp_
 
 def test_watch_lines_and_current_results_are_sparql_json_that_pyoxigraph_and_rdflib_read() -> None:
     binding = {"x": term(f"{EX}bob"), "n": LANG, "age": TYPED}
-    line = _answer_json({"query_id": "q", "n": 1, "seq": 5, "sign": "+", "binding": binding, "snapshot": False})
+    line = _answer_json({"query_id": "q", "version": 1, "n": 1, "seq": 5, "sign": "+", "binding": binding,
+                         "snapshot": False})
     assert line["binding"]["n"] == {"type": "literal", "value": "Bob", "xml:lang": "en"}
     assert line["binding"]["age"] == {"type": "literal", "value": "42", "datatype": XSD_INT}
     assert line["query"] == "q" and "query_id" not in line  # named as in `cbgp replay`'s lines
     assert_real_clients_read(results_document(["x", "n", "age"], [line["binding"]]))
     assert_real_clients_read(json.dumps(results_json(["x", "n", "age"], [(line["binding"], 2)])), rows=2)
-    blank = _answer_json({"query_id": "q", "n": 2, "seq": 6, "sign": "-", "binding": {"b": BLANK},
+    blank = _answer_json({"query_id": "q", "version": 1, "n": 2, "seq": 6, "sign": "-", "binding": {"b": BLANK},
                           "snapshot": False})["binding"]
     assert parse_with_pyoxigraph(results_document(["b"], [blank])) == [{"b": ox.BlankNode("b7")}]
     assert parse_with_rdflib(results_document(["b"], [blank])) == [{"b": BNode("b7")}]
