@@ -202,6 +202,9 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
     return counters
 
 
+WINDOWED_PLACEMENT = "spark-window"
+
+
 def explain(path: str, as_json: bool, out: TextIO) -> None:
     query, window = _parse_rspql_file(path)
     plan = decompose(query)
@@ -209,10 +212,18 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
         data = plan.to_json()
         if window is not None:
             data["window"] = _window_json(window)
+            data["placement"] = WINDOWED_PLACEMENT  # the Spark job holds the window, not the workers
+            for part in data["parts"]:
+                part["placement"] = WINDOWED_PLACEMENT
         json.dump(data, out, indent=2)
         out.write("\n")
+    elif window is not None:
+        text = plan.explain()
+        text = text[:text.index("placement in the fleet:")] + f"placement in the fleet: {WINDOWED_PLACEMENT} " \
+            "(the Spark job evaluates the window's content; workers hold nothing)"
+        out.write(_window_text(window) + "\n" + text + "\n")
     else:
-        out.write((_window_text(window) + "\n" if window is not None else "") + plan.explain() + "\n")
+        out.write(plan.explain() + "\n")
 
 
 def add_engine_commands(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:

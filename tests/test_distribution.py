@@ -259,3 +259,26 @@ def test_a_retraction_from_one_partition_never_overtakes_the_assertion_from_anot
     got = run_distributed(lines, query, n_routed, 1, Adversary())["path"]
     assert [sign for _seq, sign, _b in got] == ["+", "+", "-", "+", "-"]
     assert [seq for seq, _sign, _b in got] == sorted(seq for seq, _sign, _b in got)
+
+
+def test_explain_names_each_part_placement_and_windowed_queries_are_the_spark_job(tmp_path) -> None:
+    import io
+    import json
+
+    from cbgp.cli import WINDOWED_PLACEMENT, explain
+
+    plain = tmp_path / "path.rq"
+    plain.write_text(BY_CENTRE_QUERIES["path"])
+    out = io.StringIO()
+    explain(str(plain), True, out)
+    data = json.loads(out.getvalue())
+    assert data["placement"] == BY_CENTRE and [p["placement"] for p in data["parts"]] == [BY_CENTRE]
+    windowed = tmp_path / "w.rq"
+    windowed.write_text(f"PREFIX : <{EX}>\nSELECT ?a ?c FROM NAMED WINDOW :w ON :s [RANGE PT10S STEP PT1S]\n"
+                        "WHERE { WINDOW :w { ?a :knows ?b . ?b :knows ?c } }")
+    out = io.StringIO()
+    explain(str(windowed), True, out)
+    assert json.loads(out.getvalue())["placement"] == WINDOWED_PLACEMENT
+    out = io.StringIO()
+    explain(str(windowed), False, out)
+    assert f"placement in the fleet: {WINDOWED_PLACEMENT}" in out.getvalue() and BY_CENTRE not in out.getvalue()

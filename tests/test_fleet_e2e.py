@@ -149,7 +149,10 @@ def test_unregister_stops_output_and_frees_state(kafka_settings: KafkaSettings, 
         assert query_state(url, "star") > 0
         publish_patch(kafka_settings, second)
         got = wait_answers(kafka_settings, {"star": len(after["star"])})
-        assert len(got["path"]) == len(before["path"]), "an unregistered query kept producing answers"
+        # Unregistering ends the stream: one '-' per current answer, then nothing (issue 14 item 3).
+        ended = len(before["path"]) + sum(final_answers(before["path"]).values())
+        assert len(got["path"]) == ended, "an unregistered query kept producing answers"
+        assert not final_answers((a["sign"], a["key"]) for a in got["path"]), "its answers were not retracted"
         assert_matches({"star": got["star"]}, {"star": after["star"]})
 
 
