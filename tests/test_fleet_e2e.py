@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from services import codec
-from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
+from services.kafka import KafkaSettings, ensure_topics, make_producer, produce_sync, read_all
+from tests.fixtures.broker import fresh_settings
 from tests.fleet_support import (EX, QUERIES, Fleet, final_answers, generate_patch, metric_total, publish_patch,
                                  publish_plan, read_answers, read_current, replay, unpublish_plan, wait_answers)
 
@@ -84,6 +85,27 @@ def test_answers_equal_replay_as_multisets(kafka_settings: KafkaSettings, tmp_pa
         assert not any(a["snapshot"] for answers in got.values() for a in answers)
         for name in list(fleet.procs):
             assert fleet.stop(name) == 0, f"{name} did not exit cleanly on SIGTERM"
+
+
+@pytest.mark.timeout(330)
+def test_by_centre_queries_over_eight_partitions_equal_replay(kafka_broker, tmp_path: Path) -> None:
+    """Eight routed partitions held by three workers: the by-centre queries (a star with an attribute
+    variable, a 2-hop path, DISTINCT without the centre) spread over all of them, and the answers service
+    releases their deltas in seq order; single-owner queries beside them."""
+    settings = fresh_settings(kafka_broker, partitions=8)
+    ensure_topics(settings)
+    lines = generate_patch(2500, seed=8)
+    expected = replay(tmp_path, lines, QUERIES)
+    with Fleet(settings, tmp_path / "logs") as fleet:
+        for query, text in QUERIES.items():
+            publish_plan(settings, query, text)
+        start_fleet(fleet, 3)
+        publish_patch(settings, lines)
+        got = wait_answers(settings, {q: len(d) for q, d in expected.items()}, timeout=240)
+        assert_matches(got, expected)
+        assert_current(settings, expected)
+        held = [metric_total(fleet.metrics_url(f"w{i}"), "cbgp_state_entries") for i in range(3)]
+        assert sum(1 for entries in held if entries > 0) == 3, f"state not spread over the workers: {held}"
 
 
 @pytest.mark.timeout(180)
