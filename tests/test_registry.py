@@ -300,6 +300,7 @@ def test_restart_after_a_plain_register_recovers_the_table(kafka_broker: Any, tm
         second.child.stop()
 
 
+@pytest.mark.slow
 def test_the_end_of_the_update_log_is_waited_for_not_reported_as_an_internal_error(kafka_broker: Any) -> None:
     """Right after the topics are created, the registry may not see updates.encoded yet (librdkafka reports
     an unknown partition): that is the broker catching up, so the registry waits instead of failing the

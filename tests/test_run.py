@@ -138,6 +138,7 @@ def _view(settings, out, tmp_path: Path, wait: bool = True, **kw):  # noqa: ANN0
     return view
 
 
+@pytest.mark.slow
 def test_live_view_prints_terms_in_ntriples_form_and_counts_changes_not_records(kafka_settings, tmp_path: Path) -> None:
     _publish_view_inputs(kafka_settings)
     out = io.StringIO()
@@ -153,6 +154,7 @@ def test_live_view_prints_terms_in_ntriples_form_and_counts_changes_not_records(
     assert "updates in 2 changes" in text  # three rows in one record, one a refresh
 
 
+@pytest.mark.slow
 def test_without_a_terminal_the_view_prints_a_line_only_when_something_changed(kafka_settings, tmp_path: Path) -> None:
     _publish_view_inputs(kafka_settings)
     out = io.StringIO()
@@ -188,6 +190,7 @@ def test_without_a_terminal_the_view_prints_a_line_only_when_something_changed(k
     assert len([line for line in quiet.getvalue().splitlines() if line.startswith("cbgp run")]) <= 1
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_frame_is_redrawn_only_when_something_changed(kafka_settings, tmp_path: Path) -> None:
     _publish_view_inputs(kafka_settings)
     out = _Terminal()
@@ -202,6 +205,7 @@ def test_on_a_terminal_the_frame_is_redrawn_only_when_something_changed(kafka_se
         view.close()
 
 
+@pytest.mark.slow
 def test_the_view_shows_a_failing_spark_query(kafka_settings, tmp_path: Path) -> None:
     job = ChildProcess("spark-job", [sys.executable, "-c", "import time; time.sleep(60)"]).start()
     try:

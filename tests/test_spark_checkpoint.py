@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from services.kafka import EmbeddedBroker, ensure_topics, make_producer
 from spark.job import claim_state, offsets_mismatch
+
+pytestmark = [pytest.mark.slow]  # embedded brokers of its own
 
 V1_META = '{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}'
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 from confluent_kafka import TopicPartition
 
 from services.ingest import IngestProcessor, RawRecord, replay_outputs
@@ -18,6 +19,8 @@ from services.kafka import KafkaSettings, end_offsets, make_consumer, make_produ
 from services.runtime import produce_all, query_partition
 from services.worker import WorkerService
 from tests.fleet_support import QUERIES, generate_patch, publish_plan
+
+pytestmark = [pytest.mark.slow]  # a real broker
 
 
 def publish_encoded(settings: KafkaSettings, lines: list[str]) -> None:
