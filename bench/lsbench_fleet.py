@@ -1,0 +1,349 @@
+"""The whole fleet users run, end to end, on the LSBench stream, by-centre vs single-owner placement (issue 17).
+
+    .venv/bin/python bench/lsbench_fleet.py [--updates 150000] [--workers 1,2] [--with-4]
+        [--placements by-centre,single-owner] [--workloads mix,heavy] [--heavy FILE.rq] [--repeat N]
+
+Data: the first ``--updates`` updates of the LSBench stream (bench/lsbench.py: the shared
+``/work/shared/data/lsbench-1000`` files if present, else its generator of the same shape; static graph first,
+then the post/photo/like streams with 20% deletions), written as one RDF Patch file.
+
+Per configuration (workload x placement x workers x repeat), a fresh fleet started as ``make run`` starts it,
+without the demo: ``python -m services.run --no-demo --run-dir <tmp> --workers W`` (embedded broker, ingest,
+registry, W workers, answers, Spark job, the supervisor with its live view), with ``CBGP_PLACEMENT`` set for the
+workers.  Once every service is ready, the queries are registered with ``cbgp register`` and the whole file is
+published with one ``cbgp publish`` (the real CLI, against the broker services.run started).
+
+Measured:
+- end-to-end updates/s: updates / (time the answers service's ``cbgp_deltas_emitted_total`` first equals the
+  expected count - time ``cbgp publish`` was started); the expected count is ``cbgp replay``'s number of
+  deltas on the same file and queries; the counter must then stay there for 3 s (else "MISMATCH");
+- CPU seconds (user+system, psutil, sampled every second so short-lived Spark Python workers count) of every
+  process of the fleet from just before the publish to the end, grouped: broker, supervisor (services.run and
+  its live view), ingest, registry, worker-i, answers, spark-jvm, spark-python-workers; and us of CPU per
+  update; the ``cbgp publish`` client's CPU is reported apart (``publish-cli``), not in the fleet total;
+- per worker: its share of the state entries (``cbgp_query_state_entries`` summed over queries, and
+  ``cbgp_state_entries`` summed over partitions, both from its /metrics at the end) and of the workers' CPU.
+
+Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-connected query alone (default: the
+2-hop path ``?a foaf:knows ?b . ?b sib:like ?post`` over the like stream, centre ?b; ``--heavy FILE`` for another).
+
+Output: one line per configuration (with ``--repeat N``: median [min-max]; each run's line goes to stderr), then
+as the last line one JSON object with every figure.  The bench itself only polls /metrics every 0.2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import lsbench  # noqa: E402
+from idle_bench import _group, _service_of  # noqa: E402 - the same process grouping as the idle bench
+
+CBGP = [sys.executable, "-m", "services.cli"]
+QUERY_DIR = ROOT / "bench" / "queries"
+HEAVY_DEFAULT = """# 2-hop path over the like stream (var-connected, single centre ?b): friends of someone, what they like
+PREFIX foaf: <http://xmlns.com/foaf/0.1/>
+PREFIX sib: <http://www.ins.cwi.nl/sib/vocabulary/>
+SELECT * WHERE { ?a foaf:knows ?b . ?b sib:like ?post . }
+"""
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def metrics(url: str) -> dict[str, float]:
+    """``{metric{labels}: value}`` of a Prometheus text page (empty if unreachable)."""
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def total(page: dict[str, float], metric: str) -> float:
+    return sum(v for k, v in page.items() if k == metric or k.startswith(metric + "{"))
+
+
+def patch_lines(updates: list[lsbench.UpdateRow]) -> list[str]:
+    return [f"{'A' if sign > 0 else 'D'} {s} {p} {o} ." for sign, s, p, o in updates]
+
+
+def expected_counts(patch: Path, queries: dict[str, Path]) -> tuple[dict[str, int], float]:
+    """``cbgp replay``'s delta count per query on the same file, and its wall seconds."""
+    args = [*CBGP, "replay", "--patch", str(patch)]
+    for name, path in queries.items():
+        args += ["--query", f"{name}={path}"]
+    t0 = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, check=True)
+    counts = dict.fromkeys(queries, 0)
+    for line in done.stdout.splitlines():
+        counts[json.loads(line)["query"]] += 1
+    return counts, time.monotonic() - t0
+
+
+class CpuTracker:
+    """CPU seconds per process group of the fleet (the tree under services.run), sampled every second, so that
+    processes that start and end during the run (Spark's Python workers) are counted up to their last sample."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root = psutil.Process(root_pid)
+        self.service_of = _service_of(self.root.children())
+        self.t_start = time.time()
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.group: dict[int, str] = {}
+        self._sample(baseline=True)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _sample(self, baseline: bool = False) -> None:
+        try:
+            procs = [self.root] + self.root.children(recursive=True)
+        except psutil.Error:
+            return
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                cpu = t.user + t.system
+                if p.pid not in self.first:
+                    # born after the start: all its CPU is the run's
+                    self.first[p.pid] = cpu if baseline or p.create_time() < self.t_start else 0.0
+                    self.group[p.pid] = _group(p, self.root.pid, self.service_of)
+                self.last[p.pid] = cpu
+            except psutil.Error:
+                pass
+
+    def _run(self) -> None:
+        while not self.done.wait(1.0):
+            self._sample()
+
+    def stop(self) -> dict[str, float]:
+        self.done.set()
+        self.thread.join()
+        self._sample()
+        per: dict[str, float] = {}
+        for pid, cpu in self.last.items():
+            per[self.group[pid]] = per.get(self.group[pid], 0.0) + cpu - self.first[pid]
+        return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+
+# ------------------------------------------------------------------------------------------- one run
+
+
+def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> tuple[subprocess.Popen, dict]:
+    """services.run as make run starts it (no demo); returns (process, {broker, metrics urls})."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CBGP_")}  # its own embedded broker
+    env["CBGP_PLACEMENT"] = placement  # read by every worker (services/worker.py --placement default)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    err_path = run_dir / "run.stderr"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "services.run", "--no-demo", "--run-dir", str(run_dir / "run"),
+                                 "--workers", str(workers)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout
+    logs = run_dir / "run" / "logs"
+    while True:
+        text = err_path.read_text(errors="replace")
+        if proc.poll() is not None:
+            raise RuntimeError(f"services.run exited with {proc.returncode}:\n{text[-2000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"fleet not ready after {timeout:.0f} s:\n{text[-2000:]}")
+        broker = re.search(r"run: embedded broker at (\S+)", text)
+        ports = dict(re.findall(r"run: ports: ([\w-]+): .*?metrics (http://127\.0\.0\.1:\d+/metrics)", text))
+        spark_log = logs / "spark-job.log"
+        ready = (broker and "run: started" in text and "registry" in ports and "answers" in ports
+                 and spark_log.exists() and "running windows" in spark_log.read_text(errors="replace")
+                 and all("event=assigned" in (logs / f"{n}.log").read_text(errors="replace")
+                         for n in [f"worker-{i}" for i in range(workers)] + ["answers"] if (logs / f"{n}.log").exists())
+                 and all((logs / f"worker-{i}.log").exists() for i in range(workers)))
+        if ready:
+            try:
+                urllib.request.urlopen(ports["registry"].replace("/metrics", "/readyz"), timeout=2)
+                break
+            except OSError:
+                pass
+        time.sleep(1.0)
+    return proc, {"broker": broker.group(1), "metrics": ports}
+
+
+def stop_fleet(proc: subprocess.Popen) -> None:
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=120)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
+def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int, workers: int, placement: str,
+            tmp: Path, args: argparse.Namespace) -> dict:
+    run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=tmp))
+    proc, fleet = start_fleet(run_dir, workers, placement, args.ready_timeout)
+    bootstrap = ["--bootstrap-servers", fleet["broker"]]
+    answers_url = fleet["metrics"]["answers"]
+    try:
+        for name, path in queries.items():
+            subprocess.run([*CBGP, "register", name, str(path), *bootstrap], cwd=ROOT, check=True,
+                           capture_output=True, text=True, timeout=120)
+        time.sleep(3.0)  # the plans reach every worker (registered before any data: nothing to snapshot)
+        cpu = CpuTracker(proc.pid)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.time()
+        pub = subprocess.run([*CBGP, "publish", str(patch), "--format", "patch", *bootstrap], cwd=ROOT,
+                             capture_output=True, text=True, timeout=args.timeout)
+        t_published = time.time()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        publish_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        if pub.returncode != 0:
+            raise RuntimeError(f"cbgp publish failed ({pub.returncode}): {pub.stderr[-1000:]}")
+        # until the emitted counter equals the expected count and stays there (or stops moving short of it)
+        t_done, emitted, moved_at, last = None, 0.0, time.time(), -1.0
+        while True:
+            emitted = total(metrics(answers_url), "cbgp_deltas_emitted_total")
+            now = time.time()
+            if emitted != last:
+                moved_at, last = now, emitted
+                if emitted == expected:
+                    t_done = now
+            if t_done is not None and emitted == expected and now - moved_at >= 3.0:
+                break
+            if emitted > expected or now - moved_at > args.stall or now - t0 > args.timeout:
+                break
+            time.sleep(0.2)
+        per_cpu = cpu.stop()  # (includes the 3 s of confirmation, idle by then)
+        states = {}
+        for name, url in fleet["metrics"].items():
+            if name.startswith("worker-"):
+                page = metrics(url)
+                states[name] = {"query_state_entries": total(page, "cbgp_query_state_entries"),
+                                "state_entries": total(page, "cbgp_state_entries"), "cpu_s": per_cpu.get(name, 0.0)}
+    finally:
+        stop_fleet(proc)
+        if not args.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    ok = t_done is not None and emitted == expected
+    seconds = (t_done if ok else time.time()) - t0
+    fleet_cpu = sum(per_cpu.values())
+    sums = {k: sum(s[k] for s in states.values()) for k in ("query_state_entries", "state_entries", "cpu_s")}
+    for s in states.values():
+        for k in ("query_state_entries", "state_entries", "cpu_s"):
+            s[f"{k}_share"] = round(s[k] / sums[k], 3) if sums[k] else None
+    return {"ok": ok, "emitted": int(emitted), "expected": expected, "seconds": round(seconds, 2),
+            "publish_seconds": round(t_published - t0, 2),
+            "updates_per_s": round(n_updates / seconds, 1) if ok else None,
+            "cpu_s": {k: round(v, 2) for k, v in per_cpu.items()}, "fleet_cpu_s": round(fleet_cpu, 2),
+            "cpu_us_per_update": {k: round(1e6 * v / n_updates, 1) for k, v in per_cpu.items()},
+            "fleet_cpu_us_per_update": round(1e6 * fleet_cpu / n_updates, 1),
+            "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "run_dir": str(run_dir) if args.keep else None}
+
+
+def describe(r: dict) -> str:
+    procs = ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_update"].items() if v >= 0.5)
+    ws = " ".join(f"{name.replace('worker-', 'w')}: state {_pct(s['query_state_entries_share'])}"
+                  f"/{_pct(s['state_entries_share'])} cpu {_pct(s['cpu_s_share'])}" for name, s in r["workers"].items())
+    rate = f"{r['updates_per_s']:,.0f} updates/s" if r["ok"] else f"MISMATCH ({r['emitted']:,} of {r['expected']:,} answers)"
+    return (f"{rate} ({r['seconds']:.1f} s, publish {r['publish_seconds']:.1f} s); fleet CPU {r['fleet_cpu_s']:.1f} s = "
+            f"{r['fleet_cpu_us_per_update']:.0f} us/update ({procs}); publish-cli {r['publish_cli_cpu_s']:.1f} s; "
+            f"workers [query-state/state-entries, cpu share] {ws}")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=150000, help="first N updates of the stream (default 150000)")
+    parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
+    parser.add_argument("--with-4", action="store_true", help="also 4 workers")
+    parser.add_argument("--placements", default="by-centre,single-owner")
+    parser.add_argument("--workloads", default="mix,heavy", help="mix (the 10 bench queries), heavy (one query)")
+    parser.add_argument("--heavy", type=Path, default=None, help="the heavy query (default: a 2-hop path, see above)")
+    parser.add_argument("--repeat", type=int, default=1, help="fleets per configuration: median and range")
+    parser.add_argument("--data", type=Path, default=lsbench.DEFAULT_DATA)
+    parser.add_argument("--ready-timeout", type=float, default=300.0)
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run from the first publish")
+    parser.add_argument("--stall", type=float, default=60.0, help="give up when no answer moved for this long")
+    parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
+    args = parser.parse_args(argv)
+    worker_counts = [int(w) for w in args.workers.split(",")] + ([4] if args.with_4 else [])
+    placements = args.placements.split(",")
+    tmp = Path(tempfile.mkdtemp(prefix="lsbench-fleet-"))
+    try:
+        dataset = lsbench.load_or_generate(args.data)
+        updates = lsbench.build_updates(dataset).updates[:args.updates]
+        patch = tmp / "lsbench.rdfp"
+        patch.write_text("\n".join(patch_lines(updates)) + "\n")
+        heavy = tmp / "heavy.rq"
+        heavy.write_text(args.heavy.read_text() if args.heavy else HEAVY_DEFAULT)
+        workloads = {"mix": {p.stem: p for p in sorted(QUERY_DIR.glob("*.rq"))}, "heavy": {"heavy": heavy}}
+        workloads = {w: workloads[w] for w in args.workloads.split(",")}
+        print(f"data: {dataset.source}, first {len(updates):,} updates "
+              f"({sum(1 for u in updates if u[0] < 0):,} deletions); {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
+        expected, replay_s = {}, {}
+        for w, queries in workloads.items():
+            counts, replay_s[w] = expected_counts(patch, queries)
+            expected[w] = counts
+            print(f"expected ({w}, cbgp replay, {replay_s[w]:.1f} s): {sum(counts.values()):,} deltas "
+                  + " ".join(f"{q}={n:,}" for q, n in counts.items()), flush=True)
+        configs = [(w, p, n) for w in workloads for n in worker_counts for p in placements]
+        results = []
+        for w, p, n in configs:
+            runs = []
+            for i in range(args.repeat):
+                r = measure(patch, len(updates), workloads[w], sum(expected[w].values()), n, p, tmp, args)
+                runs.append(r)
+                print(f"  {w} {p} workers={n} run {i + 1}/{args.repeat}: {describe(r)}", file=sys.stderr, flush=True)
+            rates = [r["updates_per_s"] for r in runs if r["ok"]]
+            median_run = sorted(runs, key=lambda r: (r["updates_per_s"] or 0))[(len(runs) - 1) // 2]
+            row = {"workload": w, "placement": p, "workers": n, "median_run": median_run,
+                   "updates_per_s_median": statistics.median(rates) if rates else None,
+                   "updates_per_s_range": [min(rates), max(rates)] if rates else None,
+                   "runs_ok": len(rates), "runs": runs}
+            results.append(row)
+            spread = f" [{min(rates):,.0f}-{max(rates):,.0f}] over {len(rates)} runs" if len(rates) > 1 else ""
+            print(f"{w:5s} {p:12s} workers={n}: {describe(median_run)}{spread}", flush=True)
+        print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data": dataset.source,
+                          "updates": len(updates), "repeat": args.repeat, "expected": expected,
+                          "replay_seconds": replay_s, "heavy_query": heavy.read_text(),
+                          "cores": os.cpu_count(), "results": results}))
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
