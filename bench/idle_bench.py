@@ -144,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
               f"({result['processes']} processes)", flush=True)
     totals = [r["total_cores"] for r in runs]
     median_run = sorted(runs, key=lambda r: r["total_cores"])[(len(runs) - 1) // 2]
-    names = sorted({n for r in runs for n in r["per_process"]}, key=lambda n: -median_run["per_process"].get(n, 0))
-    for name in names:
-        values = [r["per_process"].get(name, 0.0) for r in runs]
+    names = {n for r in runs for n in r["per_process"]}
+    per_name = {n: [r["per_process"].get(n, 0.0) for r in runs] for n in names}
+    for name in sorted(names, key=lambda n: (-statistics.median(per_name[n]), n)):
+        values = per_name[name]
         print(f"{name:22s} {statistics.median(values):6.3f} core  [{min(values):.3f}-{max(values):.3f}]")
     print(f"{'total':22s} {statistics.median(totals):6.3f} core  [{min(totals):.3f}-{max(totals):.3f}]")
     print(json.dumps({"total_cores": median_run["total_cores"], "per_process": median_run["per_process"],

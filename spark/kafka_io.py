@@ -104,12 +104,19 @@ def _parse_offsets(spec: str, default: str) -> str | dict[str, int]:
 class _OffsetPlanner:
     """Driver-side: one cached consumer answering watermark queries for the topic."""
 
+    # A streaming query asks for the latest offsets at every trigger (every second, data or not): the topic's
+    # partition list is cached this long instead of a Metadata request per trigger (a new partition is seen
+    # within this time; a failing watermark request refreshes it at once).
+    PARTITIONS_TTL_S = 30.0
+
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = options
         if "subscribe" not in options:
             raise KafkaSourceError("option subscribe (the topic to read) is required")
         self.topic = options["subscribe"]
         self._consumer: Any = None
+        self._partitions: list[int] | None = None
+        self._partitions_at = 0.0
 
     def consumer(self) -> Any:
         if self._consumer is None:
@@ -123,13 +130,17 @@ class _OffsetPlanner:
         from confluent_kafka import TopicPartition
 
         consumer = self.consumer()
-        meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise KafkaSourceError(f"topic {self.topic!r} does not exist or has no partitions ({meta and meta.error})")
-        return {
-            str(p): consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
-            for p in sorted(meta.partitions)
-        }
+        if self._partitions is None or time.monotonic() - self._partitions_at > self.PARTITIONS_TTL_S:
+            meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise KafkaSourceError(f"topic {self.topic!r} does not exist or has no partitions ({meta and meta.error})")
+            self._partitions, self._partitions_at = sorted(meta.partitions), time.monotonic()
+        try:
+            return {str(p): consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+                    for p in self._partitions}
+        except Exception:
+            self._partitions = None  # partitions may have changed (or the broker did): ask again next time
+            raise
 
     def resolve(self, spec: str | dict[str, int]) -> dict[str, int]:
         marks = self.watermarks()
@@ -143,7 +154,7 @@ class _OffsetPlanner:
 
     def __getstate__(self) -> dict[str, Any]:
         # Readers are pickled to Python workers; a live librdkafka client cannot travel.
-        return {**self.__dict__, "_consumer": None}
+        return {**self.__dict__, "_consumer": None, "_partitions": None}
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -231,6 +242,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.topic = self.planner.topic
         self.max_per_trigger = int(options.get("maxOffsetsPerTrigger", "0")) or None
         self._available_now_target: dict[str, int] | None = None
+        self._latest: dict[str, int] | None = None
 
     def initialOffset(self) -> dict:
         return self.planner.resolve(_parse_offsets(self.options.get("startingOffsets", ""), "earliest"))
@@ -243,7 +255,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        end = self.planner.resolve("latest")
+        end = self._latest = self.planner.resolve("latest")
         if self._available_now_target is not None:
             end = {p: min(o, self._available_now_target.get(p, o)) for p, o in end.items()}
         # Never go backwards (a partition's end cannot shrink below what was already read).
@@ -254,7 +266,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end
 
     def reportLatestOffset(self) -> dict | None:
-        return self.planner.resolve("latest")
+        # Progress reporting only: what latestOffset found at this trigger, not a second broker round trip.
+        return self._latest if self._latest is not None else self.planner.resolve("latest")
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
         return [

@@ -178,3 +178,45 @@ def test_missing_topic_is_a_clear_error(spark: SparkSession, kafka_settings: Kaf
         from spark.kafka_io import client_config
 
         client_config({"subscribe": "x"})
+
+
+def test_an_idle_trigger_costs_one_watermark_request_per_partition_and_no_metadata_request() -> None:
+    # A streaming query asks for the latest offsets every trigger (every second, data or not); it asked for
+    # the topic's metadata and then the watermarks twice per trigger (latestOffset and reportLatestOffset).
+    from spark.kafka_io import KafkaStreamReader
+    from spark.kafka_io import _OffsetPlanner as Planner
+
+    class Partition:
+        pass
+
+    class Topic:
+        error = None
+        partitions = {0: Partition(), 1: Partition()}
+
+    class Metadata:
+        topics = {"t": Topic()}
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def list_topics(self, topic: str, timeout: float) -> Metadata:
+            self.calls.append("metadata")
+            return Metadata()
+
+        def get_watermark_offsets(self, tp: object, timeout: float) -> tuple[int, int]:
+            self.calls.append("watermarks")
+            return (0, 5)
+
+    reader = KafkaStreamReader({"subscribe": "t", "kafka.bootstrap.servers": "127.0.0.1:1"})
+    consumer = reader.planner._consumer = Consumer()
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    start = reader.latestOffset({}, ReadAllAvailable())
+    assert reader.reportLatestOffset() == start == {"0": 5, "1": 5}
+    consumer.calls.clear()
+    for _trigger in range(10):
+        assert reader.latestOffset(start, ReadAllAvailable()) == start
+        assert reader.reportLatestOffset() == start
+    assert consumer.calls == ["watermarks"] * 20  # two partitions per trigger, nothing else
+    assert Planner.PARTITIONS_TTL_S > 0
