@@ -556,7 +556,7 @@ def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:
 
 
 def register(commands: argparse._SubParsersAction) -> dict:
-    """Add ``cbgp answers`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
+    """Add ``cbgp answers`` to the CLI (called by ``services.cli``, which assembles the commands)."""
     return service_command(commands, SERVICE, "number deltas and maintain current answers (service)",
                            lambda settings, args, stopper, ready: AnswersService(settings, args, ready).run(stopper),
                            batch=1000,

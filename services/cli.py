@@ -1,7 +1,9 @@
-"""The installed `cbgp` command: engine commands (from `cbgp.cli`) plus the fleet's.
+"""The installed `cbgp` command: engine commands (from `cbgp.cli`) plus the fleet's, assembled here.
 
-Each fleet command module registers itself in `FLEET_COMMANDS`: a function that
-adds its subparser(s) and returns their handlers.  Kafka settings come from
+This is the one place that knows every command: it imports the service modules (lazily, so `cbgp explain`
+loads no Kafka client), never the reverse.  `FLEET_COMMANDS` lists, in help order, functions that add
+their subparser(s) and return their handlers: each service module's own ``register`` (ingest, worker,
+answers), the registry's and the user commands (``services.usercli``).  Kafka settings come from
 `--bootstrap-servers ...` flags or `CBGP_*` environment variables everywhere.
 """
 
@@ -50,12 +52,40 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
     return {"doctor": run_doctor_command, "topics": run_topics}
 
 
-# Registration functions of the fleet's command groups, in help order.
-FLEET_COMMANDS: list[Callable[[argparse._SubParsersAction], dict[str, Handler]]] = [_broker_commands]
-from services.runtime import data_path_commands  # noqa: E402 - ingest, worker, answers
-FLEET_COMMANDS.append(data_path_commands)
-from services.registry import registry_commands  # noqa: E402 - registry, usercli and run commands
-FLEET_COMMANDS.append(registry_commands)
+def _data_path_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
+    """``cbgp ingest``, ``cbgp worker`` and ``cbgp answers``: each service module's ``register``."""
+    from services import answers, ingest, worker  # lazy: the CLI's other commands need none of them
+
+    handlers: dict[str, Handler] = {}
+    for module in (ingest, worker, answers):
+        handlers.update(module.register(commands))
+    return handlers
+
+
+def _registry_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
+    """``cbgp registry`` (the faust service of ``services.registry_faust``) and the user commands."""
+    from services.kafka import add_kafka_flags
+    from services.usercli import user_commands
+
+    p = commands.add_parser("registry", help="run the query registry service (admin -> queries.plans + status)")
+    add_kafka_flags(p)
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve /metrics /healthz /readyz on this port (0 = any free port)")
+    p.add_argument("--web-port", type=int, default=6066, metavar="PORT",
+                   help="faust web port for GET /queries and /queries/{id} (default 6066; one per instance)")
+    p.add_argument("--web-host", default="127.0.0.1", help="faust web bind address (default 127.0.0.1)")
+    p.add_argument("--state-dir", default=".cbgp-state", metavar="DIR",
+                   help="directory for faust's data dir (default .cbgp-state)")
+    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    def run_registry(args: argparse.Namespace) -> int:
+        from services.kafka import KafkaSettings
+        from services.registry_faust import run_service  # lazy: importing faust costs a second
+
+        return run_service(KafkaSettings.from_args(args), metrics_port=args.metrics_port, web_port=args.web_port,
+                           web_host=args.web_host, state_dir=args.state_dir, log_level=args.log_level)
+
+    return {"registry": run_registry, **user_commands(commands)}
 
 
 def _spark_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
@@ -71,7 +101,9 @@ def _run_spark_job(argv: list[str]) -> int:
     return spark_main(argv)
 
 
-FLEET_COMMANDS.append(_spark_commands)
+# Registration functions of the fleet's command groups, in help order.
+FLEET_COMMANDS: list[Callable[[argparse._SubParsersAction], dict[str, Handler]]] = [
+    _broker_commands, _data_path_commands, _registry_commands, _spark_commands]
 
 
 def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:

@@ -453,7 +453,7 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
 
 
 def register(commands: argparse._SubParsersAction) -> dict:
-    """Add ``cbgp ingest`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
+    """Add ``cbgp ingest`` to the CLI (called by ``services.cli``, which assembles the commands)."""
     return service_command(commands, SERVICE, "parse, deduplicate, encode and route raw updates (service)", run,
                            batch=500, batch_help="raw records per transaction")
 

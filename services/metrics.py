@@ -14,7 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from confluent_kafka import TopicPartition
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+# The metric objects are defined in services.instruments (no Kafka, so transforms can count through them).
+from services.instruments import (ANSWER_LATENCY, CONSUMER_LAG, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS,
+                                  RESTORE_PROGRESS, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT)
 
 __all__ = [
     "MetricsServer", "start_metrics_server", "record_consumer_lag",
@@ -23,29 +27,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# ------------------------------------------------------------------------------------ metric objects
-# prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
-# cbgp_updates_in_total.
-
-UPDATES_IN = Counter("cbgp_updates_in", "Records a service consumed from its input topic.", ["service"])
-UPDATES_OUT = Counter("cbgp_updates_out", "Records a service produced to its output topic(s).", ["service"])
-DELTAS_EMITTED = Counter("cbgp_deltas_emitted", "Answer deltas emitted, per query and sign (+/-).", ["query", "sign"])
-STATE_ENTRIES = Gauge("cbgp_state_entries", "Star-state entries held for a partition.", ["partition"])
-STATE_BYTES = Gauge("cbgp_state_bytes", "Approximate bytes of star state held for a partition.", ["partition"])
-CONSUMER_LAG = Gauge("cbgp_consumer_lag", "High watermark minus consumer position.", ["topic", "partition"])
-PROCESSING_LATENCY = Histogram(
-    "cbgp_processing_latency_seconds", "Time to process one polled batch, poll to commit.", ["service"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
-)
-REJECTED_INPUTS = Counter("cbgp_rejected_inputs", "Inputs sent to the dead-letter topic, by reason code.",
-                          ["service", "reason"])
-RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress of a partition, 0..1.", ["partition"])
-ANSWER_LATENCY = Histogram(
-    "cbgp_answer_latency_seconds", "Event (or ingest) time of a change to the emission of the answers it caused.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
-)
-
 
 def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | None = None) -> None:
     """Set ``cbgp_consumer_lag`` for the partitions ``consumer`` (a confluent-kafka Consumer) reads.

@@ -17,7 +17,6 @@ the same text and answers ACCEPTED again without a second plan (REGISTER is idem
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import time
@@ -29,8 +28,7 @@ from cbgp.sparql import QueryError, parse_query
 from cbgp.windows import WindowSpec
 from services.queries import read_registration
 
-__all__ = ["QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "plan_summary", "registry_commands",
-           "tombstone_version"]
+__all__ = ["QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "plan_summary", "tombstone_version"]
 
 QUERY_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Header of a queries.plans tombstone: the version of the registration it ends (decimal).
@@ -222,33 +220,3 @@ class Registry:
                 line: int | None = None, column: int | None = None, queries: list[str] | None = None) -> dict[str, Any]:
         return {"query_id": query_id, "status": status, "message": message, "line": line, "column": column,
                 "request_id": request_id, "at_ms": self._clock(), "queries": queries or []}
-
-
-# ---------------------------------------------------------------------------------------- command
-
-
-def registry_commands(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
-    """Register ``cbgp registry`` (the service) and the user commands of :mod:`services.usercli`."""
-    from services.kafka import add_kafka_flags
-
-    p = commands.add_parser("registry", help="run the query registry service (admin -> queries.plans + status)")
-    add_kafka_flags(p)
-    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve /metrics /healthz /readyz on this port (0 = any free port)")
-    p.add_argument("--web-port", type=int, default=6066, metavar="PORT",
-                   help="faust web port for GET /queries and /queries/{id} (default 6066; one per instance)")
-    p.add_argument("--web-host", default="127.0.0.1", help="faust web bind address (default 127.0.0.1)")
-    p.add_argument("--state-dir", default=".cbgp-state", metavar="DIR",
-                   help="directory for faust's data dir (default .cbgp-state)")
-    p.add_argument("--log-level", default="WARNING", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-
-    def run_registry(args: argparse.Namespace) -> int:
-        from services.kafka import KafkaSettings
-        from services.registry_faust import run_service
-
-        return run_service(KafkaSettings.from_args(args), metrics_port=args.metrics_port, web_port=args.web_port,
-                           web_host=args.web_host, state_dir=args.state_dir, log_level=args.log_level)
-
-    from services.usercli import user_commands
-
-    return {"registry": run_registry, **user_commands(commands)}

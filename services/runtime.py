@@ -1,6 +1,7 @@
 """What every data-path service (ingest, worker, answers) shares around its pure transform.
 
-- :class:`Output`: one record to produce (topic, key, value, explicit partition, headers);
+- :class:`Output`, :func:`query_partition`, :data:`ORIGIN_HEADER`, :func:`kv`: re-exported from the Kafka-free
+  ``services.records``, where the transforms import them from;
 - :func:`add_service_flags`, :func:`setup_logging` (one line per event, ``key=value``), :class:`Stopper`
   (SIGTERM/SIGINT -> finish the batch, commit, leave the group, exit 0);
 - :func:`commit_transaction`: the consume-process-produce step of exactly-once processing;
@@ -21,36 +22,20 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from cbgp.terms import stable_term_id
 from services.kafka import BrokerUnreachable, KafkaSettings, add_kafka_flags, broker_outages, ensure_topics, make_consumer
 from services.metrics import record_consumer_lag, start_metrics_server
+from services.records import ORIGIN_HEADER, Output, kv, query_partition  # Kafka-free; importable from here too
 
 __all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "first_record", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
            "read_range", "run_service", "wait_for_topics", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
 
 log = logging.getLogger("cbgp.runtime")
 
-# Header carrying the time (epoch ms) at which the raw record that caused a change was produced: ingest
-# sets it from the raw record's timestamp, workers and answers pass it on, so update-to-answer latency can be
-# measured at the end of the pipeline without touching the schemas.
-ORIGIN_HEADER = "cbgp-origin-ms"
 DEFAULT_METRICS_PORT = 9400
-
-
-@dataclass(slots=True)
-class Output:
-    """One record a transform wants produced.  ``partition`` is always explicit: routing is the design."""
-
-    topic: str
-    value: bytes | None
-    key: bytes | None = None
-    partition: int = 0
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 class TransactionFailed(RuntimeError):
@@ -59,14 +44,6 @@ class TransactionFailed(RuntimeError):
     The service must drop its in-memory state and restore it from the logs: that is what :func:`run_service`
     does by running the service's loop again from scratch.
     """
-
-
-def query_partition(query_id: str, partitions: int) -> int:
-    """The partition of everything keyed by query id (deltas.parts, answers), and a whole query's owner.
-
-    Explicit and hash-stable in every process (librdkafka's partitioner is not what other clients use).
-    """
-    return stable_term_id(query_id) % partitions
 
 
 def origin_ms(msg: Message) -> int | None:
@@ -78,15 +55,6 @@ def origin_ms(msg: Message) -> int | None:
             except ValueError:
                 return None
     return None
-
-
-def kv(**fields: Any) -> str:
-    """``key=value`` pairs for one structured log line (values with spaces are quoted)."""
-    parts = []
-    for key, value in fields.items():
-        text = str(value)
-        parts.append(f"{key}={text!r}" if (" " in text or not text) else f"{key}={text}")
-    return " ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------- process setup
@@ -607,13 +575,3 @@ def service_command(commands: argparse._SubParsersAction, name: str, description
             server.stop()
 
     return {name: handler}
-
-
-def data_path_commands(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
-    """``cbgp ingest``, ``cbgp worker`` and ``cbgp answers`` (registered in ``services.cli.FLEET_COMMANDS``)."""
-    from services import answers, ingest, worker  # lazy: the CLI's other commands need none of them
-
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {}
-    for module in (ingest, worker, answers):
-        handlers.update(module.register(commands))
-    return handlers

@@ -370,7 +370,7 @@ class WorkerService:
 
 
 def register(commands: argparse._SubParsersAction) -> dict:
-    """Add ``cbgp worker`` to the CLI (appended to ``services.cli.FLEET_COMMANDS``)."""
+    """Add ``cbgp worker`` to the CLI (called by ``services.cli``, which assembles the commands)."""
     return service_command(commands, SERVICE, "hold star state and emit per-query deltas (service)",
                            lambda settings, args, stopper, ready: WorkerService(settings, args, ready).run(stopper),
                            batch=5000, batch_help="most records per input per transaction (batches grow with the backlog)",

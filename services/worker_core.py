@@ -30,8 +30,8 @@ from cbgp.terms import TermDictionary
 from cbgp.windows import WindowSpec
 from services import codec
 from services.queries import read_registration
-from services.metrics import RESTORE_PROGRESS
-from services.runtime import ORIGIN_HEADER, Output, kv, query_partition
+from services.instruments import RESTORE_PROGRESS
+from services.records import ORIGIN_HEADER, Output, kv, query_partition
 
 log = logging.getLogger("cbgp.worker")
 
@@ -390,7 +390,7 @@ class WorkerCore:
     def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
         import time
 
-        from services.metrics import REJECTED_INPUTS
+        from services.instruments import REJECTED_INPUTS
 
         REJECTED_INPUTS.labels("worker", reason).inc()
         record = {"service": "worker", "source_topic": self.topics.get(topic, topic), "partition": partition,

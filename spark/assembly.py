@@ -35,7 +35,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from cbgp.assembly import Assembler, split_parts
 from services import codec
-from services.runtime import query_partition
+from services.records import query_partition
 
 __all__ = ["ASSEMBLY_SOURCE_BASE", "assemble_group", "decode_part_deltas", "start_assembly"]
 

@@ -35,7 +35,7 @@ from cbgp.sparql import parse_query
 from cbgp.terms import stable_term_id
 from cbgp.windows import WindowedQuery
 from services import codec
-from services.runtime import query_partition
+from services.records import query_partition
 
 __all__ = ["WINDOW_SOURCE_PARTITION", "fan_out", "start_windows", "window_group"]
 

@@ -1,0 +1,263 @@
+"""The package layers hold (issue 15): no import cycle, no upward import, no Kafka in the algorithm.
+
+Every module of ``cbgp/``, ``services/`` and ``spark/`` is read with :mod:`ast`; every ``import`` counts, at
+the top of a module and inside functions alike (a function-level import that closes a cycle is still a cycle:
+it only moves the failure from import time to call time).  No module is imported, so the test needs neither
+a broker nor Spark.
+
+Two graphs are built from the same imports:
+
+- **direct**: module -> the product module it names (``from a.b import c`` names ``a.b.c`` when that is a
+  module, else ``a.b``).  Cycles are looked for here: a submodule naming its own package's ``__init__`` while
+  the ``__init__`` re-exports it is how packages are built, so parent packages are not added.
+- **executed**: direct, plus the ``__init__`` of every package above each named module, since Python runs
+  those first.  What a Kafka-free module drags in is computed here: ``from services.kafka.topics import X``
+  runs ``services/kafka/__init__.py``, which imports confluent_kafka.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("cbgp", "services", "spark")
+KAFKA_SIDE = ("confluent_kafka", "faust", "aiokafka", "pyspark")
+# Modules documented as holding no Kafka code (their docstrings say so); cbgp/ as a whole is added below.
+KAFKA_FREE = ("services.worker_core", "services.release", "services.records", "services.instruments",
+              "services.codec", "services.queries", "services.registry")
+
+# The layers, lowest first: a module may import its own layer and those below, never one above.
+LAYERS = (
+    ("algorithm", ("cbgp",)),
+    ("Kafka-free transforms, records and wire format",
+     ("services.records", "services.instruments", "services.codec", "services.queries", "services.registry",
+      "services.worker_core", "services.release")),
+    ("Kafka plumbing", ("services.kafka", "services.metrics")),
+    ("service runtime", ("services.runtime",)),
+    ("services and the Spark job", ("services.ingest", "services.worker", "services.answers", "services.registry_faust",
+                                    "services.usercli", "spark")),
+    ("command line and local runner", ("services.cli", "services.run", "services.supervise", "services.demo")),
+)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@lru_cache(maxsize=1)
+def product_modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+def _imported_names(name: str, path: Path) -> set[str]:
+    """Absolute names of everything ``path`` imports, anywhere in it (``from a import b`` gives a.b and a)."""
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _resolve(imported: str, modules: dict[str, Path]) -> str | None:
+    """The product module an imported name refers to: itself if a module, else its longest module prefix."""
+    parts = imported.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+@lru_cache(maxsize=1)
+def graphs() -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, set[str]]]:
+    """(direct product edges, executed product edges, third-party top-level packages imported) per module."""
+    modules = product_modules()
+    direct: dict[str, set[str]] = {}
+    executed: dict[str, set[str]] = {}
+    external: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        direct[name], executed[name], external[name] = set(), set(), set()
+        imported = _imported_names(name, path)
+        for full in imported:
+            target = _resolve(full, modules)
+            if target is None:
+                if full.split(".")[0] not in PACKAGES:
+                    external[name].add(full.split(".")[0])
+                continue
+            # `from a.b import c`: both "a.b" and "a.b.c" are in `imported`; keep the most specific module
+            if target == name:
+                continue
+            if any(other != full and other.startswith(full + ".") and _resolve(other, modules) not in (None, target)
+                   for other in imported):
+                continue
+            direct[name].add(target)
+            executed[name].add(target)
+            parts = target.split(".")
+            executed[name].update(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                                  if p in modules and p != name)
+    return direct, executed, external
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path(edges: dict[str, set[str]], start: str, goal: str) -> list[str]:
+    """One import chain start -> ... -> goal (breadth first), for a readable failure."""
+    previous: dict[str, str | None] = {start: None}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        if node == goal:
+            chain = [node]
+            while previous[chain[-1]] is not None:
+                chain.append(previous[chain[-1]])  # type: ignore[arg-type]
+            return chain[::-1]
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in previous:
+                previous[nxt] = node
+                queue.append(nxt)
+    return []
+
+
+def kafka_side_imports(module: str) -> list[str]:
+    """Each Kafka-side package ``module`` imports, directly or through product modules, with the chain."""
+    _direct, executed, external = graphs()
+    problems = []
+    reachable = {module} | {m for m in executed if _path(executed, module, m)}
+    for via in sorted(reachable):
+        for package in sorted(external[via] & set(KAFKA_SIDE)):
+            problems.append(f"{' -> '.join(_path(executed, module, via))} imports {package}")
+    return problems
+
+
+def test_every_product_module_is_read() -> None:
+    modules = product_modules()
+    assert {"cbgp.engine", "services.worker_core", "services.runtime", "spark.job"} <= set(modules)
+    assert "services.kafka" in modules and "services.kafka.client" in modules
+
+
+def test_no_import_cycle_among_the_product_modules() -> None:
+    direct, _executed, _external = graphs()
+    cycles = _cycles(direct)
+    described = []
+    for component in cycles:
+        inside = {m: direct[m] & set(component) for m in component}
+        first = component[0]
+        back = next(m for m in component if first in inside[m])
+        described.append(" -> ".join(_path(inside, first, back) + [first]))
+    assert not cycles, "import cycles (function-level imports count):\n  " + "\n  ".join(
+        f"{c}: e.g. {d}" for c, d in zip(cycles, described))
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of ``module`` (by its longest listed prefix)."""
+    best, rank = -1, None
+    for index, (_name, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), index
+    if rank is None:
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layering.py")
+    return rank
+
+
+def test_every_module_is_in_a_layer_and_imports_nothing_above_it() -> None:
+    direct, _executed, _external = graphs()
+    upward = []
+    for module in sorted(m for m in direct if m not in PACKAGES):
+        for target in sorted(t for t in direct[module] if t not in PACKAGES):
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
+                              f"({LAYERS[layer_of(target)][0]})")
+    assert not upward, "upward imports:\n  " + "\n  ".join(upward)
+
+
+def test_the_algorithm_package_imports_nothing_above_it() -> None:
+    direct, _executed, _external = graphs()
+    upward = [f"{m} imports {t}" for m in sorted(direct) if m.split(".")[0] == "cbgp"
+              for t in sorted(direct[m]) if t.split(".")[0] != "cbgp"]
+    assert not upward, "cbgp/ is the algorithm: it must not import services/ or spark/:\n  " + "\n  ".join(upward)
+
+
+def test_spark_does_not_import_the_kafka_services_runtime() -> None:
+    direct, _executed, _external = graphs()
+    upward = [f"{m} imports {t}" for m in sorted(direct) if m.startswith("spark")
+              for t in sorted(direct[m]) if t in ("services.runtime", "services.cli", "services.run")]
+    assert not upward, "\n  ".join(upward)
+
+
+def _kafka_free_modules() -> list[str]:
+    modules = product_modules()
+    return sorted({m for m in modules if m.split(".")[0] == "cbgp"} | set(KAFKA_FREE))
+
+
+@pytest.mark.parametrize("module", _kafka_free_modules())
+def test_kafka_free_modules_import_no_kafka_or_spark_client(module: str) -> None:
+    problems = kafka_side_imports(module)
+    assert not problems, f"{module} is documented as Kafka-free, but:\n  " + "\n  ".join(problems)
+
+
+def test_the_documented_kafka_free_modules_exist() -> None:
+    assert set(KAFKA_FREE) <= set(product_modules())
+
+
+def test_the_checks_see_what_they_look_for() -> None:
+    """The graph sees function-level imports and package ``__init__``s (else the tests above prove nothing)."""
+    direct, executed, external = graphs()
+    assert "spark.job" in direct["services.cli"] or any("spark.job" in direct[m] for m in direct)
+    assert "confluent_kafka" in external["services.kafka.client"]
+    assert "services.kafka" in executed["services.kafka.topics"] or "services.kafka.topics" not in direct
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
