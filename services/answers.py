@@ -37,15 +37,15 @@ from services.codec import canonical_binding, current_key, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_producer
 from services.release import SeqRelease
 from services.registry import tombstone_version
-from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN,
-                              UPDATES_OUT, record_consumer_lag)
+from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT,
+                              record_consumer_lag)
+from services.records import WHOLE_QUERY_PART, dead_letter
 from services.runtime import (ORIGIN_HEADER, Fetcher, GroupInput, Output, Stopper, commit_transaction, first_record, kv,
                               origin_ms, read_range, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
 SERVICE = "answers"
-WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers (worker_core.WHOLE_QUERY_PART)
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 DICTIONARY_WAIT_SECONDS = 10.0
 PLANS_POLL_SECONDS = 0.2  # how often queries.plans is fetched (an unregistration is retracted about this late)
@@ -296,11 +296,7 @@ class AnswersCore:
         return out
 
     def _dead(self, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
-        REJECTED_INPUTS.labels(SERVICE, reason).inc()
-        record = {"service": SERVICE, "source_topic": self.t_source, "partition": partition, "offset": offset,
-                  "reason": reason, "message": message, "line": None, "original": value or b"",
-                  "at_ms": int(time.time() * 1000)}
-        return Output(self.t_deadletter, codec.encode("DeadLetter", record))
+        return dead_letter(self.t_deadletter, SERVICE, self.t_source, partition, offset, reason, message, value)
 
 
 # ---------------------------------------------------------------------------------------- Kafka loop

@@ -33,14 +33,14 @@ from cbgp.update import UPDATE_FORMAT, UpdateDelta, UpdateExtractor, UpdateReque
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
 from services import codec
 from services.kafka import KafkaSettings, end_offsets, make_producer
-from services.metrics import PROCESSING_LATENCY, REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, record_consumer_lag
+from services.metrics import PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT, record_consumer_lag
+from services.records import dead_letter, routes
 from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit_transaction, kv, read_range,
                               service_command)
 
 log = logging.getLogger("cbgp.ingest")
 
 SERVICE = "ingest"
-ROLE_NAMES = {1: "SUBJECT", 2: "OBJECT", 3: "BOTH"}
 # Inserts of present quads and deletes of absent ones: not errors (users send them), but worth watching.
 NOOP_UPDATES = Counter("cbgp_ingest_noop_updates", "Updates dropped by set semantics.", ["op"])
 NOOP_ADD, NOOP_DEL = NOOP_UPDATES.labels("ADD"), NOOP_UPDATES.labels("DEL")  # hoisted: labels() is slow per call
@@ -302,20 +302,14 @@ class IngestProcessor:
         self.seq += 1
         seq = self.seq
         self.pending_encoded.append((seq, op, *quad, event_time_ms, raw.partition, raw.offset, False))
-        n = self.n_routed
-        ps, po = s_id % n, o_id % n
-        if ps == po:
-            self.pending_routed.setdefault(ps, []).append((seq, op, *quad, event_time_ms, "BOTH"))
-        else:
-            self.pending_routed.setdefault(ps, []).append((seq, op, *quad, event_time_ms, "SUBJECT"))
-            self.pending_routed.setdefault(po, []).append((seq, op, *quad, event_time_ms, "OBJECT"))
+        pending = self.pending_routed
+        for partition, role in routes(s_id, o_id, self.n_routed):
+            pending.setdefault(partition, []).append((seq, op, *quad, event_time_ms, role))
 
-    def routes(self, s: int, o: int) -> list[tuple[int, int]]:
-        """``(centre id, role)`` pairs: by subject and by object, once with BOTH when they share a partition."""
-        ps, po = s % self.n_routed, o % self.n_routed
-        if ps == po:
-            return [(s, 3)]
-        return [(s, 1), (o, 2)]
+    def routes(self, s: int, o: int) -> tuple[tuple[int, str], ...]:
+        """``(routed partition, role)`` pairs of a change with subject ``s`` and object ``o``
+        (:func:`services.records.routes`, which :meth:`process` runs)."""
+        return routes(s, o, self.n_routed)
 
     def _encode(self, out: list[Output], term: str) -> int:
         term_id = self.dictionary.encode(term)
@@ -326,11 +320,8 @@ class IngestProcessor:
         return term_id
 
     def _dead(self, out: list[Output], raw: RawRecord, reason: str, message: str, line: int | None) -> list[Output]:
-        REJECTED_INPUTS.labels(SERVICE, reason).inc()
-        record = {"service": SERVICE, "source_topic": raw.topic, "partition": raw.partition, "offset": raw.offset,
-                  "reason": reason, "message": message.replace("\n", " "), "line": line,
-                  "original": raw.value or b"", "at_ms": int(time.time() * 1000)}
-        out.append(Output(self.t_deadletter, codec.encode("DeadLetter", record)))
+        out.append(dead_letter(self.t_deadletter, SERVICE, raw.topic, raw.partition, raw.offset, reason, message,
+                               raw.value, line))
         return out
 
 

@@ -38,7 +38,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from services.codec import CodecError, decode, encode
 from services.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, read_all
-from services.metrics import REJECTED_INPUTS, UPDATES_IN, UPDATES_OUT, start_metrics_server
+from services.metrics import UPDATES_IN, UPDATES_OUT, start_metrics_server
+from services.records import dead_letter
 from services.registry import VERSION_HEADER, Decision, Registry, tombstone_version
 from services.runtime import Stopper, kv, wait_for_topics
 
@@ -156,11 +157,9 @@ class RegistryService:
     def _reject_record(self, value: bytes, partition: int, offset: int, reason: str) -> None:
         message = f"undecodable admin record at offset {offset}: {reason}"
         log.warning(message)
-        REJECTED_INPUTS.labels(SERVICE, "schema-mismatch").inc()
-        self._send(self.settings.topic("deadletter"), encode("DeadLetter", {
-            "service": SERVICE, "source_topic": self.settings.topic("admin"), "partition": partition,
-            "offset": offset, "reason": "schema-mismatch", "message": message, "line": None,
-            "original": bytes(value), "at_ms": self.registry.error("")["at_ms"]}))
+        dead = dead_letter(self.settings.topic("deadletter"), SERVICE, self.settings.topic("admin"), partition,
+                           offset, "schema-mismatch", message, bytes(value), at_ms=self.registry.error("")["at_ms"])
+        self._send(dead.topic, dead.value)
         self._send(self.settings.topic("queries.status"), encode("QueryStatus", self.registry.error(message)))
 
     def _send(self, topic: str, value: bytes | None, key: str | None = None,

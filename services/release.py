@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from services.codec import PartDeltaColumns
-
-ORDERED_SOURCE_BELOW = 0  # source partitions below this are one ordered stream each (passed straight through)
+from services.idempotence import ORDERED_SOURCE_BELOW  # sources below it are one ordered stream each
 
 
 @dataclass

@@ -31,16 +31,14 @@ from cbgp.windows import WindowSpec
 from services import codec
 from services.queries import read_registration
 from services.instruments import RESTORE_PROGRESS
-from services.records import ORIGIN_HEADER, Output, kv, query_partition
+from services.idempotence import SNAPSHOT_INDEX_BASE, WHOLE_SOURCE_PARTITION
+from services.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, kv, query_partition
 
 log = logging.getLogger("cbgp.worker")
 
 ROLES = {"SUBJECT": 1, "OBJECT": 2, "BOTH": ROLE_ALL}
-# Snapshot deltas take the idempotence key (last replayed offset, 2^30 + i): after every live delta of that
-# offset, before every delta of the next one, so answers' "(offset, index) increases" rule keeps them.
-SNAPSHOT_INDEX_BASE = 1 << 30
-WHOLE_SOURCE_PARTITION = -1
-WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers (what the answers service numbers)
+# Idempotence keys (routed partition P, WHOLE_SOURCE_PARTITION for whole queries, SNAPSHOT_INDEX_BASE + i for
+# snapshot deltas): see services.idempotence.
 MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record (bindings of a few ids: well under 1 MB)
 
 # One input change as the engine needs it: (offset, sign, s, p, o, g, role, seq, origin_ms).
@@ -388,15 +386,8 @@ class WorkerCore:
                           query_partition(query_id, self.n_deltas), headers))
 
     def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
-        import time
-
-        from services.instruments import REJECTED_INPUTS
-
-        REJECTED_INPUTS.labels("worker", reason).inc()
-        record = {"service": "worker", "source_topic": self.topics.get(topic, topic), "partition": partition,
-                  "offset": offset, "reason": reason, "message": message.replace("\n", " "), "line": None,
-                  "original": value or b"", "at_ms": int(time.time() * 1000)}
-        return Output(self.topics["deadletter"], codec.encode("DeadLetter", record))
+        return dead_letter(self.topics["deadletter"], "worker", self.topics.get(topic, topic), partition, offset,
+                           reason, message, value)
 
     def state_by_query(self) -> dict[str, int]:
         totals: dict[str, int] = {}

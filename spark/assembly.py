@@ -13,9 +13,10 @@ data only, so a micro-batch never holds half of an update; within a batch the re
 offset order, one update (seq) at a time, and each update's answer deltas are consolidated, so the output
 is exact per update, not just at batch boundaries.
 
-Idempotence: an output's key is ``(source_partition = -100 - input partition, source_offset = offset of
-the update's last part delta, index)``.  A re-run batch (after a crash) starts from the same state version
-and reads the same records, so it produces the same keys, which the answers service drops.
+Idempotence (``services.idempotence``): an output's key is ``(source_partition = -100 - input partition,
+source_offset = offset of the update's last part delta, index)``.  A re-run batch (after a crash) starts from
+the same state version and reads the same records, so it produces the same keys, which the answers service
+drops.
 
 State per query is pickled into one binary column (``applyInPandasWithState`` keeps a row per key); each
 Python worker also caches the live :class:`Assembler` so a batch does not unpickle it again unless Spark
@@ -35,11 +36,11 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from cbgp.assembly import Assembler, split_parts
 from services import codec
-from services.records import query_partition
+from services.idempotence import ASSEMBLY_SOURCE_BASE, assembly_source_partition
+from services.records import WHOLE_QUERY_PART, query_partition
 
 __all__ = ["ASSEMBLY_SOURCE_BASE", "assemble_group", "decode_part_deltas", "start_assembly"]
 
-ASSEMBLY_SOURCE_BASE = -100  # source_partition of assembled answers = ASSEMBLY_SOURCE_BASE - input partition
 PART_DELTA_SCHEMA = ("query_id string, part int, seq long, sign int, binding string, snapshot boolean, "
                      "kafka_partition int, kafka_offset long")
 OUTPUT_SCHEMA = "key binary, value binary, partition int"
@@ -97,9 +98,9 @@ def assemble_group(query_id: str, deltas: pd.DataFrame, assembler: Assembler | N
         if snapshot or assembler is None:
             assembler = Assembler(sparql)
         for index, (sign, row) in enumerate(assembler.apply(group)):
-            record = {"query_id": query_id, "part": -1, "seq": seq, "sign": "PLUS" if sign > 0 else "MINUS",
+            record = {"query_id": query_id, "part": WHOLE_QUERY_PART, "seq": seq, "sign": "PLUS" if sign > 0 else "MINUS",
                       "binding": dict(zip(assembler.columns, row)),
-                      "source_partition": ASSEMBLY_SOURCE_BASE - last_partition, "source_offset": last_offset,
+                      "source_partition": assembly_source_partition(last_partition), "source_offset": last_offset,
                       "index": index, "snapshot": snapshot, "event_time_ms": None}
             out.append((key, codec.encode("PartDelta", record), target))
 

@@ -16,9 +16,9 @@ the watermark stays where it is.
 A windowed query sees the updates this job reads after it learned of the query (it reads the plans topic
 at every chunk); a query registered while data is flowing starts with an empty window.
 
-Idempotence: an output's key is ``(source_partition = -2, source_offset = instant (ms), index)``: instants
-only grow, and a re-run batch starts from the same state version, so it reproduces the same keys, which
-the answers service drops.
+Idempotence (``services.idempotence``): an output's key is ``(source_partition = WINDOW_SOURCE_PARTITION = -2,
+source_offset = instant (ms), index)``: instants only grow, and a re-run batch starts from the same state
+version, so it reproduces the same keys, which the answers service drops.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from cbgp.sparql import parse_query
 from cbgp.terms import stable_term_id
 from cbgp.windows import WindowedQuery
 from services import codec
+from services.idempotence import WINDOW_SOURCE_PARTITION
 from services.records import query_partition
 
 __all__ = ["WINDOW_SOURCE_PARTITION", "fan_out", "start_windows", "window_group"]
 
-WINDOW_SOURCE_PARTITION = -2
 # (kafka_offset, item) is a change's stream position: item = its place in the offset's batch record.
 UPDATE_SCHEMA = ("query_id string, tick boolean, kafka_offset long, item int, seq long, op int, s long, p long, "
                  "o long, g long, event_time_ms long")

@@ -28,14 +28,14 @@ PACKAGES = ("cbgp", "services", "spark")
 KAFKA_SIDE = ("confluent_kafka", "faust", "aiokafka", "pyspark")
 # Modules documented as holding no Kafka code (their docstrings say so); cbgp/ as a whole is added below.
 KAFKA_FREE = ("services.worker_core", "services.release", "services.records", "services.instruments",
-              "services.codec", "services.queries", "services.registry")
+              "services.idempotence", "services.codec", "services.queries", "services.registry")
 
 # The layers, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
     ("algorithm", ("cbgp",)),
     ("Kafka-free transforms, records and wire format",
-     ("services.records", "services.instruments", "services.codec", "services.queries", "services.registry",
-      "services.worker_core", "services.release")),
+     ("services.records", "services.instruments", "services.idempotence", "services.codec", "services.queries",
+      "services.registry", "services.worker_core", "services.release")),
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
     ("service runtime", ("services.runtime",)),
     ("services and the Spark job", ("services.ingest", "services.worker", "services.answers", "services.registry_faust",
@@ -261,3 +261,39 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert "confluent_kafka" in external["services.kafka.client"]
     assert "services.kafka" in executed["services.kafka.topics"] or "services.kafka.topics" not in direct
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+# One of each (issue 15 item 4): the names below are defined (assigned or def'd) in exactly one module.
+ONE_HOME = {
+    "SNAPSHOT_INDEX_BASE": "services.idempotence", "WHOLE_SOURCE_PARTITION": "services.idempotence",
+    "WINDOW_SOURCE_PARTITION": "services.idempotence", "ASSEMBLY_SOURCE_BASE": "services.idempotence",
+    "ORDERED_SOURCE_BELOW": "services.idempotence", "WHOLE_QUERY_PART": "services.records",
+    "ORIGIN_HEADER": "services.records", "query_partition": "services.records", "routes": "services.records",
+    "dead_letter": "services.records",
+}
+
+
+def _definitions(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def test_keys_routing_and_dead_letters_have_one_home() -> None:
+    """The idempotence-key ranges, the routing function and the dead-letter builder are each defined once
+    (IngestProcessor.routes delegates to services.records.routes), and only the builder encodes a DeadLetter."""
+    misplaced = []
+    for module, path in product_modules().items():
+        text = path.read_text()
+        for name in sorted(_definitions(path) & set(ONE_HOME)):
+            if module != ONE_HOME[name] and not (module == "services.ingest" and name == "routes"):
+                misplaced.append(f"{module} defines {name} (its home is {ONE_HOME[name]})")
+        if module != "services.records" and ('"DeadLetter", {' in text or '"DeadLetter", record' in text):
+            misplaced.append(f"{module} builds a DeadLetter record itself (use services.records.dead_letter)")
+    assert not misplaced, "\n  ".join(misplaced)
