@@ -123,6 +123,7 @@ class Clock:
 
     def close(self) -> None:
         self.producer.flush(5)
+        self.producer = None  # destroyed now, before the broker stops (else it logs the disconnection)
 
 
 def _term(term: dict[str, Any]) -> str:
