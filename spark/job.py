@@ -207,7 +207,14 @@ def claim_state(settings: KafkaSettings, state_dir: Path, duty_checkpoints: Mapp
     started clean, else None; records this cluster's identity in ``<state_dir>/cluster.json``."""
     import shutil
 
-    identity = cluster_identity(settings)
+    try:
+        identity: str | None = cluster_identity(settings)
+    except Exception as exc:  # noqa: BLE001 - only a cluster that forbids the marker is let through
+        if not any(word in str(exc).upper() for word in ("AUTHORIZATION", "POLICY")):
+            raise
+        log.warning("cannot keep the cluster marker %s (%s): only the offsets tell a foreign state dir",
+                    settings.topic(MARKER_TOPIC), str(exc).replace("\n", " "))
+        identity = None
     record = state_dir / IDENTITY_FILE
     reason = None
     try:
@@ -216,7 +223,7 @@ def claim_state(settings: KafkaSettings, state_dir: Path, duty_checkpoints: Mapp
         saved = None
     existing = [p for p in [*duty_checkpoints.values(), snapshot_dir] if p is not None and p.exists()]
     if existing:
-        if saved is not None and saved != identity:
+        if saved is not None and identity is not None and saved != identity:
             reason = f"it was made against another cluster ({saved}, now {identity})"
         else:
             for duty, checkpoint in duty_checkpoints.items():
@@ -227,6 +234,8 @@ def claim_state(settings: KafkaSettings, state_dir: Path, duty_checkpoints: Mapp
         for path in existing:
             shutil.rmtree(path, ignore_errors=True)
     state_dir.mkdir(parents=True, exist_ok=True)
+    if identity is None:
+        return reason
     tmp = record.with_suffix(".tmp")
     tmp.write_text(json.dumps({"identity": identity, "bootstrap_servers": settings.bootstrap_servers,
                                "topic_prefix": settings.topic_prefix}))
