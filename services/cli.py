@@ -101,9 +101,33 @@ def _run_spark_job(argv: list[str]) -> int:
     return spark_main(argv)
 
 
+def _describe_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
+    """``cbgp describe SERVICE``: a service's topology (``services.topology``), no broker needed."""
+    from services.topology import TOPOLOGIES
+
+    p = commands.add_parser("describe", help="print a service's topology: sources -> processor -> sinks, with keys")
+    p.add_argument("service", nargs="?", choices=list(TOPOLOGIES), help="the service (default: every one)")
+    p.add_argument("--json", action="store_true", help="print the topology as JSON")
+
+    def run_describe(args: argparse.Namespace) -> int:
+        from services.topology import describe, describe_json
+
+        services = [args.service] if args.service else list(TOPOLOGIES)
+        if args.json:
+            import json
+
+            found = [json.loads(describe_json(name)) for name in services]
+            print(json.dumps(found[0] if args.service else found, indent=2))
+        else:
+            print("\n\n".join(describe(name) for name in services))
+        return 0
+
+    return {"describe": run_describe}
+
+
 # Registration functions of the fleet's command groups, in help order.
 FLEET_COMMANDS: list[Callable[[argparse._SubParsersAction], dict[str, Handler]]] = [
-    _broker_commands, _data_path_commands, _registry_commands, _spark_commands]
+    _broker_commands, _data_path_commands, _registry_commands, _spark_commands, _describe_commands]
 
 
 def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:

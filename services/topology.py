@@ -1,0 +1,139 @@
+"""Each data-path service's topology, as data: sources -> processor -> sinks (``cbgp describe SERVICE``).
+
+In the spirit of Kafka Streams' ``Topology#describe()``: what a service reads, which transform it runs and
+what it writes, with each topic's key and how records are placed on (or read from) its partitions.  No Kafka
+in here, and no broker is needed to print it.  ``tests/test_topology.py`` checks every topic named here
+against the catalogue (``services.kafka.topics.TOPICS``: same key), that every catalogue topic is used, and
+that the Helm chart creates exactly the catalogue's topics.  ``N`` is the configured partition count.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+__all__ = ["Edge", "Topology", "TOPOLOGIES", "describe", "describe_json"]
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One topic a service reads (a source) or writes (a sink)."""
+
+    topic: str  # catalogue name, without the prefix
+    key: str  # the record key, as the catalogue describes it
+    partitioning: str  # where records go (sinks) or which partitions are read, and how (sources)
+
+
+@dataclass(frozen=True)
+class Topology:
+    service: str  # the `cbgp` command that runs it
+    processor: str  # the transform (module.Class or function)
+    job: str
+    sources: tuple[Edge, ...]
+    sinks: tuple[Edge, ...]
+
+    def topics(self) -> set[str]:
+        return {edge.topic for edge in (*self.sources, *self.sinks)}
+
+
+_ONE = "1 partition"
+_BY_QUERY = "query_partition(query id, N)"
+
+TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
+    Topology(
+        "ingest", "services.ingest.IngestProcessor",
+        "parse, deduplicate, number, dictionary-encode and route raw updates",
+        sources=(
+            Edge("updates.raw", "none", f"{_ONE}, the graph's change order; consumer group <prefix>ingest"),
+            Edge("dictionary", "term id", "all partitions from offset 0, at start (restore the dictionary)"),
+            Edge("updates.encoded", "none", f"{_ONE} from offset 0, at start (restore the presence set and seq)"),
+        ),
+        sinks=(
+            Edge("updates.encoded", "none", f"{_ONE}: the total order, seq 1, 2, ... (EncodedBatch records)"),
+            Edge("updates.routed", "centre term id",
+                 "services.records.routes: id % N of the subject and of the object (BOTH when equal); "
+                 "RoutedBatch and Frontier records"),
+            Edge("dictionary", "term id", "term id % N, once per new term"),
+            Edge("deadletter", "none", f"{_ONE}: a rejected statement"),
+        ),
+    ),
+    Topology(
+        "worker", "services.worker_core.WorkerCore",
+        "hold star state per routed partition and whole queries' state; emit per-query part deltas",
+        sources=(
+            Edge("queries.plans", "query id", "all partitions from offset 0, never committed"),
+            Edge("updates.routed", "centre term id", "consumer group <prefix>workers: routed shards"),
+            Edge("updates.encoded", "none",
+                 f"{_ONE}, one group <group>.encoded.<P> per owned routed partition P: whole-query shards"),
+        ),
+        sinks=(
+            Edge("deltas.parts", "query id", f"{_BY_QUERY}; idempotence keys of services.idempotence"),
+            Edge("deadletter", "none", f"{_ONE}: an undecodable input record"),
+        ),
+    ),
+    Topology(
+        "answers", "services.answers.AnswersCore",
+        "number each query's whole-query deltas, drop duplicates, decode terms, keep multiplicities",
+        sources=(
+            Edge("deltas.parts", "query id", "consumer group <prefix>answers (part = -1 records)"),
+            Edge("queries.plans", "query id", "all partitions, read continuously (registration versions)"),
+            Edge("dictionary", "term id", "all partitions, read continuously (term ids -> terms)"),
+            Edge("answers", "query id", "the assigned partitions from offset 0, at assignment (restore)"),
+            Edge("updates.routed", "centre term id", "partition count only (routed frontiers to wait for)"),
+        ),
+        sinks=(
+            Edge("answers", "query id", "the partition of the deltas.parts record (= query_partition(query id, N))"),
+            Edge("answers.current", "query id + binding", "the same partition as the query's answers"),
+            Edge("deadletter", "none", f"{_ONE}: an undecodable delta"),
+        ),
+    ),
+    Topology(
+        "registry", "services.registry.Registry",
+        "decide admin commands: publish query plans (or tombstones) and status replies (a faust app)",
+        sources=(
+            Edge("admin", "none", f"{_ONE}, in the order users sent the commands (faust agent)"),
+            Edge("queries.plans", "query id", "all partitions from offset 0, at start (restore the registered set)"),
+            Edge("updates.encoded", "none", f"{_ONE}: end offset only (the seq a registration starts at)"),
+        ),
+        sinks=(
+            Edge("queries.plans", "query id", "by key (compacted: the current plan per query id)"),
+            Edge("queries.status", "none", f"{_ONE}: one reply per command"),
+            Edge("deadletter", "none", f"{_ONE}: an undecodable admin record"),
+        ),
+    ),
+    Topology(
+        "spark-job", "spark.windows.window_group, spark.assembly.assemble_group, spark.compaction.compact_batch",
+        "event-time windows, multi-part assembly and answer compaction (PySpark Structured Streaming)",
+        sources=(
+            Edge("updates.encoded", "none", f"{_ONE} (windows)"),
+            Edge("queries.plans", "query id", "all partitions, at every micro-batch (windows, assembly)"),
+            Edge("deltas.parts", "query id", "all partitions, part >= 0 records (assembly)"),
+            Edge("answers", "query id", "all partitions (compaction)"),
+        ),
+        sinks=(
+            Edge("deltas.parts", "query id",
+                 f"{_BY_QUERY}, part = -1: window answers (source -2) and assembled answers (source -100 - p)"),
+            Edge("answers.current", "query id + binding", "the partition of the query's answers (compaction)"),
+        ),
+    ),
+)}
+
+
+def describe(service: str) -> str:
+    """``service``'s topology as text, one line per topic: sources, then the processor, then sinks."""
+    topology = TOPOLOGIES[service]
+    width = max(len(edge.topic) for edge in (*topology.sources, *topology.sinks))
+
+    def line(arrow: str, edge: Edge) -> str:
+        return f"  {arrow} {edge.topic:<{width}}  key: {edge.key:<18}  {edge.partitioning}"
+
+    lines = [f"Topology: cbgp {topology.service}", "  Sources:"]
+    lines += [line("<-", edge) for edge in topology.sources]
+    lines += ["  Processor:", f"     {topology.processor}", f"     ({topology.job})", "  Sinks:"]
+    lines += [line("->", edge) for edge in topology.sinks]
+    return "\n".join(lines)
+
+
+def describe_json(service: str) -> str:
+    """``service``'s topology as JSON: ``{service, processor, job, sources: [...], sinks: [...]}``."""
+    return json.dumps(asdict(TOPOLOGIES[service]), indent=2)
