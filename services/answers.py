@@ -433,13 +433,14 @@ class AnswersService:
                 self.held.discard(partition)
         for tp in partitions:
             # Held deltas are re-read from the committed offset: restart the release from what was committed
-            # with it (an unchanged re-assignment included), and rebuild DISTINCT counts of a new partition.
-            self.release.restore(tp.partition, tp.metadata)
-            if tp.partition not in self.held:
-                for msg in read_range(self.settings, self.t_source, tp.partition, 0, max(tp.offset, 0)):
+            # with it (an unchanged re-assignment keeps its DISTINCT counts; a new partition rebuilds them).
+            kept = tp.partition in self.held
+            end = self.release.restore(tp.partition, tp.metadata, keep_counts=kept)
+            if not kept and end > 0:
+                for msg in read_range(self.settings, self.t_source, tp.partition, 0, end):
                     deltas = _decoded([msg])[0]
                     if deltas is not None:
-                        self.release.restore_counts(deltas)
+                        self.release.restore_counts(tp.partition, msg.offset(), deltas)
         for partition in sorted(new - self.held):
             low, high = end_offsets(self.settings, self.t_answers)[partition]
             for msg in read_range(self.settings, self.t_answers, partition, low, high):

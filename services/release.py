@@ -16,12 +16,14 @@ retracts from another.  So, per deltas.parts partition:
    (``PartDeltaBatch.distinct``); released in seq order, a row goes out as ``+`` when its count goes
    0 -> 1 and as ``-`` when it goes 1 -> 0.
 
-Restart: the offset committed for a deltas.parts partition is never past a record that still holds an
-unreleased delta, and its commit metadata carries the frontiers as they were before that record
-(:meth:`SeqRelease.commit_position`), so a restarted service re-reads the held records and decides exactly as
-before; what it had already released is dropped downstream by idempotence key.  DISTINCT counts are rebuilt
-from the deltas.parts records before the committed offset (:meth:`SeqRelease.restore_counts`), which were
-all released.
+Restart (:meth:`SeqRelease.commit_position`, :meth:`SeqRelease.restore`): the offset committed for a
+deltas.parts partition is never past a record that still holds an unreleased delta, and its commit metadata
+carries the frontiers at the commit and the offset the service had read to (``end``).  Exactly the deltas
+read before ``end`` whose seq is at or below the frontiers' minimum ``W`` were released, so a restarted
+service rebuilds its DISTINCT counts from those (reading ``[0, end)``), and when it re-reads the records
+from the committed offset it skips them and holds the rest again: it resumes in the state it committed, in
+the same order.  (Counting the records before the committed offset instead would be wrong: one of them may
+hold a later seq than a released delta of a record after it.)
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from services.idempotence import ORDERED_SOURCE_BELOW  # sources below it are on
 @dataclass
 class _Partition:
     frontiers: dict[int, int] = field(default_factory=dict)  # routed partition -> highest completed seq
+    released_end: int = 0  # restart: deltas of records before this offset with seq <= released_seq were ...
+    released_seq: int = -1  # ... released before the restart: skipped when read again
+    counts: dict[tuple[str, int], dict[tuple[int, ...], int]] = field(default_factory=dict)  # DISTINCT rows
     heap: list = field(default_factory=list)  # (seq, source partition, source offset, index, tie, record, i)
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
@@ -52,35 +57,43 @@ class SeqRelease:
     def __init__(self, routed_partitions: int) -> None:
         self.n_routed = routed_partitions
         self.partitions: dict[int, _Partition] = {}
-        self.counts: dict[tuple[str, int], dict[tuple[int, ...], int]] = {}  # (query, version) -> row -> count
         self._tie = count()
 
     # -- partitions
 
-    def restore(self, partition: int, metadata: str | None) -> None:
-        """Start (or restart) a partition at its committed offset, with the frontiers committed beside it."""
+    def restore(self, partition: int, metadata: str | None, keep_counts: bool = False) -> int:
+        """Start (or restart) a partition at its committed offset with the frontiers and read position
+        committed beside it; return that read position (``end``): the caller feeds the records before it to
+        :meth:`restore_counts` unless ``keep_counts`` (this instance already holds the counts it committed)."""
+        old = self.partitions.get(partition)
         state = self.partitions[partition] = _Partition()
+        if keep_counts and old is not None:
+            state.counts = old.counts
         try:
-            stored = json.loads(metadata or "{}").get("frontiers", {})
-            state.frontiers = {int(p): int(s) for p, s in stored.items()}
+            stored = json.loads(metadata or "{}")
+            state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}
+            state.released_end = int(stored.get("end", 0))
         except (ValueError, AttributeError, TypeError):
-            state.frontiers = {}
+            state.frontiers, state.released_end = {}, 0
+        state.released_seq = self.watermark(partition)
+        return state.released_end
 
     def drop(self, partition: int) -> None:
         self.partitions.pop(partition, None)
 
-    def restore_counts(self, deltas: PartDeltaColumns) -> None:
-        """Count a DISTINCT batch that was released before the committed offset (restore, no output)."""
-        if deltas.distinct:
-            self._consolidate(deltas, emit=False)
+    def restore_counts(self, partition: int, offset: int, deltas: PartDeltaColumns) -> None:
+        """Count the released rows of a DISTINCT batch read before the committed read position (restore)."""
+        state = self.partitions[partition]
+        if deltas.distinct and offset < state.released_end:
+            released = [i for i in range(len(deltas)) if deltas.seq[i] <= state.released_seq]
+            self._consolidate(state, _pick(deltas, released), emit=False)
 
     def commit_position(self, partition: int, next_offset: int) -> tuple[int, str]:
         """The offset to commit for ``partition`` (processed up to ``next_offset``) and its metadata."""
         state = self.partitions[partition]
-        if state.records:
-            first = min(state.records)
-            return first, json.dumps({"frontiers": state.records[first][1]}, separators=(",", ":"))
-        return next_offset, json.dumps({"frontiers": state.frontiers}, separators=(",", ":"))
+        end = max(next_offset, state.released_end)
+        metadata = json.dumps({"frontiers": state.frontiers, "end": end}, separators=(",", ":"))
+        return (min(state.records) if state.records else next_offset), metadata
 
     def held(self) -> int:
         return sum(len(state.heap) for state in self.partitions.values())
@@ -105,7 +118,11 @@ class SeqRelease:
         if not deltas.source_partition or max(deltas.source_partition) < ORDERED_SOURCE_BELOW:
             return [(offset, origin, deltas)]
         state = self.partitions[partition]
-        state.records[offset] = [len(deltas), dict(state.frontiers), origin]
+        if offset < state.released_end:  # read again after a restart: what was released then is done
+            deltas = _pick(deltas, [i for i in range(len(deltas)) if deltas.seq[i] > state.released_seq])
+            if not len(deltas):
+                return self._release(partition)
+        state.records[offset] = [len(deltas), origin]
         for i in range(len(deltas)):
             heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
                                         deltas.index[i], next(self._tie), offset, deltas, i))
@@ -126,25 +143,26 @@ class SeqRelease:
             if last is not None and _same_stream(last[2], deltas):
                 last[3].append(i) if last[2] is deltas else last[3].append((deltas, i))
             else:
-                groups.append((offset, record[2], deltas, [i]))
+                groups.append((offset, record[1], deltas, [i]))
         out: list[Released] = []
         for offset, origin, deltas, items in groups:
             picked = _pick(deltas, items)
             if picked.distinct:
-                picked = self._consolidate(picked, emit=True)
+                picked = self._consolidate(state, picked, emit=True)
                 if not len(picked):
                     continue
             out.append((offset, origin, picked))
         return out
 
-    def _consolidate(self, deltas: PartDeltaColumns, emit: bool) -> PartDeltaColumns:
+    @staticmethod
+    def _consolidate(state: _Partition, deltas: PartDeltaColumns, emit: bool) -> PartDeltaColumns:
         """DISTINCT over multiset rows: keep a row's delta only when its count crosses 0 <-> 1."""
         key = (deltas.query_id, deltas.version)
-        counts = self.counts.get(key)
+        counts = state.counts.get(key)
         if counts is None:
-            for stale in [k for k in self.counts if k[0] == deltas.query_id and k[1] < deltas.version]:
-                del self.counts[stale]  # a re-registration starts from nothing
-            counts = self.counts[key] = {}
+            for stale in [k for k in state.counts if k[0] == deltas.query_id and k[1] < deltas.version]:
+                del state.counts[stale]  # a re-registration starts from nothing
+            counts = state.counts[key] = {}
         k = len(deltas.variables)
         kept: list[int] = []
         for i in range(len(deltas)):

@@ -88,7 +88,7 @@ def _triple(rng: random.Random, subjects: int) -> str:
 
 
 def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_deltas: int, rng: random.Random,
-                    late: set[str] = frozenset()) -> dict[str, list[tuple[int, str, tuple]]]:
+                    late: set[str] = frozenset(), crash_rate: float = 0.0) -> dict[str, list[tuple[int, str, tuple]]]:
     """The fleet's cores in memory, each routed partition its own worker, processed in a random order;
     ``late`` queries are registered halfway.  Returns per query the answers (seq, sign, sorted binding) in
     answer order."""
@@ -150,23 +150,51 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
             cursors[p] += 1
         for out in core.flush_batches():
             deltas[out.partition].append(out.value)
-    # The answers side: each deltas.parts partition read in order, through the release, into the core.
-    release = SeqRelease(n_routed)
-    answers = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
-    produced: dict[str, list[tuple[int, str, tuple]]] = {name: [] for name in queries}
-    for d in range(n_deltas):
-        release.restore(d, None)
-        for offset, value in enumerate(deltas[d]):
+    return answers_side(deltas, n_routed, dictionary, list(queries), rng, crash_rate)
+
+
+def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict[int, str], names: list[str],
+                 rng: random.Random, crash_rate: float) -> dict[str, list[tuple[int, str, tuple]]]:
+    """Each deltas.parts partition read in order through the release into the answers core, committing after
+    every record; with ``crash_rate``, the answers service "dies" after a commit now and then and a new one
+    restores as the service does (answers log -> core, commit metadata -> release, DISTINCT counts from
+    the records before the committed read position) and reads again from the committed offset."""
+    produced: dict[str, list[tuple[int, str, tuple]]] = {name: [] for name in names}
+    for d in deltas:
+        log: list = []  # this partition's committed Answer outputs (the answers topic)
+        committed = (0, None)
+
+        def fresh():
+            release = SeqRelease(n_routed)
+            core = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
+            for out in log:
+                core.restore(d, out.value, dict(out.headers or ()))
+            end = release.restore(d, committed[1])
+            for off in range(end):
+                if codec.frontier_of(deltas[d][off]) is None:
+                    release.restore_counts(d, off, codec.part_delta_columns(deltas[d][off]))
+            return release, core
+
+        release, core = fresh()
+        offset = last_crash = 0
+        while offset < len(deltas[d]):
+            value = deltas[d][offset]
             frontier = codec.frontier_of(value)
             ready = (release.on_frontier(d, frontier) if frontier is not None
                      else release.on_deltas(d, offset, None, codec.part_delta_columns(value)))
             for source_offset, origin, cols in ready:
-                for out in answers.on_record(d, source_offset, value, origin, dictionary.get, cols):
-                    if out.topic == "u.answers":
-                        record = codec.decode("Answer", out.value)
-                        produced[record["query_id"]].append((record["seq"], record["sign"], tuple(sorted(
-                            (v, t["value"]) for v, t in record["binding"].items()))))
+                log += [o for o in core.on_record(d, source_offset, value, origin, dictionary.get, cols)
+                        if o.topic == "u.answers"]
+            offset += 1
+            committed = release.commit_position(d, offset)
+            if crash_rate and offset > last_crash and rng.random() < crash_rate:  # each record crashes once at most
+                release, core = fresh()
+                last_crash, offset = offset, committed[0]
         assert not release.partitions[d].heap, "every delta is released once every frontier passed the end"
+        for out in log:
+            record = codec.decode("Answer", out.value)
+            produced[record["query_id"]].append((record["seq"], record["sign"], tuple(sorted(
+                (v, t["value"]) for v, t in record["binding"].items()))))
     return produced
 
 
@@ -194,12 +222,13 @@ def run_whole(lines: list[str], queries: dict[str, str]) -> dict[str, Counter]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n_routed=st.sampled_from([1, 2, 3, 4, 8]), n_deltas=st.sampled_from([1, 3]),
-       subjects=st.integers(3, 9), length=st.integers(20, 160))
+       subjects=st.integers(3, 9), length=st.integers(20, 160), crash_rate=st.sampled_from([0.0, 0.0, 0.15]))
 def test_distributed_evaluation_equals_one_engine_per_update_in_any_interleaving(seed, n_routed, n_deltas, subjects,
-                                                                                  length) -> None:
+                                                                                  length, crash_rate) -> None:
+    """...and with the answers service restarted from its commits at random points."""
     rng = random.Random(seed)
     lines = stream(rng, length, subjects)
-    got = run_distributed(lines, BY_CENTRE_QUERIES, n_routed, n_deltas, rng)
+    got = run_distributed(lines, BY_CENTRE_QUERIES, n_routed, n_deltas, rng, crash_rate=crash_rate)
     want = run_whole(lines, BY_CENTRE_QUERIES)
     for name in BY_CENTRE_QUERIES:
         answers = got[name]
