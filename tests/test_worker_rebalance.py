@@ -35,8 +35,8 @@ def publish_encoded(settings: KafkaSettings, lines: list[str]) -> None:
 def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_settings: KafkaSettings) -> None:
     settings = kafka_settings
     publish_plan(settings, "star", QUERIES["star"])  # routed: a shard per partition
-    publish_plan(settings, "path", QUERIES["path"])  # whole: one shard, on the partition that owns it
-    owner = query_partition("path", settings.partitions)
+    publish_plan(settings, "product", QUERIES["product"])  # single owner: one whole shard, on its partition
+    owner = query_partition("product", settings.partitions)
     other = (owner + 1) % settings.partitions
     args = argparse.Namespace(group=None, instance_id="rebalance-test", batch=100, assembly="worker")
     service = WorkerService(settings, args, [False])
