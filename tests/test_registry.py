@@ -202,7 +202,8 @@ def test_service_accepts_each_class_and_publishes_the_decomposed_plan(registry: 
 @pytest.mark.parametrize("sparql,line,column,words", [
     ("SELECT * WHERE {\n  ?x <http://ex.org/p> ?y .\n  FILTER(?y > 3)\n}", 3, 3, "FILTER"),
     ("SELECT * WHERE { ?x <http://ex.org/p> ?y OPTIONAL { ?y <http://ex.org/q> ?z } }", 1, 42, "OPTIONAL"),
-    ("SELECT * WHERE { ?x <http://ex.org/p> ?y \n ?y", 2, 2, "syntax error"),
+    # the cause is the brace left open, at its position (issue 14 item 4: syntax errors name a cause)
+    ("SELECT * WHERE { ?x <http://ex.org/p> ?y \n ?y", 1, 16, "'{' is never closed"),
 ])
 def test_service_rejects_bad_queries_with_line_and_column(registry: Registered, sparql: str, line: int, column: int,
                                                            words: str) -> None:
