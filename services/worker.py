@@ -352,6 +352,10 @@ class WorkerService:
                 FRONTIER.labels(label).set(shard.frontier)
             STATE_ENTRIES.labels(label).set(shard.engine.state_entries())
             STATE_BYTES.labels(label).set(shard.engine.state_bytes())
+        held = {shard_label(kind, p) for kind, p in self.core.shards if kind == "routed"}
+        for labels in list(FRONTIER._metrics):  # partitions no longer held: no stale frontier
+            if labels[0] not in held:
+                FRONTIER.remove(*labels)
         by_query = self.core.state_by_query()
         for name, entries in by_query.items():
             QUERY_STATE.labels(name).set(entries)

@@ -139,6 +139,13 @@ def shard_label(kind: str, partition: int) -> str:
     return str(partition) if kind == "routed" else f"whole-{partition}"
 
 
+def _tracking_seq(shard: Shard, changes: Iterable[Change]) -> Iterator[Change]:
+    """Pass ``changes`` through, keeping the shard's last applied seq (restores replay its log)."""
+    for change in changes:
+        shard.last_seq = max(shard.last_seq, change[7])
+        yield change
+
+
 def _with_progress(changes: Iterable, total: int, label: str, every: int = 2000) -> Iterator:
     """Pass `changes` through, publishing the share of the log replayed so far (restore progress)."""
     gauge = RESTORE_PROGRESS.labels(label)
@@ -156,6 +163,7 @@ class Shard:
     engine: WorkerEngine = field(default_factory=lambda: WorkerEngine(TermDictionary(stable=True)))
     position: int = 0  # next offset of its log to apply
     frontier: int = -1  # routed shards: highest seq the partition has completed (ingest's Frontier records)
+    last_seq: int = 0  # seq of the last change applied (a snapshot is labelled with the seq it is "as of")
     versions: dict[str, int] = field(default_factory=dict)  # query id -> registered plan version
     outputs: dict[str, tuple[str, int]] = field(default_factory=dict)  # engine name -> (query id, part)
 
@@ -282,7 +290,8 @@ class WorkerCore:
             shard.register(info)
         started = time.monotonic()
         label = shard_label(kind, partition)
-        changes = _with_progress(self.reader(kind, partition, 0, shard.position), shard.position, label)
+        changes = _with_progress(_tracking_seq(shard, self.reader(kind, partition, 0, shard.position)),
+                                 shard.position, label)
         net = shard.engine.replay(changes, {name for i in owed for name, _p, _q in i.engine_queries()}, only=False)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
@@ -302,6 +311,8 @@ class WorkerCore:
         out: list[Output] = []
         index = 0
         apply = shard.engine.apply
+        if changes:
+            shard.last_seq = max(shard.last_seq, changes[-1][7])
         for _offset, sign, s, p, o, g, role, seq, origin in changes:
             deltas = apply(sign, s, p, o, g, role)
             if not deltas:
@@ -357,13 +368,18 @@ class WorkerCore:
     # -- output records
 
     def _snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset]) -> list[Output]:
+        """The netted answers of ``infos`` over the shard's log so far, labelled with the seq they are as of
+        (the last change the shard applied; the registry's registered_at_seq counts updates.encoded records,
+        which hold many changes each, so it lags far behind)."""
         out: list[Output] = []
         index = SNAPSHOT_INDEX_BASE
+        as_of = max(shard.last_seq, shard.frontier)
         for info in infos:
             for name, _part, _query in info.engine_queries():
                 for row, count in sorted(net.get(name, {}).items()):
                     for _ in range(max(count, 0)):
-                        self._part_delta(out, shard, name, 1, row, info.registered_at_seq, shard.position - 1,
+                        self._part_delta(out, shard, name, 1, row, max(info.registered_at_seq, as_of),
+                                         shard.position - 1,
                                          index, True, None)
                         index += 1
         return out
