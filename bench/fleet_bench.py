@@ -1,19 +1,26 @@
-"""End-to-end benchmark of the fleet (ingest -> workers -> answers) on the embedded broker.
+"""End-to-end benchmark of the whole fleet users run (as ``make run`` starts it) on its embedded broker.
 
     .venv/bin/python bench/fleet_bench.py [--workers 1,2,4] [--updates 10000] [--rate 5000] [--warmup 5000]
                                           [--repeat 3]
 
-For each worker count, ``--repeat`` times, on a fresh noida-db broker with 4 routed partitions and three queries (a star, a
-path, a DISTINCT component):
-- idle CPU: cores each process uses for 5 s before any data flows;
+For each worker count, ``--repeat`` times, a fresh fleet started as ``make run`` starts it, without the demo:
+``python -m services.run --no-demo --run-dir <tmp> --workers W`` (embedded noida-db broker with 4 partitions
+per topic, ingest, registry, W workers, answers, the Spark job, and the supervisor with its live view; the
+start-up and the process grouping are bench/lsbench_fleet.py's and bench/idle_bench.py's).  Once every
+service is ready, three queries (a star, a path, a DISTINCT component) are registered with ``cbgp register``
+(through the registry), then:
+- idle CPU: cores each process group uses for 5 s before any data flows (psutil over the whole process tree:
+  broker, supervisor, ingest, registry, worker-i, answers, spark-job, spark-jvm, spark-python-workers; and
+  the bench itself);
 - warm-up: ``--warmup`` updates at ``--rate``, not measured except for their worst latency (the first
   answers wait for clients to find coordinators, transactions to add partitions, the answers service to
   fetch the dictionary...);
-- latency: updates produced at ``--rate`` updates/s (messages of 50 updates every 10 ms); the latency of
-  an answer is its ``produced_at_ms`` minus the produce time of the raw record that caused it (carried in
-  the ``cbgp-origin-ms`` header); p50/p90/p99/max over every answer of the phase;
+- latency: updates produced at ``--rate`` updates/s (messages of 50 updates every 10 ms) to ``updates.raw``;
+  the latency of an answer is its ``produced_at_ms`` minus the produce time of the raw record that caused it
+  (carried in the ``cbgp-origin-ms`` header); p50/p90/p99/max over every answer of the phase;
 - throughput: ``--updates`` more updates produced as fast as possible; updates/s = updates / (time of the
-  last answer - time of the first produce), with the CPU each process spent per update meanwhile.
+  last answer - time of the first produce), with the CPU each process group spent per update meanwhile
+  (sampled every second, so Spark's short-lived Python workers count).
 Completion is known exactly: the expected answer count comes from ``cbgp replay``.  The bench stays off
 the two cores while the fleet works: it polls the answers service's emitted-deltas counter and reads the
 answers once they are all out (their times are in the records).  Runs stay under ~10^5 broker messages
@@ -23,27 +30,36 @@ answers once they are all out (their times are in the records).  Runs stay under
 from __future__ import annotations
 
 import argparse
-import os
+import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from services import codec  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Producer  # noqa: E402
 
-from services.kafka import EmbeddedBroker, KafkaSettings, end_offsets, ensure_topics, make_producer  # noqa: E402
+from services.kafka import KafkaSettings, end_offsets, make_producer  # noqa: E402
 from services.runtime import ORIGIN_HEADER, Fetcher, read_range  # noqa: E402
-from tests.fleet_support import QUERIES, Fleet, generate_patch, metric_total, publish_plan, replay  # noqa: E402
+from tests.fleet_support import QUERIES, generate_patch, replay  # noqa: E402
+# the fleet as make run starts it, its process groups and its /metrics: the LSBench and idle benches' helpers
+from idle_bench import _group, _service_of  # noqa: E402
+from lsbench_fleet import CBGP, CpuTracker, metrics, start_fleet, stop_fleet, total  # noqa: E402
 
 BENCH_QUERIES = {name: QUERIES[name] for name in ("star", "path", "names")}
 PER_MESSAGE = 50
 IDLE_SECONDS = 5.0  # CPU of the idle fleet is measured over this long before the load starts
+SETTLE_SECONDS = 10.0  # after the registrations: the plans reach every worker, the Spark job sees them
 
 
 def produce(producer: Producer, settings: KafkaSettings, lines: list[str], rate: float | None) -> float:
@@ -82,7 +98,7 @@ class AnswerReader:
     def wait_emitted(self, expected: int, timeout: float) -> None:
         """Until the answers service has emitted ``expected`` answers in total (a /metrics poll every 0.2 s)."""
         deadline = time.monotonic() + timeout
-        while (emitted := metric_total(self.emitted_url, "cbgp_deltas_emitted_total")) < expected:
+        while (emitted := total(metrics(self.emitted_url), "cbgp_deltas_emitted_total")) < expected:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {emitted:.0f} of {expected} answers emitted after {timeout}s")
             time.sleep(0.2)
@@ -106,55 +122,53 @@ class AnswerReader:
         self.fetcher.close()
 
 
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User+system CPU seconds so far of each named process (Linux /proc; 0 if it is gone)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for name, pid in pids.items():
+def group_cpu(root: psutil.Process, service_of: dict[int, str]) -> dict[str, float]:
+    """User+system CPU seconds so far of each process group of the fleet's tree (live processes only)."""
+    out: dict[str, float] = {}
+    try:
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return out
+    for p in procs:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            out[name] = 0.0
+            t = p.cpu_times()
+            name = _group(p, root.pid, service_of)
+            out[name] = out.get(name, 0.0) + t.user + t.system
+        except psutil.Error:
+            pass
     return out
 
 
-def transactions(fleet: Fleet) -> dict[str, tuple[float, float]]:
-    """(transactions, records consumed) so far per service process, from its /metrics (one batch = one
+def self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def transactions(urls: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """(transactions, records consumed) so far per data-path service, from its /metrics (one batch = one
     transaction: ``cbgp_processing_latency_seconds`` is observed once per committed batch)."""
-    return {name: (metric_total(fleet.metrics_url(name), "cbgp_processing_latency_seconds_count"),
-                   metric_total(fleet.metrics_url(name), "cbgp_updates_in_total")) for name in fleet.procs}
-
-
-def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {name: after[name] - before.get(name, 0.0) for name in after}
-
-
-def wait_ready(fleet: Fleet, workers: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all("event=assigned" in fleet.log_text(f"w{i}") for i in range(workers)) and \
-                "event=assigned" in fleet.log_text("answers"):
-            time.sleep(1.0)  # let the last rebalance settle
-            return
-        time.sleep(0.2)
-    raise TimeoutError("fleet not ready")
+    out = {}
+    for name, url in urls.items():
+        if name == "ingest" or name == "answers" or name.startswith("worker-"):
+            page = metrics(url)
+            out[name] = (total(page, "cbgp_processing_latency_seconds_count"), total(page, "cbgp_updates_in_total"))
+    return out
 
 
 class CpuSampler:
-    """Cores each process uses per ``step`` seconds while running (the burst's timeline)."""
+    """Cores each process group uses per ``step`` seconds while running (the burst's timeline)."""
 
-    def __init__(self, pids: dict[str, int], step: float = 0.1) -> None:
-        self.pids, self.step, self.rows = pids, step, []
+    def __init__(self, root: psutil.Process, service_of: dict[int, str], step: float = 0.1) -> None:
+        self.root, self.service_of, self.step, self.rows = root, service_of, step, []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        last, t_last = cpu_seconds(self.pids), time.time()
+        last, t_last = group_cpu(self.root, self.service_of), time.time()
         while not self.done.wait(self.step):
-            now, t_now = cpu_seconds(self.pids), time.time()
-            self.rows.append((t_now, {k: (now[k] - last[k]) / (t_now - t_last) for k in now}))
+            now, t_now = group_cpu(self.root, self.service_of), time.time()
+            self.rows.append((t_now, {k: max(0.0, now[k] - last.get(k, 0.0)) / (t_now - t_last) for k in now}))
             last, t_last = now, t_now
 
     def stop(self) -> list[tuple[float, dict[str, float]]]:
@@ -184,69 +198,76 @@ def print_timeline(stages: dict[str, tuple[int, float, float]], samples: list, t
     for name, (count, first, last) in stages.items():
         print(f"    {name:<16} {count:>7,} records  {first:6.2f} .. {last:6.2f} s", file=sys.stderr)
     print("  cores per process, 0.1 s steps:", file=sys.stderr)
-    names = sorted(samples[0][1]) if samples else []
-    print("    " + "t(s)  " + " ".join(f"{n:>7}" for n in names) + "    sum", file=sys.stderr)
+    names = sorted({n for _, cores in samples for n in cores})
+    print("    " + "t(s)  " + " ".join(f"{n[:7]:>7}" for n in names) + "    sum", file=sys.stderr)
     for t, cores in samples:
-        print(f"    {t - t0:5.1f} " + " ".join(f"{cores[n]:7.2f}" for n in names) + f"  {sum(cores.values()):5.2f}",
-              file=sys.stderr)
+        print(f"    {t - t0:5.1f} " + " ".join(f"{cores.get(n, 0.0):7.2f}" for n in names)
+              + f"  {sum(cores.values()):5.2f}", file=sys.stderr)
 
 
 def answer_count(tmp: Path, lines: list[str]) -> int:
     return sum(len(d) for d in replay(tmp, lines, BENCH_QUERIES).values())
 
 
-def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path,
-        batches: dict[str, list[str]], timeline: bool = False) -> dict[str, float]:
+def register(tmp: Path, bootstrap: str) -> None:
+    """The bench queries through the registry, as a user registers them (``cbgp register ID FILE``)."""
+    for name, text in BENCH_QUERIES.items():
+        path = tmp / f"{name}.rq"
+        path.write_text(text + "\n")
+        subprocess.run([*CBGP, "register", name, str(path), "--bootstrap-servers", bootstrap], cwd=ROOT, check=True,
+                       capture_output=True, text=True, timeout=120)
+
+
+def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path, ready_timeout: float,
+        timeline: bool = False) -> dict[str, float]:
     lines = generate_patch(warmup + 2 * updates, seed=99, subjects=3000)
     warmup_lines = lines[:warmup]
     latency_lines, burst_lines = lines[warmup:warmup + updates], lines[warmup + updates:]
     n_warmup = answer_count(tmp, warmup_lines)
     n_latency = answer_count(tmp, lines[:warmup + updates])
     n_total = answer_count(tmp, lines)
-    with EmbeddedBroker(tmp / "broker") as broker:
-        settings = broker.settings(topic_prefix="bench.", partitions=4)
-        ensure_topics(settings)
-        for name, text in BENCH_QUERIES.items():
-            publish_plan(settings, name, text)
-        with Fleet(settings, tmp / "logs") as fleet:
-            fleet.start("ingest", "ingest", "--instance-id", "i1", *batches["ingest"])
-            for i in range(workers):
-                fleet.start(f"w{i}", "worker", "--worker-id", f"w{i}", *batches["worker"])
-            fleet.start("answers", "answers", "--instance-id", "a1", *batches["answers"])
-            wait_ready(fleet, workers)
-            pids = {"broker": broker.pid, **{name: proc.pid for name, proc in fleet.procs.items()},
-                    "bench": os.getpid()}
-            idle_start = cpu_seconds(pids)
-            time.sleep(IDLE_SECONDS)
-            idle = cpu_spent(idle_start, cpu_seconds(pids))
-            reader = AnswerReader(settings, fleet.metrics_url("answers"))
-            producer = make_producer(settings, linger_ms=1)
-            try:
-                produce(producer, settings, warmup_lines, rate)
-                reader.until(n_warmup, 120)
-                cold = max(produced - origin for produced, origin in reader.seen if origin is not None)
-                produce(producer, settings, latency_lines, rate)
-                first = reader.until(n_latency, 120)[n_warmup:]
-                lat = sorted(produced - origin for produced, origin in first if origin is not None)
-                burst_start, txn_start = cpu_seconds(pids), transactions(fleet)
-                sampler = CpuSampler(pids) if timeline else None
-                t0 = produce(producer, settings, burst_lines, None)
-                reader.wait_emitted(n_total, 300)
-                burst = cpu_spent(burst_start, cpu_seconds(pids))  # the fleet's work, not the bench's reading
-                every = reader.until(n_total, 300)
-                if sampler is not None:
-                    samples = sampler.stop()
-                    print_timeline(stage_times(settings, t0), samples, t0)
-                    for name in fleet.procs:
-                        for line in fleet.log_text(name).splitlines():
-                            if "slow-transaction" in line:
-                                print(f"    {name}: {line}", file=sys.stderr)
-                txn = {name: (t - txn_start[name][0], r - txn_start[name][1])
-                       for name, (t, r) in transactions(fleet).items() if name in txn_start}
-            finally:
-                reader.close()
-            t_end = max(produced for produced, _ in every) / 1000
-            stored = sum(f.stat().st_size for f in (tmp / "broker").rglob("*.json"))
+    proc, fleet = start_fleet(tmp, workers, "by-centre", ready_timeout)  # by-centre: the workers' default
+    try:
+        settings = KafkaSettings(bootstrap_servers=fleet["broker"])  # services.run's topics: prefix cbgp., 4 partitions
+        register(tmp, fleet["broker"])
+        time.sleep(SETTLE_SECONDS)
+        root = psutil.Process(proc.pid)
+        service_of = _service_of(root.children())
+        urls = fleet["metrics"]
+        idle_tracker, idle_self = CpuTracker(proc.pid), self_cpu()
+        time.sleep(IDLE_SECONDS)
+        idle = {**idle_tracker.stop(), "bench": self_cpu() - idle_self}
+        reader = AnswerReader(settings, urls["answers"])
+        producer = make_producer(settings, linger_ms=1)
+        try:
+            produce(producer, settings, warmup_lines, rate)
+            reader.until(n_warmup, 120)
+            cold = max(produced - origin for produced, origin in reader.seen if origin is not None)
+            produce(producer, settings, latency_lines, rate)
+            first = reader.until(n_latency, 120)[n_warmup:]
+            lat = sorted(produced - origin for produced, origin in first if origin is not None)
+            txn_start = transactions(urls)
+            sampler = CpuSampler(root, service_of) if timeline else None
+            burst_tracker, burst_self = CpuTracker(proc.pid), self_cpu()
+            t0 = produce(producer, settings, burst_lines, None)
+            reader.wait_emitted(n_total, 300)
+            burst = {**burst_tracker.stop(), "bench": self_cpu() - burst_self}  # the fleet's work, not the reading
+            every = reader.until(n_total, 300)
+            if sampler is not None:
+                samples = sampler.stop()
+                print_timeline(stage_times(settings, t0), samples, t0)
+                for log in sorted((tmp / "run" / "logs").glob("*.log")):
+                    for line in log.read_text(errors="replace").splitlines():
+                        if "slow-transaction" in line:
+                            print(f"    {log.stem}: {line}", file=sys.stderr)
+            txn = {name: (t - txn_start[name][0], r - txn_start[name][1])
+                   for name, (t, r) in transactions(urls).items() if name in txn_start}
+        finally:
+            reader.close()
+        t_end = max(produced for produced, _ in every) / 1000
+        stored = sum(f.stat().st_size for f in (tmp / "run" / "broker").rglob("*.json"))
+    finally:
+        stop_fleet(proc)
     return {"workers": workers, "updates_per_s": len(burst_lines) / (t_end - t0),
             "p50_ms": statistics.median(lat), "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "p90_ms": lat[int(0.9 * len(lat))], "max_ms": lat[-1], "cold_max_ms": cold,
@@ -268,17 +289,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline", action="store_true",
                         help="also print, for the burst, when each stage wrote its first and last record and the "
                              "cores each process used every 0.1 s (where the wall time goes)")
-    for service in ("ingest", "worker", "answers"):
-        parser.add_argument(f"--{service}-batch", type=int, help=f"the {service} service's --batch (default: its own)")
+    parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds for the fleet to start")
+    parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
     args = parser.parse_args(argv)
-    batches = {service: ["--batch", str(getattr(args, f"{service}_batch"))] if getattr(args, f"{service}_batch") else []
-               for service in ("ingest", "worker", "answers")}
     rows = []  # per worker count, the run with the median throughput, plus every run's figures
     for workers in (int(w) for w in args.workers.split(",")):
         runs = []
         for attempt in range(1, args.repeat + 1):
-            with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
-                runs.append(run(workers, args.updates, args.rate, args.warmup, Path(tmp), batches, args.timeline))
+            tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+            try:
+                runs.append(run(workers, args.updates, args.rate, args.warmup, tmp, args.ready_timeout, args.timeline))
+            finally:
+                if args.keep:
+                    print(f"(run dir kept: {tmp})", file=sys.stderr)
+                else:
+                    shutil.rmtree(tmp, ignore_errors=True)
             r = runs[-1]
             print(f"workers={r['workers']} run {attempt}/{args.repeat}: throughput={r['updates_per_s']:,.0f} updates/s "
                   f"latency@{args.rate:,.0f}/s p50={r['p50_ms']:.0f} ms p90={r['p90_ms']:.0f} ms "
@@ -297,12 +322,15 @@ def main(argv: list[str] | None = None) -> int:
         rate = f"{statistics.median(rates):,.0f} [{min(rates):,.0f}-{max(rates):,.0f}]"
         p99 = f"{statistics.median(p99s):.0f} [{p99s[0]:.0f}-{p99s[-1]:.0f}]"
         print(f"{r['workers']:>7} | {rate:>26} | {r['p50_ms']:>6.0f} | {p99:>14} | {r['answers']}")
-    print("\nCPU per process in the median run: idle (cores busy while no data flows) and burst (CPU us per update)")
+    print("\nCPU per process in the median run: idle (cores busy while no data flows) and burst (CPU us per update);"
+          "\nthe fleet's total excludes the bench")
     for r in rows:
         names = sorted(r["burst_cpu_us"], key=lambda n: -r["burst_cpu_us"][n])
-        print(f"  {r['workers']} worker(s): idle " + ", ".join(f"{n} {r['idle_cpu'][n]:.2f}" for n in names))
+        idle = {n: v for n, v in r["idle_cpu"].items()}
+        print(f"  {r['workers']} worker(s): idle " + ", ".join(f"{n} {idle.get(n, 0.0):.3f}" for n in names)
+              + f" = {sum(v for n, v in idle.items() if n != 'bench'):.3f} cores")
         print(f"  {r['workers']} worker(s): burst " + ", ".join(f"{n} {r['burst_cpu_us'][n]:.0f}" for n in names) +
-              f" = {sum(r['burst_cpu_us'].values()):.0f} us/update")
+              f" = {sum(v for n, v in r['burst_cpu_us'].items() if n != 'bench'):.0f} us/update")
     print("\nBurst transactions per service (input records per transaction); the broker's JSON snapshot at the end")
     for r in rows:
         print(f"  {r['workers']} worker(s): " + ", ".join(
