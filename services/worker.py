@@ -199,12 +199,20 @@ class WorkerService:
         of theirs is committed from here on, however long the next assignment takes (noida-db can leave a
         JoinGroup unanswered for a minute while another worker already owns the partitions).
 
-        Nothing is in flight: every batch is committed before the next poll, where this callback runs.
+        Every batch of records is committed before the next poll, where this callback runs; what may be in
+        flight are the snapshots of plans applied at the start of this iteration: those of the revoked
+        partitions are dropped (the next owner owes them by the committed metadata; produced here they were
+        duplicates), and a shard that had some is not parked but restored if it comes back.
         Routed shards are parked (kept for an unchanged re-assignment), whole shards closed.
         """
         for tp in partitions:
+            dropped = self.core.drop_outputs_of(tp.partition)
+            owner_of = self.core.owner_of_output
+            kept = [o for o in self.pending if owner_of(o) != tp.partition]
+            dropped += len(self.pending) - len(kept)
+            self.pending = kept
             shard = self.core.shards.pop(("routed", tp.partition), None)
-            if shard is not None:
+            if shard is not None and not dropped:
                 self.parked[tp.partition] = (shard, list(self.core.plan_positions))
             self._close_whole(tp.partition)
             self.assigned.discard(tp.partition)

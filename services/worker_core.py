@@ -341,6 +341,32 @@ class WorkerCore:
         out.extend(self._frontiers())
         return out
 
+    def drop_outputs_of(self, partition: int) -> int:
+        """Forget the answer deltas not yet flushed of routed partition ``partition`` and of the whole queries
+        it owns (the partition was revoked: they belong to its next owner); return how many were dropped."""
+        dropped = 0
+        for (query_id, variables), rows in list(self.batched.items()):
+            whole_owner = query_partition(query_id, self.n_routed)
+            kept = [r for r in rows if not (r[3] == partition or (r[3] == WHOLE_SOURCE_PARTITION
+                                                                   and whole_owner == partition))]
+            dropped += len(rows) - len(kept)
+            if kept:
+                self.batched[(query_id, variables)] = kept
+            else:
+                del self.batched[(query_id, variables)]
+        return dropped
+
+    def owner_of_output(self, output: Output) -> int | None:
+        """The routed partition whose shard made a queued part delta (None: not a part delta)."""
+        if output.topic != self.topics["deltas.parts"] or output.value is None or output.key is None:
+            return None
+        try:
+            record = codec.decode("PartDelta", output.value)
+        except codec.CodecError:
+            return None
+        source = record["source_partition"]
+        return query_partition(record["query_id"], self.n_routed) if source == WHOLE_SOURCE_PARTITION else source
+
     def on_frontier(self, shard: Shard, offset: int, frontiers: dict[int, int]) -> None:
         """Ingest's Frontier record at ``offset`` of a routed shard: every change up to its seq is applied."""
         shard.position = offset + 1

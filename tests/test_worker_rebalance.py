@@ -82,3 +82,42 @@ def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_sett
     finally:
         service.close()
         member.close()
+
+
+def test_snapshots_of_a_revoked_partition_are_left_to_its_next_owner(kafka_settings: KafkaSettings) -> None:
+    """A plan applied at the start of an iteration queues the snapshot of every held partition; if the group
+    revokes a partition before the transaction, its snapshot must not be produced (the next owner owes it by
+    the committed metadata: both made it, and the two differently numbered copies doubled the answers in a
+    kill -9 fault run) and the shard must not be parked without it."""
+    settings = kafka_settings
+    publish_encoded(settings, generate_patch(300, seed=4))
+    args = argparse.Namespace(group=None, instance_id="revoke-snapshot-test", batch=100, assembly="worker")
+    service = WorkerService(settings, args, [False])
+    member = make_consumer(settings, service.group)
+    service.consumer = member
+    routed = settings.topic("updates.routed")
+    every = [TopicPartition(routed, p) for p in range(settings.partitions)]
+    try:
+        service.load_plans()
+        service.on_assign(member, member.committed(every, timeout=30))
+        for partition in range(settings.partitions):  # apply everything published, as the loop would
+            service._process([m for m in read_partition(settings, routed, partition)], [])
+        publish_plan(settings, "path", QUERIES["path"])  # by centre: a snapshot from every partition
+        service.load_plans()  # applies the new plan: snapshots queued, as at the start of an iteration
+        queued = {row[3] for rows in service.core.batched.values() for row in rows}
+        assert len(queued) >= 2, f"the partitions with answers queued their snapshots: {queued}"
+        gone = min(queued)
+        service.on_revoke(member, [TopicPartition(routed, gone)])
+        sources = {row[3] for rows in service.core.batched.values() for row in rows}
+        assert sources == queued - {gone}
+        assert gone not in service.parked, "a shard whose snapshot was dropped must be restored, not resumed"
+    finally:
+        service.close()
+        member.close()
+
+
+def read_partition(settings: KafkaSettings, topic: str, partition: int) -> list:
+    from services.runtime import read_range
+
+    high = end_offsets(settings, topic)[partition][1]
+    return list(read_range(settings, topic, partition, 0, high))
