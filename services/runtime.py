@@ -127,7 +127,12 @@ def wait_for_topics(settings: KafkaSettings, service: str, stopper: "Stopper") -
 # (:class:`GroupInput`).
 # The pause doubles while an input stays idle, up to IDLE_PAUSE_MAX_SECONDS: an idle fleet costs little,
 # and a busy one (idle only between records) waits at most IDLE_PAUSE_SECONDS per stage.
-LISTEN_SECONDS = 0.005
+# LISTEN_SECONDS bounds a wait that partition-EOF ends after one round trip when caught up, so it only runs
+# out while a fetch is still in flight: a backlog of large records (cbgp publish writes ~260 KB raw records;
+# 20 MB of them took noida-db more than 5 ms to serve) whose fetch the idle pause then dropped by unassigning,
+# again and again: at 5 ms, reading 77 such records took 0.13-11.5 s (7 tries, 5 of them >= 2 s), at 0.1 s
+# 0.15-0.25 s (8 tries); the fleet's ingest sat idle for 7-10 s of a 14 s LSBench run.
+LISTEN_SECONDS = 0.1
 IDLE_PAUSE_SECONDS = 0.015
 IDLE_PAUSE_MAX_SECONDS = 0.06
 
