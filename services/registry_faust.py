@@ -41,7 +41,7 @@ from services.kafka import KafkaSettings, ensure_topics, make_consumer, make_pro
 from services.metrics import UPDATES_IN, UPDATES_OUT, start_metrics_server
 from services.records import dead_letter
 from services.registry import VERSION_HEADER, Decision, Registry, tombstone_version
-from services.runtime import Stopper, kv, wait_for_topics
+from services.runtime import Stopper, kv, read_range, wait_for_topics
 
 __all__ = ["RegistryService", "build_app", "describe", "run_service"]
 
@@ -149,6 +149,20 @@ class RegistryService:
         self.registry.commit(decision)
         return decision
 
+    def committed_admin_offset(self) -> int:
+        """The admin offset this registry's group committed (where a new life starts), 0 if none."""
+        group = make_consumer(self.settings, f"{self.settings.topic_prefix}registry")
+        try:
+            tp = group.committed([TopicPartition(self.settings.topic("admin"), 0)], timeout=30)[0]
+            return max(tp.offset, 0)
+        finally:
+            group.close()
+
+    def missed_admin_records(self, start: int, end: int) -> list[tuple[bytes | None, int, int]]:
+        """Admin records ``[start, end)`` of partition 0 as ``(value, partition, offset)``, read directly."""
+        return [(m.value(), m.partition(), m.offset())
+                for m in read_range(self.settings, self.settings.topic("admin"), 0, start, end)]
+
     def reply(self, decision: Decision) -> None:
         """Step 3 of :meth:`handle`, called once the table shows the decision: ACCEPTED always means "the
         plan is on queries.plans and the web view lists it"."""
@@ -233,6 +247,20 @@ def _faust_broker_options(settings: KafkaSettings) -> dict[str, Any]:
     return options
 
 
+def admin_gap(expected: int, offset: int) -> range | None:
+    """What to do with admin ``offset`` when ``expected`` is the next one to process: None if it was processed
+    already (skip it), else the offsets before it that the consumer skipped (read them directly first).
+
+    Every admin offset must be processed exactly once and in order, whatever faust delivers: right after a
+    registry restart with static membership on the embedded broker, faust (aiokafka) was seen to skip an
+    offset and deliver the next one twice, so the skipped REGISTER was never answered
+    (``bench/registry_gap_repro.py`` shows it; it happened in kill -9 fault runs with two commands sent
+    while the registry restarted)."""
+    if offset < expected:
+        return None
+    return range(expected, offset)
+
+
 def build_app(service: RegistryService, *, web_port: int, web_host: str, state_dir: str | os.PathLike[str]) -> faust.App:
     """The faust app: agent on ``admin``, table ``queries``, web views, reconcile task."""
     settings = service.settings
@@ -265,16 +293,32 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
         if decision.removed is not None and decision.removed in table:
             del table[decision.removed]
 
+    async def process(loop: asyncio.AbstractEventLoop, value: bytes | None, partition: int, offset: int) -> None:
+        # Producing waits for acks: keep it off the event loop so faust's heartbeats keep flowing.
+        decision = await loop.run_in_executor(None, service.handle, value, partition, offset)
+        if decision is not None:
+            mirror(decision)
+            await loop.run_in_executor(None, service.reply, decision)
+
     @app.agent(admin)
     async def handle_admin(stream: faust.StreamT) -> None:
         loop = asyncio.get_running_loop()
+        expected: int | None = None  # the next admin offset this life must process
         async for event in stream.events():
             msg = event.message
-            # Producing waits for acks: keep it off the event loop so faust's heartbeats keep flowing.
-            decision = await loop.run_in_executor(None, service.handle, msg.value, msg.partition, msg.offset)
-            if decision is not None:
-                mirror(decision)
-                await loop.run_in_executor(None, service.reply, decision)
+            if expected is None:
+                expected = await loop.run_in_executor(None, service.committed_admin_offset)
+            missed = admin_gap(expected, msg.offset)
+            if missed is None:
+                continue  # delivered again: already processed in this life
+            if missed:
+                log.warning("admin offsets %d-%d skipped by the consumer: reading them directly",
+                            missed.start, missed.stop - 1)
+                for value, partition, offset in await loop.run_in_executor(
+                        None, service.missed_admin_records, missed.start, missed.stop):
+                    await process(loop, value, partition, offset)
+            await process(loop, msg.value, msg.partition, msg.offset)
+            expected = msg.offset + 1
 
     @app.task
     async def reconcile() -> None:
