@@ -20,7 +20,7 @@ from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.release import SeqRelease
 from services.worker_core import WorkerCore, decode_changes
-from tests.fleet_support import EX
+from tests.fleet_support import EX, generate_patch
 
 SETTINGS = KafkaSettings(topic_prefix="u.")
 K, T, N, L = (f"<{EX}{name}>" for name in ("knows", "type", "name", "likes"))
@@ -55,36 +55,6 @@ def test_placement_is_by_centre_for_stars_and_single_centre_components() -> None
     path = decompose(parse_query(BY_CENTRE_QUERIES["path"]))
     assert path.to_json()["parts"][0]["centre"] == "?b"
     assert "state keyed by the value of ?b" in path.explain()
-
-
-def stream(rng: random.Random, n: int, subjects: int) -> list[str]:
-    """RDF Patch lines with deletions, duplicate inserts, deletes of absent triples, self-loops, literals."""
-    present: list[str] = []
-    lines = []
-    for _ in range(n):
-        r = rng.random()
-        if r < 0.25 and present:
-            triple = present.pop(rng.randrange(len(present))) if rng.random() < 0.8 else _triple(rng, subjects)
-            lines.append(f"D {triple} .")
-        elif r < 0.32 and present:
-            lines.append(f"A {rng.choice(present)} .")
-        else:
-            triple = _triple(rng, subjects)
-            present.append(triple)
-            lines.append(f"A {triple} .")
-    return lines
-
-
-def _triple(rng: random.Random, subjects: int) -> str:
-    s = f"<{EX}s{rng.randrange(subjects)}>"
-    kind = rng.randrange(4)
-    if kind == 0:
-        return f"{s} {K} <{EX}s{rng.randrange(subjects)}>"
-    if kind == 1:
-        return f"{s} {T} <{EX}{rng.choice(['Person', 'Robot'])}>"
-    if kind == 2:
-        return f"{s} {L} <{EX}{rng.choice(['Tea', 'Jazz'])}>"
-    return f'{s} {N} "n{rng.randrange(4)}"@en'
 
 
 def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_deltas: int, rng: random.Random,
@@ -227,7 +197,7 @@ def test_distributed_evaluation_equals_one_engine_per_update_in_any_interleaving
                                                                                   length, crash_rate) -> None:
     """...and with the answers service restarted from its commits at random points."""
     rng = random.Random(seed)
-    lines = stream(rng, length, subjects)
+    lines = generate_patch(length, seed=seed, subjects=subjects)  # deletions, duplicates, absent deletes, self-loops
     got = run_distributed(lines, BY_CENTRE_QUERIES, n_routed, n_deltas, rng, crash_rate=crash_rate)
     want = run_whole(lines, BY_CENTRE_QUERIES)
     for name in BY_CENTRE_QUERIES:
@@ -246,7 +216,7 @@ def test_late_registration_gets_a_snapshot_then_exact_live_deltas(seed: int) -> 
     """Queries registered halfway: snapshot rows (marked with the registration seq) then live deltas, whose
     sum is the final answer of one engine; the live part stays in seq order."""
     rng = random.Random(seed)
-    lines = stream(rng, 300, 6)
+    lines = generate_patch(300, seed=seed, subjects=6)
     late = set(BY_CENTRE_QUERIES)
     got = run_distributed(lines, BY_CENTRE_QUERIES, 4, 2, rng, late=late)
     want = run_whole(lines, BY_CENTRE_QUERIES)
