@@ -463,9 +463,12 @@ class AnswersService:
         Steps per batch (exactly-once):
         1. poll deltas (rebalance callbacks restore new partitions here) and the dictionary;
         2. wait (bounded) for term ids not yet in the dictionary;
-        3. number, deduplicate and decode each delta (state changes in memory);
-        4. one transaction: answers + answers.current records, then the deltas.parts offsets; a failure
-           raises :class:`TransactionFailed` and a new life restores from the answers topic.
+        3. release (services.release): Frontier records raise the watermark; a by-centre query's deltas are
+           held until every routed partition passed their seq, then released in seq order, DISTINCT applied;
+        4. number, deduplicate and decode each released delta (state changes in memory);
+        5. one transaction: answers + answers.current records, then the deltas.parts offsets, never past a
+           held delta, with the frontiers and the read position as commit metadata; a failure raises
+           :class:`TransactionFailed` and a new life restores from the answers topic and that metadata.
         """
         self.plans.load()  # before any restore: a restored stream of an unregistered query is then ended
         self.input = GroupInput(self.settings, self.group, [self.t_source], self.args.batch,
