@@ -23,8 +23,12 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
 
     doctor = commands.add_parser("doctor", help="check that a Kafka broker has what the fleet needs")
     add_kafka_flags(doctor)
-    topics = commands.add_parser("topics", help="create or list the fleet's topics")
-    topics.add_argument("action", choices=["create", "list"])
+    topics = commands.add_parser(
+        "topics", help="create or list the fleet's topics, or print the lowest offsets the fleet still needs",
+        description="create: the missing catalogue topics (partitions, cleanup.policy, retention.ms); list: the "
+        "catalogue (no broker needed); floor: JSON {topic: {partition: offset}}, per partition the lowest offset "
+        "the fleet still needs (records below it may be deleted without changing any answer)")
+    topics.add_argument("action", choices=["create", "list", "floor"])
     add_kafka_flags(topics)
 
     def run_doctor_command(args: argparse.Namespace) -> int:
@@ -40,7 +44,14 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
         from services.kafka import KafkaSettings, catalogue, ensure_topics, quiet_librdkafka, require_broker
 
         settings = quiet_librdkafka(KafkaSettings.from_args(args))
-        if args.action == "create":
+        if args.action == "floor":
+            import json
+
+            from services.kafka.topics import floor
+
+            require_broker(settings)
+            print(json.dumps(floor(settings)))
+        elif args.action == "create":
             require_broker(settings)  # `topics list` shows the catalogue without a broker
             created = ensure_topics(settings)
             print(f"created {len(created)} topic(s)" + (": " + ", ".join(created) if created else ""))

@@ -99,3 +99,4 @@ def test_the_helm_chart_creates_exactly_the_catalogue_topics(capsys: pytest.Capt
     for entry in listed:
         spec = CATALOGUE[entry["name"].removeprefix(prefix)]
         assert int(entry["partitions"]) == (spec.partitions or int(env["CBGP_PARTITIONS"]))
+        assert int(entry["retention_ms"]) == spec.retention_ms  # the Job sets each topic's retention

@@ -1,0 +1,81 @@
+"""Retention is explicit (issue 16 item 3): every catalogue topic sets ``retention.ms`` for its role, the broker
+stores it, and ``cbgp topics floor`` says per partition the lowest offset the fleet still needs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from services.cli import main
+from services.kafka.client import make_consumer, make_producer
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import KEPT, TOPICS, WEEK_MS, floor
+
+REPLAYED = {"updates.encoded", "updates.routed", "deltas.parts", "answers"}  # a restore reads them from offset 0
+COMPACTED = {"dictionary", "queries.plans", "answers.current"}
+BOUNDED = {"updates.raw", "admin", "queries.status", "deadletter"}
+
+
+def test_every_topic_has_an_explicit_retention_chosen_for_its_role_and_documented() -> None:
+    assert {t.name for t in TOPICS} == REPLAYED | COMPACTED | BOUNDED
+    for t in TOPICS:
+        configs = t.topic_configs()
+        assert "retention.ms" in configs and "cleanup.policy" in configs, t.name
+        if t.name in REPLAYED:
+            assert configs == {"cleanup.policy": "delete", "retention.ms": "-1"}, t.name
+            assert "retention.ms=-1" in t.doc and "issue 16" in t.doc, t.name
+        elif t.name in COMPACTED:
+            assert configs["cleanup.policy"] == "compact" and configs["retention.ms"] == str(KEPT), t.name
+            assert "Compacted" in t.doc, t.name
+        else:
+            assert configs == {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS)}, t.name
+            assert "7 days" in t.doc, t.name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_the_broker_stores_the_catalogue_retention(kafka_settings: KafkaSettings) -> None:
+    admin = AdminClient(kafka_settings.admin_config())
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, kafka_settings.topic(t.name)) for t in TOPICS]
+    described = {r.name: f.result(10) for r, f in admin.describe_configs(resources, request_timeout=10).items()}
+    for t in TOPICS:
+        got = described[kafka_settings.topic(t.name)]
+        assert {k: got[k].value for k in t.topic_configs()} == t.topic_configs(), t.name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_floor_is_zero_for_replayed_and_compacted_logs_the_group_position_for_inputs_and_the_end_otherwise(
+        kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
+    s = kafka_settings
+    producer = make_producer(s)
+    for topic, count in (("updates.raw", 5), ("admin", 2), ("deadletter", 2), ("queries.status", 1),
+                         ("updates.encoded", 3)):
+        for i in range(count):
+            producer.produce(s.topic(topic), value=f"{topic}{i}".encode())
+    assert producer.flush(10) == 0
+    ingest = make_consumer(s, f"{s.topic_prefix}ingest")
+    try:  # ingest has committed its first 3 raw records; the registry has committed nothing yet
+        ingest.commit(offsets=[TopicPartition(s.topic("updates.raw"), 0, 3)], asynchronous=False)
+    finally:
+        ingest.close()
+
+    expected = {s.topic(t.name): {str(p): 0 for p in range(t.partitions_for(s))} for t in TOPICS}
+    expected[s.topic("updates.raw")] = {"0": 3}
+    expected[s.topic("deadletter")] = {"0": 2}
+    expected[s.topic("queries.status")] = {"0": 1}
+    assert floor(s) == expected
+    assert list(expected[s.topic("updates.routed")]) == ["0", "1", "2", "3"]
+
+    assert main(["topics", "floor", "--bootstrap-servers", s.bootstrap_servers, "--topic-prefix", s.topic_prefix,
+                 "--partitions", str(s.partitions)]) == 0
+    assert json.loads(capsys.readouterr().out) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_floor_leaves_out_topics_not_created_yet(kafka_broker) -> None:  # type: ignore[no-untyped-def]
+    assert floor(kafka_broker.settings(topic_prefix="floor-nothing-here.")) == {}
