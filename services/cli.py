@@ -47,7 +47,7 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
         if args.action == "floor":
             import json
 
-            from services.kafka.topics import floor
+            from services.kafka.floor import floor
 
             require_broker(settings)
             print(json.dumps(floor(settings)))

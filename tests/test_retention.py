@@ -12,7 +12,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from services.cli import main
 from services.kafka.client import make_consumer, make_producer
 from services.kafka.config import KafkaSettings
-from services.kafka.topics import KEPT, TOPICS, WEEK_MS, floor
+from services.kafka.floor import floor
+from services.kafka.topics import KEPT, TOPICS, WEEK_MS
 
 REPLAYED = {"updates.encoded", "updates.routed", "deltas.parts", "answers"}  # a restore reads them from offset 0
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}

@@ -14,7 +14,7 @@ on Apache Kafka) would silently delete history the restores replay:
 - **bounded** (7 days): the inputs whose consumers restore from elsewhere and need only what their group has not
   committed yet (``updates.raw``, ``admin``), and what no service reads back (``queries.status``, ``deadletter``).
 
-:func:`floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``).
+:func:`services.kafka.floor.floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from services.kafka.config import KafkaSettings
 
-__all__ = ["TopicSpec", "TopicError", "BrokerUnreachable", "TOPICS", "catalogue", "ensure_topics", "spec", "floor", "KEPT", "WEEK_MS"]
+__all__ = ["TopicSpec", "TopicError", "BrokerUnreachable", "TOPICS", "catalogue", "ensure_topics", "spec", "KEPT", "WEEK_MS", "FROM_START", "NOTHING", "GROUP"]
 
 
 class TopicError(RuntimeError):
@@ -53,7 +53,8 @@ class TopicSpec:
     """One catalogue entry.  ``partitions=None`` means "the configured ``--partitions``".
 
     ``retention_ms`` is set on the topic (``KEPT`` = -1, never deleted by age); ``needed_from`` says which of
-    its records the fleet still needs (``FROM_START``, ``NOTHING`` or ``GROUP + service``), for :func:`floor`.
+    its records the fleet still needs (``FROM_START``, ``NOTHING`` or ``GROUP + service``), for
+    :func:`services.kafka.floor.floor`.
     """
 
     name: str
@@ -202,43 +203,3 @@ def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
             raise TopicError(f"topics created but not visible in metadata after {timeout}s: {', '.join(missing)}")
         time.sleep(0.05)
 
-
-def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec] = TOPICS,
-          timeout: float = 15.0) -> dict[str, dict[str, int]]:
-    """``{topic: {partition: offset}}``: per partition of each existing catalogue topic, the lowest offset the
-    fleet still needs.  Records below it may be deleted (``delete_records``, or retention) without changing any
-    answer.  0 for the logs a restore replays and for compacted topics; for a topic read by a consumer group
-    (``updates.raw``: ingest, ``admin``: registry) the group's committed offset (0 before its first commit); the
-    high watermark for a topic no service reads back.  Topics not created yet are left out.
-    """
-    from confluent_kafka import TopicPartition
-
-    from services.kafka.client import end_offsets, make_consumer
-
-    admin = AdminClient(settings.admin_config())
-    try:
-        existing = admin.list_topics(timeout=timeout).topics
-    except KafkaException as exc:
-        raise BrokerUnreachable(f"cannot list topics on {settings.bootstrap_servers}: {exc.args[0]}") from None
-    result: dict[str, dict[str, int]] = {}
-    for t in specs:
-        name = settings.topic(t.name)
-        if name not in existing:
-            continue
-        partitions = sorted(existing[name].partitions)
-        if t.needed_from == FROM_START:
-            offsets = {p: 0 for p in partitions}
-        elif t.needed_from == NOTHING:
-            offsets = {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
-        elif t.needed_from.startswith(GROUP):
-            group = f"{settings.topic_prefix}{t.needed_from[len(GROUP):]}"
-            consumer = make_consumer(settings, group)
-            try:
-                committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
-            finally:
-                consumer.close()
-            offsets = {tp.partition: max(tp.offset, 0) for tp in committed}  # no commit yet (-1001): from 0
-        else:
-            raise ValueError(f"{t.name}: unknown needed_from {t.needed_from!r}")
-        result[name] = {str(p): offsets[p] for p in partitions}
-    return result
