@@ -9,7 +9,8 @@ per topic, ingest, registry, W workers, answers, the Spark job, and the supervis
 start-up and the process grouping are bench/lsbench_fleet.py's and bench/idle_bench.py's).  Once every
 service is ready, three queries (a star, a path, a DISTINCT component) are registered with ``cbgp register``
 (through the registry), then:
-- idle CPU: cores each process group uses for 5 s before any data flows (psutil over the whole process tree:
+- idle CPU: cores each process group uses for 5 s before any data flows, 10 s after the registrations
+  (psutil over the whole process tree:
   broker, supervisor, ingest, registry, worker-i, answers, spark-job, spark-jvm, spark-python-workers; and
   the bench itself);
 - warm-up: ``--warmup`` updates at ``--rate``, not measured except for their worst latency (the first
