@@ -131,8 +131,11 @@ def wait_for_topics(settings: KafkaSettings, service: str, stopper: "Stopper") -
 # out while a fetch is still in flight: a backlog of large records (cbgp publish writes ~260 KB raw records;
 # 20 MB of them took noida-db more than 5 ms to serve) whose fetch the idle pause then dropped by unassigning,
 # again and again: at 5 ms, reading 77 such records took 0.13-11.5 s (7 tries, 5 of them >= 2 s), at 0.1 s
-# 0.15-0.25 s (8 tries); the fleet's ingest sat idle for 7-10 s of a 14 s LSBench run.
-LISTEN_SECONDS = 0.1
+# 0.15-0.25 s (8 tries); the fleet's ingest sat idle for 7-10 s of a 14 s LSBench run.  The wait also runs out
+# when noida-db is slow to report an idle partition's end, which an idle fleet pays for: 0.1 s cost it a third
+# more CPU (0.071 -> 0.09-0.106 core); 0.03 s reads the 77 records in 0.02-0.03 s (20 of 20 tries) at an idle
+# 0.075-0.078 core (bench/idle_bench.py, median of 3, twice).
+LISTEN_SECONDS = 0.03
 IDLE_PAUSE_SECONDS = 0.015
 IDLE_PAUSE_MAX_SECONDS = 0.06
 
