@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 
 from services.codec import PartDeltaColumns
@@ -86,7 +86,7 @@ class SeqRelease:
         state = self.partitions[partition]
         if deltas.distinct and offset < state.released_end:
             released = [i for i in range(len(deltas)) if deltas.seq[i] <= state.released_seq]
-            self._consolidate(state, _pick(deltas, released), emit=False)
+            self._consolidate(state, _pick(deltas, released))
 
     def commit_position(self, partition: int, next_offset: int) -> tuple[int, str]:
         """The offset to commit for ``partition`` (processed up to ``next_offset``) and its metadata."""
@@ -132,31 +132,30 @@ class SeqRelease:
         state = self.partitions[partition]
         limit = self.watermark(partition)
         heap = state.heap
-        groups: list[tuple[int, int | None, PartDeltaColumns, list[int]]] = []
+        groups: list[tuple[int, int | None, PartDeltaColumns, list[tuple[PartDeltaColumns, int]]]] = []
         while heap and heap[0][0] <= limit:
             *_key, offset, deltas, i = heapq.heappop(heap)
             record = state.records[offset]
             record[0] -= 1
             if record[0] == 0:
                 del state.records[offset]
-            last = groups[-1] if groups else None
-            if last is not None and _same_stream(last[2], deltas):
-                last[3].append(i) if last[2] is deltas else last[3].append((deltas, i))
+            if groups and _same_stream(groups[-1][2], deltas):
+                groups[-1][3].append((deltas, i))
             else:
-                groups.append((offset, record[1], deltas, [i]))
+                groups.append((offset, record[1], deltas, [(deltas, i)]))
         out: list[Released] = []
         for offset, origin, deltas, items in groups:
-            picked = _pick(deltas, items)
-            if picked.distinct:
-                picked = self._consolidate(state, picked, emit=True)
+            picked = _gather(deltas, items)
+            if picked.distinct:  # the counted rows go on as plain deltas: the transitions only
+                picked = replace(_pick(picked, self._consolidate(state, picked)), distinct=False)
                 if not len(picked):
                     continue
             out.append((offset, origin, picked))
         return out
 
     @staticmethod
-    def _consolidate(state: _Partition, deltas: PartDeltaColumns, emit: bool) -> PartDeltaColumns:
-        """DISTINCT over multiset rows: keep a row's delta only when its count crosses 0 <-> 1."""
+    def _consolidate(state: _Partition, deltas: PartDeltaColumns) -> list[int]:
+        """DISTINCT over multiset rows: count them, and return the deltas whose row's count crossed 0 <-> 1."""
         key = (deltas.query_id, deltas.version)
         counts = state.counts.get(key)
         if counts is None:
@@ -175,12 +174,7 @@ class SeqRelease:
                 counts.pop(row, None)
             if (before == 0 and after == 1) or (before == 1 and after == 0):
                 kept.append(i)
-        if not emit:
-            return deltas
-        picked = _pick(deltas, kept)
-        return PartDeltaColumns(picked.query_id, picked.part, picked.variables, picked.seq, picked.sign,
-                                picked.values, picked.source_partition, picked.source_offset, picked.index,
-                                picked.snapshot, picked.event_time_ms, picked.version, False)
+        return kept
 
 
 def _same_stream(a: PartDeltaColumns, b: PartDeltaColumns) -> bool:
@@ -188,17 +182,23 @@ def _same_stream(a: PartDeltaColumns, b: PartDeltaColumns) -> bool:
                        and a.distinct == b.distinct and a.part == b.part))
 
 
-def _pick(deltas: PartDeltaColumns, items: list) -> PartDeltaColumns:
-    """The deltas ``items`` (indices into ``deltas``, or (other batch of the same stream, index) pairs)."""
-    k = len(deltas.variables)
-    cols: list[list] = [[] for _ in range(8)]
-    values: list[int] = []
-    for item in items:
-        source, i = (deltas, item) if isinstance(item, int) else item
-        for column, array in zip(cols, (source.seq, source.sign, source.source_partition, source.source_offset,
-                                        source.index, source.snapshot, source.event_time_ms)):
-            column.append(array[i])
+def _pick(deltas: PartDeltaColumns, indices: list[int]) -> PartDeltaColumns:
+    """The deltas at ``indices`` of one batch."""
+    return _gather(deltas, [(deltas, i) for i in indices])
+
+
+def _gather(template: PartDeltaColumns, items: list[tuple[PartDeltaColumns, int]]) -> PartDeltaColumns:
+    """One batch of the deltas ``items`` (batch, index), all of ``template``'s stream (``_same_stream``)."""
+    k = len(template.variables)
+    seq, sign, src, offset, index, snapshot, event_time, values = [], [], [], [], [], [], [], []
+    for source, i in items:
+        seq.append(source.seq[i])
+        sign.append(source.sign[i])
+        src.append(source.source_partition[i])
+        offset.append(source.source_offset[i])
+        index.append(source.index[i])
+        snapshot.append(source.snapshot[i])
+        event_time.append(source.event_time_ms[i])
         values.extend(source.values[i * k:(i + 1) * k])
-    seq, sign, src, offset, index, snapshot, event_time, _unused = cols
-    return PartDeltaColumns(deltas.query_id, deltas.part, deltas.variables, seq, sign, values, src, offset, index,
-                            snapshot, event_time, deltas.version, deltas.distinct)
+    return PartDeltaColumns(template.query_id, template.part, template.variables, seq, sign, values, src, offset,
+                            index, snapshot, event_time, template.version, template.distinct)
