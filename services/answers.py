@@ -40,16 +40,14 @@ from services.registry import tombstone_version
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT,
                               record_consumer_lag)
 from services.records import WHOLE_QUERY_PART, dead_letter
-from services.runtime import (ORIGIN_HEADER, Fetcher, GroupInput, Output, Stopper, commit_transaction, first_record, kv,
-                              origin_ms, read_range, record_ok, service_command)
+from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, Stopper,
+                              commit_transaction, kv, origin_ms, read_range, read_window, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
 SERVICE = "answers"
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 DICTIONARY_WAIT_SECONDS = 10.0
-PLANS_POLL_SECONDS = 0.2  # how often queries.plans is fetched (an unregistration is retracted about this late)
-PLANS_LISTEN_SECONDS = 0.01
 HELD_DELTAS = Gauge("cbgp_held_deltas", "By-centre answer deltas held until every routed partition's frontier "
                     "passes their seq (services.release).")
 TERM_CACHE_MAX = 1 << 18
@@ -348,7 +346,7 @@ class Plans:
     """queries.plans (compacted, key query id; tombstone = unregistered), read for :meth:`AnswersCore.on_plan`.
 
     Read to its end when a life starts (before any partition is restored), then fetched in a short window at
-    most every PLANS_POLL_SECONDS and unassigned in between, as the workers do: an idle assigned consumer
+    most every WINDOW_POLL_SECONDS and unassigned in between (``read_window``), as the workers do: an idle assigned consumer
     fetches in a tight loop on noida-db.  Positions are never committed: every life reads it from the start.
     """
 
@@ -365,20 +363,14 @@ class Plans:
         for partition, (_low, high) in end_offsets(self.settings, self.topic).items():
             self._apply(read_range(self.settings, self.topic, partition, self.positions.get(partition, 0), high))
             self.positions[partition] = max(self.positions.get(partition, 0), high)
-        self.next_poll = time.monotonic() + PLANS_POLL_SECONDS
+        self.next_poll = time.monotonic() + WINDOW_POLL_SECONDS
 
     def poll(self) -> None:
         now = time.monotonic()
         if now < self.next_poll:
             return
-        self.next_poll = now + PLANS_POLL_SECONDS
-        self.consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.positions.items()])
-        try:
-            first = first_record(self.consumer, [(self.topic, p) for p in self.positions], PLANS_LISTEN_SECONDS)
-            if first is not None:
-                self._apply([first] + self.consumer.consume(500, 0))
-        finally:
-            self.consumer.unassign()
+        self.next_poll = now + WINDOW_POLL_SECONDS
+        self._apply(read_window(self.consumer, self.topic, self.positions))
 
     def _apply(self, msgs) -> None:
         for msg in msgs:

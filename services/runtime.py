@@ -263,6 +263,24 @@ def first_record(consumer: Consumer, partitions: Iterable[tuple[str, int]], time
     return None
 
 
+# A rarely written topic every service follows (queries.plans) is fetched in a short window at most every
+# WINDOW_POLL_SECONDS and unassigned in between: an idle assigned consumer fetches in a tight loop on noida-db.
+WINDOW_POLL_SECONDS = 0.2  # a registration or unregistration is seen at most about this late
+WINDOW_LISTEN_SECONDS = 0.01
+
+
+def read_window(consumer: Consumer, topic: str, positions: dict[int, int], max_records: int = 500) -> list[Message]:
+    """Assign ``topic`` at ``positions`` (partition -> next offset), return what arrives within
+    WINDOW_LISTEN_SECONDS (ended early once every partition reported its end), and unassign again.  The
+    consumer must have partition-EOF events on."""
+    consumer.assign([TopicPartition(topic, p, o) for p, o in positions.items()])
+    try:
+        first = first_record(consumer, [(topic, p) for p in positions], WINDOW_LISTEN_SECONDS)
+        return [] if first is None else [first] + consumer.consume(max_records, 0)
+    finally:
+        consumer.unassign()
+
+
 def record_ok(msg: Message, log: logging.Logger) -> bool:
     """True for a data record; logs a consume error (partition EOF is not one) and returns False."""
     err = msg.error()

@@ -13,7 +13,7 @@ Fetching (see ``services.runtime``: noida-db does not long-poll, so idle inputs 
 moment): routed records come through a :class:`GroupInput`; one fetcher reads updates.encoded for every
 whole shard of the worker (each record is fetched and decoded once, then fed to each shard at or past its
 position), and each whole shard keeps its own group ``<group>.encoded.<P>`` only to commit its position (a
-consumer that never fetches); queries.plans is only fetched in a short window every ``PLANS_POLL_SECONDS``.
+consumer that never fetches); queries.plans is only fetched in a short window every ``WINDOW_POLL_SECONDS`` (``read_window``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from prometheus_client import Gauge
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT,
                               record_consumer_lag)
-from services.runtime import (LISTEN_SECONDS, Fetcher, GroupInput, Output, Stopper, commit_transaction, first_record,
-                              idle_pause, kv, origin_ms, read_range, record_ok, service_command)
+from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, Stopper,
+                              commit_transaction, idle_pause, kv, origin_ms, read_range, read_window, record_ok,
+                              service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
 from services import codec
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER
@@ -44,8 +45,6 @@ QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds fo
 FRONTIER = Gauge("cbgp_frontier_seq", "Highest seq a routed partition held by this worker has completed "
                  "(compare with ingest's seq for the frontier lag).", ["partition"])
 STATE_REPORT_SECONDS = 1.0
-PLANS_POLL_SECONDS = 0.2  # how often queries.plans is fetched (a registration waits at most about this)
-PLANS_LISTEN_SECONDS = 0.01
 
 
 class WorkerService:
@@ -107,20 +106,13 @@ class WorkerService:
             raise TimeoutError(f"queries.plans partitions {sorted(pending)} not read to their end")
 
     def poll_plans_window(self) -> None:
-        """Fetch queries.plans for a short window at most every PLANS_POLL_SECONDS; keep it paused otherwise
-        (an unpaused idle partition is fetched in a tight loop by librdkafka on noida-db)."""
+        """Fetch queries.plans for a short window at most every WINDOW_POLL_SECONDS (``read_window``); keep it
+        unassigned otherwise (an idle assigned partition is fetched in a tight loop by librdkafka on noida-db)."""
         now = time.monotonic()
         if now < self.next_plans_poll:
             return
-        self.next_plans_poll = now + PLANS_POLL_SECONDS
-        self.plans.assign([TopicPartition(self.t_plans, p, o) for p, o in enumerate(self.core.plan_positions)])
-        try:
-            partitions = [(self.t_plans, p) for p in range(len(self.core.plan_positions))]
-            first = first_record(self.plans, partitions, PLANS_LISTEN_SECONDS)
-            if first is not None:
-                self._apply_plans([first] + self.plans.consume(500, 0))
-        finally:
-            self.plans.unassign()
+        self.next_plans_poll = now + WINDOW_POLL_SECONDS
+        self._apply_plans(read_window(self.plans, self.t_plans, dict(enumerate(self.core.plan_positions))))
 
     def poll_plans(self, timeout: float) -> None:
         self._apply_plans(self.plans.consume(500, timeout))
