@@ -316,16 +316,21 @@ def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time
 # conversions and on the answers.current key byte for byte, so both use the functions below.
 
 
-def term_from_avro(term: Mapping[str, Any]) -> str:
-    """Canonical term string of an Avro ``SparqlTerm`` {type, value, datatype, lang}."""
-    from cbgp.terms import from_sparql_json
-
+def sparql_json_term(term: Mapping[str, Any]) -> dict[str, str]:
+    """The SPARQL 1.1 Query Results JSON term of an Avro ``SparqlTerm`` (its ``lang`` is ``xml:lang`` there)."""
     obj = {"type": term["type"], "value": term["value"]}
     if term.get("lang"):
         obj["xml:lang"] = term["lang"]
     elif term.get("datatype"):
         obj["datatype"] = term["datatype"]
-    return from_sparql_json(obj)
+    return obj
+
+
+def term_from_avro(term: Mapping[str, Any]) -> str:
+    """Canonical term string of an Avro ``SparqlTerm`` {type, value, datatype, lang}."""
+    from cbgp.terms import from_sparql_json
+
+    return from_sparql_json(sparql_json_term(term))
 
 
 def term_to_avro(term: str) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator, TextIO
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from cbgp.update import UPDATE_FORMAT
-from services.codec import CodecError, decode, encode
+from services.codec import CodecError, decode, encode, sparql_json_term
 from services.kafka import (BrokerUnreachable, KafkaSettings, add_kafka_flags, end_offsets, make_consumer,
                             make_producer, quiet_librdkafka, read_all, require_broker)
 
@@ -374,18 +374,8 @@ def format_status(status: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------- answers
 
 
-def sparql_term(term: dict[str, Any]) -> dict[str, str]:
-    """SPARQL 1.1 Query Results JSON term of an Avro ``SparqlTerm`` (``lang`` becomes ``xml:lang``)."""
-    out = {"type": term["type"], "value": term["value"]}
-    if term.get("lang"):
-        out["xml:lang"] = term["lang"]
-    elif term.get("datatype"):
-        out["datatype"] = term["datatype"]
-    return out
-
-
 def _binding_json(binding: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
-    return {var: sparql_term(term) for var, term in binding.items()}
+    return {var: sparql_json_term(term) for var, term in binding.items()}
 
 
 def _answer_json(record: dict[str, Any]) -> dict[str, Any]:
