@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup tools test test-fast run bench replay-demo clean
+.PHONY: setup tools chromium test test-fast run bench replay-demo clean
 
 setup: $(STAMP)
 
@@ -21,12 +21,16 @@ $(STAMP): requirements.lock pyproject.toml
 tools: setup
 	@bash .ci/install-tools.sh
 
+## Debian's chromium, for the gateway's console test (headless, through playwright).
+chromium:
+	@bash .ci/install-chromium.sh
+
 ## Run the whole product locally: embedded broker, services, demo data, example queries, live answers.
 run: setup
 	$(PY) -m services.run
 
 ## Everything CI checks: unit, property, end-to-end (embedded broker), Spark, Helm/Docker validation.
-test: setup tools
+test: setup tools chromium
 	$(PY) -m pytest -q
 
 ## Only the engine tests (no broker, no Spark): a fast inner loop.
