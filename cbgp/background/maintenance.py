@@ -1,0 +1,334 @@
+"""Budgeted maintenance of a local view (seed paper 003, sections 3-5, with the corrections of analysis 2.3).
+
+Per evaluation at time t, with the current window's join keys and, for each, the time t_i its window mapping
+entered (the last mention: the mapping stays in the window until that one leaves):
+
+1. a **proposer** gives the candidate set C: ``WSJ`` the view entries that join with the window (HP1), ``GNR``
+   the whole view, ``WST`` nothing (never refresh), ``BST`` (oracle) the window entries that are truly stale;
+2. a **ranker** elects E, at most gamma of C: ``RND`` gamma at random, ``LRU`` the gamma least recently
+   refreshed, ``WBM`` the possibly stale ones (best-before <= t) by score = min(L, V) (by V alone for a
+   tumbling window, where L is the same for every entry), ``WBM*`` (oracle) the truly stale ones by the same
+   score computed from the true change times;
+3. the **maintainer** refreshes E, one remote query per entry, in rank order, and stops early at the deadline
+   rho (so a slow endpoint costs accuracy, never latency); every refreshed entry gets its renewed best-before;
+4. the **join** reads the window's keys from the view.
+
+Scores (Eqs. 3-5): L = ceil((t_i + omega - t) / beta) remaining evaluations that use the entry;
+tau_next = tau + k * I with the smallest k >= 1 that puts tau_next after t (k = 1 is the paper's Eq. 4 and its
+Fig. 2 example; the paper's tau + I for an entry long overdue would lie in the past, giving V <= 0);
+V = ceil((tau_next - t) / beta) evaluations it stays (possibly) fresh if refreshed now. Ties are broken at
+random (a seeded RNG). Budget (Eq. 2): gamma = floor((rho - r_q) / r_r) from moving averages of the measured
+query time r_q (everything but the refreshes) and refresh time r_r, capped by a configured gamma.
+
+Decisions where the paper is silent: spare budget (|PS| < gamma) is not spent by WBM (``spare="none"``, the
+paper) unless ``spare="oldest"``; the estimated accuracy of an evaluation (R4) is 1 - |PS \\ E| / |C_w| with C_w
+the window's entries and PS from best-before times, whatever the policy; the alert fires when it is < alpha
+(the paper's Eq. 1 is strict, its prose says ">= alpha": we alert strictly below alpha).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Protocol
+
+from .view import Change, Key, LocalView
+
+PROPOSERS = ("WSJ", "GNR", "WST", "BST")
+RANKERS = ("RND", "LRU", "WBM", "WBM*")
+POLICIES = ("WST", "GNR-RND", "GNR-LRU", "WSJ-RND", "WSJ-LRU", "WSJ-WBM", "WSJ-WBM*", "BST")
+ORACLE_POLICIES = ("WSJ-WBM*", "BST")
+
+
+@dataclass(frozen=True)
+class WindowShape:
+    omega: float  # width
+    beta: float  # slide
+
+    @property
+    def tumbling(self) -> bool:
+        return self.omega == self.beta
+
+
+class Remote(Protocol):
+    def fetch(self, key: Key) -> Any: ...
+
+
+class Oracle(Protocol):
+    """True change times of the background data (evaluation runs only: BST, WBM*, true accuracy)."""
+
+    def stale(self, key: Key, since: float, t: float) -> bool: ...  # a change in (since, t]
+
+    def next_change(self, key: Key, t: float) -> float: ...  # first change after t, math.inf if none
+
+
+# --------------------------------------------------------------------------------------------------- formulas
+def remaining_life(t_i: float | None, t: float, shape: WindowShape) -> int:
+    """Eq. 3: future evaluations (windows) that still hold the compatible window mapping; 0 if none."""
+    if t_i is None:
+        return 0
+    return max(0, math.ceil((t_i + shape.omega - t) / shape.beta))
+
+
+def renewed_best_before(tau: float, interval: float, t: float) -> float:
+    """Eq. 4 with catch-up: tau + k*I for the smallest k >= 1 with tau + k*I > t."""
+    if interval <= 0 or math.isinf(interval):
+        return math.inf if math.isinf(interval) else t
+    k = max(1, math.floor((t - tau) / interval) + 1)
+    nxt = tau + k * interval
+    while nxt <= t:  # float rounding
+        nxt += interval
+    return nxt
+
+
+def validity(tau_next: float, t: float, shape: WindowShape) -> int:
+    """V: evaluations the entry stays (possibly) fresh if refreshed at t."""
+    if math.isinf(tau_next):
+        return 1 << 30
+    return math.ceil((tau_next - t) / shape.beta)
+
+
+def refresh_budget(rho: float, query_time: float, refresh_time: float) -> int:
+    """Eq. 2: the largest gamma with r_q + gamma * r_r <= rho."""
+    if refresh_time <= 0:
+        return 1 << 30
+    return max(0, math.floor((rho - query_time) / refresh_time))
+
+
+def estimated_accuracy(candidates: int, possibly_stale: Iterable[Key], refreshed: Iterable[Key]) -> float:
+    """R4: 1 - |PS \\ E| / |C| (1.0 for an empty C)."""
+    if candidates <= 0:
+        return 1.0
+    left = set(possibly_stale) - set(refreshed)
+    return 1.0 - len(left) / candidates
+
+
+@dataclass(frozen=True)
+class Score:
+    key: Key
+    life: int  # L
+    best_before_next: float  # tau_next
+    validity: int  # V
+    score: int
+
+
+def wbm_scores(view: LocalView, candidates: Mapping[Key, float | None], t: float, shape: WindowShape,
+               oracle: Oracle | None = None) -> list[Score]:
+    """Scores of the possibly stale candidates (WBM), or of the truly stale ones with true times (WBM*)."""
+    scores = []
+    for key, t_i in candidates.items():
+        entry = view.entry(key)
+        if oracle is None:
+            if entry.best_before > t:
+                continue
+            tau_next = renewed_best_before(entry.best_before, entry.interval, t)
+        else:
+            if not oracle.stale(key, entry.refreshed_at, t):
+                continue
+            tau_next = oracle.next_change(key, t)
+        life = remaining_life(t_i, t, shape)
+        v = validity(tau_next, t, shape)
+        score = v if shape.tumbling else min(life, v)
+        scores.append(Score(key, life, tau_next, v, score))
+    return scores
+
+
+def _shuffled(keys: Iterable[Key], rng: random.Random) -> list[Key]:
+    keys = list(keys)
+    rng.shuffle(keys)
+    return keys
+
+
+# ------------------------------------------------------------------------------------------------- elections
+@dataclass(frozen=True)
+class Election:
+    key: Key
+    best_before_next: float | None = None  # None: the renewed best-before from the view's estimate
+    score: float | None = None
+
+
+def elect(ranker: str, view: LocalView, candidates: Mapping[Key, float | None], t: float, gamma: int,
+          shape: WindowShape, rng: random.Random, oracle: Oracle | None = None, spare: str = "none") -> list[Election]:
+    if gamma <= 0 or not candidates:
+        return []
+    if ranker == "RND":
+        keys = list(candidates)
+        return [Election(k) for k in rng.sample(keys, min(gamma, len(keys)))]
+    if ranker == "LRU":
+        keys = _shuffled(candidates, rng)  # random among equally old
+        keys.sort(key=lambda k: view.entry(k).refreshed_at)
+        return [Election(k) for k in keys[:gamma]]
+    if ranker in ("WBM", "WBM*"):
+        if ranker == "WBM*" and oracle is None:
+            raise ValueError("WBM* needs an oracle of the true change times")
+        scores = wbm_scores(view, candidates, t, shape, oracle if ranker == "WBM*" else None)
+        order = {s.key: i for i, s in enumerate(scores)}
+        tiebreak = {k: rng.random() for k in order}
+        scores.sort(key=lambda s: (-s.score, tiebreak[s.key]))
+        chosen = [Election(s.key, s.best_before_next, s.score) for s in scores[:gamma]]
+        if spare == "oldest" and len(chosen) < gamma:
+            rest = [k for k in _shuffled(candidates, rng) if k not in order]
+            rest.sort(key=lambda k: view.entry(k).best_before)
+            chosen += [Election(k) for k in rest[: gamma - len(chosen)]]
+        return chosen
+    raise ValueError(f"unknown ranker {ranker!r} (one of {', '.join(RANKERS)})")
+
+
+def propose(proposer: str, view: LocalView, window: Mapping[Key, float], t: float,
+            oracle: Oracle | None = None) -> dict[Key, float | None]:
+    if proposer == "WSJ":
+        return {k: t_i for k, t_i in window.items() if k in view}
+    if proposer == "GNR":
+        return {k: window.get(k) for k in view}
+    if proposer == "WST":
+        return {}
+    if proposer == "BST":
+        if oracle is None:
+            raise ValueError("BST needs an oracle of the true change times")
+        return {k: t_i for k, t_i in window.items()
+                if k in view and oracle.stale(k, view.entry(k).refreshed_at, t)}
+    raise ValueError(f"unknown proposer {proposer!r} (one of {', '.join(PROPOSERS)})")
+
+
+@dataclass(frozen=True)
+class Policy:
+    proposer: str
+    ranker: str | None
+
+    @property
+    def name(self) -> str:
+        return self.proposer if self.proposer in ("WST", "BST") else f"{self.proposer}-{self.ranker}"
+
+    @property
+    def needs_oracle(self) -> bool:
+        return self.proposer == "BST" or self.ranker == "WBM*"
+
+    @classmethod
+    def parse(cls, name: str) -> "Policy":
+        name = name.strip().upper()
+        if name in ("WST", "BST"):
+            return cls(name, None if name == "WST" else "RND")
+        proposer, _, ranker = name.partition("-")
+        if proposer not in ("WSJ", "GNR") or ranker not in RANKERS:
+            raise ValueError(f"unknown policy {name!r}: WST, BST or WSJ|GNR-RND|LRU|WBM|WBM*")
+        return cls(proposer, ranker)
+
+
+# ------------------------------------------------------------------------------------------------ maintainer
+@dataclass(frozen=True)
+class Alert:
+    """R4: the estimated accuracy at the allowed gamma is below alpha."""
+
+    t: float
+    estimate: float
+    alpha: float
+    gamma: int
+    possibly_stale: int
+    candidates: int
+
+
+@dataclass
+class Evaluation:
+    t: float
+    answers: dict[Key, Any]  # the join: window key -> view value
+    candidates: int  # |C|
+    window_candidates: int  # |C_w|: window keys in the view
+    possibly_stale: int  # |PS| among C_w
+    gamma: int  # allowed this evaluation
+    elected: list[Key]
+    refreshed: list[Key]
+    changes: list[Change]
+    latency: float  # seconds, wall clock
+    query_time: float
+    refresh_times: list[float] = field(default_factory=list)
+    failures: int = 0
+    estimate: float = 1.0
+    alert: Alert | None = None
+
+
+class Maintainer:
+    """Runs one policy over one view against one remote; ``evaluate`` is one window evaluation."""
+
+    def __init__(self, view: LocalView, remote: Remote, policy: Policy | str, shape: WindowShape, *,
+                 gamma: int | None = None, rho: float | None = None, alpha: float | None = None,
+                 oracle: Oracle | None = None, seed: int = 0, spare: str = "none",
+                 clock: Callable[[], float] = time.perf_counter, ewma: float = 0.2,
+                 refresh_time_hint: float | None = None):
+        self.view = view
+        self.remote = remote
+        self.policy = Policy.parse(policy) if isinstance(policy, str) else policy
+        if self.policy.needs_oracle and oracle is None:
+            raise ValueError(f"{self.policy.name} is an oracle policy: give it the true change times")
+        self.shape = shape
+        self.gamma = gamma
+        self.rho = rho  # seconds
+        self.alpha = alpha
+        self.oracle = oracle
+        self.rng = random.Random(seed)
+        self.spare = spare
+        self.clock = clock
+        self.ewma = ewma
+        self.query_time: float | None = None  # moving averages (seconds)
+        self.refresh_time: float | None = refresh_time_hint
+        self.remote_calls = 0
+
+    def allowed_gamma(self) -> int:
+        limits = [] if self.gamma is None else [self.gamma]
+        if self.rho is not None and self.refresh_time is not None:
+            limits.append(refresh_budget(self.rho, self.query_time or 0.0, self.refresh_time))
+        return min(limits) if limits else 1 << 30
+
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.ewma) * old + self.ewma * new
+
+    def evaluate(self, t: float, window: Mapping[Key, float]) -> Evaluation:
+        start = self.clock()
+        view, policy = self.view, self.policy
+        window_keys = [k for k in window if k in view]
+        candidates = propose(policy.proposer, view, window, t, self.oracle)
+        gamma = self.allowed_gamma() if policy.proposer != "WST" else 0
+        elected = elect(policy.ranker or "RND", view, candidates, t, gamma, self.shape, self.rng,
+                        self.oracle, self.spare) if candidates else []
+        stale_before = view.possibly_stale(window_keys, t)
+        refreshed: list[Key] = []
+        changes: list[Change] = []
+        times: list[float] = []
+        failures = 0
+        for choice in elected:
+            now = self.clock()
+            if self.rho is not None and self.refresh_time is not None:
+                if (now - start) + self.refresh_time + (self.query_time or 0.0) * 0.5 > self.rho:
+                    break  # the deadline: the next refresh would likely overrun rho
+            entry = view.entry(choice.key)
+            self.remote_calls += 1
+            try:
+                value = self.remote.fetch(choice.key)
+            except Exception:  # noqa: BLE001 - a failed refresh leaves the entry as it was
+                failures += 1
+                times.append(self.clock() - now)
+                continue
+            took = self.clock() - now
+            times.append(took)
+            self.refresh_time = self._average(self.refresh_time, took)
+            if choice.best_before_next is not None:
+                best_before = choice.best_before_next
+            else:
+                best_before = renewed_best_before(entry.best_before, entry.interval, t)
+            change = view.apply_refresh(choice.key, value, t, best_before)
+            refreshed.append(choice.key)
+            if change is not None:
+                changes.append(change)
+        answers = {k: view.value(k) for k in window_keys}  # the join (1:1: one view entry per window key)
+        latency = self.clock() - start
+        query_time = max(0.0, latency - sum(times))
+        self.query_time = self._average(self.query_time, query_time)
+        estimate = estimated_accuracy(len(window_keys), stale_before, refreshed)
+        alert = None
+        if self.alpha is not None and estimate < self.alpha:
+            alert = Alert(t, estimate, self.alpha, gamma, len(stale_before), len(window_keys))
+        view.pool()  # off the clock: between evaluations
+        return Evaluation(t, answers, len(candidates), len(window_keys), len(stale_before), gamma,
+                          [c.key for c in elected], refreshed, changes, latency, query_time, times, failures,
+                          estimate, alert)

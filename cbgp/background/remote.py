@@ -1,0 +1,129 @@
+"""The remote side of a SERVICE pattern: one bulk query to fill the view, one query per key to refresh it.
+
+``SparqlRemote`` talks the SPARQL 1.1 Protocol over HTTP with SPARQLWrapper.  A key is a term in SPARQL syntax
+(``<http://...>`` or a literal such as ``"7"^^<http://www.w3.org/2001/XMLSchema#integer>``), the join variable's
+value; a view value is, by default, the frozenset of the key's result rows without the key, each row a sorted
+tuple of (variable, term in SPARQL syntax) -- one row for the paper's class (a functional SERVICE predicate),
+none when the remote no longer has the key.  The per-key query substitutes the key for the join variable in
+the pattern text: no VALUES, so it works on SPARQL 1.0 endpoints as the paper requires.
+``fetch_many`` (an extension) refreshes several keys with one VALUES query.
+
+``DictRemote`` is an in-memory remote for tests.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable, Mapping
+
+from .view import Key
+
+Row = tuple[tuple[str, str], ...]
+
+
+def term_text(binding: Mapping[str, str]) -> str:
+    """One SPARQL JSON results term as SPARQL/N-Triples text."""
+    kind, value = binding["type"], binding["value"]
+    if kind == "uri":
+        return f"<{value}>"
+    if kind == "bnode":
+        return f"_:{value}"
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    if "xml:lang" in binding:
+        return f'"{escaped}"@{binding["xml:lang"]}'
+    datatype = binding.get("datatype")
+    if datatype and datatype != "http://www.w3.org/2001/XMLSchema#string":
+        return f'"{escaped}"^^<{datatype}>'
+    return f'"{escaped}"'
+
+
+def literal_value(text: str) -> Any:
+    """The Python value of a literal's text as written by term_text (ints and decimals as numbers)."""
+    match = re.fullmatch(r'"(.*)"(?:\^\^<([^>]*)>|@[\w-]+)?', text, re.S)
+    if not match:
+        return text
+    lexical, datatype = match.group(1), match.group(2) or ""
+    if datatype.endswith(("#integer", "#int", "#long", "#short", "#nonNegativeInteger")):
+        return int(lexical)
+    if datatype.endswith(("#decimal", "#double", "#float")):
+        return float(lexical)
+    return lexical
+
+
+def rows_value(rows: Iterable[Row]) -> frozenset[Row]:
+    return frozenset(rows)
+
+
+class SparqlRemote:
+    """SERVICE <endpoint> { pattern } with ``key_var`` the join variable (without ``?``)."""
+
+    def __init__(self, endpoint: str, pattern: str, key_var: str, *, update_endpoint: str | None = None,
+                 value_of: Callable[[list[Row]], Any] = rows_value, timeout: float = 10.0,
+                 prefixes: str = ""):
+        from SPARQLWrapper import JSON, POST, SPARQLWrapper
+
+        self.endpoint = endpoint
+        self.pattern = pattern
+        self.key_var = key_var.lstrip("?$")
+        self.value_of = value_of
+        self.prefixes = prefixes
+        self._key_re = re.compile(r"[?$]" + re.escape(self.key_var) + r"(?![\w])")
+        self._query = SPARQLWrapper(endpoint)
+        self._query.setReturnFormat(JSON)
+        self._query.setMethod(POST)
+        self._query.setTimeout(timeout)
+        self._update = SPARQLWrapper(endpoint, updateEndpoint=update_endpoint or endpoint)
+        self._update.setMethod(POST)
+        self._update.setTimeout(timeout)
+        self.calls = 0
+
+    def _select(self, text: str) -> list[dict[str, dict[str, str]]]:
+        self._query.setQuery(self.prefixes + text)
+        self.calls += 1
+        return self._query.query().convert()["results"]["bindings"]
+
+    def _row(self, binding: Mapping[str, Mapping[str, str]]) -> Row:
+        return tuple(sorted((var, term_text(term)) for var, term in binding.items() if var != self.key_var))
+
+    def fill(self) -> dict[Key, Any]:
+        """One bulk SERVICE query: every key's value."""
+        rows: dict[Key, list[Row]] = {}
+        for binding in self._select(f"SELECT * WHERE {{ {self.pattern} }}"):
+            if self.key_var in binding:
+                rows.setdefault(term_text(binding[self.key_var]), []).append(self._row(binding))
+        return {key: self.value_of(found) for key, found in rows.items()}
+
+    def fetch(self, key: Key) -> Any:
+        """One refresh query for one key (the key substituted for the join variable; no VALUES)."""
+        pattern = self._key_re.sub(lambda _: str(key), self.pattern)
+        return self.value_of([self._row(b) for b in self._select(f"SELECT * WHERE {{ {pattern} }}")])
+
+    def fetch_many(self, keys: Iterable[Key]) -> dict[Key, Any]:
+        """Extension (SPARQL 1.1 endpoints): several keys in one query with VALUES."""
+        keys = list(keys)
+        values = " ".join(str(k) for k in keys)
+        rows: dict[Key, list[Row]] = {k: [] for k in keys}
+        text = f"SELECT * WHERE {{ VALUES ?{self.key_var} {{ {values} }} {self.pattern} }}"
+        for binding in self._select(text):
+            rows.setdefault(term_text(binding[self.key_var]), []).append(self._row(binding))
+        return {key: self.value_of(found) for key, found in rows.items()}
+
+    def update(self, text: str) -> None:
+        """A SPARQL 1.1 Update on the endpoint (benchmarks and tests change the background data with it)."""
+        self._update.setQuery(self.prefixes + text)
+        self._update.query().response.read()
+
+
+class DictRemote:
+    """An in-memory remote: ``data[key]`` is the current value; ``calls`` counts fetches."""
+
+    def __init__(self, data: Mapping[Key, Any] | None = None):
+        self.data = dict(data or {})
+        self.calls = 0
+
+    def fill(self) -> dict[Key, Any]:
+        return dict(self.data)
+
+    def fetch(self, key: Key) -> Any:
+        self.calls += 1
+        return self.data.get(key)
