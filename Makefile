@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup tools chromium test test-fast run bench replay-demo clean
+.PHONY: setup tools chromium virtuoso test test-fast run bench replay-demo clean
 
 setup: $(STAMP)
 
@@ -25,12 +25,16 @@ tools: setup
 chromium:
 	@bash .ci/install-chromium.sh
 
+## Debian's Virtuoso, the SPARQL endpoint the background-data (SERVICE) tests and bench start on a free port.
+virtuoso:
+	@bash .ci/install-virtuoso.sh
+
 ## Run the whole product locally: embedded broker, services, demo data, example queries, live answers.
 run: setup
 	$(PY) -m services.run
 
 ## Everything CI checks: unit, property, end-to-end (embedded broker), Spark, Helm/Docker validation.
-test: setup tools chromium
+test: setup tools chromium virtuoso
 	$(PY) -m pytest -q
 
 ## Only the engine tests (no broker, no Spark): a fast inner loop.
