@@ -1,0 +1,69 @@
+"""A local view against a real SPARQL endpoint (issue 19): Virtuoso (Debian's virtuoso-opensource, started on a
+free port with its own database by cbgp.background.endpoint), and the pyoxigraph fallback.
+
+Per endpoint (started once per module): the view is filled by one bulk SERVICE query through SPARQLWrapper, a
+follower count changes on the endpoint through SPARQL Update, and the refresh that reads it reports the change.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cbgp.background import LocalView, Maintainer, WindowShape
+from cbgp.background.endpoint import start_endpoint, virtuoso_available
+from cbgp.background.remote import SparqlRemote, literal_value
+
+EX = "http://example.org/"
+PATTERN = "?user <http://example.org/hasFollowers> ?followers"
+USERS = [f"<{EX}user/{i}>" for i in range(50)]
+
+
+def followers(rows):
+    """The view value of one user: the follower count (one row: hasFollowers is functional)."""
+    return literal_value(dict(rows[0])["followers"]) if rows else None
+
+
+@pytest.fixture(scope="module", params=["virtuoso", "oxigraph"])
+def endpoint(request):
+    if request.param == "virtuoso" and not virtuoso_available():
+        pytest.skip("virtuoso-opensource is not installed (make virtuoso)")
+    with start_endpoint(request.param) as running:
+        remote = SparqlRemote(running.query_url, PATTERN, "user", update_endpoint=running.update_url,
+                              value_of=followers)
+        data = " ".join(f"{u} <{EX}hasFollowers> {1000 + i} ." for i, u in enumerate(USERS))
+        remote.update(f"INSERT DATA {{ GRAPH <{EX}bkg> {{ {data} }} }}")
+        yield running
+
+
+def set_followers(remote: SparqlRemote, user: str, count: int) -> None:
+    remote.update(f"DELETE {{ GRAPH <{EX}bkg> {{ {user} <{EX}hasFollowers> ?old }} }} "
+                  f"INSERT {{ GRAPH <{EX}bkg> {{ {user} <{EX}hasFollowers> {count} }} }} "
+                  f"WHERE {{ GRAPH <{EX}bkg> {{ {user} <{EX}hasFollowers> ?old }} }}")
+
+
+def test_fill_refresh_sees_a_change_made_by_sparql_update(endpoint):
+    remote = SparqlRemote(endpoint.query_url, PATTERN, "user", update_endpoint=endpoint.update_url,
+                          value_of=followers)
+    view = LocalView(prior_interval=5)
+    view.fill(remote.fill(), 0)  # one bulk query
+    assert len(view) == 50 and view.value(USERS[7]) == 1007 and remote.calls == 1
+
+    set_followers(remote, USERS[7], 2222)
+    assert remote.fetch(USERS[7]) == 2222  # one query for one key, no VALUES
+    assert view.value(USERS[7]) == 1007  # the view is not refreshed behind our back
+
+    window = {USERS[i]: 0.5 for i in (3, 7, 9)}
+    maintainer = Maintainer(view, remote, "WSJ-LRU", WindowShape(omega=10, beta=1), gamma=3, rho=5.0)
+    evaluation = maintainer.evaluate(1, window)
+    assert sorted(evaluation.refreshed) == sorted(window)  # only window entries, one call each
+    assert [(c.key, c.old, c.new) for c in evaluation.changes] == [(USERS[7], 1007, 2222)]
+    assert evaluation.answers[USERS[7]] == 2222 and view.value(USERS[7]) == 2222
+    assert evaluation.latency < 5.0 and maintainer.remote_calls == 3
+
+
+def test_fetch_many_with_values(endpoint):
+    remote = SparqlRemote(endpoint.query_url, PATTERN, "user", update_endpoint=endpoint.update_url,
+                          value_of=followers)
+    set_followers(remote, USERS[1], 31)
+    assert remote.fetch_many([USERS[1], USERS[2], f"<{EX}user/nobody>"]) == {
+        USERS[1]: 31, USERS[2]: 1002, f"<{EX}user/nobody>": None}
