@@ -136,9 +136,17 @@ def _describe_commands(commands: argparse._SubParsersAction) -> dict[str, Handle
     return {"describe": run_describe}
 
 
+def _gateway_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
+    """``cbgp gateway``: SEPA WebSocket, SPARQL protocol, SSE answers, REST and the console (services.gateway)."""
+    from services.gateway.command import register
+
+    return register(commands)
+
+
 # Registration functions of the fleet's command groups, in help order.
 FLEET_COMMANDS: list[Callable[[argparse._SubParsersAction], dict[str, Handler]]] = [
-    _broker_commands, _data_path_commands, _registry_commands, _spark_commands, _describe_commands]
+    _broker_commands, _data_path_commands, _registry_commands, _gateway_commands, _spark_commands,
+    _describe_commands]
 
 
 def _add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:

@@ -39,7 +39,7 @@ LAYERS = (
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
     ("service runtime", ("services.runtime",)),
     ("services and the Spark job", ("services.ingest", "services.worker", "services.answers", "services.registry_faust",
-                                    "services.usercli", "spark")),
+                                    "services.usercli", "services.gateway", "spark")),
     ("command line and local runner", ("services.cli", "services.run", "services.supervise", "services.demo")),
 )
 

@@ -1,0 +1,631 @@
+"""``cbgp gateway``: live answers for people and programs, on one HTTP port (aiohttp).
+
+Endpoints (``GET /openapi.json`` describes the HTTP part; the console is ``GET /``):
+
+- ``GET /subscribe`` (WebSocket): the SPARQL 1.1 SE Protocol as the SEPA broker speaks it.  A
+  ``{"subscribe": {"sparql", "alias"}}`` message reuses a registered query with the same text or registers it
+  (id ``sepa-<hash of the text>``); the reply is notification ``sequence`` 0 carrying the current answers, then
+  one notification (``addedResults`` / ``removedResults``, SPARQL JSON) per batch of answers the gateway reads.
+  ``{"unsubscribe": {"spuid"}}`` ends one (``{"unsubscribed": ...}``).
+- ``POST /update`` (SPARQL 1.1 Protocol update): the request goes to ``updates.raw`` as one record, acknowledged
+  by the broker before the 200 (ingest applies it atomically, asynchronously).  ``GET|POST /query``: a SPARQL
+  query over the current graph (see :class:`services.gateway.kafka_io.GraphSource`).
+- ``GET /queries``, ``POST /queries``, ``GET|DELETE /queries/ID``, ``GET /queries/ID/current`` (SPARQL JSON),
+  ``GET /queries/ID/answers?from=N`` (server-sent events, event id = answer number ``n``; a reconnect with
+  ``Last-Event-ID: N`` resumes at ``N + 1``), ``GET /fleet`` (throughput, lag, idle/busy).
+- ``/metrics``, ``/healthz``, ``/readyz`` (ready once every plan and answer on the topics at start was read).
+
+Auth: bearer tokens (``Authorization: Bearer T``, or ``?access_token=T`` for EventSource and WebSocket clients
+that cannot set headers, or SEPA's ``authorization`` field) with scope ``read`` or ``read-write``; with
+``--tls-client-ca``, a verified client certificate has ``--client-cert-scope``.  No token configured: auth off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from aiohttp import WSMsgType, web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+from services.gateway.core import (READ, READ_WRITE, Answer, Hub, Subscriber, Tokens, allows, net_change, results,
+                                   sepa_error, sepa_notification, sse_event, subscription_id)
+from services.gateway.openapi import OPENAPI
+
+__all__ = ["Gateway", "make_app", "serve"]
+
+log = logging.getLogger("cbgp.gateway")
+STATIC = Path(__file__).with_name("static")
+
+REQUESTS = Counter("cbgp_gateway_requests", "HTTP requests served by the gateway.", ["route", "method", "code"])
+SUBSCRIBERS = Gauge("cbgp_gateway_subscribers", "Open subscriptions, by kind (sse, ws).", ["kind"])
+NOTIFICATIONS = Counter("cbgp_gateway_notifications", "Notifications sent (SSE events, SEPA notifications).", ["kind"])
+NOTIFICATION_LATENCY = Histogram(
+    "cbgp_gateway_notification_latency_seconds",
+    "From an answer's produced_at_ms (the answers service) to its notification written to the client.", ["kind"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+ANSWERS_READ = Counter("cbgp_gateway_answers_read", "Answer records the gateway read from the answers topic.")
+
+SSE_HEARTBEAT_S = 15.0
+SPARQL_RESULTS_JSON = "application/sparql-results+json"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Gateway:
+    """The gateway's parts: the hub (event-loop side), the topic reader, the publisher, the graph source."""
+
+    def __init__(self, settings: Any, tokens: Tokens, *, history: int = 100_000, client_cert_scope: str = READ_WRITE,
+                 fleet_every: float = 2.0) -> None:
+        from services.gateway.kafka_io import FleetSampler, Follower, GraphSource, Publisher
+
+        self.settings = settings
+        self.tokens = tokens
+        self.client_cert_scope = client_cert_scope
+        self.hub = Hub(history)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.follower = Follower(settings, self._deliver)
+        self.publisher = Publisher(settings)
+        self.graph = GraphSource(settings)
+        self.fleet = FleetSampler(settings, fleet_every)
+        self.ready = False
+        self.plan_waiters: dict[str, list[asyncio.Future]] = {}
+        self.hub.plan_listeners.append(self._plan_arrived)
+
+    # ------------------------------------------------------------------ topic side -> loop
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.follower.start()
+        self.fleet.start()
+
+    def _deliver(self, batch: list[tuple[str, Any]]) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._apply, batch)
+
+    def _apply(self, batch: list[tuple[str, Any]]) -> None:
+        answers: list[Answer] = []
+        for kind, item in batch:
+            if kind == "answer":
+                answers.append(item)
+                continue
+            if answers:
+                self.hub.apply_answers(answers)
+                answers = []
+            if kind == "plan":
+                self.hub.apply_plan(*item)
+            elif kind == "ready":
+                self.ready = True
+                log.info("event=ready queries=%d answers=%d", len(self.hub.plans), self.hub.answers_read)
+        if answers:
+            ANSWERS_READ.inc(len(answers))
+            self.hub.apply_answers(answers)
+
+    def _plan_arrived(self, query_id: str) -> None:
+        for future in self.plan_waiters.pop(query_id, []):
+            if not future.done():
+                future.set_result(None)
+
+    async def wait_plan(self, query_id: str, present: bool, version_above: int = 0, timeout: float = 10.0) -> bool:
+        """Wait until the hub has (or no longer has) ``query_id``'s plan; False at the timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.hub.registered(query_id)
+            if (info is not None and info.version > version_above) if present else info is None:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            future = asyncio.get_running_loop().create_future()
+            self.plan_waiters.setdefault(query_id, []).append(future)
+            try:
+                await asyncio.wait_for(future, left)
+            except asyncio.TimeoutError:
+                pass
+
+    def stop(self) -> None:
+        self.follower.stopping = True
+        self.fleet.stopping = True
+        self.follower.join(5)
+        self.publisher.close()
+
+    # ------------------------------------------------------------------ auth
+
+    def scope_of(self, request: web.Request, token: str | None = None) -> str | None:
+        if not self.tokens.enabled:
+            return READ_WRITE
+        if token is None:
+            header = request.headers.get("Authorization", "")
+            if header[:7].lower() == "bearer ":
+                token = header[7:].strip()
+            else:
+                token = request.query.get("access_token")
+        scope = self.tokens.scope(token) if token else None
+        if scope is None and request.transport is not None:
+            peer = request.transport.get_extra_info("peercert")
+            if peer:  # verified against --tls-client-ca by the TLS handshake
+                scope = self.client_cert_scope
+        return scope
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=json.dumps(data), status=status, content_type="application/json", headers=headers)
+
+
+def _problem(status: int, message: str, **extra: Any) -> web.Response:
+    return _json({"error": message, **extra}, status)
+
+
+# Scope each route needs; None = public.
+PUBLIC = {"/", "/console.js", "/console.css", "/openapi.json", "/healthz", "/readyz", "/metrics"}
+
+
+def _needed_scope(request: web.Request) -> str | None:
+    path = request.path
+    if path in PUBLIC:
+        return None
+    if path == "/update" or (path.startswith("/queries") and request.method in ("POST", "DELETE")):
+        return READ_WRITE
+    return READ
+
+
+def make_app(gw: Gateway) -> web.Application:
+    hub = gw.hub
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
+        needed = _needed_scope(request)
+        if needed is not None:
+            scope = gw.scope_of(request)
+            if scope is None:
+                REQUESTS.labels(route, request.method, "401").inc()
+                return web.Response(status=401, text=json.dumps({"error": "a bearer token is required"}),
+                                    content_type="application/json",
+                                    headers={"WWW-Authenticate": 'Bearer realm="cbgp"'})
+            if not allows(scope, needed):
+                REQUESTS.labels(route, request.method, "403").inc()
+                return _problem(403, f"this token's scope is {scope!r}; {needed!r} is needed")
+            request["scope"] = scope
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            REQUESTS.labels(route, request.method, str(exc.status)).inc()
+            if exc.status >= 400:  # the router's 404/405 and aiohttp's 413 as JSON, like every other error
+                return web.Response(status=exc.status, text=json.dumps({"error": exc.reason}),
+                                    content_type="application/json", headers={
+                                        k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+            raise
+        REQUESTS.labels(route, request.method, str(response.status)).inc()
+        return response
+
+    app = web.Application(middlewares=[middleware], client_max_size=8 * 1024 * 1024)
+
+    # ------------------------------------------------------------------ static, probes
+
+    async def index(_request: web.Request) -> web.Response:
+        return web.FileResponse(STATIC / "index.html")
+
+    async def console_js(_request: web.Request) -> web.Response:
+        return web.FileResponse(STATIC / "console.js", headers={"Content-Type": "text/javascript"})
+
+    async def openapi(_request: web.Request) -> web.Response:
+        return _json(OPENAPI)
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_request: web.Request) -> web.Response:
+        if gw.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: reading queries.plans and answers\n")
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # ------------------------------------------------------------------ queries
+
+    async def list_queries(_request: web.Request) -> web.Response:
+        return _json({"queries": [hub.describe(q) for q in sorted(hub.plans)]})
+
+    async def get_query(request: web.Request) -> web.Response:
+        query_id = request.match_info["id"]
+        if hub.registered(query_id) is None:
+            return _problem(404, f"no query with id {query_id!r} is registered")
+        return _json(hub.describe(query_id))
+
+    async def admin(command: dict[str, Any]) -> dict[str, Any] | web.Response:
+        from services.usercli import UserError
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, gw.publisher.admin, command, 30.0)
+        except UserError as exc:
+            return _problem(504, str(exc))
+
+    async def post_query(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _problem(400, "the body must be a JSON object {\"id\", \"sparql\", \"options\"}")
+        if not isinstance(body, dict) or not isinstance(body.get("id"), str) or not isinstance(body.get("sparql"), str):
+            return _problem(400, "the body must be a JSON object with string fields \"id\" and \"sparql\"")
+        options = body.get("options") or {}
+        if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
+            return _problem(400, "\"options\" must be an object of strings, e.g. {\"window\": \"sliding\"}")
+        before = hub.registered(body["id"])
+        status = await admin({"command": "REGISTER", "query_id": body["id"], "sparql": body["sparql"],
+                              "options": options})
+        if isinstance(status, web.Response):
+            return status
+        reply = {k: status.get(k) for k in ("query_id", "status", "message", "line", "column")}
+        if status["status"] != "ACCEPTED":
+            return _json(reply, 409 if "already registered" in status["message"] else 400)
+        await gw.wait_plan(body["id"], True, before.version if before and before.sparql != body["sparql"] else 0)
+        info = hub.registered(body["id"])
+        if info is not None:
+            reply["query"] = hub.describe(body["id"])
+        return _json(reply, 201)
+
+    async def delete_query(request: web.Request) -> web.Response:
+        query_id = request.match_info["id"]
+        status = await admin({"command": "UNREGISTER", "query_id": query_id})
+        if isinstance(status, web.Response):
+            return status
+        reply = {k: status.get(k) for k in ("query_id", "status", "message", "line", "column")}
+        if status["status"] != "UNREGISTERED":
+            return _json(reply, 404)
+        await gw.wait_plan(query_id, False)
+        return _json(reply)
+
+    async def current(request: web.Request) -> web.Response:
+        query_id = request.match_info["id"]
+        info = hub.registered(query_id)
+        if info is None:
+            return _problem(404, f"no query with id {query_id!r} is registered")
+        stream = hub.stream(query_id)
+        rows = stream.rows() if stream is not None and stream.version == info.version else []
+        last = (stream.next_n - 1) if stream is not None and stream.version == info.version else 0
+        return web.Response(text=json.dumps(results(info.projected, rows)), content_type=SPARQL_RESULTS_JSON,
+                            headers={"X-CBGP-Version": str(info.version), "X-CBGP-Answer": str(last)})
+
+    # ------------------------------------------------------------------ SSE
+
+    async def answers_sse(request: web.Request) -> web.StreamResponse:
+        query_id = request.match_info["id"]
+        info = hub.registered(query_id)
+        if info is None:
+            return _problem(404, f"no query with id {query_id!r} is registered")
+        try:
+            start = int(request.query.get("from", "1"))
+            if start < 1:
+                raise ValueError
+        except ValueError:
+            return _problem(400, "from must be an answer number >= 1")
+        live = request.query.get("live", "true").lower() not in ("false", "0", "no")
+        last_id = request.headers.get("Last-Event-ID", "").strip()
+        if last_id:
+            try:
+                start = int(last_id) + 1
+            except ValueError:
+                return _problem(400, "Last-Event-ID must be an answer number")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "X-Accel-Buffering": "no", "X-CBGP-Version": str(info.version)})
+        await response.prepare(request)
+        wake = asyncio.Event()
+        sub = Subscriber(query_id, "sse", wake.set, version=info.version, cursor=start)
+        sub.stream = hub.stream(query_id)
+        hub.attach(sub)
+        SUBSCRIBERS.labels("sse").inc()
+        try:
+            await response.write(b"retry: 1000\n\n")
+            while True:
+                stream = sub.stream
+                newest = hub.stream(query_id)
+                if stream is None or (newest is not stream and stream.since(sub.cursor) == []):
+                    newer = newest.version if newest is not None else None
+                    await response.write(sse_event(json.dumps({"reason": "registered again", "version": newer}),
+                                                   "end"))
+                    break
+                items = stream.since(sub.cursor)
+                if items:
+                    sub.cursor = items[-1].n + 1
+                    await response.write(b"".join(sse_event(a.encoded(), "answer", str(a.n)) for a in items))
+                    NOTIFICATIONS.labels("sse").inc(len(items))
+                    NOTIFICATION_LATENCY.labels("sse").observe(max(0.0, (_now_ms() - items[0].produced_at_ms) / 1000))
+                    continue
+                if not live:
+                    break
+                try:
+                    await asyncio.wait_for(wake.wait(), SSE_HEARTBEAT_S)
+                except asyncio.TimeoutError:
+                    await response.write(b": keep-alive\n\n")
+                wake.clear()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            hub.detach(sub)
+            SUBSCRIBERS.labels("sse").dec()
+        return response
+
+    # ------------------------------------------------------------------ SPARQL protocol
+
+    async def update(request: web.Request) -> web.Response:
+        from cbgp.update import UPDATE_FORMAT, UpdateRequestError, check_request
+
+        ctype = request.content_type
+        if ctype == "application/sparql-update":
+            text = await request.text()
+        elif ctype == "application/x-www-form-urlencoded":
+            text = (await request.post()).get("update")
+            if not isinstance(text, str):
+                return _problem(400, "the form needs an 'update' field")
+        else:
+            return _problem(415, "send application/sparql-update or an 'update' form field")
+        try:
+            check_request(text)
+        except UpdateRequestError as exc:
+            return _problem(400, str(exc), line=exc.line)
+        except Exception as exc:  # noqa: BLE001 - pyoxigraph's own parse errors
+            return _problem(400, f"{type(exc).__name__}: {exc}")
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, gw.publisher.publish, text.encode(), UPDATE_FORMAT)
+        except Exception as exc:  # noqa: BLE001 - the broker refused or did not answer
+            return _problem(503, f"updates.raw: {exc}")
+        return _json({"published": len(text.encode()), "topic": gw.settings.topic("updates.raw")})
+
+    async def query(request: web.Request) -> web.Response:
+        import pyoxigraph as ox
+
+        if request.method == "GET":
+            text = request.query.get("query")
+        elif request.content_type == "application/sparql-query":
+            text = await request.text()
+        elif request.content_type == "application/x-www-form-urlencoded":
+            value = (await request.post()).get("query")
+            text = value if isinstance(value, str) else None
+        else:
+            return _problem(415, "send application/sparql-query, a 'query' form field, or GET ?query=")
+        if not text:
+            return _problem(400, "no query")
+
+        def run() -> tuple[bytes, str, int]:
+            result, seq = gw.graph.query(text)
+            if isinstance(result, ox.QueryTriples):
+                return result.serialize(format=ox.RdfFormat.N_TRIPLES), "application/n-triples", seq
+            return result.serialize(format=ox.QueryResultsFormat.JSON), SPARQL_RESULTS_JSON, seq
+
+        try:
+            body, ctype, seq = await asyncio.get_running_loop().run_in_executor(None, run)
+        except (SyntaxError, ValueError, TypeError, OSError) as exc:
+            return _problem(400, f"{type(exc).__name__}: {exc}")
+        return web.Response(body=body, headers={"Content-Type": ctype, "X-CBGP-Seq": str(seq)})
+
+    async def fleet(_request: web.Request) -> web.Response:
+        subs = hub.subscriber_count()
+        return _json({**gw.fleet.state, "gateway": {"ready": gw.ready, "queries": len(hub.plans),
+                                                     "answers_read": hub.answers_read,
+                                                     "subscribers": {"sse": subs.get("sse", 0),
+                                                                     "ws": subs.get("ws", 0)}}})
+
+    # ------------------------------------------------------------------ SEPA WebSocket
+
+    async def subscribe_ws(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(heartbeat=30.0)
+        await ws.prepare(request)
+        conn_scope = gw.scope_of(request)
+        tasks: dict[str, tuple[asyncio.Task, Subscriber]] = {}
+
+        async def send(message: dict[str, Any]) -> None:
+            if not ws.closed:
+                await ws.send_str(json.dumps(message, separators=(",", ":")))
+
+        async def follow(spuid: str, alias: str | None, sub: Subscriber, wake: asyncio.Event,
+                         variables: list[str]) -> None:
+            while not ws.closed:
+                await wake.wait()
+                wake.clear()
+                mine = sub.stream
+                if mine is not None:
+                    items = mine.since(sub.cursor)
+                    if items:
+                        sub.cursor = items[-1].n + 1
+                        added, removed = net_change(items)
+                        if added or removed:
+                            note = sepa_notification(spuid, alias, sub.sequence, variables, added, removed)
+                            note["notification"]["x-cbgp"] = {"query": sub.query_id, "version": mine.version,
+                                                              "from": items[0].n, "to": items[-1].n,
+                                                              "produced_at_ms": items[0].produced_at_ms}
+                            await send(note)
+                            sub.sequence += 1
+                            NOTIFICATIONS.labels("ws").inc()
+                            NOTIFICATION_LATENCY.labels("ws").observe(
+                                max(0.0, (_now_ms() - items[0].produced_at_ms) / 1000))
+                newer = hub.stream(sub.query_id)
+                if newer is not None and newer is not mine and (mine is None or newer.version > mine.version):
+                    # Registered again: retract what this subscriber was told (the old registration's answers)
+                    # and follow the new registration from its n = 1.
+                    old = mine.rows() if mine is not None else []
+                    sub.stream, sub.version, sub.cursor = newer, newer.version, 1
+                    if old:
+                        await send(sepa_notification(spuid, alias, sub.sequence, variables, [], old))
+                        sub.sequence += 1
+                    wake.set()
+
+
+        async def on_subscribe(body: dict[str, Any], top: dict[str, Any]) -> None:
+            sparql, alias = body.get("sparql"), body.get("alias")
+            token = body.get("authorization") or top.get("authorization")
+            scope = conn_scope
+            if token:
+                token = str(token)
+                scope = gw.scope_of(request, token[7:].strip() if token.lower().startswith("bearer ") else token)
+            if scope is None:
+                await send(sepa_error(401, "unauthorized", "a bearer token is required"))
+                return
+            if not isinstance(sparql, str) or not sparql.strip():
+                await send(sepa_error(400, "invalid_request", "subscribe needs a 'sparql' string"))
+                return
+            info = hub.by_text(sparql)
+            if info is None:
+                if not allows(scope, READ_WRITE):
+                    await send(sepa_error(403, "forbidden", "this query is not registered and registering it "
+                                          "needs a read-write token"))
+                    return
+                query_id = subscription_id(sparql)
+                status = await admin({"command": "REGISTER", "query_id": query_id, "sparql": sparql,
+                                      "options": {"replace": "true"}})
+                if isinstance(status, web.Response):
+                    await send(sepa_error(504, "timeout", status.text or "no reply from the registry"))
+                    return
+                if status["status"] != "ACCEPTED":
+                    where = f" (line {status['line']}, column {status['column']})" if status.get("line") else ""
+                    await send(sepa_error(400, "invalid_query", status["message"] + where))
+                    return
+                if not await gw.wait_plan(query_id, True):
+                    await send(sepa_error(504, "timeout", "the registered plan did not reach the gateway"))
+                    return
+                info = hub.registered(query_id)
+                if info is None:
+                    return
+            stream = hub.stream(info.query_id)
+            spuid = f"sepa://subscription/{uuid.uuid4().hex}"
+            wake = asyncio.Event()
+            sub = Subscriber(info.query_id, "ws", wake.set, version=info.version)
+            rows: list = []
+            if stream is not None and stream.version >= info.version:
+                sub.stream, sub.version, sub.cursor = stream, stream.version, stream.next_n
+                rows = stream.rows()
+            await send(sepa_notification(spuid, alias, 0, info.projected, rows, []))
+            sub.sequence = 1
+            NOTIFICATIONS.labels("ws").inc()
+            hub.attach(sub)
+            SUBSCRIBERS.labels("ws").inc()
+            tasks[spuid] = (asyncio.create_task(follow(spuid, alias, sub, wake, info.projected)), sub)
+            wake.set()  # anything that arrived meanwhile
+
+        def drop(spuid: str) -> bool:
+            found = tasks.pop(spuid, None)
+            if found is None:
+                return False
+            task, sub = found
+            task.cancel()
+            hub.detach(sub)
+            SUBSCRIBERS.labels("ws").dec()
+            return True
+
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                try:
+                    message = json.loads(msg.data)
+                    if not isinstance(message, dict):
+                        raise ValueError
+                except ValueError:
+                    await send(sepa_error(400, "invalid_request", "messages are JSON objects"))
+                    continue
+                if isinstance(message.get("subscribe"), dict):
+                    await on_subscribe(message["subscribe"], message)
+                elif isinstance(message.get("unsubscribe"), dict):
+                    spuid = str(message["unsubscribe"].get("spuid"))
+                    if drop(spuid):
+                        await send({"unsubscribed": {"spuid": spuid}})
+                    else:
+                        await send(sepa_error(404, "not_found", f"no subscription {spuid}"))
+                else:
+                    await send(sepa_error(400, "invalid_request", "expected a 'subscribe' or 'unsubscribe' message"))
+        finally:
+            for spuid in list(tasks):
+                drop(spuid)
+        return ws
+
+    app.router.add_get("/", index)
+    app.router.add_get("/console.js", console_js)
+    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/queries", list_queries)
+    app.router.add_post("/queries", post_query)
+    app.router.add_get("/queries/{id}", get_query)
+    app.router.add_delete("/queries/{id}", delete_query)
+    app.router.add_get("/queries/{id}/current", current)
+    app.router.add_get("/queries/{id}/answers", answers_sse)
+    app.router.add_post("/update", update)
+    app.router.add_get("/query", query)
+    app.router.add_post("/query", query)
+    app.router.add_get("/fleet", fleet)
+    app.router.add_get("/subscribe", subscribe_ws)
+    return app
+
+
+# ---------------------------------------------------------------------------------------- command
+
+
+def _tokens(args: argparse.Namespace) -> Tokens:
+    text = ""
+    if args.tokens_file:
+        text = Path(args.tokens_file).read_text(encoding="utf-8")
+    elif os.environ.get("CBGP_GATEWAY_TOKENS"):
+        text = os.environ["CBGP_GATEWAY_TOKENS"]
+    return Tokens.parse(text)
+
+
+def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if not args.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(args.tls_cert, args.tls_key)
+    if args.tls_client_ca:
+        context.load_verify_locations(args.tls_client_ca)
+        context.verify_mode = ssl.CERT_OPTIONAL  # a verified certificate, or a bearer token
+    return context
+
+
+async def serve(args: argparse.Namespace, settings: Any) -> int:
+    from services.metrics import start_metrics_server
+
+    tokens = _tokens(args)
+    gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope)
+    loop = asyncio.get_running_loop()
+    gw.start(loop)
+    app = make_app(gw)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    site = web.SockSite(runner, sock, ssl_context=_ssl_context(args), backlog=2048)
+    await site.start()
+    port = sock.getsockname()[1]
+    metrics_server = None
+    if args.metrics_port is not None:
+        metrics_server = start_metrics_server(args.metrics_port, lambda: gw.ready)
+    scheme = "https" if args.tls_cert else "http"
+    log.info("event=started port=%d metrics_port=%s url=%s://127.0.0.1:%d/ auth=%s topics=%s", port,
+             metrics_server.port if metrics_server else port, scheme, port,
+             "tokens" if tokens.enabled else "off", settings.topic_prefix)
+    if not tokens.enabled:
+        log.warning("event=auth-off reason='no tokens configured (--tokens-file / CBGP_GATEWAY_TOKENS)'")
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("event=stopping")
+    await runner.cleanup()
+    gw.stop()
+    if metrics_server is not None:
+        metrics_server.stop()
+    return 0

@@ -1,0 +1,48 @@
+"""The ``cbgp gateway`` command's flags (the server itself, and aiohttp, load only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from typing import Callable
+
+__all__ = ["register"]
+
+
+def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
+    from services.kafka import add_kafka_flags
+
+    p = add_kafka_flags(commands.add_parser(
+        "gateway", help="serve live answers: SEPA WebSocket, SPARQL protocol, SSE, REST and the web console"))
+    p.add_argument("--host", default=os.environ.get("CBGP_GATEWAY_HOST", "0.0.0.0"), help="bind address")
+    p.add_argument("--port", type=int, default=int(os.environ.get("CBGP_GATEWAY_PORT", "8080")),
+                   help="HTTP port (default 8080, env CBGP_GATEWAY_PORT; 0 = any free port)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="also serve /metrics /healthz /readyz on this port (they are on --port too)")
+    p.add_argument("--tokens-file", default=os.environ.get("CBGP_GATEWAY_TOKENS_FILE"),
+                   help="bearer tokens, 'TOKEN read|read-write' per line (env CBGP_GATEWAY_TOKENS_FILE, or the "
+                        "tokens themselves in CBGP_GATEWAY_TOKENS as TOKEN:SCOPE,...); none: auth off")
+    p.add_argument("--tls-cert", default=os.environ.get("CBGP_GATEWAY_TLS_CERT"), help="serve HTTPS with this cert")
+    p.add_argument("--tls-key", default=os.environ.get("CBGP_GATEWAY_TLS_KEY"))
+    p.add_argument("--tls-client-ca", default=os.environ.get("CBGP_GATEWAY_TLS_CLIENT_CA"),
+                   help="accept client certificates signed by this CA (mTLS)")
+    p.add_argument("--client-cert-scope", choices=["read", "read-write"], default="read-write",
+                   help="scope of a verified client certificate (default read-write)")
+    p.add_argument("--history", type=int, default=100_000,
+                   help="answers kept per query for ?from=N / Last-Event-ID (default 100000; 0 = all)")
+    p.add_argument("--log-level", default=os.environ.get("CBGP_LOG_LEVEL", "INFO"),
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    def run(args: argparse.Namespace) -> int:
+        from services.gateway.app import serve
+        from services.kafka import KafkaSettings, quiet_librdkafka
+        from services.runtime import setup_logging
+
+        setup_logging("gateway", args.log_level)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        settings = quiet_librdkafka(KafkaSettings.from_args(args))
+        return asyncio.run(serve(args, settings))
+
+    return {"gateway": run}

@@ -1,0 +1,349 @@
+"""The gateway's state and message formats, without Kafka or HTTP (unit-tested on their own).
+
+- :class:`Stream`: one registration's numbered answers (``(query, version)``), as the gateway read them from
+  ``answers``: a list from ``n = base`` (older ones trimmed past ``history``), and their fold (the current answers,
+  bag semantics), so ``GET /queries/ID/current`` and a SEPA subscription's first notification need no topic read.
+- :class:`Hub`: the registered queries (from ``queries.plans``) and their streams; subscribers (SSE or SEPA
+  WebSocket) attach to a query id and are woken when its stream grows.  Fan-out costs one event per subscriber:
+  each keeps its own cursor (an answer number) into the stream, so a slow subscriber never holds up the others.
+- SEPA notifications (:func:`sepa_notification`): ``{"notification": {"spuid", "alias", "sequence",
+  "addedResults", "removedResults"}}`` with SPARQL 1.1 Query Results JSON inside, as the SEPA broker (and its
+  clients, e.g. ``sepy``) speak it; a notification carries the net change of the answers it covers.
+- Auth (:class:`Tokens`): bearer tokens with a ``read`` or ``read-write`` scope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+__all__ = ["Answer", "Hub", "QueryInfo", "Stream", "Subscriber", "Tokens", "TokenError", "READ", "READ_WRITE",
+           "sepa_notification", "sse_event", "subscription_id", "binding_key"]
+
+READ, READ_WRITE = "read", "read-write"
+SCOPES = (READ, READ_WRITE)
+
+
+def binding_key(binding: dict[str, Any]) -> str:
+    """A canonical text for a SPARQL JSON binding (fold key)."""
+    return json.dumps(binding, sort_keys=True, separators=(",", ":"))
+
+
+def subscription_id(sparql: str) -> str:
+    """The query id a SEPA subscription registers its text under (same text, same id)."""
+    return "sepa-" + hashlib.sha256(sparql.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class Answer:
+    """One answer as the gateway holds it: the fields clients see, and its JSON text (encoded once)."""
+
+    n: int
+    sign: str
+    binding: dict[str, Any]
+    seq: int
+    snapshot: bool
+    produced_at_ms: int
+    version: int
+    query_id: str
+    text: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"query": self.query_id, "version": self.version, "n": self.n, "seq": self.seq, "sign": self.sign,
+                "binding": self.binding, "snapshot": self.snapshot, "produced_at_ms": self.produced_at_ms}
+
+    def encoded(self) -> str:
+        if not self.text:
+            self.text = json.dumps(self.to_json(), separators=(",", ":"))
+        return self.text
+
+
+class Stream:
+    """One registration's answers: ``answers[i]`` has ``n = base + i``; ``current`` is their fold."""
+
+    def __init__(self, query_id: str, version: int, history: int) -> None:
+        self.query_id, self.version, self.history = query_id, version, history
+        self.answers: list[Answer] = []
+        self.base = 1
+        self.current: dict[str, list] = {}  # binding key -> [binding, multiplicity]
+        self.duplicates = 0
+        self.gaps = 0
+
+    @property
+    def next_n(self) -> int:
+        return self.base + len(self.answers)
+
+    def add(self, answer: Answer) -> bool:
+        """Append ``answer`` if it is the next number (a duplicate is dropped, a gap counted); True if kept."""
+        if answer.n < self.next_n:
+            self.duplicates += 1
+            return False
+        if answer.n > self.next_n:
+            self.gaps += 1
+            if not self.answers:
+                self.base = answer.n  # started after a trimmed past (should not happen: we read from offset 0)
+        self.answers.append(answer)
+        key = binding_key(answer.binding)
+        entry = self.current.get(key)
+        if answer.sign == "+":
+            if entry is None:
+                self.current[key] = [answer.binding, 1]
+            else:
+                entry[1] += 1
+        elif entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self.current[key]
+        if self.history and len(self.answers) > 2 * self.history:
+            cut = len(self.answers) - self.history
+            del self.answers[:cut]
+            self.base += cut
+        return True
+
+    def since(self, n: int) -> list[Answer]:
+        """The answers numbered ``n`` and up (from the oldest kept if ``n`` was trimmed)."""
+        return self.answers[max(0, n - self.base):]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The current answers as SPARQL JSON bindings, one per unit of multiplicity, in a stable order."""
+        return [binding for key in sorted(self.current) for binding in
+                [self.current[key][0]] * self.current[key][1]]
+
+
+@dataclass
+class QueryInfo:
+    """A registered query, from its ``QueryPlan`` record."""
+
+    query_id: str
+    sparql: str
+    version: int
+    options: dict[str, str]
+    projected: list[str]
+    query_class: str
+    placement: str
+    registered_at_seq: int
+
+    @classmethod
+    def from_plan(cls, plan: dict[str, Any]) -> "QueryInfo":
+        try:
+            decoded = json.loads(plan["plan_json"])
+        except (ValueError, TypeError):
+            decoded = {}
+        return cls(plan["query_id"], plan["sparql"], plan["version"], dict(plan.get("options") or {}),
+                   list(plan.get("projected") or []), decoded.get("class", "?"), decoded.get("placement", "?"),
+                   plan.get("registered_at_seq", 0))
+
+    def window(self) -> str | None:
+        """The window in words (``sliding range PT10S step PT1S``), or None."""
+        from services.queries import read_registration
+
+        try:
+            _text, spec = read_registration(self.sparql, self.options)
+        except Exception:  # noqa: BLE001 - a plan the registry accepted; shown as unknown if this fails
+            return "?"
+        if spec is None:
+            return None
+        return f"{spec.kind} range {spec.range_ms} ms" + (f" step {spec.step_ms} ms" if getattr(spec, "step_ms", None)
+                                                           else "")
+
+
+class Subscriber:
+    """One SSE or WebSocket client of one query: woken (``wake()``) when the query's stream changes."""
+
+    def __init__(self, query_id: str, kind: str, wake: Callable[[], None], version: int = 0,
+                 cursor: int = 1) -> None:
+        self.query_id, self.kind, self.wake = query_id, kind, wake
+        self.version = version  # 0: the first registration that shows up
+        self.cursor = cursor  # next answer number to send
+        self.sequence = 0  # SEPA notifications sent
+        self.stream: Stream | None = None  # the registration's stream being followed
+
+
+class Hub:
+    """Registered queries, their streams and their subscribers (used from one thread: the event loop)."""
+
+    def __init__(self, history: int = 100_000) -> None:
+        self.history = history
+        self.plans: dict[str, QueryInfo] = {}
+        self.streams: dict[str, Stream] = {}
+        self.subscribers: dict[str, set[Subscriber]] = {}
+        self.answers_read = 0
+        self.last_answer_ms = 0
+        self.plan_listeners: list[Callable[[str], None]] = []
+
+    # ------------------------------------------------------------------ input (from the topic reader)
+
+    def apply_plan(self, query_id: str, plan: dict[str, Any] | None) -> None:
+        if plan is None:
+            self.plans.pop(query_id, None)
+        else:
+            info = QueryInfo.from_plan(plan)
+            self.plans[query_id] = info
+            self._stream_for(query_id, info.version)
+        for sub in self.subscribers.get(query_id, ()):
+            sub.wake()
+        for listener in self.plan_listeners:
+            listener(query_id)
+
+    def apply_answers(self, answers: Iterable[Answer]) -> None:
+        touched: set[str] = set()
+        for answer in answers:
+            self.answers_read += 1
+            self.last_answer_ms = max(self.last_answer_ms, answer.produced_at_ms)
+            stream = self._stream_for(answer.query_id, answer.version)
+            if stream is None:
+                continue  # an older registration's answer: its stream was superseded
+            if stream.add(answer):
+                touched.add(answer.query_id)
+        for query_id in touched:
+            for sub in self.subscribers.get(query_id, ()):
+                sub.wake()
+
+    def _stream_for(self, query_id: str, version: int) -> Stream | None:
+        stream = self.streams.get(query_id)
+        if stream is None or version > stream.version:
+            stream = self.streams[query_id] = Stream(query_id, version, self.history)
+            return stream
+        return stream if version == stream.version else None
+
+    # ------------------------------------------------------------------ reading
+
+    def stream(self, query_id: str) -> Stream | None:
+        return self.streams.get(query_id)
+
+    def registered(self, query_id: str) -> QueryInfo | None:
+        return self.plans.get(query_id)
+
+    def by_text(self, sparql: str) -> QueryInfo | None:
+        """A registered query with exactly this text and no options (a SEPA subscription reuses it)."""
+        for info in self.plans.values():
+            if info.sparql == sparql and not info.options:
+                return info
+        return None
+
+    def attach(self, sub: Subscriber) -> None:
+        self.subscribers.setdefault(sub.query_id, set()).add(sub)
+
+    def detach(self, sub: Subscriber) -> None:
+        subs = self.subscribers.get(sub.query_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self.subscribers[sub.query_id]
+
+    def subscriber_count(self) -> Counter:
+        return Counter(sub.kind for subs in self.subscribers.values() for sub in subs)
+
+    def describe(self, query_id: str) -> dict[str, Any]:
+        info = self.plans[query_id]
+        stream = self.streams.get(query_id)
+        if stream is not None and stream.version != info.version:
+            stream = None
+        return {"id": query_id, "status": "registered", "version": info.version, "sparql": info.sparql,
+                "options": info.options, "class": info.query_class, "placement": info.placement,
+                "window": info.window(), "projected": info.projected, "registered_at_seq": info.registered_at_seq,
+                "answers": (stream.next_n - 1) if stream else 0,
+                "current": sum(m for _b, m in stream.current.values()) if stream else 0,
+                "subscribers": len(self.subscribers.get(query_id, ()))}
+
+
+# ---------------------------------------------------------------------------------------- wire formats
+
+
+def results(variables: list[str], bindings: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"head": {"vars": variables}, "results": {"bindings": bindings}}
+
+
+def net_change(answers: Iterable[Answer]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(added, removed) bindings: the net change of ``answers`` (a row added then removed is in neither)."""
+    delta: dict[str, int] = {}
+    bindings: dict[str, dict[str, Any]] = {}
+    for answer in answers:
+        key = binding_key(answer.binding)
+        bindings[key] = answer.binding
+        delta[key] = delta.get(key, 0) + (1 if answer.sign == "+" else -1)
+    added = [bindings[k] for k, d in delta.items() for _ in range(d) if d > 0]
+    removed = [bindings[k] for k, d in delta.items() for _ in range(-d) if d < 0]
+    return added, removed
+
+
+def sepa_notification(spuid: str, alias: str | None, sequence: int, variables: list[str],
+                      added: list[dict[str, Any]], removed: list[dict[str, Any]]) -> dict[str, Any]:
+    """A SEPA notification (SPARQL 1.1 SE Protocol): sequence 0 is the reply to subscribe (current answers)."""
+    note: dict[str, Any] = {"spuid": spuid, "sequence": sequence, "addedResults": results(variables, added),
+                            "removedResults": results(variables, removed)}
+    if alias is not None:
+        note["alias"] = alias
+    return {"notification": note}
+
+
+def sepa_error(status: int, error: str, description: str) -> dict[str, Any]:
+    """A SEPA error message (the broker's ErrorResponse JSON)."""
+    return {"error": error, "status_code": status, "error_description": description}
+
+
+def sse_event(data: str, event: str | None = None, event_id: str | None = None) -> bytes:
+    """One server-sent event (``data`` must be one line: JSON without newlines is)."""
+    head = (f"id: {event_id}\n" if event_id is not None else "") + (f"event: {event}\n" if event else "")
+    return f"{head}data: {data}\n\n".encode()
+
+
+# ---------------------------------------------------------------------------------------- auth
+
+
+class TokenError(ValueError):
+    pass
+
+
+class Tokens:
+    """Bearer tokens and their scopes: ``read`` (queries, answers, SSE, subscribe to registered queries,
+    /query) or ``read-write`` (also /update, register, unregister, subscribe with a new query text).
+    No tokens configured: auth is off and every request has ``read-write``."""
+
+    def __init__(self, scopes: dict[str, str] | None = None) -> None:
+        self.scopes = dict(scopes or {})
+        for token, scope in self.scopes.items():
+            if scope not in SCOPES:
+                raise TokenError(f"token scope {scope!r} is not one of {', '.join(SCOPES)}")
+            if not token:
+                raise TokenError("empty token")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.scopes)
+
+    @classmethod
+    def parse(cls, text: str) -> "Tokens":
+        """``TOKEN SCOPE`` per line (``#`` comments), or ``TOKEN:SCOPE,TOKEN:SCOPE`` on one line, or a JSON object
+        ``{"TOKEN": "SCOPE"}``."""
+        text = text.strip()
+        if not text:
+            return cls()
+        if text.startswith("{"):
+            try:
+                return cls({str(k): str(v) for k, v in json.loads(text).items()})
+            except ValueError as exc:
+                raise TokenError(f"tokens: not JSON: {exc}") from None
+        scopes: dict[str, str] = {}
+        for line in text.replace(",", "\n").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            token, _sep, scope = line.replace(":", " ").rpartition(" ")
+            if not token.strip():
+                raise TokenError(f"tokens: expected 'TOKEN SCOPE', got {line!r}")
+            scopes[token.strip()] = scope.strip()
+        return cls(scopes)
+
+    def scope(self, token: str | None) -> str | None:
+        """The scope of ``token`` (None: unknown or missing); ``read-write`` for everyone when auth is off."""
+        if not self.enabled:
+            return READ_WRITE
+        return self.scopes.get(token or "")
+
+
+def allows(scope: str | None, needed: str) -> bool:
+    return scope == READ_WRITE or (scope == READ and needed == READ)

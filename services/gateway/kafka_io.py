@@ -1,0 +1,264 @@
+"""The gateway's topic side: what it reads (``queries.plans``, ``answers``; ``updates.encoded`` and ``dictionary``
+for ``POST /query``) and what it writes (``updates.raw`` for ``POST /update``, ``admin`` for register/unregister).
+
+- :class:`Follower`: a thread with one assign-only :class:`services.runtime.Fetcher` on every partition of
+  ``queries.plans`` and ``answers`` from offset 0 (no consumer group, nothing committed: the gateway is
+  checkpoint-free), decoding records into :class:`services.gateway.core.Answer` objects and plans, handed to the
+  event loop in batches.  Ready once it has read every partition to the end offset it saw at start.
+- :class:`GraphSource`: the current graph as a pyoxigraph store for ``POST /query``, built on the first query
+  from ``dictionary`` and ``updates.encoded`` (the fleet's durable copy of the graph, what ingest restores its
+  presence set from) and brought up to date before each query by reading what was appended since.  Its cost:
+  the whole graph in the gateway's memory (pyoxigraph's in-memory store) and a read of everything since the last
+  query; a gateway that never answers ``/query`` pays nothing.
+- :class:`FleetSampler`: end offsets of the fleet's topics and the committed offsets of ingest's and answers'
+  groups every few seconds: throughput, lag and idle/busy for the console.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary, to_oxigraph
+from services import codec
+from services.codec import sparql_json_term
+from services.gateway.core import Answer
+from services.kafka import KafkaSettings, end_offsets, make_producer
+from services.runtime import Fetcher, read_range
+
+__all__ = ["FleetSampler", "Follower", "GraphSource", "Publisher"]
+
+log = logging.getLogger(__name__)
+
+Batch = list[tuple[str, Any]]  # ("plan", (query_id, plan | None)) or ("answer", Answer), in topic order
+
+
+def decode_answer(value: bytes) -> Answer:
+    r = codec.decode("Answer", value)
+    return Answer(r["n"], r["sign"], {v: sparql_json_term(t) for v, t in r["binding"].items()}, r["seq"],
+                  r["snapshot"], r["produced_at_ms"], r["version"], r["query_id"])
+
+
+class Follower(threading.Thread):
+    """Reads plans and answers for ever; ``deliver(batch)`` is called in this thread (it must hand over to the
+    event loop itself, e.g. with ``loop.call_soon_threadsafe``)."""
+
+    def __init__(self, settings: KafkaSettings, deliver: Callable[[Batch], None]) -> None:
+        super().__init__(name="gateway-follower", daemon=True)
+        self.settings = settings
+        self.deliver = deliver
+        self.stopping = False
+        self.ready = threading.Event()
+        self.records = 0
+        self.undecodable = 0
+
+    def run(self) -> None:
+        settings = self.settings
+        t_plans, t_answers = settings.topic("queries.plans"), settings.topic("answers")
+        targets: dict[tuple[str, int], int] = {}
+        for topic in (t_plans, t_answers):
+            for partition, (_low, high) in end_offsets(settings, topic).items():
+                targets[(topic, partition)] = high
+        fetcher = Fetcher(settings, "gateway", 5000)
+        fetcher.set_positions({key: OFFSET_BEGINNING for key in targets})
+        try:
+            while not self.stopping:
+                msgs = fetcher.poll()
+                batch: Batch = []
+                for msg in msgs:
+                    if msg.error() is not None:
+                        if msg.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("gateway: consume error: %s", msg.error())
+                        continue
+                    self.records += 1
+                    try:
+                        if msg.topic() == t_plans:
+                            key = (msg.key() or b"").decode()
+                            batch.append(("plan", (key, None if msg.value() is None
+                                                   else codec.decode("QueryPlan", msg.value()))))
+                        elif msg.value() is not None:
+                            batch.append(("answer", decode_answer(msg.value())))
+                    except (codec.CodecError, UnicodeDecodeError) as exc:
+                        self.undecodable += 1
+                        log.warning("gateway: undecodable record at %s[%d]@%d: %s", msg.topic(), msg.partition(),
+                                    msg.offset(), exc)
+                if batch:
+                    self.deliver(batch)
+                if not self.ready.is_set() and all(fetcher.positions.get(k, 0) >= high for k, high in targets.items()):
+                    self.deliver([("ready", None)])
+                    self.ready.set()
+        except Exception:  # noqa: BLE001 - logged; the gateway reports not ready and its probe restarts it
+            log.exception("gateway: the topic reader failed")
+            self.ready.clear()
+            self.failed = True
+        finally:
+            fetcher.close()
+
+    failed = False
+
+
+class Publisher:
+    """``POST /update`` and the admin commands: one idempotent producer, acknowledged writes."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.producer = make_producer(settings)
+        self.lock = threading.Lock()
+
+    def publish(self, payload: bytes, fmt: str, source: str = "gateway", timeout: float = 10.0) -> None:
+        """Write one record to updates.raw and wait for the broker's acknowledgement (raises on failure)."""
+        from services.kafka import produce_sync
+
+        headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source.encode()), ("cbgp-first-line", b"1")]
+        with self.lock:
+            produce_sync(self.producer, self.settings.topic("updates.raw"), payload, headers=headers, partition=0,
+                         timeout=timeout)
+
+    def admin(self, command: dict[str, Any], wait: float = 30.0) -> dict[str, Any]:
+        from services.usercli import admin_request
+
+        return admin_request(self.settings, command, wait)
+
+    def close(self) -> None:
+        self.producer.flush(5)
+
+
+class GraphSource:
+    """The current graph (see the module docstring); :meth:`query` is thread-safe (one query at a time)."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.lock = threading.Lock()
+        self.store = None
+        self.dictionary = TermDictionary(stable=True)
+        self.positions: dict[tuple[str, int], int] = {}
+        self.seq = 0
+        self.quads = 0
+        self._terms: dict[int, Any] = {}
+
+    def _term(self, term_id: int) -> Any:
+        found = self._terms.get(term_id)
+        if found is None:
+            found = self._terms[term_id] = to_oxigraph(self.dictionary.decode(term_id))
+        return found
+
+    def _read(self, topic: str, apply: Callable[[bytes], None]) -> None:
+        for partition, (_low, high) in end_offsets(self.settings, topic).items():
+            start = self.positions.get((topic, partition), 0)
+            if high <= start:
+                continue
+            for msg in read_range(self.settings, topic, partition, start, high):
+                if msg.value() is not None:
+                    apply(msg.value())
+            self.positions[(topic, partition)] = high
+
+    def sync(self) -> int:
+        """Read what ``dictionary`` and ``updates.encoded`` gained since the last call; returns the seq the
+        store is at.  The encoded end is taken first: the dictionary entries its changes use were committed in
+        the same ingest transactions, so reading the dictionary to its (later) end covers them."""
+        import pyoxigraph as ox
+
+        if self.store is None:
+            self.store = ox.Store()
+        t_enc, t_dict = self.settings.topic("updates.encoded"), self.settings.topic("dictionary")
+        enc_end = end_offsets(self.settings, t_enc)
+        self._read(t_dict, lambda v: self._add_term(codec.decode("DictionaryEntry", v)))
+        changes = []
+        for partition, (_low, high) in enc_end.items():
+            start = self.positions.get((t_enc, partition), 0)
+            for msg in read_range(self.settings, t_enc, partition, start, high):
+                if msg.value() is not None:
+                    changes.extend(codec.encoded_changes(msg.value()))
+            self.positions[(t_enc, partition)] = max(start, high)
+        for seq, sign, s, p, o, g, _t, refresh in changes:
+            self.seq = max(self.seq, seq)
+            if refresh:
+                continue
+            graph = ox.DefaultGraph() if g == DEFAULT_GRAPH_ID else self._term(g)
+            quad = ox.Quad(self._term(s), self._term(p), self._term(o), graph)
+            if sign > 0:
+                self.store.add(quad)
+                self.quads += 1
+            else:
+                self.store.remove(quad)
+                self.quads -= 1
+        return self.seq
+
+    def _add_term(self, record: dict[str, Any]) -> None:
+        if record["id"] not in self._terms:
+            try:
+                self.dictionary.add(record["id"], record["term"])
+            except Exception:  # noqa: BLE001 - a repeated entry
+                pass
+
+    def query(self, sparql: str) -> tuple[Any, int]:
+        """``(pyoxigraph result, seq)`` of ``sparql`` over the graph as of seq; raises SyntaxError / ValueError."""
+        with self.lock:
+            seq = self.sync()
+            return self.store.query(sparql, use_default_graph_as_union=False), seq
+
+
+class FleetSampler(threading.Thread):
+    """Every ``every`` seconds: end offsets and group positions -> rates, lags, idle/busy (``snapshot()``)."""
+
+    TOPICS = ("updates.raw", "updates.encoded", "answers")
+
+    def __init__(self, settings: KafkaSettings, every: float = 2.0) -> None:
+        super().__init__(name="gateway-fleet", daemon=True)
+        self.settings, self.every = settings, every
+        self.stopping = False
+        self.state: dict[str, Any] = {"state": "unknown", "rates": {}, "lag": {}, "ends": {}, "at_ms": 0}
+        self._prev: tuple[float, dict[str, int]] | None = None
+
+    def _ends(self, consumer: Consumer) -> dict[str, dict[int, int]]:
+        out = {}
+        for name in self.TOPICS + ("deltas.parts",):
+            topic = self.settings.topic(name)
+            meta = consumer.list_topics(topic, timeout=5).topics.get(topic)
+            parts = sorted(meta.partitions) if meta is not None and meta.error is None else []
+            out[name] = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in parts}
+        return out
+
+    def _lag(self, group: str, topic: str, ends: dict[int, int]) -> int | None:
+        consumer = Consumer(self.settings.consumer_config(group))
+        try:
+            committed = consumer.committed([TopicPartition(self.settings.topic(topic), p) for p in ends], timeout=5)
+        finally:
+            consumer.close()
+        if all(tp.offset < 0 for tp in committed):
+            return None  # the group never committed (not running yet)
+        return sum(max(0, ends[tp.partition] - max(tp.offset, 0)) for tp in committed)
+
+    def sample(self) -> dict[str, Any]:
+        consumer = Consumer(self.settings.consumer_config("cbgp-gateway-watermarks"))
+        try:
+            ends = self._ends(consumer)
+        finally:
+            consumer.close()
+        totals = {name: sum(v.values()) for name, v in ends.items()}
+        now = time.monotonic()
+        rates = {}
+        if self._prev is not None:
+            then, before = self._prev
+            rates = {name: round((totals[name] - before.get(name, 0)) / max(now - then, 1e-6), 2)
+                     for name in self.TOPICS}
+        self._prev = (now, totals)
+        prefix = self.settings.topic_prefix
+        lag = {"ingest": self._lag(f"{prefix}ingest", "updates.raw", ends["updates.raw"]),
+               "answers": self._lag(f"{prefix}answers", "deltas.parts", ends["deltas.parts"])}
+        busy = any(r > 0 for r in rates.values()) or any(v for v in lag.values())
+        self.state = {"state": "busy" if busy else "idle", "rates": rates, "lag": lag,
+                      "ends": {name: totals[name] for name in self.TOPICS}, "at_ms": int(time.time() * 1000)}
+        return self.state
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                self.sample()
+            except Exception as exc:  # noqa: BLE001 - the broker is away: reported as such
+                self.state = {**self.state, "state": "unknown", "error": str(exc)}
+            time.sleep(self.every)

@@ -1,0 +1,177 @@
+"""The OpenAPI 3.0 description of the gateway's HTTP part (served at ``GET /openapi.json``; the WebSocket
+``/subscribe`` is described in words: OpenAPI has no WebSocket messages).  ``tests/test_gateway.py`` runs
+schemathesis against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["OPENAPI"]
+
+_ID = {"name": "id", "in": "path", "required": True, "description": "query id",
+       "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,128}$"}}
+
+
+def _json(ref: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": ref}}}}
+
+
+_ERR = "#/components/schemas/Error"
+_AUTH = {"401": _json(_ERR, "no or unknown bearer token"), "403": _json(_ERR, "the token's scope is too small")}
+
+_TERM = {"type": "object", "required": ["type", "value"],
+         "properties": {"type": {"type": "string", "enum": ["uri", "literal", "bnode"]}, "value": {"type": "string"},
+                        "datatype": {"type": "string"}, "xml:lang": {"type": "string"}}}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {"title": "cbgp gateway", "version": "1.0.0",
+             "description": "Live answers of continuous SPARQL queries: registration, current answers, answers as "
+                            "server-sent events (resumable by answer number), the SPARQL 1.1 Protocol (/update, "
+                            "/query) and, not described here, the SEPA WebSocket at /subscribe."},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                       "description": "scope read or read-write; also ?access_token="}},
+        "schemas": {
+            "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+            "Term": _TERM,
+            "Binding": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Term"}},
+            "SparqlResults": {
+                "type": "object", "required": ["head"],
+                "properties": {
+                    "head": {"type": "object", "properties": {"vars": {"type": "array", "items": {"type": "string"}}}},
+                    "results": {"type": "object", "required": ["bindings"], "properties": {
+                        "bindings": {"type": "array", "items": {"$ref": "#/components/schemas/Binding"}}}},
+                    "boolean": {"type": "boolean"}}},
+            "Query": {
+                "type": "object",
+                "required": ["id", "status", "version", "sparql", "class", "placement", "answers", "current"],
+                "properties": {
+                    "id": {"type": "string"}, "status": {"type": "string", "enum": ["registered"]},
+                    "version": {"type": "integer"}, "sparql": {"type": "string"},
+                    "options": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "class": {"type": "string"}, "placement": {"type": "string"},
+                    "window": {"type": "string", "nullable": True},
+                    "projected": {"type": "array", "items": {"type": "string"}},
+                    "registered_at_seq": {"type": "integer"},
+                    "answers": {"type": "integer", "description": "answers numbered so far (last n)"},
+                    "current": {"type": "integer", "description": "current answers (with multiplicity)"},
+                    "subscribers": {"type": "integer"}}},
+            "QueryList": {"type": "object", "required": ["queries"], "properties": {
+                "queries": {"type": "array", "items": {"$ref": "#/components/schemas/Query"}}}},
+            "RegisterRequest": {
+                "type": "object", "required": ["id", "sparql"],
+                "properties": {"id": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,128}$"},
+                               "sparql": {"type": "string"},
+                               "options": {"type": "object", "additionalProperties": {"type": "string"}}}},
+            "StatusReply": {
+                "type": "object", "required": ["status", "message"],
+                "properties": {"query_id": {"type": "string", "nullable": True},
+                               "status": {"type": "string",
+                                          "enum": ["ACCEPTED", "REJECTED", "UNREGISTERED", "LISTED", "ERROR"]},
+                               "message": {"type": "string"},
+                               "line": {"type": "integer", "nullable": True},
+                               "column": {"type": "integer", "nullable": True},
+                               "query": {"$ref": "#/components/schemas/Query"}}},
+            "StatusOrError": {"anyOf": [{"$ref": "#/components/schemas/StatusReply"}, {"$ref": _ERR}]},
+            "Published": {"type": "object", "required": ["published", "topic"],
+                          "properties": {"published": {"type": "integer"}, "topic": {"type": "string"}}},
+            "Fleet": {"type": "object", "required": ["state", "gateway"], "properties": {
+                "state": {"type": "string", "enum": ["idle", "busy", "unknown"]},
+                "rates": {"type": "object", "additionalProperties": {"type": "number"}},
+                "lag": {"type": "object", "additionalProperties": {"type": "integer", "nullable": True}},
+                "gateway": {"type": "object"}}},
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/queries": {
+            "get": {"operationId": "listQueries", "summary": "registered queries with class, placement, window",
+                    "responses": {"200": _json("#/components/schemas/QueryList", "the registered queries"), **_AUTH}},
+            "post": {"operationId": "registerQuery", "summary": "register a query (read-write)",
+                     "requestBody": {"required": True, "content": {"application/json": {
+                         "schema": {"$ref": "#/components/schemas/RegisterRequest"}}}},
+                     "responses": {
+                         "201": _json("#/components/schemas/StatusReply", "accepted; the plan reached the gateway"),
+                         "400": _json("#/components/schemas/StatusOrError", "rejected (parse error with line/column)"),
+                         "409": _json("#/components/schemas/StatusReply", "the id is registered with another text"),
+                         "504": _json(_ERR, "no reply from the registry"), **_AUTH}},
+        },
+        "/queries/{id}": {
+            "parameters": [_ID],
+            "get": {"operationId": "getQuery", "responses": {
+                "200": _json("#/components/schemas/Query", "the query"),
+                "404": _json(_ERR, "not registered"), **_AUTH}},
+            "delete": {"operationId": "unregisterQuery", "summary": "unregister (read-write)", "responses": {
+                "200": _json("#/components/schemas/StatusReply", "unregistered"),
+                "404": _json("#/components/schemas/StatusReply", "not registered"),
+                "504": _json(_ERR, "no reply from the registry"), **_AUTH}},
+        },
+        "/queries/{id}/current": {
+            "parameters": [_ID],
+            "get": {"operationId": "currentAnswers", "summary": "the current answers (SPARQL 1.1 results JSON)",
+                    "responses": {
+                        "200": {"description": "current answers", "content": {"application/sparql-results+json": {
+                            "schema": {"$ref": "#/components/schemas/SparqlResults"}}}},
+                        "404": _json(_ERR, "not registered"), **_AUTH}},
+        },
+        "/queries/{id}/answers": {
+            "parameters": [_ID],
+            "get": {"operationId": "answerEvents",
+                    "summary": "numbered answers as server-sent events (id = n; Last-Event-ID resumes after it)",
+                    "parameters": [
+                        {"name": "from", "in": "query", "schema": {"type": "integer", "minimum": 1, "default": 1}},
+                        {"name": "live", "in": "query", "schema": {"type": "boolean", "default": True},
+                         "description": "false: end after the answers read so far"},
+                        {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {"description": "event stream: 'answer' events (data = JSON answer), 'end' when the "
+                                               "query is registered again",
+                                "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                        "400": _json(_ERR, "bad from / Last-Event-ID"),
+                        "404": _json(_ERR, "not registered"), **_AUTH}},
+        },
+        "/update": {
+            "post": {"operationId": "sparqlUpdate", "summary": "SPARQL 1.1 Update, published to updates.raw",
+                     "requestBody": {"required": True, "content": {
+                         "application/sparql-update": {"schema": {"type": "string"}},
+                         "application/x-www-form-urlencoded": {"schema": {
+                             "type": "object", "required": ["update"],
+                             "properties": {"update": {"type": "string"}}}}}},
+                     "responses": {"200": _json("#/components/schemas/Published", "acknowledged by the broker"),
+                                   "400": _json(_ERR, "not a valid update request"),
+                                   "415": _json(_ERR, "unsupported content type"),
+                                   "503": _json(_ERR, "the broker did not take it"), **_AUTH}},
+        },
+        "/query": {
+            "get": {"operationId": "sparqlQueryGet", "summary": "SPARQL 1.1 query over the current graph",
+                    "parameters": [{"name": "query", "in": "query", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {"description": "results", "content": {
+                            "application/sparql-results+json": {"schema": {"$ref": "#/components/schemas/SparqlResults"}},
+                            "application/n-triples": {"schema": {"type": "string"}}}},
+                        "400": _json(_ERR, "not a valid query"), **_AUTH}},
+            "post": {"operationId": "sparqlQueryPost", "summary": "SPARQL 1.1 query over the current graph",
+                     "requestBody": {"required": True, "content": {
+                         "application/sparql-query": {"schema": {"type": "string"}},
+                         "application/x-www-form-urlencoded": {"schema": {
+                             "type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}}}},
+                     "responses": {
+                         "200": {"description": "results", "content": {
+                             "application/sparql-results+json": {
+                                 "schema": {"$ref": "#/components/schemas/SparqlResults"}},
+                             "application/n-triples": {"schema": {"type": "string"}}}},
+                         "400": _json(_ERR, "not a valid query"), "415": _json(_ERR, "unsupported content type"),
+                         **_AUTH}},
+        },
+        "/fleet": {
+            "get": {"operationId": "fleet", "summary": "throughput, lag, idle/busy",
+                    "responses": {"200": _json("#/components/schemas/Fleet", "the fleet now"), **_AUTH}},
+        },
+        "/healthz": {"get": {"operationId": "healthz", "security": [], "responses": {
+            "200": {"description": "alive", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/readyz": {"get": {"operationId": "readyz", "security": [], "responses": {
+            "200": {"description": "ready", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            "503": {"description": "still reading the topics", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    },
+}
