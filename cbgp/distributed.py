@@ -1,0 +1,534 @@
+"""Var-connected components evaluated across partitions: state keyed by centre value, probes between them.
+
+A *multi-centre* component (a 3-hop path, a snowflake, a triangle: no variable is in every pattern) cannot be
+evaluated where one triple arrives.  Here each partition keeps, for every pattern of such a component, the
+matching triples whose subject (and, separately, whose object) value hashes to it, the same routing ingest
+already applies (``value % N``, by subject and by object).  So every star of the star decomposition lives at
+its centre value's partition.  An update is joined with the rest of the component by *probes*: a partial
+binding carried from the partition of one centre value to the partition of the next, along the precomputed
+join order, until every pattern is matched (a delta) or one is not (nothing).
+
+Exactness under concurrency comes from three rules (issue #17, item 2):
+
+1. **Versioned state.**  Every stored triple keeps the seqs at which it became present or absent, so a
+   partition that already applied later changes still reads the graph *as of* seq ``k - 1`` for a probe of
+   update ``k``.  The delta rule is then, for the updated triple ``t`` matching pattern ``j``: the patterns
+   before ``j`` read ``G(k-1)`` without ``t``, the patterns after ``j`` read ``G(k-1)`` with ``t``.  Every
+   embedding that uses ``t`` is counted once, at the smallest pattern mapped to ``t`` (inserts and deletes
+   alike), and concurrent updates on other partitions are invisible to it.
+2. **Frontiers.**  A partition answers a probe for ``k`` only once it has applied every change up to ``k - 1``
+   (its *applied frontier*, moved by the routed log and by ingest's frontier marks); earlier, the probe is held.
+3. **Completion.**  The partition where an update's probes start (the *origin*) counts its probes still alive:
+   a partition that answers a remote probe reports ``children - 1`` back to the origin.  These acks travel in
+   causal order to one partition, so the count cannot reach zero early.  A partition's *completed frontier* is
+   its applied frontier, held below the oldest update whose probes are still alive: every delta of a seq at or
+   below it has been emitted.  The answers side releases seq ``k`` once every partition's completed frontier
+   has passed it, and versions at or below the minimum completed frontier are dropped (no probe can need them).
+
+No Kafka here: :class:`PartitionEvaluator` takes changes, probes, acks and frontiers and returns what to send.
+The fleet maps probes and acks to the ``probes`` topic (keyed by destination partition).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from cbgp.plan import ComponentPart, Plan
+from cbgp.sparql import is_var
+from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
+
+ROLE_SUBJECT = 1
+ROLE_OBJECT = 2
+SUBJECT_END = 0
+OBJECT_END = 1
+
+Row = tuple[int, ...]
+
+
+def partition_of(value: int, partitions: int) -> int:
+    """The partition of a term id: what ingest routes by (``services.records.routes``)."""
+    return value % partitions
+
+
+@dataclass(frozen=True)
+class PatternSpec:
+    """One triple pattern of a component, with variables as local numbers (-1: a constant)."""
+
+    predicate: int
+    graph: int
+    subject_var: int
+    object_var: int
+    subject_const: int
+    object_const: int
+
+    def matches(self, s: int, p: int, o: int, g: int) -> bool:
+        if p != self.predicate or g != self.graph:
+            return False
+        if self.subject_var < 0 and s != self.subject_const:
+            return False
+        if self.object_var < 0 and o != self.object_const:
+            return False
+        return not (self.subject_var >= 0 and self.subject_var == self.object_var and s != o)
+
+    def ends(self) -> tuple[int, ...]:
+        """The ends whose value is a variable: where the pattern's triples are stored."""
+        if self.subject_var >= 0 and self.subject_var == self.object_var:
+            return (SUBJECT_END,)
+        return tuple(end for end, var in ((SUBJECT_END, self.subject_var), (OBJECT_END, self.object_var))
+                     if var >= 0)
+
+
+@dataclass(frozen=True)
+class Step:
+    """Match pattern ``pattern`` with the binding so far: look it up at the partition of variable ``at``'s
+    value (stored at that end), and either bind variable ``binds`` from it or, with ``binds == -1``, check it."""
+
+    pattern: int
+    at: int  # the bound variable whose value's partition holds the lookup
+    end: int  # SUBJECT_END or OBJECT_END: which end of the pattern ``at`` is
+    binds: int  # the variable this step binds, -1 for a check
+
+
+@dataclass(frozen=True)
+class ComponentProgram:
+    """A multi-centre component compiled for distributed evaluation."""
+
+    name: str
+    n_vars: int
+    patterns: tuple[PatternSpec, ...]
+    plans: tuple[tuple[Step, ...], ...]  # per updated pattern j: the steps matching the other patterns
+    projection: tuple[int, ...]  # local variables of the emitted row, in the query's projected order
+    columns: tuple[str, ...]
+    variables: tuple[str, ...]
+
+    def start_end(self, j: int) -> int:
+        """Which end of pattern ``j``'s triple starts its probes: the subject's partition if it is a variable."""
+        return self.patterns[j].ends()[0]
+
+    def route(self, j: int) -> list[str]:
+        """The probe route of an update to pattern ``j``, for people (``cbgp explain``)."""
+        names = self.variables
+        hops = [f"t{j} at {names[self._start_var(j)]}"]
+        for step in self.plans[j]:
+            action = f"binds {names[step.binds]}" if step.binds >= 0 else "checks"
+            hops.append(f"t{step.pattern} at {names[step.at]} ({action})")
+        return hops
+
+    def _start_var(self, j: int) -> int:
+        spec = self.patterns[j]
+        return spec.subject_var if self.start_end(j) == SUBJECT_END else spec.object_var
+
+
+def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> ComponentProgram:
+    """Compile a plan whose one part is a var-connected component (projection without DISTINCT: DISTINCT is
+    applied where the partitions' deltas are consolidated)."""
+    (part,) = plan.parts
+    if not isinstance(part, ComponentPart):
+        raise ValueError("distributed evaluation takes one var-connected component")
+    query = plan.query
+    variables = part.variables
+    local = {v: i for i, v in enumerate(variables)}
+    specs = []
+    for index in part.patterns:
+        t = query.patterns[index]
+        if is_var(t.p):
+            raise ValueError("a variable predicate is not supported here")
+        graph = DEFAULT_GRAPH_ID if t.g is None else dictionary.encode(t.g)
+        specs.append(PatternSpec(
+            predicate=dictionary.encode(t.p), graph=graph,
+            subject_var=local[t.s] if is_var(t.s) else -1, object_var=local[t.o] if is_var(t.o) else -1,
+            subject_const=-1 if is_var(t.s) else dictionary.encode(t.s),
+            object_const=-1 if is_var(t.o) else dictionary.encode(t.o)))
+    plans = tuple(_join_plan(specs, j) for j in range(len(specs)))
+    columns = tuple(v for v in query.projected if "?" + v in local)
+    projection = tuple(local["?" + v] for v in columns)
+    return ComponentProgram(name, len(variables), tuple(specs), plans, projection, columns, variables)
+
+
+def _join_plan(specs: list[PatternSpec], j: int) -> tuple[Step, ...]:
+    """The order in which an update to pattern ``j`` matches the others: checks as soon as their variables are
+    bound (they prune), then lookups from the most recently bound variable (same partition, no hop), then any."""
+    bound = [v for v in (specs[j].subject_var, specs[j].object_var) if v >= 0]
+    remaining = [i for i in range(len(specs)) if i != j]
+    steps: list[Step] = []
+    while remaining:
+        def variables(i: int) -> list[int]:
+            return [v for v in (specs[i].subject_var, specs[i].object_var) if v >= 0]
+
+        checks = [i for i in remaining if all(v in bound for v in variables(i))]
+        if checks:
+            i = checks[0]
+            spec = specs[i]
+            # Prefer the end holding the most recently bound variable: the probe is likely there already.
+            ends = spec.ends()
+            end = max(ends, key=lambda e: bound.index(spec.subject_var if e == SUBJECT_END else spec.object_var))
+            at = spec.subject_var if end == SUBJECT_END else spec.object_var
+            steps.append(Step(i, at, end, -1))
+            remaining.remove(i)
+            continue
+        candidates = [i for i in remaining if any(v in bound for v in variables(i))]
+        assert candidates, "a component is connected"
+        i = max(candidates, key=lambda c: max(bound.index(v) for v in variables(c) if v in bound))
+        spec = specs[i]
+        if spec.subject_var in bound:
+            steps.append(Step(i, spec.subject_var, SUBJECT_END, spec.object_var))
+            bound.append(spec.object_var)
+        else:
+            steps.append(Step(i, spec.object_var, OBJECT_END, spec.subject_var))
+            bound.append(spec.subject_var)
+        remaining.remove(i)
+    return tuple(steps)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A partial binding of update ``seq`` on its way to partition ``dest``, to continue at ``step``."""
+
+    dest: int
+    query: str
+    seq: int
+    sign: int
+    triple: tuple[int, int, int, int]  # (s, p, o, g) of the update
+    pattern: int  # j, the pattern the update matched where the probe started
+    step: int
+    binding: Row
+    origin: int  # the partition counting this update's live probes
+    snapshot: bool = False  # part of a late registration's history (see PartitionEvaluator.register)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """To ``dest`` (the origin): a probe of update ``seq`` was answered with ``delta + 1`` remote children."""
+
+    dest: int
+    seq: int
+    delta: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    query: str
+    seq: int
+    sign: int
+    row: Row
+    snapshot: bool = False
+
+
+@dataclass
+class Outputs:
+    """What to send.  The acks go out before the probes (and, on one partition of the probes topic, are
+    appended before them): a probe's children must never overtake the ack that counts them at their origin."""
+
+    deltas: list[Delta] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
+    acks: list[Ack] = field(default_factory=list)
+
+    def extend(self, other: Outputs) -> None:
+        self.deltas.extend(other.deltas)
+        self.probes.extend(other.probes)
+        self.acks.extend(other.acks)
+
+
+def _present_at(history: list[int], as_of: int) -> bool:
+    """Whether a triple was present at seq ``as_of``.  ``history`` lists the seqs at which its presence
+    flipped, oldest first, with a leading -1 when it was present before the first recorded flip (changes
+    alternate: ingest drops duplicate inserts and deletes of absent triples)."""
+    return bisect.bisect_right(history, as_of) % 2 == 1
+
+
+class _PatternStore:
+    """The triples matching one pattern, stored at one end: end value -> other value -> flip history."""
+
+    __slots__ = ("table",)
+
+    def __init__(self) -> None:
+        self.table: dict[int, dict[int, list[int]]] = {}
+
+    def flip(self, key: int, other: int, seq: int) -> None:
+        bucket = self.table.setdefault(key, {})
+        history = bucket.get(other)
+        if history is None:
+            bucket[other] = [seq]
+        else:
+            history.append(seq)
+
+    def present(self, key: int, other: int, as_of: int) -> bool:
+        history = self.table.get(key, {}).get(other)
+        return history is not None and _present_at(history, as_of)
+
+    def values(self, key: int, as_of: int) -> list[int]:
+        bucket = self.table.get(key)
+        if not bucket:
+            return []
+        return [other for other, history in bucket.items() if _present_at(history, as_of)]
+
+    def collapse(self, watermark: int) -> None:
+        """Drop flips no read can need (reads are as of seqs >= watermark): keep the state at the watermark."""
+        for key in list(self.table):
+            bucket = self.table[key]
+            for other in list(bucket):
+                history = bucket[other]
+                first = history[1] if history[0] == -1 and len(history) > 1 else history[0]
+                if first > watermark or history == [-1]:
+                    continue  # nothing at or below the watermark to fold
+                newer = history[bisect.bisect_right(history, watermark):]
+                if _present_at(history, watermark):
+                    bucket[other] = [-1] + newer
+                elif newer:
+                    bucket[other] = newer
+                else:
+                    del bucket[other]
+            if not bucket:
+                del self.table[key]
+
+    def entries(self) -> int:
+        return sum(len(bucket) for bucket in self.table.values())
+
+
+class _QueryState:
+    def __init__(self, program: ComponentProgram) -> None:
+        self.program = program
+        # per pattern, per end: the store (only the ends whose value is a variable)
+        self.stores: list[dict[int, _PatternStore]] = [{end: _PatternStore() for end in spec.ends()}
+                                                       for spec in program.patterns]
+        by_predicate: dict[int, list[int]] = {}
+        for i, spec in enumerate(program.patterns):
+            by_predicate.setdefault(spec.predicate, []).append(i)
+        self.by_predicate = by_predicate
+
+
+class PartitionEvaluator:
+    """The distributed evaluation at one partition: its stores, held probes and live-probe counts."""
+
+    def __init__(self, partition: int, partitions: int) -> None:
+        self.partition = partition
+        self.partitions = partitions
+        self.queries: dict[str, _QueryState] = {}
+        self.applied = -1  # every change up to this seq routed here has been applied
+        self.last_seq = -1  # the highest seq applied (the log is in seq order)
+        self.held: list[tuple[int, int, Probe]] = []  # (seq, arrival, probe) waiting for the applied frontier
+        self._arrivals = 0
+        self.unknown: list[Probe] = []  # probes of queries not registered here yet
+        self.live: dict[int, int] = {}  # seq -> probes still alive elsewhere, for updates that started here
+        self.probes_sent = 0
+        self.probes_received = 0
+
+    # -- registration
+
+    def register(self, program: ComponentProgram) -> None:
+        """Add a query.  Its history is then brought in with :meth:`apply` on the log so far and
+        ``snapshot=True``: every partition's share of every past update's delta, as snapshot deltas (their sum
+        over all partitions and seqs is the query's answers up to each partition's position)."""
+        self.queries[program.name] = _QueryState(program)
+
+    def release_waiting(self, name: str) -> Outputs:
+        """After a query's registration and history replay here: answer the probes that reached this partition
+        before it knew the query."""
+        out = Outputs()
+        waiting = [p for p in self.unknown if p.query == name]
+        self.unknown = [p for p in self.unknown if p.query != name]
+        for probe in waiting:
+            self._receive(probe, out)
+        return out
+
+    def unregister(self, name: str) -> Outputs:
+        """Free a query's state; its probes waiting here die (their origins are told, so counts complete)."""
+        out = Outputs()
+        self.queries.pop(name, None)
+        dropped = [h[2] for h in self.held if h[2].query == name] + [p for p in self.unknown if p.query == name]
+        self.held = [h for h in self.held if h[2].query != name]
+        self.unknown = [p for p in self.unknown if p.query != name]
+        for probe in dropped:
+            self._finish(probe, 0, out)
+        return out
+
+    # -- input
+
+    def apply(self, seq: int, sign: int, s: int, p: int, o: int, g: int, role: int,
+              only: str | None = None, snapshot: bool = False) -> Outputs:
+        """One change of this partition's routed log (``role``: which ends were routed here).  Store it, then
+        start the probes of the patterns whose start end is here."""
+        out = Outputs()
+        if only is None:
+            self.last_seq = max(self.last_seq, seq)
+        for name, state in self.queries.items() if only is None else ((only, self.queries[only]),):
+            hits = state.by_predicate.get(p)
+            if not hits:
+                continue
+            program = state.program
+            started = []
+            for i in hits:
+                spec = program.patterns[i]
+                if not spec.matches(s, p, o, g):
+                    continue
+                for end, store in state.stores[i].items():
+                    if role & (ROLE_SUBJECT if end == SUBJECT_END else ROLE_OBJECT):
+                        if end == SUBJECT_END:
+                            store.flip(s, o, seq)
+                        else:
+                            store.flip(o, s, seq)
+                if role & (ROLE_SUBJECT if program.start_end(i) == SUBJECT_END else ROLE_OBJECT):
+                    started.append(i)
+            for j in started:
+                spec = program.patterns[j]
+                binding = [0] * program.n_vars
+                if spec.subject_var >= 0:
+                    binding[spec.subject_var] = s
+                if spec.object_var >= 0:
+                    binding[spec.object_var] = o
+                probe = Probe(self.partition, name, seq, sign, (s, p, o, g), j, 0, tuple(binding), self.partition,
+                              snapshot)
+                self._continue(probe, out, origin_here=True)
+        return out
+
+    def advance(self, frontier: int) -> Outputs:
+        """Every change up to ``frontier`` routed here has been applied (ingest's frontier mark, or the log
+        position): answer the probes that were waiting for it."""
+        out = Outputs()
+        if frontier <= self.applied:
+            return out
+        self.applied = frontier
+        ready = [h for h in self.held if h[0] - 1 <= frontier]
+        if ready:
+            self.held = [h for h in self.held if h[0] - 1 > frontier]
+            for _seq, _arrival, probe in ready:
+                self._answer(probe, out)
+        return out
+
+    def on_probe(self, probe: Probe, known: bool = True) -> Outputs:
+        """A probe from another partition.  ``known=False``: its query is not registered here yet (this
+        partition has not read the registration): it waits for :meth:`release_waiting`; a caller that knows
+        the query was unregistered passes ``known=True`` after :meth:`unregister`, and the probe dies."""
+        out = Outputs()
+        self.probes_received += 1
+        if probe.query not in self.queries:
+            if known:
+                self._finish(probe, 0, out)
+            else:
+                self.unknown.append(probe)
+            return out
+        self._receive(probe, out)
+        return out
+
+    def _receive(self, probe: Probe, out: Outputs) -> None:
+        if probe.seq - 1 > self.applied:
+            self._arrivals += 1
+            self.held.append((probe.seq, self._arrivals, probe))
+            return
+        self._answer(probe, out)
+
+    def on_ack(self, ack: Ack) -> None:
+        left = self.live.get(ack.seq, 0) + ack.delta
+        if left:
+            self.live[ack.seq] = left
+        else:
+            self.live.pop(ack.seq, None)
+
+    # -- frontiers and versions
+
+    def completed(self) -> int:
+        """Every delta of a seq up to this has been emitted (by this partition's updates, wherever their
+        probes went)."""
+        if self.live:
+            return min(self.applied, min(self.live) - 1)
+        return self.applied
+
+    def collapse(self, watermark: int, name: str | None = None) -> None:
+        """Drop versions of query ``name`` (or all) that no probe can read any more: ``watermark`` is the
+        minimum of every partition's :meth:`completed` (a probe of update k reads as of k - 1 >= it), read
+        after *every* partition registered the query: one that has not yet will send its history's probes,
+        which read as of old seqs."""
+        for state in self.queries.values() if name is None else [self.queries[name]]:
+            for stores in state.stores:
+                for store in stores.values():
+                    store.collapse(watermark)
+
+    def state_entries(self, name: str | None = None) -> int:
+        states = self.queries.values() if name is None else [self.queries[name]]
+        return sum(store.entries() for state in states for stores in state.stores for store in stores.values())
+
+    # -- probes
+
+    def _answer(self, probe: Probe, out: Outputs) -> None:
+        self._continue(probe, out, origin_here=False)
+
+    def _continue(self, probe: Probe, out: Outputs, origin_here: bool) -> None:
+        """Run ``probe`` from its step here; count the remote children it makes and report them."""
+        before = len(out.probes)
+        state = self.queries[probe.query]
+        self._walk(state, probe, list(probe.binding), probe.step, out)
+        children = len(out.probes) - before
+        self.probes_sent += children
+        if origin_here:
+            if children:
+                self.live[probe.seq] = self.live.get(probe.seq, 0) + children
+        else:
+            self._finish(probe, children, out)
+
+    def _finish(self, probe: Probe, children: int, out: Outputs) -> None:
+        if probe.origin == self.partition:
+            self.on_ack(Ack(self.partition, probe.seq, children - 1))
+        else:
+            out.acks.append(Ack(probe.origin, probe.seq, children - 1))
+
+    def _walk(self, state: _QueryState, probe: Probe, binding: list[int], step_no: int, out: Outputs) -> None:
+        program = state.program
+        steps = program.plans[probe.pattern]
+        as_of = probe.seq - 1
+        s_t, p_t, o_t, g_t = probe.triple
+        j = probe.pattern
+        while step_no < len(steps):
+            step = steps[step_no]
+            spec = program.patterns[step.pattern]
+            store_end = step.end
+            if step.binds < 0:
+                # A check: any stored end whose value hashes here will do; else go to the planned one.
+                for end in spec.ends():
+                    var = spec.subject_var if end == SUBJECT_END else spec.object_var
+                    if partition_of(binding[var], self.partitions) == self.partition:
+                        store_end = end
+                        break
+            at_var = spec.subject_var if store_end == SUBJECT_END else spec.object_var
+            key = binding[at_var]
+            dest = partition_of(key, self.partitions)
+            if dest != self.partition:
+                out.probes.append(Probe(dest, probe.query, probe.seq, probe.sign, probe.triple, j, step_no,
+                                        tuple(binding), probe.origin, probe.snapshot))
+                return
+            i = step.pattern
+            # The delta rule's view of update k's own triple: absent for patterns before j, present after.
+            overlay = spec.matches(s_t, p_t, o_t, g_t)
+            store = state.stores[i][store_end]
+            if step.binds < 0:
+                s_val = binding[spec.subject_var] if spec.subject_var >= 0 else spec.subject_const
+                o_val = binding[spec.object_var] if spec.object_var >= 0 else spec.object_const
+                if overlay and (s_val, o_val) == (s_t, o_t):
+                    present = i > j
+                else:
+                    other = o_val if store_end == SUBJECT_END else s_val
+                    present = store.present(key, other, as_of)
+                if not present:
+                    return
+                step_no += 1
+                continue
+            values = store.values(key, as_of)
+            if overlay:
+                own_key, own_other = (s_t, o_t) if store_end == SUBJECT_END else (o_t, s_t)
+                if own_key == key:
+                    if i > j:
+                        if own_other not in values:
+                            values.append(own_other)
+                    elif own_other in values:
+                        values.remove(own_other)
+            for value in values:
+                binding[step.binds] = value
+                self._walk(state, probe, binding, step_no + 1, out)
+            binding[step.binds] = 0
+            return
+        row = tuple(binding[v] for v in program.projection)
+        out.deltas.append(Delta(probe.query, probe.seq, probe.sign, row, probe.snapshot))
+
+
+__all__ = ["Ack", "ComponentProgram", "Delta", "Outputs", "PartitionEvaluator", "Probe", "Step",
+           "compile_component", "partition_of"]
