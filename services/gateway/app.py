@@ -212,6 +212,13 @@ def make_app(gw: Gateway) -> web.Application:
         return response
 
     app = web.Application(middlewares=[middleware], client_max_size=8 * 1024 * 1024)
+    open_sockets: set[web.WebSocketResponse] = set()
+
+    async def close_sockets(_app: web.Application) -> None:
+        for ws in list(open_sockets):  # on shutdown: "going away", so clients reconnect elsewhere
+            await ws.close(code=1001, message=b"gateway stopping")
+
+    app.on_shutdown.append(close_sockets)
 
     # ------------------------------------------------------------------ static, probes
 
@@ -424,6 +431,7 @@ def make_app(gw: Gateway) -> web.Application:
     async def subscribe_ws(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(heartbeat=30.0)
         await ws.prepare(request)
+        open_sockets.add(ws)
         conn_scope = gw.scope_of(request)
         tasks: dict[str, tuple[asyncio.Task, Subscriber]] = {}
 
@@ -549,6 +557,7 @@ def make_app(gw: Gateway) -> web.Application:
         finally:
             for spuid in list(tasks):
                 drop(spuid)
+            open_sockets.discard(ws)
         return ws
 
     app.router.add_get("/", index)
@@ -602,7 +611,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     loop = asyncio.get_running_loop()
     gw.start(loop)
     app = make_app(gw)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=3.0)
     await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

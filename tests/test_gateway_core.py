@@ -1,0 +1,79 @@
+"""The gateway's Kafka-free parts: streams and their fold, SEPA notifications as sepy parses them, SSE framing,
+token scopes (no broker: these run in `make test-fast` too)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.gateway.core import (READ, READ_WRITE, Answer, Hub, Stream, Subscriber, TokenError, Tokens, allows,
+                                   net_change, sepa_notification, sse_event, subscription_id)
+
+
+def ans(n: int, sign: str, x: str, version: int = 1, query: str = "q") -> Answer:
+    return Answer(n, sign, {"x": {"type": "uri", "value": x}}, n, False, 1000 + n, version, query)
+
+
+def test_stream_numbers_folds_and_drops_duplicates() -> None:
+    s = Stream("q", 1, history=0)
+    assert [s.add(a) for a in (ans(1, "+", "a"), ans(2, "+", "a"), ans(2, "+", "a"), ans(3, "+", "b"),
+                               ans(4, "-", "a"))] == [True, True, False, True, True]
+    assert s.next_n == 5 and s.duplicates == 1
+    assert s.rows() == [{"x": {"type": "uri", "value": "a"}}, {"x": {"type": "uri", "value": "b"}}]
+    assert [a.n for a in s.since(3)] == [3, 4]
+
+
+def test_stream_keeps_the_last_history_answers() -> None:
+    s = Stream("q", 1, history=3)
+    for n in range(1, 8):
+        s.add(ans(n, "+", f"v{n}"))
+    assert s.base > 1 and s.next_n == 8
+    assert [a.n for a in s.since(1)][-3:] == [5, 6, 7]
+    assert len(s.rows()) == 7  # the fold keeps every answer, trimmed or not
+
+
+def test_net_change_cancels_within_a_notification() -> None:
+    added, removed = net_change([ans(1, "+", "a"), ans(2, "-", "a"), ans(3, "+", "b"), ans(4, "-", "c")])
+    assert added == [{"x": {"type": "uri", "value": "b"}}]
+    assert removed == [{"x": {"type": "uri", "value": "c"}}]
+
+
+def test_sepy_reads_our_notifications() -> None:
+    from sepy.ConnectionHandler import parseWSMessage
+
+    first = sepa_notification("sepa://subscription/1", "a", 0, ["x"], [{"x": {"type": "uri", "value": "a"}}], [])
+    assert parseWSMessage(json.dumps(first)) == ("sepa://subscription/1", [{"x": {"type": "uri", "value": "a"}}], [])
+    later = sepa_notification("sepa://subscription/1", "a", 3, ["x"], [], [{"x": {"type": "uri", "value": "a"}}])
+    assert parseWSMessage(json.dumps(later)) == (None, [], [{"x": {"type": "uri", "value": "a"}}])
+    assert parseWSMessage(json.dumps({"unsubscribed": {"spuid": "s"}})) == (None, None, None)
+
+
+def test_hub_supersedes_a_stream_on_a_new_version_and_wakes_subscribers() -> None:
+    hub = Hub()
+    woken = []
+    sub = Subscriber("q", "sse", lambda: woken.append(1))
+    hub.attach(sub)
+    hub.apply_answers([ans(1, "+", "a"), ans(2, "+", "b")])
+    old = hub.stream("q")
+    assert old is not None and old.next_n == 3 and woken
+    hub.apply_answers([ans(1, "+", "c", version=2), ans(3, "-", "a", version=1)])  # old retraction: dropped
+    assert hub.stream("q") is not old and hub.stream("q").version == 2 and hub.stream("q").next_n == 2
+    hub.detach(sub)
+    assert hub.subscriber_count() == {}
+
+
+def test_sse_event_framing_and_subscription_ids() -> None:
+    assert sse_event('{"n":1}', "answer", "1") == b'id: 1\nevent: answer\ndata: {"n":1}\n\n'
+    assert subscription_id("SELECT *") == subscription_id("SELECT *") != subscription_id("SELECT ?x")
+
+
+def test_tokens_and_scopes() -> None:
+    tokens = Tokens.parse("# comment\nabc read\ndef read-write\n")
+    assert tokens.scope("abc") == READ and tokens.scope("def") == READ_WRITE and tokens.scope("x") is None
+    assert Tokens.parse("abc:read,def:read-write").scopes == tokens.scopes
+    assert Tokens.parse('{"abc": "read"}').scope("abc") == READ
+    assert Tokens.parse("").scope(None) == READ_WRITE  # no tokens: auth off
+    with pytest.raises(TokenError):
+        Tokens.parse("abc admin")
+    assert allows(READ_WRITE, READ) and allows(READ, READ) and not allows(READ, READ_WRITE) and not allows(None, READ)
