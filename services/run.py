@@ -75,6 +75,10 @@ def service_plan(commands: set[str], workers: int, run_dir: Path,
     if "answers" in commands:
         ports = {"metrics": free_port()}
         plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", str(ports["metrics"])], ports))
+    if "gateway" in commands:  # the console, SEPA WebSocket, SSE and SPARQL protocol (auth off: local only)
+        ports = {"console": free_port(), "metrics": free_port()}
+        plan.append(("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(ports["console"]), "--metrics-port",
+                                 str(ports["metrics"])], ports))
     if "spark-job" in commands and spark:
         # windows and multi-part assembly for the queries that need them, compaction every 30 s; started
         # first because its JVM takes longest to come up
@@ -90,6 +94,8 @@ def port_lines(bootstrap: str, plan: list[tuple[str, list[str], dict[str, int]]]
         where = []
         if "web" in ports:
             where.append(f"queries http://127.0.0.1:{ports['web']}/queries")
+        if "console" in ports:
+            where.append(f"console http://127.0.0.1:{ports['console']}/ (SEPA ws /subscribe, SSE, /update, /query)")
         if "metrics" in ports:
             where.append(f"metrics http://127.0.0.1:{ports['metrics']}/metrics (/healthz /readyz)")
         if name == "spark-job":
@@ -369,6 +375,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write("run: started " + ", ".join(f"{c.name} (pid {c.pid})" for c in children)
                   + f"; logs in {run_dir / 'logs'}\n")
         err.write(port_lines(settings.bootstrap_servers, plan, spark_status_path))
+        for name, _argv, ports in plan:
+            if "console" in ports:
+                err.write(f"run: console: open http://127.0.0.1:{ports['console']}/ in a browser\n")
         # Step 4: the demo.
         if not args.no_demo and not stop.stopping:
             _register_and_publish(settings, registry, err)
