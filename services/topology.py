@@ -116,6 +116,22 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("answers.current", "query id + binding", "the partition of the query's answers (compaction)"),
         ),
     ),
+    Topology(
+        "gateway", "services.gateway.app.Gateway",
+        "serve live answers (SEPA WebSocket, SSE, REST, console) and forward updates and registrations; "
+        "checkpoint-free: no group, nothing committed",
+        sources=(
+            Edge("queries.plans", "query id", "all partitions from offset 0, read continuously (registered queries)"),
+            Edge("answers", "query id", "all partitions from offset 0, read continuously (streams, current answers)"),
+            Edge("queries.status", "none", f"{_ONE}: the registry's reply to each admin command it sent"),
+            Edge("dictionary", "term id", "all partitions, on POST /query (the current graph's terms)"),
+            Edge("updates.encoded", "none", f"{_ONE}, on POST /query (the current graph, read up to its end)"),
+        ),
+        sinks=(
+            Edge("updates.raw", "none", f"{_ONE}: one record per POST /update (header cbgp-format sparql-update)"),
+            Edge("admin", "none", f"{_ONE}: REGISTER / UNREGISTER from POST/DELETE /queries and SEPA subscribe"),
+        ),
+    ),
 )}
 
 
