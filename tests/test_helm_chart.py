@@ -232,6 +232,7 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
         "rel-cbgp-registry": ["registry", "--web-host", "0.0.0.0", "--web-port", "6066"],
         "rel-cbgp-worker": ["worker", "--assembly", "spark"],
         "rel-cbgp-answers": ["answers"],
+        "rel-cbgp-gateway": ["gateway", "--port", "8080", "--history", "100000"],
         # The image's working directory is read-only: the job's state must go to the mounted volume.
         "rel-cbgp-spark": ["spark-job", "--master", "local[2]", "--state-dir", "/var/lib/cbgp/state",
                            "--trigger-interval", "1", "--compact-interval", "60"],
@@ -257,8 +258,9 @@ def test_each_deployment_has_a_metrics_service_and_a_disruption_budget(variant: 
         assert selecting[0]["spec"]["ports"][0] == {
             "name": "metrics", "port": int(config(docs)["CBGP_METRICS_PORT"]), "targetPort": "metrics",
             "protocol": "TCP"}
-        # Only the registry serves more than metrics (its HTTP view: test_registry_http_view_...).
-        assert len(selecting[0]["spec"]["ports"]) == (2 if labels["app.kubernetes.io/component"] == "registry" else 1)
+        # Only the registry (its HTTP view: test_registry_http_view_...) and the gateway serve more than metrics.
+        assert len(selecting[0]["spec"]["ports"]) == \
+            (2 if labels["app.kubernetes.io/component"] in ("registry", "gateway") else 1)
         if labels["app.kubernetes.io/component"] != "spark":  # one streaming pod: no budget by default
             assert any(p["spec"]["selector"]["matchLabels"].items() <= labels.items() for p in pdbs), \
                 d["metadata"]["name"]
@@ -287,6 +289,26 @@ def test_notes_say_how_to_register_publish_and_reach_the_registry_view() -> None
     assert "exec -i deploy/rel-cbgp-registry -- cbgp register people - < people.rq" in notes
     assert "cbgp publish - --format ntriples < changes.nt" in notes
     assert "port-forward svc/rel-cbgp-registry 7070" in notes and "localhost:7070/queries" in notes
+
+
+def test_gateway_serves_http_and_takes_its_tokens_from_a_secret(tmp_path: Path) -> None:
+    docs = render()
+    container = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert "CBGP_GATEWAY_TOKENS" not in {e["name"] for e in container.get("env", [])}  # default: auth off
+    http = [p for p in one(docs, "Service", "rel-cbgp-gateway")["spec"]["ports"] if p["name"] == "http"]
+    assert http == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    values = tmp_path / "tokens.yaml"
+    values.write_text("gateway:\n  auth:\n    tokens:\n      - {token: reader-0123, scope: read}\n"
+                      "      - {token: writer-0123, scope: read-write}\n")
+    docs = render("-f", str(values))
+    secret = one(docs, "Secret", "rel-cbgp-gateway")
+    assert base64.b64decode(secret["data"]["tokens"]).decode().split() == \
+        ["reader-0123", "read", "writer-0123", "read-write"]
+    container = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "CBGP_GATEWAY_TOKENS", "valueFrom": {"secretKeyRef": {"name": "rel-cbgp-gateway", "key": "tokens"}}} \
+        in container["env"]
+    assert not [d for d in render("--set", "gateway.enabled=false") if "gateway" in d["metadata"]["name"]]
 
 
 @pytest.mark.parametrize("variant", ["default", "production"])

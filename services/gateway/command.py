@@ -19,8 +19,10 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
     p.add_argument("--host", default=os.environ.get("CBGP_GATEWAY_HOST", "0.0.0.0"), help="bind address")
     p.add_argument("--port", type=int, default=int(os.environ.get("CBGP_GATEWAY_PORT", "8080")),
                    help="HTTP port (default 8080, env CBGP_GATEWAY_PORT; 0 = any free port)")
-    p.add_argument("--metrics-port", type=int, default=None,
-                   help="also serve /metrics /healthz /readyz on this port (they are on --port too)")
+    metrics_env = os.environ.get("CBGP_METRICS_PORT")
+    p.add_argument("--metrics-port", type=int, default=int(metrics_env) if metrics_env else None,
+                   help="also serve /metrics /healthz /readyz on this port (env CBGP_METRICS_PORT; they are on --port "
+                        "too)")
     p.add_argument("--tokens-file", default=os.environ.get("CBGP_GATEWAY_TOKENS_FILE"),
                    help="bearer tokens, 'TOKEN read|read-write' per line (env CBGP_GATEWAY_TOKENS_FILE, or the "
                         "tokens themselves in CBGP_GATEWAY_TOKENS as TOKEN:SCOPE,...); none: auth off")

@@ -162,3 +162,9 @@ CBGP_STATE_DIR: "/var/lib/cbgp/state"
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{- define "cbgp.gatewayTokens" -}}
+{{- range .Values.gateway.auth.tokens }}
+{{ .token }} {{ .scope }}
+{{- end }}
+{{- end }}
