@@ -199,11 +199,14 @@ class Probe:
 
 @dataclass(frozen=True)
 class Ack:
-    """To ``dest`` (the origin): a probe of update ``seq`` was answered with ``delta + 1`` remote children."""
+    """To ``dest`` (the origin): a probe of (``query``, ``seq``, ``snapshot``) was answered with ``delta + 1``
+    remote children."""
 
     dest: int
+    query: str
     seq: int
     delta: int
+    snapshot: bool = False
 
 
 @dataclass(frozen=True)
@@ -287,8 +290,9 @@ class _PatternStore:
 
 
 class _QueryState:
-    def __init__(self, program: ComponentProgram) -> None:
+    def __init__(self, program: ComponentProgram, roots_after: int) -> None:
         self.program = program
+        self.roots_after = roots_after  # updates up to this seq start no probes: the snapshot covers them
         # per pattern, per end: the store (only the ends whose value is a variable)
         self.stores: list[dict[int, _PatternStore]] = [{end: _PatternStore() for end in spec.ends()}
                                                        for spec in program.patterns]
@@ -310,17 +314,50 @@ class PartitionEvaluator:
         self.held: list[tuple[int, int, Probe]] = []  # (seq, arrival, probe) waiting for the applied frontier
         self._arrivals = 0
         self.unknown: list[Probe] = []  # probes of queries not registered here yet
-        self.live: dict[int, int] = {}  # seq -> probes still alive elsewhere, for updates that started here
+        # (query, seq, snapshot) -> probes still alive elsewhere, for updates (and snapshots) that started here
+        self.live: dict[tuple[str, int, bool], int] = {}
         self.probes_sent = 0
         self.probes_received = 0
 
     # -- registration
 
-    def register(self, program: ComponentProgram) -> None:
-        """Add a query.  Its history is then brought in with :meth:`apply` on the log so far and
-        ``snapshot=True``: every partition's share of every past update's delta, as snapshot deltas (their sum
-        over all partitions and seqs is the query's answers up to each partition's position)."""
-        self.queries[program.name] = _QueryState(program)
+    def register(self, program: ComponentProgram, roots_after: int = -1) -> None:
+        """Add a query whose answers are enumerated as of ``roots_after`` (:meth:`snapshot`, the same seq on
+        every partition) and whose deltas start with the updates after it.  Its state is then brought in with
+        :meth:`apply` on this partition's log so far (``only=``; the updates after ``roots_after`` start their
+        probes, flagged ``snapshot`` when they belong to the registration)."""
+        self.queries[program.name] = _QueryState(program, roots_after)
+
+    def snapshot(self, name: str) -> Outputs:
+        """Start the enumeration of the query's answers as of its ``roots_after`` from this partition: every
+        embedding whose first pattern's triple starts here (read at every partition as of that seq, once
+        their applied frontiers have reached it).  The deltas are ``+``, seq ``roots_after + 1``, snapshot."""
+        out = Outputs()
+        state = self.queries[name]
+        program = state.program
+        as_of = state.roots_after
+        spec = program.patterns[0]
+        end = program.start_end(0)
+        store = state.stores[0][end]
+        nothing = (0, 0, 0, 0)  # id 0 is no term: the overlay of the delta rule matches no pattern
+        for key, bucket in list(store.table.items()):
+            for other, history in list(bucket.items()):
+                if not _present_at(history, as_of):
+                    continue
+                s, o = (key, other) if end == SUBJECT_END else (other, key)
+                binding = [0] * program.n_vars
+                if spec.subject_var >= 0:
+                    binding[spec.subject_var] = s
+                if spec.object_var >= 0:
+                    binding[spec.object_var] = o
+                probe = Probe(self.partition, name, as_of + 1, 1, nothing, 0, 0, tuple(binding), self.partition,
+                              True)
+                self._continue(probe, out, origin_here=True)
+        return out
+
+    def pending(self, name: str) -> bool:
+        """Whether probes of the query's registration (``snapshot``) that started here are still alive."""
+        return any(q == name and snap for q, _seq, snap in self.live)
 
     def release_waiting(self, name: str) -> Outputs:
         """After a query's registration and history replay here: answer the probes that reached this partition
@@ -341,6 +378,8 @@ class PartitionEvaluator:
         self.unknown = [p for p in self.unknown if p.query != name]
         for probe in dropped:
             self._finish(probe, 0, out)
+        for key in [k for k in self.live if k[0] == name]:
+            del self.live[key]  # its probes elsewhere die too: nothing of it is waited for
         return out
 
     # -- input
@@ -368,7 +407,8 @@ class PartitionEvaluator:
                             store.flip(s, o, seq)
                         else:
                             store.flip(o, s, seq)
-                if role & (ROLE_SUBJECT if program.start_end(i) == SUBJECT_END else ROLE_OBJECT):
+                if seq > state.roots_after and role & (ROLE_SUBJECT if program.start_end(i) == SUBJECT_END
+                                                       else ROLE_OBJECT):
                     started.append(i)
             for j in started:
                 spec = program.patterns[j]
@@ -419,20 +459,29 @@ class PartitionEvaluator:
         self._answer(probe, out)
 
     def on_ack(self, ack: Ack) -> None:
-        left = self.live.get(ack.seq, 0) + ack.delta
+        if ack.query not in self.queries:
+            return  # unregistered: its counts were dropped
+        key = (ack.query, ack.seq, ack.snapshot)
+        left = self.live.get(key, 0) + ack.delta
         if left:
-            self.live[ack.seq] = left
+            self.live[key] = left
         else:
-            self.live.pop(ack.seq, None)
+            self.live.pop(key, None)
 
     # -- frontiers and versions
 
     def completed(self) -> int:
         """Every delta of a seq up to this has been emitted (by this partition's updates, wherever their
-        probes went)."""
+        probes went), registrations' probes included: the floor for collapsing versions."""
         if self.live:
-            return min(self.applied, min(self.live) - 1)
+            return min(self.applied, min(seq for _q, seq, _s in self.live) - 1)
         return self.applied
+
+    def completed_live(self) -> int:
+        """As :meth:`completed`, without the registrations' probes: what the answers side releases by (a
+        registration is released by its own ready marks, so this never moves back when a query is added)."""
+        live = [seq for _q, seq, snapshot in self.live if not snapshot]
+        return min(self.applied, min(live) - 1) if live else self.applied
 
     def collapse(self, watermark: int, name: str | None = None) -> None:
         """Drop versions of query ``name`` (or all) that no probe can read any more: ``watermark`` is the
@@ -462,15 +511,17 @@ class PartitionEvaluator:
         self.probes_sent += children
         if origin_here:
             if children:
-                self.live[probe.seq] = self.live.get(probe.seq, 0) + children
+                key = (probe.query, probe.seq, probe.snapshot)
+                self.live[key] = self.live.get(key, 0) + children
         else:
             self._finish(probe, children, out)
 
     def _finish(self, probe: Probe, children: int, out: Outputs) -> None:
+        ack = Ack(probe.origin, probe.query, probe.seq, children - 1, probe.snapshot)
         if probe.origin == self.partition:
-            self.on_ack(Ack(self.partition, probe.seq, children - 1))
+            self.on_ack(ack)
         else:
-            out.acks.append(Ack(probe.origin, probe.seq, children - 1))
+            out.acks.append(ack)
 
     def _walk(self, state: _QueryState, probe: Probe, binding: list[int], step_no: int, out: Outputs) -> None:
         program = state.program

@@ -75,7 +75,7 @@ class Cluster:
     """N partitions' logs and inboxes; ``step`` processes one item somewhere, chosen by ``rng``."""
 
     def __init__(self, n: int, changes, programs, rng: random.Random, late: dict[str, int] | None = None,
-                 collapse_rate: float = 0.1) -> None:
+                 collapse_rate: float = 0.1, snapshot_seq: int | None = None) -> None:
         self.n = n
         self.rng = rng
         self.parts = [PartitionEvaluator(p, n) for p in range(n)]
@@ -105,6 +105,10 @@ class Cluster:
         self.deltas: list = []  # (partition, Delta) in arrival order at the answers side
         self.snapshot_at: dict[tuple[int, str], int] = {}  # (partition, query) -> last seq replayed
         self.collapse_rate = collapse_rate
+        # The fleet's registration: one seq S for every partition (the registry's), answers enumerated as of S
+        # (once a partition has applied it), updates after S as deltas.  None: each partition's own history.
+        self.snapshot_seq = snapshot_seq
+        self.snapshots_due: list[tuple[int, str]] = []
 
     def _emit(self, p: int, out) -> None:  # noqa: ANN001
         for ack in out.acks:  # acks before probes: a probe's children must not overtake its parent's ack
@@ -118,7 +122,7 @@ class Cluster:
 
     def _register_late(self, p: int, name: str) -> None:
         part = self.parts[p]
-        part.register(self.programs[name])
+        part.register(self.programs[name], -1 if self.snapshot_seq is None else self.snapshot_seq)
         self.registered[p].add(name)
         replayed = -1
         for item in self.logs[p][:self.cursor[p]]:
@@ -126,8 +130,17 @@ class Cluster:
                 _, seq, sign, s, pr, o, role = item
                 self._emit(p, part.apply(seq, sign, s, pr, o, 0, role, only=name, snapshot=True))
                 replayed = seq
-        self.snapshot_at[(p, name)] = replayed
+        self.snapshot_at[(p, name)] = max(replayed, part.applied)
+        if self.snapshot_seq is not None:
+            self.snapshots_due.append((p, name))
+            self._snapshots()
         self._emit(p, part.release_waiting(name))
+
+    def _snapshots(self) -> None:
+        for p, name in list(self.snapshots_due):
+            if self.parts[p].applied >= self.snapshot_seq:
+                self.snapshots_due.remove((p, name))
+                self._emit(p, self.parts[p].snapshot(name))
 
     def work(self) -> list[tuple[int, str]]:
         choices = []
@@ -170,6 +183,8 @@ class Cluster:
                 assert isinstance(message, Probe)
                 self._emit(p, part.on_probe(message, known=message.query in self.registered[p]
                                             or message.query not in self.late))
+        if self.snapshots_due:
+            self._snapshots()
         if self.rng.random() < self.collapse_rate:
             watermark = min(part.completed() for part in self.parts)
             for name in self.programs:
@@ -214,7 +229,8 @@ def _released(cluster: Cluster, queries: dict[str, str]) -> dict[tuple[str, int]
     return {key: +c for key, c in per_seq.items() if +c}
 
 
-def _run(seed: int, n: int, length: int, names: list[str], late: bool = False):  # noqa: ANN202
+def _run(seed: int, n: int, length: int, names: list[str], late: bool = False,  # noqa: ANN202
+         snapshot: bool = False):
     rng = random.Random(seed)
     dictionary = TermDictionary()
     for term in NODES + [K, L, T]:
@@ -224,7 +240,8 @@ def _run(seed: int, n: int, length: int, names: list[str], late: bool = False): 
     programs = {name: compile_component(name, decompose(parse_query(text)), dictionary)
                 for name, text in queries.items()}
     late_at = {names[0]: rng.randrange(1, 4 * len(changes) + 2)} if late else {}
-    cluster = Cluster(n, changes, programs, rng, late_at)
+    snapshot_seq = rng.randrange(0, len(changes) + 1) if snapshot else None  # a seq ingest has reached
+    cluster = Cluster(n, changes, programs, rng, late_at, snapshot_seq=snapshot_seq)
     while cluster.step():
         pass
     return cluster, changes, queries, dictionary
@@ -234,6 +251,8 @@ def _check(cluster: Cluster, changes, queries, dictionary, late_names=()) -> Non
     expected = _oracle(changes, queries, dictionary)
     released = _released(cluster, queries)
     last_snapshot = max((seq for (p, name), seq in cluster.snapshot_at.items()), default=-1)
+    if cluster.snapshot_seq is not None:
+        last_snapshot = max(last_snapshot, cluster.snapshot_seq + 1)
     for name in queries:
         for seq, *_ in changes:
             if name in late_names and seq <= last_snapshot:
@@ -313,6 +332,17 @@ def test_random_interleavings_equal_the_single_engine(seed: int, n: int, length:
 def test_late_registration_each_partition_at_its_own_position(seed: int, n: int, length: int,
                                                               names: list[str]) -> None:
     cluster, changes, queries, dictionary = _run(seed, n, length, names, late=True)
+    _check(cluster, changes, queries, dictionary, late_names=(names[0],))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**9), n=st.integers(1, 4), length=st.integers(1, 50),
+       names=st.lists(st.sampled_from(sorted(QUERIES)), min_size=1, max_size=2, unique=True))
+def test_registration_as_of_one_seq_for_every_partition(seed: int, n: int, length: int, names: list[str]) -> None:
+    """The fleet's registration: every partition enumerates the answers as of the registry's seq S (held
+    until it has applied S, before or after it registers), then the updates after S are deltas."""
+    cluster, changes, queries, dictionary = _run(seed, n, length, names, late=True, snapshot=True)
+    assert not cluster.snapshots_due
     _check(cluster, changes, queries, dictionary, late_names=(names[0],))
 
 
