@@ -174,13 +174,15 @@ def test_budget_from_rho_and_deadline_keep_latency_and_alert_below_alpha():
     view.fill({k: 0 for k in keys}, 0)
     remote = SlowRemote({k: 1 for k in keys})
     maintainer = Maintainer(view, remote, "WSJ-LRU", WindowShape(10, 1), rho=0.1, alpha=0.75,
-                            clock=lambda: now[0], refresh_time_hint=0.03)
+                            clock=lambda: now[0], refresh_time_hint=0.03, estimator="ps")
     assert maintainer.allowed_gamma() == 3  # (0.1 - 0) / 0.03
     evaluation = maintainer.evaluate(1, {k: 0.5 for k in keys})
     assert len(evaluation.refreshed) == 3 and evaluation.latency <= 0.1
     assert evaluation.estimate == pytest.approx(0.3)  # 7 of 10 still possibly stale
     assert evaluation.alert is not None and evaluation.alert.estimate == pytest.approx(0.3)
     assert len(evaluation.changes) == 3
+    # the rate-based estimate: 3 just refreshed, 7 looked at 1 unit ago with a mean change interval of 5
+    assert evaluation.expected == pytest.approx((3 + 7 * math.exp(-1 / 5)) / 10)
 
 
 def test_policy_names():

@@ -11,10 +11,11 @@ Change-interval estimation (the paper says only "using the change rate value of 
 per-element rates).  Each refresh of a key is one observation (d, changed): d = time since the previous look at
 the key (fill or refresh), changed = the remote value differs from the view's.  With changes modelled as a
 Poisson process of rate lambda, P(changed) = 1 - exp(-lambda d), and the estimate is the posterior mode of
-lambda under a Gamma(2, prior_interval) prior (mode 1/prior_interval, worth one unchanged look of length
-prior_interval), found by bisection on the log-posterior's derivative, which decreases in lambda:
+lambda under a Gamma(1 + w, w * prior_interval) prior (mode 1/prior_interval; w = prior_weight, 1: worth one
+unchanged look of length prior_interval), found by bisection on the log-posterior's derivative, which decreases
+in lambda:
 
-    sum_changed d e^(-lambda d) / (1 - e^(-lambda d)) - sum_unchanged d + 1/lambda - prior_interval = 0
+    sum_changed d e^(-lambda d) / (1 - e^(-lambda d)) - sum_unchanged d + w (1/lambda - prior_interval) = 0
 
 I = 1/lambda.  Counting changed looks per elapsed time instead would undercount fast changers (several changes
 between two looks count once); the likelihood above does not.  The prior interval is pooled: the same estimate
@@ -55,14 +56,14 @@ class Change:
     t: float
 
 
-def estimate_rate(observations: Iterable[tuple[float, bool]], prior_interval: float) -> float:
+def estimate_rate(observations: Iterable[tuple[float, bool]], prior_interval: float, weight: float = 1.0) -> float:
     """Posterior-mode change rate (per time unit) from (elapsed, changed) looks; see the module docstring."""
     changed = [d for d, c in observations if c and d > 0]
     unchanged_total = sum(d for d, c in observations if not c and d > 0)
     prior_interval = max(prior_interval, 1e-12)
 
     def slope(lam: float) -> float:
-        total = 1.0 / lam - prior_interval - unchanged_total
+        total = weight * (1.0 / lam - prior_interval) - unchanged_total
         for d in changed:
             x = lam * d
             total += d / math.expm1(x) if x < 700 else 0.0  # d e^-x / (1 - e^-x) = d / (e^x - 1)
@@ -85,9 +86,14 @@ def estimate_rate(observations: Iterable[tuple[float, bool]], prior_interval: fl
 class LocalView:
     """R = {(mu_i, tau_i)}: background values keyed by the join key, with best-before times and intervals."""
 
-    def __init__(self, prior_interval: float, *, max_observations: int = 64, pool_observations: int = 2048):
-        self.prior_interval = float(prior_interval)  # the initial guess, before any observation
+    def __init__(self, prior_interval: float, *, max_observations: int = 64, pool_observations: int = 2048,
+                 stale_probability: float | None = None, prior_weight: float = 1.0):
+        self.prior_interval = float(prior_interval)  # the initial guess (mean), before any observation
         self.pooled_interval = float(prior_interval)
+        self.prior_weight = prior_weight  # 1: the prior is worth one look of length prior_interval
+        # I = the mean time between changes (1/lambda) by default; with stale_probability q, the time by which
+        # the entry is stale with probability q: -ln(1 - q) / lambda (q = 0.5: the median).
+        self.scale = 1.0 if stale_probability is None else -math.log(1.0 - stale_probability)
         self.max_observations = max_observations
         self._entries: dict[Key, Entry] = {}
         self._recent: deque[tuple[float, bool]] = deque(maxlen=pool_observations)  # for pool()
@@ -96,13 +102,13 @@ class LocalView:
     def fill(self, rows: Mapping[Key, Any], t: float) -> None:
         """The bulk SERVICE evaluation at registration: every best-before is the initial time (the paper)."""
         for key, value in rows.items():
-            self._entries[key] = Entry(key, value, float(t), float(t), self.pooled_interval)
+            self._entries[key] = Entry(key, value, float(t), float(t), self.scale * self.pooled_interval)
 
     def put(self, key: Key, value: Any, *, best_before: float, refreshed_at: float,
             interval: float | None = None) -> Entry:
         """Set one entry by hand (tests, restored state); a given interval is kept fixed."""
         entry = Entry(key, value, float(best_before), float(refreshed_at),
-                      float(interval) if interval is not None else self.pooled_interval,
+                      float(interval) if interval is not None else self.scale * self.pooled_interval,
                       interval_fixed=interval is not None)
         self._entries[key] = entry
         return entry
@@ -133,6 +139,12 @@ class LocalView:
         """PS: the keys whose best-before time is at or before t."""
         return [k for k in keys if self._entries[k].best_before <= t]
 
+    def fresh_probability(self, key: Key, t: float) -> float:
+        """P(no change since the last look) under the entry's estimated Poisson rate."""
+        entry = self._entries[key]
+        rate = self.scale / max(entry.interval, 1e-12)
+        return math.exp(-rate * max(0.0, t - entry.refreshed_at))
+
     # -------------------------------------------------------------------------------------------- refresh
     def apply_refresh(self, key: Key, value: Any, t: float, best_before: float | None = None) -> Change | None:
         """Store a fresh value read at time t; learn from whether it changed; return the Change if any."""
@@ -153,7 +165,7 @@ class LocalView:
         if changed:
             entry.changes_seen += 1
         if not entry.interval_fixed:
-            entry.interval = 1.0 / estimate_rate(entry.observations, self.pooled_interval)
+            entry.interval = self.scale / estimate_rate(entry.observations, self.pooled_interval, self.prior_weight)
         return Change(key, old, value, float(t)) if changed else None
 
     def pool(self) -> float:
@@ -162,5 +174,5 @@ class LocalView:
             self.pooled_interval = 1.0 / estimate_rate(self._recent, self.prior_interval)
             for entry in self._entries.values():
                 if not entry.observations and not entry.interval_fixed:
-                    entry.interval = self.pooled_interval
+                    entry.interval = self.scale * self.pooled_interval
         return self.pooled_interval
