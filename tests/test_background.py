@@ -190,3 +190,62 @@ def test_policy_names():
                                                                                         "BST"]
     with pytest.raises(ValueError):
         Policy.parse("XYZ-RND")
+
+
+# --- SERVICE clauses in a registered query, and the join that turns refreshed values into answer deltas -----
+PAPER_QUERY = """PREFIX ex: <http://example.org/>
+SELECT ?user ?followers WHERE {
+  ?post ex:mentions ?user .
+  SERVICE <http://127.0.0.1:8890/sparql> { ?user ex:hasFollowers ?followers } .
+}"""
+
+
+def test_split_service_paper_class_leaves_a_plain_bgp():
+    from cbgp.background.service import split_service
+    from cbgp.sparql import parse_query
+
+    plan = split_service(PAPER_QUERY)
+    assert plan.maintenance == "budgeted" and "budgeted" in plan.status
+    (service,) = plan.services
+    assert service.endpoint == "http://127.0.0.1:8890/sparql" and service.join_vars == ("user",)
+    assert service.pattern == "?user ex:hasFollowers ?followers"
+    assert plan.projected == ("user", "followers") and plan.local_projected == ("user",)
+    assert plan.prologue.strip() == "PREFIX ex: <http://example.org/>"
+    local = parse_query(plan.local_text)  # the stream part is an ordinary BGP query
+    assert local.projected == ("user",) and len(local.patterns) == 1
+    assert plan.local_text.count("\n") == PAPER_QUERY.count("\n")  # positions kept for error messages
+
+
+def test_split_service_other_patterns_get_a_plain_policy_and_bad_forms_are_rejected():
+    from cbgp.background.service import ServiceError, split_service
+
+    plan = split_service("SELECT * WHERE { ?p <http://e/m> ?u . ?p <http://e/by> ?a . "
+                         "SERVICE SILENT <http://x/sparql> { ?u <http://e/f> ?f . ?a <http://e/f> ?g } }")
+    assert plan.maintenance == "plain" and "GNR-LRU" in plan.status
+    assert plan.services[0].join_vars == ("u", "a") and plan.services[0].silent
+    with pytest.raises(ServiceError, match="constant endpoint"):
+        split_service("SELECT * WHERE { ?s ?p ?o SERVICE ?e { ?s ?q ?v } }")
+    with pytest.raises(ServiceError, match="no SERVICE"):
+        split_service("SELECT * WHERE { ?s ?p ?o }")
+
+
+def test_background_join_retracts_and_asserts_when_a_refresh_changes_a_value():
+    from cbgp.background.service import BackgroundJoin
+
+    view = LocalView(prior_interval=5)
+    row = lambda n: frozenset({(("followers", f'"{n}"'),)})  # noqa: E731 - one service row per key
+    view.fill({"<u1>": row(10), "<u2>": row(20000)}, 0)
+    join = BackgroundJoin(view, "user", projected=("user", "followers"),
+                          keep=lambda r: int(r["followers"].strip('"')) > 10000)  # the paper's threshold
+    assert join.local_delta({"user": "<u1>", "post": "<p1>"}, +1) == []  # 10 followers: filtered out
+    assert join.local_delta({"user": "<u2>", "post": "<p2>"}, +1) == [
+        (1, (("followers", '"20000"'), ("user", "<u2>")))]
+    change = view.apply_refresh("<u1>", row(12000), 1)  # u1 became famous
+    assert join.refresh_change(change) == [(1, (("followers", '"12000"'), ("user", "<u1>")))]
+    change = view.apply_refresh("<u2>", row(20001), 1)
+    assert join.refresh_change(change) == [(-1, (("followers", '"20000"'), ("user", "<u2>"))),
+                                           (1, (("followers", '"20001"'), ("user", "<u2>")))]
+    assert sorted(join.answers()) == [(("followers", '"12000"'), ("user", "<u1>")),
+                                      (("followers", '"20001"'), ("user", "<u2>"))]
+    assert join.local_delta({"user": "<u2>", "post": "<p2>"}, -1) == [
+        (-1, (("followers", '"20001"'), ("user", "<u2>")))]

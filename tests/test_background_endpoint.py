@@ -67,3 +67,33 @@ def test_fetch_many_with_values(endpoint):
     set_followers(remote, USERS[1], 31)
     assert remote.fetch_many([USERS[1], USERS[2], f"<{EX}user/nobody>"]) == {
         USERS[1]: 31, USERS[2]: 1002, f"<{EX}user/nobody>": None}
+
+
+def test_service_query_answers_retract_and_reassert_after_the_refresh_that_sees_a_change(endpoint):
+    """The path of a registered SERVICE query, without the broker: split the query, fill the view from the
+    endpoint it names, join the stream's answers, change a follower count on the endpoint, refresh."""
+    from cbgp.background.service import BackgroundJoin, split_service
+
+    query = (f"PREFIX ex: <{EX}>\nSELECT ?user ?followers WHERE {{ ?post ex:mentions ?user . "
+             f"SERVICE <{endpoint.query_url}> {{ ?user ex:hasFollowers ?followers }} }}")
+    plan = split_service(query)
+    (service,) = plan.services
+    assert plan.maintenance == "budgeted"
+    remote = SparqlRemote(service.endpoint, service.pattern, service.join_vars[0], prefixes=plan.prologue,
+                          update_endpoint=endpoint.update_url)  # default values: sets of result rows
+    view = LocalView(prior_interval=5)
+    view.fill(remote.fill(), 0)
+    assert all(len(view.value(k)) == 1 for k in view)  # one background mapping per key: the 1:1 class
+    join = BackgroundJoin(view, "user", projected=plan.projected)
+    inserted = join.local_delta({"post": f"<{EX}post/1>", "user": USERS[20]}, +1)
+    (sign, answer), = inserted
+    assert sign == 1 and dict(answer)["user"] == USERS[20]
+    old = dict(answer)["followers"]
+
+    set_followers(remote, USERS[20], 777)
+    maintainer = Maintainer(view, remote, "WSJ-WBM", WindowShape(omega=10, beta=1), gamma=1, rho=5.0)
+    evaluation = maintainer.evaluate(1, {USERS[20]: 0.5})
+    deltas = [d for change in evaluation.changes for d in join.refresh_change(change)]
+    new = '"777"^^<http://www.w3.org/2001/XMLSchema#integer>'
+    assert deltas == [(-1, (("followers", old), ("user", USERS[20]))), (1, (("followers", new), ("user", USERS[20])))]
+    assert list(join.answers()) == [(("followers", new), ("user", USERS[20]))]
