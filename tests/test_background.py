@@ -249,3 +249,18 @@ def test_background_join_retracts_and_asserts_when_a_refresh_changes_a_value():
                                       (("followers", '"20001"'), ("user", "<u2>"))]
     assert join.local_delta({"user": "<u2>", "post": "<p2>"}, -1) == [
         (-1, (("followers", '"20001"'), ("user", "<u2>")))]
+
+
+def test_service_options():
+    from cbgp.background.query import ServiceOptions
+    from cbgp.background.service import ServiceError
+
+    options = ServiceOptions.from_options({"service.policy": "wsj-lru", "service.rho_ms": "50", "service.alpha": "0.75",
+                                           "service.refresh_ms": "30000", "service.gamma": "4", "window": "x"})
+    assert (options.policy, options.rho_ms, options.alpha, options.refresh_ms, options.gamma) == (
+        "WSJ-LRU", 50.0, 0.75, 30000.0, 4)
+    assert ServiceOptions.from_options({}).policy == "WSJ-WBM"
+    for bad in ({"service.policy": "WSJ-WBM*"}, {"service.alpha": "2"}, {"service.rho_ms": "-1"},
+                {"service.colour": "red"}):
+        with pytest.raises(ServiceError):
+            ServiceOptions.from_options(bad)

@@ -97,3 +97,36 @@ def test_service_query_answers_retract_and_reassert_after_the_refresh_that_sees_
     new = '"777"^^<http://www.w3.org/2001/XMLSchema#integer>'
     assert deltas == [(-1, (("followers", old), ("user", USERS[20]))), (1, (("followers", new), ("user", USERS[20])))]
     assert list(join.answers()) == [(("followers", new), ("user", USERS[20]))]
+
+
+def test_service_query_with_the_engine(endpoint):
+    """ServiceQuery: the engine answers the local part, the view the SERVICE part; a follower count changed on
+    the endpoint retracts and re-asserts the answers of that user at the next maintenance round."""
+    from cbgp.background.query import ServiceQuery
+    from cbgp.engine import Engine
+
+    query = (f"PREFIX ex: <{EX}>\nSELECT ?user ?followers WHERE {{ ?post ex:mentions ?user . "
+             f"SERVICE <{endpoint.query_url}> {{ ?user ex:hasFollowers ?followers }} }}")
+    sq = ServiceQuery(query, {"service.policy": "WSJ-WBM", "service.rho_ms": "2000", "service.refresh_ms": "1000",
+                              "service.alpha": "0.5"})
+    engine = Engine()
+    engine.register("q", sq.local_text)
+
+    def mention(post: str, user: str) -> list:
+        deltas = engine.apply_terms(1, f"<{EX}post/{post}>", f"<{EX}mentions>", user)
+        return sq.local_deltas(500, [(sign, engine.decode_row("q", row)) for _, sign, row in deltas])
+
+    integer = "^^<http://www.w3.org/2001/XMLSchema#integer>"
+    assert mention("a", USERS[30]) == [(1, (("followers", f'"1030"{integer}'), ("user", USERS[30])))]
+    assert mention("b", USERS[31]) == [(1, (("followers", f'"1031"{integer}'), ("user", USERS[31])))]
+    assert mention("c", f"<{EX}user/999>") == []  # not on the endpoint (yet): no answer
+
+    set_followers(SparqlRemote(endpoint.query_url, PATTERN, "user", update_endpoint=endpoint.update_url),
+                  USERS[30], 4242)
+    deltas, evaluation = sq.evaluate(1000)
+    assert sorted(evaluation.refreshed) == sorted([USERS[30], USERS[31], f"<{EX}user/999>"])
+    assert deltas == [(-1, (("followers", f'"1030"{integer}'), ("user", USERS[30]))),
+                      (1, (("followers", f'"4242"{integer}'), ("user", USERS[30])))]
+    status = sq.status()
+    assert status["maintenance"] == "budgeted" and status["policy"] == "WSJ-WBM"
+    assert status["remote_calls"] == 4 and status["estimated_accuracy"] == 1.0 and status["alerts"] == 0

@@ -151,7 +151,7 @@ class LocalView:
         entry = self._entries[key]
         changed = value != entry.value
         elapsed = t - entry.refreshed_at
-        if elapsed > 0:
+        if elapsed > 0 and entry.value is not None:  # None: a placeholder never read from the remote
             entry.observations.append((elapsed, changed))
             if len(entry.observations) > self.max_observations:
                 del entry.observations[0]
