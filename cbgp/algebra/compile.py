@@ -1,0 +1,495 @@
+"""rdflib's SPARQL algebra -> a tree of incremental operators with BGP leaves.
+
+`analyse(text)` tells a plain BGP SELECT (today's fast path, a `ParsedQuery`)
+from a query that needs operators (`OperatorQuerySpec`), and rejects what is
+still out of scope with one `QueryError` naming the construct, its line and
+column.  `Builder` turns the algebra into operators against a term dictionary;
+the BGP leaves it collects are registered in an `Engine` by the runtime
+(`cbgp.algebra.runtime`), or evaluated by `PatternLeaf` when a pattern has a
+variable predicate.
+
+Filter push-down: a FILTER directly over a BGP has its conjuncts on the
+variables of a single triple pattern attached to that pattern, and the runtime
+drops a change before the engine when every pattern it could match rejects it,
+so it costs no state (the FILTER still runs above: push-down only saves work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from cbgp.algebra.leaf import PatternLeaf
+from cbgp.algebra.operators import (Aggregate, Ask, Constant, Construct, Distinct, Extend, Filter, Join, Leaf,
+                                    LeftJoin, Minus, Operator, Project, TopK, Union)
+from cbgp.algebra.terms import Terms, strict_comparisons
+from cbgp.sparql import (BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, _check_prefixes,
+                         _find_keyword, _translate_in_source_order, parse_query)
+from cbgp.terms import TermError, from_rdflib
+
+_NONDETERMINISTIC = {"Builtin_RAND": "RAND()", "Builtin_NOW": "NOW()", "Builtin_UUID": "UUID()",
+                     "Builtin_STRUUID": "STRUUID()", "Builtin_BNODE": "BNODE()"}
+_AGGREGATES = {"Aggregate_Count", "Aggregate_Sum", "Aggregate_Avg", "Aggregate_Min", "Aggregate_Max",
+               "Aggregate_Sample", "Aggregate_GroupConcat"}
+
+
+@dataclass
+class OperatorQuerySpec:
+    """A query that needs operators above its BGPs (rdflib's algebra, checked)."""
+
+    text: str
+    form: str  # SELECT, ASK or CONSTRUCT
+    algebra: Any  # rdflib's query algebra (the `SelectQuery`/`AskQuery`/`ConstructQuery` node)
+    columns: tuple[str, ...] = field(default=())
+
+
+@lru_cache(maxsize=512)
+def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
+    """A plain BGP SELECT as today (`ParsedQuery`), else a checked operator query; QueryError if neither.
+
+    Cached by text: the result is only read (operators are built per registration).
+    """
+    try:
+        return parse_query(text)
+    except QueryError as error:
+        original = error
+    from rdflib.plugins.sparql.algebra import translateQuery
+    from rdflib.plugins.sparql.parser import parseQuery
+
+    try:
+        parsed = parseQuery(text)
+    except Exception:  # noqa: BLE001 - parse_query already said why, with its position
+        raise original from None
+    _check_prefixes(text)
+    try:
+        algebra = _translate_in_source_order(translateQuery, parsed)
+    except Exception:  # noqa: BLE001
+        raise original from None
+    form = {"SelectQuery": "SELECT", "AskQuery": "ASK", "ConstructQuery": "CONSTRUCT"}.get(algebra.name)
+    if form is None:
+        keyword = "DESCRIBE" if algebra.name == "DescribeQuery" else algebra.name
+        line, column = _find_keyword(text, keyword)
+        raise QueryError(f"{keyword} queries are not supported: only SELECT, ASK and CONSTRUCT", line, column)
+    if algebra.get("datasetClause"):
+        line, column = _find_keyword(text, "FROM")
+        raise QueryError("FROM / FROM NAMED dataset clauses are not supported", line, column)
+    strict_comparisons(algebra)
+    spec = OperatorQuerySpec(text, form, algebra)
+    builder = Builder(spec, Terms(_scratch_dictionary()))
+    builder.build_root()  # every check happens here, against a throwaway dictionary
+    spec.columns = builder.columns
+    return spec
+
+
+def _scratch_dictionary():  # noqa: ANN202
+    from cbgp.terms import TermDictionary
+
+    return TermDictionary()
+
+
+def _reject(text: str, construct: str, *keywords: str, why: str = "") -> QueryError:
+    line, column = _find_keyword(text, *keywords) if keywords else (None, None)
+    return QueryError(f"{construct} is not supported{': ' + why if why else ' in continuous queries'}",
+                      line, column)
+
+
+def expression_variables(expr: Any) -> set[str]:
+    from rdflib import Variable
+    from rdflib.plugins.sparql.parserutils import CompValue
+
+    out: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Variable):
+            out.add(str(node))
+        elif isinstance(node, CompValue):
+            for key, value in node.items():
+                if key != "_vars":
+                    walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(expr)
+    return out
+
+
+def _find_names(expr: Any, names: set[str] | dict) -> str | None:
+    from rdflib.plugins.sparql.parserutils import CompValue
+
+    if isinstance(expr, CompValue):
+        if expr.name in names:
+            return expr.name
+        for key, value in expr.items():
+            if key != "_vars":
+                found = _find_names(value, names)
+                if found:
+                    return found
+    elif isinstance(expr, (list, tuple)):
+        for value in expr:
+            found = _find_names(value, names)
+            if found:
+                return found
+    return None
+
+
+def expression_text(expr: Any) -> str:
+    """A short readable form of an rdflib expression (for explain)."""
+    from rdflib import Literal, URIRef, Variable
+    from rdflib.plugins.sparql.parserutils import CompValue
+
+    if isinstance(expr, Variable):
+        return "?" + str(expr)
+    if isinstance(expr, (URIRef, Literal)):
+        return expr.n3()
+    if isinstance(expr, CompValue):
+        name = expr.name
+        if "op" in expr and "other" in expr:
+            ops = expr["op"] if isinstance(expr["op"], list) else [expr["op"]] * len(
+                expr["other"] if isinstance(expr["other"], list) else [expr["other"]])
+            others = expr["other"] if isinstance(expr["other"], list) else [expr["other"]]
+            text = expression_text(expr["expr"])
+            for op, other in zip(ops, others):
+                text += f" {op} {expression_text(other)}"
+            return text
+        if name in ("ConditionalAndExpression", "ConditionalOrExpression"):
+            op = " && " if name.startswith("ConditionalAnd") else " || "
+            return op.join(expression_text(e) for e in [expr["expr"], *expr["other"]])
+        args = [expression_text(v) for k, v in expr.items() if k not in ("_vars",) and v is not None
+                and not isinstance(v, CompValue) or (isinstance(v, CompValue) and k != "_vars")]
+        label = name.replace("Builtin_", "").replace("Function", "")
+        return f"{label}({', '.join(args)})"
+    if isinstance(expr, list):
+        return ", ".join(expression_text(e) for e in expr)
+    return str(expr)
+
+
+@dataclass
+class EngineLeaf:
+    """A BGP registered in the engine: its operator, the query the engine gets and the pushed filters."""
+
+    leaf: Leaf
+    query: ParsedQuery
+    pushed: dict[int, list] = field(default_factory=dict)  # pattern index -> [rdflib expression]
+
+
+class Builder:
+    """Builds the operator tree of one query; collects its leaves."""
+
+    def __init__(self, spec: OperatorQuerySpec, terms: Terms, pushdown: bool = True) -> None:
+        self.spec = spec
+        self.text = spec.text
+        self.terms = terms
+        self.pushdown = pushdown
+        self.engine_leaves: list[EngineLeaf] = []
+        self.pattern_leaves: list[PatternLeaf] = []
+        self.columns: tuple[str, ...] = ()
+
+    # -- roots --
+
+    def build_root(self) -> Operator:
+        algebra = self.spec.algebra
+        form = self.spec.form
+        body = self.build(algebra["p"], None)
+        if form == "SELECT":
+            self.columns = tuple(str(v) for v in algebra["PV"])
+            return body
+        if form == "ASK":
+            self.columns = ()
+            return Ask(body)
+        template = algebra.get("template")
+        if template is None:  # CONSTRUCT WHERE { triples }
+            node = algebra["p"]
+            while node.name in ("Project", "Distinct", "Reduced"):
+                node = node["p"]
+            if node.name != "BGP":
+                raise _reject(self.text, "CONSTRUCT WHERE with more than triple patterns", "WHERE")
+            template = node["triples"]
+        self.columns = ("subject", "predicate", "object")
+        return Construct(body, [self._template_triple(t) for t in template], self.terms)
+
+    def _template_triple(self, triple: tuple) -> tuple:
+        from rdflib import BNode, Variable
+
+        out = []
+        for term in triple:
+            if isinstance(term, Variable):
+                out.append(("var", str(term)))
+            elif isinstance(term, BNode):
+                out.append(("bnode", str(term)))
+            else:
+                out.append(("term", self.terms.dictionary.encode(self._term(term))))
+        return tuple(out)
+
+    def _term(self, term: Any) -> str:
+        try:
+            return from_rdflib(term)
+        except TermError as exc:
+            raise QueryError(str(exc)) from None
+
+    # -- patterns --
+
+    def build(self, node: Any, graph: Any) -> Operator:
+        name = node.name
+        method = getattr(self, "_" + name, None)
+        if method is None:
+            keyword = {"ServiceGraphPattern": ("SERVICE", "SERVICE"), "DescribeQuery": ("DESCRIBE", "DESCRIBE")}
+            construct, word = keyword.get(name, (name, name))
+            raise _reject(self.text, construct, word)
+        return method(node, graph)
+
+    def _check_expr(self, expr: Any, keyword: str) -> None:
+        found = _find_names(expr, _NONDETERMINISTIC)
+        if found:
+            word = _NONDETERMINISTIC[found][:-2]
+            raise _reject(self.text, _NONDETERMINISTIC[found], word,
+                          why="its value changes between evaluations, so its answers could not be retracted")
+
+    def _BGP(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        from rdflib import BNode, Literal, URIRef, Variable
+        from rdflib.paths import Path
+
+        triples = []
+        for triple in node["triples"]:
+            if triple not in triples:
+                triples.append(triple)
+        if not triples:
+            return Constant((), [()])
+        variables: list[str] = []
+
+        def var(term: Any) -> str | None:
+            if isinstance(term, Variable):
+                return str(term)
+            if isinstance(term, BNode):
+                return BNODE_VAR_PREFIX[1:] + str(term)
+            return None
+
+        predicate_var = False
+        for s, p, o in triples:
+            if isinstance(p, Path):
+                from cbgp.sparql import _find_path_operator
+
+                line, column = _find_path_operator(self.text)
+                raise QueryError("property paths are not supported: use a single IRI or a variable as predicate",
+                                 line, column)
+            if isinstance(s, Literal):
+                # A literal subject never matches: the BGP has no solutions.
+                names = sorted({v for t in triples for x in t if (v := var(x)) and not v.startswith("_:")})
+                return Constant(tuple(names), [])
+            if not isinstance(p, URIRef):
+                predicate_var = True
+            for term in (s, p, o):
+                v = var(term)
+                if v is not None and v not in variables:
+                    variables.append(v)
+        graph_var = graph if isinstance(graph, Variable) else None
+        if graph_var is not None and str(graph_var) not in variables:
+            variables.append(str(graph_var))
+        schema = tuple(sorted(v for v in variables if not v.startswith("_:")))
+        label = "BGP " + " . ".join(" ".join(self._show(t) for t in triple) for triple in triples)
+        if graph is not None:
+            label = f"GRAPH {self._show(graph)} {{ {label} }}"
+        if predicate_var:
+            patterns = []
+            for triple in triples:
+                spec = []
+                for term in triple:
+                    v = var(term)
+                    spec.append(("var", v) if v is not None else ("term", self.terms.dictionary.encode(self._term(term))))
+                if graph is None:
+                    spec.append(("default", None))
+                elif graph_var is not None:
+                    spec.append(("named", str(graph_var)))
+                else:
+                    spec.append(("term", self.terms.dictionary.encode(self._term(graph))))
+                patterns.append(tuple(spec))
+            leaf = PatternLeaf(schema, patterns, label)
+            self.pattern_leaves.append(leaf)
+            return leaf
+
+        def convert(term: Any) -> str:
+            v = var(term)
+            if v is not None:
+                return "?" + v
+            return self._term(term)
+
+        g = None if graph is None else ("?" + str(graph) if graph_var is not None else self._term(graph))
+        patterns = tuple(TriplePattern(convert(s), convert(p), convert(o), g) for s, p, o in triples)
+        query = ParsedQuery(self.text, patterns, schema, False, False, tuple("?" + v for v in variables))
+        leaf = Leaf(schema, label)
+        self.engine_leaves.append(EngineLeaf(leaf, query))
+        return leaf
+
+    @staticmethod
+    def _show(term: Any) -> str:
+        from rdflib import Variable
+
+        return "?" + str(term) if isinstance(term, Variable) else term.n3()
+
+    def _Join(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return Join(self.build(node["p1"], graph), self.build(node["p2"], graph))
+
+    def _LeftJoin(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        expr = node.get("expr")
+        if expr is not None and getattr(expr, "name", None) == "TrueFilter":
+            expr = None
+        if expr is not None:
+            self._check_expr(expr, "FILTER")
+            if _find_names(expr, {"Builtin_EXISTS", "Builtin_NOTEXISTS"}):
+                raise _reject(self.text, "EXISTS in the FILTER of an OPTIONAL", "EXISTS", why="not yet")
+        return LeftJoin(self.build(node["p1"], graph), self.build(node["p2"], graph), expr, self.terms,
+                        expression_text(expr) if expr is not None else None)
+
+    def _Union(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return Union(self.build(node["p1"], graph), self.build(node["p2"], graph))
+
+    def _Minus(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return Minus(self.build(node["p1"], graph), self.build(node["p2"], graph))
+
+    def _Graph(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return self.build(node["p"], node["term"])
+
+    def _ToMultiSet(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return self.build(node["p"], graph)
+
+    def _values(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        from rdflib.term import Identifier
+
+        rows = node["res"]
+        names = sorted({str(v) for row in rows for v in row})
+        encode = self.terms.dictionary.encode
+        out = []
+        for row in rows:
+            by_name = {str(k): v for k, v in row.items()}
+            out.append(tuple(encode(self._term(by_name[n])) if isinstance(by_name.get(n), Identifier) else None
+                             for n in names))
+        return Constant(tuple(names), out)
+
+    def _Extend(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        self._check_expr(node["expr"], "BIND")
+        return Extend(self.build(node["p"], graph), str(node["var"]), node["expr"], self.terms,
+                      expression_text(node["expr"]))
+
+    def _Filter(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        expr = node["expr"]
+        self._check_expr(expr, "FILTER")
+        conjuncts = [expr]
+        if getattr(expr, "name", None) == "ConditionalAndExpression":
+            conjuncts = [expr["expr"], *expr["other"]]
+        exists = [c for c in conjuncts if getattr(c, "name", None) in ("Builtin_EXISTS", "Builtin_NOTEXISTS")]
+        plain = [c for c in conjuncts if c not in exists]
+        for c in plain:
+            if _find_names(c, {"Builtin_EXISTS", "Builtin_NOTEXISTS"}):
+                raise _reject(self.text, "EXISTS inside an expression", "EXISTS",
+                              why="only FILTER [NOT] EXISTS { ... } (alone or in a conjunction) is")
+        child = self.build(node["p"], graph)
+        if self.pushdown and plain and isinstance(child, Leaf) and self.engine_leaves \
+                and self.engine_leaves[-1].leaf is child:
+            self._push(self.engine_leaves[-1], plain)
+        op: Operator = child
+        for c in exists:
+            op = Minus(op, self._exists_pattern(c, graph), exists=c.name == "Builtin_EXISTS")
+        if plain:
+            whole = expr if not exists else None
+            if whole is None:
+                for c in plain:
+                    op = Filter(op, c, self.terms, expression_text(c))
+            else:
+                op = Filter(op, whole, self.terms, expression_text(whole))
+        return op
+
+    def _exists_pattern(self, expr: Any, graph: Any) -> Operator:
+        from rdflib.plugins.sparql.algebra import translateGroupGraphPattern
+
+        pattern = expr["graph"]
+        if getattr(pattern, "name", None) in ("GroupGraphPatternSub", "SubSelect", "TriplesBlock"):
+            pattern = translateGroupGraphPattern(pattern)
+            strict_comparisons(pattern)
+        op = self.build(pattern, graph)
+        for inner in op.walk():
+            if isinstance(inner, (Filter, Extend, LeftJoin)):
+                raise _reject(self.text, "FILTER, BIND or OPTIONAL inside EXISTS", "EXISTS", why="not yet")
+        return op
+
+    def _push(self, engine_leaf: EngineLeaf, conjuncts: list) -> None:
+        for c in conjuncts:
+            names = expression_variables(c)
+            if not names:
+                continue
+            for index, pattern in enumerate(engine_leaf.query.patterns):
+                if pattern.g is not None and pattern.g.startswith("?"):
+                    continue
+                own = {t[1:] for t in (pattern.s, pattern.o) if t.startswith("?")}
+                if names <= own and not any(n.startswith("_:") for n in names):
+                    engine_leaf.pushed.setdefault(index, []).append(c)
+
+    def _Project(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return Project(self.build(node["p"], graph), [str(v) for v in node["PV"]])
+
+    def _Distinct(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return Distinct(self.build(node["p"], graph))
+
+    def _Reduced(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        return self.build(node["p"], graph)  # REDUCED may keep any number of duplicates: all of them
+
+    def _OrderBy(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        # The answers are a multiset: without LIMIT/OFFSET the order changes none of them.
+        for c in node["expr"]:
+            self._check_expr(c, "ORDER")
+        return self.build(node["p"], graph)
+
+    def _Slice(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        inner = node["p"]
+        chain = []
+        while inner.name in ("Project", "Distinct", "Reduced"):
+            chain.append(inner)
+            inner = inner["p"]
+        conditions: list = []
+        order_vars: set[str] = set()
+        if inner.name == "OrderBy":
+            for c in inner["expr"]:
+                self._check_expr(c, "ORDER")
+                if getattr(c, "name", None) == "OrderCondition":
+                    conditions.append((c["expr"], c["order"] == "DESC"))
+                else:
+                    conditions.append((c, False))
+            order_vars = set().union(*(expression_variables(e) for e, _ in conditions)) if conditions else set()
+            inner = inner["p"]
+        start = int(node.get("start") or 0)
+        length = node.get("length")
+        length = None if length is None else int(length)
+        projected = next((set(str(v) for v in n["PV"]) for n in chain if n.name == "Project"), None)
+        distinct = any(n.name == "Distinct" for n in chain)
+        body = self.build(inner, graph)
+        if projected is None or order_vars <= projected:
+            op = body
+            for n in reversed(chain):
+                op = Project(op, [str(v) for v in n["PV"]]) if n.name == "Project" else \
+                    Distinct(op) if n.name == "Distinct" else op
+            return TopK(op, conditions, start, length, self.terms)
+        if distinct:
+            raise _reject(self.text, "ORDER BY on a variable outside a SELECT DISTINCT with LIMIT/OFFSET", "ORDER",
+                          why="the window of distinct rows would depend on rows not projected")
+        op = TopK(body, conditions, start, length, self.terms)
+        for n in reversed(chain):
+            if n.name == "Project":
+                op = Project(op, [str(v) for v in n["PV"]])
+        return op
+
+    def _AggregateJoin(self, node: Any, graph: Any) -> Operator:  # noqa: N802
+        group = node["p"]
+        if group.name != "Group":
+            raise _reject(self.text, "aggregates", "GROUP")
+        for a in node["A"]:
+            if a.name not in _AGGREGATES:
+                raise _reject(self.text, a.name, "GROUP")
+            if a.vars != "*":
+                self._check_expr(a.vars, "GROUP")
+        exprs = group.get("expr")
+        for e in exprs or []:
+            self._check_expr(e, "GROUP")
+        return Aggregate(self.build(group["p"], graph), list(exprs) if exprs else None, list(node["A"]), self.terms)
+
+    def _Group(self, node: Any, graph: Any) -> Operator:  # noqa: N802 - GROUP BY without aggregates
+        raise _reject(self.text, "GROUP BY without an aggregate", "GROUP")

@@ -1,0 +1,226 @@
+"""Term ids <-> rdflib terms, SPARQL expression evaluation and the SPARQL ORDER BY order.
+
+Expressions are evaluated by rdflib's own SPARQL expression evaluator (the
+`Expr.eval` functions rdflib's algebra attaches, `_ebv` for filters), so
+effective boolean values, type errors and the function library follow rdflib;
+terms are decoded from their ids once and cached.  Values an expression
+computes (not copied from the solution) are written in the canonical lexical
+form pyoxigraph writes them (`2` not `2.0` for decimals and doubles), so that
+a `BIND(?x + 1 AS ?y)` answer is the same term whichever engine computed it.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from rdflib import BNode, Literal, URIRef, Variable
+from rdflib.plugins.sparql.evalutils import _ebv, _eval
+from rdflib.plugins.sparql.sparql import FrozenBindings, QueryContext, SPARQLError
+
+from cbgp.terms import TermDictionary, from_rdflib, split_literal
+
+XSD = "http://www.w3.org/2001/XMLSchema#"
+_INTEGER_TYPES = {XSD + t for t in (
+    "integer", "int", "long", "short", "byte", "nonNegativeInteger", "nonPositiveInteger", "positiveInteger",
+    "negativeInteger", "unsignedLong", "unsignedInt", "unsignedShort", "unsignedByte")}
+_NUMERIC_TYPES = _INTEGER_TYPES | {XSD + "decimal", XSD + "float", XSD + "double"}
+
+
+def to_rdflib(term: str):  # noqa: ANN201
+    if term.startswith("<"):
+        return URIRef(term[1:-1])
+    if term.startswith("_:"):
+        return BNode(term[2:])
+    lexical, language, datatype = split_literal(term)
+    if language:
+        return Literal(lexical, lang=language)
+    if datatype:
+        return Literal(lexical, datatype=URIRef(datatype), normalize=False)
+    return Literal(lexical)
+
+
+class Terms:
+    """The dictionary seen as rdflib terms, with the evaluation context expressions need."""
+
+    def __init__(self, dictionary: TermDictionary) -> None:
+        self.dictionary = dictionary
+        self._rdflib: dict[int, Any] = {}
+        self._keys: dict[int, tuple] = {}
+        self.ctx = QueryContext(initBindings={})
+
+    def rdflib(self, term_id: int):  # noqa: ANN201
+        found = self._rdflib.get(term_id)
+        if found is None:
+            found = self._rdflib[term_id] = to_rdflib(self.dictionary.decode(term_id))
+        return found
+
+    def encode_rdflib(self, term, inputs: dict | None = None) -> int:  # noqa: ANN001
+        """Id of an rdflib term an expression produced, computed values in oxigraph's canonical form."""
+        if isinstance(term, Literal) and inputs and any(
+                isinstance(v, Literal) and str(v) == str(term) and v.datatype == term.datatype
+                and v.language == term.language for v in inputs.values()):
+            return self.dictionary.encode(from_rdflib(term))
+        return self.dictionary.encode(canonical(term))
+
+    def bindings(self, schema: tuple[str, ...], row: tuple) -> FrozenBindings:
+        rdf = self.rdflib
+        return FrozenBindings(self.ctx, {Variable(v): rdf(x) for v, x in zip(schema, row) if x is not None})
+
+    def ebv(self, expr, schema: tuple[str, ...], row: tuple) -> bool:  # noqa: ANN001
+        return bool(_ebv(expr, self.bindings(schema, row)))
+
+    def value(self, expr, schema: tuple[str, ...], row: tuple) -> int | None:  # noqa: ANN001
+        """Id of the expression's value on a row, None on an error (unbound variable included)."""
+        if isinstance(expr, Variable):
+            name = str(expr)
+            for v, x in zip(schema, row):
+                if v == name:
+                    return x
+            return None
+        bindings = self.bindings(schema, row)
+        try:
+            result = _eval(expr, bindings)
+        except SPARQLError:
+            return None
+        except (ValueError, TypeError, ArithmeticError, InvalidOperation):  # rdflib lets some errors through
+            return None
+        if isinstance(result, SPARQLError) or result is None:
+            return None
+        if not isinstance(result, (URIRef, BNode, Literal)):
+            return None
+        return self.encode_rdflib(result, dict(bindings))
+
+    def order_key(self, term_id: int | None) -> tuple:
+        """The SPARQL ORDER BY order: unbound < blank nodes < IRIs < literals (numbers by value first)."""
+        if term_id is None:
+            return (0,)
+        found = self._keys.get(term_id)
+        if found is None:
+            found = self._keys[term_id] = order_key(self.dictionary.decode(term_id))
+        return found
+
+
+def order_key(term: str) -> tuple:
+    if term.startswith("_:"):
+        return (1, term)
+    if term.startswith("<"):
+        return (2, term)
+    lexical, language, datatype = split_literal(term)
+    if datatype in _NUMERIC_TYPES:
+        number = numeric_value(lexical, datatype)
+        if number is not None:
+            return (3, 1, number, term)
+    if language:
+        return (3, 3, lexical, language)
+    if datatype is None:
+        return (3, 2, lexical, "")
+    if datatype == XSD + "boolean":
+        return (3, 0, lexical in ("true", "1"), term)
+    return (3, 4, datatype, lexical)
+
+
+def numeric_value(lexical: str, datatype: str):  # noqa: ANN201
+    try:
+        if datatype in _INTEGER_TYPES:
+            return int(lexical.strip())
+        if datatype == XSD + "decimal":
+            return Decimal(lexical.strip())
+        value = float(lexical.strip().replace("INF", "inf"))
+        return value
+    except (ValueError, InvalidOperation):
+        return None
+
+
+def canonical(term) -> str:  # noqa: ANN001
+    """Canonical string of a computed rdflib term, numbers written as pyoxigraph writes them."""
+    if isinstance(term, Literal) and term.datatype is not None and str(term.datatype) in _NUMERIC_TYPES:
+        datatype = str(term.datatype)
+        value = term.toPython()
+        if datatype in _INTEGER_TYPES and isinstance(value, int) and not isinstance(value, bool):
+            return f'"{value}"^^<{datatype}>'
+        if datatype == XSD + "decimal" and isinstance(value, (Decimal, int)):
+            return f'"{format_decimal(Decimal(value))}"^^<{datatype}>'
+        if datatype in (XSD + "double", XSD + "float") and isinstance(value, (float, int, Decimal)):
+            return f'"{format_double(float(value))}"^^<{datatype}>'
+    return from_rdflib(term)
+
+
+def format_decimal(value: Decimal) -> str:
+    text = format(value.normalize(), "f") if value != 0 else "0"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def format_double(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "INF" if value > 0 else "-INF"
+    if value == int(value) and abs(value) < 1e16:
+        return str(int(value))
+    return repr(value)
+
+
+# --- comparisons -----------------------------------------------------------------------------------
+# rdflib orders literals of unrelated types (a string "greater" than a number) where SPARQL has a type error;
+# `strict_comparisons` makes `<`, `>`, `<=`, `>=` of an algebra raise that error first.
+
+_ORDERED = {XSD + "dateTime": "dateTime", XSD + "date": "date", XSD + "time": "time", XSD + "string": "string"}
+
+
+def _category(term: Literal) -> tuple | None:
+    datatype = str(term.datatype) if term.datatype is not None else None
+    if term.language:
+        return ("lang", term.language.lower())
+    if datatype is None:
+        return ("string",)
+    if datatype in _NUMERIC_TYPES:
+        return ("numeric",) if numeric_value(str(term), datatype) is not None else None
+    kind = _ORDERED.get(datatype)
+    if kind is None:
+        return None
+    if kind != "string" and term.value is None:
+        return None  # ill-typed date/time
+    return (kind,)
+
+
+def _strict_relational(e, ctx):  # noqa: ANN001, ANN202
+    from rdflib.plugins.sparql.operators import RelationalExpression
+
+    if e.other is not None and e.op in ("<", ">", "<=", ">="):
+        a, b = e.expr, e.other
+        if isinstance(a, Literal) and isinstance(b, Literal):
+            ca, cb = _category(a), _category(b)
+            if ca is None or ca != cb:
+                raise SPARQLError(f"cannot compare {a.n3()} and {b.n3()}")
+    return RelationalExpression(e, ctx)
+
+
+def strict_comparisons(node) -> None:  # noqa: ANN001
+    """Patch every RelationalExpression under `node` (an rdflib algebra) in place; idempotent."""
+    from types import MethodType
+
+    from rdflib.plugins.sparql.parserutils import CompValue, Expr
+
+    seen: set[int] = set()
+
+    def walk(n) -> None:  # noqa: ANN001
+        if id(n) in seen:
+            return
+        seen.add(id(n))
+        if isinstance(n, CompValue):
+            if isinstance(n, Expr) and n.name == "RelationalExpression":
+                n._evalfn = MethodType(_strict_relational, n)
+            for key, value in n.items():
+                if key != "_vars":
+                    walk(value)
+        elif isinstance(n, (list, tuple)):
+            for value in n:
+                walk(value)
+        elif isinstance(n, dict):
+            for value in n.values():
+                walk(value)
+
+    walk(node)
