@@ -244,6 +244,7 @@ def run_once(args, seed: int, endpoint) -> dict:
     update_times: list[float] = []
     budget_cut = 0
     previous = 0.0
+    shuffler = random.Random(seed * 13 + 5)
     for t, window in zip(instants, content):
         changes = background.changes_between(previous, t)
         started = time.perf_counter()
@@ -255,7 +256,9 @@ def run_once(args, seed: int, endpoint) -> dict:
         previous = t
         if not window:
             continue
-        for key, maintainer in runs.items():
+        order = list(runs.items())
+        shuffler.shuffle(order)  # no policy always first after the update (machine noise spread evenly)
+        for key, maintainer in order:
             if key[0] == "WST" and key[1] != "8%":
                 continue
             if maintainer.gamma is not None and maintainer.allowed_gamma() < maintainer.gamma:

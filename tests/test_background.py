@@ -264,3 +264,22 @@ def test_service_options():
                 {"service.colour": "red"}):
         with pytest.raises(ServiceError):
             ServiceOptions.from_options(bad)
+
+
+def test_a_starved_budget_probes_and_recovers():
+    now = [0.0]
+
+    class FastRemote(DictRemote):
+        def fetch(self, key, timeout=None):
+            assert timeout is not None and timeout <= 0.1  # what is left of rho
+            now[0] += 0.01
+            return super().fetch(key)
+
+    view = LocalView(prior_interval=5)
+    keys = [f"k{i}" for i in range(20)]
+    view.fill({k: 0 for k in keys}, 0)
+    maintainer = Maintainer(view, FastRemote({k: 0 for k in keys}), "WSJ-LRU", WindowShape(10, 1), rho=0.1,
+                            clock=lambda: now[0], refresh_time_hint=0.5)  # as after a stall of the endpoint
+    refreshed = [len(maintainer.evaluate(t, {k: 0 for k in keys}).refreshed) for t in range(1, 7)]
+    assert refreshed[:4] == [0, 1, 0, 1]  # Eq. 2 allows nothing; a probe every other evaluation re-measures
+    assert refreshed[4] >= 5 and maintainer.refresh_time == pytest.approx(0.01)

@@ -17,8 +17,11 @@ Scores (Eqs. 3-5): L = ceil((t_i + omega - t) / beta) remaining evaluations that
 tau_next = tau + k * I with the smallest k >= 1 that puts tau_next after t (k = 1 is the paper's Eq. 4 and its
 Fig. 2 example; the paper's tau + I for an entry long overdue would lie in the past, giving V <= 0);
 V = ceil((tau_next - t) / beta) evaluations it stays (possibly) fresh if refreshed now. Ties are broken at
-random (a seeded RNG). Budget (Eq. 2): gamma = floor((rho - r_q) / r_r) from moving averages of the measured
-query time r_q (everything but the refreshes) and refresh time r_r, capped by a configured gamma.
+random (a seeded RNG). Budget (Eq. 2): gamma = floor((rho - r_q) / r_r) from the measured
+query time r_q (everything but the refreshes) and refresh time r_r (medians of the last 32), capped by a
+configured gamma; each refresh is also given what is left of rho as its timeout, and the loop stops when the
+next refresh would likely overrun rho.  When Eq. 2 allows nothing (a stall inflated r_r), the next evaluation
+makes one probe refresh, so the estimate can recover.
 
 Decisions where the paper is silent (options of the Maintainer):
 
@@ -38,9 +41,12 @@ Decisions where the paper is silent (options of the Maintainer):
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
@@ -281,8 +287,7 @@ class Maintainer:
                  gamma: int | None = None, rho: float | None = None, alpha: float | None = None,
                  oracle: Oracle | None = None, seed: int = 0, spare: str = "likely", renew: str = "paper",
                  tiebreak: str = "random", estimator: str = "rate",
-                 clock: Callable[[], float] = time.perf_counter, ewma: float = 0.2,
-                 refresh_time_hint: float | None = None):
+                 clock: Callable[[], float] = time.perf_counter, refresh_time_hint: float | None = None):
         self.view = view
         self.remote = remote
         self.policy = Policy.parse(policy) if isinstance(policy, str) else policy
@@ -299,10 +304,16 @@ class Maintainer:
         self.tiebreak = tiebreak
         self.estimator = estimator  # which estimate the alert judges: "rate" (expected) or "ps" (estimate)
         self.clock = clock
-        self.ewma = ewma
-        self.query_time: float | None = None  # moving averages (seconds)
-        self.refresh_time: float | None = refresh_time_hint
+        # r_q and r_r of Eq. 2: medians of the last 32 measurements (seconds), so that one stall of the
+        # machine or the endpoint does not starve the budget; None until measured
+        self._query_times: deque[float] = deque(maxlen=32)
+        self._refresh_times: deque[float] = deque([refresh_time_hint] if refresh_time_hint else [], maxlen=32)
+        self._probe = False
         self.remote_calls = 0
+        try:  # a remote whose fetch takes a timeout is given what is left of rho
+            self._remote_timeout = "timeout" in inspect.signature(remote.fetch).parameters
+        except (TypeError, ValueError):
+            self._remote_timeout = False
 
     def allowed_gamma(self) -> int:
         limits = [] if self.gamma is None else [self.gamma]
@@ -310,8 +321,13 @@ class Maintainer:
             limits.append(refresh_budget(self.rho, self.query_time or 0.0, self.refresh_time))
         return min(limits) if limits else 1 << 30
 
-    def _average(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.ewma) * old + self.ewma * new
+    @property
+    def query_time(self) -> float | None:
+        return statistics.median(self._query_times) if self._query_times else None
+
+    @property
+    def refresh_time(self) -> float | None:
+        return statistics.median(self._refresh_times) if self._refresh_times else None
 
     def evaluate(self, t: float, window: Mapping[Key, float]) -> Evaluation:
         start = self.clock()
@@ -319,6 +335,9 @@ class Maintainer:
         window_keys = [k for k in window if k in view]
         candidates = propose(policy.proposer, view, window, t, self.oracle)
         gamma = self.allowed_gamma() if policy.proposer != "WST" else 0
+        probe = gamma == 0 and self._probe and policy.proposer != "WST" and self.gamma != 0
+        if probe:
+            gamma = 1  # Eq. 2 allowed nothing twice running: one refresh, bounded by the timeout, re-measures
         elected = elect(policy.ranker or "RND", view, candidates, t, gamma, self.shape, self.rng,
                         self.oracle, self.spare, self.renew, self.tiebreak) if candidates else []
         stale_before = view.possibly_stale(window_keys, t)
@@ -326,22 +345,26 @@ class Maintainer:
         changes: list[Change] = []
         times: list[float] = []
         failures = 0
+        refresh_time, query_time_estimate = self.refresh_time, self.query_time or 0.0
         for choice in elected:
             now = self.clock()
-            if self.rho is not None and self.refresh_time is not None:
-                if (now - start) + self.refresh_time + (self.query_time or 0.0) * 0.5 > self.rho:
+            if self.rho is not None and refresh_time is not None and not probe:
+                if (now - start) + refresh_time + query_time_estimate * 0.5 > self.rho:
                     break  # the deadline: the next refresh would likely overrun rho
             entry = view.entry(choice.key)
             self.remote_calls += 1
             try:
-                value = self.remote.fetch(choice.key)
+                if self.rho is not None and self._remote_timeout:
+                    value = self.remote.fetch(choice.key, timeout=self.rho - (now - start))
+                else:
+                    value = self.remote.fetch(choice.key)
             except Exception:  # noqa: BLE001 - a failed refresh leaves the entry as it was
                 failures += 1
                 times.append(self.clock() - now)
                 continue
             took = self.clock() - now
             times.append(took)
-            self.refresh_time = self._average(self.refresh_time, took)
+            self._refresh_times.append(took)
             if choice.best_before_next is not None:
                 best_before = choice.best_before_next
             else:
@@ -353,7 +376,8 @@ class Maintainer:
         answers = {k: view.value(k) for k in window_keys}  # the join (1:1: one view entry per window key)
         latency = self.clock() - start
         query_time = max(0.0, latency - sum(times))
-        self.query_time = self._average(self.query_time, query_time)
+        self._query_times.append(query_time)
+        self._probe = gamma == 0 and not elected
         estimate = estimated_accuracy(len(window_keys), stale_before, refreshed)
         expected = (sum(view.fresh_probability(k, t) for k in window_keys) / len(window_keys)) if window_keys else 1.0
         judged = expected if self.estimator == "rate" else estimate

@@ -77,10 +77,16 @@ class SparqlRemote:
         self._update.setTimeout(timeout)
         self.calls = 0
 
-    def _select(self, text: str) -> list[dict[str, dict[str, str]]]:
+    def _select(self, text: str, timeout: float | None = None) -> list[dict[str, dict[str, str]]]:
         self._query.setQuery(self.prefixes + text)
         self.calls += 1
-        return self._query.query().convert()["results"]["bindings"]
+        default = self._query.timeout
+        if timeout is not None:
+            self._query.timeout = max(0.001, timeout)  # urllib's socket timeout for this one call
+        try:
+            return self._query.query().convert()["results"]["bindings"]
+        finally:
+            self._query.timeout = default
 
     def _row(self, binding: Mapping[str, Mapping[str, str]]) -> Row:
         return tuple(sorted((var, term_text(term)) for var, term in binding.items() if var != self.key_var))
@@ -93,10 +99,13 @@ class SparqlRemote:
                 rows.setdefault(term_text(binding[self.key_var]), []).append(self._row(binding))
         return {key: self.value_of(found) for key, found in rows.items()}
 
-    def fetch(self, key: Key) -> Any:
-        """One refresh query for one key (the key substituted for the join variable; no VALUES)."""
+    def fetch(self, key: Key, timeout: float | None = None) -> Any:
+        """One refresh query for one key (the key substituted for the join variable; no VALUES).
+
+        ``timeout`` (seconds): give up after it (the maintainer passes what is left of rho)."""
         pattern = self._key_re.sub(lambda _: str(key), self.pattern)
-        return self.value_of([self._row(b) for b in self._select(f"SELECT * WHERE {{ {pattern} }}")])
+        rows = self._select(f"SELECT * WHERE {{ {pattern} }}", timeout)
+        return self.value_of([self._row(b) for b in rows])
 
     def fetch_many(self, keys: Iterable[Key]) -> dict[Key, Any]:
         """Extension (SPARQL 1.1 endpoints): several keys in one query with VALUES."""
@@ -124,6 +133,6 @@ class DictRemote:
     def fill(self) -> dict[Key, Any]:
         return dict(self.data)
 
-    def fetch(self, key: Key) -> Any:
+    def fetch(self, key: Key, timeout: float | None = None) -> Any:
         self.calls += 1
         return self.data.get(key)
