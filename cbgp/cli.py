@@ -9,7 +9,13 @@ format comes from its name as for `cbgp publish` (.rdfp .nt .nq .ttl .jsonl .ru)
 unless --format names it; a .ru file is one SPARQL Update request applied to an
 empty graph, and its quad changes are numbered 1, 2, ... (deletions first).
 
-`cbgp explain FILE.rq` prints a query's decomposition (and its RSP-QL window).
+Queries beyond a BGP (FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT, ...: see
+`cbgp.algebra`) are evaluated with operators; an unbound variable is left out of
+"binding", ASK answers `+ {}` while true, CONSTRUCT rows bind subject/predicate/
+object, and answers before the first update (COUNT 0, VALUES) have seq 0.
+
+`cbgp explain FILE.rq` prints a query's decomposition (its operator tree and BGP
+leaves for an operator query, and its RSP-QL window).
 
 The fleet's commands (ingest, worker, ...) are added by `services.cli`, which
 is the installed `cbgp` entry point; this module stays free of Kafka.
@@ -24,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, TextIO
 
-from cbgp.engine import Engine, EngineError
+from cbgp.engine import EngineError
 from cbgp.plan import decompose
 from cbgp.sparql import QueryError, parse_query
 from cbgp.terms import DEFAULT_GRAPH_ID, to_sparql_json
@@ -44,13 +50,15 @@ def _read_text(path: str) -> str:
 
 
 def _parse_rspql_file(path: str):  # noqa: ANN202
-    """``(ParsedQuery of the plain SPARQL, WindowSpec or None)`` of a .rq file, RSP-QL windows allowed."""
+    """``(ParsedQuery or OperatorQuerySpec of the plain SPARQL, WindowSpec or None)`` of a .rq file, RSP-QL
+    windows allowed (a windowed query must be a BGP: the Spark job evaluates windows)."""
+    from cbgp.algebra import analyse
     from cbgp.windows import parse_rspql
 
     text = _read_text(path)
     try:
         plain, window = parse_rspql(text)
-        return parse_query(plain), window
+        return (parse_query(plain) if window is not None else analyse(plain)), window
     except QueryError as exc:  # WindowError included
         where = f":{exc.line}:{exc.column}" if exc.line is not None else ""
         raise CliError(f"{path}{where}: {exc.message}") from None
@@ -159,10 +167,13 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
     from cbgp.inputs import InputError, InputFormatError, parse_input
     from cbgp.update import UPDATE_FORMAT
 
+    from cbgp.algebra import ContinuousEngine
+
     fmt = fmt or input_format(patch_path)
-    engine = Engine()
+    engine = ContinuousEngine()
+    initial = []
     for name, path in queries:
-        engine.register(name, _parse_query_file(path))
+        initial.extend(engine.register(name, _parse_query_file(path)))
     text = _read_text(patch_path)
     dictionary = engine.dictionary
     encode = dictionary.encode
@@ -176,6 +187,10 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 
     columns = {name: engine.columns(name) for name, _ in queries}
     counters = {"updates": 0, "deltas": 0, "errors": 0}
+    for name, sign, row in initial:  # operator queries can answer before any update (COUNT 0, VALUES, ASK)
+        binding = {var: term_json(value) for var, value in zip(columns[name], row) if value is not None}
+        write(json.dumps({"query": name, "seq": 0, "sign": "+" if sign > 0 else "-", "binding": binding}) + "\n")
+        counters["deltas"] += 1
     meter = _Progress(progress, text.count("\n") + 1)
     write = out.write
     dumps = json.dumps
@@ -190,7 +205,7 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
             g = DEFAULT_GRAPH_ID if item.g is None else encode(item.g)
             deltas = engine.apply(item.op, encode(item.s), encode(item.p), encode(item.o), g)
             for name, sign, row in deltas:
-                binding = {var: term_json(value) for var, value in zip(columns[name], row)}
+                binding = {var: term_json(value) for var, value in zip(columns[name], row) if value is not None}
                 write(dumps({"query": name, "seq": item.position, "sign": "+" if sign > 0 else "-",
                              "binding": binding}) + "\n")
             counters["deltas"] += len(deltas)
@@ -205,8 +220,27 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 WINDOWED_PLACEMENT = "spark-window"
 
 
+def plan_json(query) -> dict:  # noqa: ANN001
+    return decompose(query).to_json()
+
+
 def explain(path: str, as_json: bool, out: TextIO) -> None:
+    from cbgp.algebra import OperatorQuery, OperatorQuerySpec
+    from cbgp.terms import TermDictionary
+
     query, window = _parse_rspql_file(path)
+    if isinstance(query, OperatorQuerySpec):
+        operators = OperatorQuery(query, TermDictionary())
+        if as_json:
+            json.dump({"form": query.form, "columns": list(query.columns), "placement": "operators",
+                       "operators": operators.root.explain(),
+                       "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves]}, out, indent=2)
+            out.write("\n")
+        else:
+            out.write(operators.explain() + "\n")
+            for number, leaf in enumerate(operators.engine_leaves):
+                out.write(f"BGP leaf{number}: " + decompose(leaf.query).explain() + "\n")
+        return
     plan = decompose(query)
     if as_json:
         data = plan.to_json()

@@ -90,10 +90,10 @@ def test_replay_strict_stops_at_the_first_malformed_line(files: Path):
 
 
 def test_replay_reports_a_bad_query_with_file_line_and_column(files: Path):
-    (files / "bad.rq").write_text("SELECT * WHERE {\n  ?x <http://ex/p> ?y .\n  FILTER(?y > 1)\n}\n")
+    (files / "bad.rq").write_text("SELECT * WHERE {\n  ?x <http://ex/p> ?y .\n  SERVICE <http://x/> { ?y ?p ?z }\n}\n")
     result = cbgp("replay", "--patch", "updates.rdfp", "--query", "bad=bad.rq", cwd=files)
     assert result.returncode == 2
-    assert "bad.rq:3:3: FILTER is not supported" in result.stderr
+    assert "bad.rq:3:3: SERVICE is not supported" in result.stderr
     assert "Traceback" not in result.stderr
 
 

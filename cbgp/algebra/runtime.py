@@ -38,6 +38,7 @@ class OperatorQuery:
         self.form = spec.form
         self.to_columns = remapper(self.root.schema, self.columns)
         self.engine = Engine(dictionary)
+        self.engine_leaves = builder.engine_leaves
         self.leaves = {}
         self.leaf_columns = {}
         for number, engine_leaf in enumerate(builder.engine_leaves):
