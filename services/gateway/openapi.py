@@ -61,6 +61,7 @@ OPENAPI: dict[str, Any] = {
                 "queries": {"type": "array", "items": {"$ref": "#/components/schemas/Query"}}}},
             "RegisterRequest": {
                 "type": "object", "required": ["id", "sparql"],
+                "example": {"id": "example", "sparql": "SELECT ?s WHERE { ?s <http://example.org/p> ?o }"},
                 "properties": {"id": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,128}$"},
                                "sparql": {"type": "string"},
                                "options": {"type": "object", "additionalProperties": {"type": "string"}}}},
@@ -137,7 +138,9 @@ OPENAPI: dict[str, Any] = {
                          "application/sparql-update": {"schema": {"type": "string"}},
                          "application/x-www-form-urlencoded": {"schema": {
                              "type": "object", "required": ["update"],
-                             "properties": {"update": {"type": "string"}}}}}},
+                             "properties": {"update": {"type": "string"}}},
+                             "example": {"update": "INSERT DATA { <http://example.org/s> <http://example.org/p> "
+                                                   "<http://example.org/o> }"}}}},
                      "responses": {"200": _json("#/components/schemas/Published", "acknowledged by the broker"),
                                    "400": _json(_ERR, "not a valid update request"),
                                    "415": _json(_ERR, "unsupported content type"),
@@ -145,7 +148,8 @@ OPENAPI: dict[str, Any] = {
         },
         "/query": {
             "get": {"operationId": "sparqlQueryGet", "summary": "SPARQL 1.1 query over the current graph",
-                    "parameters": [{"name": "query", "in": "query", "required": True, "schema": {"type": "string"}}],
+                    "parameters": [{"name": "query", "in": "query", "required": True, "schema": {"type": "string"},
+                                    "example": "SELECT ?s ?o WHERE { ?s <http://example.org/p> ?o } LIMIT 10"}],
                     "responses": {
                         "200": {"description": "results", "content": {
                             "application/sparql-results+json": {"schema": {"$ref": "#/components/schemas/SparqlResults"}},
@@ -155,7 +159,8 @@ OPENAPI: dict[str, Any] = {
                      "requestBody": {"required": True, "content": {
                          "application/sparql-query": {"schema": {"type": "string"}},
                          "application/x-www-form-urlencoded": {"schema": {
-                             "type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}}}},
+                             "type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}},
+                             "example": {"query": "ASK { ?s ?p ?o }"}}}},
                      "responses": {
                          "200": {"description": "results", "content": {
                              "application/sparql-results+json": {

@@ -48,8 +48,8 @@ async function refreshFleet() {
   const r = data.rates || {}, lag = data.lag || {}, g = data.gateway || {};
   const fmt = (x) => (x === undefined || x === null ? "-" : Math.round(x).toLocaleString());
   $("fleet").innerHTML = "";
-  const parts = [["state", data.state, "state-" + data.state], ["updates/s", fmt(r["updates.encoded"])],
-    ["answers/s", fmt(r["answers"])], ["ingest lag", fmt(lag.ingest)], ["answers lag", fmt(lag.answers)],
+  const parts = [["state", data.state, "state-" + data.state], ["raw records/s", fmt(r["updates.raw"])], ["encoded records/s", fmt(r["updates.encoded"])],
+    ["answers/s", fmt(r["answers"])], ["ingest lag", fmt(lag.ingest)],
     ["subscribers", (g.subscribers ? g.subscribers.sse + g.subscribers.ws : 0)]];
   for (const [name, value, cls] of parts) {
     const span = document.createElement("span");
