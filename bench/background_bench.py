@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cbgp.background import LocalView, Maintainer, WindowShape  # noqa: E402
 from cbgp.background.endpoint import start_endpoint  # noqa: E402
-from cbgp.background.maintenance import POLICIES, refresh_budget  # noqa: E402
+from cbgp.background.maintenance import POLICIES as PAPER_POLICIES, refresh_budget  # noqa: E402
 from cbgp.background.remote import DictRemote, SparqlRemote, literal_value  # noqa: E402
 
 EX = "http://example.org/"
@@ -57,6 +57,7 @@ GRAPH = f"<{EX}bkg>"
 PRED = f"<{EX}hasFollowers>"
 PATTERN = f"?user {PRED} ?followers"
 BUDGETS = (("8%", 0.08), ("15%", 0.15), ("30%", 0.30))
+POLICIES = PAPER_POLICIES + ("WSJ-WBMP",)  # + our extension: WBM with a soft PS (not in the paper)
 
 # The paper's Tables 1 and 2 (average accuracy), synthetic and real background data, as printed.
 PAPER = {
@@ -365,8 +366,8 @@ def main(argv=None) -> int:
     print("-" * len(header))
     for p in POLICIES:
         ours = "".join(f"{accuracy[p][label]:>8.2f}" for label, _ in BUDGETS)
-        syn = "".join(f"{x:>6.2f}" for x in PAPER["syn"][p])
-        real = "".join(f"{x:>6.2f}" for x in PAPER["real"][p])
+        syn = "".join(f"{x:>6.2f}" for x in PAPER["syn"][p]) if p in PAPER["syn"] else f"{'(not in the paper)':>18}"
+        real = "".join(f"{x:>6.2f}" for x in PAPER["real"][p]) if p in PAPER["real"] else " " * 18
         print(f"{p:<10}{ours}  |{syn}  |{real}")
     print()
 
@@ -376,6 +377,9 @@ def main(argv=None) -> int:
         goals.append(ok)
         print(f"  [{'ok' if ok else 'NO'}] {text}")
 
+    def extra(text, ok):  # reported, not one of the issue's goals
+        print(f"  [{'ok' if ok else 'NO'}] {text} (not a goal of the issue)")
+
     print("goals:")
     for label, _ in BUDGETS:
         a = accuracy
@@ -384,6 +388,9 @@ def main(argv=None) -> int:
     for label in ("8%", "15%"):
         goal(f"{label}: WSJ-WBM at least WSJ-LRU and WSJ-RND",
              accuracy["WSJ-WBM"][label] >= max(accuracy["WSJ-LRU"][label], accuracy["WSJ-RND"][label]))
+    for label in ("8%", "15%"):
+        extra(f"{label}: WSJ-WBMP (extension) at least WSJ-LRU and WSJ-RND",
+              accuracy["WSJ-WBMP"][label] >= max(accuracy["WSJ-LRU"][label], accuracy["WSJ-RND"][label]))
     for label, _ in BUDGETS:
         goal(f"{label}: WSJ-WBM* at least WSJ-WBM", accuracy["WSJ-WBM*"][label] >= accuracy["WSJ-WBM"][label])
     over = sum(1 for x in latencies if x > rho)

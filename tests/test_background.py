@@ -283,3 +283,15 @@ def test_a_starved_budget_probes_and_recovers():
     refreshed = [len(maintainer.evaluate(t, {k: 0 for k in keys}).refreshed) for t in range(1, 7)]
     assert refreshed[:4] == [0, 1, 0, 1]  # Eq. 2 allows nothing; a probe every other evaluation re-measures
     assert refreshed[4] >= 5 and maintainer.refresh_time == pytest.approx(0.01)
+
+
+def test_wbmp_weights_the_score_by_the_probability_of_being_stale():
+    view = LocalView(prior_interval=5)
+    view.put("old-slow", 0, best_before=100, refreshed_at=0, interval=50)  # not past its best-before: WBM skips
+    view.put("new-fast", 0, best_before=7, refreshed_at=7, interval=1)  # looked at 1 unit ago, changes fast
+    view.put("fresh-slow", 0, best_before=100, refreshed_at=7.9, interval=50)
+    window = {k: 7.5 for k in ("old-slow", "new-fast", "fresh-slow")}
+    shape = WindowShape(omega=10, beta=1)
+    assert [e.key for e in elect("WBM", view, window, 8, 1, shape, random.Random(0), spare="none")] == ["new-fast"]
+    # P(stale): old-slow 1 - e^(-8/50) = 0.15, score 0.15 * min(L=10, V=142) = 1.5; new-fast 0.63 * min(10, 1)
+    assert [e.key for e in elect("WBMP", view, window, 8, 1, shape, random.Random(0))] == ["old-slow"]
