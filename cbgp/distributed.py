@@ -34,14 +34,12 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from cbgp.plan import ComponentPart, Plan
+from cbgp.plan import OBJECT_END, SUBJECT_END, ComponentPart, Plan, probe_join_plan, stored_ends
 from cbgp.sparql import is_var
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
 ROLE_SUBJECT = 1
 ROLE_OBJECT = 2
-SUBJECT_END = 0
-OBJECT_END = 1
 
 Row = tuple[int, ...]
 
@@ -73,21 +71,7 @@ class PatternSpec:
 
     def ends(self) -> tuple[int, ...]:
         """The ends whose value is a variable: where the pattern's triples are stored."""
-        if self.subject_var >= 0 and self.subject_var == self.object_var:
-            return (SUBJECT_END,)
-        return tuple(end for end, var in ((SUBJECT_END, self.subject_var), (OBJECT_END, self.object_var))
-                     if var >= 0)
-
-
-@dataclass(frozen=True)
-class Step:
-    """Match pattern ``pattern`` with the binding so far: look it up at the partition of variable ``at``'s
-    value (stored at that end), and either bind variable ``binds`` from it or, with ``binds == -1``, check it."""
-
-    pattern: int
-    at: int  # the bound variable whose value's partition holds the lookup
-    end: int  # SUBJECT_END or OBJECT_END: which end of the pattern ``at`` is
-    binds: int  # the variable this step binds, -1 for a check
+        return stored_ends(self.subject_var, self.object_var)
 
 
 @dataclass(frozen=True)
@@ -105,19 +89,6 @@ class ComponentProgram:
     def start_end(self, j: int) -> int:
         """Which end of pattern ``j``'s triple starts its probes: the subject's partition if it is a variable."""
         return self.patterns[j].ends()[0]
-
-    def route(self, j: int) -> list[str]:
-        """The probe route of an update to pattern ``j``, for people (``cbgp explain``)."""
-        names = self.variables
-        hops = [f"t{j} at {names[self._start_var(j)]}"]
-        for step in self.plans[j]:
-            action = f"binds {names[step.binds]}" if step.binds >= 0 else "checks"
-            hops.append(f"t{step.pattern} at {names[step.at]} ({action})")
-        return hops
-
-    def _start_var(self, j: int) -> int:
-        spec = self.patterns[j]
-        return spec.subject_var if self.start_end(j) == SUBJECT_END else spec.object_var
 
 
 def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> ComponentProgram:
@@ -140,45 +111,11 @@ def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> Comp
             subject_var=local[t.s] if is_var(t.s) else -1, object_var=local[t.o] if is_var(t.o) else -1,
             subject_const=-1 if is_var(t.s) else dictionary.encode(t.s),
             object_const=-1 if is_var(t.o) else dictionary.encode(t.o)))
-    plans = tuple(_join_plan(specs, j) for j in range(len(specs)))
+    pairs = [(spec.subject_var, spec.object_var) for spec in specs]
+    plans = tuple(probe_join_plan(pairs, j) for j in range(len(specs)))
     columns = tuple(v for v in query.projected if "?" + v in local)
     projection = tuple(local["?" + v] for v in columns)
     return ComponentProgram(name, len(variables), tuple(specs), plans, projection, columns, variables)
-
-
-def _join_plan(specs: list[PatternSpec], j: int) -> tuple[Step, ...]:
-    """The order in which an update to pattern ``j`` matches the others: checks as soon as their variables are
-    bound (they prune), then lookups from the most recently bound variable (same partition, no hop), then any."""
-    bound = [v for v in (specs[j].subject_var, specs[j].object_var) if v >= 0]
-    remaining = [i for i in range(len(specs)) if i != j]
-    steps: list[Step] = []
-    while remaining:
-        def variables(i: int) -> list[int]:
-            return [v for v in (specs[i].subject_var, specs[i].object_var) if v >= 0]
-
-        checks = [i for i in remaining if all(v in bound for v in variables(i))]
-        if checks:
-            i = checks[0]
-            spec = specs[i]
-            # Prefer the end holding the most recently bound variable: the probe is likely there already.
-            ends = spec.ends()
-            end = max(ends, key=lambda e: bound.index(spec.subject_var if e == SUBJECT_END else spec.object_var))
-            at = spec.subject_var if end == SUBJECT_END else spec.object_var
-            steps.append(Step(i, at, end, -1))
-            remaining.remove(i)
-            continue
-        candidates = [i for i in remaining if any(v in bound for v in variables(i))]
-        assert candidates, "a component is connected"
-        i = max(candidates, key=lambda c: max(bound.index(v) for v in variables(c) if v in bound))
-        spec = specs[i]
-        if spec.subject_var in bound:
-            steps.append(Step(i, spec.subject_var, SUBJECT_END, spec.object_var))
-            bound.append(spec.object_var)
-        else:
-            steps.append(Step(i, spec.object_var, OBJECT_END, spec.subject_var))
-            bound.append(spec.subject_var)
-        remaining.remove(i)
-    return tuple(steps)
 
 
 @dataclass(frozen=True)
@@ -293,6 +230,7 @@ class _QueryState:
     def __init__(self, program: ComponentProgram, roots_after: int) -> None:
         self.program = program
         self.roots_after = roots_after  # updates up to this seq start no probes: the snapshot covers them
+        self.registration_upto = -1  # updates up to this seq belong to the registration here (flagged snapshot)
         # per pattern, per end: the store (only the ends whose value is a variable)
         self.stores: list[dict[int, _PatternStore]] = [{end: _PatternStore() for end in spec.ends()}
                                                        for spec in program.patterns]
@@ -321,12 +259,14 @@ class PartitionEvaluator:
 
     # -- registration
 
-    def register(self, program: ComponentProgram, roots_after: int = -1) -> None:
+    def register(self, program: ComponentProgram, roots_after: int = -1, registration_upto: int = -1) -> None:
         """Add a query whose answers are enumerated as of ``roots_after`` (:meth:`snapshot`, the same seq on
         every partition) and whose deltas start with the updates after it.  Its state is then brought in with
-        :meth:`apply` on this partition's log so far (``only=``; the updates after ``roots_after`` start their
-        probes, flagged ``snapshot`` when they belong to the registration)."""
-        self.queries[program.name] = _QueryState(program, roots_after)
+        :meth:`apply` on this partition's log so far (``only=``); the updates up to ``registration_upto`` (what
+        this partition had applied when it registered the query) start probes flagged ``snapshot``: they are
+        the registration's, which :meth:`pending` waits for and :meth:`completed_live` leaves out."""
+        state = self.queries[program.name] = _QueryState(program, roots_after)
+        state.registration_upto = registration_upto
 
     def snapshot(self, name: str) -> Outputs:
         """Start the enumeration of the query's answers as of its ``roots_after`` from this partition: every
@@ -385,7 +325,7 @@ class PartitionEvaluator:
     # -- input
 
     def apply(self, seq: int, sign: int, s: int, p: int, o: int, g: int, role: int,
-              only: str | None = None, snapshot: bool = False) -> Outputs:
+              only: str | None = None) -> Outputs:
         """One change of this partition's routed log (``role``: which ends were routed here).  Store it, then
         start the probes of the patterns whose start end is here."""
         out = Outputs()
@@ -418,7 +358,7 @@ class PartitionEvaluator:
                 if spec.object_var >= 0:
                     binding[spec.object_var] = o
                 probe = Probe(self.partition, name, seq, sign, (s, p, o, g), j, 0, tuple(binding), self.partition,
-                              snapshot)
+                              seq <= state.registration_upto)
                 self._continue(probe, out, origin_here=True)
         return out
 
@@ -581,5 +521,5 @@ class PartitionEvaluator:
         out.deltas.append(Delta(probe.query, probe.seq, probe.sign, row, probe.snapshot))
 
 
-__all__ = ["Ack", "ComponentProgram", "Delta", "Outputs", "PartitionEvaluator", "Probe", "Step",
+__all__ = ["Ack", "ComponentProgram", "Delta", "Outputs", "PartitionEvaluator", "Probe",
            "compile_component", "partition_of"]

@@ -77,6 +77,72 @@ class ComponentPart:
 
 Part = GroundPart | StarPart | ComponentPart
 
+SUBJECT_END = 0
+OBJECT_END = 1
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a probe's join plan (``cbgp.distributed``): match pattern ``pattern`` at the partition of
+    variable ``at``'s value, where its triples are stored by their ``end`` (SUBJECT_END or OBJECT_END), and
+    bind variable ``binds`` from it, or with ``binds == -1`` check it."""
+
+    pattern: int
+    at: int
+    end: int
+    binds: int
+
+
+def stored_ends(subject_var: int, object_var: int) -> tuple[int, ...]:
+    """The ends of a pattern whose value is a variable (-1: a constant): where its triples are stored.  A
+    self-loop's one variable is its subject."""
+    if subject_var >= 0 and subject_var == object_var:
+        return (SUBJECT_END,)
+    return tuple(end for end, var in ((SUBJECT_END, subject_var), (OBJECT_END, object_var)) if var >= 0)
+
+
+def probe_join_plan(pairs: list[tuple[int, int]], j: int) -> tuple[Step, ...]:
+    """The order in which an update to pattern ``j`` matches the others (``pairs``: each pattern's subject and
+    object variable numbers, -1 for a constant), hopping as little as possible: at the partition where the
+    probe is (first the start end's value), checks, then lookups; then checks anywhere; then a lookup from
+    the most recently bound variable (a hop)."""
+    def var_at(i: int, end: int) -> int:
+        return pairs[i][0] if end == SUBJECT_END else pairs[i][1]
+
+    bound = [v for v in pairs[j] if v >= 0]
+    bound = list(dict.fromkeys(bound))
+    here = var_at(j, stored_ends(*pairs[j])[0])
+    remaining = [i for i in range(len(pairs)) if i != j]
+    steps: list[Step] = []
+
+    def is_check(i: int) -> bool:
+        return all(v in bound for v in pairs[i] if v >= 0)
+
+    while remaining:
+        choice = None
+        for want_check, at_here in ((True, True), (False, True), (True, False), (False, False)):
+            for i in remaining:
+                if is_check(i) != want_check:
+                    continue
+                usable = [(end, var_at(i, end)) for end in stored_ends(*pairs[i])
+                          if var_at(i, end) in bound and (not at_here or var_at(i, end) == here)]
+                if usable:
+                    end, at = max(usable, key=lambda ev: bound.index(ev[1]))
+                    choice = (i, end, at)
+                    break
+            if choice:
+                break
+        assert choice is not None, "a component is connected"
+        i, end, at = choice
+        binds = -1
+        if not is_check(i):
+            binds = var_at(i, OBJECT_END if end == SUBJECT_END else SUBJECT_END)
+            bound.append(binds)
+        steps.append(Step(i, at, end, binds))
+        here = at
+        remaining.remove(i)
+    return tuple(steps)
+
 BY_CENTRE = "by-centre"
 SINGLE_OWNER = "single-owner"
 
@@ -95,14 +161,42 @@ class Plan:
 
     @property
     def placement(self) -> str:
-        """Where the fleet keeps the query's state: ``by-centre`` (keyed by the centre value over the routed
-        partitions: one star, or one single-centre component) or ``single-owner`` (one worker evaluates the
-        whole query on the total order: ground parts, products of parts, multi-centre components)."""
+        """Where the fleet keeps the query's state: ``by-centre`` (keyed by centre value over the routed
+        partitions: one star, one single-centre component evaluated where its centre lives, or one
+        multi-centre component whose stars live at their centres' partitions, joined by probes) or
+        ``single-owner`` (one worker evaluates the whole query on the total order: ground parts, products of
+        parts, and queries over ``GRAPH ?g``)."""
         parts = self.parts
-        if len(parts) == 1 and (isinstance(parts[0], StarPart)
-                                or (isinstance(parts[0], ComponentPart) and parts[0].centre is not None)):
+        if any(p.g is not None and is_var(p.g) for p in self.query.patterns):
+            return SINGLE_OWNER
+        if len(parts) == 1 and isinstance(parts[0], (StarPart, ComponentPart)):
             return BY_CENTRE
         return SINGLE_OWNER
+
+    @property
+    def probed(self) -> bool:
+        """A multi-centre component placed by centre: its stars are joined by probes between partitions."""
+        parts = self.parts
+        return (self.placement == BY_CENTRE and isinstance(parts[0], ComponentPart)
+                and parts[0].centre is None)
+
+    def probe_routes(self) -> dict[int, list[str]]:
+        """Per pattern of a probed query, the route of an update's probes (``cbgp.distributed``): where it
+        starts, then each step's pattern, the variable whose value's partition it runs at, and what it does."""
+        part = self.parts[0]
+        names = part.variables
+        local = {v: i for i, v in enumerate(names)}
+        patterns = [self.query.patterns[i] for i in part.patterns]
+        pairs = [(local.get(t.s, -1), local.get(t.o, -1)) for t in patterns]
+        by_pattern = {}
+        for j, pattern in enumerate(part.patterns):
+            start_end = stored_ends(*pairs[j])[0]
+            hops = [f"t{pattern} at {names[pairs[j][start_end]]}"]
+            for step in probe_join_plan(pairs, j):
+                action = f"binds {names[step.binds]}" if step.binds >= 0 else "checks"
+                hops.append(f"t{part.patterns[step.pattern]} at {names[step.at]} ({action})")
+            by_pattern[pattern] = hops
+        return by_pattern
 
     @property
     def query_class(self) -> str:
@@ -128,7 +222,9 @@ class Plan:
                 entry["simple"] = part.simple
             if isinstance(part, ComponentPart):
                 entry["centre"] = part.centre
-                entry["stars"] = [{"centre": v, "patterns": list(ps)} for v, ps in part.stars]
+                entry["stars"] = [{"centre": v, "keyed_by": v, "patterns": list(ps)} for v, ps in part.stars]
+                if self.probed:
+                    entry["probe_routes"] = {str(p): route for p, route in self.probe_routes().items()}
                 entry["overlaps"] = [{"stars": [a, b], "shared_patterns": list(ps)} for a, b, ps in part.overlaps]
                 entry["join_orders"] = {str(p): list(order) for p, order in part.join_orders}
             parts.append(entry)
@@ -179,7 +275,16 @@ class Plan:
         if len(self.parts) > 1:
             lines.append("answers: cartesian product of the parts' answers (delta rule per update)")
         lines.append(f"placement in the fleet: {self.placement}")
-        if self.placement == BY_CENTRE:
+        if self.probed:
+            lines.append("  every star keyed by its centre's value: a triple is stored on the updates.routed "
+                         "partitions of its subject and of its object;")
+            lines.append("  an update's probes carry the partial binding from one centre value's partition to "
+                         "the next (versioned reads as of the update, acks to the update's partition):")
+            for pattern, route in self.probe_routes().items():
+                lines.append(f"    t{pattern}: " + " -> ".join(route))
+            lines.append("  the answers service releases the partitions' deltas in seq order"
+                         + (" and applies DISTINCT" if q.distinct else ""))
+        elif self.placement == BY_CENTRE:
             part = self.parts[0]
             centre = part.variable if isinstance(part, StarPart) else part.centre
             lines.append(f"  state keyed by the value of {centre} on the updates.routed partition of that value "
@@ -261,4 +366,5 @@ def _component(patterns: tuple[TriplePattern, ...], block: tuple[str, ...], memb
     )
 
 
-__all__ = ["ComponentPart", "GroundPart", "Part", "Plan", "StarPart", "decompose"]
+__all__ = ["ComponentPart", "GroundPart", "OBJECT_END", "Part", "Plan", "SUBJECT_END", "StarPart", "Step",
+           "decompose", "probe_join_plan", "stored_ends"]

@@ -39,6 +39,7 @@ from services.release import SeqRelease
 from services.registry import tombstone_version
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT,
                               record_consumer_lag)
+from services.idempotence import ORDERED_SOURCE_BELOW
 from services.records import WHOLE_QUERY_PART, dead_letter
 from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, Stopper,
                               commit_transaction, kv, origin_ms, read_range, read_window, record_ok, service_command)
@@ -59,7 +60,10 @@ class QueryAnswers:
 
     n: int = 0
     current: dict[str, list] = field(default_factory=dict)  # binding json -> [multiplicity, last_n]
-    last_key: dict[int, tuple[int, int]] = field(default_factory=dict)  # source partition -> (offset, index)
+    # source partition -> its last idempotence key taken: (seq, offset, index) for routed sources, whose deltas
+    # are released in seq order (probes make a partition's offsets and seqs disagree), (-1, offset, index) for
+    # the ordered ones
+    last_key: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     version: int = 0  # QueryPlan.version of the registration (0: unknown, written before versions: adopted)
     seq: int = 0  # highest seq of its answers (the seq of the retractions that end the stream)
 
@@ -112,7 +116,8 @@ class AnswersCore:
         src = headers.get(SOURCE_HEADER)
         if src:
             p, offset, index = (int(x) for x in src.decode().split(":"))
-            state.last_key[p] = max(state.last_key.get(p, (-1, -1)), (offset, index))
+            key = (record["seq"] if p >= ORDERED_SOURCE_BELOW else -1, offset, index)
+            state.last_key[p] = max(state.last_key.get(p, (-1, -1, -1)), key)
         terms = {var: term_from_avro(t) for var, t in record["binding"].items()}
         key = canonical_binding(terms)
         entry = state.current.setdefault(key, [0, 0])
@@ -166,9 +171,9 @@ class AnswersCore:
         values, signs, seqs, snapshots = deltas.values, deltas.sign, deltas.seq, deltas.snapshot
         emitted = {"+": 0, "-": 0}
         for i in range(len(deltas)):
-            key = (deltas.source_offset[i], deltas.index[i])
             src = deltas.source_partition[i]
-            if key <= state.last_key.get(src, (-1, -1)):
+            key = (seqs[i] if src >= ORDERED_SOURCE_BELOW else -1, deltas.source_offset[i], deltas.index[i])
+            if key <= state.last_key.get(src, (-1, -1, -1)):
                 self.duplicates += 1
                 continue
             row = values[i * k:(i + 1) * k]
@@ -194,7 +199,7 @@ class AnswersCore:
                 state.seq = seqs[i]
             sign = "+" if signs[i] == "PLUS" else "-"
             emitted[sign] += 1
-            headers = [(SOURCE_HEADER, f"{src}:{key[0]}:{key[1]}".encode())]
+            headers = [(SOURCE_HEADER, f"{src}:{key[1]}:{key[2]}".encode())]
             if latency is not None:
                 headers.append((ORIGIN_HEADER, origin_text))
                 ANSWER_LATENCY.observe(latency)
@@ -490,10 +495,15 @@ class AnswersService:
                     offsets[partition] = offset + 1
                     if record is None:
                         frontier = _frontier(msg.value())
-                        if frontier is None:  # undecodable: the core dead-letters it
+                        mark = _probe_ready(msg.value()) if frontier is None else None
+                        if mark is not None:  # a routed partition's share of a probed registration is in
+                            ready = release.on_ready(partition, offset, mark["query_id"], mark["version"],
+                                                     mark["partition"], mark["as_of"])
+                        elif frontier is None:  # undecodable: the core dead-letters it
                             outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
                             continue
-                        ready = release.on_frontier(partition, frontier)
+                        else:
+                            ready = release.on_frontier(partition, frontier)
                     else:
                         ready = release.on_deltas(partition, offset, origin_ms(msg), record)
                     for source_offset, origin, deltas in ready:
@@ -532,6 +542,13 @@ class AnswersService:
 def _frontier(value: bytes | None) -> dict[int, int] | None:
     try:
         return codec.frontier_of(value)
+    except codec.CodecError:
+        return None
+
+
+def _probe_ready(value: bytes | None) -> dict | None:
+    try:
+        return codec.probe_ready_of(value)
     except codec.CodecError:
         return None
 

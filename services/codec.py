@@ -518,9 +518,9 @@ def _columns(name: str, record: dict[str, Any], fields: Sequence[str]) -> list[l
 
 def routed_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, str]]:
     """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate) as
-    ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples (none for a Frontier mark); raises
+    ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples (none for a Frontier mark or a ProbeBatch); raises
     :class:`CodecError`."""
-    if _writer_name(data) == "Frontier":
+    if _writer_name(data) in ("Frontier", "ProbeBatch"):
         return []
     return _changes(data, "RoutedBatch", decode_routed, "role")
 
@@ -573,6 +573,7 @@ class PartDeltaColumns:
     event_time_ms: list[int | None]
     version: int = 0  # the query's registration version (QueryPlan.version)
     distinct: bool = False  # rows are a DISTINCT query's underlying projections: the answers service counts them
+    gated: bool = False  # a probe-evaluated query: its registration is released once every partition is ready
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -583,10 +584,10 @@ class PartDeltaColumns:
 
 
 def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], rows: Sequence[tuple],
-                            version: int = 0, distinct: bool = False) -> bytes:
+                            version: int = 0, distinct: bool = False, gated: bool = False) -> bytes:
     """One PartDeltaBatch of ``(seq, sign, values, source_partition, source_offset, index, snapshot,
     event_time_ms)`` rows (sign: PLUS/MINUS; values: the term ids of ``variables``, in their order) of the
-    query's registration ``version``; ``distinct``: see PartDeltaBatch.distinct."""
+    query's registration ``version``; ``distinct``, ``gated``: see PartDeltaBatch."""
     k = len(variables)
     if any(len(row[2]) != k for row in rows):
         raise CodecError(f"PartDeltaBatch of {query_id}: every delta must bind the {k} variables {list(variables)}")
@@ -595,7 +596,7 @@ def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], 
     del columns[2]
     return encode("PartDeltaBatch", {"query_id": query_id, "part": part, "variables": list(variables),
                                      "values": values, **dict(zip(_PART_DELTA_COLUMNS, columns)),
-                                     "version": version, "distinct": distinct})
+                                     "version": version, "distinct": distinct, "gated": gated})
 
 
 def part_delta_columns(data: bytes) -> PartDeltaColumns:
@@ -612,7 +613,7 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
         raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
                          f"{len(seq) * len(variables)} values, got {len(values)}")
     return PartDeltaColumns(record["query_id"], record["part"], variables, seq, sign, values, src, offset, index,
-                            snapshot, event_time, record["version"], record["distinct"])
+                            snapshot, event_time, record["version"], record["distinct"], record["gated"])
 
 
 def encode_frontier(frontiers: Mapping[int, int]) -> bytes:
@@ -629,6 +630,41 @@ def frontier_of(data: bytes) -> dict[int, int] | None:
     if len(record["partition"]) != len(record["seq"]):
         raise CodecError("corrupt Frontier: partition and seq arrays differ in length")
     return dict(zip(record["partition"], record["seq"]))
+
+
+def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
+                       registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = ()
+                       ) -> bytes:
+    """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed`` probes and acks,
+    ``(query, as_of)`` registrations and ``(partition, floor, queries)`` floors."""
+    return encode("ProbeBatch", {
+        "probes": [{"query": p.query, "seq": p.seq, "sign": p.sign, "triple": list(p.triple), "pattern": p.pattern,
+                    "step": p.step, "binding": list(p.binding), "origin": p.origin, "snapshot": p.snapshot}
+                   for p in probes],
+        "acks": [{"query": a.query, "seq": a.seq, "delta": a.delta, "snapshot": a.snapshot} for a in acks],
+        "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
+        "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors]})
+
+
+def probe_batch_of(data: bytes) -> dict[str, Any] | None:
+    """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only)."""
+    if _writer_name(data) != "ProbeBatch":
+        return None
+    record = decode("ProbeBatch", data)
+    if any(len(p["triple"]) != 4 for p in record["probes"]):
+        raise CodecError("corrupt ProbeBatch: a probe's triple must have 4 term ids")
+    return record
+
+
+def encode_probe_ready(query_id: str, version: int, partition: int, as_of: int) -> bytes:
+    return encode("ProbeReady", {"query_id": query_id, "version": version, "partition": partition, "as_of": as_of})
+
+
+def probe_ready_of(data: bytes | None) -> dict[str, Any] | None:
+    """A ProbeReady record decoded, or None when ``data`` is another record."""
+    if data is None or _writer_name(data) != "ProbeReady":
+        return None
+    return decode("ProbeReady", data)
 
 
 def part_deltas(data: bytes) -> list[dict[str, Any]]:

@@ -16,6 +16,13 @@ retracts from another.  So, per deltas.parts partition:
    (``PartDeltaBatch.distinct``); released in seq order, a row goes out as ``+`` when its count goes
    0 -> 1 and as ``-`` when it goes 1 -> 0.
 
+4. **Gate probed registrations**: a multi-centre query's deltas (``PartDeltaBatch.gated``) come from probes
+   between partitions, and a registration's share of each partition's history arrives while the frontiers
+   already moved on.  Everything of a registration ``(query, version)`` is held until every routed partition's
+   ``ProbeReady`` record is in and the frontiers have passed the highest ``as_of``, ``M``; then the deltas up
+   to ``M`` are released netted (the answers as of ``M``: ``+`` only, relabelled seq ``M``), and the rest
+   join the seq-ordered release.  Opened gates are kept in the commit metadata.
+
 Restart (:meth:`SeqRelease.commit_position`, :meth:`SeqRelease.restore`): the offset committed for a
 deltas.parts partition is never past a record that still holds an unreleased delta, and its commit metadata
 carries the frontiers at the commit and the offset the service had read to (``end``).  Exactly the deltas
@@ -38,6 +45,13 @@ from services.idempotence import ORDERED_SOURCE_BELOW  # sources below it are on
 
 
 @dataclass
+class _Gate:
+    ready: dict[int, int] = field(default_factory=dict)  # routed partition -> as_of of its ProbeReady
+    items: list = field(default_factory=list)  # (offset, deltas, i) held until the gate opens
+    marks: list[int] = field(default_factory=list)  # deltas.parts offsets of its ProbeReady records (commit pins)
+
+
+@dataclass
 class _Partition:
     frontiers: dict[int, int] = field(default_factory=dict)  # routed partition -> highest completed seq
     released_end: int = 0  # restart: deltas of records before this offset with seq <= released_seq were ...
@@ -46,6 +60,8 @@ class _Partition:
     heap: list = field(default_factory=list)  # (seq, source partition, source offset, index, tie, record, i)
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
+    gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # probed registrations not released yet
+    opened: set[tuple[str, int]] = field(default_factory=set)  # probed registrations released
 
 
 Released = tuple[int, "int | None", PartDeltaColumns]  # (deltas.parts offset, origin ms, deltas)
@@ -73,8 +89,9 @@ class SeqRelease:
             stored = json.loads(metadata or "{}")
             state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}
             state.released_end = int(stored.get("end", 0))
+            state.opened = {(q, int(v)) for q, v in stored.get("opened", [])}
         except (ValueError, AttributeError, TypeError):
-            state.frontiers, state.released_end = {}, 0
+            state.frontiers, state.released_end, state.opened = {}, 0, set()
         state.released_seq = self.watermark(partition)
         return state.released_end
 
@@ -92,11 +109,16 @@ class SeqRelease:
         """The offset to commit for ``partition`` (processed up to ``next_offset``) and its metadata."""
         state = self.partitions[partition]
         end = max(next_offset, state.released_end)
-        metadata = json.dumps({"frontiers": state.frontiers, "end": end}, separators=(",", ":"))
-        return (min(state.records) if state.records else next_offset), metadata
+        stored: dict = {"frontiers": state.frontiers, "end": end}
+        if state.opened:
+            stored["opened"] = sorted([q, v] for q, v in state.opened)
+        pins = [min(state.records)] if state.records else []
+        pins += [offset for gate in state.gates.values() for offset in gate.marks]
+        return (min(pins) if pins else next_offset), json.dumps(stored, separators=(",", ":"))
 
     def held(self) -> int:
-        return sum(len(state.heap) for state in self.partitions.values())
+        return sum(len(state.heap) + sum(len(g.items) for g in state.gates.values())
+                   for state in self.partitions.values())
 
     def watermark(self, partition: int) -> int:
         """The highest seq every routed partition has completed, as seen on this deltas.parts partition."""
@@ -113,6 +135,17 @@ class SeqRelease:
                 state.frontiers[routed] = seq
         return self._release(partition)
 
+    def on_ready(self, partition: int, offset: int, query_id: str, version: int, routed: int,
+                 as_of: int) -> list[Released]:
+        """A ProbeReady record: routed partition ``routed`` has sent all of its share of the registration."""
+        state = self.partitions[partition]
+        key = (query_id, version)
+        if key not in state.opened:
+            gate = state.gates.setdefault(key, _Gate())
+            gate.ready[routed] = as_of
+            gate.marks.append(offset)
+        return self._release(partition)
+
     def on_deltas(self, partition: int, offset: int, origin: int | None, deltas: PartDeltaColumns) -> list[Released]:
         """A batch of deltas: an ordered source's pass straight through; a by-centre query's are held."""
         if not deltas.source_partition or max(deltas.source_partition) < ORDERED_SOURCE_BELOW:
@@ -123,15 +156,68 @@ class SeqRelease:
             if not len(deltas):
                 return self._release(partition)
         state.records[offset] = [len(deltas), origin]
+        key = (deltas.query_id, deltas.version)
+        if deltas.gated and key not in state.opened:
+            state.gates.setdefault(key, _Gate()).items.extend((offset, deltas, i) for i in range(len(deltas)))
+            return self._release(partition)
         for i in range(len(deltas)):
             heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
                                         deltas.index[i], next(self._tie), offset, deltas, i))
         return self._release(partition)
 
+    def _open(self, state: _Partition, limit: int) -> list[Released]:
+        """Release the gates whose partitions are all ready and whose as_of the frontiers have passed."""
+        out: list[Released] = []
+        for key, gate in list(state.gates.items()):
+            if len(gate.ready) < self.n_routed or limit < max(gate.ready.values()):
+                continue
+            upto = max(gate.ready.values())
+            del state.gates[key]
+            state.opened.add(key)
+            # The deltas up to as_of, netted: per row its count of + deltas, the rest cancel.
+            by_row: dict[tuple, list] = {}
+            later = []
+            for offset, deltas, i in gate.items:
+                if deltas.seq[i] > upto:
+                    later.append((offset, deltas, i))
+                    continue
+                k = len(deltas.variables)
+                row = tuple(deltas.values[i * k:(i + 1) * k])
+                entry = by_row.setdefault(row, [0, []])
+                entry[0] += 1 if deltas.sign[i] == "PLUS" else -1
+                if deltas.sign[i] == "PLUS":
+                    entry[1].append((deltas.source_partition[i], deltas.source_offset[i], deltas.index[i],
+                                     offset, deltas, i))
+            kept = sorted(item for count, pluses in by_row.values() for item in pluses[:max(count, 0)])
+            for offset, deltas, i in gate.items:
+                self._done(state, offset)
+            if kept:
+                template = kept[0][4]
+                bundle = _gather(template, [(deltas, i) for *_key, _offset, deltas, i in kept])
+                bundle = replace(bundle, seq=[upto] * len(bundle), snapshot=[True] * len(bundle))
+                if bundle.distinct:
+                    bundle = replace(_pick(bundle, self._consolidate(state, bundle)), distinct=False)
+                if len(bundle):
+                    out.append((kept[0][3], None, bundle))
+            for offset, deltas, i in later:
+                state.records.setdefault(offset, [0, None])[0] += 1
+                heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
+                                            deltas.index[i], next(self._tie), offset, deltas, i))
+        return out
+
+    @staticmethod
+    def _done(state: _Partition, offset: int) -> None:
+        record = state.records.get(offset)
+        if record is not None:
+            record[0] -= 1
+            if record[0] <= 0:
+                del state.records[offset]
+
     def _release(self, partition: int) -> list[Released]:
         state = self.partitions[partition]
         limit = self.watermark(partition)
         heap = state.heap
+        opened = self._open(state, limit) if state.gates else []
         groups: list[tuple[int, int | None, PartDeltaColumns, list[tuple[PartDeltaColumns, int]]]] = []
         while heap and heap[0][0] <= limit:
             *_key, offset, deltas, i = heapq.heappop(heap)
@@ -151,7 +237,7 @@ class SeqRelease:
                 if not len(picked):
                     continue
             out.append((offset, origin, picked))
-        return out
+        return opened + out
 
     @staticmethod
     def _consolidate(state: _Partition, deltas: PartDeltaColumns) -> list[int]:
@@ -179,7 +265,7 @@ class SeqRelease:
 
 def _same_stream(a: PartDeltaColumns, b: PartDeltaColumns) -> bool:
     return (a is b or (a.query_id == b.query_id and a.variables == b.variables and a.version == b.version
-                       and a.distinct == b.distinct and a.part == b.part))
+                       and a.distinct == b.distinct and a.part == b.part and a.gated == b.gated))
 
 
 def _pick(deltas: PartDeltaColumns, indices: list[int]) -> PartDeltaColumns:
@@ -201,4 +287,4 @@ def _gather(template: PartDeltaColumns, items: list[tuple[PartDeltaColumns, int]
         event_time.append(source.event_time_ms[i])
         values.extend(source.values[i * k:(i + 1) * k])
     return PartDeltaColumns(template.query_id, template.part, template.variables, seq, sign, values, src, offset,
-                            index, snapshot, event_time, template.version, template.distinct)
+                            index, snapshot, event_time, template.version, template.distinct, template.gated)

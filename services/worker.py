@@ -64,7 +64,7 @@ class WorkerService:
                                                            "updates.routed", "updates.encoded")}
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
                                assemble_in_spark=getattr(args, "assembly", "spark") == "spark",
-                               placement=getattr(args, "placement", BY_CENTRE))
+                               placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records)
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -88,6 +88,11 @@ class WorkerService:
         topic, part = (self.t_routed, partition) if kind == "routed" else (self.t_encoded, 0)
         records = ((m.offset(), m.value(), None) for m in read_range(self.settings, topic, part, start, end))
         return changes_of(kind, records)
+
+    def _read_records(self, partition: int, start: int, end: int | None) -> Iterable[tuple[int, bytes]]:
+        if end is None:
+            end = end_offsets(self.settings, self.t_routed)[partition][1]
+        return ((m.offset(), m.value()) for m in read_range(self.settings, self.t_routed, partition, start, end))
 
     # -- plans
 
@@ -286,18 +291,16 @@ class WorkerService:
             if shard is None or msg.offset() < shard.position:
                 continue  # revoked meanwhile, or already applied by a restore
             try:
-                frontier = codec.frontier_of(msg.value())
-                if frontier is not None:
-                    self.core.on_frontier(shard, msg.offset(), frontier)
-                    self.dirty = True  # the offset moved, and the frontier goes on to deltas.parts
-                    continue
-                changes = decode_changes("routed", msg.offset(), msg.value(), origin_ms(msg))
+                # A change batch, ingest's frontier mark, or probes from other partitions' workers.
+                produced, changes = self.core.on_routed(shard, msg.offset(), msg.value(), origin_ms(msg))
             except (codec.CodecError, KeyError) as exc:
                 outputs.extend(self.core.skip(shard, msg.offset(), msg.value(), str(exc)))
                 count += 1
                 continue
-            count += len(changes)
-            outputs.extend(self.core.on_record(shard, msg.offset(), changes))
+            if not changes:
+                self.dirty = True  # the offset moved, and a frontier goes on to deltas.parts
+            count += changes
+            outputs.extend(produced)
         return count
 
     def _process_whole(self, polled: tuple[int, list[Message]], outputs: list[Output]) -> int:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 from cbgp.assembly import needs_assembly, split_parts
+from cbgp.distributed import Outputs as ProbeOutputs, PartitionEvaluator
 from cbgp.engine import ROLE_ALL, Engine
-from cbgp.plan import BY_CENTRE, Plan, decompose
+from cbgp.plan import BY_CENTRE, ComponentPart, Plan, decompose
 from cbgp.sparql import QueryError, parse_query
 from cbgp.terms import TermDictionary
 from cbgp.windows import WindowSpec
@@ -33,6 +34,8 @@ from services.queries import read_registration
 from services.instruments import RESTORE_PROGRESS
 from services.idempotence import SNAPSHOT_INDEX_BASE, WHOLE_SOURCE_PARTITION
 from services.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, kv, query_partition
+from services import worker_probes
+from services.worker_probes import ProbeRouting, RecordReader, probe_name
 
 log = logging.getLogger("cbgp.worker")
 
@@ -78,7 +81,10 @@ class QueryInfo:
         return self.window is not None
 
     def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
-        """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine."""
+        """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine (none for a
+        probed query: it lives in the shard's evaluator)."""
+        if self.probed:
+            return []
         if self.counted_distinct:
             # Each partition sees only its centre values: it reports every solution's row and the answers
             # service, which sees them all in seq order, applies DISTINCT.
@@ -93,6 +99,13 @@ class QueryInfo:
         """Stars and single-centre components are evaluated per centre value on the routed partitions
         (``Plan.placement`` "by-centre"); everything else by one owner on the total order."""
         return self.plan.placement == BY_CENTRE and not self.single_owner
+
+    @property
+    def probed(self) -> bool:
+        """A multi-centre component placed by centre: evaluated with probes between the routed partitions
+        (``services.worker_probes``)."""
+        part = self.plan.parts[0]
+        return self.partitioned and isinstance(part, ComponentPart) and part.centre is None
 
     @property
     def counted_distinct(self) -> bool:
@@ -166,6 +179,24 @@ class Shard:
     last_seq: int = 0  # seq of the last change applied (a snapshot is labelled with the seq it is "as of")
     versions: dict[str, int] = field(default_factory=dict)  # query id -> registered plan version
     outputs: dict[str, tuple[str, int]] = field(default_factory=dict)  # engine name -> (query id, part)
+    # Multi-centre queries (routed shards, services.worker_probes): the evaluator, its queries by probe name,
+    # where each was registered here (its registration's updates) and which registrations were marked ready.
+    evaluator: PartitionEvaluator | None = None
+    probe_queries: dict[str, QueryInfo] = field(default_factory=dict)
+    registered_at: dict[str, int] = field(default_factory=dict)
+    ready_sent: set[str] = field(default_factory=set)
+
+    def completed(self) -> int:
+        """The seq every answer delta of this routed partition's changes has been emitted up to: its frontier,
+        held below the oldest change whose probes are still travelling."""
+        if self.evaluator is None:
+            return self.frontier
+        return min(self.frontier, self.evaluator.completed_live())
+
+    def columns(self, name: str) -> tuple[str, ...]:
+        if name in self.probe_queries:
+            return self.evaluator.queries[name].program.columns
+        return self.engine.columns(name)
 
     def register(self, info: QueryInfo) -> list[str]:
         """Register ``info``'s engine queries (the query, or its parts); return their engine names."""
@@ -187,7 +218,7 @@ class WorkerCore:
 
     def __init__(self, topics: dict[str, str], routed_partitions: int, plans_partitions: int,
                  deltas_partitions: int, reader: LogReader, assemble_in_spark: bool = True,
-                 placement: str = BY_CENTRE) -> None:
+                 placement: str = BY_CENTRE, record_reader: RecordReader | None = None) -> None:
         """``placement``: ``by-centre`` (the default: stars and single-centre components keyed by centre value
         over the routed partitions) or ``single-owner`` (every query whole on one worker, for comparison).
         Every worker of a fleet must use the same."""
@@ -205,6 +236,9 @@ class WorkerCore:
         self.batched: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}
         self.batched_origin: int | None = None
         self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
+        self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
+        if record_reader is not None:
+            self.probes.reader = record_reader
 
     # -- ownership
 
@@ -264,6 +298,9 @@ class WorkerCore:
 
     def _drop_everywhere(self, query_id: str) -> None:
         for shard in self.shards.values():
+            for name in [n for n, i in shard.probe_queries.items() if i.query_id == query_id]:
+                self.probes.unregister(shard, name)
+                shard.outputs.pop(name, None)
             if query_id in shard.versions:
                 for name in [n for n, (q, _part) in shard.outputs.items() if q == query_id]:
                     shard.engine.unregister(name)
@@ -271,11 +308,21 @@ class WorkerCore:
                 del shard.versions[query_id]
 
     def _add_queries(self, shard: Shard, infos: list[QueryInfo]) -> list[Output]:
-        """Register ``infos`` in a live shard: replay its log into them alone, emit the netted snapshot."""
+        """Register ``infos`` in a live shard: replay its log into them alone, emit the netted snapshot (a
+        probed query: its registration's probes and deltas, see ``services.worker_probes``)."""
+        out: list[Output] = []
+        for info in [i for i in infos if i.probed]:
+            shard.versions[info.query_id] = info.version
+            shard.outputs[probe_name(info)] = (info.query_id, WHOLE_QUERY_PART)
+            self._probe_outputs(shard, self.probes.register(shard, info, live=True), shard.position - 1,
+                                SNAPSHOT_INDEX_BASE, out)
+        infos = [i for i in infos if not i.probed]
+        if not infos:
+            return out
         names = {name for info in infos for name in shard.register(info)}
         changes = self.reader(shard.kind, shard.partition, 0, shard.position)
         net = shard.engine.replay(changes, names, only=True)
-        return self._snapshot(shard, infos, net)
+        return out + self._snapshot(shard, infos, net)
 
     # -- shards
 
@@ -293,11 +340,19 @@ class WorkerCore:
         changes = _with_progress(_tracking_seq(shard, self.reader(kind, partition, 0, shard.position)),
                                  shard.position, label)
         net = shard.engine.replay(changes, {name for i in owed for name, _p, _q in i.engine_queries()}, only=False)
+        probe_out: list[Output] = []
+        if kind == "routed":
+            for info in infos:
+                if info.probed:
+                    shard.versions[info.query_id] = info.version
+                    shard.outputs[probe_name(info)] = (info.query_id, WHOLE_QUERY_PART)
+            restored = worker_probes.restore(self.probes, shard, owed, infos, lambda name: self._known(shard, name))
+            self._probe_outputs(shard, restored, shard.position - 1, SNAPSHOT_INDEX_BASE, probe_out)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
                     queries=len(infos), snapshots_owed=len(owed),
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
-        return self._snapshot(shard, owed, net)
+        return probe_out + self._snapshot(shard, [i for i in owed if not i.probed], net)
 
     def close_shard(self, kind: str, partition: int) -> None:
         self.shards.pop((kind, partition), None)
@@ -313,7 +368,12 @@ class WorkerCore:
         apply = shard.engine.apply
         if changes:
             shard.last_seq = max(shard.last_seq, changes[-1][7])
+        evaluator = shard.evaluator if shard.kind == "routed" else None
         for _offset, sign, s, p, o, g, role, seq, origin in changes:
+            if evaluator is not None:
+                probed = evaluator.apply(seq, sign, s, p, o, g, role)
+                probed.extend(evaluator.advance(seq))
+                index = self._probe_outputs(shard, probed, offset, index, out, origin)
             deltas = apply(sign, s, p, o, g, role)
             if not deltas:
                 continue
@@ -332,19 +392,21 @@ class WorkerCore:
         for (query_id, variables), rows in self.batched.items():
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
             info = self.plans.get(query_id)
-            version, distinct = (info.version, info.counted_distinct) if info is not None else (0, False)
+            version, distinct, gated = ((info.version, info.counted_distinct, info.probed) if info is not None
+                                        else (0, False, False))
             for start in range(0, len(rows), MAX_BATCH_DELTAS):
                 value = codec.encode_part_delta_batch(query_id, WHOLE_QUERY_PART, variables,
-                                                      rows[start:start + MAX_BATCH_DELTAS], version, distinct)
+                                                      rows[start:start + MAX_BATCH_DELTAS], version, distinct, gated)
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
         self.batched, self.batched_origin = {}, None
+        out.extend(self.probes.flush(s for (kind, _p), s in self.shards.items() if kind == "routed"))
         out.extend(self._frontiers())
         return out
 
     def drop_outputs_of(self, partition: int) -> int:
         """Forget the answer deltas not yet flushed of routed partition ``partition`` and of the whole queries
         it owns (the partition was revoked: they belong to its next owner); return how many were dropped."""
-        dropped = 0
+        dropped = self.probes.drop_from(partition)
         for (query_id, variables), rows in list(self.batched.items()):
             whole_owner = query_partition(query_id, self.n_routed)
             kept = [r for r in rows if not (r[3] == partition or (r[3] == WHOLE_SOURCE_PARTITION
@@ -367,17 +429,64 @@ class WorkerCore:
         source = record["source_partition"]
         return query_partition(record["query_id"], self.n_routed) if source == WHOLE_SOURCE_PARTITION else source
 
-    def on_frontier(self, shard: Shard, offset: int, frontiers: dict[int, int]) -> None:
-        """Ingest's Frontier record at ``offset`` of a routed shard: every change up to its seq is applied."""
+    def on_frontier(self, shard: Shard, offset: int, frontiers: dict[int, int]) -> list[Output]:
+        """Ingest's Frontier record at ``offset`` of a routed shard: every change up to its seq is applied
+        (probes that waited for it are answered)."""
         shard.position = offset + 1
         shard.frontier = max(shard.frontier, frontiers.get(shard.partition, -1))
+        out: list[Output] = []
+        if shard.evaluator is not None:
+            self._probe_outputs(shard, shard.evaluator.advance(shard.frontier), offset, 0, out)
+        return out
+
+    def on_probe_batch(self, shard: Shard, offset: int, record: dict) -> list[Output]:
+        """A ProbeBatch record at ``offset`` of a routed shard (probes and acks for it, floors)."""
+        shard.position = offset + 1
+        out: list[Output] = []
+        self._probe_outputs(shard, self.probes.on_batch(shard, record, lambda name: self._known(shard, name)),
+                            offset, 0, out)
+        return out
+
+    def on_routed(self, shard: Shard, offset: int, value: bytes, origin: int | None) -> tuple[list[Output], int]:
+        """One record of a routed shard's log, whatever it is; returns (outputs, changes in it)."""
+        frontier = codec.frontier_of(value)
+        if frontier is not None:
+            return self.on_frontier(shard, offset, frontier), 0
+        record = codec.probe_batch_of(value)
+        if record is not None:
+            return self.on_probe_batch(shard, offset, record), 0
+        changes = decode_changes("routed", offset, value, origin)
+        return self.on_record(shard, offset, changes), len(changes)
+
+    def _known(self, shard: Shard, name: str) -> bool | None:
+        """Whether a probe's query is registered here (True), not read from queries.plans yet (None: it
+        waits), or unregistered or replaced (False: it dies)."""
+        if shard.evaluator is not None and name in shard.evaluator.queries:
+            return True
+        query_id, _, version = name.rpartition("@")
+        info = self.plans.get(query_id)
+        if info is None or info.version < int(version or 0):
+            return None
+        return False
+
+    def _probe_outputs(self, shard: Shard, probed: ProbeOutputs, offset: int, index: int, out: list[Output],
+                       origin: int | None = None) -> int:
+        """Queue a probe step's probes and acks (see ``ProbeRouting.flush``) and batch its deltas, numbered
+        from ``index`` at ``offset``; return the next index."""
+        for delta in self.probes.take(shard, probed):
+            if delta.query not in shard.outputs:
+                continue  # unregistered meanwhile
+            self._part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, index,
+                             delta.snapshot, origin)
+            index += 1
+        return index
 
     def _frontiers(self) -> list[Output]:
         """After this transaction's deltas, a Frontier record on every deltas.parts partition for the routed
         shards that moved: every delta they caused up to that seq precedes it (the answers service's release
         rule).  Nothing when nothing moved, so an idle worker writes nothing."""
-        moved = {p: s.frontier for (kind, p), s in self.shards.items()
-                 if kind == "routed" and s.frontier > self.frontier_sent.get(p, -1)}
+        moved = {p: s.completed() for (kind, p), s in self.shards.items()
+                 if kind == "routed" and s.completed() > self.frontier_sent.get(p, -1)}
         if not moved:
             return []
         self.frontier_sent.update(moved)
@@ -404,7 +513,10 @@ class WorkerCore:
             for name, _part, _query in info.engine_queries():
                 for row, count in sorted(net.get(name, {}).items()):
                     for _ in range(max(count, 0)):
-                        self._part_delta(out, shard, name, 1, row, max(info.registered_at_seq, as_of),
+                        # A routed shard's answers are deduplicated by (seq, offset, index): never label
+                        # them past what the shard applied, or its next live deltas would look older.
+                        label = as_of if shard.kind == "routed" else max(info.registered_at_seq, as_of)
+                        self._part_delta(out, shard, name, 1, row, label,
                                          shard.position - 1,
                                          index, True, None)
                         index += 1
@@ -414,7 +526,7 @@ class WorkerCore:
                     offset: int, index: int, snapshot: bool, origin: int | None) -> None:
         """A query's answer delta joins its batch (see flush_batches); a part's delta (for the Spark assembly,
         which takes one PartDelta per record) goes to ``out``."""
-        columns = shard.engine.columns(name)
+        columns = shard.columns(name)
         query_id, part = shard.outputs[name]
         sign_name = "PLUS" if sign > 0 else "MINUS"
         if part == WHOLE_QUERY_PART:

@@ -26,6 +26,10 @@ SETTINGS = KafkaSettings(topic_prefix="u.")
 K, T, N, L = (f"<{EX}{name}>" for name in ("knows", "type", "name", "likes"))
 
 BY_CENTRE_QUERIES = {
+    # multi-centre components: stars at their centres' partitions, joined by probes
+    "path3": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }}",
+    "triangle": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?a }}",
+    "fof3": f"SELECT DISTINCT ?a ?d WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?d }}",
     # a star with attribute variables: centre ?x
     "attrs": f"SELECT ?x ?n ?t WHERE {{ ?x {N} ?n . ?x {T} ?t }}",
     # a 2-hop path: centre ?b, projected away (rows from several partitions coincide)
@@ -40,8 +44,6 @@ BY_CENTRE_QUERIES = {
     "types": f"SELECT DISTINCT ?t WHERE {{ ?x {T} ?t . ?x {L} <{EX}Tea> }}",
 }
 SINGLE_OWNER_QUERIES = {
-    "path3": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }}",
-    "triangle": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?a }}",
     "product": f"SELECT * WHERE {{ ?x {T} <{EX}Robot> . ?y {L} <{EX}Jazz> }}",
 }
 QUERIES = {**BY_CENTRE_QUERIES, **SINGLE_OWNER_QUERIES}
@@ -58,10 +60,12 @@ def test_placement_is_by_centre_for_stars_and_single_centre_components() -> None
 
 
 def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_deltas: int, rng: random.Random,
-                    late: set[str] = frozenset(), crash_rate: float = 0.0) -> dict[str, list[tuple[int, str, tuple]]]:
+                    late: set[str] = frozenset(), crash_rate: float = 0.0,
+                    worker_crash_rate: float = 0.0) -> dict[str, list[tuple[int, str, tuple]]]:
     """The fleet's cores in memory, each routed partition its own worker, processed in a random order;
-    ``late`` queries are registered halfway.  Returns per query the answers (seq, sign, sorted binding) in
-    answer order."""
+    ``late`` queries are registered halfway; with ``worker_crash_rate`` a worker dies after a commit now and
+    then and a new one restores its shard from the log at the committed offset, as the service does.
+    Returns per query the answers (seq, sign, sorted binding) in answer order."""
     ingest = IngestProcessor(SETTINGS, n_routed, n_deltas)
     routed: dict[int, list[bytes]] = {p: [] for p in range(n_routed)}
     dictionary: dict[int, str] = {}
@@ -74,27 +78,46 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
                 dictionary[entry["id"]] = entry["term"]
             elif out.topic == "u.updates.routed":
                 routed[out.partition].append(out.value)
-    topics = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}
+    topics = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updates.routed": "u.updates.routed"}
 
     def reader(kind, partition, start, end):
         return [c for off, v in enumerate(routed[partition][start:end], start)
                 for c in decode_changes("routed", off, v, None)]
 
-    workers = [WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False) for _ in range(n_routed)]
+    def records(partition, start, end):
+        return list(enumerate(routed[partition][start:end], start))  # end None: to the end
+
+    workers = [WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records)
+               for _ in range(n_routed)]
+
+    def send(outputs):
+        for out in outputs:
+            (routed if out.topic == "u.updates.routed" else deltas)[out.partition].append(out.value)
     for p, core in enumerate(workers):
         core.open_shard("routed", p, 0, None)
     deltas: dict[int, list[bytes]] = {d: [] for d in range(n_deltas)}
 
+    plan_log: list[tuple[int, bytes, bytes]] = []  # queries.plans partition 0: (offset, key, value)
+
     def register(names, seq):
-        for version, name in enumerate(names, 1):
+        for name in names:
             plan = {"query_id": name, "sparql": queries[name], "options": {}, "plan_json": "{}", "projected": [],
-                    "registered_at_seq": seq, "version": version}
+                    "registered_at_seq": seq, "version": 1}
+            plan_log.append((len(plan_log), name.encode(), codec.encode("QueryPlan", plan)))
             for core in workers:
-                for out in core.on_plan(0, version, name.encode(), codec.encode("QueryPlan", plan), [core_p(core)])[0]:
-                    deltas[out.partition].append(out.value)
+                send(core.on_plan(0, *plan_log[-1], [core_p(core)])[0])
 
     def core_p(core):
         return workers.index(core)
+
+    def restart(p: int, committed: int) -> None:
+        """Worker p died after its last commit: a new one reads queries.plans, then restores its shard."""
+        metadata = workers[p].metadata()
+        core = workers[p] = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False,
+                                       record_reader=records)
+        for offset, key, value in plan_log:
+            core.on_plan(0, offset, key, value, [p])
+        send(core.open_shard("routed", p, committed, metadata))
 
     register([q for q in queries if q not in late], 0)
     # Interleave: each step, one partition's worker applies its next record (a transaction) and flushes.
@@ -110,16 +133,11 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
             if cursors[p] >= len(routed[p]):
                 break
             offset, value = cursors[p], routed[p][cursors[p]]
-            frontier = codec.frontier_of(value)
-            if frontier is not None:
-                core.on_frontier(shard, offset, frontier)
-            else:
-                core_out = core.on_record(shard, offset, decode_changes("routed", offset, value, None))
-                for out in core_out:
-                    deltas[out.partition].append(out.value)
+            send(core.on_routed(shard, offset, value, None)[0])  # changes, frontier marks, probes
             cursors[p] += 1
-        for out in core.flush_batches():
-            deltas[out.partition].append(out.value)
+        send(core.flush_batches())
+        if worker_crash_rate and rng.random() < worker_crash_rate:
+            restart(p, cursors[p])
     return answers_side(deltas, n_routed, dictionary, list(queries), rng, crash_rate)
 
 
@@ -141,7 +159,7 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
                 core.restore(d, out.value, dict(out.headers or ()))
             end = release.restore(d, committed[1])
             for off in range(end):
-                if codec.frontier_of(deltas[d][off]) is None:
+                if codec.frontier_of(deltas[d][off]) is None and codec.probe_ready_of(deltas[d][off]) is None:
                     release.restore_counts(d, off, codec.part_delta_columns(deltas[d][off]))
             return release, core
 
@@ -150,8 +168,14 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
         while offset < len(deltas[d]):
             value = deltas[d][offset]
             frontier = codec.frontier_of(value)
-            ready = (release.on_frontier(d, frontier) if frontier is not None
-                     else release.on_deltas(d, offset, None, codec.part_delta_columns(value)))
+            mark = codec.probe_ready_of(value)
+            if mark is not None:
+                ready = release.on_ready(d, offset, mark["query_id"], mark["version"], mark["partition"],
+                                         mark["as_of"])
+            elif frontier is not None:
+                ready = release.on_frontier(d, frontier)
+            else:
+                ready = release.on_deltas(d, offset, None, codec.part_delta_columns(value))
             for source_offset, origin, cols in ready:
                 log += [o for o in core.on_record(d, source_offset, value, origin, dictionary.get, cols)
                         if o.topic == "u.answers"]
@@ -161,6 +185,7 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
                 release, core = fresh()
                 last_crash, offset = offset, committed[0]
         assert not release.partitions[d].heap, "every delta is released once every frontier passed the end"
+        assert not release.partitions[d].gates, "every probed registration is released"
         for out in log:
             record = codec.decode("Answer", out.value)
             produced[record["query_id"]].append((record["seq"], record["sign"], tuple(sorted(
@@ -192,13 +217,16 @@ def run_whole(lines: list[str], queries: dict[str, str]) -> dict[str, Counter]:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n_routed=st.sampled_from([1, 2, 3, 4, 8]), n_deltas=st.sampled_from([1, 3]),
-       subjects=st.integers(3, 9), length=st.integers(20, 160), crash_rate=st.sampled_from([0.0, 0.0, 0.15]))
+       subjects=st.integers(3, 9), length=st.integers(20, 160), crash_rate=st.sampled_from([0.0, 0.0, 0.15]),
+       worker_crash_rate=st.sampled_from([0.0, 0.0, 0.1]))
 def test_distributed_evaluation_equals_one_engine_per_update_in_any_interleaving(seed, n_routed, n_deltas, subjects,
-                                                                                  length, crash_rate) -> None:
-    """...and with the answers service restarted from its commits at random points."""
+                                                                                  length, crash_rate,
+                                                                                  worker_crash_rate) -> None:
+    """...and with the answers service and the workers restarted from their commits at random points."""
     rng = random.Random(seed)
     lines = generate_patch(length, seed=seed, subjects=subjects)  # deletions, duplicates, absent deletes, self-loops
-    got = run_distributed(lines, BY_CENTRE_QUERIES, n_routed, n_deltas, rng, crash_rate=crash_rate)
+    got = run_distributed(lines, BY_CENTRE_QUERIES, n_routed, n_deltas, rng, crash_rate=crash_rate,
+                          worker_crash_rate=worker_crash_rate)
     want = run_whole(lines, BY_CENTRE_QUERIES)
     for name in BY_CENTRE_QUERIES:
         answers = got[name]
@@ -218,7 +246,7 @@ def test_late_registration_gets_a_snapshot_then_exact_live_deltas(seed: int) -> 
     rng = random.Random(seed)
     lines = generate_patch(300, seed=seed, subjects=6)
     late = set(BY_CENTRE_QUERIES)
-    got = run_distributed(lines, BY_CENTRE_QUERIES, 4, 2, rng, late=late)
+    got = run_distributed(lines, BY_CENTRE_QUERIES, 4, 2, rng, late=late, worker_crash_rate=0.05 * (seed % 2))
     want = run_whole(lines, BY_CENTRE_QUERIES)
     for name in late:
         final_got: Counter = Counter()

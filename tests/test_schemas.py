@@ -79,7 +79,7 @@ def test_catalogue_of_records_is_complete() -> None:
     assert NAMES == sorted(["RawUpdate", "EncodedUpdate", "RoutedUpdate", "EncodedBatch", "RoutedBatch",
                             "DictionaryEntry", "AdminCommand",
                             "QueryStatus", "QueryPlan", "PartDelta", "PartDeltaBatch", "SparqlTerm", "Answer", "CurrentAnswer",
-                            "DeadLetter", "Frontier"])
+                            "DeadLetter", "Frontier", "ProbeBatch", "ProbeReady"])
 
 
 @pytest.mark.parametrize("path", sorted(SCHEMAS.glob("*.avsc")), ids=lambda p: p.stem)

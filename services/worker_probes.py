@@ -1,0 +1,276 @@
+"""The worker's side of multi-centre queries (``cbgp.distributed``): probes between routed partitions.
+
+A query whose one part is a multi-centre component (a 3-hop path, a snowflake, a triangle) is placed by centre
+value like a star: every routed shard holds a :class:`~cbgp.distributed.PartitionEvaluator` with the query's
+triples stored at their subject's and object's partition.  What crosses partitions travels on
+``updates.routed`` itself, as ``ProbeBatch`` records written to the destination partition inside the sending
+worker's transaction: the partition's owner reads changes, ingest's frontier marks and probes in one log, so
+no second topic has to be co-partitioned with it and one committed offset covers all three.
+
+Per transaction (``flush``), in this order:
+
+1. the shards' answer deltas (``PartDeltaBatch``, ``gated``) -- by the caller;
+2. one ``ProbeBatch`` per destination partition: acks before probes (a probe's children must not overtake the
+   ack that counts them), this partition's registration records to itself, floors to every partition;
+3. ``ProbeReady`` marks on deltas.parts for registrations whose probes have all come back;
+4. the ``Frontier`` records (each shard's *completed* frontier, never past a live probe) -- by the caller.
+
+Restore (:func:`restore`): the shard's whole routed log is replayed silently into the evaluators -- changes,
+frontier marks, probes and acks, in log order -- which rebuilds the versioned state, the probes that were
+waiting and the live counts exactly (every step is a function of the log; versions make reads independent of
+timing).  A first pass reads this partition's own registration records, so that the updates of a
+registration are flagged as they were.  The committed offset is the shard's position, as for every shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterable
+
+from cbgp.distributed import Ack, Outputs, PartitionEvaluator, Probe, compile_component
+from services import codec
+from services.records import Output, kv, query_partition
+
+# The worker core's types, by name (it imports this module): a routed ``Shard`` and a ``QueryInfo``.
+Shard = Any
+QueryInfo = Any
+
+log = logging.getLogger("cbgp.worker")
+
+FLOOR_SECONDS = 1.0  # at most one floor broadcast per second per partition (they only let versions go)
+
+# Reads the raw records of a routed partition: (partition, start, end) -> (offset, value) in offset order
+# (end None: to the partition's end).
+RecordReader = Callable[[int, int, "int | None"], Iterable[tuple[int, bytes]]]
+
+
+def probe_name(info: QueryInfo) -> str:
+    """The name a registration has between partitions: a re-registration's probes never meet the old state."""
+    return f"{info.query_id}@{info.version}"
+
+
+class ProbeRouting:
+    """Outgoing probe traffic of one worker, and what it knows of the other partitions' floors."""
+
+    def __init__(self, topics: dict[str, str], routed_partitions: int, deltas_partitions: int) -> None:
+        self.topics = topics
+        self.n_routed = routed_partitions
+        self.n_deltas = deltas_partitions
+        # Queued for the next flush, per destination partition, each with the routed partition that made it
+        # (a revoked partition's are dropped: its next owner makes them again).
+        self.acks: dict[int, list[tuple[int, Ack]]] = {}
+        self.probes: dict[int, list[tuple[int, Probe]]] = {}
+        self.registered: dict[int, list[tuple[int, tuple[str, int]]]] = {}
+        self.floors: dict[int, tuple[int, frozenset[str]]] = {}  # partition -> (floor, queries registered there)
+        self.floor_sent: dict[int, tuple[int, frozenset[str]]] = {}
+        self.next_floor = 0.0
+        self.sent = 0  # probes written to other partitions (metrics)
+        self.received = 0
+
+    # -- registration
+
+    def register(self, shard: Shard, info: QueryInfo, live: bool) -> Outputs:
+        """Add a probed query to a routed shard.  ``live``: the shard is serving (a new registration): its
+        log so far is replayed into the query, every past update starting its probes (the registration's
+        share here, flagged), and the registration is recorded in the shard's own log for its restores."""
+        evaluator = shard.evaluator
+        if evaluator is None:
+            evaluator = shard.evaluator = PartitionEvaluator(shard.partition, self.n_routed)
+            evaluator.applied = max(shard.frontier, shard.last_seq)
+        name = probe_name(info)
+        upto = evaluator.applied if live else -1
+        evaluator.register(compile_component(name, info.plan, shard.engine.dictionary), 0, upto)
+        shard.probe_queries[name] = info
+        if not live:
+            return Outputs()
+        out = Outputs()
+        for _offset, change in _changes(self.reader(shard.partition, 0, shard.position)):
+            seq, sign, s, p, o, g, role = change
+            out.extend(evaluator.apply(seq, sign, s, p, o, g, role, only=name))
+        out.extend(evaluator.release_waiting(name))
+        shard.registered_at[name] = upto
+        self.registered.setdefault(shard.partition, []).append((shard.partition, (name, upto)))
+        return out
+
+    reader: RecordReader  # set by the worker core
+
+    def unregister(self, shard: Shard, name: str) -> None:
+        if shard.evaluator is not None:
+            shard.evaluator.unregister(name)  # its waiting probes die; their origins drop their counts too
+        shard.probe_queries.pop(name, None)
+        shard.registered_at.pop(name, None)
+        shard.ready_sent.discard(name)
+
+    # -- input
+
+    def on_batch(self, shard: Shard, record: dict, known: Callable[[str], bool | None]) -> Outputs:
+        """One ProbeBatch read from the shard's log.  ``known(name)``: True (registered here), None (not yet
+        read from queries.plans: the probe waits), False (unregistered or replaced: the probe dies)."""
+        evaluator = shard.evaluator
+        out = Outputs()
+        for floor in record["floors"]:
+            self.floors[floor["partition"]] = (floor["floor"], frozenset(floor["queries"]))
+        if evaluator is None:
+            if record["probes"]:
+                # No probed query here yet: the probes wait in an evaluator for their registration.
+                evaluator = shard.evaluator = PartitionEvaluator(shard.partition, self.n_routed)
+                evaluator.applied = max(shard.frontier, shard.last_seq)
+            else:
+                return out
+        for ack in record["acks"]:
+            evaluator.on_ack(Ack(shard.partition, ack["query"], ack["seq"], ack["delta"], ack["snapshot"]))
+        for item in record["probes"]:
+            probe = Probe(shard.partition, item["query"], item["seq"], item["sign"], tuple(item["triple"]),
+                          item["pattern"], item["step"], tuple(item["binding"]), item["origin"], item["snapshot"])
+            self.received += 1
+            state = known(probe.query)
+            out.extend(evaluator.on_probe(probe, known=state is not None))
+        if record["floors"]:
+            self._collapse(shard)
+        return out
+
+    def _collapse(self, shard: Shard) -> None:
+        """Drop versions no probe can read: below every partition's floor, for the queries every partition
+        has registered (one that has not will read old versions when it does)."""
+        evaluator = shard.evaluator
+        if evaluator is None or len(self.floors) < self.n_routed:
+            return
+        watermark = min(floor for floor, _queries in self.floors.values())
+        for name in shard.probe_queries:
+            if all(name in queries for _floor, queries in self.floors.values()):
+                evaluator.collapse(watermark, name)
+
+    # -- output
+
+    def take(self, shard: Shard, out: Outputs) -> list:
+        """Queue ``out``'s probes and acks for the next flush; return its deltas (the caller batches them)."""
+        source = shard.partition
+        for ack in out.acks:
+            self.acks.setdefault(ack.dest, []).append((source, ack))
+        for probe in out.probes:
+            self.probes.setdefault(probe.dest, []).append((source, probe))
+        return out.deltas
+
+    def drop_from(self, partition: int) -> int:
+        """Forget what routed partition ``partition`` queued (it was revoked); return how many items."""
+        dropped = 0
+        for queue in (self.acks, self.probes, self.registered):
+            for dest in list(queue):
+                kept = [item for item in queue[dest] if item[0] != partition]
+                dropped += len(queue[dest]) - len(kept)
+                queue[dest] = kept
+        return dropped
+
+    def flush(self, shards: Iterable[Shard]) -> list[Output]:
+        """Steps 2 and 3 of the transaction (see the module doc)."""
+        shards = list(shards)
+        out: list[Output] = []
+        floors = self._floors(shards)
+        targets = {d for queue in (self.acks, self.probes, self.registered) for d, items in queue.items() if items}
+        for dest in sorted(targets | (set(range(self.n_routed)) if floors else set())):
+            probes = [probe for _source, probe in self.probes.get(dest, [])]
+            self.sent += len(probes)
+            value = codec.encode_probe_batch(probes, [ack for _source, ack in self.acks.get(dest, [])],
+                                             [item for _source, item in self.registered.get(dest, [])], floors)
+            out.append(Output(self.topics["updates.routed"], value, None, dest))
+        self.acks, self.probes, self.registered = {}, {}, {}
+        for shard in shards:
+            evaluator = shard.evaluator
+            if evaluator is None:
+                continue
+            for name, as_of in shard.registered_at.items():
+                if name in shard.ready_sent or evaluator.pending(name):
+                    continue
+                info = shard.probe_queries[name]
+                value = codec.encode_probe_ready(info.query_id, info.version, shard.partition, as_of)
+                out.append(Output(self.topics["deltas.parts"], value, info.query_id.encode(),
+                                  query_partition(info.query_id, self.n_deltas)))
+                shard.ready_sent.add(name)
+                log.info(kv(event="probe-registration-ready", query=name, partition=shard.partition, as_of=as_of))
+        return out
+
+    def _floors(self, shards: list[Shard]) -> list[tuple[int, int, list[str]]]:
+        """The floors to broadcast now: a shard's lowest readable seq and its queries, when they changed (at
+        most once per FLOOR_SECONDS)."""
+        now = time.monotonic()
+        if now < self.next_floor:
+            return []
+        floors = []
+        for shard in shards:
+            if shard.evaluator is None:
+                continue
+            current = (shard.evaluator.completed(), frozenset(shard.probe_queries))
+            if self.floor_sent.get(shard.partition) != current:
+                self.floor_sent[shard.partition] = current
+                floors.append((shard.partition, current[0], sorted(current[1])))
+        if floors:
+            self.next_floor = now + FLOOR_SECONDS
+        return floors
+
+
+def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: list[QueryInfo],
+            known: Callable[[str], bool | None]) -> Outputs:
+    """Rebuild a routed shard's evaluators from its log (see the module doc), then register the queries it
+    still owes as new registrations (their outputs are returned)."""
+    probed = [i for i in infos if i.probed]
+    if not probed:
+        return Outputs()  # probes in the log for no current query belong to unregistered ones: they died
+    upto: dict[str, int] = {}
+    # To the end, not the position: a registration's record is written after the offset committed with it.
+    for _offset, value in routing.reader(shard.partition, 0, None):
+        record = _probe_batch(value)
+        if record is not None:
+            for item in record["registered"]:
+                upto[item["query"]] = item["as_of"]
+    owed_names = {probe_name(i) for i in owed}
+    # A fresh evaluator: its applied frontier moves with the replayed log, so probes wait in the replay as
+    # they waited then (the engine's replay has already moved the shard's own position marks).
+    shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
+    for info in probed:
+        if probe_name(info) not in owed_names:
+            routing.register(shard, info, live=False)
+            name = probe_name(info)
+            shard.evaluator.queries[name].registration_upto = upto.get(name, -1)
+            if name in upto:
+                shard.registered_at[name] = upto[name]
+    evaluator = shard.evaluator
+    if evaluator is not None:
+        for offset, value in routing.reader(shard.partition, 0, shard.position):
+            frontier = codec.frontier_of(value)
+            if frontier is not None:
+                evaluator.advance(frontier.get(shard.partition, -1))
+                continue
+            record = _probe_batch(value)
+            if record is not None:
+                routing.on_batch(shard, record, known)  # silently: its outputs were committed before
+                continue
+            for _o, change in _changes([(offset, value)]):
+                seq, sign, s, p, o, g, role = change
+                evaluator.apply(seq, sign, s, p, o, g, role)
+                evaluator.advance(seq)
+        shard.frontier = max(shard.frontier, evaluator.applied)
+    out = Outputs()
+    for info in owed:
+        if info.probed:
+            out.extend(routing.register(shard, info, live=True))
+    return out
+
+
+def _probe_batch(value: bytes) -> dict | None:
+    try:
+        return codec.probe_batch_of(value)
+    except codec.CodecError:
+        return None
+
+
+def _changes(records: Iterable[tuple[int, bytes]]) -> Iterable[tuple[int, tuple]]:
+    """The changes of routed records as ``(offset, (seq, sign, s, p, o, g, role))``; other records skipped."""
+    roles = {"SUBJECT": 1, "OBJECT": 2, "BOTH": 3}
+    for offset, value in records:
+        try:
+            changes = codec.routed_changes(value)
+        except codec.CodecError:
+            continue
+        for seq, sign, s, p, o, g, _event_time, role in changes:
+            yield offset, (seq, sign, s, p, o, g, roles[role])
