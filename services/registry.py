@@ -35,6 +35,21 @@ QUERY_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 VERSION_HEADER = "cbgp-version"
 
 
+def _service_rejection(text: str, options: dict[str, str], exc: QueryError) -> QueryError:
+    """A query with SERVICE: validated and classified (issue 19), but not run by the fleet yet."""
+    from cbgp.background.query import describe
+    from cbgp.background.service import ServiceError
+
+    try:
+        summary = describe(text, {k: v for k, v in options.items() if k.startswith("service.")})
+    except ServiceError as error:
+        return QueryError(f"SERVICE: {error}", exc.line, exc.column)
+    except QueryError as error:
+        return error
+    return QueryError(f"SERVICE is not run by the fleet yet (issue 19); the query is valid: {summary}",
+                      exc.line, exc.column)
+
+
 def tombstone_version(headers: Any) -> int | None:
     """The version a queries.plans tombstone ends, from its VERSION_HEADER (None: not named)."""
     for name, value in headers or ():
@@ -186,10 +201,16 @@ class Registry:
                 f"query id {query_id!r} is already registered with a different text or options; "
                 "unregister it first or register with --option replace=true", request_id))
         try:
-            text, window = read_registration(sparql, stored_options)
+            text, window = read_registration(sparql, {k: v for k, v in stored_options.items()
+                                                      if not k.startswith("service.")})
             plan = decompose(parse_query(text))
         except QueryError as exc:  # WindowError included
+            if exc.message.startswith("SERVICE is not supported"):
+                exc = _service_rejection(text, stored_options, exc)
             return Decision(self._status(query_id, "REJECTED", exc.message, request_id, exc.line, exc.column))
+        if any(k.startswith("service.") for k in stored_options):
+            return Decision(self._status(query_id, "REJECTED", "service.* options need a SERVICE clause",
+                                         request_id))
         version = max(existing.version if existing is not None else 0, self.retired.get(query_id, 0)) + 1
         seq = encoded_end()
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,

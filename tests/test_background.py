@@ -295,3 +295,20 @@ def test_wbmp_weights_the_score_by_the_probability_of_being_stale():
     assert [e.key for e in elect("WBM", view, window, 8, 1, shape, random.Random(0), spare="none")] == ["new-fast"]
     # P(stale): old-slow 1 - e^(-8/50) = 0.15, score 0.15 * min(L=10, V=142) = 1.5; new-fast 0.63 * min(10, 1)
     assert [e.key for e in elect("WBMP", view, window, 8, 1, shape, random.Random(0))] == ["old-slow"]
+
+
+def test_registry_validates_and_classifies_a_service_query_without_running_it():
+    from services.registry import Registry
+
+    def register(sparql, **options):
+        decision = Registry().decide({"command": "REGISTER", "query_id": "influential", "sparql": sparql,
+                                      "options": options}, lambda: 0)
+        return decision.status
+
+    status = register(PAPER_QUERY, **{"service.policy": "WSJ-LRU", "service.alpha": "0.75"})
+    assert status["status"] == "REJECTED" and (status["line"], status["column"]) == (4, 3)
+    assert "not run by the fleet yet" in status["message"] and "budgeted" in status["message"]
+    assert "policy WSJ-LRU, rho 100 ms, alert below alpha 0.75" in status["message"]
+    bad = register(PAPER_QUERY, **{"service.policy": "WSJ-WBM*"})
+    assert "option service.policy" in bad["message"]
+    assert "need a SERVICE" in register("SELECT * WHERE { ?s <http://e/p> ?o }", **{"service.rho_ms": "5"})["message"]

@@ -152,3 +152,20 @@ class ServiceQuery:
             "estimated_accuracy": None if last is None else round(last.expected, 4),
             "alerts": self.alerts,
         }
+
+
+def describe(text: str, options: Mapping[str, str]) -> str:
+    """Validate a query with SERVICE for the registry, without contacting the endpoint: the maintenance class,
+    the policy and budget it would get.  Raises ServiceError, or cbgp.sparql.QueryError for the local part."""
+    from cbgp.sparql import parse_query
+
+    plan = split_service(text)
+    if len(plan.services) != 1:
+        raise ServiceError("one SERVICE clause per query is supported for now")
+    if not plan.services[0].join_vars:
+        raise ServiceError("the SERVICE pattern shares no variable with the rest of the query")
+    parse_query(plan.local_text)
+    chosen = ServiceOptions.from_options(options)
+    policy = chosen.policy if plan.maintenance == "budgeted" or "WBM" not in chosen.policy else "GNR-LRU"
+    alpha = f", alert below alpha {chosen.alpha:g}" if chosen.alpha is not None else ""
+    return f"{plan.status}; policy {policy}, rho {chosen.rho_ms:g} ms{alpha}"
