@@ -42,6 +42,7 @@ class OperatorQuerySpec:
     form: str  # SELECT, ASK or CONSTRUCT
     algebra: Any  # rdflib's query algebra (the `SelectQuery`/`AskQuery`/`ConstructQuery` node)
     columns: tuple[str, ...] = field(default=())
+    prologue: Any = None  # rdflib's Prologue (base IRI and prefixes, for IRI() / STRDT(...))
 
 
 @lru_cache(maxsize=512)
@@ -71,15 +72,26 @@ def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
         keyword = "DESCRIBE" if algebra.name == "DescribeQuery" else algebra.name
         line, column = _find_keyword(text, keyword)
         raise QueryError(f"{keyword} queries are not supported: only SELECT, ASK and CONSTRUCT", line, column)
-    if algebra.get("datasetClause"):
+    if _opt(algebra, "datasetClause"):
         line, column = _find_keyword(text, "FROM")
         raise QueryError("FROM / FROM NAMED dataset clauses are not supported", line, column)
     strict_comparisons(algebra)
     spec = OperatorQuerySpec(text, form, algebra)
-    builder = Builder(spec, Terms(_scratch_dictionary()))
+    try:
+        from rdflib.plugins.sparql.algebra import translatePrologue
+
+        spec.prologue = translatePrologue(parsed[0], None)
+    except Exception:  # noqa: BLE001 - only IRI() and friends need the base
+        spec.prologue = None
+    builder = Builder(spec, Terms(_scratch_dictionary(), spec.prologue))
     builder.build_root()  # every check happens here, against a throwaway dictionary
     spec.columns = builder.columns
     return spec
+
+
+def _opt(node: Any, key: str) -> Any:
+    """An optional part of an algebra node (rdflib's CompValue.get returns the key itself when missing)."""
+    return dict.get(node, key)
 
 
 def _scratch_dictionary():  # noqa: ANN202
@@ -146,16 +158,16 @@ def expression_text(expr: Any) -> str:
     if isinstance(expr, CompValue):
         name = expr.name
         if "op" in expr and "other" in expr:
-            ops = expr["op"] if isinstance(expr["op"], list) else [expr["op"]] * len(
-                expr["other"] if isinstance(expr["other"], list) else [expr["other"]])
-            others = expr["other"] if isinstance(expr["other"], list) else [expr["other"]]
-            text = expression_text(expr["expr"])
+            ops = _opt(expr, "op") if isinstance(_opt(expr, "op"), list) else [_opt(expr, "op")] * len(
+                _opt(expr, "other") if isinstance(_opt(expr, "other"), list) else [_opt(expr, "other")])
+            others = _opt(expr, "other") if isinstance(_opt(expr, "other"), list) else [_opt(expr, "other")]
+            text = expression_text(_opt(expr, "expr"))
             for op, other in zip(ops, others):
                 text += f" {op} {expression_text(other)}"
             return text
         if name in ("ConditionalAndExpression", "ConditionalOrExpression"):
             op = " && " if name.startswith("ConditionalAnd") else " || "
-            return op.join(expression_text(e) for e in [expr["expr"], *expr["other"]])
+            return op.join(expression_text(e) for e in [_opt(expr, "expr"), *_opt(expr, "other")])
         args = [expression_text(v) for k, v in expr.items() if k not in ("_vars",) and v is not None
                 and not isinstance(v, CompValue) or (isinstance(v, CompValue) and k != "_vars")]
         label = name.replace("Builtin_", "").replace("Function", "")
@@ -191,21 +203,21 @@ class Builder:
     def build_root(self) -> Operator:
         algebra = self.spec.algebra
         form = self.spec.form
-        body = self.build(algebra["p"], None)
+        body = self.build(_opt(algebra, "p"), None)
         if form == "SELECT":
-            self.columns = tuple(str(v) for v in algebra["PV"])
+            self.columns = tuple(str(v) for v in _opt(algebra, "PV"))
             return body
         if form == "ASK":
             self.columns = ()
             return Ask(body)
-        template = algebra.get("template")
+        template = _opt(algebra, "template")
         if template is None:  # CONSTRUCT WHERE { triples }
-            node = algebra["p"]
+            node = _opt(algebra, "p")
             while node.name in ("Project", "Distinct", "Reduced"):
-                node = node["p"]
+                node = _opt(node, "p")
             if node.name != "BGP":
                 raise _reject(self.text, "CONSTRUCT WHERE with more than triple patterns", "WHERE")
-            template = node["triples"]
+            template = _opt(node, "triples")
         self.columns = ("subject", "predicate", "object")
         return Construct(body, [self._template_triple(t) for t in template], self.terms)
 
@@ -251,7 +263,7 @@ class Builder:
         from rdflib.paths import Path
 
         triples = []
-        for triple in node["triples"]:
+        for triple in _opt(node, "triples"):
             if triple not in triples:
                 triples.append(triple)
         if not triples:
@@ -328,35 +340,35 @@ class Builder:
         return "?" + str(term) if isinstance(term, Variable) else term.n3()
 
     def _Join(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return Join(self.build(node["p1"], graph), self.build(node["p2"], graph))
+        return Join(self.build(_opt(node, "p1"), graph), self.build(_opt(node, "p2"), graph))
 
     def _LeftJoin(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        expr = node.get("expr")
+        expr = _opt(node, "expr")
         if expr is not None and getattr(expr, "name", None) == "TrueFilter":
             expr = None
         if expr is not None:
             self._check_expr(expr, "FILTER")
             if _find_names(expr, {"Builtin_EXISTS", "Builtin_NOTEXISTS"}):
                 raise _reject(self.text, "EXISTS in the FILTER of an OPTIONAL", "EXISTS", why="not yet")
-        return LeftJoin(self.build(node["p1"], graph), self.build(node["p2"], graph), expr, self.terms,
+        return LeftJoin(self.build(_opt(node, "p1"), graph), self.build(_opt(node, "p2"), graph), expr, self.terms,
                         expression_text(expr) if expr is not None else None)
 
     def _Union(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return Union(self.build(node["p1"], graph), self.build(node["p2"], graph))
+        return Union(self.build(_opt(node, "p1"), graph), self.build(_opt(node, "p2"), graph))
 
     def _Minus(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return Minus(self.build(node["p1"], graph), self.build(node["p2"], graph))
+        return Minus(self.build(_opt(node, "p1"), graph), self.build(_opt(node, "p2"), graph))
 
     def _Graph(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return self.build(node["p"], node["term"])
+        return self.build(_opt(node, "p"), _opt(node, "term"))
 
     def _ToMultiSet(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return self.build(node["p"], graph)
+        return self.build(_opt(node, "p"), graph)
 
     def _values(self, node: Any, graph: Any) -> Operator:  # noqa: N802
         from rdflib.term import Identifier
 
-        rows = node["res"]
+        rows = _opt(node, "res")
         names = sorted({str(v) for row in rows for v in row})
         encode = self.terms.dictionary.encode
         out = []
@@ -367,23 +379,23 @@ class Builder:
         return Constant(tuple(names), out)
 
     def _Extend(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        self._check_expr(node["expr"], "BIND")
-        return Extend(self.build(node["p"], graph), str(node["var"]), node["expr"], self.terms,
-                      expression_text(node["expr"]))
+        self._check_expr(_opt(node, "expr"), "BIND")
+        return Extend(self.build(_opt(node, "p"), graph), str(_opt(node, "var")), _opt(node, "expr"), self.terms,
+                      expression_text(_opt(node, "expr")))
 
     def _Filter(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        expr = node["expr"]
+        expr = _opt(node, "expr")
         self._check_expr(expr, "FILTER")
         conjuncts = [expr]
         if getattr(expr, "name", None) == "ConditionalAndExpression":
-            conjuncts = [expr["expr"], *expr["other"]]
+            conjuncts = [_opt(expr, "expr"), *_opt(expr, "other")]
         exists = [c for c in conjuncts if getattr(c, "name", None) in ("Builtin_EXISTS", "Builtin_NOTEXISTS")]
         plain = [c for c in conjuncts if c not in exists]
         for c in plain:
             if _find_names(c, {"Builtin_EXISTS", "Builtin_NOTEXISTS"}):
                 raise _reject(self.text, "EXISTS inside an expression", "EXISTS",
                               why="only FILTER [NOT] EXISTS { ... } (alone or in a conjunction) is")
-        child = self.build(node["p"], graph)
+        child = self.build(_opt(node, "p"), graph)
         if self.pushdown and plain and isinstance(child, Leaf) and self.engine_leaves \
                 and self.engine_leaves[-1].leaf is child:
             self._push(self.engine_leaves[-1], plain)
@@ -402,14 +414,16 @@ class Builder:
     def _exists_pattern(self, expr: Any, graph: Any) -> Operator:
         from rdflib.plugins.sparql.algebra import translateGroupGraphPattern
 
-        pattern = expr["graph"]
+        pattern = expr.graph  # attribute access: rdflib hands out the translated pattern
         if getattr(pattern, "name", None) in ("GroupGraphPatternSub", "SubSelect", "TriplesBlock"):
             pattern = translateGroupGraphPattern(pattern)
             strict_comparisons(pattern)
         op = self.build(pattern, graph)
         for inner in op.walk():
-            if isinstance(inner, (Filter, Extend, LeftJoin)):
-                raise _reject(self.text, "FILTER, BIND or OPTIONAL inside EXISTS", "EXISTS", why="not yet")
+            # Substituting the outer row into these would differ from joining with it: not evaluated yet.
+            if isinstance(inner, (Filter, Extend, LeftJoin, Minus, Aggregate)):
+                raise _reject(self.text, "FILTER, BIND, OPTIONAL, MINUS, EXISTS or aggregates inside EXISTS",
+                              "EXISTS", why="not yet")
         return op
 
     def _push(self, engine_leaf: EngineLeaf, conjuncts: list) -> None:
@@ -425,47 +439,47 @@ class Builder:
                     engine_leaf.pushed.setdefault(index, []).append(c)
 
     def _Project(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return Project(self.build(node["p"], graph), [str(v) for v in node["PV"]])
+        return Project(self.build(_opt(node, "p"), graph), [str(v) for v in _opt(node, "PV")])
 
     def _Distinct(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return Distinct(self.build(node["p"], graph))
+        return Distinct(self.build(_opt(node, "p"), graph))
 
     def _Reduced(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return self.build(node["p"], graph)  # REDUCED may keep any number of duplicates: all of them
+        return self.build(_opt(node, "p"), graph)  # REDUCED may keep any number of duplicates: all of them
 
     def _OrderBy(self, node: Any, graph: Any) -> Operator:  # noqa: N802
         # The answers are a multiset: without LIMIT/OFFSET the order changes none of them.
-        for c in node["expr"]:
+        for c in _opt(node, "expr"):
             self._check_expr(c, "ORDER")
-        return self.build(node["p"], graph)
+        return self.build(_opt(node, "p"), graph)
 
     def _Slice(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        inner = node["p"]
+        inner = _opt(node, "p")
         chain = []
         while inner.name in ("Project", "Distinct", "Reduced"):
             chain.append(inner)
-            inner = inner["p"]
+            inner = _opt(inner, "p")
         conditions: list = []
         order_vars: set[str] = set()
         if inner.name == "OrderBy":
-            for c in inner["expr"]:
+            for c in _opt(inner, "expr"):
                 self._check_expr(c, "ORDER")
                 if getattr(c, "name", None) == "OrderCondition":
-                    conditions.append((c["expr"], c["order"] == "DESC"))
+                    conditions.append((_opt(c, "expr"), _opt(c, "order") == "DESC"))
                 else:
                     conditions.append((c, False))
             order_vars = set().union(*(expression_variables(e) for e, _ in conditions)) if conditions else set()
-            inner = inner["p"]
-        start = int(node.get("start") or 0)
-        length = node.get("length")
+            inner = _opt(inner, "p")
+        start = int(_opt(node, "start") or 0)
+        length = _opt(node, "length")
         length = None if length is None else int(length)
-        projected = next((set(str(v) for v in n["PV"]) for n in chain if n.name == "Project"), None)
+        projected = next((set(str(v) for v in _opt(n, "PV")) for n in chain if n.name == "Project"), None)
         distinct = any(n.name == "Distinct" for n in chain)
         body = self.build(inner, graph)
         if projected is None or order_vars <= projected:
             op = body
             for n in reversed(chain):
-                op = Project(op, [str(v) for v in n["PV"]]) if n.name == "Project" else \
+                op = Project(op, [str(v) for v in _opt(n, "PV")]) if n.name == "Project" else \
                     Distinct(op) if n.name == "Distinct" else op
             return TopK(op, conditions, start, length, self.terms)
         if distinct:
@@ -474,22 +488,22 @@ class Builder:
         op = TopK(body, conditions, start, length, self.terms)
         for n in reversed(chain):
             if n.name == "Project":
-                op = Project(op, [str(v) for v in n["PV"]])
+                op = Project(op, [str(v) for v in _opt(n, "PV")])
         return op
 
     def _AggregateJoin(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        group = node["p"]
+        group = _opt(node, "p")
         if group.name != "Group":
             raise _reject(self.text, "aggregates", "GROUP")
-        for a in node["A"]:
+        for a in _opt(node, "A"):
             if a.name not in _AGGREGATES:
                 raise _reject(self.text, a.name, "GROUP")
             if a.vars != "*":
                 self._check_expr(a.vars, "GROUP")
-        exprs = group.get("expr")
+        exprs = _opt(group, "expr")
         for e in exprs or []:
             self._check_expr(e, "GROUP")
-        return Aggregate(self.build(group["p"], graph), list(exprs) if exprs else None, list(node["A"]), self.terms)
+        return Aggregate(self.build(_opt(group, "p"), graph), list(exprs) if exprs else None, list(_opt(node, "A")), self.terms)
 
     def _Group(self, node: Any, graph: Any) -> Operator:  # noqa: N802 - GROUP BY without aggregates
         raise _reject(self.text, "GROUP BY without an aggregate", "GROUP")

@@ -31,7 +31,7 @@ Delta3 = tuple[str, int, tuple]
 class OperatorQuery:
     def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
         self.spec = spec
-        self.terms = Terms(dictionary)
+        self.terms = Terms(dictionary, spec.prologue)
         builder = Builder(spec, self.terms, pushdown=pushdown)
         self.root = builder.build_root()
         self.columns = builder.columns

@@ -43,11 +43,13 @@ def to_rdflib(term: str):  # noqa: ANN201
 class Terms:
     """The dictionary seen as rdflib terms, with the evaluation context expressions need."""
 
-    def __init__(self, dictionary: TermDictionary) -> None:
+    def __init__(self, dictionary: TermDictionary, prologue: Any = None) -> None:
         self.dictionary = dictionary
         self._rdflib: dict[int, Any] = {}
         self._keys: dict[int, tuple] = {}
         self.ctx = QueryContext(initBindings={})
+        if prologue is not None:
+            self.ctx.prologue = prologue
 
     def rdflib(self, term_id: int):  # noqa: ANN201
         found = self._rdflib.get(term_id)
@@ -68,7 +70,10 @@ class Terms:
         return FrozenBindings(self.ctx, {Variable(v): rdf(x) for v, x in zip(schema, row) if x is not None})
 
     def ebv(self, expr, schema: tuple[str, ...], row: tuple) -> bool:  # noqa: ANN001
-        return bool(_ebv(expr, self.bindings(schema, row)))
+        try:
+            return bool(_ebv(expr, self.bindings(schema, row)))
+        except (SPARQLError, ValueError, TypeError, ArithmeticError, AttributeError, KeyError):
+            return False  # an error rdflib let through is still an error: the filter rejects
 
     def value(self, expr, schema: tuple[str, ...], row: tuple) -> int | None:  # noqa: ANN001
         """Id of the expression's value on a row, None on an error (unbound variable included)."""
@@ -83,7 +88,8 @@ class Terms:
             result = _eval(expr, bindings)
         except SPARQLError:
             return None
-        except (ValueError, TypeError, ArithmeticError, InvalidOperation):  # rdflib lets some errors through
+        except (ValueError, TypeError, ArithmeticError, InvalidOperation, AttributeError, KeyError):
+            # rdflib lets some errors through
             return None
         if isinstance(result, SPARQLError) or result is None:
             return None
