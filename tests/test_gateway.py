@@ -347,7 +347,8 @@ def test_console_in_chromium_register_publish_row_appears_and_disappears(gw: Gw,
             zoe = page.locator("#answers tbody tr", has_text='"Zoé"@fr')
             expect(zoe).to_be_visible(timeout=30000)
             expect(page.locator("#answers tbody tr", has_text='"Max"')).to_be_visible(timeout=30000)
-            expect(page.locator("#queries tbody tr[data-id=people] td").nth(6)).to_have_text("2", timeout=10000)
+            expect(page.locator("#queries tbody tr[data-id=people] td").nth(7)).to_have_text("2", timeout=10000)
+            expect(page.locator("#queries tbody tr[data-id=people] td").nth(1)).to_have_text("registered")
             page.screenshot(path=str(ARTIFACTS / "console-added.png"), full_page=True)
 
             page.fill("#upd-text", f'DELETE DATA {{ <{EX}zoe> <{EX}name> "Zoé"@fr }}')

@@ -71,7 +71,7 @@ async function refreshQueries() {
     const tr = document.createElement("tr");
     tr.dataset.id = q.id;
     if (q.id === state.selected) tr.className = "selected";
-    for (const v of [q.id, q["class"], q.placement, q.window || "-", q.version, q.answers, q.current]) tr.appendChild(cell(String(v)));
+    for (const v of [q.id, q.status, q["class"], q.placement, q.window || "-", q.version, q.answers, q.current]) tr.appendChild(cell(String(v)));
     const actions = document.createElement("td");
     const view = document.createElement("button");
     view.textContent = "view"; view.className = "view";
