@@ -4,8 +4,9 @@ A windowed query (RSP-QL ``FROM NAMED WINDOW`` clause or ``window=...`` register
 alone; the state workers skip it.  Semantics (what counts as in the window at an instant, reports at
 instants of the step grid, late data): ``cbgp.windows``.
 
-    updates.encoded --fan out to windowed queries--> groupBy(query_id).applyInPandasWithState
-                    --> deltas.parts (part -1, numbered by the answers service)
+    updates.encoded --fan out to windowed queries (one vectorised mapInPandas)-->
+        groupBy(query_id).transformWithStateInPandas(WindowProcessor, event-time timers)
+        --> deltas.parts (PartDeltaBatch records, part -1, numbered by the answers service)
 
 Fan-out: every record of ``updates.encoded`` (one partition: the total order) becomes a row per windowed
 query whose predicates it can match, plus one *tick* row per query and input chunk carrying the chunk's
@@ -16,20 +17,35 @@ the watermark stays where it is.
 A windowed query sees the updates this job reads after it learned of the query (it reads the plans topic
 at every chunk); a query registered while data is flowing starts with an empty window.
 
-Idempotence (``services.idempotence``): an output's key is ``(source_partition = WINDOW_SOURCE_PARTITION = -2,
+State (``spark.state_log``): per query a small ``meta`` value, the evaluator's state as a ``base`` written
+rarely, and a ``tail`` list with one row per batch (the updates it fed and the watermark it advanced to),
+so a batch writes what it read, not the whole window; each Python worker keeps the live evaluator and
+only rebuilds it (base + replay of the tail) when another worker ran the query's previous batch.
+
+Expiry by event-time timers: the rows carry ``wm_ts``, the chunk's highest event time, watermarked with
+a delay of ``GC_DELAY_MS``; every batch of a query re-arms one timer at its stream time + range + lateness
++ step.  A registered windowed query gets a tick every chunk, so its timer only fires once nothing has come
+for it for that long: it was unregistered (the fan-out stops sending it rows) -- then its state is removed;
+had it only been starved, the timer is re-armed.  A sentinel row (query id ``""``, no state) per chunk moves
+the watermark even when no windowed query is registered.  Spark drops rows whose ``wm_ts`` is behind the
+watermark: chunks more than ``GC_DELAY_MS`` older than the newest (the evaluator's own lateness policy
+decides on everything else).
+
+: an output's key is ``(source_partition = WINDOW_SOURCE_PARTITION = -2,
 source_offset = instant (ms), index)``: instants only grow, and a re-run batch starts from the same state
 version, so it reproduces the same keys, which the answers service drops.
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any, Iterator, Mapping
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from cbgp.sparql import parse_query
 from cbgp.terms import stable_term_id
@@ -37,127 +53,270 @@ from cbgp.windows import WindowedQuery
 from services import codec
 from services.idempotence import WINDOW_SOURCE_PARTITION
 from services.records import query_partition
+from spark import state_log
 
-__all__ = ["WINDOW_SOURCE_PARTITION", "fan_out", "start_windows", "window_group"]
+__all__ = ["GC_DELAY_MS", "WINDOW_SOURCE_PARTITION", "WindowProcessor", "fan_out", "start_windows", "window_group"]
 
-# (kafka_offset, item) is a change's stream position: item = its place in the offset's batch record.
-UPDATE_SCHEMA = ("query_id string, tick boolean, kafka_offset long, item int, seq long, op int, s long, p long, "
-                 "o long, g long, event_time_ms long")
+# One row per (windowed query, input chunk): the chunk's relevant changes as one int64 matrix (``updates``,
+# columns ``_CHANGE_COLUMNS``, in stream order), plus the chunk's stream position and time (the tick: it moves
+# the query's watermark even when none of its triples came).  A few rows per batch instead of one per change:
+# the shuffle and the Arrow transfer to the stateful operator carry columns, not per-change rows.
+UPDATE_SCHEMA = ("query_id string, first_offset long, last_offset long, top_seq long, top_time long, "
+                 "updates binary, wm_ms long")
+_UPDATE_COLUMNS = [c.split()[0] for c in UPDATE_SCHEMA.split(", ")]
+_CHANGE_COLUMNS = ("kafka_offset", "item", "seq", "op", "s", "p", "o", "g", "t")
 OUTPUT_SCHEMA = "key binary, value binary, partition int"
-STATE_SCHEMA = "blob binary"
+META_SCHEMA = ("version long, plan_version int, top_seq long, top_time long, late_dropped long, timer long, "
+               "tail_inputs long")
+GC_DELAY_MS = 10 * 60 * 1000  # watermark delay: how far behind the newest chunk a chunk may still come
+SENTINEL = ""  # the per-chunk row that moves the watermark when no windowed query is registered
+MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record
+MIN_TAIL = 20_000  # inputs replayed at most before the base is rewritten (see spark.state_log)
 
-_LIVE: dict[str, tuple[int, WindowedQuery]] = {}  # query id -> (state version, evaluator), per Python worker
-_PREDICATES: dict[tuple[str, int], frozenset[int]] = {}  # (query id, version) -> predicate ids
+_LIVE: state_log.LiveCache[WindowedQuery] = state_log.LiveCache()  # per Python worker
+_PREDICATES: dict[tuple[str, int], np.ndarray] = {}  # (query id, version) -> predicate ids
 
 
-def _predicates(query_id: str, version: int, sparql: str) -> frozenset[int]:
+def _predicates(query_id: str, version: int, sparql: str) -> np.ndarray:
     """Predicate ids the query's patterns use (predicates are always constants: the parser rejects
     variables there)."""
     key = (query_id, version)
     if key not in _PREDICATES:
-        _PREDICATES[key] = frozenset(stable_term_id(t.p) for t in parse_query(sparql).patterns)
+        _PREDICATES[key] = np.array(sorted({stable_term_id(t.p) for t in parse_query(sparql).patterns}), dtype=np.int64)
     return _PREDICATES[key]
 
 
+def _decode_chunk(values: Any, offsets: Any) -> dict[str, np.ndarray] | None:
+    """The changes of a chunk of updates.encoded records, column by column (records without event time and
+    undecodable ones left out: the workers dead-letter the latter)."""
+    cols: dict[str, list] = {k: [] for k in ("kafka_offset", "item", "seq", "op", "s", "p", "o", "g", "t")}
+    for value, offset in zip(values, offsets):
+        data = bytes(value)
+        try:
+            if codec._writer_name(data) == "EncodedBatch":  # noqa: SLF001 - the cheap header check
+                record = codec.decode("EncodedBatch", data)
+                n = len(record["seq"])
+                if any(len(record[f]) != n for f in ("op", "s", "p", "o", "g", "event_time_ms")) or not n:
+                    continue
+                ops, times = record["op"], record["event_time_ms"]
+                signs = [1 if op == "ADD" else -1 for op in ops]
+                columns = (record["seq"], signs, record["s"], record["p"], record["o"], record["g"], times)
+            else:
+                changes = codec.encoded_changes(data)
+                n = len(changes)
+                columns = tuple(zip(*[(c[0], c[1], c[2], c[3], c[4], c[5], c[6]) for c in changes]))
+        except codec.CodecError:
+            continue
+        cols["kafka_offset"].append(np.full(n, int(offset), dtype=np.int64))
+        cols["item"].append(np.arange(n, dtype=np.int32))
+        for name, column in zip(("seq", "op", "s", "p", "o", "g", "t"), columns):
+            cols[name].append(column)
+    if not cols["seq"]:
+        return None
+    out = {"kafka_offset": np.concatenate(cols["kafka_offset"]), "item": np.concatenate(cols["item"])}
+    for name in ("seq", "op", "s", "p", "o", "g"):
+        out[name] = np.fromiter((x for part in cols[name] for x in part), dtype=np.int64)
+    times = [x for part in cols["t"] for x in part]
+    known = np.array([t is not None for t in times], dtype=bool)
+    out["t"] = np.array([t if t is not None else 0 for t in times], dtype=np.int64)
+    if not known.all():  # ingest always sets one; records from before it did have no place in a window
+        out = {k: v[known] for k, v in out.items()}
+        if not len(out["seq"]):
+            return None
+    return out
+
+
 def fan_out(kafka_config: Mapping[str, Any], plans_topic: str):  # noqa: ANN201
-    """mapInPandas function: encoded updates -> one row per (windowed query, relevant update) + ticks."""
-    columns = [c.split()[0] for c in UPDATE_SCHEMA.split(", ")]
+    """mapInPandas function: encoded updates -> one row per (windowed query, chunk) holding the query's
+    relevant changes, and the watermark sentinel."""
 
     def expand(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         from spark.plans import plan_cache
 
         for batch in batches:
+            if batch.empty:
+                continue
+            chunk = _decode_chunk(batch["value"], batch["offset"])
+            if chunk is None:
+                continue
             windowed = [p for p in plan_cache(kafka_config, plans_topic).refresh().values() if p.window is not None]
-            if batch.empty or not windowed:
-                continue
-            decoded = []
-            for value, offset in zip(batch["value"], batch["offset"]):
-                try:
-                    changes = codec.encoded_changes(bytes(value))
-                except codec.CodecError:
-                    continue  # the workers dead-letter undecodable records
-                for item, (seq, sign, s, p, o, g, event_time, _refresh) in enumerate(changes):
-                    if event_time is None:
-                        continue  # ingest always sets one; records from before it did have no place in a window
-                    decoded.append((int(offset), item, seq, sign, s, p, o, g, event_time))
-            if not decoded:
-                continue
-            last_offset = max(d[0] for d in decoded)
-            top_seq = max(d[2] for d in decoded)
-            top_time = max(d[8] for d in decoded)
-            rows = []
+            first_offset = int(chunk["kafka_offset"].min())
+            last_offset = int(chunk["kafka_offset"].max())
+            top_seq = int(chunk["seq"].max())
+            top_time = int(chunk["t"].max())
+            matrix = np.column_stack([chunk[c].astype(np.int64) for c in _CHANGE_COLUMNS])
+            ids, blobs = [SENTINEL], [b""]
             for plan in windowed:
-                wanted = _predicates(plan.query_id, plan.version, plan.sparql)
-                rows.extend((plan.query_id, False, *d) for d in decoded if d[5] in wanted)
-                rows.append((plan.query_id, True, last_offset, 0, top_seq, 0, 0, 0, 0, 0, top_time))
-            yield pd.DataFrame(rows, columns=columns)
+                mask = np.isin(chunk["p"], _predicates(plan.query_id, plan.version, plan.sparql))
+                ids.append(plan.query_id)
+                blobs.append(np.ascontiguousarray(matrix[mask]).tobytes())
+            n = len(ids)
+            yield pd.DataFrame({"query_id": ids, "first_offset": [first_offset] * n, "last_offset": [last_offset] * n,
+                                "top_seq": [top_seq] * n, "top_time": [top_time] * n, "updates": blobs,
+                                "wm_ms": [top_time] * n})
 
     return expand
 
 
+def _changes(updates: pd.DataFrame) -> np.ndarray:
+    """The changes of one query's rows, in stream order: an int64 matrix with columns ``_CHANGE_COLUMNS``."""
+    updates = updates.sort_values("first_offset", kind="stable")
+    parts = [np.frombuffer(blob, dtype=np.int64).reshape(-1, len(_CHANGE_COLUMNS)) for blob in updates["updates"]
+             if blob is not None and len(blob)]
+    if not parts:
+        return np.zeros((0, len(_CHANGE_COLUMNS)), dtype=np.int64)
+    matrix = np.concatenate(parts)
+    order = np.lexsort((matrix[:, 1], matrix[:, 0]))  # (offset, item): chunks may overlap after a rerun
+    return matrix[order]
+
+
 def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery, top_seq: int,
-                 top_time: int | None, deltas_partitions: int) -> tuple[int, int | None, int, list[tuple]]:
-    """Feed one query's rows (updates and ticks, any order) to its evaluator in stream order, advance its
-    watermark; return (top seq, top event time, late updates dropped, output records)."""
-    out: list[tuple[bytes, bytes, int]] = []
+                 top_time: int | None, deltas_partitions: int) -> tuple[int, int | None, int, list[tuple], Any]:
+    """Feed one query's rows (chunks of its changes, any order) to its evaluator in stream order, advance its
+    watermark; return (top seq, top event time, late updates dropped, output records, replay record).
+
+    Output records are PartDeltaBatch records of at most ``MAX_BATCH_DELTAS`` deltas; the replay record
+    (``(rows, watermark)``) is what :func:`replay` needs to redo this batch on a rebuilt evaluator."""
+    if len(updates):
+        top_seq = max(top_seq, int(updates["top_seq"].max()))
+        batch_top = int(updates["top_time"].max())
+        top_time = batch_top if top_time is None else max(top_time, batch_top)
+    rows = _changes(updates)[:, [3, 4, 5, 6, 7, 8]] if len(updates) else np.zeros((0, 6), dtype=np.int64)
     dropped = 0
-    updates = updates.sort_values(["kafka_offset", "tick", "item"], kind="stable")
-    for tick, seq, op, s, p, o, g, event_time in zip(updates["tick"], updates["seq"], updates["op"], updates["s"],
-                                                     updates["p"], updates["o"], updates["g"],
-                                                     updates["event_time_ms"]):
-        top_seq = max(top_seq, int(seq))
-        top_time = int(event_time) if top_time is None else max(top_time, int(event_time))
-        if not tick and not evaluator.add(int(op), int(s), int(p), int(o), int(g), int(event_time)):
+    add = evaluator.add
+    for op, s, p, o, g, event_time in rows.tolist():
+        if not add(op, s, p, o, g, event_time):
             dropped += 1
     if top_time is None:
-        return top_seq, top_time, dropped, out
+        return top_seq, top_time, dropped, [], (rows, None)
+    watermark = top_time - evaluator.spec.lateness_ms
+    out: list[tuple[bytes, bytes, int]] = []
+    pending: list[tuple] = []
     target = query_partition(query_id, deltas_partitions)
     key = query_id.encode()
-    for report in evaluator.advance(top_time - evaluator.spec.lateness_ms):
+    columns = evaluator.columns
+
+    def flush() -> None:
+        if pending:
+            out.append((key, codec.encode_part_delta_batch(query_id, -1, columns, pending), target))
+            pending.clear()
+
+    for report in evaluator.advance(watermark):
         for index, (sign, row) in enumerate(report.deltas):
-            record = {"query_id": query_id, "part": -1, "seq": top_seq, "sign": "PLUS" if sign > 0 else "MINUS",
-                      "binding": dict(zip(evaluator.columns, row)), "source_partition": WINDOW_SOURCE_PARTITION,
-                      "source_offset": report.instant_ms, "index": index, "snapshot": False,
-                      "event_time_ms": report.instant_ms}
-            out.append((key, codec.encode("PartDelta", record), target))
-    return top_seq, top_time, dropped, out
+            pending.append((top_seq, "PLUS" if sign > 0 else "MINUS", row, WINDOW_SOURCE_PARTITION, report.instant_ms,
+                            index, False, report.instant_ms))
+            if len(pending) >= MAX_BATCH_DELTAS:
+                flush()
+    flush()
+    return top_seq, top_time, dropped, out, (rows, watermark)
 
 
-def _state_function(kafka_config: Mapping[str, Any], plans_topic: str, deltas_partitions: int):  # noqa: ANN202
-    def evaluate(key: tuple, batches: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+def replay(evaluator: WindowedQuery, record: Any) -> WindowedQuery:
+    """Redo one batch (a :func:`window_group` replay record) on ``evaluator``, discarding its output."""
+    rows, watermark = record
+    add = evaluator.add
+    for op, s, p, o, g, event_time in rows.tolist():
+        add(op, s, p, o, g, event_time)
+    if watermark is not None:
+        evaluator.advance(watermark)
+    return evaluator
+
+
+def _horizon(evaluator: WindowedQuery) -> int:
+    spec = evaluator.spec
+    return spec.range_ms + spec.lateness_ms + spec.step_ms
+
+
+_EMPTY = pd.DataFrame({"key": pd.Series([], dtype=object), "value": pd.Series([], dtype=object),
+                       "partition": pd.Series([], dtype=np.int32)})
+
+
+class WindowProcessor(StatefulProcessor):
+    """One windowed query's evaluator in keyed state (see the module docstring)."""
+
+    def __init__(self, kafka_config: Mapping[str, Any], plans_topic: str, deltas_partitions: int) -> None:
+        self.kafka_config = dict(kafka_config)
+        self.plans_topic = plans_topic
+        self.deltas_partitions = deltas_partitions
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.meta = handle.getValueState("meta", META_SCHEMA)
+        self.base = handle.getValueState("base", state_log.BLOB_SCHEMA)
+        self.tail = handle.getListState("tail", state_log.BLOB_SCHEMA)
+
+    def _plans(self):  # noqa: ANN202
         from spark.plans import plan_cache
 
-        query_id = key[0]
-        updates = pd.concat(list(batches), ignore_index=True)
-        plan = plan_cache(kafka_config, plans_topic).get(query_id)
-        saved = pickle.loads(state.get[0]) if state.exists else None
-        if plan is None or plan.window is None or (saved and saved["plan_version"] != plan.version):
-            # unregistered, or re-registered: the old window's state is garbage
-            state.remove()
-            _LIVE.pop(query_id, None)
-            if plan is None or plan.window is None:
-                yield pd.DataFrame([], columns=["key", "value", "partition"])
-                return
-            saved = None
-        version = saved["version"] if saved else 0
-        live = _LIVE.get(query_id)
-        if saved is None:
-            evaluator = WindowedQuery(plan.sparql, plan.window)
-        elif live is not None and live[0] == version:
-            evaluator = live[1]  # this process ran the previous batch: skip rebuilding it
-        else:
-            evaluator = WindowedQuery.from_state(plan.sparql, plan.window, saved["window"])
-        top_seq, top_time, dropped, out = window_group(
-            query_id, updates, evaluator, saved["top_seq"] if saved else 0, saved["top_time"] if saved else None,
-            deltas_partitions)
-        version += 1
-        state.update((pickle.dumps({"version": version, "plan_version": plan.version, "top_seq": top_seq,
-                                    "top_time": top_time, "late_dropped": (saved or {}).get("late_dropped", 0) + dropped,
-                                    "window": evaluator.to_state()}),))
-        _LIVE[query_id] = (version, evaluator)
-        yield pd.DataFrame(out, columns=["key", "value", "partition"])
+        return plan_cache(self.kafka_config, self.plans_topic)
 
-    return evaluate
+    def _forget(self, query_id: str, meta: tuple | None) -> None:
+        if meta is not None and meta[5] is not None:
+            self.handle.deleteTimer(int(meta[5]))
+        state_log.clear_all((self.meta, self.base, self.tail))
+        _LIVE.drop(query_id)
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        query_id = key[0]
+        updates = pd.concat(list(rows), ignore_index=True)
+        if query_id == SENTINEL:
+            return
+        plan = self._plans().get(query_id)
+        meta = self.meta.get() if self.meta.exists() else None
+        if plan is None or plan.window is None or (meta is not None and meta[1] != plan.version):
+            # unregistered, or re-registered: the old window's state is garbage
+            self._forget(query_id, meta)
+            if plan is None or plan.window is None:
+                return
+            meta = None
+        version, _pv, top_seq, top_time, late_dropped, timer, tail_inputs = meta or (0, plan.version, 0, None, 0,
+                                                                                    None, 0)
+        token = (plan.version, plan.sparql)
+        evaluator = _LIVE.get(query_id, version, token) if meta is not None else None
+        if evaluator is None:
+            evaluator = state_log.restore(
+                self.base, self.tail,
+                lambda saved: WindowedQuery(plan.sparql, plan.window) if saved is None
+                else WindowedQuery.from_state(plan.sparql, plan.window, saved), replay)                 if meta is not None else WindowedQuery(plan.sparql, plan.window)
+        top_seq, top_time, dropped, out, record = window_group(query_id, updates, evaluator, top_seq, top_time,
+                                                               self.deltas_partitions)
+        inputs = len(record[0])
+        tail_inputs = state_log.save(self.base, self.tail, tail_inputs, max(inputs, 1), record,
+                                     evaluator.state_entries, evaluator.to_state, MIN_TAIL)
+        if top_time is not None:
+            wanted = top_time + _horizon(evaluator)
+            if wanted != timer:
+                if timer is not None:
+                    self.handle.deleteTimer(int(timer))
+                self.handle.registerTimer(wanted)
+                timer = wanted
+        version += 1
+        self.meta.update((version, plan.version, top_seq, top_time, late_dropped + dropped, timer, tail_inputs))
+        _LIVE.put(query_id, version, token, evaluator)
+        if out:
+            keys, values, partitions = zip(*out)
+            yield pd.DataFrame({"key": list(keys), "value": list(values),
+                                "partition": np.array(partitions, dtype=np.int32)})
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
+        query_id = key[0]
+        meta = self.meta.get() if self.meta.exists() else None
+        plan = self._plans().refresh().get(query_id)
+        if plan is None or plan.window is None or meta is None or meta[1] != plan.version:
+            # nothing came for this query for range + lateness + step past the watermark delay: it is gone
+            state_log.clear_all((self.meta, self.base, self.tail))
+            _LIVE.drop(query_id)
+            return
+        # still registered (its rows were late or starved): look again later
+        spec = plan.window
+        wanted = max(timerValues.getCurrentWatermarkInMs(), int(meta[3] or 0)) + spec.range_ms + spec.lateness_ms \
+            + spec.step_ms
+        self.handle.registerTimer(wanted)
+        self.meta.update((*meta[:5], wanted, meta[6]))
+        yield from ()  # a generator, as Spark iterates the result: no output on expiry
+
+    def close(self) -> None:
+        pass
 
 
 def start_windows(spark: SparkSession, kafka_options: Mapping[str, str], topics: Mapping[str, str],
@@ -166,11 +325,13 @@ def start_windows(spark: SparkSession, kafka_options: Mapping[str, str], topics:
     """Start the window query (``interval_s=None``: availableNow, one pass, for tests and cron)."""
     source: DataFrame = (spark.readStream.format("cbgpkafka").options(**kafka_options)
                          .option("subscribe", topics["updates.encoded"]).option("commitGroup", commit_group).load())
-    rows = source.select("value", "offset").mapInPandas(fan_out(dict(kafka_config), topics["queries.plans"]),
-                                                         UPDATE_SCHEMA)
-    reports = rows.groupBy("query_id").applyInPandasWithState(
-        _state_function(dict(kafka_config), topics["queries.plans"], deltas_partitions),
-        OUTPUT_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.NoTimeout)
+    rows = (source.select("value", "offset").mapInPandas(fan_out(dict(kafka_config), topics["queries.plans"]),
+                                                          UPDATE_SCHEMA)
+            .withColumn("wm_ts", F.timestamp_millis("wm_ms")).drop("wm_ms")
+            .withWatermark("wm_ts", f"{GC_DELAY_MS} milliseconds"))
+    reports = rows.groupBy("query_id").transformWithStateInPandas(
+        WindowProcessor(dict(kafka_config), topics["queries.plans"], deltas_partitions),
+        OUTPUT_SCHEMA, "append", "EventTime")
     writer = (reports.writeStream.queryName("cbgp-windows").format("cbgpkafka").options(**kafka_options)
               .option("topic", topics["deltas.parts"]).option("checkpointLocation", checkpoint_dir))
     writer = writer.trigger(availableNow=True) if interval_s is None else \

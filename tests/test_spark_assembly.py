@@ -102,10 +102,10 @@ class PartPublisher:
 def assembled(settings: KafkaSettings, dictionary: TermDictionary) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = defaultdict(list)
     for msg in read_all(settings, settings.topic("deltas.parts"), timeout=30):
-        record = codec.decode("PartDelta", msg.value())
-        if record["part"] == -1:
-            record["terms"] = {v: dictionary.decode(t) for v, t in record["binding"].items()}
-            out[record["query_id"]].append(record)
+        for record in codec.part_deltas(msg.value()):  # the job writes PartDeltaBatch records
+            if record["part"] == -1:
+                record["terms"] = {v: dictionary.decode(t) for v, t in record["binding"].items()}
+                out[record["query_id"]].append(record)
     return out
 
 

@@ -24,9 +24,9 @@ from services import codec
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings, ensure_topics, make_producer, read_all
 from services.queries import read_registration
-from spark.windows import WINDOW_SOURCE_PARTITION
+from spark.windows import GC_DELAY_MS, WINDOW_SOURCE_PARTITION
 from tests.fixtures.spark import run_stateful_once
-from tests.fleet_support import publish_plan
+from tests.fleet_support import publish_plan, unpublish_plan
 from tests.oracle import OracleGraph
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -131,9 +131,9 @@ def test_sliding_tumbling_and_per_event_windows_expire_exactly(spark: SparkSessi
                 dictionary.encode(term)
     outputs: dict[str, list[dict]] = defaultdict(list)
     for msg in read_all(kafka_settings, kafka_settings.topic("deltas.parts"), timeout=30):
-        record = codec.decode("PartDelta", msg.value())
-        assert record["part"] == -1 and record["source_partition"] == WINDOW_SOURCE_PARTITION
-        outputs[record["query_id"]].append(record)
+        for record in codec.part_deltas(msg.value()):  # PartDeltaBatch records (or single PartDeltas)
+            assert record["part"] == -1 and record["source_partition"] == WINDOW_SOURCE_PARTITION
+            outputs[record["query_id"]].append(record)
     for query_id, text in QUERIES.items():
         plain, spec = read_registration(text, {})
         records_out = outputs[query_id]
@@ -155,3 +155,30 @@ def test_sliding_tumbling_and_per_event_windows_expire_exactly(spark: SparkSessi
             assert replayed == oracle_at(records, plain, spec.kind, instant, spec.range_ms), \
                 f"{query_id}: answers differ at instant {instant - BASE_MS} ms"
         assert not replayed, f"{query_id}: answers left after every triple expired"
+
+
+def _window_state_keys(spark: SparkSession, checkpoint: Path) -> set[str]:
+    """Query ids with window state in the checkpoint's latest version (Spark's state data source)."""
+    rows = spark.read.format("statestore").option("path", str(checkpoint)).option("stateVarName", "meta").load()
+    return {row["key"]["query_id"] for row in rows.select("key").collect()}
+
+
+def test_an_unregistered_windowed_query_state_is_removed_by_its_expiry_timer(
+        spark: SparkSession, kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+    ensure_topics(kafka_settings)
+    publish_plan(kafka_settings, "gone", QUERIES["sliding"])
+    publish_plan(kafka_settings, "stays", QUERIES["tumbling"])
+    records = random_records(random.Random(3), 12)
+    ingest = IngestProcessor(kafka_settings, kafka_settings.partitions, kafka_settings.partitions)
+    checkpoint = tmp_path / "checkpoint"
+    offset = publish_records(kafka_settings, ingest, records, 0)
+    run_stateful_once(spark, kafka_settings, "windows", checkpoint)
+    assert _window_state_keys(spark, checkpoint) == {"gone", "stays"}
+    # Unregistered: the query gets no more rows, so only its timer can collect its state.  A record past
+    # its stream time + range + step + the watermark delay moves the watermark beyond that timer.
+    unpublish_plan(kafka_settings, "gone")
+    later = records[-1][0] + GC_DELAY_MS + 60_000
+    publish_records(kafka_settings, ingest, [(later, [("A", iri(f"{EX}z"), iri(f"{EX}other"), iri(f"{EX}z"))])],
+                    offset)
+    run_stateful_once(spark, kafka_settings, "windows", checkpoint)
+    assert _window_state_keys(spark, checkpoint) == {"stays"}
