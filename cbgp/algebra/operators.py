@@ -488,12 +488,19 @@ _ERROR = object()
 
 
 class _Group:
-    __slots__ = ("n", "values", "row")
+    __slots__ = ("n", "values", "row", "cache")
 
     def __init__(self, n_aggregates: int) -> None:
         self.n = 0
         self.values: list[dict] = [{} for _ in range(n_aggregates)]
         self.row: Row | None = None
+        # Per aggregate: its last value, or _DIRTY when a change may have moved it (MIN/MAX/SAMPLE keep
+        # theirs on most changes: a new value is compared with it, and only removing it forces a rescan).
+        self.cache: list = [_DIRTY] * n_aggregates
+
+
+_DIRTY = object()
+_EXTREMES = ("Aggregate_Min", "Aggregate_Max", "Aggregate_Sample")
 
 
 class Aggregate(Operator):
@@ -534,9 +541,13 @@ class Aggregate(Operator):
             if group is None:
                 group = self.groups[key] = _Group(len(self.aggregates))
             group.n += n
-            for a, values in zip(self.aggregates, group.values):
+            for i, (a, values) in enumerate(zip(self.aggregates, group.values)):
                 v = row if a.vars == "*" else value(a.vars, schema, row)
                 add(values, v, n)
+                if a.name in _EXTREMES:
+                    self._hint(group, i, a.name, v, n, values)
+                else:
+                    group.cache[i] = _DIRTY
             touched[key] = group
         out: Delta = {}
         for key, group in touched.items():
@@ -553,10 +564,42 @@ class Aggregate(Operator):
                 group.row = new
         self.emit(out)
 
+    def _hint(self, group: _Group, i: int, kind: str, v: Any, n: int, values: dict) -> None:
+        cached = group.cache[i]
+        if cached is _DIRTY:
+            return
+        if v is None:  # an error value: MIN/MAX become unbound, SAMPLE ignores it
+            if kind != "Aggregate_Sample":
+                group.cache[i] = _DIRTY
+            return
+        if None in values and kind != "Aggregate_Sample":
+            return  # still unbound (cached None)
+        if n > 0:
+            if cached is None:
+                group.cache[i] = _DIRTY
+            elif self._better(kind, v, cached):
+                group.cache[i] = v
+        elif v == cached and v not in values:
+            group.cache[i] = _DIRTY
+
+    def _better(self, kind: str, v: int, than: int) -> bool:
+        key = self._extreme_key
+        if kind == "Aggregate_Max":
+            return key(v) > key(than)
+        return key(v) < key(than)
+
+    def _extreme_key(self, v: int) -> tuple:
+        return (self.terms.order_key(v), self.terms.dictionary.decode(v))
+
     def compute(self, group: _Group) -> Row:
         row: list = [None] * len(self.schema)
-        for a, values, position in zip(self.aggregates, group.values, self.positions):
-            row[position] = self.aggregate(a, values)
+        for i, (a, values, position) in enumerate(zip(self.aggregates, group.values, self.positions)):
+            cached = group.cache[i]
+            if cached is _DIRTY:
+                cached = self.aggregate(a, values)
+                if a.name in _EXTREMES:
+                    group.cache[i] = cached
+            row[position] = cached
         return tuple(row)
 
     def aggregate(self, a: Any, values: dict) -> int | None:
@@ -571,14 +614,14 @@ class Aggregate(Operator):
             return encode(literal(str(count), None, XSD + "integer"))
         if kind == "Aggregate_Sample":
             present = [v for v in values if v is not None]
-            return min(present, key=self.terms.order_key) if present else None
+            return min(present, key=self._extreme_key) if present else None
         if None in values:
             return None  # an error in the argument of SUM, AVG, MIN, MAX, GROUP_CONCAT: unbound
         if kind in ("Aggregate_Min", "Aggregate_Max"):
             if not values:
                 return None
             pick = min if kind == "Aggregate_Min" else max
-            return pick(values, key=lambda v: (self.terms.order_key(v), self.terms.dictionary.decode(v)))
+            return pick(values, key=self._extreme_key)
         decode = self.terms.dictionary.decode
         if kind == "Aggregate_GroupConcat":
             separator = " " if a.separator is None else str(a.separator)
@@ -595,27 +638,32 @@ class Aggregate(Operator):
                 parts.extend([lexical] * (1 if distinct else values[v]))
             language = next(iter(languages)) if len(languages) == 1 else None
             return encode(literal(separator.join(parts), language))
-        # SUM / AVG
-        total: Any = 0
+        # SUM / AVG: exact sums of integers and decimals (order-free), math.fsum once a float takes part
+        numeric = self.terms.numeric
+        exact: Any = 0
+        floats: list[float] = []
         kind_rank = 0  # 0 integer, 1 decimal, 2 float, 3 double
         count = 0
         for v, m in values.items():
-            lexical, language, datatype = split_literal(decode(v)) if decode(v).startswith('"') else ("", None, None)
-            if datatype not in _NUMERIC_TYPES:
+            parsed = numeric(v)
+            if parsed is None:
                 return None
-            number = numeric_value(lexical, datatype)
-            if number is None:
-                return None
-            rank = 0 if datatype in _INTEGER_TYPES else {XSD + "decimal": 1, XSD + "float": 2}.get(datatype, 3)
+            rank, number = parsed
             kind_rank = max(kind_rank, rank)
             m = 1 if distinct else m
             count += m
-            if isinstance(number, float) or isinstance(total, float):
-                total = float(total)
-                for _ in range(m):
-                    total += float(number)
+            if isinstance(number, float):
+                floats.extend([number] * m)
+            elif rank:
+                exact = Decimal(exact) + Decimal(number) * m
             else:
-                total = Decimal(total) + Decimal(number) * m if rank or isinstance(total, Decimal) else total + number * m
+                exact = exact + number * m
+        if floats:
+            import math
+
+            total: Any = math.fsum(floats + [float(exact)])
+        else:
+            total = exact
         if kind == "Aggregate_Sum":
             return encode(_number_literal(total, kind_rank))
         if kind == "Aggregate_Avg":

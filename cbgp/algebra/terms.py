@@ -47,6 +47,7 @@ class Terms:
         self.dictionary = dictionary
         self._rdflib: dict[int, Any] = {}
         self._keys: dict[int, tuple] = {}
+        self._numbers: dict[int, tuple | None] = {}
         self.ctx = QueryContext(initBindings={})
         if prologue is not None:
             self.ctx.prologue = prologue
@@ -96,6 +97,24 @@ class Terms:
         if not isinstance(result, (URIRef, BNode, Literal)):
             return None
         return self.encode_rdflib(result, dict(bindings))
+
+    def numeric(self, term_id: int) -> tuple[int, Any] | None:
+        """(rank 0 integer / 1 decimal / 2 float / 3 double, value) of a numeric literal, else None."""
+        try:
+            return self._numbers[term_id]
+        except KeyError:
+            pass
+        term = self.dictionary.decode(term_id)
+        found = None
+        if term.startswith('"'):
+            lexical, _language, datatype = split_literal(term)
+            if datatype in _NUMERIC_TYPES:
+                number = numeric_value(lexical, datatype)
+                if number is not None:
+                    rank = 0 if datatype in _INTEGER_TYPES else {XSD + "decimal": 1, XSD + "float": 2}.get(datatype, 3)
+                    found = (rank, number)
+        self._numbers[term_id] = found
+        return found
 
     def order_key(self, term_id: int | None) -> tuple:
         """The SPARQL ORDER BY order: unbound < blank nodes < IRIs < literals (numbers by value first)."""
