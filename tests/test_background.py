@@ -293,7 +293,7 @@ def test_wbmp_weights_the_score_by_the_probability_of_being_stale():
     window = {k: 7.5 for k in ("old-slow", "new-fast", "fresh-slow")}
     shape = WindowShape(omega=10, beta=1)
     assert [e.key for e in elect("WBM", view, window, 8, 1, shape, random.Random(0), spare="none")] == ["new-fast"]
-    # P(stale): old-slow 1 - e^(-8/50) = 0.15, score 0.15 * min(L=10, V=142) = 1.5; new-fast 0.63 * min(10, 1)
+    # P(stale): old-slow 1 - e^(-8/50) = 0.15, score 0.15 * min(L=10, V=50) = 1.5; new-fast 0.63 * min(10, 1)
     assert [e.key for e in elect("WBMP", view, window, 8, 1, shape, random.Random(0))] == ["old-slow"]
 
 

@@ -32,7 +32,8 @@ Decisions where the paper is silent (options of the Maintainer):
 - ``renew="paper"`` is Eq. 4 with catch-up (above); ``renew="now"`` renews from the refresh, t + I;
 - ``tiebreak="random"`` (the paper) or ``"stale"`` (equal scores: the longest overdue first);
 - an extension, ranker ``WBMP`` (policy WSJ-WBMP): WBM with a soft PS, score = P(stale now) * min(L, V) over all
-  candidates, P from the entry's estimated Poisson rate; the bench shows it beside the paper's WBM;
+  candidates, P from the entry's estimated Poisson rate, V from t + I (memoryless: the renewal counts from the
+  refresh); the bench shows it beside the paper's WBM;
 - the estimated accuracy of an evaluation (R4) is 1 - |PS \\ E| / |C_w| with C_w the window's entries and PS
   from best-before times, whatever the policy (``Evaluation.estimate``); a second estimate, the mean
   probability that a window entry is fresh under its estimated Poisson rate (``Evaluation.expected``), is the
@@ -212,7 +213,7 @@ def elect(ranker: str, view: LocalView, candidates: Mapping[Key, float | None], 
         weighted = []
         for key, t_i in candidates.items():
             entry = view.entry(key)
-            tau_next = renewed_best_before(entry.best_before, entry.interval, t, renew)
+            tau_next = t + entry.interval  # memoryless changes: fresh for about I from the refresh on
             life, v = remaining_life(t_i, t, shape), validity(tau_next, t, shape)
             gain = v if shape.tumbling else min(life, v)
             weighted.append(((1.0 - view.fresh_probability(key, t)) * gain, rng.random(), key, tau_next))
