@@ -22,6 +22,7 @@ from cbgp.terms import literal, split_literal
 
 Row = tuple
 Delta = dict
+MEMO_LIMIT = 100_000  # remembered filter outcomes per one-variable filter (cleared when full)
 
 
 def add(delta: Delta, row: Row, n: int) -> None:
@@ -147,12 +148,34 @@ class Filter(Operator):
         self.expr = expr
         self.terms = terms
         self.text = text
+        from cbgp.algebra.compile import expression_variables
+
+        names = expression_variables(expr)
+        only = next(iter(names)) if len(names) == 1 else None
+        self.memo_position = self.schema.index(only) if only in self.schema else None
+        self.memo: dict = {}
 
     def receive(self, slot: int, delta: Delta) -> None:
         self.deltas_in += len(delta)
         ebv = self.terms.ebv
         expr, schema = self.expr, self.schema
-        self.emit({row: n for row, n in delta.items() if ebv(expr, schema, row)})
+        if self.memo_position is None:
+            self.emit({row: n for row, n in delta.items() if ebv(expr, schema, row)})
+            return
+        # A filter on one variable is a function of that variable's term: remembered per term id.
+        memo, position = self.memo, self.memo_position
+        out: Delta = {}
+        for row, n in delta.items():
+            value = row[position]
+            keep = memo.get(value)
+            if keep is None:
+                keep = ebv(expr, schema, row)
+                if len(memo) >= MEMO_LIMIT:
+                    memo.clear()
+                memo[value] = keep
+            if keep:
+                out[row] = n
+        self.emit(out)
 
     def describe(self) -> str:
         return f"Filter {self.text}"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse
-from cbgp.algebra.operators import Delta, add, remapper
+from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse, expression_variables
+from cbgp.algebra.operators import MEMO_LIMIT, Delta, add, remapper
 from cbgp.algebra.terms import Terms
 from cbgp.engine import Engine, EngineError
 from cbgp.sparql import ParsedQuery
@@ -49,6 +49,7 @@ class OperatorQuery:
         self.pattern_leaves = builder.pattern_leaves
         self.gates = self._gates(builder.engine_leaves, dictionary) if pushdown else None
         self.gated = 0  # changes dropped by push-down
+        self._memo: dict = {}  # (filters, pattern binding) -> outcome
         self.pending: Delta = {}
         self.root.sink = self._collect
         self.root.start()
@@ -88,15 +89,16 @@ class OperatorQuery:
                 graph = DEFAULT_GRAPH_ID if g is None else (None if g.startswith("?") else dictionary.encode(g))
                 s = pattern.s if pattern.s.startswith("?") else dictionary.encode(pattern.s)
                 o = pattern.o if pattern.o.startswith("?") else dictionary.encode(pattern.o)
-                gates.setdefault(p, []).append((s, o, graph, filters))
+                names = tuple(sorted(set().union(*(expression_variables(f) for f in filters)))) if filters else ()
+                gates.setdefault(p, []).append((s, o, graph, filters, names))
+        # Only predicates with a pushed filter are gated; a change of any other predicate goes to the engine.
+        gates = {p: entries for p, entries in gates.items() if any(e[3] for e in entries)}
         return gates if any_filter else None
 
     def _passes(self, s: int, p: int, o: int, g: int) -> bool:
-        entries = self.gates.get(p)
-        if entries is None:
-            return False  # no engine pattern has this predicate
+        entries = self.gates[p]
         ebv = self.terms.ebv
-        for ps, po, pg, filters in entries:
+        for ps, po, pg, filters, names in entries:
             if pg is not None and pg != g:
                 continue
             if not filters:
@@ -114,9 +116,17 @@ class OperatorQuery:
                     ok = False
             if not ok:
                 continue
-            schema = tuple(sorted(binding))
+            schema = names  # the filters' variables: their outcome depends on these terms only
             row = tuple(binding[n] for n in schema)
-            if all(ebv(f, schema, row) for f in filters):
+            memo = self._memo
+            key = (id(filters), row)
+            keep = memo.get(key)
+            if keep is None:
+                keep = all(ebv(f, schema, row) for f in filters)
+                if len(memo) >= MEMO_LIMIT:
+                    memo.clear()
+                memo[key] = keep
+            if keep:
                 return True
         return False
 
@@ -124,7 +134,7 @@ class OperatorQuery:
 
     def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[tuple[int, tuple]]:
         if self.leaves:
-            if self.gates is not None and not self._passes(s, p, o, g):
+            if self.gates is not None and p in self.gates and not self._passes(s, p, o, g):
                 self.gated += 1
             else:
                 deltas = self.engine.apply(sign, s, p, o, g)
