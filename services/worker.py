@@ -44,6 +44,12 @@ QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds fo
                     ["query"])
 FRONTIER = Gauge("cbgp_frontier_seq", "Highest seq a routed partition held by this worker has completed "
                  "(compare with ingest's seq for the frontier lag).", ["partition"])
+PROBES_SENT = Gauge("cbgp_probes_sent", "Probes a routed partition held by this worker has sent to other partitions "
+                    "(multi-centre queries; since the shard was opened).", ["partition"])
+PROBES_RECEIVED = Gauge("cbgp_probes_received", "Probes a routed partition held by this worker has received "
+                        "(since the shard was opened).", ["partition"])
+PROBES_WAITING = Gauge("cbgp_probes_waiting", "Probes waiting at a routed partition for its frontier or for a "
+                       "registration.", ["partition"])
 STATE_REPORT_SECONDS = 1.0
 
 
@@ -352,13 +358,18 @@ class WorkerService:
         for (kind, partition), shard in self.core.shards.items():
             label = shard_label(kind, partition)
             if kind == "routed":
-                FRONTIER.labels(label).set(shard.frontier)
-            STATE_ENTRIES.labels(label).set(shard.engine.state_entries())
+                FRONTIER.labels(label).set(shard.completed())
+                if shard.evaluator is not None:
+                    PROBES_SENT.labels(label).set(shard.evaluator.probes_sent)
+                    PROBES_RECEIVED.labels(label).set(shard.evaluator.probes_received)
+                    PROBES_WAITING.labels(label).set(len(shard.evaluator.held) + len(shard.evaluator.unknown))
+            STATE_ENTRIES.labels(label).set(shard.state_entries())
             STATE_BYTES.labels(label).set(shard.engine.state_bytes())
         held = {shard_label(kind, p) for kind, p in self.core.shards if kind == "routed"}
-        for labels in list(FRONTIER._metrics):  # partitions no longer held: no stale frontier
-            if labels[0] not in held:
-                FRONTIER.remove(*labels)
+        for gauge in (FRONTIER, PROBES_SENT, PROBES_RECEIVED, PROBES_WAITING):
+            for labels in list(gauge._metrics):  # partitions no longer held: no stale values
+                if labels[0] not in held:
+                    gauge.remove(*labels)
         by_query = self.core.state_by_query()
         for name, entries in by_query.items():
             QUERY_STATE.labels(name).set(entries)

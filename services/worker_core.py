@@ -193,6 +193,15 @@ class Shard:
             return self.frontier
         return min(self.frontier, self.evaluator.completed_live())
 
+    def state_entries(self, name: str | None = None) -> int:
+        """State entries of one engine or evaluator query (by its name here), or of the whole shard."""
+        if name is None:
+            extra = self.evaluator.state_entries() if self.evaluator is not None else 0
+            return self.engine.state_entries() + extra
+        if name in self.probe_queries:
+            return self.evaluator.state_entries(name)
+        return self.engine.state_entries(name)
+
     def columns(self, name: str) -> tuple[str, ...]:
         if name in self.probe_queries:
             return self.evaluator.queries[name].program.columns
@@ -547,7 +556,7 @@ class WorkerCore:
         totals: dict[str, int] = {}
         for shard in self.shards.values():
             for name, (query_id, _part) in shard.outputs.items():
-                totals[query_id] = totals.get(query_id, 0) + shard.engine.state_entries(name)
+                totals[query_id] = totals.get(query_id, 0) + shard.state_entries(name)
         return totals
 
 

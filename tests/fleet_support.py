@@ -40,6 +40,9 @@ QUERIES = {
     "names": f"SELECT DISTINCT ?n WHERE {{ ?x <{EX}name> ?n . ?x <{EX}type> <{EX}Person> }}",
     # DISTINCT of a 2-hop path without its centre: rows of several partitions coincide
     "fof": f"SELECT DISTINCT ?a WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}likes> <{EX}Jazz> }}",
+    # multi-centre components: each star at its centre value's partition, joined by probes between partitions
+    "path3": f"SELECT ?a ?d WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c . ?c <{EX}likes> ?d }}",
+    "triangle": f"SELECT * WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c . ?c <{EX}knows> ?a }}",
 }
 
 
