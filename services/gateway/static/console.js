@@ -112,7 +112,7 @@ $("upd-button").onclick = async () => {
 
 function select(id) {
   if (state.source) state.source.close();
-  state.selected = id; state.rows = new Map(); state.series = []; state.count = 0;
+  state.selected = id; state.rows = new Map(); state.series = []; state.count = 0; state.since = Date.now();
   $("sel-id").textContent = id;
   $("answers").tBodies[0].innerHTML = "";
   $("deltas").tBodies[0].innerHTML = "";
@@ -173,7 +173,10 @@ function onAnswer(a) {
   const deltas = $("deltas").tBodies[0];
   deltas.insertBefore(d, deltas.firstChild);
   while (deltas.rows.length > 50) deltas.deleteRow(-1);
-  state.series.push({ t: Date.now(), count: state.count, latency: Math.max(0, Date.now() - a.produced_at_ms), snapshot: a.snapshot });
+  // x: when the answer was produced (the history replayed on subscribing lands where it belongs); latency only
+  // for answers produced since this page subscribed (a replayed answer's age is not a delivery latency)
+  const live = !a.snapshot && a.produced_at_ms >= state.since - 1000;
+  state.series.push({ t: a.produced_at_ms, count: state.count, latency: Math.max(0, Date.now() - a.produced_at_ms), live });
   if (state.series.length > 600) state.series.shift();
   draw();
 }
@@ -185,7 +188,7 @@ function draw() {
   if (!s.length) return;
   const t0 = s[0].t, t1 = Math.max(s[s.length - 1].t, t0 + 1000);
   const maxCount = Math.max(1, ...s.map((p) => p.count));
-  const live = s.filter((p) => !p.snapshot);
+  const live = s.filter((p) => p.live);
   const maxLat = Math.max(10, ...live.map((p) => p.latency));
   const x = (t) => 30 + (w - 70) * (t - t0) / (t1 - t0);
   ctx.strokeStyle = "#4a7bd0"; ctx.lineWidth = 2; ctx.beginPath();
