@@ -235,8 +235,10 @@ def make_app(gw: Gateway) -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(_request: web.Request) -> web.Response:
-        if gw.ready:
+        if gw.ready and gw.follower.is_alive():
             return web.Response(text="ready\n")
+        if gw.ready:
+            return web.Response(status=503, text="not ready: the topic reader stopped (see the log)\n")
         return web.Response(status=503, text="not ready: reading queries.plans and answers\n")
 
     async def metrics(_request: web.Request) -> web.Response:
@@ -621,7 +623,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     port = sock.getsockname()[1]
     metrics_server = None
     if args.metrics_port is not None:
-        metrics_server = start_metrics_server(args.metrics_port, lambda: gw.ready)
+        metrics_server = start_metrics_server(args.metrics_port, lambda: gw.ready and gw.follower.is_alive())
     scheme = "https" if args.tls_cert else "http"
     log.info("event=started port=%d metrics_port=%s url=%s://127.0.0.1:%d/ auth=%s topics=%s", port,
              metrics_server.port if metrics_server else port, scheme, port,
