@@ -511,11 +511,12 @@ _ERROR = object()
 
 
 class _Group:
-    __slots__ = ("n", "values", "row", "cache")
+    __slots__ = ("n", "values", "row", "cache", "counts")
 
     def __init__(self, n_aggregates: int) -> None:
         self.n = 0
         self.values: list[dict] = [{} for _ in range(n_aggregates)]
+        self.counts = [0] * n_aggregates  # COUNT: bound values (with multiplicity, or distinct ones)
         self.row: Row | None = None
         # Per aggregate: its last value, or _DIRTY when a change may have moved it (MIN/MAX/SAMPLE keep
         # theirs on most changes: a new value is compared with it, and only removing it forces a rescan).
@@ -545,6 +546,9 @@ class Aggregate(Operator):
         self.positions = [order[str(a.res)] for a in aggregates]
         self.certain = frozenset(str(a.res) for a in aggregates if a.name == "Aggregate_Count")
         self.groups: dict[tuple, _Group] = {}
+        # (kind, argument expression or None for *, DISTINCT) read once: rdflib's attribute access is slow.
+        self.specs = [(a.name, None if dict.get(a, "vars") == "*" else dict.get(a, "vars"),
+                       bool(dict.get(a, "distinct"))) for a in aggregates]
 
     def start(self) -> None:
         super().start()
@@ -564,11 +568,24 @@ class Aggregate(Operator):
             if group is None:
                 group = self.groups[key] = _Group(len(self.aggregates))
             group.n += n
-            for i, (a, values) in enumerate(zip(self.aggregates, group.values)):
-                v = row if a.vars == "*" else value(a.vars, schema, row)
+            for i, (kind, arg, distinct) in enumerate(self.specs):
+                values = group.values[i]
+                v = row if arg is None else value(arg, schema, row)
+                if kind == "Aggregate_Count":
+                    if v is not None:
+                        if not distinct:
+                            group.counts[i] += n  # no multiset needed
+                            continue
+                        old = values.get(v, 0)
+                        if old <= 0 < old + n:
+                            group.counts[i] += 1
+                        elif old + n <= 0 < old:
+                            group.counts[i] -= 1
+                        add(values, v, n)
+                    continue
                 add(values, v, n)
-                if a.name in _EXTREMES:
-                    self._hint(group, i, a.name, v, n, values)
+                if kind in _EXTREMES:
+                    self._hint(group, i, kind, v, n, values)
                 else:
                     group.cache[i] = _DIRTY
             touched[key] = group
@@ -618,7 +635,9 @@ class Aggregate(Operator):
         row: list = [None] * len(self.schema)
         for i, (a, values, position) in enumerate(zip(self.aggregates, group.values, self.positions)):
             cached = group.cache[i]
-            if cached is _DIRTY:
+            if a.name == "Aggregate_Count":
+                cached = self.terms.dictionary.encode(literal(str(group.counts[i]), None, XSD + "integer"))
+            elif cached is _DIRTY:
                 cached = self.aggregate(a, values)
                 if a.name in _EXTREMES:
                     group.cache[i] = cached
