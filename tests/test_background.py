@@ -312,3 +312,19 @@ def test_registry_validates_and_classifies_a_service_query_without_running_it():
     bad = register(PAPER_QUERY, **{"service.policy": "WSJ-WBM*"})
     assert "option service.policy" in bad["message"]
     assert "need a SERVICE" in register("SELECT * WHERE { ?s <http://e/p> ?o }", **{"service.rho_ms": "5"})["message"]
+
+
+def test_view_snapshot_restores_values_times_and_learnt_intervals():
+    import json
+
+    view = LocalView(prior_interval=10, stale_probability=0.5)
+    rows = frozenset({(("followers", '"7"'),)})
+    view.fill({"<u1>": rows, "<u2>": 5}, 0)
+    view.put("<u3>", None, best_before=2, refreshed_at=2)
+    view.apply_refresh("<u1>", frozenset({(("followers", '"8"'),)}), 4, best_before=9)
+    view.pool()
+    restored = LocalView.restore(json.loads(json.dumps(view.snapshot())))
+    for key in ("<u1>", "<u2>", "<u3>"):
+        assert restored.entry(key) == view.entry(key)
+    assert restored.pooled_interval == view.pooled_interval and restored.scale == view.scale
+    assert restored.apply_refresh("<u1>", frozenset({(("followers", '"9"'),)}), 6) is not None

@@ -4,6 +4,9 @@ An entry holds the background value (whatever the remote returned for that key),
 (the time at which the value is estimated to become stale), the time it was last refreshed, and the estimate
 I of its *change interval*, learnt from what the refreshes observed.
 
+``snapshot()`` / ``LocalView.restore()`` turn the view into JSON-able data and back (values, best-before times,
+observations and learnt intervals), for checkpointed state.
+
 Times are plain numbers in one unit chosen by the caller (event-time ms in the engine, minutes or seconds in the
 benchmark); the window's width omega and slide beta are in the same unit.
 
@@ -168,6 +171,33 @@ class LocalView:
             entry.interval = self.scale / estimate_rate(entry.observations, self.pooled_interval, self.prior_weight)
         return Change(key, old, value, float(t)) if changed else None
 
+    # ----------------------------------------------------------------------------------------- checkpoint
+    def snapshot(self) -> dict[str, Any]:
+        """The view as JSON-able data (for a checkpoint); keys must be strings, values rows or JSON values."""
+        return {
+            "prior_interval": self.prior_interval, "pooled_interval": self.pooled_interval, "scale": self.scale,
+            "prior_weight": self.prior_weight, "max_observations": self.max_observations,
+            "recent": [list(o) for o in self._recent], "pool_observations": self._recent.maxlen,
+            "entries": [{"key": e.key, "value": _encode_value(e.value), "best_before": e.best_before,
+                         "refreshed_at": e.refreshed_at, "interval": e.interval,
+                         "observations": [list(o) for o in e.observations], "refreshes": e.refreshes,
+                         "changes_seen": e.changes_seen, "interval_fixed": e.interval_fixed}
+                        for e in self._entries.values()],
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> "LocalView":
+        view = cls(data["prior_interval"], max_observations=data["max_observations"],
+                   pool_observations=data["pool_observations"], prior_weight=data["prior_weight"])
+        view.scale = data["scale"]
+        view.pooled_interval = data["pooled_interval"]
+        view._recent.extend((d, bool(c)) for d, c in data["recent"])
+        for e in data["entries"]:
+            view._entries[e["key"]] = Entry(
+                e["key"], _decode_value(e["value"]), e["best_before"], e["refreshed_at"], e["interval"],
+                [(d, bool(c)) for d, c in e["observations"]], e["refreshes"], e["changes_seen"], e["interval_fixed"])
+        return view
+
     def pool(self) -> float:
         """Re-estimate the pooled prior interval from the view's last looks (once per evaluation, off the clock)."""
         if self._recent:
@@ -176,3 +206,19 @@ class LocalView:
                 if not entry.observations and not entry.interval_fixed:
                     entry.interval = self.scale * self.pooled_interval
         return self.pooled_interval
+
+
+def _encode_value(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {"none": True}
+    if isinstance(value, frozenset):  # SparqlRemote's rows: tuples of (variable, term)
+        return {"rows": sorted([list(pair) for pair in row] for row in value)}
+    return {"value": value}
+
+
+def _decode_value(data: Mapping[str, Any]) -> Any:
+    if data.get("none"):
+        return None
+    if "rows" in data:
+        return frozenset(tuple(tuple(pair) for pair in row) for row in data["rows"])
+    return data["value"]
