@@ -23,7 +23,7 @@ from typing import Any
 from cbgp.algebra.leaf import PatternLeaf
 from cbgp.algebra.operators import (Aggregate, Ask, Constant, Construct, Distinct, Extend, Filter, Join, Leaf,
                                     LeftJoin, Minus, Operator, Project, TopK, Union)
-from cbgp.algebra.terms import Terms, strict_comparisons
+from cbgp.algebra.terms import Terms, expression_variables, strict_comparisons
 from cbgp.sparql import (BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, _check_prefixes,
                          _find_keyword, _translate_in_source_order, parse_query)
 from cbgp.terms import TermError, from_rdflib
@@ -104,27 +104,6 @@ def _reject(text: str, construct: str, *keywords: str, why: str = "") -> QueryEr
     line, column = _find_keyword(text, *keywords) if keywords else (None, None)
     return QueryError(f"{construct} is not supported{': ' + why if why else ' in continuous queries'}",
                       line, column)
-
-
-def expression_variables(expr: Any) -> set[str]:
-    from rdflib import Variable
-    from rdflib.plugins.sparql.parserutils import CompValue
-
-    out: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, Variable):
-            out.add(str(node))
-        elif isinstance(node, CompValue):
-            for key, value in node.items():
-                if key != "_vars":
-                    walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                walk(value)
-
-    walk(expr)
-    return out
 
 
 def _find_names(expr: Any, names: set[str] | dict) -> str | None:

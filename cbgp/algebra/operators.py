@@ -16,8 +16,7 @@ import bisect
 from decimal import ROUND_DOWN, Decimal
 from typing import Any, Callable, Iterable
 
-from cbgp.algebra.terms import (XSD, Terms, _INTEGER_TYPES, _NUMERIC_TYPES, format_decimal, format_double,
-                                numeric_value)
+from cbgp.algebra.terms import XSD, Terms, expression_variables, format_decimal, format_double
 from cbgp.terms import literal, split_literal
 
 Row = tuple
@@ -148,8 +147,6 @@ class Filter(Operator):
         self.expr = expr
         self.terms = terms
         self.text = text
-        from cbgp.algebra.compile import expression_variables
-
         names = expression_variables(expr)
         only = next(iter(names)) if len(names) == 1 else None
         self.memo_position = self.schema.index(only) if only in self.schema else None

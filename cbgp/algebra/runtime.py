@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse, expression_variables
+from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse
 from cbgp.algebra.operators import MEMO_LIMIT, Delta, add, remapper
-from cbgp.algebra.terms import Terms
+from cbgp.algebra.terms import Terms, expression_variables
 from cbgp.engine import Engine, EngineError
 from cbgp.sparql import ParsedQuery
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary

@@ -249,3 +249,24 @@ def strict_comparisons(node) -> None:  # noqa: ANN001
                 walk(value)
 
     walk(node)
+
+
+def expression_variables(expr: Any) -> set[str]:
+    from rdflib import Variable
+    from rdflib.plugins.sparql.parserutils import CompValue
+
+    out: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Variable):
+            out.add(str(node))
+        elif isinstance(node, CompValue):
+            for key, value in node.items():
+                if key != "_vars":
+                    walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(expr)
+    return out
