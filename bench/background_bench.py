@@ -4,6 +4,10 @@ Usage:
   .venv/bin/python bench/background_bench.py [--endpoint auto|virtuoso|oxigraph|memory] [--minutes 180]
                                              [--users 400] [--omega 10] [--candidates 33] [--rho-ms 100]
                                              [--seed 1] [--repeats 1] [--alpha 0.75]
+                                             [--changes poisson|periodic] [--popularity-mix 0]
+                                             [--spare likely|none] [--renew paper|now] [--tiebreak random|stale]
+
+(``make virtuoso`` installs the endpoint; without it ``auto`` falls back to the pyoxigraph endpoint.)
 
 The shape of the paper's experiment (section 5):
 
@@ -19,7 +23,8 @@ The shape of the paper's experiment (section 5):
   stream and the clock are simulated: no sleeping; every refresh is a real HTTP call to the endpoint, one
   SPARQL SELECT per refreshed user, through SPARQLWrapper);
 - the view is filled by one bulk query at t = 0 (every best-before = 0, as in the paper); each policy (WST,
-  GNR-RND, GNR-LRU, WSJ-RND, WSJ-LRU, WSJ-WBM, WSJ-WBM*, BST) keeps its own view and its own maintainer, with
+  GNR-RND, GNR-LRU, WSJ-RND, WSJ-LRU, WSJ-WBM, WSJ-WBM*, BST, and our extension WSJ-WBMP: WBM with a soft
+  possibly-stale set) keeps its own view and its own maintainer, with
   gamma = 8%, 15%, 30% of the measured average candidate-set size (at least 1) and the latency budget rho;
   all policies are evaluated at the same instants against the same endpoint state;
 - accuracy of one evaluation: the fraction of the window's (user, followers) answers whose follower count is
