@@ -198,6 +198,9 @@ async def run(args: argparse.Namespace) -> dict:
             rss_idle = proc.memory_info().rss
             await asyncio.sleep(1.0)
             cpu0 = proc.cpu_times()
+            me = psutil.Process()
+            me0 = me.cpu_times()
+            load0 = os.getloadavg()[0]
             t0 = time.monotonic()
             counts: dict[int, int] = {}
             producer = threading.Thread(target=produce_answers, args=(settings, args.queries, args.rate,
@@ -214,6 +217,7 @@ async def run(args: argparse.Namespace) -> dict:
                     break
                 await asyncio.sleep(0.1)
             cpu1 = proc.cpu_times()
+            me1 = me.cpu_times()
             window = time.monotonic() - t0
             rss = proc.memory_info().rss
             gw_metrics = await (await session.get(url + "/metrics")).text()
@@ -251,6 +255,8 @@ async def run(args: argparse.Namespace) -> dict:
             "gateway_cpu_us_per_answer_delivered": round(1e6 * cpu / max(answers_delivered, 1), 1),
             "gateway_rss_mb": round(rss / 2**20, 1), "gateway_rss_mb_before": round(rss_idle / 2**20, 1),
             "connect_s": round(connect_s, 1), "errors": clients.errors[:3],
+            "client_cores": round(((me1.user - me0.user) + (me1.system - me0.system)) / window, 3),
+            "load_avg_1m_at_start": round(load0, 2), "cpus": os.cpu_count(),
         }
     finally:
         if gateway is not None:
@@ -284,7 +290,9 @@ def main() -> int:
             ("gateway CPU per notification", f"{result['gateway_cpu_us_per_notification']} us"),
             ("gateway CPU per answer delivered", f"{result['gateway_cpu_us_per_answer_delivered']} us"),
             ("gateway RSS", f"{result['gateway_rss_mb']} MB"),
-            ("connect 1,000 subscribers", f"{result['connect_s']} s")]
+            ("client process (all 1,000 subscribers)", f"{result['client_cores']} core"),
+            ("machine load at start (1 min)", f"{result['load_avg_1m_at_start']} on {result['cpus']} CPUs"),
+            ("connect all subscribers", f"{result['connect_s']} s")]
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
