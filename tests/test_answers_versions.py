@@ -149,7 +149,7 @@ def test_restore_keeps_only_the_latest_version_and_ended_streams_stay_ended() ->
     log += feed(c, batch(2, [("PLUS", 3, 0)]), 1)
     restored = restore_from(log)
     state = restored.queries["late"]
-    assert (state.version, state.n, state.last_key) == (2, 1, {0: (0, 0)})
+    assert (state.version, state.n, state.last_key) == (2, 1, {0: (0, 0, 0)})  # routed source: (seq, offset, index)
     assert list(state.current) == [codec.canonical_binding({"x": "<http://ex/c>"})]
     # A crash after an unregistration was read but before its retractions were committed: the new life
     # restores the answers, reads the tombstone from queries.plans and retracts then.

@@ -90,14 +90,18 @@ def test_answers_equal_replay_as_multisets(kafka_settings: KafkaSettings, tmp_pa
 @pytest.mark.timeout(330)
 def test_by_centre_queries_over_eight_partitions_equal_replay(kafka_broker, tmp_path: Path) -> None:
     """Eight routed partitions held by three workers: the by-centre queries (a star with an attribute
-    variable, a 2-hop path, DISTINCT without the centre) spread over all of them, and the answers service
-    releases their deltas in seq order; single-owner queries beside them."""
+    variable, a 2-hop path, DISTINCT without the centre, a 3-hop path, a triangle and a snowflake joined by
+    probes) spread over all of them, and the answers service releases their deltas in seq order;
+    single-owner queries beside them."""
     settings = fresh_settings(kafka_broker, partitions=8)
     ensure_topics(settings)
     lines = generate_patch(2500, seed=8)
-    expected = replay(tmp_path, lines, QUERIES)
+    queries = {**QUERIES, "snowflake": (
+        f"SELECT * WHERE {{ ?a <{EX}knows> ?b . ?a <{EX}type> <{EX}Person> . ?b <{EX}likes> ?c . "
+        f"?b <{EX}name> ?n . ?c <{EX}type> ?t }}")}
+    expected = replay(tmp_path, lines, queries)
     with Fleet(settings, tmp_path / "logs") as fleet:
-        for query, text in QUERIES.items():
+        for query, text in queries.items():
             publish_plan(settings, query, text)
         start_fleet(fleet, 3)
         publish_patch(settings, lines)
