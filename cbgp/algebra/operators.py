@@ -13,7 +13,9 @@ is a dict row -> signed multiplicity without zero entries.
 from __future__ import annotations
 
 import bisect
-from decimal import ROUND_DOWN, Decimal
+import math
+from decimal import ROUND_DOWN, Context, Decimal
+from fractions import Fraction
 from typing import Any, Callable, Iterable
 
 from cbgp.algebra.terms import XSD, Terms, expression_variables, format_decimal, format_double
@@ -507,10 +509,49 @@ class Minus(_Matched):
 _ERROR = object()
 
 
-class _Group:
-    __slots__ = ("n", "values", "row", "cache", "counts")
+class _Sum:
+    """SUM/AVG of one group, kept exactly under insertions and deletions: integers as int, decimals as Decimal
+    (100 digits), floats as Fraction (every float is a fraction, so removing one restores the sum exactly and
+    the double result is the correctly rounded sum, as math.fsum gives); NaN and infinities are counted."""
 
-    def __init__(self, n_aggregates: int) -> None:
+    __slots__ = ("errors", "count", "ranks", "integer", "decimal", "fraction", "special")
+
+    def __init__(self) -> None:
+        self.errors = 0
+        self.count = 0
+        self.ranks = [0, 0, 0, 0]
+        self.integer = 0
+        self.decimal = Decimal(0)
+        self.fraction = Fraction(0)
+        self.special: dict[float, int] = {}
+
+    def add(self, parsed: tuple | None, w: int) -> None:
+        if parsed is None:
+            self.errors += w
+            return
+        rank, number = parsed
+        self.ranks[rank] += w
+        self.count += w
+        if isinstance(number, float):
+            if math.isfinite(number):
+                self.fraction += Fraction(number) * w
+            else:
+                key = repr(number)
+                self.special[key] = self.special.get(key, 0) + w
+        elif rank == 1:
+            self.decimal = _EXACT.add(self.decimal, _EXACT.multiply(number, w))
+        else:
+            self.integer += number * w
+
+
+_EXACT = Context(prec=100)
+
+
+class _Group:
+    __slots__ = ("n", "values", "row", "cache", "counts", "sums")
+
+    def __init__(self, n_aggregates: int, kinds: tuple = ()) -> None:
+        self.sums = [_Sum() if kind in _SUMS else None for kind in kinds]
         self.n = 0
         self.values: list[dict] = [{} for _ in range(n_aggregates)]
         self.counts = [0] * n_aggregates  # COUNT: bound values (with multiplicity, or distinct ones)
@@ -522,6 +563,7 @@ class _Group:
 
 _DIRTY = object()
 _EXTREMES = ("Aggregate_Min", "Aggregate_Max", "Aggregate_Sample")
+_SUMS = ("Aggregate_Sum", "Aggregate_Avg")
 
 
 class Aggregate(Operator):
@@ -546,11 +588,12 @@ class Aggregate(Operator):
         # (kind, argument expression or None for *, DISTINCT) read once: rdflib's attribute access is slow.
         self.specs = [(a.name, None if dict.get(a, "vars") == "*" else dict.get(a, "vars"),
                        bool(dict.get(a, "distinct"))) for a in aggregates]
+        self.kinds = tuple(kind for kind, _, _ in self.specs)
 
     def start(self) -> None:
         super().start()
         if not self.group_exprs and () not in self.groups:
-            group = self.groups[()] = _Group(len(self.aggregates))
+            group = self.groups[()] = _Group(len(self.aggregates), self.kinds)
             group.row = self.compute(group)
             self.emit({group.row: 1})
 
@@ -563,7 +606,7 @@ class Aggregate(Operator):
             key = tuple(value(e, schema, row) for e in self.group_exprs) if self.group_exprs else ()
             group = self.groups.get(key)
             if group is None:
-                group = self.groups[key] = _Group(len(self.aggregates))
+                group = self.groups[key] = _Group(len(self.aggregates), self.kinds)
             group.n += n
             for i, (kind, arg, distinct) in enumerate(self.specs):
                 values = group.values[i]
@@ -579,6 +622,17 @@ class Aggregate(Operator):
                         elif old + n <= 0 < old:
                             group.counts[i] -= 1
                         add(values, v, n)
+                    continue
+                if kind in _SUMS:
+                    if distinct:
+                        old = values.get(v, 0)
+                        add(values, v, n)
+                        w = 1 if old <= 0 < old + n else (-1 if old + n <= 0 < old else 0)
+                    else:
+                        w = n  # no multiset needed
+                    if w:
+                        group.sums[i].add(None if v is None else self.terms.numeric(v), w)
+                    group.cache[i] = _DIRTY
                     continue
                 add(values, v, n)
                 if kind in _EXTREMES:
@@ -600,6 +654,29 @@ class Aggregate(Operator):
                     add(out, new, 1)
                 group.row = new
         self.emit(out)
+
+    def _sum_result(self, kind: str, state: _Sum) -> int | None:
+        encode = self.terms.dictionary.encode
+        if state.errors > 0:
+            return None  # a value that is not a number: SUM and AVG are errors, the variable unbound
+        if state.count == 0:
+            return encode(literal("0", None, XSD + "integer"))
+        rank = max(r for r in range(4) if state.ranks[r] > 0)
+        if rank >= 2:
+            total: Any = float(Fraction(state.integer) + Fraction(state.decimal) + state.fraction)
+            for key, n in state.special.items():
+                if n > 0:
+                    total += float(key)
+        elif rank == 1:
+            total = _EXACT.add(Decimal(state.integer), state.decimal)
+        else:
+            total = state.integer
+        if kind == "Aggregate_Sum":
+            return encode(_number_literal(total, rank))
+        if rank <= 1:
+            quotient = _EXACT.divide(Decimal(total), Decimal(state.count))
+            return encode(_number_literal(quotient.quantize(Decimal(1).scaleb(-18), rounding=ROUND_DOWN), 1))
+        return encode(_number_literal(float(total) / state.count, rank))
 
     def _hint(self, group: _Group, i: int, kind: str, v: Any, n: int, values: dict) -> None:
         cached = group.cache[i]
@@ -634,6 +711,8 @@ class Aggregate(Operator):
             cached = group.cache[i]
             if a.name == "Aggregate_Count":
                 cached = self.terms.dictionary.encode(literal(str(group.counts[i]), None, XSD + "integer"))
+            elif a.name in _SUMS:
+                cached = self._sum_result(a.name, group.sums[i])
             elif cached is _DIRTY:
                 cached = self.aggregate(a, values)
                 if a.name in _EXTREMES:

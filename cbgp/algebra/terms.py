@@ -11,7 +11,7 @@ a `BIND(?x + 1 AS ?y)` answer is the same term whichever engine computed it.
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from typing import Any
 
 from rdflib import BNode, Literal, URIRef, Variable
@@ -172,7 +172,7 @@ def canonical(term) -> str:  # noqa: ANN001
 
 
 def format_decimal(value: Decimal) -> str:
-    text = format(value.normalize(), "f") if value != 0 else "0"
+    text = format(value.normalize(Context(prec=100)), "f") if value != 0 else "0"
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text or "0"
