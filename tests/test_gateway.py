@@ -206,6 +206,22 @@ def test_sse_resumes_with_last_event_id_without_loss_or_repeats(gw: Gw) -> None:
         sorted(k for k, n in fold.items() for _ in range(n))
     assert {b["x"]["value"] for b in current["results"]["bindings"]} == {f"{EX}p{i}" for i in (2, 3, 4, 9)}
 
+    # A gateway keeping few answers per query (--history 2) says which were trimmed, then sends the rest.
+    gw.fleet.start("gateway-h", "gateway", "--port", "0", "--host", "127.0.0.1", "--history", "2")
+    try:
+        found = wait_for(lambda: re.search(r"event=started port=(\d+)", gw.fleet.log_text("gateway-h")),
+                         what="the second gateway")
+        url = f"http://127.0.0.1:{found.group(1)}"
+        wait_for(lambda: requests.get(url + "/readyz", timeout=5).status_code == 200, what="ready")
+        text = requests.get(url + "/queries/sse/answers?from=1&live=false", timeout=30).text
+        events = [dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+                  for block in text.split("\n\n") if "data: " in block]
+        assert events[0]["event"] == "gap" and json.loads(events[0]["data"]) == {"from": 1, "oldest_kept": 7}
+        assert [json.loads(e["data"])["n"] for e in events[1:]] == [7, 8]
+        assert [json.loads(e["data"]) for e in events[1:]] == everything[6:]
+    finally:
+        gw.fleet.stop("gateway-h")
+
 
 # ---------------------------------------------------------------------------------------- scopes, /query
 

@@ -339,6 +339,10 @@ def make_app(gw: Gateway) -> web.Application:
         SUBSCRIBERS.labels("sse").inc()
         try:
             await response.write(b"retry: 1000\n\n")
+            if sub.stream is not None and sub.cursor < sub.stream.base:
+                # older answers were trimmed (--history): say so instead of starting silently later
+                await response.write(sse_event(json.dumps({"from": sub.cursor, "oldest_kept": sub.stream.base}),
+                                               "gap"))
             while True:
                 stream = sub.stream
                 newest = hub.stream(query_id)

@@ -127,7 +127,8 @@ OPENAPI: dict[str, Any] = {
                         {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}}],
                     "responses": {
                         "200": {"description": "event stream: 'answer' events (data = JSON answer), 'end' when the "
-                                               "query is registered again",
+                                               "query is registered again, 'gap' when answers before the "
+                                               "oldest kept (--history) were asked for",
                                 "content": {"text/event-stream": {"schema": {"type": "string"}}}},
                         "400": _json(_ERR, "bad from / Last-Event-ID"),
                         "404": _json(_ERR, "not registered"), **_AUTH}},
