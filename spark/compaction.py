@@ -314,20 +314,18 @@ def current_answer_records(changed: DataFrame) -> DataFrame:
     """
 
     def encode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from services.codec import encode as avro_encode
+        from services.codec import encode_current_answer
 
         for pdf in batches:
             keys, values = [], []
-            versions = pdf["version"] if "version" in pdf else [0] * len(pdf)
-            for q, b, m, n, v in zip(pdf["query_id"], pdf["binding"], pdf["multiplicity"], pdf["last_n"], versions):
+            versions = pdf["version"].tolist() if "version" in pdf else [0] * len(pdf)
+            for q, b, m, n, v in zip(pdf["query_id"].tolist(), pdf["binding"].tolist(), pdf["multiplicity"].tolist(),
+                                     pdf["last_n"].tolist(), versions):
                 keys.append(current_key(q, b))
-                values.append(
-                    None if m <= 0 else avro_encode(
-                        "CurrentAnswer",
-                        {"query_id": q, "binding": binding_terms(b), "multiplicity": int(m), "last_n": int(n),
-                         "version": int(v) if v == v and v is not None else 0},
-                    )
-                )
+                # the canonical binding JSON maps each variable to its canonical term: what the fast
+                # encoder takes (the same bytes as encode("CurrentAnswer", ...) with binding_terms(b))
+                values.append(None if m <= 0 else encode_current_answer(
+                    q, json.loads(b), int(m), int(n), int(v) if v == v and v is not None else 0))
             yield pd.DataFrame({"key": keys, "value": values})
 
     return changed.mapInPandas(encode, "key binary, value binary")

@@ -37,7 +37,9 @@ from typing import Any, Iterator, Mapping
 
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
@@ -162,30 +164,55 @@ class _OffsetPlanner:
             self._consumer = None
 
 
+_ARROW_SCHEMA: Any = None
+
+
+def _arrow_schema() -> Any:
+    global _ARROW_SCHEMA
+    if _ARROW_SCHEMA is None:
+        import pyarrow as pa
+
+        _ARROW_SCHEMA = pa.schema(
+            [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+             ("offset", pa.int64()), ("timestamp_ms", pa.int64())])
+    return _ARROW_SCHEMA
+
+
 def read_partition(options: Mapping[str, str], part: KafkaPartition) -> Iterator[Any]:
-    """Yield the records of ``part`` (tuples, or Arrow batches with ``arrow=true``)."""
+    """Yield the records of ``part`` (tuples, or Arrow batches with ``arrow=true``).
+
+    Arrow batches are built column by column from each ``consume()`` call's messages (no per-record
+    tuple), up to ``_ARROW_BATCH_ROWS`` rows each."""
     use_arrow = options.get("arrow", "true").lower() == "true"
-    rows = _read_records(options, part)
     if not use_arrow:
-        yield from rows
+        for msgs in _read_messages(options, part):
+            for msg in msgs:
+                yield (msg.key(), msg.value(), part.topic, part.partition, msg.offset(), msg.timestamp()[1])
         return
     import pyarrow as pa
 
-    schema = pa.schema(
-        [("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
-         ("offset", pa.int64()), ("timestamp_ms", pa.int64())]
-    )
-    buf: list[tuple] = []
-    for row in rows:
-        buf.append(row)
+    schema = _arrow_schema()
+    buf: list[Any] = []
+
+    def batch() -> Any:
+        n = len(buf)
+        return pa.RecordBatch.from_arrays([
+            pa.array([m.key() for m in buf], pa.binary()), pa.array([m.value() for m in buf], pa.binary()),
+            pa.array([part.topic] * n, pa.string()), pa.array([part.partition] * n, pa.int32()),
+            pa.array([m.offset() for m in buf], pa.int64()), pa.array([m.timestamp()[1] for m in buf], pa.int64()),
+        ], schema=schema)
+
+    for msgs in _read_messages(options, part):
+        buf.extend(msgs)
         if len(buf) >= _ARROW_BATCH_ROWS:
-            yield pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(zip(*buf), schema.types)], schema=schema)
+            yield batch()
             buf = []
     if buf:
-        yield pa.RecordBatch.from_arrays([pa.array(c, t) for c, t in zip(zip(*buf), schema.types)], schema=schema)
+        yield batch()
 
 
-def _read_records(options: Mapping[str, str], part: KafkaPartition) -> Iterator[tuple]:
+def _read_messages(options: Mapping[str, str], part: KafkaPartition) -> Iterator[list[Any]]:
+    """The messages of ``part``, one list per ``consume()`` call (the batched read)."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     if part.end <= part.start:
@@ -198,6 +225,7 @@ def _read_records(options: Mapping[str, str], part: KafkaPartition) -> Iterator[
     try:
         while position < part.end:
             msgs = consumer.consume(num_messages=min(10_000, part.end - position), timeout=1.0)
+            good = []
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -214,8 +242,10 @@ def _read_records(options: Mapping[str, str], part: KafkaPartition) -> Iterator[
                 if msg.offset() >= part.end:
                     position = part.end
                     break
-                yield (msg.key(), msg.value(), part.topic, part.partition, msg.offset(), msg.timestamp()[1])
+                good.append(msg)
                 position, last_progress = msg.offset() + 1, time.monotonic()
+            if good:
+                yield good
             if position >= part.end:
                 break
             if not msgs:
@@ -376,6 +406,25 @@ def write_rows(options: Mapping[str, str], schema: StructType, rows: Iterator[An
     return ProducedCount(acked)
 
 
+def write_batches(options: Mapping[str, str], schema: StructType, batches: Iterator[Any]) -> ProducedCount:
+    """:func:`write_rows` for Arrow record batches (the Arrow writers): columns, not Row objects."""
+    names = set(schema.fieldNames())
+    if "value" not in names:
+        raise KafkaSourceError(f"the DataFrame written to Kafka needs a value column, got {sorted(names)}")
+    fixed_topic = options.get("topic")
+    if fixed_topic is None and "topic" not in names:
+        raise KafkaSourceError("set option topic or provide a topic column")
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for batch in batches:
+            columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+            n = batch.num_rows
+            for i in range(n):
+                yield {name: column[i] for name, column in columns.items()}
+
+    return write_rows(options, schema, rows())
+
+
 def _as_bytes(value: Any) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
@@ -384,13 +433,15 @@ def _as_bytes(value: Any) -> bytes | None:
     return str(value).encode("utf-8")
 
 
-class KafkaStreamWriter(DataSourceStreamWriter):
+class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    """Streaming sink; Spark hands each task Arrow record batches (no Row object per record)."""
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options, self.schema = options, schema
         client_config(options)  # fail at query start, not in a task, if bootstrap servers are missing
 
     def write(self, iterator: Iterator[Any]) -> ProducedCount:
-        return write_rows(self.options, self.schema, iterator)
+        return write_batches(self.options, self.schema, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Nothing to do: every record was acknowledged before its task returned.
@@ -402,13 +453,13 @@ class KafkaStreamWriter(DataSourceStreamWriter):
         return None
 
 
-class KafkaBatchWriter(DataSourceWriter):
+class KafkaBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.options, self.schema = options, schema
         client_config(options)
 
     def write(self, iterator: Iterator[Any]) -> ProducedCount:
-        return write_rows(self.options, self.schema, iterator)
+        return write_batches(self.options, self.schema, iterator)
 
 
 class KafkaDataSource(DataSource):

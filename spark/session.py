@@ -34,6 +34,11 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.python.authenticate.socketTimeout": "120s",
     # Streaming queries here are small and frequent: don't keep 100 batches of metadata around.
     "spark.sql.streaming.minBatchesToRetain": "10",
+    # RocksDB state (transformWithStateInPandas, spark.windows / spark.assembly): a batch's commit writes a
+    # changelog of what it changed instead of a snapshot of every file, and writes do not read the old
+    # value back just to keep a row count, so a commit costs what the batch changed, not the state size.
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
 }
 
 
