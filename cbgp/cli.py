@@ -239,7 +239,14 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
         else:
             out.write(operators.explain() + "\n")
             for number, leaf in enumerate(operators.engine_leaves):
-                out.write(f"BGP leaf{number}: " + decompose(leaf.query).explain() + "\n")
+                text = decompose(leaf.query).explain()
+                text = text[:text.index("placement in the fleet:")].rstrip() if "placement in the fleet:" in text else text
+                pushed = sorted(leaf.pushed)
+                if pushed:
+                    text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed)
+                out.write(f"BGP leaf{number}: " + text + "\n")
+            out.write("placement in the fleet: none yet (the fleet registers BGP queries only); run it with "
+                      "cbgp replay\n")
         return
     plan = decompose(query)
     if as_json:

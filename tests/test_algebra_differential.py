@@ -54,6 +54,9 @@ GROUPS = {
         "minus": "SELECT * WHERE { ?x :p ?y MINUS { ?y :q ?x } }",
         "not_exists": "SELECT * WHERE { ?x :p ?y FILTER NOT EXISTS { ?y :p ?x } }",
         "exists": "SELECT * WHERE { ?x :p ?y FILTER(EXISTS { ?x :q ?z } && isIRI(?y)) }",
+        "pushed_past_optional": "SELECT * WHERE { ?x :p ?y . ?x :q ?w OPTIONAL { ?y :q ?z } FILTER(isIRI(?w)) }",
+        "pushed_into_join": "SELECT * WHERE { { ?x :p ?y } UNION { ?x :r ?y } ?y :q ?z "
+                            "FILTER(isIRI(?z) && ?z != :c) }",
     },
     "aggregates": {
         "union_count": "SELECT ?x (COUNT(*) AS ?n) WHERE { { ?x :p ?y } UNION { ?x :q ?y } } GROUP BY ?x",

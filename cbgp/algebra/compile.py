@@ -375,9 +375,9 @@ class Builder:
                 raise _reject(self.text, "EXISTS inside an expression", "EXISTS",
                               why="only FILTER [NOT] EXISTS { ... } (alone or in a conjunction) is")
         child = self.build(_opt(node, "p"), graph)
-        if self.pushdown and plain and isinstance(child, Leaf) and self.engine_leaves \
-                and self.engine_leaves[-1].leaf is child:
-            self._push(self.engine_leaves[-1], plain)
+        if self.pushdown:
+            for c in plain:
+                self._push_into(child, c)
         op: Operator = child
         for c in exists:
             op = Minus(op, self._exists_pattern(c, graph), exists=c.name == "Builtin_EXISTS")
@@ -404,6 +404,38 @@ class Builder:
                 raise _reject(self.text, "FILTER, BIND, OPTIONAL, MINUS, EXISTS or aggregates inside EXISTS",
                               "EXISTS", why="not yet")
         return op
+
+    def _push_into(self, op: Operator, conjunct: Any) -> None:
+        """Attach a FILTER conjunct to the engine BGP under `op` that binds all its variables for sure.
+
+        Through a Join (either side) and the required side of an OPTIONAL the conjunct's variables keep the
+        leaf's values in every solution, so a triple the conjunct rejects there cannot take part in an answer.
+        """
+        names = expression_variables(conjunct)
+        if not names:
+            return
+        while True:
+            if isinstance(op, Leaf):
+                for engine_leaf in self.engine_leaves:
+                    if engine_leaf.leaf is op:
+                        self._push(engine_leaf, [conjunct])
+                return
+            if isinstance(op, LeftJoin) or (isinstance(op, Minus) and op.exists is not False):
+                op = op.children[0]
+            elif isinstance(op, (Minus, Filter, Extend, Distinct, Project)):  # rows keep the child's values
+                op = op.children[0]
+            elif isinstance(op, Join):
+                left, right = op.children
+                if names <= left.certain:
+                    op = left
+                elif names <= right.certain:
+                    op = right
+                else:
+                    return
+            else:
+                return
+            if not names <= op.certain:
+                return
 
     def _push(self, engine_leaf: EngineLeaf, conjuncts: list) -> None:
         for c in conjuncts:
