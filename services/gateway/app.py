@@ -140,6 +140,7 @@ class Gateway:
         self.fleet.stopping = True
         self.follower.join(5)
         self.publisher.close()
+        self.graph.close()
 
     # ------------------------------------------------------------------ auth
 

@@ -21,14 +21,14 @@ import threading
 import time
 from typing import Any, Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary, to_oxigraph
 from services import codec
 from services.codec import sparql_json_term
 from services.gateway.core import Answer
 from services.kafka import KafkaSettings, end_offsets, make_producer
-from services.runtime import Fetcher, read_range
+from services.runtime import Fetcher
 
 __all__ = ["FleetSampler", "Follower", "GraphSource", "Publisher"]
 
@@ -136,6 +136,8 @@ class GraphSource:
         self.store = None
         self.dictionary = TermDictionary(stable=True)
         self.positions: dict[tuple[str, int], int] = {}
+        self.partitions: dict[str, list[int]] = {}
+        self.consumer: Consumer | None = None
         self.seq = 0
         self.quads = 0
         self._terms: dict[int, Any] = {}
@@ -146,34 +148,58 @@ class GraphSource:
             found = self._terms[term_id] = to_oxigraph(self.dictionary.decode(term_id))
         return found
 
-    def _read(self, topic: str, apply: Callable[[bytes], None]) -> None:
-        for partition, (_low, high) in end_offsets(self.settings, topic).items():
-            start = self.positions.get((topic, partition), 0)
-            if high <= start:
-                continue
-            for msg in read_range(self.settings, topic, partition, start, high):
-                if msg.value() is not None:
-                    apply(msg.value())
-            self.positions[(topic, partition)] = high
+    def _drain(self, topic: str) -> list[Any]:
+        """The records of every partition of ``topic`` from where the last call stopped to the end (partition-EOF:
+        for this read_committed consumer, the last committed record), with one long-lived assign-only consumer."""
+        if self.consumer is None:
+            self.consumer = Consumer(self.settings.consumer_config(f"{self.settings.topic_prefix}gateway-graph",
+                                                                   enable_partition_eof=True, fetch_wait_max_ms=20))
+        if topic not in self.partitions:
+            meta = self.consumer.list_topics(topic, timeout=10).topics.get(topic)
+            if meta is None or meta.error is not None:
+                raise KafkaException(meta.error if meta else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, topic))
+            self.partitions[topic] = sorted(meta.partitions)
+        pending = {(topic, p) for p in self.partitions[topic]}
+        self.consumer.assign([TopicPartition(topic, p, self.positions.get((topic, p), OFFSET_BEGINNING))
+                              for p in self.partitions[topic]])
+        out = []
+        deadline = time.monotonic() + 120
+        try:
+            while pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {topic} for /query: partitions {sorted(pending)} not at their end")
+                # what is fetched already, else the first record or EOF event to arrive (consume(n, t) would wait
+                # the whole timeout for n records)
+                for msg in self.consumer.consume(2000, 0) or self.consumer.consume(1, 0.2):
+                    key = (msg.topic(), msg.partition())
+                    err = msg.error()
+                    if err is None:
+                        out.append(msg)
+                        self.positions[key] = msg.offset() + 1
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(key)
+                        self.positions[key] = max(self.positions.get(key, 0), msg.offset())
+                    else:
+                        raise KafkaException(err)
+        finally:
+            self.consumer.unassign()
+        return out
 
     def sync(self) -> int:
-        """Read what ``dictionary`` and ``updates.encoded`` gained since the last call; returns the seq the
-        store is at.  The encoded end is taken first: the dictionary entries its changes use were committed in
-        the same ingest transactions, so reading the dictionary to its (later) end covers them."""
+        """Read what ``updates.encoded`` and ``dictionary`` gained since the last call and apply it; returns the seq
+        the store is at.  updates.encoded is read first: the dictionary entries its changes use were committed in
+        the same ingest transactions, so reading the dictionary to its end afterwards covers them."""
         import pyoxigraph as ox
 
         if self.store is None:
             self.store = ox.Store()
-        t_enc, t_dict = self.settings.topic("updates.encoded"), self.settings.topic("dictionary")
-        enc_end = end_offsets(self.settings, t_enc)
-        self._read(t_dict, lambda v: self._add_term(codec.decode("DictionaryEntry", v)))
         changes = []
-        for partition, (_low, high) in enc_end.items():
-            start = self.positions.get((t_enc, partition), 0)
-            for msg in read_range(self.settings, t_enc, partition, start, high):
-                if msg.value() is not None:
-                    changes.extend(codec.encoded_changes(msg.value()))
-            self.positions[(t_enc, partition)] = max(start, high)
+        for msg in self._drain(self.settings.topic("updates.encoded")):
+            if msg.value() is not None:
+                changes.extend(codec.encoded_changes(msg.value()))
+        for msg in self._drain(self.settings.topic("dictionary")):
+            if msg.value() is not None:
+                self._add_term(codec.decode("DictionaryEntry", msg.value()))
         for seq, sign, s, p, o, g, _t, refresh in changes:
             self.seq = max(self.seq, seq)
             if refresh:
@@ -194,6 +220,12 @@ class GraphSource:
                 self.dictionary.add(record["id"], record["term"])
             except Exception:  # noqa: BLE001 - a repeated entry
                 pass
+
+    def close(self) -> None:
+        with self.lock:
+            if self.consumer is not None:
+                self.consumer.close()
+                self.consumer = None
 
     def query(self, sparql: str) -> tuple[Any, int]:
         """``(pyoxigraph result, seq)`` of ``sparql`` over the graph as of seq; raises SyntaxError / ValueError."""
