@@ -16,7 +16,8 @@ encoded up front.  For each query below:
 
 Filter push-down is measured by running the FILTER queries twice, with and without it (`pushdown` column):
 a pushed filter drops a change before the engine when every pattern it could match rejects it, so rejected
-triples cost no star state.  Timings are single runs on a shared machine: compare within a run.
+triples cost no star state.  Times are CPU seconds of this process (time.process_time: steadier than wall time on
+a shared machine), the best of --repeat runs.
 """
 
 from __future__ import annotations
@@ -94,19 +95,19 @@ def run_bgp(query: OperatorQuery, stream, dictionary: TermDictionary) -> tuple[f
         engine.register(f"leaf{number}", leaf.query)
     deltas = 0
     apply = engine.apply
-    start = time.perf_counter()
+    start = time.process_time()
     for op, s, p, o in stream:
         deltas += len(apply(op, s, p, o, DEFAULT_GRAPH_ID))
-    return time.perf_counter() - start, deltas
+    return time.process_time() - start, deltas
 
 
 def run_ops(query: OperatorQuery, stream) -> tuple[float, int]:  # noqa: ANN001
     answers = 0
     apply = query.apply
-    start = time.perf_counter()
+    start = time.process_time()
     for op, s, p, o in stream:
         answers += len(apply(op, s, p, o, DEFAULT_GRAPH_ID))
-    return time.perf_counter() - start, answers
+    return time.process_time() - start, answers
 
 
 def leaf_deltas(query: OperatorQuery) -> int:
@@ -139,9 +140,9 @@ def main() -> int:
         if not isinstance(spec, OperatorQuerySpec):  # a plain BGP SELECT: the engine's own path
             engine = Engine(dictionary)
             engine.register(name, spec)
-            start = time.perf_counter()
+            start = time.process_time()
             answers = sum(len(engine.apply(op, s, p, o, DEFAULT_GRAPH_ID)) for op, s, p, o in stream)
-            seconds = time.perf_counter() - start
+            seconds = time.process_time() - start
             print(f"| {name} | {label} (plain BGP: engine fast path) | - | {seconds:.2f} | {seconds:.2f} | "
                   f"{seconds / n * 1e6:.2f} | - | - | {answers:,} | {engine.state_entries():,} | "
                   f"{engine.state_bytes() / 1024:,.0f} | - |", flush=True)
