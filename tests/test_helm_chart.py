@@ -370,6 +370,9 @@ def test_production_values_configure_a_replicated_authenticated_cluster(rendered
     assert cfg["CBGP_SSL_CA_LOCATION"] == "/etc/cbgp/tls/ca.crt"
     assert by_kind(docs, "ServiceMonitor")
     assert not by_kind(docs, "Secret"), "with existingSecret the chart must not create credentials"
+    gateway = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "CBGP_GATEWAY_TOKENS",
+            "valueFrom": {"secretKeyRef": {"name": "cbgp-gateway-tokens", "key": "tokens"}}} in gateway["env"]
 
 
 @pytest.mark.parametrize("variant", ["production", "sparkApplication+production"])
