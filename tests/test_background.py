@@ -328,3 +328,19 @@ def test_view_snapshot_restores_values_times_and_learnt_intervals():
         assert restored.entry(key) == view.entry(key)
     assert restored.pooled_interval == view.pooled_interval and restored.scale == view.scale
     assert restored.apply_refresh("<u1>", frozenset({(("followers", '"9"'),)}), 6) is not None
+
+
+def test_a_stalled_refresh_is_abandoned_at_rho():
+    import time as real_time
+
+    class StalledRemote(DictRemote):
+        def fetch(self, key):  # no timeout parameter: only the pool's deadline can stop it
+            real_time.sleep(0.5)
+            return super().fetch(key)
+
+    view = LocalView(prior_interval=5)
+    view.fill({"k1": 0, "k2": 0}, 0)
+    maintainer = Maintainer(view, StalledRemote({"k1": 1, "k2": 1}), "WSJ-LRU", WindowShape(10, 1), rho=0.1)
+    evaluation = maintainer.evaluate(1, {"k1": 0.5, "k2": 0.5})
+    assert evaluation.latency < 0.3 and evaluation.failures == 1 and evaluation.refreshed == []
+    assert view.value("k1") == 0 and view.value("k2") == 0  # the late answer is dropped, not applied

@@ -19,8 +19,9 @@ Fig. 2 example; the paper's tau + I for an entry long overdue would lie in the p
 V = ceil((tau_next - t) / beta) evaluations it stays (possibly) fresh if refreshed now. Ties are broken at
 random (a seeded RNG). Budget (Eq. 2): gamma = floor((rho - r_q) / r_r) from the measured
 query time r_q (everything but the refreshes) and refresh time r_r (medians of the last 32), capped by a
-configured gamma; each refresh is also given what is left of rho as its timeout, and the loop stops when the
-next refresh would likely overrun rho.  When Eq. 2 allows nothing (a stall inflated r_r), the next evaluation
+configured gamma; each refresh is also given what is left of rho as its timeout (with the real clock it runs in
+a pool thread and is abandoned at the deadline), and the loop stops when the next refresh would likely overrun
+rho.  When Eq. 2 allows nothing (a stall inflated r_r), the next evaluation
 makes one probe refresh, so the estimate can recover.
 
 Decisions where the paper is silent (options of the Maintainer):
@@ -44,10 +45,12 @@ Decisions where the paper is silent (options of the Maintainer):
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import math
 import random
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -59,6 +62,18 @@ PROPOSERS = ("WSJ", "GNR", "WST", "BST")
 RANKERS = ("RND", "LRU", "WBM", "WBM*", "WBMP")
 POLICIES = ("WST", "GNR-RND", "GNR-LRU", "WSJ-RND", "WSJ-LRU", "WSJ-WBM", "WSJ-WBM*", "BST")
 ORACLE_POLICIES = ("WSJ-WBM*", "BST")
+
+
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _refresh_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="cbgp-refresh")
+        return _POOL
 
 
 @dataclass(frozen=True)
@@ -324,6 +339,8 @@ class Maintainer:
         self._query_times: deque[float] = deque(maxlen=32)
         self._refresh_times: deque[float] = deque([refresh_time_hint] if refresh_time_hint else [], maxlen=32)
         self._probe = False
+        # with the real clock and a rho, each refresh is bounded by the deadline in a pool thread
+        self.hard_deadline = rho is not None and clock is time.perf_counter
         self.remote_calls = 0
         try:  # a remote whose fetch takes a timeout is given what is left of rho
             self._remote_timeout = "timeout" in inspect.signature(remote.fetch).parameters
@@ -368,12 +385,24 @@ class Maintainer:
                     break  # the deadline: the next refresh would likely overrun rho
             entry = view.entry(choice.key)
             self.remote_calls += 1
+            left = None if self.rho is None else max(0.001, self.rho - (now - start) - query_time_estimate - 0.002)
             try:
-                if self.rho is not None and self._remote_timeout:
-                    left = self.rho - (now - start) - query_time_estimate - 0.002  # room for the join
-                    value = self.remote.fetch(choice.key, timeout=max(0.001, left))
+                if left is not None and self.hard_deadline:
+                    # the call runs in a pool thread and is abandoned at the deadline (its answer is dropped):
+                    # a socket timeout alone does not bound a call that stalls between reads
+                    args = {"timeout": left} if self._remote_timeout else {}
+                    future = _refresh_pool().submit(self.remote.fetch, choice.key, **args)
+                    value = future.result(timeout=left)
+                elif left is not None and self._remote_timeout:
+                    value = self.remote.fetch(choice.key, timeout=left)
                 else:
                     value = self.remote.fetch(choice.key)
+            except concurrent.futures.TimeoutError:
+                failures += 1
+                took = self.clock() - now
+                times.append(took)
+                self._refresh_times.append(took)  # a lower bound of the call's time: the budget shrinks
+                break  # rho is spent
             except Exception:  # noqa: BLE001 - a failed refresh leaves the entry as it was
                 failures += 1
                 times.append(self.clock() - now)

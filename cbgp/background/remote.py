@@ -14,6 +14,7 @@ the pattern text: no VALUES, so it works on SPARQL 1.0 endpoints as the paper re
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from .view import Key
@@ -60,7 +61,7 @@ class SparqlRemote:
     def __init__(self, endpoint: str, pattern: str, key_var: str, *, update_endpoint: str | None = None,
                  value_of: Callable[[list[Row]], Any] = rows_value, timeout: float = 10.0,
                  prefixes: str = ""):
-        from SPARQLWrapper import JSON, POST, SPARQLWrapper
+        from SPARQLWrapper import POST, SPARQLWrapper
 
         self.endpoint = endpoint
         self.pattern = pattern
@@ -68,25 +69,30 @@ class SparqlRemote:
         self.value_of = value_of
         self.prefixes = prefixes
         self._key_re = re.compile(r"[?$]" + re.escape(self.key_var) + r"(?![\w])")
-        self._query = SPARQLWrapper(endpoint)
-        self._query.setReturnFormat(JSON)
-        self._query.setMethod(POST)
-        self._query.setTimeout(timeout)
+        self.timeout = timeout
+        self._local = threading.local()  # one query client per thread (the maintainer may call from a pool)
         self._update = SPARQLWrapper(endpoint, updateEndpoint=update_endpoint or endpoint)
         self._update.setMethod(POST)
         self._update.setTimeout(timeout)
         self.calls = 0
 
+    def _client(self):
+        client = getattr(self._local, "client", None)
+        if client is None:
+            from SPARQLWrapper import JSON, POST, SPARQLWrapper
+
+            client = SPARQLWrapper(self.endpoint)
+            client.setReturnFormat(JSON)
+            client.setMethod(POST)
+            self._local.client = client
+        return client
+
     def _select(self, text: str, timeout: float | None = None) -> list[dict[str, dict[str, str]]]:
-        self._query.setQuery(self.prefixes + text)
+        client = self._client()
+        client.setQuery(self.prefixes + text)
         self.calls += 1
-        default = self._query.timeout
-        if timeout is not None:
-            self._query.timeout = max(0.001, timeout)  # urllib's socket timeout for this one call
-        try:
-            return self._query.query().convert()["results"]["bindings"]
-        finally:
-            self._query.timeout = default
+        client.timeout = self.timeout if timeout is None else max(0.001, timeout)  # urllib's socket timeout
+        return client.query().convert()["results"]["bindings"]
 
     def _row(self, binding: Mapping[str, Mapping[str, str]]) -> Row:
         return tuple(sorted((var, term_text(term)) for var, term in binding.items() if var != self.key_var))
