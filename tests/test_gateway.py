@@ -255,6 +255,16 @@ def test_scopes_read_and_read_write(gw: Gw) -> None:
         assert json.loads(ws.recv()) == {"unsubscribed": {"spuid": reply["notification"]["spuid"]}}
     finally:
         ws.close()
+    # No token on the upgrade: each subscribe message must carry one (SEPA's "authorization" field).
+    ws = websocket.create_connection(gw.url.replace("http", "ws") + "/subscribe", timeout=10)
+    try:
+        warm = f"SELECT ?x WHERE {{ ?x <{EX}warm> ?y }}"
+        ws.send(json.dumps({"subscribe": {"sparql": warm, "alias": "w"}}))
+        assert json.loads(ws.recv())["status_code"] == 401
+        ws.send(json.dumps({"subscribe": {"sparql": warm, "alias": "w", "authorization": f"Bearer {RO}"}}))
+        assert json.loads(ws.recv())["notification"]["sequence"] == 0
+    finally:
+        ws.close()
     # read-write: register and unregister
     assert gw.post("/queries", json={"id": "bad", "sparql": "SELECT ?x WHERE { ?x ?p }"}).status_code == 400
     gw.register("tmp", f"SELECT ?x WHERE {{ ?x <{EX}tmp> ?y }}")

@@ -169,8 +169,9 @@ def _problem(status: int, message: str, **extra: Any) -> web.Response:
     return _json({"error": message, **extra}, status)
 
 
-# Scope each route needs; None = public.
-PUBLIC = {"/", "/console.js", "/console.css", "/openapi.json", "/healthz", "/readyz", "/metrics"}
+# Scope each route needs; None = public.  /subscribe checks each subscribe message instead (a SEPA client may
+# send its token in the message's "authorization" field rather than on the upgrade request).
+PUBLIC = {"/", "/console.js", "/console.css", "/openapi.json", "/healthz", "/readyz", "/metrics", "/subscribe"}
 
 
 def _needed_scope(request: web.Request) -> str | None:
