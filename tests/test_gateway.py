@@ -3,12 +3,14 @@ processes on the embedded broker, shared by the tests of this module, with beare
 
 - the real SEPA client ``sepy`` subscribes over WebSocket, updates through ``/update`` and receives the added,
   then the removed bindings (and a later subscriber gets the current answers in its first notification);
-- SSE: disconnect after answer N, reconnect with ``Last-Event-ID: N``: nothing lost, nothing repeated;
-- scopes: no token 401, read token reads but cannot write (403), read-write does both;
+- SSE: disconnect after answer N, reconnect with ``Last-Event-ID: N``: nothing lost, nothing repeated (and a
+  gateway keeping only 2 answers per query says which were trimmed: ``event: gap``);
+- scopes: no token 401, read token reads but cannot write (403), read-write does both, over HTTP and SEPA;
+- mTLS: a second gateway serving HTTPS gives a verified client certificate its configured scope;
 - ``POST /query`` over the current graph equals what was published;
-- schemathesis (its CLI, deterministic, bounded) against ``/openapi.json``;
 - the console in headless Debian Chromium (playwright): register from the page, publish, the row appears and
-  then disappears; screenshots kept in ``tests/artifacts/``.
+  then disappears; screenshots kept in ``tests/artifacts/``;
+- schemathesis (its CLI, deterministic, bounded) against ``/openapi.json``, last (it unregisters what it sees).
 """
 
 from __future__ import annotations
