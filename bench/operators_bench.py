@@ -54,7 +54,7 @@ QUERIES = {
                   'SELECT * WHERE { ?x sib:browser ?b ; sioc:ip_address ?ip . FILTER(?b = "Opera") }', True),
     "filter_date": ("FILTER dateTime range",
                     'SELECT * WHERE { ?x dc:created ?d ; sib:browser ?b . '
-                    'FILTER(?d >= "2010-03-01T00:00:00Z"^^xsd:dateTime) }', True),
+                    'FILTER(?d >= "2010-02-10T00:00:00Z"^^xsd:dateTime) }', True),
     "filter_regex": ("FILTER REGEX",
                      'SELECT * WHERE { ?x sioc:ip_address ?ip ; sib:browser ?b . FILTER(REGEX(?ip, "^1[0-2]\\\\.")) }',
                      True),
