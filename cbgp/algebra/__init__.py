@@ -1,8 +1,20 @@
-"""Continuous SPARQL beyond basic graph patterns: incremental operators over the BGP engine.
+"""Continuous SPARQL beyond basic graph patterns: incremental operators over the BGP engine (issue 18).
 
-`analyse(text)` -> a plain BGP `ParsedQuery` (the engine's fast path) or an
-`OperatorQuerySpec`; `ContinuousEngine` registers either and applies changes,
-returning exact `+`/`-` delta answers per change.  No Kafka here.
+`analyse(text)` -> a plain BGP `ParsedQuery` (the engine's fast path, unchanged) or an `OperatorQuerySpec`;
+`ContinuousEngine` registers either and applies changes, returning exact `+`/`-` delta answers per change
+(`-` rows first; a changed aggregate row is retracted and re-asserted in the same change).  No Kafka here.
+
+Supported (rdflib parses; its algebra is compiled by `cbgp.algebra.compile`):
+SELECT (projection, expressions, DISTINCT, REDUCED, subqueries), ASK (one empty row while true), CONSTRUCT
+(rows subject/predicate/object, a set of triples; template blank nodes named after the solution); FILTER with
+rdflib's SPARQL expression evaluator (comparisons are type errors across unrelated types, as pyoxigraph), FILTER
+[NOT] EXISTS { BGP / join / union } alone or in a conjunction; BIND; VALUES; OPTIONAL with its filter; UNION;
+MINUS; GRAPH <iri> / GRAPH ?g; GROUP BY (variables or expressions) with COUNT [DISTINCT] (incl. *), SUM, AVG,
+MIN, MAX, SAMPLE, GROUP_CONCAT [DISTINCT], HAVING; ORDER BY with LIMIT/OFFSET as a maintained window (ties
+broken by the terms; ORDER BY alone changes no answer of a multiset); variables in predicate position
+(`PatternLeaf`).  Rejected with the construct, line and column: property paths, SERVICE, FROM / FROM NAMED,
+DESCRIBE, RAND/NOW/UUID/STRUUID/BNODE (their answers could not be retracted), EXISTS inside another expression
+or with FILTER/BIND/OPTIONAL/MINUS/EXISTS/aggregates inside it.
 """
 
 from cbgp.algebra.compile import OperatorQuerySpec, analyse
