@@ -462,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
           f"trigger {args.trigger} s, {args.duration:.0f} s measured per phase after {args.warmup:.0f} s)", flush=True)
     results: dict[str, dict] = {}
     try:
-        with tempfile.TemporaryDirectory(prefix="cbgp-stream-bench-") as tmp:
+        # Spark's state store maintenance may still write into a checkpoint while the directory goes
+        with tempfile.TemporaryDirectory(prefix="cbgp-stream-bench-", ignore_cleanup_errors=True) as tmp:
             work = Path(tmp)
             with EmbeddedBroker(work / "broker") as broker:
                 for phase in phases:
