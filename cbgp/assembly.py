@@ -245,6 +245,17 @@ class Assembler:
                 else:
                     del out[row]
 
+    def absorb(self, part_index: int, sign: int, row: tuple[int, ...]) -> None:
+        """Fold one part delta into the state without emitting (a restore from deltas already multiplied, in
+        any order: a count may go below zero on the way, and ends where it was)."""
+        sub = tuple(row[k] for k in self._keep[part_index])
+        counts = self._counts[part_index]
+        new = counts.get(sub, 0) + sign
+        if new:
+            counts[sub] = new
+        else:
+            del counts[sub]
+
     # -- state --
 
     def state_entries(self) -> int:

@@ -171,13 +171,22 @@ class Plan:
             return SINGLE_OWNER
         if len(parts) == 1 and isinstance(parts[0], (StarPart, ComponentPart)):
             return BY_CENTRE
+        if parts and all(isinstance(p, StarPart) or (isinstance(p, ComponentPart) and p.centre is not None)
+                         for p in parts):
+            return BY_CENTRE  # a product of parts each evaluated where its centre lives, assembled in seq order
         return SINGLE_OWNER
+
+    @property
+    def product_by_centre(self) -> bool:
+        """A product of parts placed by centre: each part's deltas are released in seq order and the answers
+        service multiplies them (``cbgp.assembly.Assembler``)."""
+        return self.placement == BY_CENTRE and len(self.parts) > 1
 
     @property
     def probed(self) -> bool:
         """A multi-centre component placed by centre: its stars are joined by probes between partitions."""
         parts = self.parts
-        return (self.placement == BY_CENTRE and isinstance(parts[0], ComponentPart)
+        return (self.placement == BY_CENTRE and len(parts) == 1 and isinstance(parts[0], ComponentPart)
                 and parts[0].centre is None)
 
     def probe_routes(self) -> dict[int, list[str]]:
@@ -284,6 +293,10 @@ class Plan:
                 lines.append(f"    t{pattern}: " + " -> ".join(route))
             lines.append("  the answers service releases the partitions' deltas in seq order"
                          + (" and applies DISTINCT" if q.distinct else ""))
+        elif self.product_by_centre:
+            lines.append("  every part keyed by its centre's value on the updates.routed partitions (no hop);")
+            lines.append("  the answers service releases the parts' deltas in seq order and multiplies them "
+                         "(delta rule per update" + (", DISTINCT by presence)" if q.distinct else ")"))
         elif self.placement == BY_CENTRE:
             part = self.parts[0]
             centre = part.variable if isinstance(part, StarPart) else part.centre

@@ -40,6 +40,7 @@ from services.registry import tombstone_version
 from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT,
                               record_consumer_lag)
 from services.idempotence import ORDERED_SOURCE_BELOW
+from services.queries import read_registration
 from services.records import WHOLE_QUERY_PART, dead_letter
 from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, Stopper,
                               commit_transaction, kv, origin_ms, read_range, read_window, record_ok, service_command)
@@ -83,6 +84,7 @@ class AnswersCore:
         # What queries.plans says (see on_plan): the version of each registered query, and per unregistered or
         # re-registered id the highest version whose stream has ended (its deltas are dropped from then on).
         self.plan_version: dict[str, int] = {}
+        self.texts: dict[tuple[str, int], str] = {}  # (query id, version) -> its query (product assemblers)
         self.ended: dict[str, int] = {}
         self.unsettled = False  # a plan or a restore may have left a stream to end: call settle()
         self.emitted: dict[tuple[str, str], object] = {}  # (query, sign) -> its DELTAS_EMITTED child
@@ -388,8 +390,10 @@ class Plans:
                 continue
             try:
                 plan = codec.decode("QueryPlan", msg.value())
-            except codec.CodecError:
+                text, _window = read_registration(plan["sparql"], plan["options"])
+            except (codec.CodecError, ValueError):
                 continue  # the registry's own output; not ours to reject
+            self.core.texts[(key, plan["version"])] = text
             self.core.on_plan(key, plan["version"])
 
     def close(self) -> None:
@@ -409,7 +413,7 @@ class AnswersService:
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.dictionary = Dictionary(settings)
         self.plans = Plans(settings, self.core)
-        self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))))
+        self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))), self._query_text)
         self.input: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member
         self.assigned: set[int] = set()  # partitions whose deltas are processed now
@@ -530,6 +534,15 @@ class AnswersService:
             self.dictionary.close()
             self.plans.close()
             self.producer.flush(5)
+
+    def _query_text(self, query_id: str, version: int) -> str | None:
+        """A registration's query, for a by-centre product's assembler: its plan is in queries.plans before any
+        of its deltas, so a miss means this service has not polled that far yet."""
+        text = self.core.texts.get((query_id, version))
+        if text is None:
+            self.plans.load()
+            text = self.core.texts.get((query_id, version))
+        return text
 
     def _settle(self) -> None:
         """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction

@@ -16,6 +16,9 @@ nothing is numbered twice.  That only works if no two writers share a ``source_p
 ``-2`` (WINDOWS)            Spark job, event-time windows                  instant (epoch ms)     i-th delta of it
 ``-100 - p`` (ASSEMBLY)     Spark job, multi-part assembly of input        offset of the update's i-th delta of it
                             partition ``p`` of ``deltas.parts``            last part delta
+``-3`` (PRODUCT)            answers service, a by-centre product's         seq of the update      i-th delta of it
+                            parts multiplied after the seq-ordered
+                            release (``services.release``)
 ==========================  ============================================  =====================  ===================
 
 Snapshot deltas (a query's answers over the state restored by replay, sent once when a shard first serves
@@ -32,11 +35,13 @@ new registration's snapshot may carry lower keys than the last live delta of the
 from __future__ import annotations
 
 __all__ = ["SNAPSHOT_INDEX_BASE", "WHOLE_SOURCE_PARTITION", "WINDOW_SOURCE_PARTITION", "ASSEMBLY_SOURCE_BASE",
+           "PRODUCT_SOURCE_PARTITION",
            "ORDERED_SOURCE_BELOW", "assembly_source_partition"]
 
 SNAPSHOT_INDEX_BASE = 1 << 30  # index of the i-th snapshot delta of an offset: SNAPSHOT_INDEX_BASE + i
 WHOLE_SOURCE_PARTITION = -1  # state workers' whole queries (updates.encoded)
 WINDOW_SOURCE_PARTITION = -2  # the Spark job's event-time windows
+PRODUCT_SOURCE_PARTITION = -3  # a by-centre product's answers, multiplied by the answers service's release
 ASSEMBLY_SOURCE_BASE = -100  # the Spark job's assembly: ASSEMBLY_SOURCE_BASE - input partition of deltas.parts
 ORDERED_SOURCE_BELOW = 0  # source partitions below this are one ordered stream each (passed straight through)
 

@@ -40,8 +40,11 @@ import json
 from dataclasses import dataclass, field, replace
 from itertools import count
 
+from typing import Callable
+
+from cbgp.assembly import Assembler
 from services.codec import PartDeltaColumns
-from services.idempotence import ORDERED_SOURCE_BELOW  # sources below it are one ordered stream each
+from services.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
 
 
 @dataclass
@@ -61,6 +64,7 @@ class _Partition:
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
     gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # probed registrations not released yet
+    assemblers: dict[tuple[str, int], Assembler] = field(default_factory=dict)  # by-centre products
     opened: set[tuple[str, int]] = field(default_factory=set)  # probed registrations released
 
 
@@ -70,10 +74,13 @@ Released = tuple[int, "int | None", PartDeltaColumns]  # (deltas.parts offset, o
 class SeqRelease:
     """Holding, ordering and DISTINCT consolidation of the deltas of every held deltas.parts partition."""
 
-    def __init__(self, routed_partitions: int) -> None:
+    def __init__(self, routed_partitions: int, query_text: Callable[[str, int], str | None] | None = None) -> None:
+        """``query_text(query_id, version)``: a registration's query (what a product's assembler needs), None
+        when unknown (its part deltas are then dropped as an unregistered query's)."""
         self.n_routed = routed_partitions
         self.partitions: dict[int, _Partition] = {}
         self._tie = count()
+        self.query_text = query_text
 
     # -- partitions
 
@@ -99,8 +106,19 @@ class SeqRelease:
         self.partitions.pop(partition, None)
 
     def restore_counts(self, partition: int, offset: int, deltas: PartDeltaColumns) -> None:
-        """Count the released rows of a DISTINCT batch read before the committed read position (restore)."""
+        """Count the released rows of a DISTINCT batch read before the committed read position, or fold a
+        product's released part deltas into its assembler (restore)."""
         state = self.partitions[partition]
+        if deltas.part >= 0 and offset < state.released_end and deltas.source_partition \
+                and min(deltas.source_partition) >= ORDERED_SOURCE_BELOW:
+            assembler = self._assembler(state, deltas)
+            if assembler is not None:
+                k = len(deltas.variables)
+                for i in range(len(deltas)):
+                    if deltas.seq[i] <= state.released_seq:
+                        assembler.absorb(deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
+                                         tuple(deltas.values[i * k:(i + 1) * k]))
+            return
         if deltas.distinct and offset < state.released_end:
             released = [i for i in range(len(deltas)) if deltas.seq[i] <= state.released_seq]
             self._consolidate(state, _pick(deltas, released))
@@ -237,7 +255,64 @@ class SeqRelease:
                 if not len(picked):
                     continue
             out.append((offset, origin, picked))
-        return opened + out
+        out = opened + out
+        if any(deltas.part >= 0 for _o, _origin, deltas in out):
+            out = self._multiply(state, out)
+        return out
+
+    def _assembler(self, state: _Partition, deltas: PartDeltaColumns) -> Assembler | None:
+        key = (deltas.query_id, deltas.version)
+        assembler = state.assemblers.get(key)
+        if assembler is None:
+            text = self.query_text(*key) if self.query_text is not None else None
+            if text is None:
+                return None
+            for stale in [k for k in state.assemblers if k[0] == deltas.query_id and k[1] < deltas.version]:
+                del state.assemblers[stale]  # a re-registration starts from nothing
+            assembler = state.assemblers[key] = Assembler(text)
+        return assembler
+
+    def _multiply(self, state: _Partition, released: list[Released]) -> list[Released]:
+        """Replace a by-centre product's released part deltas (in seq order) by its answer deltas: one
+        Assembler.apply per update."""
+        out: list[Released] = []
+        pending: dict[tuple[str, int], tuple[int, list, int, int | None, PartDeltaColumns]] = {}
+
+        def flush(key: tuple[str, int]) -> None:
+            seq, items, offset, origin, template = pending.pop(key)
+            assembler = self._assembler(state, template)
+            if assembler is None:
+                return  # unregistered: dropped, as the answers service drops a stale stream
+            answers = assembler.apply(items)
+            if not answers:
+                return
+            n = len(answers)
+            k = len(assembler.columns)
+            values = [v for _sign, row in answers for v in row]
+            out.append((offset, origin, PartDeltaColumns(
+                template.query_id, -1, list(assembler.columns), [seq] * n,
+                ["PLUS" if sign > 0 else "MINUS" for sign, _row in answers], values,
+                [PRODUCT_SOURCE_PARTITION] * n, [seq] * n, list(range(n)), [False] * n, [None] * n,
+                template.version)))
+            assert len(values) == n * k
+
+        for offset, origin, deltas in released:
+            if deltas.part < 0:
+                out.append((offset, origin, deltas))
+                continue
+            key = (deltas.query_id, deltas.version)
+            k = len(deltas.variables)
+            for i in range(len(deltas)):
+                seq = deltas.seq[i]
+                if key in pending and pending[key][0] != seq:
+                    flush(key)
+                if key not in pending:
+                    pending[key] = (seq, [], offset, origin, deltas)
+                pending[key][1].append((deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
+                                        tuple(deltas.values[i * k:(i + 1) * k])))
+        for key in list(pending):
+            flush(key)
+        return out
 
     @staticmethod
     def _consolidate(state: _Partition, deltas: PartDeltaColumns) -> list[int]:

@@ -85,6 +85,10 @@ class QueryInfo:
         probed query: it lives in the shard's evaluator)."""
         if self.probed:
             return []
+        if self.partitioned and self.plan.product_by_centre:
+            # Each part by centre; the answers service multiplies them in seq order.
+            return [(f"{self.query_id}#{part.index}", part.index, part.sparql)
+                    for part in split_parts(self.plan.query)]
         if self.counted_distinct:
             # Each partition sees only its centre values: it reports every solution's row and the answers
             # service, which sees them all in seq order, applies DISTINCT.
@@ -108,10 +112,10 @@ class QueryInfo:
         return self.partitioned and isinstance(part, ComponentPart) and part.centre is None
 
     @property
-    def counted_distinct(self) -> bool:
+    def counted_distinct(self) -> bool:  # (a product's DISTINCT is the assembler's)
         """A partitioned DISTINCT query: its deltas are rows with multiplicity, DISTINCT is applied by the
         answers service (PartDeltaBatch.distinct)."""
-        return self.partitioned and self.plan.query.distinct
+        return self.partitioned and self.plan.query.distinct and not self.plan.product_by_centre
 
 
 class WorkerEngine(Engine):
@@ -240,9 +244,9 @@ class WorkerCore:
         self.plans: dict[str, QueryInfo] = {}
         self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
         self.shards: dict[tuple[str, int], Shard] = {}
-        # Answer deltas (part -1) since the last flush_batches(), per query and its variables (a replaced plan
-        # may bind others), with the earliest origin time.
-        self.batched: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}
+        # Answer deltas (part -1; a by-centre product's part deltas, part >= 0) since the last flush_batches(),
+        # per query, its variables (a replaced plan may bind others) and part, with the earliest origin time.
+        self.batched: dict[tuple[str, tuple[str, ...], int], list[tuple]] = {}  # (query, variables, part)
         self.batched_origin: int | None = None
         self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
         self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
@@ -398,13 +402,13 @@ class WorkerCore:
         MAX_BATCH_DELTAS deltas each), in the order they were made; once per transaction."""
         out: list[Output] = []
         headers = [(ORIGIN_HEADER, str(self.batched_origin).encode())] if self.batched_origin is not None else []
-        for (query_id, variables), rows in self.batched.items():
+        for (query_id, variables, part), rows in self.batched.items():
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
             info = self.plans.get(query_id)
             version, distinct, gated = ((info.version, info.counted_distinct, info.probed) if info is not None
                                         else (0, False, False))
             for start in range(0, len(rows), MAX_BATCH_DELTAS):
-                value = codec.encode_part_delta_batch(query_id, WHOLE_QUERY_PART, variables,
+                value = codec.encode_part_delta_batch(query_id, part, variables,
                                                       rows[start:start + MAX_BATCH_DELTAS], version, distinct, gated)
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
         self.batched, self.batched_origin = {}, None
@@ -416,15 +420,15 @@ class WorkerCore:
         """Forget the answer deltas not yet flushed of routed partition ``partition`` and of the whole queries
         it owns (the partition was revoked: they belong to its next owner); return how many were dropped."""
         dropped = self.probes.drop_from(partition)
-        for (query_id, variables), rows in list(self.batched.items()):
-            whole_owner = query_partition(query_id, self.n_routed)
+        for key, rows in list(self.batched.items()):
+            whole_owner = query_partition(key[0], self.n_routed)
             kept = [r for r in rows if not (r[3] == partition or (r[3] == WHOLE_SOURCE_PARTITION
                                                                    and whole_owner == partition))]
             dropped += len(rows) - len(kept)
             if kept:
-                self.batched[(query_id, variables)] = kept
+                self.batched[key] = kept
             else:
-                del self.batched[(query_id, variables)]
+                del self.batched[key]
         return dropped
 
     def owner_of_output(self, output: Output) -> int | None:
@@ -538,8 +542,10 @@ class WorkerCore:
         columns = shard.columns(name)
         query_id, part = shard.outputs[name]
         sign_name = "PLUS" if sign > 0 else "MINUS"
-        if part == WHOLE_QUERY_PART:
-            self.batched.setdefault((query_id, columns), []).append(
+        if part == WHOLE_QUERY_PART or shard.kind == "routed":
+            # A routed shard's part deltas (a by-centre product) are batched too: the answers service
+            # releases them in seq order and multiplies them.
+            self.batched.setdefault((query_id, columns, part), []).append(
                 (seq, sign_name, row, shard.source_partition, offset, index, snapshot, None))
             return
         value = codec.encode_part_delta(query_id, part, seq, sign_name, dict(zip(columns, row)),

@@ -38,7 +38,8 @@ QueryInfo = Any
 
 log = logging.getLogger("cbgp.worker")
 
-FLOOR_SECONDS = 1.0  # at most one floor broadcast per second per partition (they only let versions go)
+FLOOR_SECONDS = 1.0
+MAX_PER_RECORD = 2000  # probes and acks per ProbeBatch record (a probe is ~60-100 bytes)  # at most one floor broadcast per second per partition (they only let versions go)
 
 # Reads the raw records of a routed partition: (partition, start, end) -> (offset, value) in offset order
 # (end None: to the partition's end).
@@ -170,10 +171,20 @@ class ProbeRouting:
         targets = {d for queue in (self.acks, self.probes, self.registered) for d, items in queue.items() if items}
         for dest in sorted(targets | (set(range(self.n_routed)) if floors else set())):
             probes = [probe for _source, probe in self.probes.get(dest, [])]
+            acks = [ack for _source, ack in self.acks.get(dest, [])]
             self.sent += len(probes)
-            value = codec.encode_probe_batch(probes, [ack for _source, ack in self.acks.get(dest, [])],
-                                             [item for _source, item in self.registered.get(dest, [])], floors)
-            out.append(Output(self.topics["updates.routed"], value, None, dest))
+            # Records of at most MAX_PER_RECORD probes (a record must stay well under the broker's 1 MB), the
+            # acks in the first ones: every ack still precedes every probe on the partition.
+            first = True
+            while first or acks or probes:
+                take_acks = acks[:MAX_PER_RECORD]
+                take_probes = probes[:MAX_PER_RECORD - len(take_acks)]
+                acks, probes = acks[len(take_acks):], probes[len(take_probes):]
+                value = codec.encode_probe_batch(
+                    take_probes, take_acks, [item for _source, item in self.registered.get(dest, [])] if first
+                    else [], floors if first else [])
+                out.append(Output(self.topics["updates.routed"], value, None, dest))
+                first = False
         self.acks, self.probes, self.registered = {}, {}, {}
         for shard in shards:
             evaluator = shard.evaluator

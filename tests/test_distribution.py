@@ -30,6 +30,9 @@ BY_CENTRE_QUERIES = {
     "path3": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }}",
     "triangle": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?a }}",
     "fof3": f"SELECT DISTINCT ?a ?d WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?d }}",
+    # products of parts: each part by centre, multiplied by the answers service in seq order
+    "product": f"SELECT * WHERE {{ ?x {T} <{EX}Robot> . ?y {L} <{EX}Jazz> }}",
+    "product_distinct": f"SELECT DISTINCT ?y WHERE {{ ?x {K} ?z . ?y {L} ?w . ?y {T} <{EX}Person> }}",
     # a star with attribute variables: centre ?x
     "attrs": f"SELECT ?x ?n ?t WHERE {{ ?x {N} ?n . ?x {T} ?t }}",
     # a 2-hop path: centre ?b, projected away (rows from several partitions coincide)
@@ -44,7 +47,10 @@ BY_CENTRE_QUERIES = {
     "types": f"SELECT DISTINCT ?t WHERE {{ ?x {T} ?t . ?x {L} <{EX}Tea> }}",
 }
 SINGLE_OWNER_QUERIES = {
-    "product": f"SELECT * WHERE {{ ?x {T} <{EX}Robot> . ?y {L} <{EX}Jazz> }}",
+    # a ground part: its triple is routed to two partitions, so it stays with one owner
+    "ground": f"SELECT * WHERE {{ <{EX}s0> {K} <{EX}s1> . ?y {L} <{EX}Jazz> }}",
+    # a product with a multi-centre part
+    "product_path3": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d . ?y {T} <{EX}Robot> }}",
 }
 QUERIES = {**BY_CENTRE_QUERIES, **SINGLE_OWNER_QUERIES}
 
@@ -138,22 +144,22 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
         send(core.flush_batches())
         if worker_crash_rate and rng.random() < worker_crash_rate:
             restart(p, cursors[p])
-    return answers_side(deltas, n_routed, dictionary, list(queries), rng, crash_rate)
+    return answers_side(deltas, n_routed, dictionary, queries, rng, crash_rate)
 
 
-def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict[int, str], names: list[str],
+def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict[int, str], queries: dict[str, str],
                  rng: random.Random, crash_rate: float) -> dict[str, list[tuple[int, str, tuple]]]:
     """Each deltas.parts partition read in order through the release into the answers core, committing after
     every record; with ``crash_rate``, the answers service "dies" after a commit now and then and a new one
     restores as the service does (answers log -> core, commit metadata -> release, DISTINCT counts from
     the records before the committed read position) and reads again from the committed offset."""
-    produced: dict[str, list[tuple[int, str, tuple]]] = {name: [] for name in names}
+    produced: dict[str, list[tuple[int, str, tuple]]] = {name: [] for name in queries}
     for d in deltas:
         log: list = []  # this partition's committed Answer outputs (the answers topic)
         committed = (0, None)
 
         def fresh():
-            release = SeqRelease(n_routed)
+            release = SeqRelease(n_routed, lambda query_id, _version: queries.get(query_id))
             core = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
             for out in log:
                 core.restore(d, out.value, dict(out.headers or ()))

@@ -252,7 +252,8 @@ def test_queries_registered_and_unregistered_through_the_registry_process(kafka_
     from services.kafka.broker import free_port
 
     lines = generate_patch(1500, seed=51)
-    queries = {"star": QUERIES["star"], "names": QUERIES["names"]}
+    # registered while the fleet runs: a star, DISTINCT, a probed 3-hop path and a by-centre product
+    queries = {q: QUERIES[q] for q in ("star", "names", "path3", "product")}
     expected = replay(tmp_path, lines, queries)
     admin = kafka_settings.topic("admin")
     producer = make_producer(kafka_settings)
@@ -268,7 +269,8 @@ def test_queries_registered_and_unregistered_through_the_registry_process(kafka_
         for query, text in queries.items():
             command("REGISTER", query, text)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(read_all(kafka_settings, kafka_settings.topic("queries.plans"))) < 2:
+        while time.monotonic() < deadline and \
+                len(read_all(kafka_settings, kafka_settings.topic("queries.plans"))) < len(queries):
             time.sleep(0.3)
         publish_patch(kafka_settings, lines)
         got = wait_answers(kafka_settings, {q: len(d) for q, d in expected.items()})
