@@ -311,6 +311,31 @@ def test_gateway_serves_http_and_takes_its_tokens_from_a_secret(tmp_path: Path) 
     assert not [d for d in render("--set", "gateway.enabled=false") if "gateway" in d["metadata"]["name"]]
 
 
+def test_gateway_tls_mounts_the_secret_and_passes_the_flags() -> None:
+    def gateway(docs: list[dict[str, Any]]) -> dict[str, Any]:
+        return one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]
+
+    off = gateway(render())
+    assert not any(a.startswith("--tls") for a in off["containers"][0]["args"])  # default: plain HTTP
+    assert "gateway-tls" not in {v["name"] for v in off["volumes"]}
+    assert gateway(render("--set", "gateway.tls.existingSecret=gw-tls")) == off  # not enabled: unchanged
+    spec = gateway(render("--set", "gateway.tls.enabled=true", "--set", "gateway.tls.existingSecret=gw-tls",
+                          "--set", "gateway.tls.clientCA=true", "--set", "gateway.tls.clientCertScope=read-write"))
+    container = spec["containers"][0]
+    d = "/etc/cbgp/gateway-tls"
+    assert container["args"][-8:] == ["--tls-cert", f"{d}/tls.crt", "--tls-key", f"{d}/tls.key",
+                                      "--tls-client-ca", f"{d}/ca.crt", "--client-cert-scope", "read-write"]
+    assert {"name": "gateway-tls", "mountPath": d, "readOnly": True} in container["volumeMounts"]
+    assert {"name": "gateway-tls", "secret": {"secretName": "gw-tls", "defaultMode": 288}} in spec["volumes"]
+    assert container["readinessProbe"]["httpGet"]["port"] == "metrics"  # probes stay on plain HTTP
+    server_only = gateway(render("--set", "gateway.tls.enabled=true", "--set", "gateway.tls.existingSecret=gw-tls"))
+    assert "--tls-client-ca" not in server_only["containers"][0]["args"]
+    for bad in (["--set", "gateway.tls.enabled=true", "--set", "gateway.tls.existingSecret=x",
+                 "--set", "gateway.tls.clientCertScope=admin"], ["--set", "gateway.tls.enabled=true"]):
+        r = _run_helm("template", "rel", str(CHART), *bad)
+        assert r.returncode != 0 and "gateway/tls" in r.stderr
+
+
 @pytest.mark.parametrize("variant", ["default", "production"])
 def test_worker_autoscaler_never_exceeds_the_partition_count(variant: str, rendered) -> None:
     docs = rendered[variant]

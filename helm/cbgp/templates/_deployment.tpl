@@ -94,6 +94,9 @@ spec:
             - name: state
               mountPath: /var/lib/cbgp/state
             {{- with include "cbgp.tlsVolumeMount" $root | trim }}{{ . | nindent 12 }}{{- end }}
+            {{- with .extraVolumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
       volumes:
         # readOnlyRootFilesystem: the only writable paths are these volumes.
         - name: tmp
@@ -102,6 +105,9 @@ spec:
         - name: state
           {{- toYaml .stateVolume | nindent 10 }}
         {{- with include "cbgp.tlsVolume" $root | trim }}{{ . | nindent 8 }}{{- end }}
+        {{- with .extraVolumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
       {{- with $spec.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
