@@ -47,6 +47,8 @@ from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, Group
 
 log = logging.getLogger("cbgp.answers")
 
+NOTHING_SEEN = (-(1 << 64),) * 3  # below every (seq, offset, index) key, whatever a source numbers from
+
 SERVICE = "answers"
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 DICTIONARY_WAIT_SECONDS = 10.0
@@ -119,7 +121,7 @@ class AnswersCore:
         if src:
             p, offset, index = (int(x) for x in src.decode().split(":"))
             key = (record["seq"] if p >= ORDERED_SOURCE_BELOW else -1, offset, index)
-            state.last_key[p] = max(state.last_key.get(p, (-1, -1, -1)), key)
+            state.last_key[p] = max(state.last_key.get(p, NOTHING_SEEN), key)
         terms = {var: term_from_avro(t) for var, t in record["binding"].items()}
         key = canonical_binding(terms)
         entry = state.current.setdefault(key, [0, 0])
@@ -175,7 +177,7 @@ class AnswersCore:
         for i in range(len(deltas)):
             src = deltas.source_partition[i]
             key = (seqs[i] if src >= ORDERED_SOURCE_BELOW else -1, deltas.source_offset[i], deltas.index[i])
-            if key <= state.last_key.get(src, (-1, -1, -1)):
+            if key <= state.last_key.get(src, NOTHING_SEEN):
                 self.duplicates += 1
                 continue
             row = values[i * k:(i + 1) * k]

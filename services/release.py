@@ -87,11 +87,12 @@ class SeqRelease:
     def restore(self, partition: int, metadata: str | None, keep_counts: bool = False) -> int:
         """Start (or restart) a partition at its committed offset with the frontiers and read position
         committed beside it; return that read position (``end``): the caller feeds the records before it to
-        :meth:`restore_counts` unless ``keep_counts`` (this instance already holds the counts it committed)."""
+        :meth:`restore_counts` unless ``keep_counts`` (this instance already holds the counts and assemblers it
+        committed)."""
         old = self.partitions.get(partition)
         state = self.partitions[partition] = _Partition()
-        if keep_counts and old is not None:
-            state.counts = old.counts
+        if keep_counts and old is not None:  # DISTINCT counts and product assemblers both are released state
+            state.counts, state.assemblers = old.counts, old.assemblers
         try:
             stored = json.loads(metadata or "{}")
             state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}

@@ -151,8 +151,9 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
                  rng: random.Random, crash_rate: float) -> dict[str, list[tuple[int, str, tuple]]]:
     """Each deltas.parts partition read in order through the release into the answers core, committing after
     every record; with ``crash_rate``, the answers service "dies" after a commit now and then and a new one
-    restores as the service does (answers log -> core, commit metadata -> release, DISTINCT counts from
-    the records before the committed read position) and reads again from the committed offset."""
+    restores as the service does (answers log -> core, commit metadata -> release, DISTINCT counts and product
+    assemblers from the records before the committed read position), or the group hands the partition back to
+    the same instance unchanged (it keeps its released state), and reads again from the committed offset."""
     produced: dict[str, list[tuple[int, str, tuple]]] = {name: [] for name in queries}
     for d in deltas:
         log: list = []  # this partition's committed Answer outputs (the answers topic)
@@ -188,7 +189,10 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
             offset += 1
             committed = release.commit_position(d, offset)
             if crash_rate and offset > last_crash and rng.random() < crash_rate:  # each record crashes once at most
-                release, core = fresh()
+                if rng.random() < 0.5:
+                    release, core = fresh()
+                else:  # or the group gives the partition back unchanged: this instance keeps what it released
+                    release.restore(d, committed[1], keep_counts=True)
                 last_crash, offset = offset, committed[0]
         assert not release.partitions[d].heap, "every delta is released once every frontier passed the end"
         assert not release.partitions[d].gates, "every probed registration is released"

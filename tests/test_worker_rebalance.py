@@ -18,7 +18,7 @@ from services.ingest import IngestProcessor, RawRecord, replay_outputs
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.runtime import produce_all, query_partition
 from services.worker import WorkerService
-from tests.fleet_support import QUERIES, generate_patch, publish_plan
+from tests.fleet_support import EX, QUERIES, generate_patch, publish_plan
 
 pytestmark = [pytest.mark.slow]  # a real broker
 
@@ -35,8 +35,9 @@ def publish_encoded(settings: KafkaSettings, lines: list[str]) -> None:
 def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_settings: KafkaSettings) -> None:
     settings = kafka_settings
     publish_plan(settings, "star", QUERIES["star"])  # routed: a shard per partition
-    publish_plan(settings, "product", QUERIES["product"])  # single owner: one whole shard, on its partition
-    owner = query_partition("product", settings.partitions)
+    # A product with a ground part has one owner: one whole shard, on its partition
+    publish_plan(settings, "grounded", f"SELECT ?x WHERE {{ ?x <{EX}type> <{EX}Robot> . <{EX}s1> <{EX}likes> <{EX}Tea> }}")
+    owner = query_partition("grounded", settings.partitions)
     other = (owner + 1) % settings.partitions
     args = argparse.Namespace(group=None, instance_id="rebalance-test", batch=100, assembly="worker")
     service = WorkerService(settings, args, [False])
