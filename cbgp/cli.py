@@ -218,6 +218,12 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 
 
 WINDOWED_PLACEMENT = "spark-window"
+# Operator queries (issue 18) in the fleet: one owner evaluates the BGP leaves and the operators above them.
+OPERATORS_PLACEMENT = "single-owner"
+OPERATORS_WHERE = ("the whole query by its single owner: the worker holding routed partition "
+                   "query_partition(id) reads updates.encoded, the total order, and runs the BGP leaves and the "
+                   "operators above them; answers numbered by the answers service; ASK answers ?ask true/false, "
+                   "CONSTRUCT ?subject ?predicate ?object")
 
 
 def plan_json(query) -> dict:  # noqa: ANN001
@@ -232,7 +238,8 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
     if isinstance(query, OperatorQuerySpec):
         operators = OperatorQuery(query, TermDictionary())
         if as_json:
-            json.dump({"form": query.form, "columns": list(query.columns), "placement": "operators",
+            json.dump({"form": query.form, "columns": list(query.columns), "placement": OPERATORS_PLACEMENT,
+                       "where": OPERATORS_WHERE,
                        "operators": operators.root.explain(),
                        "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves]}, out, indent=2)
             out.write("\n")
@@ -245,8 +252,7 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
                 if pushed:
                     text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed)
                 out.write(f"BGP leaf{number}: " + text + "\n")
-            out.write("placement in the fleet: none yet (the fleet registers BGP queries only); run it with "
-                      "cbgp replay\n")
+            out.write(f"placement in the fleet: {OPERATORS_PLACEMENT} ({OPERATORS_WHERE})\n")
         return
     plan = decompose(query)
     if as_json:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import difflib
 from typing import Mapping
 
+from cbgp.sparql import ParsedQuery, QueryError, parse_query
 from cbgp.windows import WindowError, WindowSpec, parse_rspql, window_from_options
 
-__all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "check_option_keys", "read_registration"]
+__all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "check_option_keys", "read_query", "read_registration"]
 
 QUERY_OPTIONS = ("window", "range", "step", "lateness", "late")  # stored with the query's plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
@@ -36,3 +37,32 @@ def read_registration(sparql: str, options: Mapping[str, str]) -> tuple[str, Win
     check_option_keys(options)
     plain, spec = parse_rspql(sparql)
     return plain, window_from_options(dict(options), base=spec)
+
+
+def read_query(text: str, window: WindowSpec | None) -> tuple[ParsedQuery | None, object | None]:
+    """``(BGP query, None)`` or ``(None, operator query spec)`` of a registration's plain text (issue 18).
+
+    A BGP ``SELECT`` keeps its parsed form (decomposed and placed as always); any other query the operator
+    algebra supports (``cbgp.algebra.analyse``: FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT, ...) is
+    returned as an ``OperatorQuerySpec``, evaluated by its single owner on the total order.  Raises
+    ``QueryError`` naming the construct, line and column of what is out of scope; operators over a window are
+    (not run by the fleet yet)."""
+    try:
+        return parse_query(text), None
+    except QueryError as error:
+        original = error
+    from cbgp.algebra import analyse
+
+    try:
+        spec = analyse(text)
+    except QueryError as error:
+        if error.message.startswith("SERVICE") or original.message.startswith("SERVICE"):
+            raise original from None
+        raise
+    if isinstance(spec, ParsedQuery):  # (analyse agrees with parse_query; kept for safety)
+        return spec, None
+    if window is not None:
+        construct = original.message.split(" is not supported")[0]
+        raise QueryError(f"{construct} over a window is not supported: the fleet runs operators on the total order "
+                         "only (a windowed query must be a BGP)", original.line, original.column)
+    return None, spec

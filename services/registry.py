@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
-from cbgp.sparql import QueryError, parse_query
+from cbgp.sparql import QueryError
 from cbgp.windows import WindowSpec
-from services.queries import read_registration
+from services.queries import read_query, read_registration
 
-__all__ = ["QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "plan_summary", "tombstone_version"]
+__all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "operator_plan",
+           "operator_summary", "plan_summary", "tombstone_version"]
 
 QUERY_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Header of a queries.plans tombstone: the version of the registration it ends (decimal).
@@ -109,6 +110,48 @@ def plan_summary(plan: Plan) -> str:
             parts.append(f"component {{{','.join(part.variables)}}} [{pats}]")
     count = len(plan.query.patterns)
     return f"{plan.query_class}: {count} pattern{'s' if count != 1 else ''} in {len(parts)} part(s): " + "; ".join(parts)
+
+
+# The class of a query beyond a BGP (issue 18): its operators run above the BGP engine, by one owner.
+OPERATORS_CLASS = "operators"
+OPERATORS_PLACEMENT = "single-owner"
+
+
+def operator_columns(spec: Any) -> list[str]:
+    """The variables of an operator query's answers in the fleet: its projection, ``ask`` for ASK (a boolean
+    that flips), ``subject predicate object`` for CONSTRUCT (one row per constructed triple)."""
+    return ["ask"] if spec.form == "ASK" else list(spec.columns)
+
+
+def operator_plan(spec: Any) -> dict[str, Any]:
+    """The ``plan_json`` of an operator query: class, placement, form, answer variables and the operator tree."""
+    from cbgp.algebra import OperatorQuery
+    from cbgp.terms import TermDictionary
+
+    tree = OperatorQuery(spec, TermDictionary()).explain().splitlines()
+    return {"class": OPERATORS_CLASS, "placement": OPERATORS_PLACEMENT, "form": spec.form,
+            "columns": operator_columns(spec), "operators": tree}
+
+
+_OPERATOR_NAMES = {"Filter": "FILTER", "LeftJoin": "OPTIONAL", "Union": "UNION", "Minus": "MINUS", "Extend": "BIND",
+                   "Constant": "VALUES", "Aggregate": "aggregates", "Distinct": "DISTINCT", "TopK": "ORDER BY/LIMIT",
+                   "Join": "join", "Ask": "ASK", "Construct": "CONSTRUCT"}
+
+
+def operator_summary(spec: Any) -> str:
+    """``operators: SELECT with OPTIONAL, FILTER over 2 BGP(s); ...`` (ACCEPTED messages)."""
+    from cbgp.algebra import OperatorQuery
+    from cbgp.terms import TermDictionary
+
+    query = OperatorQuery(spec, TermDictionary())
+    names = []
+    for op in query.root.walk():
+        name = _OPERATOR_NAMES.get(type(op).__name__)
+        if name and name not in names:
+            names.append(name)
+    return (f"{OPERATORS_CLASS}: {spec.form} with {', '.join(names) or 'projection'} over "
+            f"{len(query.leaves) + len(query.pattern_leaves)} BGP(s); evaluated by its single owner on "
+            f"updates.encoded (the total order), the operators after the BGP engine")
 
 
 def window_summary(window: WindowSpec) -> str:
@@ -203,7 +246,8 @@ class Registry:
         try:
             text, window = read_registration(sparql, {k: v for k, v in stored_options.items()
                                                       if not k.startswith("service.")})
-            plan = decompose(parse_query(text))
+            parsed, operators = read_query(text, window)
+            plan = decompose(parsed) if parsed is not None else None
         except QueryError as exc:  # WindowError included
             if exc.message.startswith("SERVICE is not supported"):
                 exc = _service_rejection(text, stored_options, exc)
@@ -213,12 +257,18 @@ class Registry:
                                          request_id))
         version = max(existing.version if existing is not None else 0, self.retired.get(query_id, 0)) + 1
         seq = encoded_end()
+        if plan is None:  # an operator query (issue 18)
+            plan_json, projected = operator_plan(operators), operator_columns(operators)
+            query_class, summary = OPERATORS_CLASS, operator_summary(operators)
+        else:
+            plan_json, projected, query_class = plan.to_json(), list(plan.query.projected), plan.query_class
+            summary = plan_summary(plan)
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
-                  "plan_json": json.dumps(plan.to_json(), separators=(",", ":")),
-                  "projected": list(plan.query.projected), "registered_at_seq": seq, "version": version}
-        summary = plan_summary(plan) + (f"; window {window_summary(window)}" if window else "") + \
+                  "plan_json": json.dumps(plan_json, separators=(",", ":")),
+                  "projected": projected, "registered_at_seq": seq, "version": version}
+        summary += (f"; window {window_summary(window)}" if window else "") + \
             (f" (version {version}, replaced)" if existing is not None else "")
-        entry = Entry(query_id, sparql, plan.query_class, version, stored_options, seq)
+        entry = Entry(query_id, sparql, query_class, version, stored_options, seq)
         return Decision(self._status(query_id, "ACCEPTED", summary, request_id), plan=(query_id, record), entry=entry)
 
     def commit(self, decision: Decision) -> None:

@@ -53,6 +53,48 @@ PROBES_WAITING = Gauge("cbgp_probes_waiting", "Probes waiting at a routed partit
 STATE_REPORT_SECONDS = 1.0
 
 
+class DictionaryTerms:
+    """The dictionary topic, read on demand for operator queries (FILTER, aggregates...: their whole shard
+    evaluates expressions over terms, not ids).  Read forward from the start only while ids are missing, and
+    unassigned otherwise (an idle assigned consumer fetches in a tight loop on noida-db); ingest commits a
+    term before any update that uses it, so the ids of a change read from updates.encoded are there."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.topic = settings.topic("dictionary")
+        self.terms: dict[int, str] = {}
+        self.fetcher: Fetcher | None = None
+        self.settings = settings
+        self.start = {(self.topic, p): 0 for p in end_offsets(settings, self.topic)}
+
+    def lookup(self, ids: set[int], timeout: float = 30.0) -> dict[int, str]:
+        """``{id: term}`` of the ``ids`` found within ``timeout`` seconds."""
+        missing = {i for i in ids if i not in self.terms}
+        if missing:
+            if self.fetcher is None:
+                self.fetcher = Fetcher(self.settings, "worker.dictionary", 5000)
+            if not self.fetcher.positions:
+                self.fetcher.set_positions(self.start)
+            deadline = time.monotonic() + timeout
+            try:
+                while missing and time.monotonic() < deadline:
+                    for msg in self.fetcher.poll():
+                        if msg.error() is None and msg.value() is not None:
+                            try:
+                                entry = codec.decode("DictionaryEntry", msg.value())
+                            except codec.CodecError:
+                                continue
+                            self.terms[entry["id"]] = entry["term"]
+                    missing = {i for i in missing if i not in self.terms}
+            finally:
+                self.fetcher.park()  # fetch nothing until ids are missing again
+        terms = self.terms
+        return {i: terms[i] for i in ids if i in terms}
+
+    def close(self) -> None:
+        if self.fetcher is not None:
+            self.fetcher.close()
+
+
 class WorkerService:
     """One life of a worker: clients, core, and the transactional loop."""
 
@@ -67,10 +109,12 @@ class WorkerService:
         n = {name: len(end_offsets(settings, settings.topic(name))) for name in
              ("updates.routed", "queries.plans", "deltas.parts")}
         topics = {name: settings.topic(name) for name in ("deltas.parts", "deadletter", "queries.plans",
-                                                           "updates.routed", "updates.encoded")}
+                                                           "updates.routed", "updates.encoded", "dictionary")}
+        self.terms = DictionaryTerms(settings)
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
                                assemble_in_spark=getattr(args, "assembly", "spark") == "spark",
-                               placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records)
+                               placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records,
+                               term_reader=self.terms.lookup, dictionary_partitions=len(self.terms.start))
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -383,6 +427,7 @@ class WorkerService:
         for partition in list(self.encoded):
             self._close_whole(partition)
         self.encoded_reader.close()
+        self.terms.close()
         self.plans.close()
         self.producer.flush(5)
 

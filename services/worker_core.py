@@ -24,13 +24,13 @@ from typing import Callable, Iterable, Iterator
 
 from cbgp.assembly import needs_assembly, split_parts
 from cbgp.distributed import Outputs as ProbeOutputs, PartitionEvaluator
-from cbgp.engine import ROLE_ALL, Engine
+from cbgp.engine import ROLE_ALL, Engine, EngineError
 from cbgp.plan import BY_CENTRE, ComponentPart, Plan, decompose
-from cbgp.sparql import QueryError, parse_query
-from cbgp.terms import TermDictionary
+from cbgp.sparql import QueryError
+from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 from cbgp.windows import WindowSpec
 from services import codec
-from services.queries import read_registration
+from services.queries import read_query, read_registration
 from services.instruments import RESTORE_PROGRESS
 from services.idempotence import SNAPSHOT_INDEX_BASE, WHOLE_SOURCE_PARTITION
 from services.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, kv, query_partition
@@ -48,6 +48,10 @@ MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record (bindings of 
 Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
 # Reads log records of a shard: (kind, partition, start, end) -> changes in offset order.
 LogReader = Callable[[str, int, int, int], Iterable[Change]]
+# Looks term ids up on the dictionary topic: ids -> {id: canonical term} of those found (operator queries
+# evaluate expressions over the terms themselves, not only their ids).
+TermReader = Callable[[set[int]], dict[int, str]]
+LEARN_CHUNK = 2000  # changes whose term ids are looked up at once when a log is replayed
 
 
 def decode_changes(kind: str, offset: int, value: bytes, origin: int | None) -> list[Change]:
@@ -67,13 +71,16 @@ class QueryInfo:
 
     query_id: str
     version: int
-    plan: Plan
+    plan: Plan | None  # None: an operator query (``operators``)
     registered_at_seq: int
     plans_partition: int
     plans_offset: int
     window: WindowSpec | None = None
     assembled: bool = False  # parts published separately; the Spark job multiplies them
     single_owner: bool = False  # the fleet runs with --placement single-owner (for comparison)
+    # An operator query (cbgp.algebra's OperatorQuerySpec: FILTER, OPTIONAL, aggregates, ASK, CONSTRUCT...):
+    # evaluated whole by its single owner on the total order, the algebra in place of the BGP engine.
+    operators: object | None = None
 
     @property
     def windowed(self) -> bool:
@@ -83,6 +90,8 @@ class QueryInfo:
     def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
         """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine (none for a
         probed query: it lives in the shard's evaluator)."""
+        if self.operators is not None:
+            return [(self.query_id, WHOLE_QUERY_PART, self.operators)]
         if self.probed:
             return []
         if self.partitioned and self.plan.product_by_centre:
@@ -102,12 +111,14 @@ class QueryInfo:
     def partitioned(self) -> bool:
         """Stars and single-centre components are evaluated per centre value on the routed partitions
         (``Plan.placement`` "by-centre"); everything else by one owner on the total order."""
-        return self.plan.placement == BY_CENTRE and not self.single_owner
+        return self.operators is None and self.plan.placement == BY_CENTRE and not self.single_owner
 
     @property
     def probed(self) -> bool:
         """A multi-centre component placed by centre: evaluated with probes between the routed partitions
         (``services.worker_probes``)."""
+        if self.operators is not None:
+            return False
         part = self.plan.parts[0]
         return self.partitioned and isinstance(part, ComponentPart) and part.centre is None
 
@@ -118,15 +129,153 @@ class QueryInfo:
         return self.partitioned and self.plan.query.distinct and not self.plan.product_by_centre
 
 
+# ASK in the fleet: one variable ?ask, "false" from registration, flipped by a '-'/'+' pair when it changes.
+ASK_VARIABLE = "ask"
+ASK_TRUE = '"true"^^<http://www.w3.org/2001/XMLSchema#boolean>'
+ASK_FALSE = '"false"^^<http://www.w3.org/2001/XMLSchema#boolean>'
+
+
+class ShardDictionary(TermDictionary):
+    """A shard's term dictionary: ids learnt from the dictionary topic (:meth:`add`) and ids made here
+    (``made``: query constants, values an operator computes -- a COUNT, a BIND, a CONSTRUCT's blank node --
+    which the worker publishes on the dictionary topic before the answers that use them)."""
+
+    __slots__ = ("made",)
+
+    def __init__(self) -> None:
+        super().__init__(stable=True)
+        self.made: set[int] = set()
+
+    def encode(self, term: str) -> int:
+        found = self._ids.get(term)
+        if found is not None:
+            return found
+        term_id = super().encode(term)
+        self.made.add(term_id)
+        return term_id
+
+    def add(self, term_id: int, term: str) -> None:
+        super().add(term_id, term)
+        self.made.discard(term_id)
+
+    def knows(self, term_id: int) -> bool:
+        return term_id in self._terms
+
+
+class FleetOperatorQuery:
+    """One operator query (``cbgp.algebra.OperatorQuery``) as the fleet reports it: rows in ``columns``
+    order (None: unbound), and ASK as the boolean variable ``?ask`` (the algebra's one empty row while the
+    pattern matches becomes ``false`` -> ``true``, a retraction and an assertion in the same update)."""
+
+    def __init__(self, spec: object, dictionary: TermDictionary) -> None:
+        from cbgp.algebra import OperatorQuery
+
+        self.query = OperatorQuery(spec, dictionary)  # type: ignore[arg-type]
+        self.ask = self.query.form == "ASK"
+        if self.ask:
+            self.columns: tuple[str, ...] = (ASK_VARIABLE,)
+            self.true, self.false = (dictionary.encode(ASK_TRUE),), (dictionary.encode(ASK_FALSE),)
+        else:
+            self.columns = self.query.columns
+
+    def initial(self) -> list[tuple[int, tuple]]:
+        rows = self.query.initial()
+        if not self.ask:
+            return rows
+        return [(1, self.true if sum(sign for sign, _row in rows) > 0 else self.false)]
+
+    def apply(self, sign: int, s: int, p: int, o: int, g: int) -> list[tuple[int, tuple]]:
+        deltas = self.query.apply(sign, s, p, o, g)
+        if not self.ask or not deltas:
+            return deltas
+        net = sum(d_sign for d_sign, _row in deltas)
+        if net > 0:
+            return [(-1, self.false), (1, self.true)]
+        if net < 0:
+            return [(-1, self.true), (1, self.false)]
+        return []
+
+    def state_entries(self) -> int:
+        return self.query.state_entries()
+
+    def state_bytes(self) -> int:
+        return self.query.state_bytes()
+
+    def explain(self) -> str:
+        return self.query.explain()
+
+
+def is_operator_spec(query: object) -> bool:
+    """An operator query spec (``cbgp.algebra.OperatorQuerySpec``), told apart without importing rdflib."""
+    return type(query).__name__ == "OperatorQuerySpec"
+
+
 class WorkerEngine(Engine):
-    """An :class:`Engine` that can replay a log into a subset of its queries (late registration)."""
+    """An :class:`Engine` that can replay a log into a subset of its queries (late registration), and that
+    evaluates operator queries (:class:`FleetOperatorQuery`) beside its BGP queries."""
+
+    def __init__(self, dictionary: TermDictionary | None = None) -> None:
+        super().__init__(dictionary)
+        self.operators: dict[str, FleetOperatorQuery] = {}
+        self.initial_rows: dict[str, list[tuple[int, tuple]]] = {}  # an operator query's rows before any change
+
+    def register(self, name: str, query, initial=None):  # noqa: ANN001, ANN201
+        if not is_operator_spec(query):
+            return super().register(name, query, initial)
+        if name in self.queries or name in self.operators:
+            raise EngineError(f"a query named {name!r} is already registered")
+        op = self.operators[name] = FleetOperatorQuery(query, self.dictionary)
+        self.initial_rows[name] = op.initial()
+        return []
+
+    def unregister(self, name: str) -> None:
+        if self.operators.pop(name, None) is not None:
+            self.initial_rows.pop(name, None)
+            return
+        super().unregister(name)
+
+    def columns(self, name: str) -> tuple[str, ...]:
+        op = self.operators.get(name)
+        return op.columns if op is not None else super().columns(name)
+
+    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID, role: int = ROLE_ALL) -> list:
+        out = super().apply(sign, s, p, o, g, role)
+        if self.operators:
+            for name, op in self.operators.items():
+                for d_sign, row in op.apply(sign, s, p, o, g):
+                    out.append((name, d_sign, row))
+        return out
+
+    def apply_to(self, name: str, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
+                 role: int = ROLE_ALL) -> list:
+        op = self.operators.get(name)
+        if op is None:
+            return super().apply_to(name, sign, s, p, o, g, role)
+        return [(name, d_sign, row) for d_sign, row in op.apply(sign, s, p, o, g)]
+
+    def state_entries(self, name: str | None = None) -> int:
+        if name is None:
+            return super().state_entries() + sum(op.state_entries() for op in self.operators.values())
+        op = self.operators.get(name)
+        return op.state_entries() if op is not None else super().state_entries(name)
+
+    def state_bytes(self, name: str | None = None) -> int:
+        if name is None:
+            return super().state_bytes() + sum(op.state_bytes() for op in self.operators.values())
+        op = self.operators.get(name)
+        return op.state_bytes() if op is not None else super().state_bytes(name)
 
     def replay(self, changes: Iterable[Change], collect: set[str], only: bool) -> dict[str, Multiset]:
-        """Apply ``changes``; return the net deltas of the queries in ``collect`` (row -> multiplicity).
+        """Apply ``changes``; return the net deltas of the queries in ``collect`` (row -> multiplicity), an
+        operator query's rows before any change included.
 
         ``only=True`` feeds the changes to the ``collect`` queries alone (the others already saw them).
         """
         net: dict[str, Multiset] = {name: Multiset() for name in collect}
+        for name in collect:
+            for sign, row in self.initial_rows.get(name, ()):
+                net[name][row] += sign
+        self.initial_rows.clear()  # every operator query registered so far is replayed now
         targets = sorted(collect)
         for _offset, sign, s, p, o, g, role, _seq, _origin in changes:
             if only:
@@ -148,6 +297,8 @@ def info_mode(info: QueryInfo) -> str:
         return "windowed"
     if info.partitioned:
         return "partitioned"
+    if info.operators is not None:
+        return "operators"
     return "assembled" if info.assembled else "whole"
 
 
@@ -177,7 +328,7 @@ def _with_progress(changes: Iterable, total: int, label: str, every: int = 2000)
 class Shard:
     kind: str  # "routed" or "whole"
     partition: int
-    engine: WorkerEngine = field(default_factory=lambda: WorkerEngine(TermDictionary(stable=True)))
+    engine: WorkerEngine = field(default_factory=lambda: WorkerEngine(ShardDictionary()))
     position: int = 0  # next offset of its log to apply
     frontier: int = -1  # routed shards: highest seq the partition has completed (ingest's Frontier records)
     last_seq: int = 0  # seq of the last change applied (a snapshot is labelled with the seq it is "as of")
@@ -231,10 +382,13 @@ class WorkerCore:
 
     def __init__(self, topics: dict[str, str], routed_partitions: int, plans_partitions: int,
                  deltas_partitions: int, reader: LogReader, assemble_in_spark: bool = True,
-                 placement: str = BY_CENTRE, record_reader: RecordReader | None = None) -> None:
+                 placement: str = BY_CENTRE, record_reader: RecordReader | None = None,
+                 term_reader: TermReader | None = None, dictionary_partitions: int | None = None) -> None:
         """``placement``: ``by-centre`` (the default: stars and single-centre components keyed by centre value
         over the routed partitions) or ``single-owner`` (every query whole on one worker, for comparison).
-        Every worker of a fleet must use the same."""
+        Every worker of a fleet must use the same.  ``term_reader``: the dictionary topic, for operator queries
+        (their shard learns the terms of the changes it applies; terms an operator makes are published to
+        ``topics["dictionary"]``, ``dictionary_partitions`` partitions, as ingest does)."""
         self.topics = topics  # logical name -> broker topic (deltas.parts, deadletter)
         self.assemble_in_spark = assemble_in_spark
         self.single_owner = placement != BY_CENTRE
@@ -246,7 +400,14 @@ class WorkerCore:
         self.shards: dict[tuple[str, int], Shard] = {}
         # Answer deltas (part -1; a by-centre product's part deltas, part >= 0) since the last flush_batches(),
         # per query, its variables (a replaced plan may bind others) and part, with the earliest origin time.
-        self.batched: dict[tuple[str, tuple[str, ...], int], list[tuple]] = {}  # (query, variables, part)
+        # Keyed (query, variables, part, run): an operator query's rows leave unbound variables out, and a run
+        # starts whenever a query's variables change, so its records keep the order of its deltas.
+        self.batched: dict[tuple[str, tuple[str, ...], int, int], list[tuple]] = {}
+        self.batch_runs: dict[tuple[str, int], tuple[tuple[str, ...], int]] = {}  # (query, part) -> last key's
+        self.term_reader = term_reader
+        self.n_dictionary = dictionary_partitions or routed_partitions
+        self.published_terms: set[int] = set()  # made terms already written to the dictionary topic
+        self.term_outputs: list[Output] = []  # ... and those to write in this transaction, before the deltas
         self.batched_origin: int | None = None
         self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
         self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
@@ -286,13 +447,14 @@ class WorkerCore:
         try:
             record = codec.decode("QueryPlan", value)
             text, window = read_registration(record["sparql"], record["options"])
-            plan = decompose(parse_query(text))
+            parsed, operators = read_query(text, window)
+            plan = decompose(parsed) if parsed is not None else None
         except (codec.CodecError, QueryError) as exc:  # WindowError is a QueryError
             out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return out, []
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
-                         window, self.assemble_in_spark and window is None and needs_assembly(plan.query),
-                         self.single_owner)
+                         window, plan is not None and self.assemble_in_spark and window is None
+                         and needs_assembly(plan.query), self.single_owner, operators)
         old = self.plans.get(info.query_id)
         if old is not None and old.version == info.version and old.plans_offset == offset:
             return out, []
@@ -333,7 +495,7 @@ class WorkerCore:
         if not infos:
             return out
         names = {name for info in infos for name in shard.register(info)}
-        changes = self.reader(shard.kind, shard.partition, 0, shard.position)
+        changes = self._learning(shard, self.reader(shard.kind, shard.partition, 0, shard.position))
         net = shard.engine.replay(changes, names, only=True)
         return out + self._snapshot(shard, infos, net)
 
@@ -350,8 +512,8 @@ class WorkerCore:
             shard.register(info)
         started = time.monotonic()
         label = shard_label(kind, partition)
-        changes = _with_progress(_tracking_seq(shard, self.reader(kind, partition, 0, shard.position)),
-                                 shard.position, label)
+        changes = _with_progress(_tracking_seq(shard, self._learning(
+            shard, self.reader(kind, partition, 0, shard.position))), shard.position, label)
         net = shard.engine.replay(changes, {name for i in owed for name, _p, _q in i.engine_queries()}, only=False)
         probe_out: list[Output] = []
         if kind == "routed":
@@ -382,6 +544,8 @@ class WorkerCore:
         if changes:
             shard.last_seq = max(shard.last_seq, changes[-1][7])
         evaluator = shard.evaluator if shard.kind == "routed" else None
+        if shard.engine.operators:
+            self._learn(shard, changes)
         for _offset, sign, s, p, o, g, role, seq, origin in changes:
             if evaluator is not None:
                 probed = evaluator.apply(seq, sign, s, p, o, g, role)
@@ -402,7 +566,9 @@ class WorkerCore:
         MAX_BATCH_DELTAS deltas each), in the order they were made; once per transaction."""
         out: list[Output] = []
         headers = [(ORIGIN_HEADER, str(self.batched_origin).encode())] if self.batched_origin is not None else []
-        for (query_id, variables, part), rows in self.batched.items():
+        out.extend(self.term_outputs)
+        self.term_outputs = []
+        for (query_id, variables, part, _run), rows in self.batched.items():
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
             info = self.plans.get(query_id)
             version, distinct, gated = ((info.version, info.counted_distinct, info.probed) if info is not None
@@ -411,7 +577,7 @@ class WorkerCore:
                 value = codec.encode_part_delta_batch(query_id, part, variables,
                                                       rows[start:start + MAX_BATCH_DELTAS], version, distinct, gated)
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
-        self.batched, self.batched_origin = {}, None
+        self.batched, self.batched_origin, self.batch_runs = {}, None, {}
         out.extend(self.probes.flush(s for (kind, _p), s in self.shards.items() if kind == "routed"))
         out.extend(self._frontiers())
         return out
@@ -429,6 +595,8 @@ class WorkerCore:
                 self.batched[key] = kept
             else:
                 del self.batched[key]
+        # the next delta of a query joins or follows its last kept run
+        self.batch_runs = {(q, part): (variables, run) for q, variables, part, run in self.batched}
         return dropped
 
     def owner_of_output(self, output: Output) -> int | None:
@@ -545,7 +713,13 @@ class WorkerCore:
         if part == WHOLE_QUERY_PART or shard.kind == "routed":
             # A routed shard's part deltas (a by-centre product) are batched too: the answers service
             # releases them in seq order and multiplies them.
-            self.batched.setdefault((query_id, columns, part), []).append(
+            if name in shard.engine.operators:
+                columns, row = self._operator_row(shard, columns, row)
+            runs = self.batch_runs
+            last = runs.get((query_id, part))
+            if last is None or last[0] != columns:
+                last = runs[(query_id, part)] = (columns, 0 if last is None else last[1] + 1)
+            self.batched.setdefault((query_id, columns, part, last[1]), []).append(
                 (seq, sign_name, row, shard.source_partition, offset, index, snapshot, None))
             return
         value = codec.encode_part_delta(query_id, part, seq, sign_name, dict(zip(columns, row)),
@@ -553,6 +727,55 @@ class WorkerCore:
         headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
         out.append(Output(self.topics["deltas.parts"], value, query_id.encode(),
                           query_partition(query_id, self.n_deltas), headers))
+
+    def _operator_row(self, shard: Shard, columns: tuple[str, ...], row: tuple) -> tuple[tuple[str, ...], tuple]:
+        """An operator query's row as the fleet writes it: unbound variables left out of the binding (SPARQL
+        JSON results), and every term the shard made (a COUNT, a BIND value...) queued for the dictionary
+        topic, so the answers service can decode it."""
+        if None in row:
+            columns = tuple(c for c, v in zip(columns, row) if v is not None)
+            row = tuple(v for v in row if v is not None)
+        dictionary = shard.engine.dictionary
+        made = getattr(dictionary, "made", ())
+        topic = self.topics.get("dictionary")
+        for term_id in row:
+            if term_id in made and term_id not in self.published_terms and topic is not None:
+                self.published_terms.add(term_id)
+                value = codec.encode("DictionaryEntry", {"id": term_id, "term": dictionary.decode(term_id)})
+                self.term_outputs.append(Output(topic, value, str(term_id).encode(), term_id % self.n_dictionary))
+        return columns, row
+
+    def _learn(self, shard: Shard, changes: list[Change]) -> None:
+        """Look up the terms of ``changes`` the shard does not know yet (its operator queries read them)."""
+        dictionary = shard.engine.dictionary
+        known = getattr(dictionary, "knows", None)
+        if known is None or self.term_reader is None:
+            return
+        missing = {x for c in changes for x in (c[2], c[3], c[4], c[5]) if x != DEFAULT_GRAPH_ID and not known(x)}
+        if not missing:
+            return
+        found = self.term_reader(missing)
+        for term_id, term in found.items():
+            if term_id in missing:
+                dictionary.add(term_id, term)
+        lost = missing - found.keys()
+        if lost:
+            raise LookupError(f"term ids {sorted(lost)[:5]} of updates.encoded are not on the dictionary topic")
+
+    def _learning(self, shard: Shard, changes: Iterable[Change]) -> Iterator[Change]:
+        """Pass ``changes`` through, their terms learnt (in chunks) when the shard has operator queries."""
+        if not shard.engine.operators or self.term_reader is None:
+            yield from changes
+            return
+        chunk: list[Change] = []
+        for change in changes:
+            chunk.append(change)
+            if len(chunk) >= LEARN_CHUNK:
+                self._learn(shard, chunk)
+                yield from chunk
+                chunk = []
+        self._learn(shard, chunk)
+        yield from chunk
 
     def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
         return dead_letter(self.topics["deadletter"], "worker", self.topics.get(topic, topic), partition, offset,

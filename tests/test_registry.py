@@ -57,6 +57,45 @@ def test_each_query_class_is_accepted_with_the_plan_decompose_gives(name: str) -
     assert plan["projected"] == list(expected.query.projected)
 
 
+OPERATOR_QUERIES = {  # issue 18: beyond a BGP, evaluated by one owner with the operators after the BGP engine
+    "filter": (f"SELECT ?x ?a WHERE {{ ?x <{EX}age> ?a FILTER(?a > 30) }}", ["x", "a"], "FILTER"),
+    "optional": (f"SELECT * WHERE {{ ?x <{EX}type> <{EX}P> OPTIONAL {{ ?x <{EX}name> ?n }} }}", ["x", "n"], "OPTIONAL"),
+    "count": (f"SELECT ?t (COUNT(?x) AS ?c) WHERE {{ ?x <{EX}type> ?t }} GROUP BY ?t HAVING (COUNT(?x) > 1)",
+              ["t", "c"], "aggregates"),
+    "ask": (f"ASK {{ ?x <{EX}type> <{EX}P> }}", ["ask"], "ASK"),
+    "construct": (f"CONSTRUCT {{ ?y <{EX}knownBy> ?x }} WHERE {{ ?x <{EX}knows> ?y }}",
+                  ["subject", "predicate", "object"], "CONSTRUCT"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATOR_QUERIES))
+def test_operator_queries_are_accepted_with_their_class_placement_and_answer_variables(name: str) -> None:
+    sparql, columns, operator = OPERATOR_QUERIES[name]
+    registry = Registry()
+    decision = _register(registry, name, sparql, seq=7)
+    status = decision.status
+    assert status["status"] == "ACCEPTED", status
+    assert status["message"].startswith("operators: ") and operator in status["message"]
+    assert "single owner" in status["message"]
+    _key, plan = decision.plan
+    described = json.loads(plan["plan_json"])
+    assert (described["class"], described["placement"]) == ("operators", "single-owner")
+    assert plan["projected"] == columns == described["columns"]
+    assert registry.queries[name].view()["class"] == "operators"
+    restored = Registry()
+    restored.restore([(name, plan)])
+    assert restored.queries[name].query_class == "operators"
+
+
+def test_operators_over_a_window_are_rejected_with_the_construct_and_its_place() -> None:
+    sparql = (f"SELECT ?x FROM NAMED WINDOW <{EX}w> ON <{EX}s> [RANGE PT10S]\n"
+              f"WHERE {{ WINDOW <{EX}w> {{ ?x <{EX}p> ?y FILTER(?y > 1) }} }}")
+    decision = _register(Registry(), "w", sparql)
+    assert decision.status["status"] == "REJECTED" and decision.plan is None
+    assert decision.status["message"].startswith("FILTER over a window is not supported")
+    assert (decision.status["line"], decision.status["column"]) == (2, 60)
+
+
 @pytest.mark.parametrize("bad_id", ["", "has space", "a/b", "x" * 129, None])
 def test_invalid_query_ids_are_rejected(bad_id: Any) -> None:
     decision = Registry().decide({"command": "REGISTER", "query_id": bad_id, "sparql": QUERIES["star"]}, lambda: 0)
@@ -200,8 +239,9 @@ def test_service_accepts_each_class_and_publishes_the_decomposed_plan(registry: 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sparql,line,column,words", [
-    ("SELECT * WHERE {\n  ?x <http://ex.org/p> ?y .\n  FILTER(?y > 3)\n}", 3, 3, "FILTER"),
-    ("SELECT * WHERE { ?x <http://ex.org/p> ?y OPTIONAL { ?y <http://ex.org/q> ?z } }", 1, 42, "OPTIONAL"),
+    # out of scope of the operators too (issue 18: FILTER, OPTIONAL... are accepted)
+    ("SELECT * WHERE {\n  ?x <http://ex.org/p>+ ?y .\n}", 2, 23, "property paths"),
+    ("SELECT * WHERE { ?x <http://ex.org/p> ?y FILTER(?y < RAND()) }", 1, 54, "RAND()"),
     # the cause is the brace left open, at its position (issue 14 item 4: syntax errors name a cause)
     ("SELECT * WHERE { ?x <http://ex.org/p> ?y \n ?y", 1, 16, "'{' is never closed"),
 ])

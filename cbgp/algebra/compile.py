@@ -16,6 +16,7 @@ so it costs no state (the FILTER still runs above: push-down only saves work).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -87,6 +88,15 @@ def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
     builder.build_root()  # every check happens here, against a throwaway dictionary
     spec.columns = builder.columns
     return spec
+
+
+_SELECT_STAR = re.compile(r"^(?:[^\"'#]|\"[^\"]*\"|'[^']*'|#[^\n]*)*?\bSELECT\s+(?:(?:DISTINCT|REDUCED)\s+)?\*",
+                          re.IGNORECASE)
+
+
+def _first_use(text: str, variable: str) -> tuple[int, str]:
+    found = re.search(rf"[?$]{re.escape(variable)}(?![\w])", text)
+    return (found.start() if found else len(text), variable)
 
 
 def _opt(node: Any, key: str) -> Any:
@@ -185,6 +195,8 @@ class Builder:
         body = self.build(_opt(algebra, "p"), None)
         if form == "SELECT":
             self.columns = tuple(str(v) for v in _opt(algebra, "PV"))
+            if _SELECT_STAR.search(self.text):  # rdflib's PV of SELECT * is a set: order of first appearance
+                self.columns = tuple(sorted(self.columns, key=lambda v: _first_use(self.text, v)))
             return body
         if form == "ASK":
             self.columns = ()
