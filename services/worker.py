@@ -190,7 +190,10 @@ class WorkerService:
 
     def _open_whole(self, partition: int) -> None:
         committer = make_consumer(self.settings, f"{self.group}.encoded.{partition}")
-        offset, metadata = self._committed(committer, self.t_encoded, partition=0)
+        tp = committer.committed([TopicPartition(self.t_encoded, 0)], timeout=30)[0]
+        # Never committed: start where its queries were registered (their answers over the log before that
+        # are a snapshot, as for a query registered late in a shard already open).
+        offset, metadata = (tp.offset, tp.metadata) if tp.offset >= 0 else (self.core.first_position(partition), None)
         self.pending.extend(self.core.open_shard("whole", partition, offset, metadata))
         self.encoded[partition] = committer
         self._assign_encoded_reader()

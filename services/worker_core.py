@@ -123,6 +123,13 @@ class QueryInfo:
         return self.partitioned and isinstance(part, ComponentPart) and part.centre is None
 
     @property
+    def gated(self) -> bool:
+        """A registration the answers service releases as one snapshot, once every routed partition has sent
+        its share (``PartDeltaBatch.gated``, ``services.release``): a multi-centre query's (its probes) and a
+        by-centre product's (its parts' snapshots as of each partition's own position, multiplied)."""
+        return self.probed or (self.partitioned and self.plan.product_by_centre)
+
+    @property
     def counted_distinct(self) -> bool:  # (a product's DISTINCT is the assembler's)
         """A partitioned DISTINCT query: its deltas are rows with multiplicity, DISTINCT is applied by the
         answers service (PartDeltaBatch.distinct)."""
@@ -410,6 +417,9 @@ class WorkerCore:
         self.term_outputs: list[Output] = []  # ... and those to write in this transaction, before the deltas
         self.batched_origin: int | None = None
         self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
+        # ProbeReady marks owed after this transaction's deltas: (query, version, routed partition, as_of) of the
+        # gated registrations a routed shard snapshotted (a multi-centre query's come from worker_probes).
+        self.ready_due: list[tuple[str, int, int, int]] = []
         self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
         if record_reader is not None:
             self.probes.reader = record_reader
@@ -529,6 +539,12 @@ class WorkerCore:
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
         return probe_out + self._snapshot(shard, [i for i in owed if not i.probed], net)
 
+    def first_position(self, partition: int) -> int:
+        """Where whole shard ``partition`` starts when it never committed a position: the updates.encoded end
+        offset at the earliest registration of its queries (the registry's ``registered_at_seq``), so that a
+        query registered after data arrived gets its answers over that data as a snapshot, then live deltas."""
+        return max(0, min((i.registered_at_seq for i in self.wanted("whole", partition)), default=0))
+
     def close_shard(self, kind: str, partition: int) -> None:
         self.shards.pop((kind, partition), None)
 
@@ -571,13 +587,17 @@ class WorkerCore:
         for (query_id, variables, part, _run), rows in self.batched.items():
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
             info = self.plans.get(query_id)
-            version, distinct, gated = ((info.version, info.counted_distinct, info.probed) if info is not None
+            version, distinct, gated = ((info.version, info.counted_distinct, info.gated) if info is not None
                                         else (0, False, False))
             for start in range(0, len(rows), MAX_BATCH_DELTAS):
                 value = codec.encode_part_delta_batch(query_id, part, variables,
                                                       rows[start:start + MAX_BATCH_DELTAS], version, distinct, gated)
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
         self.batched, self.batched_origin, self.batch_runs = {}, None, {}
+        for query_id, version, routed, as_of in self.ready_due:  # after the snapshot deltas they mark complete
+            out.append(Output(self.topics["deltas.parts"], codec.encode_probe_ready(query_id, version, routed, as_of),
+                              query_id.encode(), query_partition(query_id, self.n_deltas)))
+        self.ready_due = []
         out.extend(self.probes.flush(s for (kind, _p), s in self.shards.items() if kind == "routed"))
         out.extend(self._frontiers())
         return out
@@ -586,6 +606,7 @@ class WorkerCore:
         """Forget the answer deltas not yet flushed of routed partition ``partition`` and of the whole queries
         it owns (the partition was revoked: they belong to its next owner); return how many were dropped."""
         dropped = self.probes.drop_from(partition)
+        self.ready_due = [due for due in self.ready_due if due[2] != partition]
         for key, rows in list(self.batched.items()):
             whole_owner = query_partition(key[0], self.n_routed)
             kept = [r for r in rows if not (r[3] == partition or (r[3] == WHOLE_SOURCE_PARTITION
@@ -691,6 +712,8 @@ class WorkerCore:
         index = SNAPSHOT_INDEX_BASE
         as_of = max(shard.last_seq, shard.frontier)
         for info in infos:
+            if info.gated and shard.kind == "routed":
+                self.ready_due.append((info.query_id, info.version, shard.partition, as_of))
             for name, _part, _query in info.engine_queries():
                 for row, count in sorted(net.get(name, {}).items()):
                     for _ in range(max(count, 0)):

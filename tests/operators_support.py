@@ -28,7 +28,7 @@ LATE_QUERIES = {
     # registered mid-stream: COUNT DISTINCT per group, a UNION, an ASK and a CONSTRUCT
     "fans": (f"SELECT ?x (COUNT(DISTINCT ?y) AS ?k) WHERE {{ {{ ?x <{EX}knows> ?y }} UNION {{ ?y <{EX}knows> ?x }} }} "
              f"GROUP BY ?x"),
-    "oldjazz": f"ASK {{ ?x <{EX}likes> <{EX}Jazz> . ?x <{EX}age> ?a FILTER(?a > 85) }}",
+    "oldrobot": f"ASK {{ ?x <{EX}type> <{EX}Robot> . ?x <{EX}age> ?a FILTER(?a > 86) }}",
     "liked": f"CONSTRUCT {{ ?t <{EX}likedBy> ?x }} WHERE {{ ?x <{EX}likes> ?t . ?x <{EX}type> <{EX}Cat> }}",
 }
 
@@ -82,10 +82,28 @@ class Oracle:
         return deltas
 
 
-def oracle_deltas(changes: Iterable[tuple[int, int, int, int, int, int]], terms: dict[int, str],
+def changes_of_lines(lines: list[str]) -> list[tuple[int, int, str, str, str, int]]:
+    """Ingest's effective changes of RDF Patch ``A``/``D`` lines (set semantics), ``(seq, sign, s, p, o, g)``
+    with the terms themselves and seq 1, 2, ... as ingest numbers them."""
+    present: set[tuple[str, str, str]] = set()
+    out = []
+    for line in lines:
+        s, p, o = line[2:-2].split(" ", 2)
+        triple = (s, p, o)
+        if line[0] == "A" and triple not in present:
+            present.add(triple)
+            out.append((len(out) + 1, 1, s, p, o, DEFAULT_GRAPH_ID))
+        elif line[0] == "D" and triple in present:
+            present.discard(triple)
+            out.append((len(out) + 1, -1, s, p, o, DEFAULT_GRAPH_ID))
+    return out
+
+
+def oracle_deltas(changes: Iterable[tuple[int, int, int, int, int, int]], terms: dict[int, str] | None,
                   queries: dict[str, str], late: dict[str, str] | None = None,
                   late_after_seq: int | None = None) -> tuple[Counter, dict[str, Counter], dict[str, Counter]]:
-    """Per-update deltas of ``queries`` over ingest's changes ``(seq, sign, s, p, o, g)`` (term ids), plus those
+    """Per-update deltas of ``queries`` over ingest's changes ``(seq, sign, s, p, o, g)`` (term ids, or the terms
+    themselves when ``terms`` is None), plus those
     of ``late`` after ``late_after_seq``; returns (deltas, final answers, late queries' answers at that seq)."""
     oracle = Oracle({**queries, **(late or {})})
     deltas: Counter = Counter()
@@ -94,7 +112,7 @@ def oracle_deltas(changes: Iterable[tuple[int, int, int, int, int, int]], terms:
         assert g == DEFAULT_GRAPH_ID
         if late and late_after_seq is not None and seq > late_after_seq and not snapshot:
             snapshot = {name: Counter(oracle.current[name]) for name in late}
-        deltas += oracle.apply(seq, sign, terms[s], terms[p], terms[o])
+        deltas += oracle.apply(seq, sign, *((s, p, o) if terms is None else (terms[s], terms[p], terms[o])))
     if late and not snapshot:
         snapshot = {name: Counter(oracle.current[name]) for name in late}
     if late:
