@@ -153,3 +153,19 @@ def test_operator_queries_in_the_whole_shard_equal_pyoxigraph_per_update_also_la
             assert current[a["key"]] >= 0, f"{name}: '-' of an absent answer (n={a['n']})"
         assert +current == final[name], f"{name}: final answers differ"
         assert [a["n"] for a in answers] == list(range(1, len(answers) + 1))
+
+
+def test_unregistering_an_operator_query_frees_its_state_and_keeps_the_others() -> None:
+    stream = Stream(400, seed=9)
+    core = core_for(stream)
+    register(core, OPERATOR_QUERIES, 0)
+    for p in range(4):
+        core.open_shard("whole", p, 0, None)
+    for offset, changes in enumerate(stream.log):
+        for p in range(4):
+            core.on_record(core.shards[("whole", p)], offset, changes)
+    held = core.state_by_query()
+    assert all(held[name] > 0 for name in OPERATOR_QUERIES), held
+    core.on_plan(0, 99, b"named", None, range(4))
+    assert "named" not in core.state_by_query() and core.state_by_query()["adults"] == held["adults"]
+    assert not any("named" in shard.engine.operators for shard in core.shards.values())
