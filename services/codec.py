@@ -632,28 +632,59 @@ def frontier_of(data: bytes) -> dict[int, int] | None:
     return dict(zip(record["partition"], record["seq"]))
 
 
+_PROBE_COLUMNS = ("probe_query", "probe_seq", "probe_sign", "probe_pattern", "probe_step", "probe_width",
+                  "probe_origin", "probe_snapshot")
+_ACK_COLUMNS = ("ack_query", "ack_seq", "ack_delta", "ack_snapshot")
+
+
 def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
                        registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = ()
                        ) -> bytes:
-    """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed`` probes and acks,
-    ``(query, as_of)`` registrations and ``(partition, floor, queries)`` floors."""
+    """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed`` probes and acks (written column
+    by column), ``(query, as_of)`` registrations and ``(partition, floor, queries)`` floors."""
+    index: dict[str, int] = {}
+    probe_query = [index.setdefault(p.query, len(index)) for p in probes]
+    ack_query = [index.setdefault(a.query, len(index)) for a in acks]
     return encode("ProbeBatch", {
-        "probes": [{"query": p.query, "seq": p.seq, "sign": p.sign, "triple": list(p.triple), "pattern": p.pattern,
-                    "step": p.step, "binding": list(p.binding), "origin": p.origin, "snapshot": p.snapshot}
-                   for p in probes],
-        "acks": [{"query": a.query, "seq": a.seq, "delta": a.delta, "snapshot": a.snapshot} for a in acks],
+        "queries": list(index), "probe_query": probe_query,
+        "probe_seq": [p.seq for p in probes], "probe_sign": [p.sign for p in probes],
+        "probe_triple": [term for p in probes for term in p.triple],
+        "probe_pattern": [p.pattern for p in probes], "probe_step": [p.step for p in probes],
+        "probe_width": [len(p.binding) for p in probes],
+        "probe_binding": [term for p in probes for term in p.binding],
+        "probe_origin": [p.origin for p in probes], "probe_snapshot": [p.snapshot for p in probes],
+        "ack_query": ack_query, "ack_seq": [a.seq for a in acks], "ack_delta": [a.delta for a in acks],
+        "ack_snapshot": [a.snapshot for a in acks],
         "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
         "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors]})
 
 
 def probe_batch_of(data: bytes) -> dict[str, Any] | None:
-    """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only)."""
+    """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only).
+    ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot)`` tuples and ``acks``
+    ``(query, seq, delta, snapshot)`` tuples, in their order."""
     if _writer_name(data) != "ProbeBatch":
         return None
     record = decode("ProbeBatch", data)
-    if any(len(p["triple"]) != 4 for p in record["probes"]):
-        raise CodecError("corrupt ProbeBatch: a probe's triple must have 4 term ids")
-    return record
+    queries = record["queries"]
+    query, seq, sign, pattern, step, width, origin, snapshot = [record[f] for f in _PROBE_COLUMNS]
+    triples, bindings = record["probe_triple"], record["probe_binding"]
+    n = len(seq)
+    if any(len(record[f]) != n for f in _PROBE_COLUMNS) or len(triples) != 4 * n or len(bindings) != sum(width) \
+            or any(len(record[f]) != len(record["ack_seq"]) for f in _ACK_COLUMNS) \
+            or any(not 0 <= q < len(queries) for q in query + record["ack_query"]):
+        raise CodecError(f"corrupt ProbeBatch: {n} probes need {n} items in every probe_* array, {4 * n} "
+                         f"probe_triple values and the sum of probe_width binding values; query indices must "
+                         f"name one of the {len(queries)} queries")
+    probes = []
+    start = 0
+    for i in range(n):
+        end = start + width[i]
+        probes.append((queries[query[i]], seq[i], sign[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
+                       tuple(bindings[start:end]), origin[i], snapshot[i]))
+        start = end
+    acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
+    return {"probes": probes, "acks": acks, "registered": record["registered"], "floors": record["floors"]}
 
 
 def encode_probe_ready(query_id: str, version: int, partition: int, as_of: int) -> bytes:

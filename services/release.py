@@ -16,20 +16,22 @@ retracts from another.  So, per deltas.parts partition:
    (``PartDeltaBatch.distinct``); released in seq order, a row goes out as ``+`` when its count goes
    0 -> 1 and as ``-`` when it goes 1 -> 0.
 
-4. **Gate probed registrations**: a multi-centre query's deltas (``PartDeltaBatch.gated``) come from probes
-   between partitions, and a registration's share of each partition's history arrives while the frontiers
-   already moved on.  Everything of a registration ``(query, version)`` is held until every routed partition's
-   ``ProbeReady`` record is in and the frontiers have passed the highest ``as_of``, ``M``; then the deltas up
-   to ``M`` are released netted (the answers as of ``M``: ``+`` only, relabelled seq ``M``), and the rest
-   join the seq-ordered release.  Opened gates are kept in the commit metadata.
+4. **Gate registrations** of multi-centre queries and by-centre products (``PartDeltaBatch.gated``): a
+   registration's share of each partition's history (probes; a part's snapshot as of that partition's own
+   position) arrives while the frontiers already moved on.  Everything of a registration ``(query, version)``
+   is held until every routed partition's ``ProbeReady`` record is in and the frontiers have passed the
+   highest ``as_of``, ``M``; then the deltas up to ``M`` are released netted per stream (each part of a
+   product is one: the answers as of ``M``, ``+`` only, relabelled seq ``M``), and the rest join the
+   seq-ordered release.  So a registration's first answers are one snapshot as of one seq, in order with
+   what follows.  Opened gates are kept in the commit metadata.
 
 Restart (:meth:`SeqRelease.commit_position`, :meth:`SeqRelease.restore`): the offset committed for a
 deltas.parts partition is never past a record that still holds an unreleased delta, and its commit metadata
 carries the frontiers at the commit and the offset the service had read to (``end``).  Exactly the deltas
-read before ``end`` whose seq is at or below the frontiers' minimum ``W`` were released, so a restarted
-service rebuilds its DISTINCT counts from those (reading ``[0, end)``), and when it re-reads the records
-from the committed offset it skips them and holds the rest again: it resumes in the state it committed, in
-the same order.  (Counting the records before the committed offset instead would be wrong: one of them may
+read before ``end`` whose seq is at or below the frontiers' minimum ``W`` were released (none of a gate
+still shut), so a restarted service rebuilds its DISTINCT counts and product assemblers from those (reading
+``[0, end)``), and when it re-reads the records from the committed offset it skips them and holds the rest
+again: it resumes in the state it committed, in the same order.  (Counting the records before the committed offset instead would be wrong: one of them may
 hold a later seq than a released delta of a record after it.)
 """
 
@@ -63,9 +65,9 @@ class _Partition:
     heap: list = field(default_factory=list)  # (seq, source partition, source offset, index, tie, record, i)
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
-    gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # probed registrations not released yet
+    gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
     assemblers: dict[tuple[str, int], Assembler] = field(default_factory=dict)  # by-centre products
-    opened: set[tuple[str, int]] = field(default_factory=set)  # probed registrations released
+    opened: set[tuple[str, int]] = field(default_factory=set)  # gated registrations released
 
 
 Released = tuple[int, "int | None", PartDeltaColumns]  # (deltas.parts offset, origin ms, deltas)
@@ -106,22 +108,31 @@ class SeqRelease:
     def drop(self, partition: int) -> None:
         self.partitions.pop(partition, None)
 
+    @staticmethod
+    def _released_before(state: _Partition, offset: int, deltas: PartDeltaColumns) -> list[int]:
+        """Which deltas of a record read again after a restart were released before it: those of records
+        before the committed read position with seq up to the committed watermark -- except a gated
+        registration's while its gate was still shut (nothing of it was released)."""
+        if offset >= state.released_end or (deltas.gated and (deltas.query_id, deltas.version) not in state.opened):
+            return []
+        return [i for i in range(len(deltas)) if deltas.seq[i] <= state.released_seq]
+
     def restore_counts(self, partition: int, offset: int, deltas: PartDeltaColumns) -> None:
         """Count the released rows of a DISTINCT batch read before the committed read position, or fold a
         product's released part deltas into its assembler (restore)."""
         state = self.partitions[partition]
-        if deltas.part >= 0 and offset < state.released_end and deltas.source_partition \
-                and min(deltas.source_partition) >= ORDERED_SOURCE_BELOW:
-            assembler = self._assembler(state, deltas)
+        if not deltas.source_partition or min(deltas.source_partition) < ORDERED_SOURCE_BELOW:
+            return
+        released = self._released_before(state, offset, deltas)
+        if deltas.part >= 0:
+            assembler = self._assembler(state, deltas) if released else None
             if assembler is not None:
                 k = len(deltas.variables)
-                for i in range(len(deltas)):
-                    if deltas.seq[i] <= state.released_seq:
-                        assembler.absorb(deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
-                                         tuple(deltas.values[i * k:(i + 1) * k]))
+                for i in released:
+                    assembler.absorb(deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
+                                     tuple(deltas.values[i * k:(i + 1) * k]))
             return
-        if deltas.distinct and offset < state.released_end:
-            released = [i for i in range(len(deltas)) if deltas.seq[i] <= state.released_seq]
+        if deltas.distinct and released:
             self._consolidate(state, _pick(deltas, released))
 
     def commit_position(self, partition: int, next_offset: int) -> tuple[int, str]:
@@ -170,8 +181,10 @@ class SeqRelease:
         if not deltas.source_partition or max(deltas.source_partition) < ORDERED_SOURCE_BELOW:
             return [(offset, origin, deltas)]
         state = self.partitions[partition]
-        if offset < state.released_end:  # read again after a restart: what was released then is done
-            deltas = _pick(deltas, [i for i in range(len(deltas)) if deltas.seq[i] > state.released_seq])
+        released = self._released_before(state, offset, deltas)  # read again after a restart: those are done
+        if released:
+            done = set(released)
+            deltas = _pick(deltas, [i for i in range(len(deltas)) if i not in done])
             if not len(deltas):
                 return self._release(partition)
         state.records[offset] = [len(deltas), origin]
@@ -193,8 +206,9 @@ class SeqRelease:
             upto = max(gate.ready.values())
             del state.gates[key]
             state.opened.add(key)
-            # The deltas up to as_of, netted: per row its count of + deltas, the rest cancel.
-            by_row: dict[tuple, list] = {}
+            # The deltas up to as_of, netted per stream (a product's parts are streams of their own): per
+            # row its count of + deltas, the rest cancel.
+            by_row: dict[tuple, dict[tuple, list]] = {}
             later = []
             for offset, deltas, i in gate.items:
                 if deltas.seq[i] > upto:
@@ -202,15 +216,17 @@ class SeqRelease:
                     continue
                 k = len(deltas.variables)
                 row = tuple(deltas.values[i * k:(i + 1) * k])
-                entry = by_row.setdefault(row, [0, []])
+                entry = by_row.setdefault((deltas.part, tuple(deltas.variables)), {}).setdefault(row, [0, []])
                 entry[0] += 1 if deltas.sign[i] == "PLUS" else -1
                 if deltas.sign[i] == "PLUS":
                     entry[1].append((deltas.source_partition[i], deltas.source_offset[i], deltas.index[i],
                                      offset, deltas, i))
-            kept = sorted(item for count, pluses in by_row.values() for item in pluses[:max(count, 0)])
             for offset, deltas, i in gate.items:
                 self._done(state, offset)
-            if kept:
+            for _stream, rows in sorted(by_row.items()):
+                kept = sorted(item for count, pluses in rows.values() for item in pluses[:max(count, 0)])
+                if not kept:
+                    continue
                 template = kept[0][4]
                 bundle = _gather(template, [(deltas, i) for *_key, _offset, deltas, i in kept])
                 bundle = replace(bundle, seq=[upto] * len(bundle), snapshot=[True] * len(bundle))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cbgp.distributed import Ack, Probe
 from services import codec
 from tests.test_schemas import FAST, HISTORY, avro_write, load, records_of, single_object
 
@@ -225,3 +226,33 @@ def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
         record = codec.decode("CurrentAnswer", current.value)
         text = {var: codec.term_from_avro(t) for var, t in record["binding"].items()}
         assert current.key == codec.current_key("q", codec.canonical_binding(text))
+
+
+INTS = st.integers(-(1 << 31), (1 << 31) - 1)
+PROBES = st.lists(st.builds(
+    Probe, st.just(3), st.sampled_from(["q@1", "q@2", "path3@7"]), LONGS, st.sampled_from([1, -1]),
+    st.tuples(LONGS, LONGS, LONGS, LONGS), INTS, INTS, st.lists(LONGS, max_size=6).map(tuple), INTS, st.booleans()),
+    max_size=40)
+ACKS = st.lists(st.builds(Ack, st.just(3), st.sampled_from(["q@1", "other@1"]), LONGS, INTS, st.booleans()),
+                max_size=40)
+
+
+@FAST
+@given(PROBES, ACKS, st.lists(st.tuples(st.sampled_from(["q@1", "r@2"]), LONGS), max_size=3))
+def test_probe_batches_carry_probes_and_acks_column_by_column_unchanged(probes, acks, registered) -> None:
+    """ProbeBatch is written column by column (one query table, flattened triples and bindings): every
+    probe and ack reads back as it was written, in order, whatever its binding's width."""
+    data = codec.encode_probe_batch(probes, acks, registered, [(1, 5, ["q@1"])])
+    record = codec.probe_batch_of(data)
+    assert [Probe(3, *item) for item in record["probes"]] == probes
+    assert [Ack(3, *item) for item in record["acks"]] == acks
+    assert [(r["query"], r["as_of"]) for r in record["registered"]] == registered
+    assert record["floors"] == [{"partition": 1, "floor": 5, "queries": ["q@1"]}]
+
+
+def test_a_probe_batch_whose_columns_disagree_is_refused() -> None:
+    data = codec.encode_probe_batch([Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)])
+    record = codec.decode("ProbeBatch", data)
+    record["probe_binding"] = [7]  # one value short of probe_width's 2
+    with pytest.raises(codec.CodecError, match="corrupt ProbeBatch"):
+        codec.probe_batch_of(codec.encode("ProbeBatch", record))

@@ -206,9 +206,14 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
     produced = Counter()
     ready = []
     for offset, out in enumerate(deltas):
-        frontier = codec.frontier_of(out.value)
-        released = (release.on_frontier(out.partition, frontier) if frontier is not None else
-                    release.on_deltas(out.partition, offset, None, codec.part_delta_columns(out.value)))
+        frontier, mark = codec.frontier_of(out.value), codec.probe_ready_of(out.value)
+        if mark is not None:  # a routed partition's share of a product's registration is complete
+            released = release.on_ready(out.partition, offset, mark["query_id"], mark["version"], mark["partition"],
+                                        mark["as_of"])
+        elif frontier is not None:
+            released = release.on_frontier(out.partition, frontier)
+        else:
+            released = release.on_deltas(out.partition, offset, None, codec.part_delta_columns(out.value))
         ready += [(out.partition, *r) for r in released]
     assert release.held() == 0
     for partition, offset, _origin, columns in ready:
