@@ -11,6 +11,12 @@ replaying the log from offset 0 without emitting, and a query new to a shard get
 its replayed deltas netted into a snapshot (``snapshot=True``).  Which queries a shard had already
 snapshotted is stored with its committed offset as commit metadata (the queries.plans positions applied),
 so a restarted or rebalanced worker knows exactly which snapshots are still owed.
+
+Operator queries (issue 18: FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT...; ``QueryInfo.operators``) are
+whole queries: their owner's whole shard evaluates them with ``cbgp.algebra`` in place of the BGP engine
+(:class:`WorkerEngine` holds both), restored and snapshotted the same way.  Their expressions need the terms, so
+the shard learns the terms of the changes it applies from the dictionary topic (``term_reader``), and publishes
+the terms an operator makes (a COUNT, a BIND value, ASK's booleans) before the answers that use them.
 """
 
 from __future__ import annotations
@@ -233,11 +239,14 @@ class WorkerEngine(Engine):
             raise EngineError(f"a query named {name!r} is already registered")
         op = self.operators[name] = FleetOperatorQuery(query, self.dictionary)
         self.initial_rows[name] = op.initial()
+        self.apply = self._apply_with_operators  # type: ignore[method-assign]
         return []
 
     def unregister(self, name: str) -> None:
         if self.operators.pop(name, None) is not None:
             self.initial_rows.pop(name, None)
+            if not self.operators:
+                del self.apply  # back to Engine.apply
             return
         super().unregister(name)
 
@@ -245,12 +254,14 @@ class WorkerEngine(Engine):
         op = self.operators.get(name)
         return op.columns if op is not None else super().columns(name)
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID, role: int = ROLE_ALL) -> list:
-        out = super().apply(sign, s, p, o, g, role)
-        if self.operators:
-            for name, op in self.operators.items():
-                for d_sign, row in op.apply(sign, s, p, o, g):
-                    out.append((name, d_sign, row))
+    def _apply_with_operators(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
+                              role: int = ROLE_ALL) -> list:
+        """``apply`` while operator queries are registered (installed on the instance: BGP-only shards keep
+        ``Engine.apply`` with no extra call)."""
+        out = Engine.apply(self, sign, s, p, o, g, role)
+        for name, op in self.operators.items():
+            for d_sign, row in op.apply(sign, s, p, o, g):
+                out.append((name, d_sign, row))
         return out
 
     def apply_to(self, name: str, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
