@@ -26,12 +26,14 @@ Exactness under concurrency comes from three rules (issue #17, item 2):
    has passed it, and versions at or below the minimum completed frontier are dropped (no probe can need them).
 
 No Kafka here: :class:`PartitionEvaluator` takes changes, probes, acks and frontiers and returns what to send.
-The fleet maps probes and acks to the ``probes`` topic (keyed by destination partition).
+The fleet carries probes and acks on ``updates.routed`` itself, to the destination partition
+(``services.worker_probes``).
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass, field
 
 from cbgp.plan import OBJECT_END, SUBJECT_END, ComponentPart, Plan, probe_join_plan, stored_ends
@@ -240,6 +242,56 @@ class _QueryState:
         self.by_predicate = by_predicate
 
 
+class _LiveCounts:
+    """(query, seq, snapshot) -> probes still alive elsewhere, for the updates (and registrations) whose probes
+    started here, with the oldest live seq in O(log n): :meth:`PartitionEvaluator.completed` asks for it after
+    every record, and scanning every key each time cost more than the probes themselves."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int, bool], int] = {}
+        # keys per seq (all / without registrations'), and their seqs as lazily cleaned min-heaps
+        self._per_seq: tuple[dict[int, int], dict[int, int]] = ({}, {})
+        self._heaps: tuple[list[int], list[int]] = ([], [])
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self.counts)
+
+    def add(self, key: tuple[str, int, bool], delta: int) -> None:
+        before = self.counts.get(key, 0)
+        after = before + delta
+        if after:
+            self.counts[key] = after
+        else:
+            self.counts.pop(key, None)
+        if (before == 0) != (after == 0):
+            self._count_key(key, 1 if before == 0 else -1)
+
+    def drop_query(self, name: str) -> None:
+        for key in [k for k in self.counts if k[0] == name]:
+            del self.counts[key]
+            self._count_key(key, -1)
+
+    def oldest(self, registrations: bool) -> int | None:
+        """The lowest seq with a live key (``registrations``: the registrations' keys count too)."""
+        which = 0 if registrations else 1
+        per_seq, heap = self._per_seq[which], self._heaps[which]
+        while heap and not per_seq.get(heap[0]):
+            per_seq.pop(heapq.heappop(heap), None)
+        return heap[0] if heap else None
+
+    def _count_key(self, key: tuple[str, int, bool], delta: int) -> None:
+        _query, seq, snapshot = key
+        for which in ((0,) if snapshot else (0, 1)):
+            per_seq = self._per_seq[which]
+            n = per_seq.get(seq, 0)
+            if n == 0 and delta > 0:
+                heapq.heappush(self._heaps[which], seq)
+            per_seq[seq] = n + delta
+
+
 class PartitionEvaluator:
     """The distributed evaluation at one partition: its stores, held probes and live-probe counts."""
 
@@ -249,11 +301,11 @@ class PartitionEvaluator:
         self.queries: dict[str, _QueryState] = {}
         self.applied = -1  # every change up to this seq routed here has been applied
         self.last_seq = -1  # the highest seq applied (the log is in seq order)
-        self.held: list[tuple[int, int, Probe]] = []  # (seq, arrival, probe) waiting for the applied frontier
+        self.held: list[tuple[int, int, Probe]] = []  # heap of (seq, arrival, probe) waiting for the applied frontier
         self._arrivals = 0
         self.unknown: list[Probe] = []  # probes of queries not registered here yet
         # (query, seq, snapshot) -> probes still alive elsewhere, for updates (and snapshots) that started here
-        self.live: dict[tuple[str, int, bool], int] = {}
+        self.live = _LiveCounts()
         self.probes_sent = 0
         self.probes_received = 0
 
@@ -315,11 +367,11 @@ class PartitionEvaluator:
         self.queries.pop(name, None)
         dropped = [h[2] for h in self.held if h[2].query == name] + [p for p in self.unknown if p.query == name]
         self.held = [h for h in self.held if h[2].query != name]
+        heapq.heapify(self.held)
         self.unknown = [p for p in self.unknown if p.query != name]
         for probe in dropped:
             self._finish(probe, 0, out)
-        for key in [k for k in self.live if k[0] == name]:
-            del self.live[key]  # its probes elsewhere die too: nothing of it is waited for
+        self.live.drop_query(name)  # its probes elsewhere die too: nothing of it is waited for
         return out
 
     # -- input
@@ -369,11 +421,9 @@ class PartitionEvaluator:
         if frontier <= self.applied:
             return out
         self.applied = frontier
-        ready = [h for h in self.held if h[0] - 1 <= frontier]
-        if ready:
-            self.held = [h for h in self.held if h[0] - 1 > frontier]
-            for _seq, _arrival, probe in ready:
-                self._answer(probe, out)
+        held = self.held
+        while held and held[0][0] - 1 <= frontier:
+            self._answer(heapq.heappop(held)[2], out)
         return out
 
     def on_probe(self, probe: Probe, known: bool = True) -> Outputs:
@@ -394,34 +444,28 @@ class PartitionEvaluator:
     def _receive(self, probe: Probe, out: Outputs) -> None:
         if probe.seq - 1 > self.applied:
             self._arrivals += 1
-            self.held.append((probe.seq, self._arrivals, probe))
+            heapq.heappush(self.held, (probe.seq, self._arrivals, probe))
             return
         self._answer(probe, out)
 
     def on_ack(self, ack: Ack) -> None:
         if ack.query not in self.queries:
             return  # unregistered: its counts were dropped
-        key = (ack.query, ack.seq, ack.snapshot)
-        left = self.live.get(key, 0) + ack.delta
-        if left:
-            self.live[key] = left
-        else:
-            self.live.pop(key, None)
+        self.live.add((ack.query, ack.seq, ack.snapshot), ack.delta)
 
     # -- frontiers and versions
 
     def completed(self) -> int:
         """Every delta of a seq up to this has been emitted (by this partition's updates, wherever their
         probes went), registrations' probes included: the floor for collapsing versions."""
-        if self.live:
-            return min(self.applied, min(seq for _q, seq, _s in self.live) - 1)
-        return self.applied
+        oldest = self.live.oldest(registrations=True)
+        return self.applied if oldest is None else min(self.applied, oldest - 1)
 
     def completed_live(self) -> int:
         """As :meth:`completed`, without the registrations' probes: what the answers side releases by (a
         registration is released by its own ready marks, so this never moves back when a query is added)."""
-        live = [seq for _q, seq, snapshot in self.live if not snapshot]
-        return min(self.applied, min(live) - 1) if live else self.applied
+        oldest = self.live.oldest(registrations=False)
+        return self.applied if oldest is None else min(self.applied, oldest - 1)
 
     def collapse(self, watermark: int, name: str | None = None) -> None:
         """Drop versions of query ``name`` (or all) that no probe can read any more: ``watermark`` is the
@@ -451,8 +495,7 @@ class PartitionEvaluator:
         self.probes_sent += children
         if origin_here:
             if children:
-                key = (probe.query, probe.seq, probe.snapshot)
-                self.live[key] = self.live.get(key, 0) + children
+                self.live.add((probe.query, probe.seq, probe.snapshot), children)
         else:
             self._finish(probe, children, out)
 
