@@ -3,21 +3,26 @@
 A query's window comes either from RSP-QL clauses in its text (``FROM NAMED WINDOW ... [RANGE ...]`` and
 ``WINDOW :w { ... }``) or from register options (``window=sliding range=PT60S step=PT10S``); the options
 ``lateness`` and ``late`` tune either (``cbgp.windows.window_from_options``).  ``replace=true`` steers the
-registration itself (the registry does not store it).  Any other option key is an error: a misspelt
+registration itself (the registry does not store it).  ``stream=<iri>`` makes a CONSTRUCT query a derived stream
+(issue 18 item 3, C-SPARQL's ``REGISTER STREAM ... AS CONSTRUCT``): its triple deltas are published on updates.raw
+as changes of named graph ``<iri>`` (:func:`read_stream` checks it).  Any other option key is an error: a misspelt
 ``windw=sliding`` must not register a query without a window.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
+from dataclasses import dataclass
 from typing import Mapping
 
 from cbgp.sparql import ParsedQuery, QueryError, parse_query
 from cbgp.windows import WindowError, WindowSpec, parse_rspql, window_from_options
 
-__all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "check_option_keys", "read_query", "read_registration"]
+__all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "read_query",
+           "read_registration", "read_stream", "stream_iri"]
 
-QUERY_OPTIONS = ("window", "range", "step", "lateness", "late")  # stored with the query's plan
+QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream")  # stored with the query's plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
 
 
@@ -66,3 +71,97 @@ def read_query(text: str, window: WindowSpec | None) -> tuple[ParsedQuery | None
         raise QueryError(f"{construct} over a window is not supported: the fleet runs operators on the total order "
                          "only (a windowed query must be a BGP)", original.line, original.column)
     return None, spec
+
+
+
+# -- derived streams (issue 18 item 3) -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GraphRead:
+    """One ``GRAPH x { ... }`` of a query's text: ``graph`` is the IRI in N-Triples form (``<...>``) or the
+    variable (``?g``); ``line``/``column`` where the keyword is."""
+
+    graph: str
+    line: int
+    column: int
+
+    @property
+    def variable(self) -> bool:
+        return self.graph[:1] in "?$"
+
+
+_IRI_RE = re.compile(r'[^<>"{}|^`\\\s]+')
+
+
+def stream_iri(value: str) -> str:
+    """The named graph of a ``stream=`` option in N-Triples form: ``<http://ex.org/s>`` or
+    ``http://ex.org/s`` -> ``<http://ex.org/s>``; raises ``QueryError`` if it is not an absolute IRI."""
+    text = value.strip()
+    inner = text[1:-1] if text.startswith("<") and text.endswith(">") else text
+    if not _IRI_RE.fullmatch(inner) or not re.match(r"[A-Za-z][A-Za-z0-9+.\-]*:", inner):
+        raise QueryError(f"option stream={value!r}: expected an absolute IRI, e.g. stream=<http://example.org/derived>")
+    return f"<{inner}>"
+
+
+def graphs_read(text: str) -> list[GraphRead]:
+    """Every ``GRAPH x`` of a query's text, in source order, prefixed names expanded with its ``PREFIX``
+    declarations (a pattern outside ``GRAPH`` reads the default graph, never a named one)."""
+    from cbgp.sparql import _line_col, _tokens
+
+    tokens = [t for t in _tokens(text) if t[0] != "comment"]
+    prefixes: dict[str, str] = {}
+    base = ""
+    out: list[GraphRead] = []
+    for i, (kind, value, offset) in enumerate(tokens):
+        if kind != "word":
+            continue
+        upper = value.upper()
+        if upper == "PREFIX" and i + 2 < len(tokens) and tokens[i + 2][0] == "iri":
+            prefixes[tokens[i + 1][1].split(":", 1)[0]] = tokens[i + 2][1][1:-1]
+        elif upper == "BASE" and i + 1 < len(tokens) and tokens[i + 1][0] == "iri":
+            base = tokens[i + 1][1][1:-1]
+        elif upper == "GRAPH" and i + 1 < len(tokens):
+            n_kind, n_value, _ = tokens[i + 1]
+            if n_kind == "var":
+                graph = "?" + n_value[1:]
+            elif n_kind == "iri":
+                from urllib.parse import urljoin
+
+                graph = f"<{urljoin(base, n_value[1:-1]) if base else n_value[1:-1]}>"
+            elif n_kind == "word" and ":" in n_value:
+                prefix, local = n_value.split(":", 1)
+                graph = f"<{prefixes.get(prefix, prefix + ':')}{local}>"
+            else:
+                continue
+            out.append(GraphRead(graph, *_line_col(text, offset)))
+    return out
+
+
+def read_stream(options: Mapping[str, str], text: str, operators: object | None) -> tuple[str | None, list[str]]:
+    """``(named graph fed, named graphs read)`` of a registration: ``(None, [])`` without ``stream=``.
+
+    Raises ``QueryError`` when the option is given to anything but a CONSTRUCT query, names no absolute IRI, or
+    the query reads its own graph or uses ``GRAPH ?g`` (which could): its output would feed itself.  Cycles
+    across several derived streams need the other registrations (``services.registry``)."""
+    value = options.get("stream")
+    if value is None:
+        return None, []
+    form = getattr(operators, "form", "SELECT")
+    if form != "CONSTRUCT":
+        from cbgp.sparql import _find_keyword
+
+        line, column = _find_keyword(text, form)
+        raise QueryError(f"option stream= is only for CONSTRUCT queries (a derived stream of triples), not {form}",
+                         line, column)
+    graph = stream_iri(value)
+    reads: list[str] = []
+    for read in graphs_read(text):
+        if read.variable:
+            raise QueryError(f"a derived stream (stream={graph}) cannot read GRAPH {read.graph}: it ranges over every "
+                             f"named graph, its own output included; name the graphs it reads", read.line, read.column)
+        if read.graph == graph:
+            raise QueryError(f"a derived stream cannot read its own graph: GRAPH {graph} is what stream={graph} "
+                             "feeds (its output would feed itself)", read.line, read.column)
+        if read.graph not in reads:
+            reads.append(read.graph)
+    return graph, reads

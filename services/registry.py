@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
 from cbgp.sparql import QueryError
 from cbgp.windows import WindowSpec
-from services.queries import read_query, read_registration
+from services.queries import graphs_read, read_query, read_registration, read_stream, stream_iri
 
 __all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "operator_plan",
            "operator_summary", "plan_summary", "tombstone_version"]
@@ -248,6 +248,9 @@ class Registry:
                                                       if not k.startswith("service.")})
             parsed, operators = read_query(text, window)
             plan = decompose(parsed) if parsed is not None else None
+            stream, reads = read_stream(stored_options, text, operators)
+            if stream is not None:
+                self._check_stream(query_id, stream, reads, text)
         except QueryError as exc:  # WindowError included
             if exc.message.startswith("SERVICE is not supported"):
                 exc = _service_rejection(text, stored_options, exc)
@@ -266,10 +269,46 @@ class Registry:
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
                   "plan_json": json.dumps(plan_json, separators=(",", ":")),
                   "projected": projected, "registered_at_seq": seq, "version": version}
+        if stream is not None:
+            summary += (f"; derived stream: its triples are inserted into and deleted from graph {stream} on "
+                        "updates.raw" + (f" (reads {', '.join(reads)})" if reads else ""))
         summary += (f"; window {window_summary(window)}" if window else "") + \
             (f" (version {version}, replaced)" if existing is not None else "")
         entry = Entry(query_id, sparql, query_class, version, stored_options, seq)
         return Decision(self._status(query_id, "ACCEPTED", summary, request_id), plan=(query_id, record), entry=entry)
+
+    def _check_stream(self, query_id: str, stream: str, reads: list[str], text: str) -> None:
+        """Raise ``QueryError`` if another registered query feeds ``stream`` too, or if the derived streams would
+        form a cycle with this one (A feeds <a> and reads <b>, B feeds <b> and reads <a>): each would feed the
+        other's input without end.  A registration being replaced is left out."""
+        feeds: dict[str, tuple[str, list[str]]] = {}  # graph -> (query feeding it, graphs that query reads)
+        for other in self.queries.values():
+            if other.query_id == query_id or "stream" not in other.options:
+                continue
+            try:
+                graph = stream_iri(other.options["stream"])
+                other_text, _window = read_registration(other.sparql, {k: v for k, v in other.options.items()
+                                                                       if not k.startswith("service.")})
+            except QueryError:
+                continue
+            feeds[graph] = (other.query_id, [r.graph for r in graphs_read(other_text) if not r.variable])
+        if stream in feeds:
+            raise QueryError(f"graph {stream} is already fed by derived stream {feeds[stream][0]!r}: one query per "
+                             "stream graph")
+        # Which graphs does this stream's output reach?  stream -> queries reading it -> their streams -> ...
+        path = {stream: [stream]}
+        todo = [stream]
+        while todo:
+            graph = todo.pop()
+            for fed, (other, other_reads) in feeds.items():
+                if graph in other_reads and fed not in path:
+                    path[fed] = path[graph] + [f"read by {other!r}, which feeds {fed}"]
+                    todo.append(fed)
+        for read in graphs_read(text):
+            if read.graph in path and read.graph != stream:
+                chain = ", ".join(path[read.graph])
+                raise QueryError(f"a cycle across derived streams: {query_id!r} feeds {chain}, and reads it back "
+                                 f"with GRAPH {read.graph}", read.line, read.column)
 
     def commit(self, decision: Decision) -> None:
         """Apply ``decision`` to the registered set (after its plan record was acknowledged)."""

@@ -109,7 +109,8 @@ class WorkerService:
         n = {name: len(end_offsets(settings, settings.topic(name))) for name in
              ("updates.routed", "queries.plans", "deltas.parts")}
         topics = {name: settings.topic(name) for name in ("deltas.parts", "deadletter", "queries.plans",
-                                                           "updates.routed", "updates.encoded", "dictionary")}
+                                                           "updates.routed", "updates.encoded", "dictionary",
+                                                           "updates.raw")}  # updates.raw: derived streams
         self.terms = DictionaryTerms(settings)
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
                                assemble_in_spark=getattr(args, "assembly", "spark") == "spark",

@@ -17,6 +17,16 @@ whole queries: their owner's whole shard evaluates them with ``cbgp.algebra`` in
 (:class:`WorkerEngine` holds both), restored and snapshotted the same way.  Their expressions need the terms, so
 the shard learns the terms of the changes it applies from the dictionary topic (``term_reader``), and publishes
 the terms an operator makes (a COUNT, a BIND value, ASK's booleans) before the answers that use them.
+
+Derived streams (issue 18 item 3: a CONSTRUCT registered with ``stream=<iri>``, ``QueryInfo.stream``): the owner
+also writes the query's triple deltas to updates.raw, in the same transaction as its answers and offsets (exactly
+once), as RDF Patch ``A``/``D`` lines of named graph ``<iri>`` -- one record per input record, snapshot included --
+so every query can read them back through ingest (``GRAPH <iri> { ... }``).  A CONSTRUCT's answers are a set, so
+with ingest's set semantics graph ``<iri>`` is always the CONSTRUCT of the base graph as of the input record the
+owner last applied.  When the registration ends (unregistered or replaced) the owner of its routed partition writes
+``DROP SILENT GRAPH <iri>`` (a SPARQL Update ingest applies atomically): the derived graph is retracted with no
+state needed, also by a next owner that restores from a committed position before the ending plan record
+(``ended_streams``, owed like snapshots by the commit metadata).
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from cbgp.sparql import QueryError
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 from cbgp.windows import WindowSpec
 from services import codec
-from services.queries import read_query, read_registration
+from services.queries import read_query, read_registration, stream_iri
 from services.instruments import RESTORE_PROGRESS
 from services.idempotence import SNAPSHOT_INDEX_BASE, WHOLE_SOURCE_PARTITION
 from services.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, kv, query_partition
@@ -49,6 +59,9 @@ ROLES = {"SUBJECT": 1, "OBJECT": 2, "BOTH": ROLE_ALL}
 # Idempotence keys (routed partition P, WHOLE_SOURCE_PARTITION for whole queries, SNAPSHOT_INDEX_BASE + i for
 # snapshot deltas): see services.idempotence.
 MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record (bindings of a few ids: well under 1 MB)
+# Header of a derived stream's updates.raw records: "query@version" (which owner wrote it: see owner_of_output).
+DERIVED_HEADER = "cbgp-derived"
+MAX_DERIVED_BYTES = 512 * 1024  # a derived stream's patch record is split above this (the broker's limit is ~1 MB)
 
 # One input change as the engine needs it: (offset, sign, s, p, o, g, role, seq, origin_ms).
 Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
@@ -87,6 +100,8 @@ class QueryInfo:
     # An operator query (cbgp.algebra's OperatorQuerySpec: FILTER, OPTIONAL, aggregates, ASK, CONSTRUCT...):
     # evaluated whole by its single owner on the total order, the algebra in place of the BGP engine.
     operators: object | None = None
+    # A derived stream (CONSTRUCT with stream=<iri>): the named graph its triple deltas are written to, N-Triples.
+    stream: str | None = None
 
     @property
     def windowed(self) -> bool:
@@ -431,6 +446,11 @@ class WorkerCore:
         # ProbeReady marks owed after this transaction's deltas: (query, version, routed partition, as_of) of the
         # gated registrations a routed shard snapshotted (a multi-centre query's come from worker_probes).
         self.ready_due: list[tuple[str, int, int, int]] = []
+        # Derived streams: triple deltas made since the last _derived_outputs() (query -> (sign, (s, p, o))), and
+        # the registrations that fed one and ended, (plans partition, offset of the ending record, query, version,
+        # graph), for a restored routed partition to retract what its previous owner may not have.
+        self.derived: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        self.ended_streams: list[tuple[int, int, str, int, str]] = []
         self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
         if record_reader is not None:
             self.probes.reader = record_reader
@@ -461,6 +481,7 @@ class WorkerCore:
         query_id = key.decode("utf-8", "replace") if key else None
         if value is None:
             if query_id and query_id in self.plans:
+                out.extend(self._end_stream(self.plans[query_id], partition, offset, routed_assigned))
                 del self.plans[query_id]
                 self._drop_everywhere(query_id)
                 log.info(kv(event="unregistered", query=query_id))
@@ -470,15 +491,19 @@ class WorkerCore:
             text, window = read_registration(record["sparql"], record["options"])
             parsed, operators = read_query(text, window)
             plan = decompose(parsed) if parsed is not None else None
+            stream = stream_iri(record["options"]["stream"]) if "stream" in record["options"] else None
         except (codec.CodecError, QueryError) as exc:  # WindowError is a QueryError
             out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return out, []
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
                          window, plan is not None and self.assemble_in_spark and window is None
-                         and needs_assembly(plan.query), self.single_owner, operators)
+                         and needs_assembly(plan.query), self.single_owner, operators,
+                         stream if operators is not None else None)
         old = self.plans.get(info.query_id)
         if old is not None and old.version == info.version and old.plans_offset == offset:
             return out, []
+        if old is not None:
+            out.extend(self._end_stream(old, partition, offset, routed_assigned))
         self.plans[info.query_id] = info
         self._drop_everywhere(info.query_id)  # a re-registration starts from a fresh snapshot
         for shard in self.shards.values():
@@ -491,6 +516,49 @@ class WorkerCore:
             if owner in set(routed_assigned) and ("whole", owner) not in self.shards:
                 to_open.append(owner)
         return out, to_open
+
+    def _end_stream(self, info: QueryInfo, partition: int, offset: int, routed_assigned: Iterable[int]) -> list[Output]:
+        """A registration ends at queries.plans ``partition``/``offset`` (tombstone or new version): if it fed a
+        derived stream, remember it (a next owner restored from before this record owes the retraction) and,
+        when this worker owns its routed partition, retract the graph now."""
+        if info.stream is None:
+            return []
+        owner = query_partition(info.query_id, self.n_routed)
+        self.ended_streams.append((partition, offset, info.query_id, info.version, info.stream))
+        return [self._drop_graph(info.query_id, info.version, info.stream)] if owner in set(routed_assigned) else []
+
+    def _drop_graph(self, query_id: str, version: int, graph: str) -> Output:
+        log.info(kv(event="derived-stream-ended", query=query_id, version=version, graph=graph))
+        return Output(self.topics.get("updates.raw", "updates.raw"), f"DROP SILENT GRAPH {graph}".encode(), None, 0,
+                      [("content-type", b"application/sparql-update"),
+                       (DERIVED_HEADER, f"{query_id}@{version}".encode())])
+
+    def _derived_outputs(self, shard: Shard) -> list[Output]:
+        """The triple deltas of derived streams collected since the last call (:meth:`_part_delta`), as RDF Patch
+        records of their named graphs on updates.raw, in the order they were made."""
+        if not self.derived:
+            return []
+        out: list[Output] = []
+        decode = shard.engine.dictionary.decode
+        topic = self.topics.get("updates.raw", "updates.raw")
+        for query_id, rows in self.derived.items():
+            info = self.plans.get(query_id)
+            if info is None or info.stream is None:
+                continue
+            headers = [("cbgp-format", b"patch"), (DERIVED_HEADER, f"{query_id}@{info.version}".encode())]
+            lines: list[str] = []
+            size = 0
+            for sign, triple in rows:
+                line = f"{'A' if sign > 0 else 'D'} {' '.join(decode(t) for t in triple)} {info.stream} ."
+                if size + len(line) > MAX_DERIVED_BYTES and lines:
+                    out.append(Output(topic, ("\n".join(lines) + "\n").encode(), None, 0, headers))
+                    lines, size = [], 0
+                lines.append(line)
+                size += len(line) + 1
+            if lines:
+                out.append(Output(topic, ("\n".join(lines) + "\n").encode(), None, 0, headers))
+        self.derived = {}
+        return out
 
     def _drop_everywhere(self, query_id: str) -> None:
         for shard in self.shards.values():
@@ -527,6 +595,9 @@ class WorkerCore:
         shard = Shard(kind, partition, position=max(committed, 0))
         self.shards[(kind, partition)] = shard
         seen = _parse_metadata(metadata, len(self.plan_positions))
+        drops = [self._drop_graph(query_id, version, graph) for plans_p, plans_offset, query_id, version, graph
+                 in self.ended_streams if kind == "routed" and plans_offset >= seen[plans_p]
+                 and query_partition(query_id, self.n_routed) == partition]
         infos = self.wanted(kind, partition)
         owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
         for info in infos:
@@ -548,7 +619,7 @@ class WorkerCore:
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
                     queries=len(infos), snapshots_owed=len(owed),
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
-        return probe_out + self._snapshot(shard, [i for i in owed if not i.probed], net)
+        return drops + probe_out + self._snapshot(shard, [i for i in owed if not i.probed], net)
 
     def first_position(self, partition: int) -> int:
         """Where whole shard ``partition`` starts when it never committed a position: the updates.encoded end
@@ -586,6 +657,8 @@ class WorkerCore:
             for name, d_sign, row in deltas:
                 self._part_delta(out, shard, name, d_sign, row, seq, offset, index, False, origin)
                 index += 1
+        if self.derived:
+            out.extend(self._derived_outputs(shard))
         return out
 
     def flush_batches(self) -> list[Output]:
@@ -633,6 +706,11 @@ class WorkerCore:
 
     def owner_of_output(self, output: Output) -> int | None:
         """The routed partition whose shard made a queued part delta (None: not a part delta)."""
+        if output.topic == self.topics.get("updates.raw", "updates.raw"):
+            for name, value in output.headers or ():
+                if name == DERIVED_HEADER:
+                    return query_partition(value.decode().rpartition("@")[0], self.n_routed)
+            return None
         if output.topic != self.topics["deltas.parts"] or output.value is None or output.key is None:
             return None
         try:
@@ -735,6 +813,8 @@ class WorkerCore:
                                          shard.position - 1,
                                          index, True, None)
                         index += 1
+        if self.derived:
+            out.extend(self._derived_outputs(shard))
         return out
 
     def _part_delta(self, out: list[Output], shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int,
@@ -748,6 +828,11 @@ class WorkerCore:
             # A routed shard's part deltas (a by-centre product) are batched too: the answers service
             # releases them in seq order and multiplies them.
             if name in shard.engine.operators:
+                info = self.plans.get(query_id)
+                if info is not None and info.stream is not None:
+                    at = dict(zip(columns, row))
+                    self.derived.setdefault(query_id, []).append(
+                        (sign, (at["subject"], at["predicate"], at["object"])))
                 columns, row = self._operator_row(shard, columns, row)
             runs = self.batch_runs
             last = runs.get((query_id, part))
