@@ -25,12 +25,12 @@ def test_every_topic_has_an_explicit_retention_chosen_for_its_role_and_documente
     for t in TOPICS:
         configs = t.topic_configs()
         assert "retention.ms" in configs and "cleanup.policy" in configs, t.name
-        if t.name in REPLAYED:
-            assert configs == {"cleanup.policy": "delete", "retention.ms": "-1"}, t.name
-            assert "retention.ms=-1" in t.doc and "issue 16" in t.doc, t.name
+        if t.name in REPLAYED:  # never deleted by age nor by size
+            assert configs == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}, t.name
+            assert "retention.ms=-1, retention.bytes=-1" in t.doc and "issue 16" in t.doc, t.name
         elif t.name in COMPACTED:
             assert configs["cleanup.policy"] == "compact" and configs["retention.ms"] == str(KEPT), t.name
-            assert "Compacted" in t.doc, t.name
+            assert configs["retention.bytes"] == "-1" and "Compacted" in t.doc, t.name
         else:
             assert configs == {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS)}, t.name
             assert "7 days" in t.doc, t.name

@@ -18,6 +18,9 @@ Precedence: command-line flag > environment variable > default.  Environment var
 ``CBGP_SSL_CA_LOCATION``       CA bundle path for TLS
 ``CBGP_KAFKA_<KEY>``           any librdkafka property, ``_`` -> ``.`` and lower-cased
                                (``CBGP_KAFKA_SOCKET_TIMEOUT_MS=5000`` -> ``socket.timeout.ms``)
+``CBGP_TOPIC_CONFIG``          topic configs over the catalogue's, ``TOPIC:KEY=VALUE[;TOPIC:KEY=VALUE...]``
+                               (``updates.raw:retention.ms=86400000``; flag ``--topic-config``, repeatable);
+                               checked against what restores need by :mod:`services.kafka.topics`
 =============================  ===============================================================
 """
 
@@ -28,7 +31,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-__all__ = ["KafkaConfigError", "KafkaSettings", "add_kafka_flags"]
+__all__ = ["KafkaConfigError", "KafkaSettings", "add_kafka_flags", "parse_topic_configs", "format_topic_configs"]
 
 ENV_PREFIX = "CBGP_"
 PASSTHROUGH_PREFIX = "CBGP_KAFKA_"
@@ -67,6 +70,9 @@ class KafkaSettings:
     rebalance_timeout_ms: int | None = None
     # Extra librdkafka properties, applied to every client (after ours, so a user can override anything).
     extra: Mapping[str, str] = field(default_factory=dict)
+    # Topic configs over the catalogue's, per unprefixed topic name: {"updates.raw": {"retention.ms": "..."}}.
+    # Applied when a topic is created and expected of existing topics (services.kafka.topics.wanted_configs).
+    topic_configs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -104,8 +110,11 @@ class KafkaSettings:
             if key.startswith(PASSTHROUGH_PREFIX) and len(key) > len(PASSTHROUGH_PREFIX)
         }
         extra.update(overrides.pop("extra", None) or {})
+        topic_configs = parse_topic_configs("CBGP_TOPIC_CONFIG", env.get("CBGP_TOPIC_CONFIG", ""))
+        for name, configs in (overrides.pop("topic_configs", None) or {}).items():
+            topic_configs[name] = {**topic_configs.get(name, {}), **configs}
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(extra=extra, **values)
+        return cls(extra=extra, topic_configs=topic_configs, **values)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> "KafkaSettings":
@@ -117,7 +126,8 @@ class KafkaSettings:
                 raise KafkaConfigError(f"--kafka-config: {item!r} is not KEY=VALUE (e.g. socket.timeout.ms=5000)")
             extra[key.strip()] = value
         flags = {name: getattr(args, name, None) for name in _ENV_VARS}
-        return cls.from_env(env, extra=extra, **flags)
+        topic_configs = parse_topic_configs("--topic-config", ";".join(getattr(args, "topic_config", None) or []))
+        return cls.from_env(env, extra=extra, topic_configs=topic_configs, **flags)
 
     def with_prefix(self, topic_prefix: str) -> "KafkaSettings":
         """A copy addressing another set of topics (tests use one fresh prefix per test)."""
@@ -191,7 +201,29 @@ class KafkaSettings:
         """The ``CBGP_*`` variables that recreate these settings in a child process."""
         env = {var: str(getattr(self, name)) for name, var in _ENV_VARS.items() if getattr(self, name) is not None}
         env.update({PASSTHROUGH_PREFIX + key.replace(".", "_").upper(): str(v) for key, v in self.extra.items()})
+        if self.topic_configs:
+            env["CBGP_TOPIC_CONFIG"] = format_topic_configs(self.topic_configs)
         return env
+
+
+def parse_topic_configs(where: str, raw: str) -> dict[str, dict[str, str]]:
+    """``TOPIC:KEY=VALUE[;TOPIC:KEY=VALUE...]`` -> ``{topic: {key: value}}`` (later entries win)."""
+    result: dict[str, dict[str, str]] = {}
+    for item in raw.split(";"):
+        if not item.strip():
+            continue
+        topic, colon, rest = item.strip().partition(":")
+        key, equals, value = rest.partition("=")
+        if not colon or not equals or not topic.strip() or not key.strip():
+            raise KafkaConfigError(f"{where}: {item.strip()!r} is not TOPIC:KEY=VALUE "
+                                   "(e.g. updates.raw:retention.ms=86400000)")
+        result.setdefault(topic.strip(), {})[key.strip()] = value.strip()
+    return result
+
+
+def format_topic_configs(configs: Mapping[str, Mapping[str, str]]) -> str:
+    """The ``CBGP_TOPIC_CONFIG`` form of ``configs`` (inverse of :func:`parse_topic_configs`)."""
+    return ";".join(f"{topic}:{key}={value}" for topic, kv in sorted(configs.items()) for key, value in sorted(kv.items()))
 
 
 _ENV_VARS = {
@@ -246,4 +278,7 @@ def add_kafka_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="consumers' max.poll.interval.ms; env CBGP_REBALANCE_TIMEOUT_MS (default librdkafka's)")
     group.add_argument("--kafka-config", action="append", metavar="KEY=VALUE",
                        help="extra librdkafka property (repeatable); env CBGP_KAFKA_<KEY>")
+    group.add_argument("--topic-config", action="append", metavar="TOPIC:KEY=VALUE",
+                       help="topic config over the catalogue's, e.g. updates.raw:retention.ms=86400000 (repeatable; "
+                       "env CBGP_TOPIC_CONFIG, ';'-separated); a finite retention on a log a restore replays is refused")
     return parser

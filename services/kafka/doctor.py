@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from typing import Callable
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from services.kafka.client import (consume_until, delete_topics, end_offsets, make_consumer, make_producer,
                                    produce_sync, read_all)
 from services.kafka.config import KafkaSettings
-from services.kafka.topics import KEPT, TOPICS, TopicSpec, ensure_topics
+from services.kafka.topics import TOPICS, TopicSpec, ensure_topics, retention_problems, wanted_configs
 
 __all__ = ["Check", "run_doctor", "format_report", "retention_problems"]
 
@@ -58,41 +58,6 @@ def _why(exc: BaseException) -> str:
     if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
         return exc.args[0].str()
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, _Failed) else str(exc)
-
-
-def _ms(value: str | None) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except ValueError:
-        return None
-
-
-def retention_problems(topic: str, spec: TopicSpec, configs: Mapping[str, str | None]) -> list[str]:
-    """What in ``topic``'s configs (``describe_configs`` values) keeps less than the fleet needs, one line each.
-
-    A kept or compacted topic (``spec.retention_ms == KEPT``) must never lose records by age or size; a bounded
-    one must keep them at least as long as the catalogue says.  A compacted topic must be compacted (and not
-    also deleted by age), a log must not be compacted (compaction would drop all but the last record per key).
-    """
-    problems: list[str] = []
-    policy = {p.strip() for p in (configs.get("cleanup.policy") or "delete").split(",")}
-    if spec.cleanup_policy == "compact" and "compact" not in policy:
-        problems.append(f"{topic}: cleanup.policy={','.join(sorted(policy))}, needs compact "
-                        "(the latest value of every key is read from offset 0)")
-    if spec.cleanup_policy != "compact" and "compact" in policy:
-        problems.append(f"{topic}: cleanup.policy={','.join(sorted(policy))}, needs delete "
-                        "(compaction would drop all but the last record of each key)")
-    retention = _ms(configs.get("retention.ms"))
-    if spec.retention_ms == KEPT:
-        if "delete" in policy and retention != KEPT:
-            problems.append(f"{topic}: retention.ms={configs.get('retention.ms')}, needs -1 "
-                            "(a restore reads it from offset 0; checkpoints, issue 16, will let it be bounded)")
-        size = _ms(configs.get("retention.bytes"))
-        if "delete" in policy and size is not None and size != -1:
-            problems.append(f"{topic}: retention.bytes={size}, needs -1 (a restore reads it from offset 0)")
-    elif retention is not None and retention != KEPT and retention < spec.retention_ms:
-        problems.append(f"{topic}: retention.ms={retention}, needs at least {spec.retention_ms}")
-    return problems
 
 
 def run_doctor(settings: KafkaSettings, timeout: float = TIMEOUT) -> list[Check]:
@@ -245,7 +210,8 @@ def run_doctor(settings: KafkaSettings, timeout: float = TIMEOUT) -> list[Check]
             for name, spec in specs.items():
                 resource = ConfigResource(ConfigResource.Type.TOPIC, name)
                 configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout)
-                problems += retention_problems(name, spec, {k: v.value for k, v in configs.items()})
+                problems += retention_problems(name, spec, {k: v.value for k, v in configs.items()},
+                                               wanted_configs(spec, settings))
             if problems:
                 checks.extend(Check(RETENTION_CHECK, False, p, RETENTION_REMEDY) for p in problems)
             elif specs:

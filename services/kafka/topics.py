@@ -14,21 +14,34 @@ on Apache Kafka) would silently delete history the restores replay:
 - **bounded** (7 days): the inputs whose consumers restore from elsewhere and need only what their group has not
   committed yet (``updates.raw``, ``admin``), and what no service reads back (``queries.status``, ``deadletter``).
 
+The kept and compacted topics also set ``retention.bytes=-1``: a broker-wide size limit would delete history just
+as an age limit does.  Every value can be changed per topic (``--topic-config TOPIC:KEY=VALUE``, env
+``CBGP_TOPIC_CONFIG``, Helm ``kafka.topicConfig``), but :func:`wanted_configs` refuses a change that would let a
+topic a restore reads from offset 0 lose records, and :func:`ensure_topics` (run by every service at start) refuses
+to start, in one line, when such a topic already exists on the broker with a finite retention or the wrong
+cleanup policy (a bounded topic below its retention only gets a warning line).  Records a restore needs that are
+gone anyway (``delete_records``, a retention changed later) are caught when the log is read:
+:mod:`services.kafka.truncation`.
+
 :func:`services.kafka.floor.floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from services.kafka.config import KafkaSettings
 
-__all__ = ["TopicSpec", "TopicError", "BrokerUnreachable", "TOPICS", "catalogue", "ensure_topics", "spec", "KEPT", "WEEK_MS", "FROM_START", "NOTHING", "GROUP"]
+__all__ = ["TopicSpec", "TopicError", "BrokerUnreachable", "TOPICS", "catalogue", "ensure_topics", "spec", "KEPT", "WEEK_MS",
+           "FROM_START", "NOTHING", "GROUP", "retention_problems", "wanted_configs", "check_existing_configs"]
+
+log = logging.getLogger("cbgp.topics")
 
 
 class TopicError(RuntimeError):
@@ -70,15 +83,18 @@ class TopicSpec:
         return settings.partitions if self.partitions is None else self.partitions
 
     def topic_configs(self) -> dict[str, str]:
-        return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms), **self.configs}
+        """The catalogue's configs (``--topic-config`` may change them: :func:`wanted_configs`).  A topic read
+        from offset 0 is never deleted by size either (``retention.bytes=-1``)."""
+        size = {"retention.bytes": "-1"} if self.needed_from == FROM_START else {}
+        return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms), **size, **self.configs}
 
 
 # Compacted topics keep the latest value per key forever; a small dirty ratio keeps them compact-ish.
 _COMPACT = {"min.cleanable.dirty.ratio": "0.1"}
 
-_REPLAYED = " Kept (retention.ms=-1): {} replays it from offset 0; checkpoints (issue 16) will let it be bounded."
-_COMPACTED = " Compacted, retention.ms=-1: read from offset 0, the latest value per key is kept."
-_WEEK = " Bounded: 7 days."
+_REPLAYED = " Kept (retention.ms=-1, retention.bytes=-1): {} replays it from offset 0; checkpoints (issue 16) will let it be bounded."
+_COMPACTED = " Compacted, retention.ms=-1, retention.bytes=-1: read from offset 0, the latest value per key is kept."
+_WEEK = " Bounded: 7 days by default (--topic-config TOPIC:retention.ms=MS)."
 
 TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("updates.raw", 1, "none", "Triple insertions/deletions as produced; one partition = the graph's change order."
@@ -119,34 +135,143 @@ def spec(name: str) -> TopicSpec:
         raise KeyError(f"unknown topic {name!r}; catalogue: {', '.join(_BY_NAME)}") from None
 
 
+def _ms(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def retention_problems(topic: str, spec: TopicSpec, configs: Mapping[str, str | None],
+                       wanted: Mapping[str, str] | None = None) -> list[str]:
+    """What in ``topic``'s configs (``describe_configs`` values) keeps less than the fleet needs, one line each.
+
+    A topic read from offset 0 (``spec.needed_from == FROM_START``: the kept logs and the compacted topics) must
+    never lose records by age or size; a bounded one must keep them at least as long as ``wanted`` (its
+    :func:`wanted_configs`, by default the catalogue's) says.  A compacted topic must be compacted (and not also
+    deleted by age), a log must not be compacted (compaction would drop all but the last record per key).
+    """
+    wanted = spec.topic_configs() if wanted is None else wanted
+    problems: list[str] = []
+    policy = {p.strip() for p in (configs.get("cleanup.policy") or "delete").split(",")}
+    if spec.cleanup_policy == "compact" and "compact" not in policy:
+        problems.append(f"{topic}: cleanup.policy={','.join(sorted(policy))}, needs compact "
+                        "(the latest value of every key is read from offset 0)")
+    if spec.cleanup_policy != "compact" and "compact" in policy:
+        problems.append(f"{topic}: cleanup.policy={','.join(sorted(policy))}, needs delete "
+                        "(compaction would drop all but the last record of each key)")
+    retention = _ms(configs.get("retention.ms"))
+    if spec.needed_from == FROM_START:
+        if "delete" in policy and retention != KEPT:
+            problems.append(f"{topic}: retention.ms={configs.get('retention.ms')}, needs -1 "
+                            "(a restore reads it from offset 0; checkpoints, issue 16, will let it be bounded)")
+        size = _ms(configs.get("retention.bytes"))
+        if "delete" in policy and size is not None and size != -1:
+            problems.append(f"{topic}: retention.bytes={size}, needs -1 (a restore reads it from offset 0)")
+    else:
+        minimum = _ms(wanted.get("retention.ms"))
+        if minimum is not None and retention is not None and retention != KEPT and (
+                minimum == KEPT or retention < minimum):
+            problems.append(f"{topic}: retention.ms={retention}, needs "
+                            + ("-1" if minimum == KEPT else f"at least {minimum}"))
+    return problems
+
+
+def wanted_configs(spec: TopicSpec, settings: KafkaSettings) -> dict[str, str]:
+    """``spec``'s configs with the settings' ``--topic-config`` changes for it.  Raises :class:`TopicError` for a
+    change that would let a topic read from offset 0 lose records (a finite ``retention.ms`` or
+    ``retention.bytes``, another ``cleanup.policy``): until checkpoints exist (issue 16), nothing may bound them."""
+    configs = {**spec.topic_configs(), **settings.topic_configs.get(spec.name, {})}
+    if spec.needed_from == FROM_START:
+        problems = retention_problems(spec.name, spec, configs)
+        if problems:
+            raise TopicError("--topic-config / CBGP_TOPIC_CONFIG would lose records a restore needs: "
+                             + "; ".join(problems))
+    return configs
+
+
+def _check_overrides(settings: KafkaSettings) -> None:
+    unknown = sorted(set(settings.topic_configs) - set(_BY_NAME))
+    if unknown:
+        raise TopicError(f"--topic-config / CBGP_TOPIC_CONFIG names unknown topic(s) {', '.join(unknown)} "
+                         f"(unprefixed catalogue names: {', '.join(_BY_NAME)})")
+
+
 def catalogue(settings: KafkaSettings) -> list[dict[str, object]]:
-    """The catalogue resolved for ``settings`` (prefixed names, concrete partition counts), for ``cbgp topics list``."""
-    return [
-        {
+    """The catalogue resolved for ``settings`` (prefixed names, concrete partition counts, ``--topic-config``
+    applied), for ``cbgp topics list``."""
+    _check_overrides(settings)
+    entries: list[dict[str, object]] = []
+    for t in TOPICS:
+        configs = wanted_configs(t, settings)
+        entries.append({
             "name": settings.topic(t.name),
             "partitions": t.partitions_for(settings),
             "replication_factor": settings.replication_factor,
-            "cleanup_policy": t.cleanup_policy,
-            "retention_ms": t.retention_ms,
+            "cleanup_policy": configs.get("cleanup.policy", t.cleanup_policy),
+            "retention_ms": _ms(configs.get("retention.ms")),
             "key": t.key,
-            "configs": t.topic_configs(),
+            "configs": configs,
             "doc": t.doc,
-        }
-        for t in TOPICS
-    ]
+        })
+    return entries
+
+
+def check_existing_configs(admin: Any, settings: KafkaSettings, specs: Mapping[str, TopicSpec],
+                           timeout: float = 15.0) -> list[str]:
+    """Read the configs of the existing topics ``specs`` (prefixed name -> spec) with ``describe_configs`` and
+    compare them with what the fleet needs (:func:`retention_problems` against :func:`wanted_configs`).
+
+    Raises :class:`TopicError`, one line naming every problem, when a topic read from offset 0 would lose records
+    (a restore from it would come back with silently wrong state).  Problems of bounded topics are logged as a
+    warning and returned.  A broker or client that cannot describe configs (no DescribeConfigs support or ACL)
+    is logged in one line and the check is skipped: truncation is still caught when a restore reads the log
+    (:mod:`services.kafka.truncation`).
+    """
+    if not specs:
+        return []
+    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in specs}
+    try:
+        futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
+        described = {name: futures[resource].result(timeout) for name, resource in resources.items()}
+    except Exception as exc:  # noqa: BLE001 - KafkaException, NotImplementedError, a timeout: all mean "cannot check"
+        reason = exc.args[0].str() if isinstance(exc, KafkaException) and hasattr(exc.args[0], "str") else str(exc)
+        log.warning(f"event=topic-config-check-skipped reason={reason!r}: cannot describe the configs of existing "
+                    "topics, their retention is not checked (records already deleted are still caught when a "
+                    "restore reads them)")
+        return []
+    fatal: list[str] = []
+    warnings: list[str] = []
+    for name, spec in specs.items():
+        values = {k: v.value for k, v in described[name].items()}
+        problems = retention_problems(name, spec, values, wanted_configs(spec, settings))
+        (fatal if spec.needed_from == FROM_START else warnings).extend(problems)
+    for problem in warnings:
+        log.warning(f"event=topic-config problem={problem!r}")
+    if fatal:
+        raise TopicError("refusing to start: existing topics would lose records a restore reads from offset 0: "
+                         + "; ".join(fatal) + " (set them with kafka-configs.sh --alter --entity-type topics "
+                         "--entity-name TOPIC --add-config retention.ms=-1,retention.bytes=-1; `cbgp doctor` checks)")
+    return warnings
 
 
 def ensure_topics(
     settings: KafkaSettings,
     specs: tuple[TopicSpec, ...] | list[TopicSpec] = TOPICS,
     timeout: float = 15.0,
+    check_configs: bool = True,
 ) -> list[str]:
     """Create the missing catalogue topics; return the names created (idempotent: ``[]`` the second time).
 
     Raises :class:`TopicError` if an existing topic has a different partition count (keys would land on
-    other partitions than the fleet expects: fix by deleting the topic or changing ``--partitions``), or if
-    the broker refuses a creation.
+    other partitions than the fleet expects: fix by deleting the topic or changing ``--partitions``), if an
+    existing topic a restore reads from offset 0 may lose records (:func:`check_existing_configs`, unless
+    ``check_configs`` is False), if ``--topic-config`` asks for such a topic to lose records, or if the broker
+    refuses a creation.
     """
+    if specs is TOPICS:
+        _check_overrides(settings)
+    configs = {settings.topic(t.name): wanted_configs(t, settings) for t in specs}
     admin = AdminClient(settings.admin_config())
     wanted = {settings.topic(t.name): t for t in specs}
     try:
@@ -165,9 +290,12 @@ def ensure_topics(
             + " (delete the topics or use the --partitions they were created with)"
         )
 
+    if check_configs:
+        check_existing_configs(admin, settings, {n: t for n, t in wanted.items() if n in existing}, timeout)
+
     new = [
         NewTopic(name, num_partitions=t.partitions_for(settings),
-                 replication_factor=settings.replication_factor, config=t.topic_configs())
+                 replication_factor=settings.replication_factor, config=configs[name])
         for name, t in wanted.items()
         if name not in existing
     ]

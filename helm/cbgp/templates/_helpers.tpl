@@ -102,6 +102,17 @@ CBGP_STATE_DIR: "/var/lib/cbgp/state"
 {{- range $key, $value := .Values.kafka.clientConfig }}
 {{ printf "CBGP_KAFKA_%s" ($key | replace "." "_" | upper) }}: {{ $value | toString | quote }}
 {{- end }}
+{{- with .Values.kafka.topicConfig }}
+{{- $entries := list }}
+{{- range $topic, $configs := . }}
+{{- range $key, $value := $configs }}
+{{- $entries = append $entries (printf "%s:%s=%s" $topic $key (ternary $value (toString (int64 $value)) (kindIs "string" $value))) }}
+{{- end }}
+{{- end }}
+{{- if $entries }}
+CBGP_TOPIC_CONFIG: {{ join ";" $entries | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* SASL credentials as env vars read from the Secret. */}}
