@@ -445,8 +445,8 @@ class AnswersService:
                     if deltas is not None:
                         self.release.restore_counts(tp.partition, msg.offset(), deltas)
         for partition in sorted(new - self.held):
-            low, high = end_offsets(self.settings, self.t_answers)[partition]
-            for msg in read_range(self.settings, self.t_answers, partition, low, high):
+            _low, high = end_offsets(self.settings, self.t_answers)[partition]  # from 0: read_range refuses a truncated log
+            for msg in read_range(self.settings, self.t_answers, partition, 0, high):
                 headers = {k: v for k, v in (msg.headers() or ()) if v is not None}
                 self.core.restore(partition, msg.value(), headers)
             self.positions[partition] = committed[partition]

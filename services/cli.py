@@ -161,12 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["spark-job"]:
         return _run_spark_job(args[1:])  # the job has its own flags (--master, --compact-interval, ...)
     from services.kafka import TopicError
+    from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated
 
     try:
         return run(argv, _add_fleet_commands)
     except TopicError as exc:  # a topic layout the fleet cannot use: say so in one line, not a traceback
         print(f"cbgp: error: {exc}", file=sys.stderr)
         return 2
+    except LogTruncated as exc:  # records a restore needs were deleted (the registry; the others: run_service)
+        print(f"cbgp: error: {exc}", file=sys.stderr)
+        return EXIT_TRUNCATED
 
 
 if __name__ == "__main__":

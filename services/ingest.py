@@ -355,12 +355,13 @@ def _position_problem(s: str, p: str, o: str, g: str | None) -> str | None:
 def restore(processor: IngestProcessor, settings: KafkaSettings) -> None:
     """Rebuild the state from the logs: presence set and seq from updates.encoded, ids from dictionary."""
     started = time.monotonic()
-    for partition, (low, high) in end_offsets(settings, processor.t_dictionary).items():
-        for msg in read_range(settings, processor.t_dictionary, partition, low, high):
+    # From offset 0, never the low watermark: read_range refuses a log whose needed records were deleted.
+    for partition, (_low, high) in end_offsets(settings, processor.t_dictionary).items():
+        for msg in read_range(settings, processor.t_dictionary, partition, 0, high):
             if msg.value() is not None:
                 processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
-    low, high = end_offsets(settings, processor.t_encoded)[0]
-    for msg in read_range(settings, processor.t_encoded, 0, low, high):
+    _low, high = end_offsets(settings, processor.t_encoded)[0]
+    for msg in read_range(settings, processor.t_encoded, 0, 0, high):
         processor.restore_encoded(msg.value())
     log.info(kv(event="restored", seq=processor.seq, present=len(processor.present),
                 terms=len(processor.published), seconds=round(time.monotonic() - started, 2)))

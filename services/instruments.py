@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
     "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
-    "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY",
+    "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY", "RESTORE_MISSING_OFFSETS",
 ]
 
 # prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
@@ -30,6 +30,9 @@ PROCESSING_LATENCY = Histogram(
 REJECTED_INPUTS = Counter("cbgp_rejected_inputs", "Inputs sent to the dead-letter topic, by reason code.",
                           ["service", "reason"])
 RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress of a partition, 0..1.", ["partition"])
+RESTORE_MISSING_OFFSETS = Gauge(
+    "cbgp_restore_missing_offsets", "Offsets a restore needed that the log no longer has (deleted by retention or "
+    "delete_records); the service refused to rebuild its state and stopped.", ["topic", "partition"])
 ANSWER_LATENCY = Histogram(
     "cbgp_answer_latency_seconds", "Event (or ingest) time of a change to the emission of the answers it caused.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),

@@ -76,7 +76,7 @@ class RegistryService:
         """Rebuild the registered set from ``queries.plans``; undecodable plan records are skipped with a warning."""
         records: list[tuple[str, dict[str, Any] | None]] = []
         retired: dict[str, int] = {}  # versions named by tombstones (their plans may be compacted away)
-        for msg in read_all(self.settings, self.settings.topic("queries.plans"), timeout=60):
+        for msg in read_all(self.settings, self.settings.topic("queries.plans"), timeout=60, restore=True):
             key = (msg.key() or b"").decode("utf-8", "replace")
             if msg.value() is None:
                 records.append((key, None))

@@ -5,7 +5,10 @@
 - :func:`add_service_flags`, :func:`setup_logging` (one line per event, ``key=value``), :class:`Stopper`
   (SIGTERM/SIGINT -> finish the batch, commit, leave the group, exit 0);
 - :func:`commit_transaction`: the consume-process-produce step of exactly-once processing;
-- :func:`read_range`: read a partition between two offsets (state restore = replay of an input log);
+- :func:`read_range`: read a partition between two offsets (state restore = replay of an input log); it, the
+  :class:`Fetcher` (at every new set of positions) and :func:`require_from` refuse a log whose records from the
+  needed offset on were deleted (:class:`LogTruncated`), which :func:`run_service` turns into one error line and
+  exit code 3 instead of a state rebuilt from what is left;
 - :func:`run_service`: restart a service's loop in-process after a broker/transaction failure, so state is
   always rebuilt from the logs (the only source of truth) instead of patched up.
 
@@ -27,11 +30,13 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from services.kafka import BrokerUnreachable, KafkaSettings, add_kafka_flags, broker_outages, ensure_topics, make_consumer
+from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated, require_log_start
 from services.metrics import record_consumer_lag, start_metrics_server
 from services.records import ORIGIN_HEADER, Output, kv, query_partition  # Kafka-free; importable from here too
 
 __all__ = ["Output", "Stopper", "Fetcher", "GroupInput", "first_record", "idle_pause", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
-           "read_range", "run_service", "wait_for_topics", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv"]
+           "read_range", "run_service", "wait_for_topics", "query_partition", "ORIGIN_HEADER", "origin_ms", "kv",
+           "LogTruncated", "require_from"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -146,10 +151,13 @@ class Fetcher:
     above).  ``epoch`` changes whenever the positions are replaced, so a caller can tell a batch fetched under
     an older assignment."""
 
-    def __init__(self, settings: KafkaSettings, name: str, max_records: int) -> None:
+    def __init__(self, settings: KafkaSettings, name: str, max_records: int, *, check_log_start: bool = True) -> None:
         # Partition-EOF events tell when one fetch found every partition caught up (see wait()).
         self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}{name}",
                                                           enable_partition_eof=True))
+        # Every position set is a position some state depends on (a committed offset, a restored shard's, 0
+        # for a log read from its start): refuse it when the log no longer starts at or below it.
+        self.check_log_start = check_log_start
         self.max_records = max_records
         self.positions: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
         self.parked = False
@@ -158,6 +166,11 @@ class Fetcher:
         self.lag_fresh: set[tuple[str, int]] = set()  # partitions whose lag gauge was set at their end since a record
 
     def set_positions(self, positions: dict[tuple[str, int], int]) -> None:
+        """Read from ``positions`` on (OFFSET_BEGINNING: offset 0); raises :class:`LogTruncated` when a log no
+        longer starts at or below its position (librdkafka would silently start at the log start instead)."""
+        if self.check_log_start:
+            for (topic, partition), offset in positions.items():
+                require_log_start(self.consumer, topic, {partition: offset})
         self.epoch += 1
         self.positions = dict(positions)
         self.parked = False
@@ -493,14 +506,19 @@ def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, 
                batch: int = 2000, timeout: float = 120.0) -> Iterator[Message]:
     """Every committed record of ``topic[partition]`` with ``start <= offset < end``, in offset order.
 
+    Raises :class:`LogTruncated` if the partition's log starts above ``start``: records the caller needs were
+    deleted (a restore replaying "from offset 0" must read from 0, not from the low watermark).
     Transaction markers and aborted records take offsets too, so progress is tracked by the consumer's
     position, not by the last record.  Raises :class:`TimeoutError` if the range cannot be read in time.
     """
     if end <= start:
         return
+    # auto.offset.reset=error: a position deleted while this runs is an error, never a silent skip to the log start.
     consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}replay", enable_partition_eof=True,
-                                                 fetch_wait_max_ms=20))
+                                                 fetch_wait_max_ms=20, auto_offset_reset="error"))
     try:
+        # Every record in [start, end) is needed: refuse a log that no longer starts at or below ``start``.
+        require_log_start(consumer, topic, {partition: start}, end={partition: end})
         consumer.assign([TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)])
         deadline = time.monotonic() + timeout
         tp = TopicPartition(topic, partition)
@@ -524,9 +542,20 @@ def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, 
         consumer.close()
 
 
+def require_from(settings: KafkaSettings, topic: str, needed: dict[int, int], timeout: float = 30.0) -> None:
+    """Raise :class:`LogTruncated` when a partition of ``topic`` no longer holds its ``needed`` offset (partition
+    -> first offset a reader needs; negative = 0): for readers that assign their own consumer at an offset."""
+    consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks"))
+    try:
+        require_log_start(consumer, topic, needed, timeout)
+    finally:
+        consumer.close()
+
+
 def run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> int:
     """Run ``loop`` until a stop is requested; after a :class:`TransactionFailed` or a Kafka error, run it
-    again from scratch (fresh clients, state restored from the logs) after a short pause.
+    again from scratch (fresh clients, state restored from the logs) after a short pause.  A restore that finds
+    records it needs deleted (:class:`LogTruncated`) stops the service: one error line, exit code 3.
 
     With ``CBGP_PROFILE=<dir>`` the whole run is profiled with cProfile and the stats are written to
     ``<dir>/<service>-<pid>.prof`` on exit (read them with ``python -m pstats``): the hook for finding
@@ -552,6 +581,11 @@ def _run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -
         _LIFE[0] = broker_outages()
         try:
             loop(stopper)
+        except LogTruncated as exc:
+            # Not restarted: a new life would read the same truncated log.  One line, then exit code 3.
+            log.error(kv(event="log-truncated", service=name, topic=exc.topic, partition=exc.partition,
+                         needed_offset=exc.needed, log_start=exc.log_start, reason=str(exc)))
+            return EXIT_TRUNCATED
         except (TransactionFailed, KafkaException, TimeoutError) as exc:
             log.error(kv(event="restart", service=name, reason=str(exc).replace("\n", " ")))
             time.sleep(1.0)

@@ -32,7 +32,7 @@ from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UP
                               record_consumer_lag)
 from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, Stopper,
                               commit_transaction, idle_pause, kv, origin_ms, read_range, read_window, record_ok,
-                              service_command)
+                              require_from, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
 from services import codec
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER
@@ -150,6 +150,7 @@ class WorkerService:
     def load_plans(self) -> None:
         """Read queries.plans to its end before taking partitions, so restores know every query."""
         highs = {p: hi for p, (lo, hi) in end_offsets(self.settings, self.t_plans).items()}
+        require_from(self.settings, self.t_plans, {p: 0 for p, hi in highs.items() if hi > 0})  # every plan is needed
         self.plans.assign([TopicPartition(self.t_plans, p, 0) for p in highs])
         pending = {p for p, hi in highs.items() if hi > 0}
         deadline = time.monotonic() + 60

@@ -16,7 +16,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from confluent_kafka.admin import AdminClient
 
+from services.instruments import RESTORE_MISSING_OFFSETS
 from services.kafka.config import KafkaSettings
+from services.kafka.truncation import truncation
 
 __all__ = [
     "DeliveryError",
@@ -217,9 +219,11 @@ def wait_assignment(consumer: Consumer, timeout: float = 30.0) -> list[TopicPart
 
 
 def read_all(settings: KafkaSettings, topic: str, timeout: float = 10.0, *,
-             isolation: str = "read_committed") -> list[Message]:
+             isolation: str = "read_committed", restore: bool = False) -> list[Message]:
     """Every record now in ``topic`` (all partitions, from the start to the high watermark at call time).
 
+    ``restore=True``: the caller rebuilds state from it, so every record from offset 0 is needed; raises
+    :class:`services.kafka.truncation.LogTruncated` if a partition's log starts above 0 (records were deleted).
     No consumer group is joined (partitions are assigned directly), so nothing is committed.  Ordered by
     partition, then offset.  Raises :class:`TimeoutError` if it cannot catch up within ``timeout`` (e.g. a
     transaction left open on the topic holds read_committed readers back).
@@ -227,7 +231,14 @@ def read_all(settings: KafkaSettings, topic: str, timeout: float = 10.0, *,
     consumer = Consumer(settings.consumer_config("cbgp-read-all", isolation_level=isolation,
                                                  enable_partition_eof=True, fetch_wait_max_ms=20))
     try:
-        highs = {p: hi for p, (lo, hi) in end_offsets(settings, topic, timeout).items() if hi > lo}
+        offsets = end_offsets(settings, topic, timeout)
+        if restore:
+            for p, (lo, hi) in offsets.items():
+                error = truncation(topic, p, 0, lo, hi)
+                if error is not None:
+                    RESTORE_MISSING_OFFSETS.labels(topic, str(p)).set(error.log_start - error.needed)
+                    raise error
+        highs = {p: hi for p, (lo, hi) in offsets.items() if hi > lo}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in highs])
         out: list[Message] = []
         pending = set(highs)
