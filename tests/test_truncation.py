@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from services import runtime
 from services.cli import main
+from services.kafka.doctor import run_doctor
 from services.ingest import IngestProcessor, RawRecord, restore
 from services.instruments import RESTORE_MISSING_OFFSETS
 from services.kafka.client import make_producer, read_all
@@ -348,3 +349,23 @@ def test_a_service_whose_restore_log_was_truncated_stops_with_one_line_and_exit_
     assert "needs offset 0 but the log starts at 2" in truncated[0]
     assert "Traceback" not in log, log[-3000:]
     assert time.monotonic() - started < 90
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_doctor_names_every_partition_a_restore_could_not_read_from_offset_0(kafka_settings: KafkaSettings) -> None:
+    s = kafka_settings
+
+    def lines() -> list[tuple[bool, str]]:
+        return [(c.ok, c.detail) for c in run_doctor(s) if c.name == "records restores need still present"]
+
+    assert lines() == [(True, "7 topic(s) read from offset 0 still start at 0")]
+    producer = make_producer(s)
+    for i in range(3):
+        producer.produce(s.topic("answers"), value=b"a", partition=3)
+    assert producer.flush(10) == 0
+    _delete_below(s, s.topic("answers"), 3, 1)
+    found = lines()
+    assert len(found) == 1 and not found[0][0]
+    assert found[0][1].startswith(f"{s.topic('answers')}[3] was truncated: the restore needs offset 0 but the log "
+                                  "starts at 1")

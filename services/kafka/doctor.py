@@ -22,7 +22,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from services.kafka.client import (consume_until, delete_topics, end_offsets, make_consumer, make_producer,
                                    produce_sync, read_all)
 from services.kafka.config import KafkaSettings
-from services.kafka.topics import TOPICS, TopicSpec, ensure_topics, retention_problems, wanted_configs
+from services.kafka.topics import FROM_START, TOPICS, TopicSpec, ensure_topics, retention_problems, wanted_configs
+from services.kafka.truncation import truncation
 
 __all__ = ["Check", "run_doctor", "format_report", "retention_problems"]
 
@@ -30,6 +31,10 @@ RETENTION_CHECK = "topic retention and cleanup.policy"
 RETENTION_REMEDY = ("`cbgp topics create` sets them only on the topics it creates: set them on this topic by hand "
                     "(kafka-configs.sh --alter --entity-type topics --entity-name TOPIC --add-config KEY=VALUE), "
                     "as `cbgp topics list` shows")
+
+TRUNCATION_CHECK = "records restores need still present"
+TRUNCATION_REMEDY = ("a service restoring from this partition refuses to start (exit code 3): restore the deleted "
+                     "records or start a new fleet under another --topic-prefix")
 
 # librdkafka logs every refused connection on stderr; the report already explains them, so route the
 # clients' own logs here (silent unless a caller configures this logger).
@@ -203,6 +208,7 @@ def run_doctor(settings: KafkaSettings, timeout: float = TIMEOUT) -> list[Check]
             "query plans and current answers are compacted topics", compaction)
 
         # The fleet's own topics, where they exist: retention and cleanup.policy at least what the fleet needs.
+        specs: dict[str, TopicSpec] = {}
         try:
             existing = admin.list_topics(timeout=timeout).topics
             specs = {settings.topic(t.name): t for t in TOPICS if settings.topic(t.name) in existing}
@@ -221,6 +227,18 @@ def run_doctor(settings: KafkaSettings, timeout: float = TIMEOUT) -> list[Check]
                                     "yet (`cbgp topics create` sets them)"))
         except Exception as exc:  # noqa: BLE001 - a report line, never a traceback
             checks.append(Check(RETENTION_CHECK, False, _why(exc), "grant the client DescribeConfigs on the topics"))
+
+        # Records already deleted from a topic read from offset 0: a restore would stop on them (LogTruncated).
+        try:
+            kept = [name for name, spec in specs.items() if spec.needed_from == FROM_START]
+            cut = [str(error) for name in kept for p, (low, high) in sorted(end_offsets(settings, name, timeout).items())
+                   if (error := truncation(name, p, 0, low, high)) is not None]
+            if cut:
+                checks.extend(Check(TRUNCATION_CHECK, False, line, TRUNCATION_REMEDY) for line in cut)
+            elif kept:
+                checks.append(Check(TRUNCATION_CHECK, True, f"{len(kept)} topic(s) read from offset 0 still start at 0"))
+        except Exception as exc:  # noqa: BLE001 - a report line, never a traceback
+            checks.append(Check(TRUNCATION_CHECK, False, _why(exc), "check the client's Describe ACL on the topics"))
     finally:
         try:
             delete_topics(scratch, [data, txn, compact], timeout)
