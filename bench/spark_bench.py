@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -86,8 +87,35 @@ def bench_fold(spark: SparkSession, args: argparse.Namespace, work: Path, rows: 
     timed("fold onto snapshot", rows, total2, second)
 
 
-def bench_kafka(spark: SparkSession, args: argparse.Namespace, work: Path, rows: list) -> None:
+def produce_answer_log(producer, settings, deltas: int, queries: int, pool: int,  # noqa: ANN001
+                       partition_of: Callable[[str], int] | None = None) -> dict[str, set[int]]:
+    """Produce ``deltas`` Avro ``Answer`` records on ``answers``: each adds or retracts a random binding of a random
+    query (seed 1); ``partition_of(query_id)`` picks the partition when given.  Returns the bindings left present."""
     from services.codec import encode
+
+    rng = random.Random(1)
+    n: dict[str, int] = {}
+    present: dict[str, set[int]] = {}
+    for i in range(deltas):
+        q = f"q{rng.randrange(queries)}"
+        b = rng.randrange(pool)
+        sign = "-" if b in present.setdefault(q, set()) else "+"
+        (present[q].discard if sign == "-" else present[q].add)(b)
+        n[q] = n.get(q, 0) + 1
+        rec = {"query_id": q, "n": n[q], "seq": i + 1, "sign": sign, "snapshot": False, "produced_at_ms": 0,
+               "binding": {"s": {"type": "uri", "value": f"http://ex.org/item/{b}"},
+                           "t": {"type": "literal", "value": "label", "lang": "en"}}}
+        placement = {} if partition_of is None else {"partition": partition_of(q)}
+        while True:
+            try:
+                producer.produce(settings.topic("answers"), key=q.encode(), value=encode("Answer", rec), **placement)
+                break
+            except BufferError:
+                producer.poll(0.1)
+    return present
+
+
+def bench_kafka(spark: SparkSession, args: argparse.Namespace, work: Path, rows: list) -> None:
     from services.kafka.broker import EmbeddedBroker
     from services.kafka.client import make_producer
     from services.kafka.config import KafkaSettings
@@ -98,25 +126,8 @@ def bench_kafka(spark: SparkSession, args: argparse.Namespace, work: Path, rows:
         settings = broker.settings(topic_prefix="bench.", partitions=2)
         ensure_topics(settings)
         producer = make_producer(settings, linger_ms=20)
-        rng = random.Random(1)
-        n = {}
-        present: dict[str, set[int]] = {}
         started = time.perf_counter()
-        for i in range(args.kafka_deltas):
-            q = f"q{rng.randrange(args.queries)}"
-            b = rng.randrange(args.pool)
-            sign = "-" if b in present.setdefault(q, set()) else "+"
-            (present[q].discard if sign == "-" else present[q].add)(b)
-            n[q] = n.get(q, 0) + 1
-            rec = {"query_id": q, "n": n[q], "seq": i + 1, "sign": sign, "snapshot": False, "produced_at_ms": 0,
-                   "binding": {"s": {"type": "uri", "value": f"http://ex.org/item/{b}"},
-                               "t": {"type": "literal", "value": "label", "lang": "en"}}}
-            while True:
-                try:
-                    producer.produce(settings.topic("answers"), key=q.encode(), value=encode("Answer", rec))
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+        present = produce_answer_log(producer, settings, args.kafka_deltas, args.queries, args.pool)
         producer.flush(60)
         print(f"  produced {args.kafka_deltas} Avro answers in {time.perf_counter() - started:.1f} s", flush=True)
 

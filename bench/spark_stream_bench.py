@@ -46,6 +46,7 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cbgp.assembly import Assembler, split_parts  # noqa: E402
 from cbgp.engine import Engine  # noqa: E402
@@ -54,6 +55,8 @@ from services import codec  # noqa: E402
 from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics, make_producer, read_all  # noqa: E402
 from services.runtime import query_partition  # noqa: E402
 from tests.fleet_support import publish_plan  # noqa: E402
+
+from spark_bench import produce_answer_log  # noqa: E402
 
 EX = "http://example.org/"
 WINDOW_QUERIES = {
@@ -318,6 +321,29 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+def feed_and_measure(query, feed, feed_arg, feed_timeout: float | None, name: str,  # noqa: ANN001
+                     args) -> tuple[ProgressLog, dict]:  # noqa: ANN001
+    """Run ``feed.run(feed_arg, stop)`` in a producer thread while ``query`` runs (stopped after ``feed_timeout``
+    seconds, None: never), let the query catch up, stop it, and :func:`measure` the measured interval."""
+    progress = ProgressLog(query)
+    stop = threading.Event()
+    producer = threading.Thread(target=feed.run, args=(feed_arg, stop), daemon=True)
+    started = time.time()
+    producer.start()
+    try:
+        producer.join(feed_timeout)
+        stop.set()
+        producer.join()
+        time.sleep(max(2.0, 2 * (args.trigger or 1)))
+        progress.stop()
+    finally:
+        stop.set()
+        query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(f"{name}: {query.exception()}")
+    return progress, measure(progress, feed, started + args.warmup, started + args.warmup + args.duration)
+
+
 def run_windows(spark, broker: EmbeddedBroker, work: Path, name: str, rate: int, args) -> dict:  # noqa: ANN001
     from spark.job import start_stateful
 
@@ -327,21 +353,7 @@ def run_windows(spark, broker: EmbeddedBroker, work: Path, name: str, rate: int,
         publish_plan(settings, query_id, text)
     feed = WindowFeed(settings, Vocabulary(args.subjects), rate, seed=7)
     query = start_stateful(spark, settings, "windows", work / f"cp-{name}", args.trigger)
-    progress = ProgressLog(query)
-    stop = threading.Event()
-    producer = threading.Thread(target=feed.run, args=(args.warmup + args.duration, stop), daemon=True)
-    started = time.time()
-    producer.start()
-    try:
-        producer.join()
-        time.sleep(max(2.0, 2 * (args.trigger or 1)))
-        progress.stop()
-    finally:
-        stop.set()
-        query.stop()
-    if query.exception() is not None:
-        raise RuntimeError(f"{name}: {query.exception()}")
-    result = measure(progress, feed, started + args.warmup, started + args.warmup + args.duration)
+    _progress, result = feed_and_measure(query, feed, args.warmup + args.duration, None, name, args)
     result.update(offered=rate, sent=feed.sent)
     out = sum(len(codec.part_deltas(m.value())) for m in read_all(settings, settings.topic("deltas.parts"), timeout=30))
     result["answer_deltas_out"] = out
@@ -361,23 +373,8 @@ def run_assembly(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # no
     print(f"  assembly: generated {len(feed.transactions):,} transactions, {feed.part_deltas:,} part deltas, "
           f"{feed.total_answers:,} answer deltas in {time.perf_counter() - generated:.1f} s", flush=True)
     query = start_stateful(spark, settings, "assembly", work / "cp-assembly", args.trigger)
-    progress = ProgressLog(query)
-    stop = threading.Event()
-    producer = threading.Thread(target=feed.run, args=(args.assembly_rate, stop), daemon=True)
-    started = time.time()
-    producer.start()
-    try:
-        producer.join(args.warmup + args.duration + 60)
-        stop.set()
-        producer.join()
-        time.sleep(max(2.0, 2 * (args.trigger or 1)))
-        progress.stop()
-    finally:
-        stop.set()
-        query.stop()
-    if query.exception() is not None:
-        raise RuntimeError(f"assembly: {query.exception()}")
-    result = measure(progress, feed, started + args.warmup, started + args.warmup + args.duration)
+    progress, result = feed_and_measure(query, feed, args.assembly_rate, args.warmup + args.duration + 60,
+                                        "assembly", args)
     finished = max([feed.done_by(off)[0] for _e, off, _p in progress.ends()] or [0])
     out = 0
     for msg in read_all(settings, settings.topic("deltas.parts"), timeout=60):
@@ -399,26 +396,9 @@ def run_compaction(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # 
     settings = broker.settings(topic_prefix="bench-compaction.", partitions=2)
     ensure_topics(settings)
     producer = make_producer(settings, linger_ms=20)
-    rng = random.Random(1)
-    n: dict[str, int] = {}
-    present: dict[str, set[int]] = {}
     started = time.perf_counter()
-    for i in range(args.compaction_deltas):
-        q = f"q{rng.randrange(args.queries)}"
-        b = rng.randrange(args.pool)
-        sign = "-" if b in present.setdefault(q, set()) else "+"
-        (present[q].discard if sign == "-" else present[q].add)(b)
-        n[q] = n.get(q, 0) + 1
-        rec = {"query_id": q, "n": n[q], "seq": i + 1, "sign": sign, "snapshot": False, "produced_at_ms": 0,
-               "binding": {"s": {"type": "uri", "value": f"http://ex.org/item/{b}"},
-                           "t": {"type": "literal", "value": "label", "lang": "en"}}}
-        while True:
-            try:
-                producer.produce(settings.topic("answers"), key=q.encode(), value=codec.encode("Answer", rec),
-                                 partition=query_partition(q, settings.partitions))
-                break
-            except BufferError:
-                producer.poll(0.1)
+    present = produce_answer_log(producer, settings, args.compaction_deltas, args.queries, args.pool,
+                                 partition_of=lambda q: query_partition(q, settings.partitions))
     producer.flush(120)
     print(f"  compaction: produced {args.compaction_deltas:,} Answer records in "
           f"{time.perf_counter() - started:.1f} s", flush=True)
