@@ -8,18 +8,13 @@
 # install is non-interactive and a policy-rc.d that forbids service starts is put in place for the duration of the
 # install when the machine does not already have one.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/apt-lib.sh"
 
 if command -v virtuoso-t >/dev/null 2>&1 && command -v isql-vt >/dev/null 2>&1; then
   exit 0
 fi
 
-SUDO=""
-if [[ "$(id -u)" != 0 ]]; then
-  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
-    echo "warning: not root and no sudo; skipping Virtuoso (tests fall back to the pyoxigraph endpoint)" >&2
-    exit 0
-  fi
-fi
+require_root_or_skip "Virtuoso (tests fall back to the pyoxigraph endpoint)"
 
 POLICY=/usr/sbin/policy-rc.d
 ADDED_POLICY=""
@@ -37,12 +32,6 @@ echo "==> installing virtuoso-opensource (apt, non-interactive, no service start
 for q in virtuoso-opensource-7/dba-password virtuoso-opensource-7/dba-password-again; do
   echo "virtuoso-opensource-7 $q password " | $SUDO debconf-set-selections 2>/dev/null || true
 done
-LOG=/tmp/install-virtuoso.log
-APT=(apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confdef
-     -o Dpkg::Options::=--force-confold virtuoso-opensource)
-if ! $SUDO "${APT[@]}" >"$LOG" 2>&1; then
-  $SUDO apt-get update -qq >>"$LOG" 2>&1
-  $SUDO "${APT[@]}" >>"$LOG" 2>&1 \
-    || { echo "error: apt-get install virtuoso-opensource failed; see $LOG" >&2; tail -20 "$LOG" >&2; exit 1; }
-fi
+apt_install /tmp/install-virtuoso.log virtuoso-opensource \
+  -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold
 echo "==> $(virtuoso-t +? 2>&1 | head -1 || echo virtuoso installed)"
