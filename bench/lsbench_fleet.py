@@ -24,6 +24,11 @@ Measured:
 - per worker: its share of the state entries (``cbgp_query_state_entries`` summed over queries, and
   ``cbgp_state_entries`` summed over partitions, both from its /metrics at the end) and of the workers' CPU.
 
+Paced (``--paced RATE``): instead of one ``cbgp publish`` burst, the same updates are produced at RATE updates/s
+(messages of 50, as bench/fleet_bench.py does), and once every answer is out the answers topic is read: the
+latency of an answer is its ``produced_at_ms`` minus the produce time of the raw record that caused it (the
+``cbgp-origin-ms`` header); p50/p99/max over every answer.  CPU is then per update at that rate.
+
 Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-connected query alone (default: the
 2-hop path ``?a foaf:knows ?b . ?b sib:like ?post`` over the like stream, centre ?b; ``--heavy FILE`` for another).
 
@@ -52,9 +57,11 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import lsbench  # noqa: E402
+from services.kafka import KafkaSettings, make_producer  # noqa: E402
 from idle_bench import _group, _service_of  # noqa: E402 - the same process grouping as the idle bench
 
 CBGP = [sys.executable, "-m", "services.cli"]
@@ -215,11 +222,18 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             subprocess.run([*CBGP, "register", name, str(path), *bootstrap], cwd=ROOT, check=True,
                            capture_output=True, text=True, timeout=120)
         time.sleep(3.0)  # the plans reach every worker (registered before any data: nothing to snapshot)
+        settings = KafkaSettings(bootstrap_servers=fleet["broker"])  # services.run's topics
+        producer = make_producer(settings, linger_ms=1) if args.paced else None
         cpu = CpuTracker(proc.pid)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
-        pub = subprocess.run([*CBGP, "publish", str(patch), "--format", "patch", *bootstrap], cwd=ROOT,
-                             capture_output=True, text=True, timeout=args.timeout)
+        if producer is not None:
+            from fleet_bench import produce  # (fleet_bench imports this module)
+            produce(producer, settings, patch.read_text().splitlines(), args.paced)
+            pub = subprocess.CompletedProcess([], 0)
+        else:
+            pub = subprocess.run([*CBGP, "publish", str(patch), "--format", "patch", *bootstrap], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=args.timeout)
         t_published = time.time()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         publish_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -246,6 +260,19 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
                 page = metrics(url)
                 states[name] = {"query_state_entries": total(page, "cbgp_query_state_entries"),
                                 "state_entries": total(page, "cbgp_state_entries"), "cpu_s": per_cpu.get(name, 0.0)}
+        latency = None
+        if producer is not None and emitted == expected:
+            from fleet_bench import AnswerReader
+            reader = AnswerReader(settings, answers_url)
+            try:
+                lat = sorted(produced - origin for produced, origin in reader.until(expected, 300) if origin)
+            finally:
+                reader.close()
+            if not lat:
+                raise RuntimeError("no answer carries its update's origin time (cbgp-origin-ms): no latency")
+            latency = {"rate": args.paced, "p50_ms": statistics.median(lat),
+                       "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))], "max_ms": lat[-1],
+                       "answers_timed": len(lat)}
     finally:
         stop_fleet(proc)
         if not args.keep:
@@ -263,7 +290,8 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             "cpu_s": {k: round(v, 2) for k, v in per_cpu.items()}, "fleet_cpu_s": round(fleet_cpu, 2),
             "cpu_us_per_update": {k: round(1e6 * v / n_updates, 1) for k, v in per_cpu.items()},
             "fleet_cpu_us_per_update": round(1e6 * fleet_cpu / n_updates, 1),
-            "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "run_dir": str(run_dir) if args.keep else None}
+            "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "latency": latency,
+            "run_dir": str(run_dir) if args.keep else None}
 
 
 def describe(r: dict) -> str:
@@ -273,7 +301,9 @@ def describe(r: dict) -> str:
     rate = f"{r['updates_per_s']:,.0f} updates/s" if r["ok"] else f"MISMATCH ({r['emitted']:,} of {r['expected']:,} answers)"
     return (f"{rate} ({r['seconds']:.1f} s, publish {r['publish_seconds']:.1f} s); fleet CPU {r['fleet_cpu_s']:.1f} s = "
             f"{r['fleet_cpu_us_per_update']:.0f} us/update ({procs}); publish-cli {r['publish_cli_cpu_s']:.1f} s; "
-            f"workers [query-state/state-entries, cpu share] {ws}")
+            f"workers [query-state/state-entries, cpu share] {ws}"
+            + (f"; latency at {r['latency']['rate']:,.0f}/s p50 {r['latency']['p50_ms']:.0f} ms p99 "
+               f"{r['latency']['p99_ms']:.0f} ms max {r['latency']['max_ms']:.0f} ms" if r.get("latency") else ""))
 
 
 def _pct(x: float | None) -> str:
@@ -297,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run from the first publish")
     parser.add_argument("--stall", type=float, default=60.0, help="give up when no answer moved for this long")
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
+    parser.add_argument("--paced", type=float, default=None, metavar="RATE",
+                        help="produce the updates at RATE updates/s and report answer latency (p50, p99, max)")
     args = parser.parse_args(argv)
     worker_counts = [int(w) for w in args.workers.split(",")] + ([4] if args.with_4 else [])
     placements = args.placements.split(",")

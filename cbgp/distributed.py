@@ -134,6 +134,7 @@ class Probe:
     binding: Row
     origin: int  # the partition counting this update's live probes
     snapshot: bool = False  # part of a late registration's history (see PartitionEvaluator.register)
+    born_ms: int = 0  # when the update entered the system (ms; 0: unknown): its answers' latency starts there
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class Delta:
     sign: int
     row: Row
     snapshot: bool = False
+    born_ms: int = 0  # the born_ms of the update whose probe made it
 
 
 @dataclass
@@ -377,7 +379,7 @@ class PartitionEvaluator:
     # -- input
 
     def apply(self, seq: int, sign: int, s: int, p: int, o: int, g: int, role: int,
-              only: str | None = None) -> Outputs:
+              only: str | None = None, born_ms: int = 0) -> Outputs:
         """One change of this partition's routed log (``role``: which ends were routed here).  Store it, then
         start the probes of the patterns whose start end is here."""
         out = Outputs()
@@ -410,7 +412,7 @@ class PartitionEvaluator:
                 if spec.object_var >= 0:
                     binding[spec.object_var] = o
                 probe = Probe(self.partition, name, seq, sign, (s, p, o, g), j, 0, tuple(binding), self.partition,
-                              seq <= state.registration_upto)
+                              seq <= state.registration_upto, born_ms)
                 self._continue(probe, out, origin_here=True)
         return out
 
@@ -528,7 +530,7 @@ class PartitionEvaluator:
             dest = partition_of(key, self.partitions)
             if dest != self.partition:
                 out.probes.append(Probe(dest, probe.query, probe.seq, probe.sign, probe.triple, j, step_no,
-                                        tuple(binding), probe.origin, probe.snapshot))
+                                        tuple(binding), probe.origin, probe.snapshot, probe.born_ms))
                 return
             i = step.pattern
             # The delta rule's view of update k's own triple: absent for patterns before j, present after.
@@ -561,7 +563,7 @@ class PartitionEvaluator:
             binding[step.binds] = 0
             return
         row = tuple(binding[v] for v in program.projection)
-        out.deltas.append(Delta(probe.query, probe.seq, probe.sign, row, probe.snapshot))
+        out.deltas.append(Delta(probe.query, probe.seq, probe.sign, row, probe.snapshot, probe.born_ms))
 
 
 __all__ = ["Ack", "ComponentProgram", "Delta", "Outputs", "PartitionEvaluator", "Probe",

@@ -633,7 +633,7 @@ def frontier_of(data: bytes) -> dict[int, int] | None:
 
 
 _PROBE_COLUMNS = ("probe_query", "probe_seq", "probe_sign", "probe_pattern", "probe_step", "probe_width",
-                  "probe_origin", "probe_snapshot")
+                  "probe_origin", "probe_snapshot", "probe_born_ms")
 _ACK_COLUMNS = ("ack_query", "ack_seq", "ack_delta", "ack_snapshot")
 
 
@@ -653,6 +653,7 @@ def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
         "probe_width": [len(p.binding) for p in probes],
         "probe_binding": [term for p in probes for term in p.binding],
         "probe_origin": [p.origin for p in probes], "probe_snapshot": [p.snapshot for p in probes],
+        "probe_born_ms": [p.born_ms for p in probes],
         "ack_query": ack_query, "ack_seq": [a.seq for a in acks], "ack_delta": [a.delta for a in acks],
         "ack_snapshot": [a.snapshot for a in acks],
         "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
@@ -661,13 +662,14 @@ def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
 
 def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only).
-    ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot)`` tuples and ``acks``
+    ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot, born_ms)`` tuples
+    (the fields of ``cbgp.distributed.Probe`` after ``dest``) and ``acks``
     ``(query, seq, delta, snapshot)`` tuples, in their order."""
     if _writer_name(data) != "ProbeBatch":
         return None
     record = decode("ProbeBatch", data)
     queries = record["queries"]
-    query, seq, sign, pattern, step, width, origin, snapshot = [record[f] for f in _PROBE_COLUMNS]
+    query, seq, sign, pattern, step, width, origin, snapshot, born = [record[f] for f in _PROBE_COLUMNS]
     triples, bindings = record["probe_triple"], record["probe_binding"]
     n = len(seq)
     if any(len(record[f]) != n for f in _PROBE_COLUMNS) or len(triples) != 4 * n or len(bindings) != sum(width) \
@@ -681,7 +683,7 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     for i in range(n):
         end = start + width[i]
         probes.append((queries[query[i]], seq[i], sign[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
-                       tuple(bindings[start:end]), origin[i], snapshot[i]))
+                       tuple(bindings[start:end]), origin[i], snapshot[i], born[i]))
         start = end
     acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
     return {"probes": probes, "acks": acks, "registered": record["registered"], "floors": record["floors"]}

@@ -646,7 +646,7 @@ class WorkerCore:
             self._learn(shard, changes)
         for _offset, sign, s, p, o, g, role, seq, origin in changes:
             if evaluator is not None:
-                probed = evaluator.apply(seq, sign, s, p, o, g, role)
+                probed = evaluator.apply(seq, sign, s, p, o, g, role, born_ms=origin or 0)
                 probed.extend(evaluator.advance(seq))
                 index = self._probe_outputs(shard, probed, offset, index, out, origin)
             deltas = apply(sign, s, p, o, g, role)
@@ -767,8 +767,11 @@ class WorkerCore:
         for delta in self.probes.take(shard, probed):
             if delta.query not in shard.outputs:
                 continue  # unregistered meanwhile
+            born = delta.born_ms or origin
+            if born and not delta.snapshot and (self.batched_origin is None or born < self.batched_origin):
+                self.batched_origin = born  # the batch's latency origin: its oldest update's
             self._part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, index,
-                             delta.snapshot, origin)
+                             delta.snapshot, born)
             index += 1
         return index
 

@@ -231,7 +231,8 @@ def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
 INTS = st.integers(-(1 << 31), (1 << 31) - 1)
 PROBES = st.lists(st.builds(
     Probe, st.just(3), st.sampled_from(["q@1", "q@2", "path3@7"]), LONGS, st.sampled_from([1, -1]),
-    st.tuples(LONGS, LONGS, LONGS, LONGS), INTS, INTS, st.lists(LONGS, max_size=6).map(tuple), INTS, st.booleans()),
+    st.tuples(LONGS, LONGS, LONGS, LONGS), INTS, INTS, st.lists(LONGS, max_size=6).map(tuple), INTS, st.booleans(),
+    LONGS),
     max_size=40)
 ACKS = st.lists(st.builds(Ack, st.just(3), st.sampled_from(["q@1", "other@1"]), LONGS, INTS, st.booleans()),
                 max_size=40)
