@@ -355,17 +355,57 @@ class Join(_Binary):
 
 
 class _Matched(_Binary):
-    """Left rows with the number of right rows that `matches` them (LeftJoin, Minus, EXISTS)."""
+    """Left rows with the number of right rows that `match` them (LeftJoin, Minus, EXISTS).
+
+    Subclasses say what a left delta emits (`left_changed`) and what a change of a stored left row's match
+    count emits (`match_count_changed`); the counting and storing is here.
+    """
 
     def __init__(self, left: Operator, right: Operator) -> None:
         super().__init__(left, right)
         self.matched: dict[Row, int] = {}
 
-    def matches(self, left: Row, right: Row) -> bool:  # pragma: no cover - abstract
+    def match(self, left: Row, right: Row) -> Any:  # pragma: no cover - abstract
+        """None when `right` does not count for `left`, else what `match_count_changed` is given."""
         raise NotImplementedError
 
-    def left_out(self, row: Row, count: int, matched: int, out: Delta, n: int, right_rows) -> None:  # noqa: ANN001
-        raise NotImplementedError  # pragma: no cover
+    def left_changed(self, row: Row, n: int, right_rows: dict[Row, int], out: Delta) -> int:  # pragma: no cover
+        """Emit into `out` what left delta `row` x `n` causes; return how many of `right_rows` match it."""
+        raise NotImplementedError
+
+    def match_count_changed(self, row: Row, count: int, n: int, old: int, new: int, found: Any,
+                            out: Delta) -> None:  # pragma: no cover - abstract
+        """Emit what a right delta `n` (matching as `found`) causes for stored left `row` (`count` copies)."""
+        raise NotImplementedError
+
+    def receive(self, slot: int, delta: Delta) -> None:
+        self.deltas_in += len(delta)
+        out: Delta = {}
+        if slot == 0:
+            right = self.stores[1]
+            for row, n in delta.items():
+                key = self.key(0, row)
+                total = self.left_changed(row, n, right.get(key) or {}, out)
+                self.store(0, key, row, n)
+                if key in self.stores[0] and row in self.stores[0][key]:
+                    self.matched[row] = total
+                else:
+                    self.matched.pop(row, None)
+        else:
+            left = self.stores[0]
+            matched = self.matched
+            for row, n in delta.items():
+                key = self.key(1, row)
+                for other, c in (left.get(key) or {}).items():
+                    found = self.match(other, row)
+                    if found is None:
+                        continue
+                    old = matched[other]
+                    new = old + n
+                    matched[other] = new
+                    self.match_count_changed(other, c, n, old, new, found, out)
+                self.store(1, key, row, n)
+        self.emit(out)
 
     def entries(self) -> int:
         return super().entries() + len(self.matched)
@@ -383,8 +423,10 @@ class LeftJoin(_Matched):
         self.expr = expr
         self.terms = terms
         self.text = text
+        self.pad = remapper(left.schema, self.schema)  # a left row alone, right variables unbound
 
-    def joined(self, left: Row, right: Row) -> Row | None:
+    def match(self, left: Row, right: Row) -> Row | None:
+        """The joined row, None when the rows are incompatible or the filter rejects them."""
         if not self.compatible(left, right):
             return None
         merged = self.merge(left, right)
@@ -392,46 +434,24 @@ class LeftJoin(_Matched):
             return None
         return merged
 
-    def receive(self, slot: int, delta: Delta) -> None:
-        self.deltas_in += len(delta)
-        out: Delta = {}
-        pad = remapper(self.children[0].schema, self.schema)
-        if slot == 0:
-            right = self.stores[1]
-            for row, n in delta.items():
-                key = self.key(0, row)
-                total = 0
-                for other, m in (right.get(key) or {}).items():
-                    merged = self.joined(row, other)
-                    if merged is not None:
-                        total += m
-                        add(out, merged, n * m)
-                if not total:
-                    add(out, pad(row), n)
-                self.store(0, key, row, n)
-                if key in self.stores[0] and row in self.stores[0][key]:
-                    self.matched[row] = total
-                else:
-                    self.matched.pop(row, None)
-        else:
-            left = self.stores[0]
-            matched = self.matched
-            for row, n in delta.items():
-                key = self.key(1, row)
-                for other, c in (left.get(key) or {}).items():
-                    merged = self.joined(other, row)
-                    if merged is None:
-                        continue
-                    old = matched[other]
-                    new = old + n
-                    matched[other] = new
-                    add(out, merged, c * n)
-                    if old == 0 and new > 0:
-                        add(out, pad(other), -c)
-                    elif old > 0 and new == 0:
-                        add(out, pad(other), c)
-                self.store(1, key, row, n)
-        self.emit(out)
+    def left_changed(self, row: Row, n: int, right_rows: dict[Row, int], out: Delta) -> int:
+        total = 0
+        for other, m in right_rows.items():
+            merged = self.match(row, other)
+            if merged is not None:
+                total += m
+                add(out, merged, n * m)
+        if not total:
+            add(out, self.pad(row), n)
+        return total
+
+    def match_count_changed(self, row: Row, count: int, n: int, old: int, new: int, found: Row,
+                            out: Delta) -> None:
+        add(out, found, count * n)
+        if old == 0 and new > 0:
+            add(out, self.pad(row), -count)
+        elif old > 0 and new == 0:
+            add(out, self.pad(row), count)
 
     def describe(self) -> str:
         text = "LeftJoin (OPTIONAL)"
@@ -456,49 +476,30 @@ class Minus(_Matched):
         else:
             self.name = "Filter EXISTS" if exists else "Filter NOT EXISTS"
 
-    def hit(self, left: Row, right: Row) -> bool:
+    def match(self, left: Row, right: Row) -> bool | None:
+        """True when `right` counts against `left`, else None."""
         if not self.compatible(left, right):
-            return False
+            return None
         if self.exists is None:  # MINUS ignores right rows sharing no bound variable
-            return any(left[i] is not None and right[j] is not None for i, j in self.shared)
+            return True if any(left[i] is not None and right[j] is not None for i, j in self.shared) else None
         return True
 
     def visible(self, matched: int) -> bool:
         return (matched > 0) if self.exists else (matched == 0)
 
-    def receive(self, slot: int, delta: Delta) -> None:
-        self.deltas_in += len(delta)
-        out: Delta = {}
-        if slot == 0:
-            right = self.stores[1]
-            for row, n in delta.items():
-                key = self.key(0, row)
-                total = sum(m for other, m in (right.get(key) or {}).items() if self.hit(row, other))
-                if self.visible(total):
-                    add(out, row, n)
-                self.store(0, key, row, n)
-                if key in self.stores[0] and row in self.stores[0][key]:
-                    self.matched[row] = total
-                else:
-                    self.matched.pop(row, None)
-        else:
-            left = self.stores[0]
-            matched = self.matched
-            for row, n in delta.items():
-                key = self.key(1, row)
-                for other, c in (left.get(key) or {}).items():
-                    if not self.hit(other, row):
-                        continue
-                    old = matched[other]
-                    new = old + n
-                    matched[other] = new
-                    was, now = self.visible(old), self.visible(new)
-                    if was and not now:
-                        add(out, other, -c)
-                    elif now and not was:
-                        add(out, other, c)
-                self.store(1, key, row, n)
-        self.emit(out)
+    def left_changed(self, row: Row, n: int, right_rows: dict[Row, int], out: Delta) -> int:
+        total = sum(m for other, m in right_rows.items() if self.match(row, other))
+        if self.visible(total):
+            add(out, row, n)
+        return total
+
+    def match_count_changed(self, row: Row, count: int, n: int, old: int, new: int, found: bool,
+                            out: Delta) -> None:
+        was, now = self.visible(old), self.visible(new)
+        if was and not now:
+            add(out, row, -count)
+        elif now and not was:
+            add(out, row, count)
 
     def describe(self) -> str:
         return self.name
