@@ -37,7 +37,6 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from cbgp.assembly import Assembler, split_parts
 from services import codec
@@ -167,19 +166,10 @@ def _replayer(sparql: str):  # noqa: ANN202
     return replay
 
 
-class AssemblyProcessor(StatefulProcessor):
+class AssemblyProcessor(state_log.QueryStateProcessor):
     """One multi-part query's assembler in keyed state (see the module docstring)."""
 
-    def __init__(self, kafka_config: Mapping[str, Any], plans_topic: str, deltas_partitions: int) -> None:
-        self.kafka_config = dict(kafka_config)
-        self.plans_topic = plans_topic
-        self.deltas_partitions = deltas_partitions
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.meta = handle.getValueState("meta", META_SCHEMA)
-        self.base = handle.getValueState("base", state_log.BLOB_SCHEMA)
-        self.tail = handle.getListState("tail", state_log.BLOB_SCHEMA)
+    META_SCHEMA = META_SCHEMA
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
         from spark.plans import plan_cache
@@ -224,9 +214,6 @@ class AssemblyProcessor(StatefulProcessor):
             keys, values, partitions = zip(*out)
             yield pd.DataFrame({"key": list(keys), "value": list(values),
                                 "partition": np.array(partitions, dtype=np.int32)})
-
-    def close(self) -> None:
-        pass
 
 
 def start_assembly(spark: SparkSession, kafka_options: Mapping[str, str], topics: Mapping[str, str],

@@ -19,11 +19,34 @@ cleared, so the replay stays bounded by the state and the rewrite cost is amorti
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
+
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 T = TypeVar("T")
 
 BLOB_SCHEMA = "blob binary"
+
+
+class QueryStateProcessor(StatefulProcessor):
+    """Base of the per-query processors: ``meta`` (the subclass's ``META_SCHEMA``), ``base`` and ``tail`` state,
+    the Kafka client config and plans topic to look plans up in, and the partition count of the deltas topic."""
+
+    META_SCHEMA: str
+
+    def __init__(self, kafka_config: Mapping[str, Any], plans_topic: str, deltas_partitions: int) -> None:
+        self.kafka_config = dict(kafka_config)
+        self.plans_topic = plans_topic
+        self.deltas_partitions = deltas_partitions
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.meta = handle.getValueState("meta", self.META_SCHEMA)
+        self.base = handle.getValueState("base", BLOB_SCHEMA)
+        self.tail = handle.getListState("tail", BLOB_SCHEMA)
+
+    def close(self) -> None:
+        pass
 
 
 class LiveCache(Generic[T]):

@@ -45,7 +45,6 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from cbgp.sparql import parse_query
 from cbgp.terms import stable_term_id
@@ -231,19 +230,10 @@ _EMPTY = pd.DataFrame({"key": pd.Series([], dtype=object), "value": pd.Series([]
                        "partition": pd.Series([], dtype=np.int32)})
 
 
-class WindowProcessor(StatefulProcessor):
+class WindowProcessor(state_log.QueryStateProcessor):
     """One windowed query's evaluator in keyed state (see the module docstring)."""
 
-    def __init__(self, kafka_config: Mapping[str, Any], plans_topic: str, deltas_partitions: int) -> None:
-        self.kafka_config = dict(kafka_config)
-        self.plans_topic = plans_topic
-        self.deltas_partitions = deltas_partitions
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        self.handle = handle
-        self.meta = handle.getValueState("meta", META_SCHEMA)
-        self.base = handle.getValueState("base", state_log.BLOB_SCHEMA)
-        self.tail = handle.getListState("tail", state_log.BLOB_SCHEMA)
+    META_SCHEMA = META_SCHEMA
 
     def _plans(self):  # noqa: ANN202
         from spark.plans import plan_cache
@@ -314,9 +304,6 @@ class WindowProcessor(StatefulProcessor):
         self.handle.registerTimer(wanted)
         self.meta.update((*meta[:5], wanted, meta[6]))
         yield from ()  # a generator, as Spark iterates the result: no output on expiry
-
-    def close(self) -> None:
-        pass
 
 
 def start_windows(spark: SparkSession, kafka_options: Mapping[str, str], topics: Mapping[str, str],
