@@ -407,13 +407,7 @@ def write_rows(options: Mapping[str, str], schema: StructType, rows: Iterator[An
 
 
 def write_batches(options: Mapping[str, str], schema: StructType, batches: Iterator[Any]) -> ProducedCount:
-    """:func:`write_rows` for Arrow record batches (the Arrow writers): columns, not Row objects."""
-    names = set(schema.fieldNames())
-    if "value" not in names:
-        raise KafkaSourceError(f"the DataFrame written to Kafka needs a value column, got {sorted(names)}")
-    fixed_topic = options.get("topic")
-    if fixed_topic is None and "topic" not in names:
-        raise KafkaSourceError("set option topic or provide a topic column")
+    """:func:`write_rows` (which checks the columns) for Arrow record batches (the Arrow writers): not Row objects."""
 
     def rows() -> Iterator[dict[str, Any]]:
         for batch in batches:
