@@ -159,8 +159,12 @@ def test_query_registered_after_data_gets_snapshot_then_live_deltas(kafka_settin
 
 @pytest.mark.timeout(180)
 def test_unregister_stops_output_and_frees_state(kafka_settings: KafkaSettings, tmp_path: Path) -> None:
+    """Unregistering a single-centre path, a multi-centre path (probes) and a product of parts placed by
+    centre frees their state on every partition, retracts their current answers once and stops them; the
+    query left running is untouched."""
     first, second = generate_patch(1500, seed=21), generate_patch(500, seed=22)
-    queries = {"star": QUERIES["star"], "path": QUERIES["path"]}
+    gone = ("path", "path3", "product")
+    queries = {"star": QUERIES["star"], **{name: QUERIES[name] for name in gone}}
     before = replay(tmp_path, first, queries)
     after = replay(tmp_path, first + second, {"star": QUERIES["star"]})
     with Fleet(kafka_settings, tmp_path / "logs") as fleet:
@@ -171,21 +175,23 @@ def test_unregister_stops_output_and_frees_state(kafka_settings: KafkaSettings, 
         publish_patch(kafka_settings, first)
         wait_answers(kafka_settings, {q: len(d) for q, d in before.items()})
         deadline = time.monotonic() + 20
-        while not (query_state(url, "path") or 0) > 0 and time.monotonic() < deadline:
+        while not all((query_state(url, q) or 0) > 0 for q in gone) and time.monotonic() < deadline:
             time.sleep(0.3)
-        assert query_state(url, "path") > 0
-        unpublish_plan(kafka_settings, "path")
+        assert all(query_state(url, q) > 0 for q in gone)
+        for query in gone:
+            unpublish_plan(kafka_settings, query)
         deadline = time.monotonic() + 30
-        while query_state(url, "path") != 0 and time.monotonic() < deadline:
+        while any(query_state(url, q) != 0 for q in gone) and time.monotonic() < deadline:
             time.sleep(0.3)
-        assert query_state(url, "path") == 0, "unregistered query still holds state"
+        assert {q: query_state(url, q) for q in gone} == dict.fromkeys(gone, 0), "unregistered queries hold state"
         assert query_state(url, "star") > 0
         publish_patch(kafka_settings, second)
         got = wait_answers(kafka_settings, {"star": len(after["star"])})
-        # Unregistering ends the stream: one '-' per current answer, then nothing (issue 14 item 3).
-        ended = len(before["path"]) + sum(final_answers(before["path"]).values())
-        assert len(got["path"]) == ended, "an unregistered query kept producing answers"
-        assert not final_answers((a["sign"], a["key"]) for a in got["path"]), "its answers were not retracted"
+        for query in gone:
+            # Unregistering ends the stream: one '-' per current answer, then nothing (issue 14 item 3).
+            ended = len(before[query]) + sum(final_answers(before[query]).values())
+            assert len(got[query]) == ended, f"{query}: an unregistered query kept producing answers"
+            assert not final_answers((a["sign"], a["key"]) for a in got[query]), f"{query}: answers not retracted"
         assert_matches({"star": got["star"]}, {"star": after["star"]})
 
 
