@@ -31,8 +31,8 @@ carries the frontiers at the commit and the offset the service had read to (``en
 read before ``end`` whose seq is at or below the frontiers' minimum ``W`` were released (none of a gate
 still shut), so a restarted service rebuilds its DISTINCT counts and product assemblers from those (reading
 ``[0, end)``), and when it re-reads the records from the committed offset it skips them and holds the rest
-again: it resumes in the state it committed, in the same order.  (Counting the records before the committed offset instead would be wrong: one of them may
-hold a later seq than a released delta of a record after it.)
+again: it resumes in the state it committed, in the same order.  (Counting the records before the committed
+offset instead would be wrong: one of them may hold a later seq than a released delta of a record after it.)
 """
 
 from __future__ import annotations
