@@ -68,7 +68,12 @@ class _Partition:
     gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
     assemblers: dict[tuple[str, int], Assembler] = field(default_factory=dict)  # by-centre products
     opened: set[tuple[str, int]] = field(default_factory=set)  # gated registrations released
+    # Idempotence keys of the product part deltas read since this partition was (re)started: a copy made
+    # by two workers that both held a routed partition for a moment during a rebalance is read once.
+    part_keys: dict[tuple, None] = field(default_factory=dict)  # insertion-ordered: the oldest go first
 
+
+PART_KEYS_KEPT = 200_000  # recent product part delta keys remembered per partition (~40 MB at most)
 
 Released = tuple[int, "int | None", PartDeltaColumns]  # (deltas.parts offset, origin ms, deltas)
 
@@ -187,6 +192,10 @@ class SeqRelease:
             deltas = _pick(deltas, [i for i in range(len(deltas)) if i not in done])
             if not len(deltas):
                 return self._release(partition)
+        if deltas.part >= 0 and offset >= state.released_end:
+            deltas = self._first_copies(state, deltas)
+            if not len(deltas):
+                return self._release(partition)
         state.records[offset] = [len(deltas), origin]
         key = (deltas.query_id, deltas.version)
         if deltas.gated and key not in state.opened:
@@ -196,6 +205,22 @@ class SeqRelease:
             heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
                                         deltas.index[i], next(self._tie), offset, deltas, i))
         return self._release(partition)
+
+    @staticmethod
+    def _first_copies(state: _Partition, deltas: PartDeltaColumns) -> PartDeltaColumns:
+        """A product's part deltas without those whose idempotence key was read already (the answers service
+        drops repeated answer keys, but a repeated part delta would be multiplied into new answers)."""
+        seen = state.part_keys
+        kept = []
+        for i in range(len(deltas)):
+            key = (deltas.query_id, deltas.version, deltas.part, deltas.source_partition[i], deltas.seq[i],
+                   deltas.source_offset[i], deltas.index[i])
+            if key not in seen:
+                seen[key] = None
+                kept.append(i)
+        while len(seen) > PART_KEYS_KEPT:
+            del seen[next(iter(seen))]
+        return deltas if len(kept) == len(deltas) else _pick(deltas, kept)
 
     def _open(self, state: _Partition, limit: int) -> list[Released]:
         """Release the gates whose partitions are all ready and whose as_of the frontiers have passed."""

@@ -15,6 +15,7 @@ from cbgp.engine import Engine
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER, decompose
 from cbgp.sparql import parse_query
 from services import codec
+from services.codec import PartDeltaColumns
 from services.answers import AnswersCore
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
@@ -321,3 +322,23 @@ def test_explain_names_each_part_placement_and_windowed_queries_are_the_spark_jo
     out = io.StringIO()
     explain(str(windowed), False, out)
     assert f"placement in the fleet: {WINDOWED_PLACEMENT}" in out.getvalue() and BY_CENTRE not in out.getvalue()
+
+
+def test_a_product_part_delta_written_twice_is_multiplied_once() -> None:
+    """During a rebalance two workers may hold a routed partition for a moment and both write its deltas;
+    the answers service drops a repeated answer key, but a repeated part delta must not be multiplied again."""
+    text = BY_CENTRE_QUERIES["product"]
+    release = SeqRelease(1, lambda _query_id, _version: text)
+    release.restore(0, None)
+
+    def part(index: int, variable: str, value: int, seq: int) -> PartDeltaColumns:
+        return PartDeltaColumns("product", index, [variable], [seq], ["PLUS"], [value], [0], [seq], [0], [False],
+                                [None], 1, False, False)
+
+    answers = []
+    for offset, deltas in enumerate([part(0, "x", 11, 1), part(1, "y", 21, 2), part(1, "y", 21, 2)]):
+        answers += release.on_deltas(0, offset, None, deltas)
+    answers += release.on_frontier(0, {0: 2})
+    rows = [(cols.sign[i], tuple(cols.values[i * 2:(i + 1) * 2])) for _o, _origin, cols in answers
+            for i in range(len(cols))]
+    assert rows == [("PLUS", (11, 21))]
