@@ -652,14 +652,18 @@ class WorkerCore:
             deltas = apply(sign, s, p, o, g, role)
             if not deltas:
                 continue
-            if origin is not None and (self.batched_origin is None or origin < self.batched_origin):
-                self.batched_origin = origin
+            self._note_origin(origin)
             for name, d_sign, row in deltas:
                 self._part_delta(out, shard, name, d_sign, row, seq, offset, index, False, origin)
                 index += 1
         if self.derived:
             out.extend(self._derived_outputs(shard))
         return out
+
+    def _note_origin(self, origin: int | None) -> None:
+        """The batch's latency origin is its oldest update's (ORIGIN_HEADER of the flushed records)."""
+        if origin and (self.batched_origin is None or origin < self.batched_origin):
+            self.batched_origin = origin
 
     def flush_batches(self) -> list[Output]:
         """The answer deltas collected since the last call, as one PartDeltaBatch record per query (at most
@@ -768,8 +772,8 @@ class WorkerCore:
             if delta.query not in shard.outputs:
                 continue  # unregistered meanwhile
             born = delta.born_ms or origin
-            if born and not delta.snapshot and (self.batched_origin is None or born < self.batched_origin):
-                self.batched_origin = born  # the batch's latency origin: its oldest update's
+            if not delta.snapshot:
+                self._note_origin(born)
             self._part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, index,
                              delta.snapshot, born)
             index += 1
