@@ -590,6 +590,16 @@ def _run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -
             log.error(kv(event="restart", service=name, reason=str(exc).replace("\n", " ")))
             time.sleep(1.0)
             continue
+        except Exception as exc:  # noqa: BLE001 - see below
+            if broker_outages() == _LIFE[0]:
+                raise  # a bug, not the broker: crash loudly and let the orchestrator restart the process
+            # The broker was lost during this life: a client call may fail in ways its API does not promise
+            # (an empty metadata answer, a half-torn-down handle).  The committed logs are intact, so a new
+            # life with fresh clients restores exactly; the traceback stays in the log.
+            log.error(kv(event="restart", service=name, reason=f"{type(exc).__name__} after a broker outage: "
+                         + str(exc).replace("\n", " ")), exc_info=True)
+            time.sleep(1.0)
+            continue
         break
     log.info(kv(event="stopped", service=name))
     return 0

@@ -405,6 +405,14 @@ class FaultRun:
         self.report.seconds = time.monotonic() - started
         return self.report
 
+    def log_tail(self, name: str, lines: int = 12) -> str:
+        """The last lines of a fleet process's log, for a problem report (CI keeps only pytest's output)."""
+        try:
+            text = (self.fleet.logs / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError as exc:
+            return f"<no log: {exc}>"
+        return "\n".join(text[-lines:])
+
     def settle(self) -> None:
         self.settle_on(self.lines)
 
@@ -483,7 +491,9 @@ class FaultRun:
                 problems.append(f"{request_id}: {reply['status']}: {reply['message']}")
         for name, alive in report.survivors.items():
             if not alive:
-                problems.append(f"{name} (never killed) did not survive the run with its first PID")
+                proc = self.fleet.procs[name]
+                problems.append(f"{name} (never killed) did not survive the run with its first PID "
+                                f"(exit {proc.poll()}); its log ends: {self.log_tail(name)}")
         return report
 
 

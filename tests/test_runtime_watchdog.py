@@ -36,3 +36,32 @@ def test_a_blocked_transaction_call_restarts_the_process(tmp_path: Path) -> None
     assert "first start" in done.stdout and "started again" in done.stdout, done.stdout
     assert lines[2] == lines[5], "execv keeps the PID (a supervisor sees the same process)"
     assert "event=restart-process" in done.stderr and "blocked for over 10 s" in done.stderr  # 4 x 0 s + 10 s
+
+
+def test_an_unexpected_error_restarts_the_life_only_after_a_broker_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client call can fail in ways its API does not promise while the broker is gone: that life starts
+    again.  The same error with the broker there is a bug, and it propagates (the process crashes loudly)."""
+    from services import runtime
+    from services.kafka import client
+
+    class Stop:
+        stopping = False
+
+    lives: list[int] = []
+
+    def life(stopper: Stop) -> None:
+        lives.append(1)
+        if len(lives) == 1:
+            client._OUTAGES[0] += 1  # the broker went away during the first life ...
+            raise AttributeError("'NoneType' object has no attribute 'partitions'")  # ... and a call broke
+        stopper.stopping = True
+
+    monkeypatch.setattr(runtime.time, "sleep", lambda _s: None)
+    assert runtime._run_service("worker", life, Stop()) == 0
+    assert len(lives) == 2
+
+    def buggy(_stopper: Stop) -> None:
+        raise AttributeError("a bug")
+
+    with pytest.raises(AttributeError):
+        runtime._run_service("worker", buggy, Stop())
