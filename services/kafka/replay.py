@@ -1,0 +1,73 @@
+"""Replaying a log between two offsets: how a service restores state (issue 16).
+
+:func:`read_range` reads one partition's committed records in ``[start, end)`` and, like :func:`require_from`,
+refuses a log whose needed records were deleted (:class:`LogTruncated`), which ``services.runtime.run_service``
+turns into one error line and exit code 3 instead of a state rebuilt from what is left.
+
+Split from ``services.runtime`` (issue 15: one job per module); ``services.runtime`` re-exports every name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from services.kafka.config import KafkaSettings
+from services.kafka.truncation import LogTruncated, require_log_start
+
+__all__ = ["read_range", "require_from", "LogTruncated"]
+
+log = logging.getLogger("cbgp.runtime")
+
+
+def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, end: int,
+               batch: int = 2000, timeout: float = 120.0) -> Iterator[Message]:
+    """Every committed record of ``topic[partition]`` with ``start <= offset < end``, in offset order.
+
+    Raises :class:`LogTruncated` if the partition's log starts above ``start``: records the caller needs were
+    deleted (a restore replaying "from offset 0" must read from 0, not from the low watermark).
+    Transaction markers and aborted records take offsets too, so progress is tracked by the consumer's
+    position, not by the last record.  Raises :class:`TimeoutError` if the range cannot be read in time.
+    """
+    if end <= start:
+        return
+    # auto.offset.reset=error: a position deleted while this runs is an error, never a silent skip to the log start.
+    consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}replay", enable_partition_eof=True,
+                                                 fetch_wait_max_ms=20, auto_offset_reset="error"))
+    try:
+        # Every record in [start, end) is needed: refuse a log that no longer starts at or below ``start``.
+        require_log_start(consumer, topic, {partition: start}, end={partition: end})
+        consumer.assign([TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)])
+        deadline = time.monotonic() + timeout
+        tp = TopicPartition(topic, partition)
+        while True:
+            msgs = consumer.consume(batch, 0.2)
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(err)
+                if msg.offset() >= end:
+                    return
+                yield msg
+            position = consumer.position([tp])[0].offset
+            if position >= end:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replay of {topic}[{partition}] {start}..{end} stuck at {position}")
+    finally:
+        consumer.close()
+
+
+def require_from(settings: KafkaSettings, topic: str, needed: dict[int, int], timeout: float = 30.0) -> None:
+    """Raise :class:`LogTruncated` when a partition of ``topic`` no longer holds its ``needed`` offset (partition
+    -> first offset a reader needs; negative = 0): for readers that assign their own consumer at an offset."""
+    consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks"))
+    try:
+        require_log_start(consumer, topic, needed, timeout)
+    finally:
+        consumer.close()
