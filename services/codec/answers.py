@@ -1,0 +1,127 @@
+"""Answer semantics at the wire: SparqlTerm conversions, the canonical binding and answers.current key, and the
+fixed-layout Answer / CurrentAnswer writers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Mapping, Sequence
+
+from services.codec.binary import _cached_string, _header, _long, _string
+
+# ---------------------------------------------------------------- SparqlTerm records and answer keys
+# Answers carry terms as Avro SparqlTerm records; inside the fleet a term is its canonical N-Triples string
+# (cbgp.terms), which is RDF term identity.  The answers service and the compaction job must agree on these
+# conversions and on the answers.current key byte for byte, so both use the functions below.
+
+
+def sparql_json_term(term: Mapping[str, Any]) -> dict[str, str]:
+    """The SPARQL 1.1 Query Results JSON term of an Avro ``SparqlTerm`` (its ``lang`` is ``xml:lang`` there)."""
+    obj = {"type": term["type"], "value": term["value"]}
+    if term.get("lang"):
+        obj["xml:lang"] = term["lang"]
+    elif term.get("datatype"):
+        obj["datatype"] = term["datatype"]
+    return obj
+
+
+def term_from_avro(term: Mapping[str, Any]) -> str:
+    """Canonical term string of an Avro ``SparqlTerm`` {type, value, datatype, lang}."""
+    from cbgp.terms import from_sparql_json
+
+    return from_sparql_json(sparql_json_term(term))
+
+
+def term_to_avro(term: str) -> dict[str, Any]:
+    """Avro ``SparqlTerm`` of a canonical term string."""
+    from cbgp.terms import to_sparql_json
+
+    obj = to_sparql_json(term)
+    return {"type": obj["type"], "value": obj["value"], "datatype": obj.get("datatype"), "lang": obj.get("xml:lang")}
+
+
+def canonical_binding(terms: Mapping[str, str]) -> str:
+    """``{var: canonical term}`` as canonical JSON: equal strings exactly for equal solution mappings.
+
+    The same string as ``json.dumps(terms, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``,
+    built from cached per-string encodings (this runs once per answer)."""
+    return "{" + ",".join(json_string(var) + ":" + json_string(terms[var]) for var in sorted(terms)) + "}"
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def json_string(text: str) -> str:
+    """A string as a JSON string literal, as :func:`canonical_binding` writes it (cached)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def current_key(query_id: str, binding_json: str) -> bytes:
+    """The answers.current key: canonical JSON ``["<query_id>", {binding}]`` (unambiguous, parseable)."""
+    return ("[" + json_string(query_id) + "," + binding_json + "]").encode("utf-8")
+
+
+_TERM_TYPE = {"uri": b"\x00", "literal": b"\x02", "bnode": b"\x04"}
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _sparql_term(term: str) -> bytes:
+    """The Avro SparqlTerm body of a canonical term string (cached: answers repeat terms)."""
+    avro = term_to_avro(term)
+    return b"".join((_TERM_TYPE[avro["type"]], _string(avro["value"]),
+                     b"\x00" if avro["datatype"] is None else b"\x02" + _string(avro["datatype"]),
+                     b"\x00" if avro["lang"] is None else b"\x02" + _string(avro["lang"])))
+
+
+def _binding_map(terms: Mapping[str, str]) -> list[bytes]:
+    items = [_long(len(terms))] if terms else []
+    for var, term in terms.items():
+        items.append(_cached_string(var))
+        items.append(_sparql_term(term))
+    items.append(b"\x00")
+    return items
+
+
+def answer_binding(terms: Mapping[str, str]) -> bytes:
+    """The Avro ``binding`` map ``{var: SparqlTerm}`` of an Answer or CurrentAnswer, in ``terms``' order."""
+    return b"".join(_binding_map(terms))
+
+
+class BindingWriter:
+    """:func:`answer_binding` over fixed variables from cached term bodies, for the answers service, which
+    writes each binding twice (Answer and CurrentAnswer) and sees the same terms again and again."""
+
+    term_body = staticmethod(_sparql_term)  # a term's SparqlTerm body (cached)
+
+    def __init__(self, variables: Sequence[str]) -> None:
+        self._prefix = _long(len(variables)) if variables else b""
+        self._keys = [_cached_string(var) for var in variables]
+
+    def write(self, bodies: Sequence[bytes]) -> bytes:
+        """The map binding variable j to the term whose body is ``bodies[j]``."""
+        return self._prefix + b"".join([key + body for key, body in zip(self._keys, bodies)]) + b"\x00"
+
+
+def encode_answer_record(query_id: str, n: int, seq: int, sign: str, binding: bytes, snapshot: bool,
+                         produced_at_ms: int, version: int = 0) -> bytes:
+    """An Answer whose binding map is already encoded (:func:`answer_binding`, :class:`BindingWriter`)."""
+    return b"".join((_header("Answer"), _cached_string(query_id), _long(n), _long(seq), _cached_string(sign),
+                     binding, b"\x01" if snapshot else b"\x00", _long(produced_at_ms), _long(version)))
+
+
+def encode_current_answer_record(query_id: str, binding: bytes, multiplicity: int, last_n: int,
+                                 version: int = 0) -> bytes:
+    """A CurrentAnswer whose binding map is already encoded."""
+    return b"".join((_header("CurrentAnswer"), _cached_string(query_id), binding, _long(multiplicity),
+                     _long(last_n), _long(version)))
+
+
+def encode_answer(query_id: str, n: int, seq: int, sign: str, terms: Mapping[str, str], snapshot: bool,
+                  produced_at_ms: int, version: int = 0) -> bytes:
+    """``encode("Answer", {..., "binding": {var: term_to_avro(term)}})`` for the data path (same bytes)."""
+    return encode_answer_record(query_id, n, seq, sign, answer_binding(terms), snapshot, produced_at_ms, version)
+
+
+def encode_current_answer(query_id: str, terms: Mapping[str, str], multiplicity: int, last_n: int,
+                          version: int = 0) -> bytes:
+    """``encode("CurrentAnswer", {..., "binding": {var: term_to_avro(term)}})`` (same bytes)."""
+    return encode_current_answer_record(query_id, answer_binding(terms), multiplicity, last_n, version)

@@ -1,0 +1,157 @@
+"""Changes to the graph on updates.encoded and updates.routed: one-change records (data format 1) and the
+column-by-column batches (data format 2) that carry them now.
+
+A change is ``(seq, sign, s, p, o, g, event_time_ms, ...)`` with sign +1 (Avro ``ADD``) or -1 (``DEL``);
+the enum names exist only here, at the Avro boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from services.codec.binary import _fast, _header, _long, _optional, _optional_long, _string, _text, _varint
+from services.codec.generic import _columns, decode, encode
+from services.codec.registry import HEADER_LEN, _writer_name
+
+_OP = {"ADD": b"\x00", "DEL": b"\x02"}
+_ROLE = {"SUBJECT": b"\x00", "OBJECT": b"\x02", "BOTH": b"\x04"}
+
+
+def encode_routed(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None, role: str) -> bytes:
+    """``encode("RoutedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
+    return b"".join((_header("RoutedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
+                     _long(g), _optional_long(event_time_ms), _ROLE[role]))
+
+
+def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None,
+                   topic: str, partition: int, offset: int, refresh: bool = False) -> bytes:
+    """``encode("EncodedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
+    return b"".join((_header("EncodedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
+                     _long(g), _optional_long(event_time_ms), _string(topic), _long(partition), _long(offset),
+                     b"\x01" if refresh else b"\x00"))
+
+
+_SIGN_OF_OP = (1, -1)  # Op enum index -> +1 (ADD) / -1 (DEL)
+_ROLE_NAMES = ("SUBJECT", "OBJECT", "BOTH")
+
+
+def _op_sign(data: bytes, pos: int) -> tuple[int, int]:
+    index, pos = _varint(data, pos)
+    if not 0 <= index < 2:
+        raise IndexError(f"Op index {index}")
+    return _SIGN_OF_OP[index], pos
+
+
+def _read_change(data: bytes) -> tuple[tuple, int]:
+    """The fields RoutedUpdate and EncodedUpdate start with: ``(seq, sign, s, p, o, g, event_time_ms)``."""
+    pos = HEADER_LEN
+    seq, pos = _varint(data, pos)
+    sign, pos = _op_sign(data, pos)
+    s, pos = _varint(data, pos)
+    p, pos = _varint(data, pos)
+    o, pos = _varint(data, pos)
+    g, pos = _varint(data, pos)
+    event_time_ms, pos = _optional(data, pos)
+    return (seq, sign, s, p, o, g, event_time_ms), pos
+
+
+def _read_routed(data: bytes) -> tuple[tuple, int]:
+    change, pos = _read_change(data)
+    role, pos = _varint(data, pos)
+    if not 0 <= role < 3:
+        raise IndexError(f"Role index {role}")
+    return (*change, _ROLE_NAMES[role]), pos
+
+
+def decode_routed(data: bytes) -> tuple[int, int, int, int, int, int, int | None, str]:
+    """A RoutedUpdate as ``(seq, sign, s, p, o, g, event_time_ms, role)`` (sign +1 ADD, -1 DEL)."""
+    found = _fast("RoutedUpdate", data, _read_routed)
+    if found is not None:
+        return found
+    r = decode("RoutedUpdate", data)
+    return (r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"], r["g"], r["event_time_ms"], r["role"])
+
+
+def _read_encoded(data: bytes) -> tuple[tuple, int]:
+    change, pos = _read_change(data)
+    _topic, pos = _text(data, pos)
+    _partition, pos = _varint(data, pos)
+    _offset, pos = _varint(data, pos)
+    refresh = data[pos]
+    if refresh > 1:
+        raise IndexError(f"boolean byte {refresh}")
+    return (*change, bool(refresh)), pos + 1
+
+
+def decode_encoded(data: bytes) -> tuple[int, int, int, int, int, int, int | None, bool]:
+    """An EncodedUpdate as ``(seq, sign, s, p, o, g, event_time_ms, refresh)`` (its source is not needed
+    on the data path: :func:`decode` returns it)."""
+    found = _fast("EncodedUpdate", data, _read_encoded)
+    if found is not None:
+        return found
+    r = decode("EncodedUpdate", data)
+    return (r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"], r["g"], r["event_time_ms"],
+            r["refresh"])
+
+
+# ---------------------------------------------------------------------------------------- change batches
+#
+# updates.encoded and updates.routed carry EncodedBatch / RoutedBatch records (data format 2): many changes
+# per Kafka record, column by column, so consuming, decoding and storing cost per batch, not per change
+# (fastavro reads the arrays in C).  Readers also take the one-change records of format 1 (EncodedUpdate,
+# RoutedUpdate) still in old logs, so the logs need no migration.
+
+_OP_NAME = {1: "ADD", -1: "DEL"}
+_SIGN = {"ADD": 1, "DEL": -1}
+
+
+def encode_routed_batch(rows: Sequence[tuple]) -> bytes:
+    """One RoutedBatch of ``(seq, sign, s, p, o, g, event_time_ms, role)`` rows (role: SUBJECT/OBJECT/BOTH)."""
+    seq, sign, s, p, o, g, event_time, role = zip(*rows)
+    return encode("RoutedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in sign], "s": s, "p": p, "o": o, "g": g,
+                                  "event_time_ms": event_time, "role": role})
+
+
+def encode_encoded_batch(rows: Sequence[tuple], source_topic: str) -> bytes:
+    """One EncodedBatch of ``(seq, sign, s, p, o, g, event_time_ms, source partition, source offset, refresh)``
+    rows whose raw updates were read from ``source_topic``."""
+    seq, sign, s, p, o, g, event_time, partition, offset, refresh = zip(*rows)
+    return encode("EncodedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in sign], "s": s, "p": p, "o": o, "g": g,
+                                   "event_time_ms": event_time, "source_topic": source_topic,
+                                   "source_partition": partition, "source_offset": offset, "refresh": refresh})
+
+
+def routed_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, str]]:
+    """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate) as
+    ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples (none for a Frontier mark or a ProbeBatch); raises
+    :class:`CodecError`."""
+    if _writer_name(data) in ("Frontier", "ProbeBatch"):
+        return []
+    return _changes(data, "RoutedBatch", decode_routed, "role")
+
+
+def encoded_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, bool]]:
+    """The changes of an updates.encoded record (an EncodedBatch, or a format-1 EncodedUpdate) as
+    ``(seq, sign, s, p, o, g, event_time_ms, refresh)`` tuples; raises :class:`CodecError`."""
+    return _changes(data, "EncodedBatch", decode_encoded, "refresh")
+
+
+def _changes(data: bytes, batch: str, read_single: Callable[[bytes], tuple], last: str) -> list[tuple]:
+    if _writer_name(data) != batch:
+        return [read_single(data)]
+    seq, op, s, p, o, g, event_time, extra = _columns(batch, decode(batch, data), (
+        "seq", "op", "s", "p", "o", "g", "event_time_ms", last))
+    return list(zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, extra))
+
+
+def encoded_records(data: bytes) -> list[dict[str, Any]]:
+    """The changes of an updates.encoded record as EncodedUpdate dicts (with ``source``), for tools, tests
+    and restores that want every field; raises :class:`CodecError`."""
+    if _writer_name(data) != "EncodedBatch":
+        return [decode("EncodedUpdate", data)]
+    record = decode("EncodedBatch", data)
+    fields = ("seq", "op", "s", "p", "o", "g", "event_time_ms", "source_partition", "source_offset", "refresh")
+    topic = record["source_topic"]
+    return [{"seq": seq, "op": op, "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
+             "source": {"topic": topic, "partition": partition, "offset": offset}, "refresh": refresh}
+            for seq, op, s, p, o, g, t, partition, offset, refresh in zip(*_columns("EncodedBatch", record, fields))]

@@ -1,0 +1,96 @@
+"""Control records that travel beside the changes: Frontier marks on updates.routed, ProbeBatch records of
+distributed probes and acks, and ProbeReady registrations.
+
+The ``*_of`` readers return None for any other record, from the header alone, so a data-path loop can ask
+each record cheaply.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from services.codec.generic import decode, encode
+from services.codec.registry import CodecError, _writer_name
+
+def encode_frontier(frontiers: Mapping[int, int]) -> bytes:
+    """One Frontier record: routed partition -> the highest seq it has completed (see schemas/Frontier.avsc)."""
+    partitions = sorted(frontiers)
+    return encode("Frontier", {"partition": partitions, "seq": [frontiers[p] for p in partitions]})
+
+
+def frontier_of(data: bytes) -> dict[int, int] | None:
+    """The frontiers of a Frontier record, or None when ``data`` is another record (cheap: the header only)."""
+    if _writer_name(data) != "Frontier":
+        return None
+    record = decode("Frontier", data)
+    if len(record["partition"]) != len(record["seq"]):
+        raise CodecError("corrupt Frontier: partition and seq arrays differ in length")
+    return dict(zip(record["partition"], record["seq"]))
+
+
+_PROBE_COLUMNS = ("probe_query", "probe_seq", "probe_sign", "probe_pattern", "probe_step", "probe_width",
+                  "probe_origin", "probe_snapshot", "probe_born_ms")
+_ACK_COLUMNS = ("ack_query", "ack_seq", "ack_delta", "ack_snapshot")
+
+
+def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
+                       registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = ()
+                       ) -> bytes:
+    """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed`` probes and acks (written column
+    by column), ``(query, as_of)`` registrations and ``(partition, floor, queries)`` floors."""
+    index: dict[str, int] = {}
+    probe_query = [index.setdefault(p.query, len(index)) for p in probes]
+    ack_query = [index.setdefault(a.query, len(index)) for a in acks]
+    return encode("ProbeBatch", {
+        "queries": list(index), "probe_query": probe_query,
+        "probe_seq": [p.seq for p in probes], "probe_sign": [p.sign for p in probes],
+        "probe_triple": [term for p in probes for term in p.triple],
+        "probe_pattern": [p.pattern for p in probes], "probe_step": [p.step for p in probes],
+        "probe_width": [len(p.binding) for p in probes],
+        "probe_binding": [term for p in probes for term in p.binding],
+        "probe_origin": [p.origin for p in probes], "probe_snapshot": [p.snapshot for p in probes],
+        "probe_born_ms": [p.born_ms for p in probes],
+        "ack_query": ack_query, "ack_seq": [a.seq for a in acks], "ack_delta": [a.delta for a in acks],
+        "ack_snapshot": [a.snapshot for a in acks],
+        "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
+        "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors]})
+
+
+def probe_batch_of(data: bytes) -> dict[str, Any] | None:
+    """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only).
+    ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot, born_ms)`` tuples
+    (the fields of ``cbgp.distributed.Probe`` after ``dest``) and ``acks``
+    ``(query, seq, delta, snapshot)`` tuples, in their order."""
+    if _writer_name(data) != "ProbeBatch":
+        return None
+    record = decode("ProbeBatch", data)
+    queries = record["queries"]
+    query, seq, sign, pattern, step, width, origin, snapshot, born = [record[f] for f in _PROBE_COLUMNS]
+    triples, bindings = record["probe_triple"], record["probe_binding"]
+    n = len(seq)
+    if any(len(record[f]) != n for f in _PROBE_COLUMNS) or len(triples) != 4 * n or len(bindings) != sum(width) \
+            or any(len(record[f]) != len(record["ack_seq"]) for f in _ACK_COLUMNS) \
+            or any(not 0 <= q < len(queries) for q in query + record["ack_query"]):
+        raise CodecError(f"corrupt ProbeBatch: {n} probes need {n} items in every probe_* array, {4 * n} "
+                         f"probe_triple values and the sum of probe_width binding values; query indices must "
+                         f"name one of the {len(queries)} queries")
+    probes = []
+    start = 0
+    for i in range(n):
+        end = start + width[i]
+        probes.append((queries[query[i]], seq[i], sign[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
+                       tuple(bindings[start:end]), origin[i], snapshot[i], born[i]))
+        start = end
+    acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
+    return {"probes": probes, "acks": acks, "registered": record["registered"], "floors": record["floors"]}
+
+
+def encode_probe_ready(query_id: str, version: int, partition: int, as_of: int) -> bytes:
+    return encode("ProbeReady", {"query_id": query_id, "version": version, "partition": partition, "as_of": as_of})
+
+
+def probe_ready_of(data: bytes | None) -> dict[str, Any] | None:
+    """A ProbeReady record decoded, or None when ``data`` is another record."""
+    if data is None or _writer_name(data) != "ProbeReady":
+        return None
+    return decode("ProbeReady", data)

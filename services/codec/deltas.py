@@ -1,0 +1,139 @@
+"""Query-part deltas on deltas.parts: PartDeltaBatch records (column by column) and format-1 PartDelta ones.
+
+A delta binds a query part's variables to term ids with a sign (Avro ``PLUS``/``MINUS``); the answers service
+reads them as :class:`PartDeltaColumns`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from services.codec.binary import (_cached_string, _fast, _header, _long, _optional, _optional_long, _text,
+                                   _varint)
+from services.codec.generic import _columns, decode, encode
+from services.codec.registry import HEADER_LEN, CodecError, _writer_name
+
+_PART_DELTA_COLUMNS = ("seq", "sign", "source_partition", "source_offset", "index", "snapshot", "event_time_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class PartDeltaColumns:
+    """The deltas of one deltas.parts record, column by column (a PartDeltaBatch as written; a format-1
+    PartDelta as a batch of one).  Delta i binds ``variables[j]`` to ``values[i * len(variables) + j]``."""
+
+    query_id: str
+    part: int
+    variables: list[str]
+    seq: list[int]
+    sign: list[str]
+    values: list[int]
+    source_partition: list[int]
+    source_offset: list[int]
+    index: list[int]
+    snapshot: list[bool]
+    event_time_ms: list[int | None]
+    version: int = 0  # the query's registration version (QueryPlan.version)
+    distinct: bool = False  # rows are a DISTINCT query's underlying projections: the answers service counts them
+    gated: bool = False  # a probe-evaluated query: its registration is released once every partition is ready
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def binding(self, i: int) -> dict[str, int]:
+        k = len(self.variables)
+        return dict(zip(self.variables, self.values[i * k:(i + 1) * k]))
+
+
+def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], rows: Sequence[tuple],
+                            version: int = 0, distinct: bool = False, gated: bool = False) -> bytes:
+    """One PartDeltaBatch of ``(seq, sign, values, source_partition, source_offset, index, snapshot,
+    event_time_ms)`` rows (sign: PLUS/MINUS; values: the term ids of ``variables``, in their order) of the
+    query's registration ``version``; ``distinct``, ``gated``: see PartDeltaBatch."""
+    k = len(variables)
+    if any(len(row[2]) != k for row in rows):
+        raise CodecError(f"PartDeltaBatch of {query_id}: every delta must bind the {k} variables {list(variables)}")
+    columns = list(zip(*rows))
+    values = [term_id for row_values in columns[2] for term_id in row_values]
+    del columns[2]
+    return encode("PartDeltaBatch", {"query_id": query_id, "part": part, "variables": list(variables),
+                                     "values": values, **dict(zip(_PART_DELTA_COLUMNS, columns)),
+                                     "version": version, "distinct": distinct, "gated": gated})
+
+
+def part_delta_columns(data: bytes) -> PartDeltaColumns:
+    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta); raises :class:`CodecError`."""
+    if _writer_name(data) != "PartDeltaBatch":
+        one = decode_part_delta(data)
+        return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]], [one["sign"]],
+                                list(one["binding"].values()), [one["source_partition"]], [one["source_offset"]],
+                                [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
+    record = decode("PartDeltaBatch", data)
+    seq, sign, src, offset, index, snapshot, event_time = _columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
+    variables, values = record["variables"], record["values"]
+    if len(values) != len(seq) * len(variables):
+        raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
+                         f"{len(seq) * len(variables)} values, got {len(values)}")
+    return PartDeltaColumns(record["query_id"], record["part"], variables, seq, sign, values, src, offset, index,
+                            snapshot, event_time, record["version"], record["distinct"], record["gated"])
+
+
+def part_deltas(data: bytes) -> list[dict[str, Any]]:
+    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta) as PartDelta dicts, for tools
+    and tests (the answers service reads :func:`part_delta_columns`); raises :class:`CodecError`."""
+    cols = part_delta_columns(data)
+    return [{"query_id": cols.query_id, "part": cols.part, "seq": cols.seq[i], "sign": cols.sign[i],
+             "binding": cols.binding(i), "source_partition": cols.source_partition[i],
+             "source_offset": cols.source_offset[i], "index": cols.index[i], "snapshot": cols.snapshot[i],
+             "event_time_ms": cols.event_time_ms[i]} for i in range(len(cols))]
+
+
+def _read_part_delta(data: bytes) -> tuple[dict, int]:
+    pos = HEADER_LEN
+    query_id, pos = _text(data, pos)
+    part, pos = _varint(data, pos)
+    seq, pos = _varint(data, pos)
+    sign, pos = _varint(data, pos)
+    if not 0 <= sign < 2:
+        raise IndexError(f"Sign index {sign}")
+    binding: dict[str, int] = {}
+    while True:
+        count, pos = _varint(data, pos)
+        if count == 0:
+            break
+        if count < 0:  # a block with its byte size (legal Avro, not what our writers produce)
+            count = -count
+            _size, pos = _varint(data, pos)
+        for _ in range(count):
+            var, pos = _text(data, pos)
+            binding[var], pos = _varint(data, pos)
+    source_partition, pos = _varint(data, pos)
+    source_offset, pos = _varint(data, pos)
+    index, pos = _varint(data, pos)
+    snapshot = data[pos]
+    if snapshot > 1:
+        raise IndexError(f"boolean byte {snapshot}")
+    event_time_ms, pos = _optional(data, pos + 1)
+    return {"query_id": query_id, "part": part, "seq": seq, "sign": ("PLUS", "MINUS")[sign], "binding": binding,
+            "source_partition": source_partition, "source_offset": source_offset, "index": index,
+            "snapshot": bool(snapshot), "event_time_ms": event_time_ms}, pos
+
+
+def decode_part_delta(data: bytes) -> dict[str, Any]:
+    """``decode("PartDelta", data)``, fast for records of the current schema."""
+    found = _fast("PartDelta", data, _read_part_delta)
+    return found if found is not None else decode("PartDelta", data)
+
+
+def encode_part_delta(query_id: str, part: int, seq: int, sign: str, binding: Mapping[str, int],
+                      source_partition: int, source_offset: int, index: int, snapshot: bool,
+                      event_time_ms: int | None) -> bytes:
+    """``encode("PartDelta", {...})`` for the data path (same bytes)."""
+    items = [_long(len(binding))] if binding else []
+    for var, term_id in binding.items():
+        items.append(_cached_string(var))
+        items.append(_long(term_id))
+    return b"".join((_header("PartDelta"), _cached_string(query_id), _long(part), _long(seq),
+                     b"\x00" if sign == "PLUS" else b"\x02", *items, b"\x00", _long(source_partition),
+                     _long(source_offset), _long(index), b"\x01" if snapshot else b"\x00",
+                     _optional_long(event_time_ms)))
