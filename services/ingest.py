@@ -14,14 +14,18 @@ records and updates its state (presence set, next seq, dictionary cache).  Chang
 returns what must be produced at once (dictionary entries, dead letters) and buffers the changes, ``flush``
 returns them as batch records (at most MAX_BATCH_CHANGES changes each) -- once per transaction.
 :func:`run` wraps it in a transactional consume-process-produce loop.  Its state is a pure function of updates.encoded (presence
-set, seq) and the dictionary topic, which is how it is restored on start.
+set, seq) and the dictionary topic: the two logs are its changelogs.  A local checkpoint (``--state-dir``, a RocksDB
+store: :mod:`services.state`) saves the state with the positions in those logs that it reflects, so a restore loads
+it and reads only the logs' tails (:func:`restore`); without one it reads them from offset 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -37,6 +41,9 @@ from services.metrics import PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT, record
 from services.records import dead_letter, routes
 from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit_transaction, kv, read_range,
                               service_command)
+from services.instruments import RESTORE_PROGRESS
+from services.state import Checkpoint, Checkpointer, Store, StoreError, unusable
+from services.state import presence
 
 log = logging.getLogger("cbgp.ingest")
 
@@ -131,21 +138,54 @@ class IngestProcessor:
         self.pending_encoded: list[tuple] = []
         self.pending_routed: dict[int, list[tuple]] = {}
         self.pending_origin: int | None = None
+        # What changed since the last checkpoint (kept only when a store is used: ``track_changes``): each quad
+        # whose presence changed -> present now, and the terms published.
+        self.track_changes = False
+        self.changed: dict[tuple[int, int, int, int], bool] = {}
+        self.new_terms: list[tuple[int, str]] = []
 
     # -- restore
 
-    def restore_encoded(self, value: bytes) -> None:
-        """Re-apply one record of the changelog (updates.encoded) to the state."""
-        for seq, sign, s, p, o, g, _event_time, _refresh in codec.encoded_changes(value):
+    def restore_encoded(self, value: bytes) -> int:
+        """Re-apply one record of the changelog (updates.encoded) to the state; return its first seq (-1: none).
+
+        Re-applying records the state already reflects changes nothing (each quad ends as its last change says),
+        so a restore may start below the true position of a checkpoint, never above it."""
+        changes = codec.encoded_changes(value)
+        changed = self.changed if self.track_changes else None
+        for seq, sign, s, p, o, g, _event_time, refresh in changes:
+            if refresh:
+                continue  # a repeated insert of a present quad: no change to the set
+            quad = (s, p, o, g)
             if sign > 0:
-                self.present.add((s, p, o, g))
+                self.present.add(quad)
             else:
-                self.present.discard((s, p, o, g))
+                self.present.discard(quad)
+            if changed is not None:
+                changed[quad] = sign > 0
             self.seq = max(self.seq, seq)
+        return changes[0][0] if changes else -1
 
     def restore_dictionary(self, record: dict) -> None:
         self.dictionary.add(record["id"], record["term"])
-        self.published.add(record["id"])
+        if record["id"] not in self.published:
+            self.published.add(record["id"])
+            if self.track_changes:
+                self.new_terms.append((record["id"], record["term"]))
+
+    def load_state(self, present: set[tuple[int, int, int, int]], terms: Iterable[tuple[int, str]], seq: int) -> None:
+        """Start from a checkpoint's state (nothing of it counts as changed)."""
+        self.present = present
+        for term_id, term in terms:
+            self.dictionary.add(term_id, term)
+            self.published.add(term_id)
+        self.seq = seq
+
+    def take_changes(self) -> tuple[dict[tuple[int, int, int, int], bool], list[tuple[int, str]]]:
+        """The changes since the last call (for a checkpoint), forgotten here."""
+        changed, new_terms = self.changed, self.new_terms
+        self.changed, self.new_terms = {}, []
+        return changed, new_terms
 
     # -- transform
 
@@ -157,6 +197,11 @@ class IngestProcessor:
         """The changes accepted since the last flush, as EncodedBatch and RoutedBatch records."""
         if not self.pending_encoded:
             return []
+        if self.track_changes:
+            changed = self.changed
+            for row in self.pending_encoded:
+                if not row[9]:  # a refresh row changes nothing
+                    changed[row[2:6]] = row[1] > 0
         headers = [(ORIGIN_HEADER, str(self.pending_origin).encode())] if self.pending_origin is not None else []
         out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, self.t_raw), None, 0, headers)
                for rows in _chunks(self.pending_encoded)]
@@ -315,6 +360,8 @@ class IngestProcessor:
         term_id = self.dictionary.encode(term)
         if term_id not in self.published:
             self.published.add(term_id)
+            if self.track_changes:
+                self.new_terms.append((term_id, term))
             out.append(Output(self.t_dictionary, codec.encode("DictionaryEntry", {"id": term_id, "term": term}),
                               str(term_id).encode(), term_id % self.n_dictionary))
         return term_id
@@ -352,19 +399,137 @@ def _position_problem(s: str, p: str, o: str, g: str | None) -> str | None:
 # ---------------------------------------------------------------------------------------- Kafka loop
 
 
-def restore(processor: IngestProcessor, settings: KafkaSettings) -> None:
-    """Rebuild the state from the logs: presence set and seq from updates.encoded, ids from dictionary."""
+class _ForeignTail(Exception):
+    """The log after a checkpoint's position does not continue its seqs: it was not made from these logs."""
+
+
+def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | None = None) -> dict[str, dict[int, int]]:
+    """Rebuild the state: from the checkpoint in ``store`` when it can serve (:func:`services.state.unusable`)
+    plus the tails of updates.encoded and dictionary after its positions, else from offset 0 of both logs.
+    Returns the positions the restored state reflects (the logs' ends when the restore began).
+
+    The logs are read from where the state needs them, never from their low watermarks: ``read_range`` refuses a
+    log whose needed records were deleted (:class:`LogTruncated`), so with a checkpoint retention may delete what
+    lies below its positions, and without one nothing may be deleted.  A checkpoint that cannot belong to these
+    logs (beyond their ends, other topics, or a tail whose seqs do not continue it) is discarded with one log
+    line and the restore starts again from offset 0.
+    """
     started = time.monotonic()
-    # From offset 0, never the low watermark: read_range refuses a log whose needed records were deleted.
-    for partition, (_low, high) in end_offsets(settings, processor.t_dictionary).items():
-        for msg in read_range(settings, processor.t_dictionary, partition, 0, high):
-            if msg.value() is not None:
-                processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
-    _low, high = end_offsets(settings, processor.t_encoded)[0]
-    for msg in read_range(settings, processor.t_encoded, 0, 0, high):
-        processor.restore_encoded(msg.value())
-    log.info(kv(event="restored", seq=processor.seq, present=len(processor.present),
-                terms=len(processor.published), seconds=round(time.monotonic() - started, 2)))
+    topics = (processor.t_encoded, processor.t_dictionary)
+    watermarks = {topic: end_offsets(settings, topic) for topic in topics}
+    ends = {topic: {p: high for p, (_low, high) in parts.items()} for topic, parts in watermarks.items()}
+    checkpoint = _saved_checkpoint(store, watermarks) if store is not None else None
+    processor.track_changes = store is not None
+    if checkpoint is not None:
+        processor.load_state(presence.load_present(store), presence.load_terms(store), int(checkpoint.facts["seq"]))
+        log.info(kv(event="checkpoint-loaded", seq=processor.seq, present=len(processor.present),
+                    terms=len(processor.published), positions=checkpoint.describe(),
+                    seconds=round(time.monotonic() - started, 2)))
+        starts = checkpoint.positions
+    else:
+        starts = {topic: {p: 0 for p in parts} for topic, parts in ends.items()}
+    try:
+        tail = _read_tails(processor, settings, starts, ends, checkpoint)
+    except _ForeignTail as exc:
+        log.warning(kv(event="checkpoint-discarded", store=store.path, reason=str(exc)))
+        store.clear()
+        processor.__init__(settings, processor.n_routed, processor.n_dictionary)  # type: ignore[misc]
+        return restore(processor, settings, store)  # the store is empty now: from offset 0
+    log.info(kv(event="restored", seq=processor.seq, present=len(processor.present), terms=len(processor.published),
+                from_checkpoint=checkpoint is not None, tail_records=tail,
+                seconds=round(time.monotonic() - started, 2)))
+    return ends
+
+
+def _saved_checkpoint(store: Store, watermarks: dict[str, dict[int, tuple[int, int]]]) -> Checkpoint | None:
+    """The store's checkpoint if it can serve a restore from these logs; else None, the store cleared."""
+    record = store.checkpoint()
+    if record is None:
+        return None
+    try:
+        checkpoint = Checkpoint.from_json(record)
+        reason = unusable(checkpoint, watermarks) or (None if "seq" in checkpoint.facts else "it records no seq")
+    except (ValueError, KeyError, TypeError) as exc:
+        reason = f"unreadable checkpoint record ({exc})"
+    if reason is None:
+        return checkpoint
+    log.warning(kv(event="checkpoint-discarded", store=store.path, reason=reason))
+    store.clear()
+    return None
+
+
+def _read_tails(processor: IngestProcessor, settings: KafkaSettings, starts: dict[str, dict[int, int]],
+                ends: dict[str, dict[int, int]], checkpoint: Checkpoint | None) -> int:
+    """Apply updates.encoded then dictionary from ``starts`` to ``ends``; return the records read.  Publishes
+    the share read in ``cbgp_restore_progress_ratio`` and logs progress every few seconds."""
+    total = sum(max(ends[t][p] - starts[t][p], 0) for t in ends for p in ends[t])
+    gauge = RESTORE_PROGRESS.labels("0")  # the raw partition whose state this is
+    gauge.set(0.0 if total else 1.0)
+    done, last_log = 0, time.monotonic()
+    for topic in (processor.t_encoded, processor.t_dictionary):
+        for partition, end in sorted(ends[topic].items()):
+            start = starts[topic][partition]
+            first = checkpoint is not None and topic == processor.t_encoded
+            for msg in read_range(settings, topic, partition, start, end):
+                if topic == processor.t_encoded:
+                    seq = processor.restore_encoded(msg.value())
+                    if first and seq >= 0:
+                        first = False
+                        expected = int(checkpoint.facts["seq"])  # type: ignore[union-attr]
+                        if seq not in (expected, expected + 1):  # seq: a refresh row; seq + 1: the next change
+                            raise _ForeignTail(f"{topic}[{partition}] continues at seq {seq} after the checkpoint's "
+                                               f"position {start}, but the checkpoint ends at seq {expected}")
+                elif msg.value() is not None:
+                    processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
+                done += 1
+                if done % 2000 == 0:
+                    gauge.set(min(done / max(total, 1), 1.0))
+                    if time.monotonic() - last_log > 5:
+                        last_log = time.monotonic()
+                        log.info(kv(event="restoring", topic=topic, partition=partition, offset=msg.offset(),
+                                    end=end, records=done, ratio=round(min(done / max(total, 1), 1.0), 3)))
+    gauge.set(1.0)
+    return done
+
+
+def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, dict[int, int]]) -> Checkpoint:
+    """Write a checkpoint of ``processor``'s state reflecting the logs up to ``ends``.
+
+    Steps, in order (the order is the guarantee):
+    1. (the caller's) the transaction that produced the state's last changes is committed, and ``ends`` were
+       read after it: ingest is the only writer of updates.encoded and has no open transaction, so every change
+       in the state is below the ends and every record below them is in the state.  On the dictionary topic the
+       end may also cover terms workers published meanwhile; ingest's running state never holds those (ids are
+       stable, and publishing a term again writes the same record), so skipping them on restore loses nothing;
+    2. the triples whose presence changed, the terms published and the checkpoint record are written in one
+       atomic batch: a crash during the write leaves the previous checkpoint with the data it describes;
+    3. the changes just saved are forgotten, so the next checkpoint writes only what changes after this one.
+    """
+    checkpoint = Checkpoint(ends, {"seq": processor.seq, "present": len(processor.present),
+                                   "terms": len(processor.published)}, int(time.time() * 1000))
+    changed, new_terms = processor.changed, processor.new_terms
+    puts, deletes = presence.changes(changed, new_terms)
+    store.commit(puts, deletes, checkpoint.to_json())
+    processor.take_changes()
+    return checkpoint
+
+
+def _log_ends(watermarks: Consumer, topics: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+    """High watermarks of ``topics`` (topic -> partitions), through one consumer kept for that."""
+    return {topic: {p: watermarks.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
+            for topic, parts in topics.items()}
+
+
+def open_store(state_dir: str, settings: KafkaSettings, instance_id: str) -> Store | None:
+    """The instance's store under ``state_dir`` (None: checkpoints off, or the store cannot be opened: logged)."""
+    if not state_dir:
+        return None
+    path = Path(state_dir) / f"{settings.topic_prefix}{SERVICE}-{instance_id}"
+    try:
+        return Store(path)
+    except StoreError as exc:
+        log.warning(kv(event="checkpoints-off", reason=str(exc)))
+        return None
 
 
 def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:
@@ -376,7 +541,10 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
     2. transform them with the processor (state changes in memory only);
     3. one transaction: dictionary entries, encoded, routed and dead letters, then the raw offsets;
     4. on failure the transaction is aborted and :class:`TransactionFailed` propagates: ``run_service``
-       starts a new life, which restores the state from the committed logs, so nothing half-done survives.
+       starts a new life, which restores the state from the committed logs, so nothing half-done survives;
+    5. after a commit, at most every ``--checkpoint-interval`` seconds (and when idle or stopping), the state is
+       checkpointed to the store under ``--state-dir`` (:func:`save_checkpoint`): never before its transaction
+       committed, so a checkpoint never holds a change the logs lack.
     """
     # Partition counts come from the broker, not the flags: routing must match the topics as they exist.
     partitions = (len(end_offsets(settings, settings.topic("updates.routed"))),
@@ -386,6 +554,27 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
     group = args.group or f"{settings.topic_prefix}ingest"
     producer = make_producer(settings, transactional_id=f"{group}.{args.instance_id}")
     consumer: GroupInput | None = None
+    store = open_store(args.state_dir, settings, args.instance_id) if args.checkpoint_interval >= 0 else None
+    checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0))
+    logs = {processor.t_encoded: sorted(end_offsets(settings, processor.t_encoded)),
+            processor.t_dictionary: list(range(partitions[1]))}
+    watermarks = Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks")) if store else None
+
+    def checkpoint(ends: dict[str, dict[int, int]] | None = None) -> None:
+        nonlocal store
+        if store is None:
+            return
+        try:
+            saved = save_checkpoint(processor, store, ends or _log_ends(watermarks, logs))
+        except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
+            log.warning(kv(event="checkpoints-off", reason=str(exc)))
+            store.close()
+            store, processor.track_changes = None, False
+            processor.take_changes()
+            return
+        checkpointer.saved()
+        log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
+                    terms=saved.facts["terms"], positions=saved.describe()))
     positions: dict[int, int] = {}  # next raw offset per partition that the processor's state includes
     owned: set[int] = set()  # raw partitions assigned now
 
@@ -397,7 +586,9 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
         committed = {tp.partition: tp.offset for tp in assigned}  # GroupInput passes the committed offsets
         if any(positions.get(p) != offset for p, offset in committed.items()):
             processor = IngestProcessor(settings, *partitions)
-            restore(processor, settings)
+            ends = restore(processor, settings, store)
+            if processor.changed or processor.new_terms:
+                checkpoint(ends)  # what the tail added: the next restore need not read it again
             positions.clear()
             positions.update(committed)
         owned.clear()
@@ -414,6 +605,8 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
         while not stopper.stopping:
             msgs = [m for m in consumer.poll() if m.error() is None]
             if not msgs:
+                if checkpointer.due():
+                    checkpoint()  # idle: save what the last transactions changed
                 continue
             started = time.monotonic()
             outputs: list[Output] = []
@@ -432,22 +625,40 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
             outputs.extend(processor.flush())
             tps = [TopicPartition(raw_topic, p, o) for p, o in offsets.items()]
             commit_transaction(producer, outputs, [(tps, consumer.consumer_group_metadata())])
+            checkpointer.committed()
+            if checkpointer.due():
+                checkpoint()
             positions.update(offsets)
             updates_in.inc(len(msgs))
             updates_out.inc(len(outputs))
             latency.observe(time.monotonic() - started)
             record_consumer_lag(consumer.fetcher.consumer, consumer.fetcher.positions)
+        if checkpointer.unsaved:
+            checkpoint()  # a clean stop: every transaction committed, so the next life starts from here
     finally:
         ready[0] = False
         if consumer is not None:
             consumer.close()  # leaves the group now rather than after the session timeout
         producer.flush(5)
+        if watermarks is not None:
+            watermarks.close()
+        if store is not None:
+            store.close()
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", default=os.environ.get("CBGP_STATE_DIR", ".run/state"), metavar="DIR",
+                        help="where the state checkpoint is kept, in <prefix>ingest-<instance-id> (default "
+                             "$CBGP_STATE_DIR or .run/state; empty: no checkpoints, restores read the logs from 0)")
+    parser.add_argument("--checkpoint-interval", type=float, default=10.0, metavar="SECONDS",
+                        help="at most this often under load, checkpoint the state after a committed transaction "
+                             "(default 10; 0: after every transaction; negative: never)")
 
 
 def register(commands: argparse._SubParsersAction) -> dict:
     """Add ``cbgp ingest`` to the CLI (called by ``services.cli``, which assembles the commands)."""
     return service_command(commands, SERVICE, "parse, deduplicate, encode and route raw updates (service)", run,
-                           batch=500, batch_help="raw records per transaction")
+                           batch=500, batch_help="raw records per transaction", configure=_configure)
 
 
 def replay_outputs(processor: IngestProcessor, records: Iterable[RawRecord]) -> list[Output]:

@@ -29,7 +29,7 @@ KAFKA_SIDE = ("confluent_kafka", "faust", "aiokafka", "pyspark")
 # Modules documented as holding no Kafka code (their docstrings say so); cbgp/ as a whole is added below.
 KAFKA_FREE = ("services.worker_core", "services.release", "services.records", "services.instruments",
               "services.idempotence", "services.topology", "services.codec", "services.queries", "services.registry",
-              "services.worker_probes")
+              "services.worker_probes", "services.state")
 
 # The layers, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
@@ -37,7 +37,7 @@ LAYERS = (
     ("Kafka-free transforms, records and wire format",
      ("services.records", "services.instruments", "services.idempotence", "services.topology", "services.codec",
       "services.queries", "services.registry", "services.worker_probes", "services.worker_core",
-      "services.release")),
+      "services.release", "services.state")),
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
     ("service runtime", ("services.runtime",)),
     ("services and the Spark job", ("services.ingest", "services.worker", "services.answers", "services.registry_faust",

@@ -1,0 +1,15 @@
+"""State stores and their checkpoints (issue 16 item 1), apart from the Kafka plumbing and the services.
+
+- :mod:`services.state.store`: an on-disk key-value store (RocksDB through rocksdict) whose every write is one
+  atomic batch carrying its checkpoint record;
+- :mod:`services.state.checkpointing`: what a checkpoint records (the input positions the state reflects),
+  when one is due, and whether a saved one can serve a restore against the logs as they are now.
+
+Both are Kafka-free: a service reads positions and watermarks from the broker and hands them in as numbers,
+so the decisions are tested without a broker (the Quix Streams split: ``state/`` and ``checkpointing/``).
+"""
+
+from services.state.checkpointing import Checkpoint, Checkpointer, unusable
+from services.state.store import Store, StoreError, StoreLocked
+
+__all__ = ["Checkpoint", "Checkpointer", "unusable", "Store", "StoreError", "StoreLocked"]

@@ -1,0 +1,102 @@
+"""Checkpoints: what a saved state reflects, when to save one, and whether a saved one may serve a restore.
+
+A :class:`Checkpoint` records, per input topic and partition, the *position*: the first offset whose record the
+saved state does not include.  A restore loads the state and reads each log from its position to its end, so
+restore time follows the size of the state and the length of the tail, not the length of history; the
+records below the positions are never read again, and retention may delete them.
+
+A saved checkpoint is refused (:func:`unusable`) when it cannot describe the logs as they are now: a position
+beyond a log's end (the topic was deleted and re-created, or the store was made against another cluster), a
+topic that is gone, or a different partition count.  A *stale* one (positions below the ends: the service
+died after a transaction and before its next checkpoint) is fine: the tail is just longer.  A log that no
+longer holds the records from a position on (retention passed it) is the reader's business: it refuses to
+restore (``services.kafka.truncation``) rather than build a state with a hole in it.
+
+:class:`Checkpointer` decides when: after a committed transaction, at most every ``interval`` seconds, so under
+load a checkpoint covers what was processed at most ``interval`` seconds earlier.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+__all__ = ["Checkpoint", "Checkpointer", "unusable", "FORMAT"]
+
+FORMAT = 1  # the checkpoint record's layout; another one is refused (restore from the logs' start instead)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """``positions``: topic -> partition -> first offset not reflected in the state.  ``facts``: numbers the
+    service records with it (ingest: the last seq, the number of triples and terms), for checks and logs."""
+
+    positions: Mapping[str, Mapping[int, int]]
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    written_ms: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "written_ms": self.written_ms, "facts": dict(self.facts),
+                "positions": {topic: {str(p): int(o) for p, o in sorted(parts.items())}
+                              for topic, parts in sorted(self.positions.items())}}
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> "Checkpoint":
+        """Raises ValueError for a record of another format (or not a checkpoint at all)."""
+        if not isinstance(record, Mapping) or record.get("format") != FORMAT:
+            raise ValueError(f"not a format-{FORMAT} checkpoint record")
+        positions = {topic: {int(p): int(o) for p, o in parts.items()} for topic, parts in record["positions"].items()}
+        return cls(positions, dict(record.get("facts", {})), int(record.get("written_ms", 0)))
+
+    def describe(self) -> str:
+        """``topic[p]@offset`` for each position, for log lines."""
+        return ",".join(f"{topic}[{p}]@{o}" for topic, parts in sorted(self.positions.items())
+                        for p, o in sorted(parts.items()))
+
+
+def unusable(checkpoint: Checkpoint, watermarks: Mapping[str, Mapping[int, tuple[int, int]]]) -> str | None:
+    """Why ``checkpoint`` cannot serve a restore from the logs whose ``(low, high)`` watermarks per partition are
+    ``watermarks`` (topic -> partition -> watermarks; the topics the restore reads); None when it can.
+
+    Records deleted below a position (``low`` above it) do not make the checkpoint unusable: a checkpoint is
+    what lets a restore survive retention; records deleted *above* a position are the reader's refusal."""
+    for topic in sorted(watermarks):
+        if topic not in checkpoint.positions:
+            return f"it has no position in {topic}"
+    for topic, parts in sorted(checkpoint.positions.items()):
+        now = watermarks.get(topic)
+        if now is None:
+            return f"it has positions in {topic}, which the restore does not read (or which no longer exists)"
+        if set(parts) != set(now):
+            return f"{topic} has partitions {sorted(now)} but the checkpoint has positions in {sorted(parts)}"
+        for partition, offset in sorted(parts.items()):
+            high = now[partition][1]
+            if offset > high:
+                return (f"its position {offset} in {topic}[{partition}] is beyond the log's end {high}: the topic was "
+                        "deleted and re-created, or the state was made against another cluster")
+    return None
+
+
+class Checkpointer:
+    """When to checkpoint: :meth:`committed` after each committed transaction, :meth:`due` says whether one is
+    due now (changes are unsaved and ``interval`` seconds passed since the last), :meth:`saved` after writing one.
+    ``interval=0``: after every committed transaction."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if interval < 0:
+            raise ValueError(f"checkpoint interval must be >= 0 seconds, got {interval}")
+        self.interval = interval
+        self.clock = clock
+        self.last = clock()
+        self.unsaved = False
+
+    def committed(self) -> None:
+        self.unsaved = True
+
+    def due(self) -> bool:
+        return self.unsaved and self.clock() - self.last >= self.interval
+
+    def saved(self) -> None:
+        self.unsaved = False
+        self.last = self.clock()

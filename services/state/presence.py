@@ -1,0 +1,56 @@
+"""Ingest's state as store keys: the presence set (quads of term ids) and the published dictionary (id -> term).
+
+``q`` + four big-endian int64 (s, p, o, g) -> empty value, one key per present quad; ``t`` + int64 id -> the
+term's canonical string in UTF-8, one key per term ingest published.  Term ids are 63-bit and non-negative
+(``cbgp.terms.stable_term_id``; the default graph is 0), so the keys sort like the ids.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterable, Iterator, Mapping
+
+from services.state.store import Store
+
+__all__ = ["Quad", "load_present", "load_terms", "changes"]
+
+Quad = tuple[int, int, int, int]
+
+QUAD_PREFIX, TERM_PREFIX = b"q", b"t"
+_QUAD = struct.Struct(">qqqq")
+_QUAD_KEY = struct.Struct(">xqqqq")  # a quad key with its prefix byte skipped
+_TERM_ID = struct.Struct(">q")
+
+
+def quad_key(quad: Quad) -> bytes:
+    return QUAD_PREFIX + _QUAD.pack(*quad)
+
+
+def term_key(term_id: int) -> bytes:
+    return TERM_PREFIX + _TERM_ID.pack(term_id)
+
+
+def load_present(store: Store) -> set[Quad]:
+    """The saved presence set (one pass over the ``q`` keys; unpacked in bulk)."""
+    return set(_QUAD_KEY.iter_unpack(b"".join(store.keys(QUAD_PREFIX))))
+
+
+def load_terms(store: Store) -> Iterator[tuple[int, str]]:
+    """The saved published terms, ``(id, term)``."""
+    unpack = _TERM_ID.unpack_from
+    for key, value in store.scan(TERM_PREFIX):
+        yield unpack(key, 1)[0], value.decode("utf-8")
+
+
+def changes(changed: Mapping[Quad, bool], new_terms: Iterable[tuple[int, str]]
+            ) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
+    """``(puts, deletes)`` that bring a saved state up to date: ``changed`` maps each quad whose presence changed
+    since the last save to whether it is present now; ``new_terms`` are the terms published since."""
+    puts = [(term_key(term_id), term.encode("utf-8")) for term_id, term in new_terms]
+    deletes = []
+    for quad, present in changed.items():
+        if present:
+            puts.append((quad_key(quad), b""))
+        else:
+            deletes.append(quad_key(quad))
+    return puts, deletes

@@ -1,0 +1,165 @@
+"""Ingest's state checkpoint (issue 16 item 1), without Kafka: the store writes a checkpoint and its data in one
+batch, a checkpoint plus the tail of the logs after its positions gives exactly the state of an uninterrupted
+run, and a checkpoint that cannot belong to the logs is refused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services import codec
+from services.ingest import IngestProcessor, RawRecord, save_checkpoint
+from services.kafka import KafkaSettings
+from services.state import Checkpoint, Checkpointer, Store, unusable
+from services.state import presence
+from tests.fleet_support import generate_patch
+
+S = KafkaSettings(topic_prefix="u.")
+ENCODED, DICTIONARY = S.topic("updates.encoded"), S.topic("dictionary")
+
+
+def _records(lines: list[str], per_message: int = 25, first_offset: int = 0) -> list[RawRecord]:
+    return [RawRecord(("\n".join(lines[i:i + per_message]) + "\n").encode(), {}, S.topic("updates.raw"), 0,
+                      first_offset + i // per_message, 1000 + i) for i in range(0, len(lines), per_message)]
+
+
+class _Logs:
+    """updates.encoded and dictionary as lists: what a processor produced, in order (offset = index)."""
+
+    def __init__(self) -> None:
+        self.encoded: list[bytes] = []
+        self.dictionary: dict[int, list[bytes]] = {p: [] for p in range(4)}
+
+    def run(self, processor: IngestProcessor, records: list[RawRecord]) -> None:
+        for record in records:
+            for out in processor.accept(record) + processor.flush():
+                if out.topic == ENCODED:
+                    self.encoded.append(out.value)
+                elif out.topic == DICTIONARY:
+                    self.dictionary[out.partition].append(out.value)
+
+    def ends(self) -> dict[str, dict[int, int]]:
+        return {ENCODED: {0: len(self.encoded)}, DICTIONARY: {p: len(v) for p, v in self.dictionary.items()}}
+
+    def restore_tail(self, processor: IngestProcessor, starts: dict[str, dict[int, int]]) -> None:
+        for value in self.encoded[starts[ENCODED][0]:]:
+            processor.restore_encoded(value)
+        for partition, values in self.dictionary.items():
+            for value in values[starts[DICTIONARY][partition]:]:
+                processor.restore_dictionary(codec.decode("DictionaryEntry", value))
+
+
+def _rows(values: list[bytes]) -> list[tuple]:
+    return [(seq, sign, s, p, o, g, refresh) for value in values
+            for seq, sign, s, p, o, g, _t, refresh in codec.encoded_changes(value)]
+
+
+def _tracking() -> IngestProcessor:
+    processor = IngestProcessor(S, 4, 4)
+    processor.track_changes = True
+    return processor
+
+
+def test_a_checkpoint_plus_the_tail_restores_the_state_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    lines = generate_patch(1500, seed=3)
+    records = _records(lines)
+    cut, later = len(records) // 3, 2 * len(records) // 3
+
+    uninterrupted = IngestProcessor(S, 4, 4)
+    reference = _Logs()
+    reference.run(uninterrupted, records)
+
+    live, logs = _tracking(), _Logs()
+    with Store(tmp_path / "store") as store:
+        logs.run(live, records[:cut])
+        first = save_checkpoint(live, store, logs.ends())
+        logs.run(live, records[cut:later])
+        second = save_checkpoint(live, store, logs.ends())  # incremental: only what changed since the first
+        assert not live.changed and not live.new_terms
+        logs.run(live, records[later:later + 3])  # processed and "committed", never checkpointed: the tail
+    assert first.facts["seq"] < second.facts["seq"] < live.seq
+
+    with Store(tmp_path / "store") as store:  # a new process opens the same directory
+        saved = Checkpoint.from_json(store.checkpoint())
+        assert saved.positions == second.positions and saved.facts == second.facts
+        restored = _tracking()
+        restored.load_state(presence.load_present(store), presence.load_terms(store), saved.facts["seq"])
+    logs.restore_tail(restored, saved.positions)
+    assert restored.present == live.present and restored.seq == live.seq
+    assert restored.published == live.published and dict(restored.known) == dict(live.known)
+
+    # Both go on with the rest of the stream: the same encoded rows as the run that never stopped (no insert of
+    # a present triple numbered again, deletes of absent triples still dropped, refreshes where they were).
+    logs.run(restored, records[later + 3:])
+    assert _rows(logs.encoded) == _rows(reference.encoded)
+    assert restored.present == uninterrupted.present and restored.seq == uninterrupted.seq
+    assert sum(len(v) for v in logs.dictionary.values()) == sum(len(v) for v in reference.dictionary.values())
+
+
+def test_a_stale_checkpoint_and_a_tail_read_twice_give_the_same_state(tmp_path: Path) -> None:
+    records = _records(generate_patch(600, seed=11))
+    live, logs = _tracking(), _Logs()
+    with Store(tmp_path / "store") as store:
+        logs.run(live, records[:8])
+        checkpoint = save_checkpoint(live, store, logs.ends())
+        logs.run(live, records[8:])
+        restored = IngestProcessor(S, 4, 4)
+        restored.load_state(presence.load_present(store), presence.load_terms(store), checkpoint.facts["seq"])
+    # A position below the true one (the records 2.. re-read): re-applying what the state holds changes nothing.
+    early = {ENCODED: {0: max(checkpoint.positions[ENCODED][0] - 2, 0)}, DICTIONARY: {p: 0 for p in range(4)}}
+    logs.restore_tail(restored, early)
+    assert restored.present == live.present and restored.seq == live.seq and restored.published == live.published
+
+
+def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint_and_its_data(tmp_path: Path) -> None:
+    with Store(tmp_path / "s") as store:
+        store.commit([(b"q1", b""), (b"q2", b"")], [], {"n": 1})
+
+        def broken():  # the process fails half-way through building the batch
+            yield b"q3", b""
+            raise OSError("disk gone")
+
+        with pytest.raises(OSError):
+            store.commit(broken(), [b"q1"], {"n": 2})
+        assert store.checkpoint() == {"n": 1}
+        assert list(store.keys(b"q")) == [b"q1", b"q2"]
+        store.commit([(b"q3", b"")], [b"q1"], {"n": 3})
+    with Store(tmp_path / "s") as store:
+        assert store.checkpoint() == {"n": 3} and list(store.keys(b"q")) == [b"q2", b"q3"]
+        store.clear()
+        assert store.checkpoint() is None and list(store.keys(b"q")) == []
+
+
+def test_a_checkpoint_serves_stale_and_truncated_logs_but_not_logs_it_cannot_belong_to() -> None:
+    checkpoint = Checkpoint({"e": {0: 10}, "d": {0: 4, 1: 7}}, {"seq": 9})
+    assert Checkpoint.from_json(checkpoint.to_json()) == checkpoint
+    assert unusable(checkpoint, {"e": {0: (0, 10)}, "d": {0: (0, 4), 1: (0, 7)}}) is None  # exactly at the ends
+    assert unusable(checkpoint, {"e": {0: (10, 25)}, "d": {0: (0, 9), 1: (0, 7)}}) is None  # stale, deleted below
+    future = unusable(checkpoint, {"e": {0: (0, 3)}, "d": {0: (0, 4), 1: (0, 7)}})  # re-created topic
+    assert future is not None and "beyond the log's end 3" in future and "e[0]" in future
+    assert "partitions" in unusable(checkpoint, {"e": {0: (0, 10)}, "d": {0: (0, 4)}})
+    assert "no position in x" in unusable(checkpoint, {"e": {0: (0, 10)}, "d": {0: (0, 4), 1: (0, 7)}, "x": {0: (0, 0)}})
+    assert "which the restore does not read" in unusable(checkpoint, {"e": {0: (0, 10)}})
+    with pytest.raises(ValueError):
+        Checkpoint.from_json({"format": 99, "positions": {}})
+
+
+def test_checkpoints_are_due_after_a_commit_at_most_every_interval() -> None:
+    now = [100.0]
+    checkpointer = Checkpointer(10, clock=lambda: now[0])
+    assert not checkpointer.due()  # nothing committed
+    checkpointer.committed()
+    assert not checkpointer.due()  # committed, but the last checkpoint is 0 s old
+    now[0] += 10
+    assert checkpointer.due()
+    checkpointer.saved()
+    checkpointer.committed()
+    now[0] += 9.9
+    assert not checkpointer.due()
+    every = Checkpointer(0, clock=lambda: now[0])
+    every.committed()
+    assert every.due()
+    with pytest.raises(ValueError):
+        Checkpointer(-1)
