@@ -35,6 +35,8 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Callable, NamedTuple
 
 from cbgp.plan import OBJECT_END, SUBJECT_END, ComponentPart, Plan, probe_join_plan, stored_ends
 from cbgp.sparql import is_var
@@ -120,9 +122,10 @@ def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> Comp
     return ComponentProgram(name, len(variables), tuple(specs), plans, projection, columns, variables)
 
 
-@dataclass(frozen=True)
-class Probe:
-    """A partial binding of update ``seq`` on its way to partition ``dest``, to continue at ``step``."""
+class Probe(NamedTuple):
+    """A partial binding of update ``seq`` on its way to partition ``dest``, to continue at ``step``.  (Named
+    tuples: a probe, an ack and a delta are made per binding, and a frozen dataclass costs several times more
+    to build.)"""
 
     dest: int
     query: str
@@ -137,10 +140,9 @@ class Probe:
     born_ms: int = 0  # when the update entered the system (ms; 0: unknown): its answers' latency starts there
 
 
-@dataclass(frozen=True)
-class Ack:
+class Ack(NamedTuple):
     """To ``dest`` (the origin): a probe of (``query``, ``seq``, ``snapshot``) was answered with ``delta + 1``
-    remote children."""
+    remote children.  An answer with exactly one child changes no count: no ack is made for it."""
 
     dest: int
     query: str
@@ -149,8 +151,7 @@ class Ack:
     snapshot: bool = False
 
 
-@dataclass(frozen=True)
-class Delta:
+class Delta(NamedTuple):
     query: str
     seq: int
     sign: int
@@ -230,7 +231,21 @@ class _PatternStore:
         return sum(len(bucket) for bucket in self.table.values())
 
 
+def _projector(projection: tuple[int, ...]) -> Callable[[list[int]], Row]:
+    """The emitted row of a binding (a tuple whatever the number of projected variables)."""
+    if len(projection) == 1:
+        (only,) = projection
+        return lambda binding: (binding[only],)
+    if not projection:
+        return lambda _binding: ()
+    return lambda binding, get=itemgetter(*projection): get(binding)
+
+
 class _QueryState:
+    """A query's stores at one partition, and its join plans compiled against them: a step of ``routes[j]``
+    is ``(pattern, binds, at_var, end, store, checks, s_var, o_var, s_const, o_const)``, with ``checks`` (a
+    check step: every stored end, any of which may be read where the probe is) as ``(var, end, store)``."""
+
     def __init__(self, program: ComponentProgram, roots_after: int) -> None:
         self.program = program
         self.roots_after = roots_after  # updates up to this seq start no probes: the snapshot covers them
@@ -242,6 +257,33 @@ class _QueryState:
         for i, spec in enumerate(program.patterns):
             by_predicate.setdefault(spec.predicate, []).append(i)
         self.by_predicate = by_predicate
+        self.project = _projector(program.projection)
+        self.routes: list[tuple[tuple, ...]] = []
+        for steps in program.plans:
+            route = []
+            for step in steps:
+                spec = program.patterns[step.pattern]
+                checks = ()
+                if step.binds < 0:
+                    checks = tuple((spec.subject_var if end == SUBJECT_END else spec.object_var, end,
+                                    self.stores[step.pattern][end]) for end in spec.ends())
+                route.append((step.pattern, step.binds, step.at, step.end, self.stores[step.pattern][step.end],
+                              checks, spec.subject_var, spec.object_var, spec.subject_const, spec.object_const))
+            self.routes.append(tuple(route))
+        # apply()'s work per predicate: (pattern, spec, subject-end store, object-end store, start role)
+        self.hits: dict[int, tuple[tuple, ...]] = {
+            p: tuple((i, program.patterns[i], self.stores[i].get(SUBJECT_END), self.stores[i].get(OBJECT_END),
+                      ROLE_SUBJECT if program.start_end(i) == SUBJECT_END else ROLE_OBJECT) for i in hits)
+            for p, hits in by_predicate.items()}
+
+    def overlay(self, triple: tuple[int, int, int, int]) -> int:
+        """The patterns an update's triple matches, as bits (the delta rule's view of the update itself)."""
+        s, p, o, g = triple
+        mask = 0
+        for i in self.by_predicate.get(p, ()):
+            if self.program.patterns[i].matches(s, p, o, g):
+                mask |= 1 << i
+        return mask
 
 
 class _LiveCounts:
@@ -379,60 +421,68 @@ class PartitionEvaluator:
     # -- input
 
     def apply(self, seq: int, sign: int, s: int, p: int, o: int, g: int, role: int,
-              only: str | None = None, born_ms: int = 0) -> Outputs:
+              only: str | None = None, born_ms: int = 0, out: Outputs | None = None) -> Outputs:
         """One change of this partition's routed log (``role``: which ends were routed here).  Store it, then
-        start the probes of the patterns whose start end is here."""
-        out = Outputs()
+        start the probes of the patterns whose start end is here.  ``out``: add to it (and return it)."""
+        if out is None:
+            out = Outputs()
         if only is None:
-            self.last_seq = max(self.last_seq, seq)
-        for name, state in self.queries.items() if only is None else ((only, self.queries[only]),):
-            hits = state.by_predicate.get(p)
-            if not hits:
+            if seq > self.last_seq:
+                self.last_seq = seq
+            queries = self.queries.items()
+        else:
+            queries = ((only, self.queries[only]),)
+        for name, state in queries:
+            hits = state.hits.get(p)
+            if hits is None:
                 continue
-            program = state.program
-            started = []
-            for i in hits:
-                spec = program.patterns[i]
-                if not spec.matches(s, p, o, g):
+            started = None
+            for hit in hits:
+                i, spec, subject_store, object_store, start_role = hit
+                if g != spec.graph or not spec.matches(s, p, o, g):
                     continue
-                for end, store in state.stores[i].items():
-                    if role & (ROLE_SUBJECT if end == SUBJECT_END else ROLE_OBJECT):
-                        if end == SUBJECT_END:
-                            store.flip(s, o, seq)
-                        else:
-                            store.flip(o, s, seq)
-                if seq > state.roots_after and role & (ROLE_SUBJECT if program.start_end(i) == SUBJECT_END
-                                                       else ROLE_OBJECT):
-                    started.append(i)
-            for j in started:
-                spec = program.patterns[j]
-                binding = [0] * program.n_vars
+                if subject_store is not None and role & ROLE_SUBJECT:
+                    subject_store.flip(s, o, seq)
+                if object_store is not None and role & ROLE_OBJECT:
+                    object_store.flip(o, s, seq)
+                if role & start_role and seq > state.roots_after:
+                    if started is None:
+                        started = [hit]
+                    else:
+                        started.append(hit)
+            if started is None:
+                continue
+            triple = (s, p, o, g)
+            snapshot = seq <= state.registration_upto
+            for j, spec, _s, _o, _r in started:
+                binding = [0] * state.program.n_vars
                 if spec.subject_var >= 0:
                     binding[spec.subject_var] = s
                 if spec.object_var >= 0:
                     binding[spec.object_var] = o
-                probe = Probe(self.partition, name, seq, sign, (s, p, o, g), j, 0, tuple(binding), self.partition,
-                              seq <= state.registration_upto, born_ms)
-                self._continue(probe, out, origin_here=True)
+                probe = Probe(self.partition, name, seq, sign, triple, j, 0, (), self.partition, snapshot, born_ms)
+                self._continue(probe, out, True, binding)
         return out
 
-    def advance(self, frontier: int) -> Outputs:
+    def advance(self, frontier: int, out: Outputs | None = None) -> Outputs:
         """Every change up to ``frontier`` routed here has been applied (ingest's frontier mark, or the log
         position): answer the probes that were waiting for it."""
-        out = Outputs()
+        if out is None:
+            out = Outputs()
         if frontier <= self.applied:
             return out
         self.applied = frontier
         held = self.held
         while held and held[0][0] - 1 <= frontier:
-            self._answer(heapq.heappop(held)[2], out)
+            self._continue(heapq.heappop(held)[2], out, False)
         return out
 
-    def on_probe(self, probe: Probe, known: bool = True) -> Outputs:
+    def on_probe(self, probe: Probe, known: bool = True, out: Outputs | None = None) -> Outputs:
         """A probe from another partition.  ``known=False``: its query is not registered here yet (this
         partition has not read the registration): it waits for :meth:`release_waiting`; a caller that knows
         the query was unregistered passes ``known=True`` after :meth:`unregister`, and the probe dies."""
-        out = Outputs()
+        if out is None:
+            out = Outputs()
         self.probes_received += 1
         if probe.query not in self.queries:
             if known:
@@ -448,7 +498,7 @@ class PartitionEvaluator:
             self._arrivals += 1
             heapq.heappush(self.held, (probe.seq, self._arrivals, probe))
             return
-        self._answer(probe, out)
+        self._continue(probe, out, False)
 
     def on_ack(self, ack: Ack) -> None:
         if ack.query not in self.queries:
@@ -485,20 +535,20 @@ class PartitionEvaluator:
 
     # -- probes
 
-    def _answer(self, probe: Probe, out: Outputs) -> None:
-        self._continue(probe, out, origin_here=False)
-
-    def _continue(self, probe: Probe, out: Outputs, origin_here: bool) -> None:
-        """Run ``probe`` from its step here; count the remote children it makes and report them."""
-        before = len(out.probes)
+    def _continue(self, probe: Probe, out: Outputs, origin_here: bool, binding: list[int] | None = None) -> None:
+        """Run ``probe`` from its step here (``binding``: its binding as a list, when the caller made one);
+        count the remote children it makes and report them."""
+        probes = out.probes
+        before = len(probes)
         state = self.queries[probe.query]
-        self._walk(state, probe, list(probe.binding), probe.step, out)
-        children = len(out.probes) - before
+        self._walk(state, probe, list(probe.binding) if binding is None else binding, probe.step, out,
+                   state.routes[probe.pattern], state.overlay(probe.triple) if probe.triple[1] else 0)
+        children = len(probes) - before
         self.probes_sent += children
         if origin_here:
             if children:
                 self.live.add((probe.query, probe.seq, probe.snapshot), children)
-        else:
+        elif children != 1:  # one child: the count at the origin is unchanged
             self._finish(probe, children, out)
 
     def _finish(self, probe: Probe, children: int, out: Outputs) -> None:
@@ -508,62 +558,67 @@ class PartitionEvaluator:
         else:
             out.acks.append(ack)
 
-    def _walk(self, state: _QueryState, probe: Probe, binding: list[int], step_no: int, out: Outputs) -> None:
-        program = state.program
-        steps = program.plans[probe.pattern]
+    def _walk(self, state: _QueryState, probe: Probe, binding: list[int], step_no: int, out: Outputs,
+              route: tuple[tuple, ...], overlay: int) -> None:
+        """Match ``route`` from ``step_no`` on for ``binding``: where a step's value lives on another partition,
+        the binding goes there as a probe; every complete binding is a delta."""
+        here = self.partition
+        partitions = self.partitions
         as_of = probe.seq - 1
-        s_t, p_t, o_t, g_t = probe.triple
         j = probe.pattern
-        while step_no < len(steps):
-            step = steps[step_no]
-            spec = program.patterns[step.pattern]
-            store_end = step.end
-            if step.binds < 0:
+        while step_no < len(route):
+            i, binds, at_var, end, store, checks, s_var, o_var, s_const, o_const = route[step_no]
+            if checks:
                 # A check: any stored end whose value hashes here will do; else go to the planned one.
-                for end in spec.ends():
-                    var = spec.subject_var if end == SUBJECT_END else spec.object_var
-                    if partition_of(binding[var], self.partitions) == self.partition:
-                        store_end = end
+                for var, check_end, check_store in checks:
+                    if binding[var] % partitions == here:
+                        at_var, end, store = var, check_end, check_store
                         break
-            at_var = spec.subject_var if store_end == SUBJECT_END else spec.object_var
             key = binding[at_var]
-            dest = partition_of(key, self.partitions)
-            if dest != self.partition:
+            dest = key % partitions
+            if dest != here:
                 out.probes.append(Probe(dest, probe.query, probe.seq, probe.sign, probe.triple, j, step_no,
                                         tuple(binding), probe.origin, probe.snapshot, probe.born_ms))
                 return
-            i = step.pattern
             # The delta rule's view of update k's own triple: absent for patterns before j, present after.
-            overlay = spec.matches(s_t, p_t, o_t, g_t)
-            store = state.stores[i][store_end]
-            if step.binds < 0:
-                s_val = binding[spec.subject_var] if spec.subject_var >= 0 else spec.subject_const
-                o_val = binding[spec.object_var] if spec.object_var >= 0 else spec.object_const
-                if overlay and (s_val, o_val) == (s_t, o_t):
+            own = overlay >> i & 1
+            if binds < 0:
+                s_val = binding[s_var] if s_var >= 0 else s_const
+                o_val = binding[o_var] if o_var >= 0 else o_const
+                if own and s_val == probe.triple[0] and o_val == probe.triple[2]:
                     present = i > j
                 else:
-                    other = o_val if store_end == SUBJECT_END else s_val
-                    present = store.present(key, other, as_of)
+                    present = store.present(key, o_val if end == SUBJECT_END else s_val, as_of)
                 if not present:
                     return
                 step_no += 1
                 continue
             values = store.values(key, as_of)
-            if overlay:
-                own_key, own_other = (s_t, o_t) if store_end == SUBJECT_END else (o_t, s_t)
+            if own:
+                s_t, _p, o_t, _g = probe.triple
+                own_key, own_other = (s_t, o_t) if end == SUBJECT_END else (o_t, s_t)
                 if own_key == key:
                     if i > j:
                         if own_other not in values:
                             values.append(own_other)
                     elif own_other in values:
                         values.remove(own_other)
-            for value in values:
-                binding[step.binds] = value
-                self._walk(state, probe, binding, step_no + 1, out)
-            binding[step.binds] = 0
+            step_no += 1
+            if step_no == len(route):  # the last step: every value is a delta
+                deltas = out.deltas
+                project = state.project
+                for value in values:
+                    binding[binds] = value
+                    deltas.append(Delta(probe.query, probe.seq, probe.sign, project(binding), probe.snapshot,
+                                        probe.born_ms))
+            else:
+                for value in values:
+                    binding[binds] = value
+                    self._walk(state, probe, binding, step_no, out, route, overlay)
+            binding[binds] = 0
             return
-        row = tuple(binding[v] for v in program.projection)
-        out.deltas.append(Delta(probe.query, probe.seq, probe.sign, row, probe.snapshot, probe.born_ms))
+        out.deltas.append(Delta(probe.query, probe.seq, probe.sign, state.project(binding), probe.snapshot,
+                                probe.born_ms))
 
 
 __all__ = ["Ack", "ComponentProgram", "Delta", "Outputs", "PartitionEvaluator", "Probe",
