@@ -1,0 +1,133 @@
+"""Restore time after short and long histories over the same final state (issue 16): ingest only, so far.
+
+Ingest's state (presence set, seq, published terms) is restored on the embedded broker after a history of
+20,000 and of 200,000 updates that end in the same graph: the first distinct LSBench triples are inserted (the
+final state), then the rest of the history deletes and re-inserts them (churn that leaves the graph and the
+dictionary as they were).  Each history is written to fresh topics as ingest writes it (the Kafka-free
+``IngestProcessor`` over raw records of 1,000 lines, its updates.encoded and dictionary outputs produced), and
+its checkpoint is saved where a running ingest would have made its last one: before the last 2,000 updates
+(the same tail for both histories).  Then the restore (``services.ingest.restore``: open the store, load the
+checkpoint, read the logs from its positions, or everything from offset 0 without one) is timed, median of
+three runs, and checked against the processor's final state.
+
+One line per case, then one JSON line in issue 16's format; only its "ingest" part is measured here (the
+checkpoint restore; "ingest_from_offset_0" is the same without a checkpoint), "worker" and "answers" are null:
+
+    .venv/bin/python bench/restore_bench.py [--data DIR] [--state-triples N] [--tail N] [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lsbench import DEFAULT_DATA, build_updates, load_or_generate  # noqa: E402
+
+from services.ingest import IngestProcessor, RawRecord, restore, save_checkpoint  # noqa: E402
+from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics, make_producer  # noqa: E402
+from services.state import Store  # noqa: E402
+
+HISTORIES = (20_000, 200_000)
+LINES_PER_RECORD = 1000
+
+
+def history(final: list[str], length: int) -> list[str]:
+    """RDF Patch lines: insert every triple of ``final``, then delete and re-insert them in turn up to ``length``
+    updates (the graph, and so the dictionary, end as after the inserts)."""
+    lines = [f"A {t} ." for t in final]
+    i = 0
+    while len(lines) + 2 <= length:
+        triple = final[i % len(final)]
+        lines += [f"D {triple} .", f"A {triple} ."]
+        i += 1
+    return lines
+
+
+def write_history(settings: KafkaSettings, lines: list[str], tail: int, store: Store) -> IngestProcessor:
+    """Run ``lines`` through an ingest processor, produce its encoded and dictionary records, and checkpoint its
+    state into ``store`` before the last ``tail`` updates; returns the processor (the state to restore)."""
+    processor = IngestProcessor(settings, settings.partitions, settings.partitions)
+    processor.track_changes = True
+    wanted = {processor.t_encoded, processor.t_dictionary}
+    counts: dict[str, dict[int, int]] = {processor.t_encoded: {0: 0},
+                                         processor.t_dictionary: {p: 0 for p in range(settings.partitions)}}
+    producer = make_producer(settings, linger_ms=20)
+    cut = len(lines) - tail
+    for start in range(0, len(lines), LINES_PER_RECORD):
+        if start == cut - cut % LINES_PER_RECORD:
+            assert producer.flush(60) == 0
+            save_checkpoint(processor, store, {t: dict(parts) for t, parts in counts.items()})
+        text = ("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode()
+        raw = RawRecord(text, {}, settings.topic("updates.raw"), 0, start // LINES_PER_RECORD, 1_700_000_000_000)
+        for out in processor.process(raw):
+            if out.topic in wanted:
+                producer.produce(out.topic, out.value, out.key, partition=out.partition)
+                counts[out.topic][out.partition or 0] += 1
+                producer.poll(0)
+    assert producer.flush(60) == 0
+    return processor
+
+
+def timed_restore(settings: KafkaSettings, store_path: Path | None, expected: IngestProcessor) -> float:
+    started = time.perf_counter()
+    store = Store(store_path) if store_path is not None else None
+    try:
+        processor = IngestProcessor(settings, settings.partitions, settings.partitions)
+        restore(processor, settings, store)
+    finally:
+        if store is not None:
+            store.close()
+    seconds = time.perf_counter() - started
+    assert processor.present == expected.present and processor.seq == expected.seq, "restored state differs"
+    assert processor.published == expected.published, "restored terms differ"
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LSBench files (default: the shared "
+                        "lsbench-1000; the generator stands in when absent)")
+    parser.add_argument("--state-triples", type=int, default=15_000, help="triples in the final state (default 15000)")
+    parser.add_argument("--tail", type=int, default=2_000, help="updates after the checkpoint (default 2000)")
+    parser.add_argument("--runs", type=int, default=3, help="restores timed per case; the median is reported")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    stream = build_updates(load_or_generate(args.data))
+    final = [f"{s} {p} {o}" for sign, s, p, o in stream.updates if sign > 0][:args.state_triples]
+    results: dict[str, dict[str, dict[str, float]]] = {"checkpoint": {}, "offset0": {}}
+    entries_per_s = 0.0
+    with tempfile.TemporaryDirectory(prefix="restore-bench-") as tmp, EmbeddedBroker(Path(tmp) / "broker") as broker:
+        for length in HISTORIES:
+            settings = broker.settings(topic_prefix=f"rb{uuid.uuid4().hex[:8]}.", partitions=4)
+            ensure_topics(settings)
+            store_path = Path(tmp) / f"state-{length}"
+            with Store(store_path) as store:
+                expected = write_history(settings, history(final, length), args.tail, store)
+            entries = len(expected.present) + len(expected.published)
+            for case, path in (("checkpoint", store_path), ("offset0", None)):
+                seconds = statistics.median(timed_restore(settings, path, expected) for _ in range(args.runs))
+                results[case][str(length)] = round(seconds, 3)
+                if case == "checkpoint" and length == HISTORIES[-1]:
+                    entries_per_s = entries / seconds
+                print(f"ingest history={length} restore={'checkpoint+tail' if path else 'offset 0'} "
+                      f"seconds={seconds:.3f} state_triples={len(expected.present)} terms={len(expected.published)} "
+                      f"seq={expected.seq} tail_updates={args.tail if path else length} source={stream.source}",
+                      flush=True)
+    print(json.dumps({"worker": None, "ingest": results["checkpoint"], "answers": None,
+                      "restore_entries_per_s": round(entries_per_s), "ingest_from_offset_0": results["offset0"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
