@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
-from cbgp.plan import OBJECT_END, SUBJECT_END, ComponentPart, Plan, probe_join_plan, stored_ends
+from cbgp.plan import OBJECT_END, SUBJECT_END, ComponentPart, Plan, Step, probe_join_plan, stored_ends
 from cbgp.sparql import is_var
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
@@ -89,10 +89,11 @@ class ComponentProgram:
     projection: tuple[int, ...]  # local variables of the emitted row, in the query's projected order
     columns: tuple[str, ...]
     variables: tuple[str, ...]
+    starts: tuple[int, ...] = ()  # per pattern j: the end whose partition starts its probes (see probe_route)
 
     def start_end(self, j: int) -> int:
-        """Which end of pattern ``j``'s triple starts its probes: the subject's partition if it is a variable."""
-        return self.patterns[j].ends()[0]
+        """Which end of pattern ``j``'s triple starts its probes (its triple is routed to both)."""
+        return self.starts[j] if self.starts else self.patterns[j].ends()[0]
 
 
 def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> ComponentProgram:
@@ -116,10 +117,73 @@ def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> Comp
             subject_const=-1 if is_var(t.s) else dictionary.encode(t.s),
             object_const=-1 if is_var(t.o) else dictionary.encode(t.o)))
     pairs = [(spec.subject_var, spec.object_var) for spec in specs]
-    plans = tuple(probe_join_plan(pairs, j) for j in range(len(specs)))
+    routes = [probe_route(pairs, j) for j in range(len(specs))]
     columns = tuple(v for v in query.projected if "?" + v in local)
     projection = tuple(local["?" + v] for v in columns)
-    return ComponentProgram(name, len(variables), tuple(specs), plans, projection, columns, variables)
+    return ComponentProgram(name, len(variables), tuple(specs), tuple(steps for _start, steps in routes),
+                            projection, columns, variables, tuple(start for start, _steps in routes))
+
+
+# The route model (no statistics: the same route on every partition, from the query alone): a lookup from a
+# subject finds FAN_OUT objects on average, one from an object FAN_IN subjects (an attribute or a type has one
+# value per subject but many subjects per value), a check keeps CHECK_KEEPS of the bindings.
+FAN_OUT, FAN_IN, CHECK_KEEPS = 2.0, 8.0, 0.5
+MAX_SEARCHED = 6  # components of more patterns keep probe_join_plan's route (the search grows as n!)
+
+
+def probe_route(pairs: list[tuple[int, int]], j: int) -> tuple[int, tuple[Step, ...]]:
+    """Where an update to pattern ``j`` starts (its triple is routed to the partitions of both its ends) and
+    the order in which it matches the others (``pairs``: each pattern's subject and object variable numbers,
+    -1 for a constant): of every start end and order, the one sending the fewest probes by the route model
+    (a hop costs the bindings that travel), then doing the fewest lookups; probe_join_plan's route (from the
+    subject end) when the model finds nothing cheaper.  On a 3-hop path ``?a knows ?b . ?b like ?post .
+    ?post browser ?x``, an update of the middle pattern then starts at ``?post`` (one browser, then one hop
+    to ``?b``) instead of at ``?b`` (every friend of ``?b`` hopping to ``?post``)."""
+    def var_at(i: int, end: int) -> int:
+        return pairs[i][0] if end == SUBJECT_END else pairs[i][1]
+
+    def cost(start: int, steps: tuple[Step, ...]) -> tuple[float, float]:
+        here, bindings, hops, work = var_at(j, start), 1.0, 0.0, 0.0
+        for step in steps:
+            # (a check is made where the probe is when one of its ends' values lives there)
+            if step.binds >= 0 or here not in pairs[step.pattern]:
+                if step.at != here:
+                    hops += bindings
+                here = step.at
+            work += bindings
+            if step.binds >= 0:
+                bindings *= FAN_OUT if step.end == SUBJECT_END else FAN_IN
+            else:
+                bindings *= CHECK_KEEPS
+        return hops, work
+
+    default = (stored_ends(*pairs[j])[0], probe_join_plan(pairs, j))
+    if len(pairs) > MAX_SEARCHED:
+        return default
+    best = [cost(*default), default]
+
+    def search(start: int, bound: set[int], remaining: list[int], steps: list[Step]) -> None:
+        if not remaining:
+            found = cost(start, tuple(steps))
+            if found < best[0]:
+                best[0], best[1] = found, (start, tuple(steps))
+            return
+        if cost(start, tuple(steps)) >= best[0]:
+            return  # costs only grow along a route
+        for i in remaining:
+            check = all(v in bound for v in pairs[i] if v >= 0)
+            for end in stored_ends(*pairs[i]):
+                at = var_at(i, end)
+                if at not in bound:
+                    continue
+                binds = -1 if check else var_at(i, OBJECT_END if end == SUBJECT_END else SUBJECT_END)
+                steps.append(Step(i, at, end, binds))
+                search(start, bound | {binds} if binds >= 0 else bound, [r for r in remaining if r != i], steps)
+                steps.pop()
+
+    for start in stored_ends(*pairs[j]):
+        search(start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [])
+    return best[1]
 
 
 class Probe(NamedTuple):
