@@ -25,11 +25,10 @@ import argparse
 import logging
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Counter
 
 from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
@@ -41,9 +40,7 @@ from services.metrics import PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT, record
 from services.records import dead_letter, routes
 from services.runtime import (ORIGIN_HEADER, GroupInput, Output, Stopper, commit_transaction, kv, read_range,
                               service_command)
-from services.instruments import RESTORE_PROGRESS
-from services.state import Checkpoint, Checkpointer, Store, StoreError, unusable
-from services.state import presence
+from services.state import Checkpoint, Checkpointer, Store, StoreError, presence, recovery
 
 log = logging.getLogger("cbgp.ingest")
 
@@ -399,10 +396,6 @@ def _position_problem(s: str, p: str, o: str, g: str | None) -> str | None:
 # ---------------------------------------------------------------------------------------- Kafka loop
 
 
-class _ForeignTail(Exception):
-    """The log after a checkpoint's position does not continue its seqs: it was not made from these logs."""
-
-
 def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | None = None) -> dict[str, dict[int, int]]:
     """Rebuild the state: from the checkpoint in ``store`` when it can serve (:func:`services.state.unusable`)
     plus the tails of updates.encoded and dictionary after its positions, else from offset 0 of both logs.
@@ -411,14 +404,13 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
     The logs are read from where the state needs them, never from their low watermarks: ``read_range`` refuses a
     log whose needed records were deleted (:class:`LogTruncated`), so with a checkpoint retention may delete what
     lies below its positions, and without one nothing may be deleted.  A checkpoint that cannot belong to these
-    logs (beyond their ends, other topics, or a tail whose seqs do not continue it) is discarded with one log
-    line and the restore starts again from offset 0.
+    logs (beyond their ends, other topics, or a tail whose first seq does not follow it) is discarded with one
+    log line and the restore starts again from offset 0 (:mod:`services.state.recovery`).
     """
     started = time.monotonic()
-    topics = (processor.t_encoded, processor.t_dictionary)
-    watermarks = {topic: end_offsets(settings, topic) for topic in topics}
+    watermarks = {topic: end_offsets(settings, topic) for topic in (processor.t_encoded, processor.t_dictionary)}
     ends = {topic: {p: high for p, (_low, high) in parts.items()} for topic, parts in watermarks.items()}
-    checkpoint = _saved_checkpoint(store, watermarks) if store is not None else None
+    checkpoint = recovery.saved_checkpoint(store, watermarks, ("seq",)) if store is not None else None
     processor.track_changes = store is not None
     if checkpoint is not None:
         processor.load_state(presence.load_present(store), presence.load_terms(store), int(checkpoint.facts["seq"]))
@@ -428,68 +420,30 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
         starts = checkpoint.positions
     else:
         starts = {topic: {p: 0 for p in parts} for topic, parts in ends.items()}
+    follows = [checkpoint is not None]  # the first encoded change read must follow the checkpoint's seq
+
+    def apply(topic: str, partition: int, msg: Message) -> None:
+        if topic == processor.t_encoded:
+            saved_seq = processor.seq
+            seq = processor.restore_encoded(msg.value())
+            if follows[0] and seq >= 0:
+                follows[0] = False
+                if seq not in (saved_seq, saved_seq + 1):  # saved_seq: a refresh row; + 1: the next change
+                    raise recovery.ForeignLog(f"{topic}[{partition}] has seq {seq} at offset {msg.offset()}, the first "
+                                              f"record after the checkpoint, which ends at seq {saved_seq}")
+        elif msg.value() is not None:
+            processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
+
     try:
-        tail = _read_tails(processor, settings, starts, ends, checkpoint)
-    except _ForeignTail as exc:
-        log.warning(kv(event="checkpoint-discarded", store=store.path, reason=str(exc)))
-        store.clear()
+        tail = recovery.read_tails(settings, starts, ends, apply, label="0")  # the raw partition whose state it is
+    except recovery.ForeignLog as exc:
+        recovery.discard(store, str(exc))  # type: ignore[arg-type]
         processor.__init__(settings, processor.n_routed, processor.n_dictionary)  # type: ignore[misc]
         return restore(processor, settings, store)  # the store is empty now: from offset 0
     log.info(kv(event="restored", seq=processor.seq, present=len(processor.present), terms=len(processor.published),
                 from_checkpoint=checkpoint is not None, tail_records=tail,
                 seconds=round(time.monotonic() - started, 2)))
     return ends
-
-
-def _saved_checkpoint(store: Store, watermarks: dict[str, dict[int, tuple[int, int]]]) -> Checkpoint | None:
-    """The store's checkpoint if it can serve a restore from these logs; else None, the store cleared."""
-    record = store.checkpoint()
-    if record is None:
-        return None
-    try:
-        checkpoint = Checkpoint.from_json(record)
-        reason = unusable(checkpoint, watermarks) or (None if "seq" in checkpoint.facts else "it records no seq")
-    except (ValueError, KeyError, TypeError) as exc:
-        reason = f"unreadable checkpoint record ({exc})"
-    if reason is None:
-        return checkpoint
-    log.warning(kv(event="checkpoint-discarded", store=store.path, reason=reason))
-    store.clear()
-    return None
-
-
-def _read_tails(processor: IngestProcessor, settings: KafkaSettings, starts: dict[str, dict[int, int]],
-                ends: dict[str, dict[int, int]], checkpoint: Checkpoint | None) -> int:
-    """Apply updates.encoded then dictionary from ``starts`` to ``ends``; return the records read.  Publishes
-    the share read in ``cbgp_restore_progress_ratio`` and logs progress every few seconds."""
-    total = sum(max(ends[t][p] - starts[t][p], 0) for t in ends for p in ends[t])
-    gauge = RESTORE_PROGRESS.labels("0")  # the raw partition whose state this is
-    gauge.set(0.0 if total else 1.0)
-    done, last_log = 0, time.monotonic()
-    for topic in (processor.t_encoded, processor.t_dictionary):
-        for partition, end in sorted(ends[topic].items()):
-            start = starts[topic][partition]
-            first = checkpoint is not None and topic == processor.t_encoded
-            for msg in read_range(settings, topic, partition, start, end):
-                if topic == processor.t_encoded:
-                    seq = processor.restore_encoded(msg.value())
-                    if first and seq >= 0:
-                        first = False
-                        expected = int(checkpoint.facts["seq"])  # type: ignore[union-attr]
-                        if seq not in (expected, expected + 1):  # seq: a refresh row; seq + 1: the next change
-                            raise _ForeignTail(f"{topic}[{partition}] continues at seq {seq} after the checkpoint's "
-                                               f"position {start}, but the checkpoint ends at seq {expected}")
-                elif msg.value() is not None:
-                    processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
-                done += 1
-                if done % 2000 == 0:
-                    gauge.set(min(done / max(total, 1), 1.0))
-                    if time.monotonic() - last_log > 5:
-                        last_log = time.monotonic()
-                        log.info(kv(event="restoring", topic=topic, partition=partition, offset=msg.offset(),
-                                    end=end, records=done, ratio=round(min(done / max(total, 1), 1.0), 3)))
-    gauge.set(1.0)
-    return done
 
 
 def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, dict[int, int]]) -> Checkpoint:
@@ -514,24 +468,6 @@ def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, di
     return checkpoint
 
 
-def _log_ends(watermarks: Consumer, topics: dict[str, list[int]]) -> dict[str, dict[int, int]]:
-    """High watermarks of ``topics`` (topic -> partitions), through one consumer kept for that."""
-    return {topic: {p: watermarks.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
-            for topic, parts in topics.items()}
-
-
-def open_store(state_dir: str, settings: KafkaSettings, instance_id: str) -> Store | None:
-    """The instance's store under ``state_dir`` (None: checkpoints off, or the store cannot be opened: logged)."""
-    if not state_dir:
-        return None
-    path = Path(state_dir) / f"{settings.topic_prefix}{SERVICE}-{instance_id}"
-    try:
-        return Store(path)
-    except StoreError as exc:
-        log.warning(kv(event="checkpoints-off", reason=str(exc)))
-        return None
-
-
 def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:
     """One life of the service: consume-process-produce until stopped, with the state restored from the logs
     when partitions are assigned (``on_assign``).
@@ -554,7 +490,8 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
     group = args.group or f"{settings.topic_prefix}ingest"
     producer = make_producer(settings, transactional_id=f"{group}.{args.instance_id}")
     consumer: GroupInput | None = None
-    store = open_store(args.state_dir, settings, args.instance_id) if args.checkpoint_interval >= 0 else None
+    store = (recovery.open_store(args.state_dir, f"{settings.topic_prefix}{SERVICE}-{args.instance_id}")
+             if args.checkpoint_interval >= 0 else None)
     checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0))
     logs = {processor.t_encoded: sorted(end_offsets(settings, processor.t_encoded)),
             processor.t_dictionary: list(range(partitions[1]))}
@@ -565,7 +502,7 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
         if store is None:
             return
         try:
-            saved = save_checkpoint(processor, store, ends or _log_ends(watermarks, logs))
+            saved = save_checkpoint(processor, store, ends or recovery.log_ends(watermarks, logs))
         except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
             log.warning(kv(event="checkpoints-off", reason=str(exc)))
             store.close()

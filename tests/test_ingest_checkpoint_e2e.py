@@ -11,6 +11,7 @@ A restore from offset 0 would have refused the truncated log (``tests/test_trunc
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from pathlib import Path
@@ -20,9 +21,10 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services import codec
-from services.ingest import IngestProcessor, RawRecord
-from services.kafka import KafkaSettings, end_offsets, read_all
+from services.ingest import IngestProcessor, RawRecord, restore, save_checkpoint
+from services.kafka import KafkaSettings, delete_topics, end_offsets, make_producer, read_all
 from services.kafka.topics import ensure_topics
+from services.state import Store
 from tests.fixtures.broker import fresh_settings
 from tests.fleet_support import Fleet, generate_patch, publish_patch
 
@@ -131,3 +133,66 @@ def test_ingest_restores_from_a_stale_checkpoint_after_the_log_below_it_was_dele
     last_before = max(m.offset() for m in before)
     rows = _rows(before) + _rows([m for m in after if m.offset() > last_before])
     assert rows == expected
+
+
+def _publish(settings: KafkaSettings, processor: IngestProcessor, lines: list[str]) -> None:
+    """Run ``lines`` through ``processor`` and write its encoded and dictionary records (as ingest would)."""
+    producer = make_producer(settings)
+    for i in range(0, len(lines), PER_MESSAGE):
+        text = ("\n".join(lines[i:i + PER_MESSAGE]) + "\n").encode()
+        for out in processor.process(RawRecord(text, {}, settings.topic("updates.raw"), 0, i, 1)):
+            if out.topic in (settings.topic("updates.encoded"), settings.topic("dictionary")):
+                producer.produce(out.topic, out.value, out.key, partition=out.partition)
+    assert producer.flush(10) == 0
+
+
+def _ends(settings: KafkaSettings) -> dict[str, dict[int, int]]:
+    return {t: {p: hi for p, (_lo, hi) in end_offsets(settings, t).items()}
+            for t in (settings.topic("updates.encoded"), settings.topic("dictionary"))}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_checkpoint_that_cannot_belong_to_the_logs_is_discarded_and_the_restore_reads_them_from_0(
+        kafka_broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    s = fresh_settings(kafka_broker, partitions=4)
+    ensure_topics(s)
+    lines = generate_patch(400, seed=9)
+    first = IngestProcessor(s, 4, 4)
+    first.track_changes = True
+    _publish(s, first, lines[:200])
+    position = _ends(s)[s.topic("updates.encoded")][0]
+    with Store(tmp_path / "store") as store:
+        save_checkpoint(first, store, _ends(s))
+
+    def restored() -> IngestProcessor:
+        processor = IngestProcessor(s, 4, 4)
+        with caplog.at_level(logging.INFO, logger="cbgp"), Store(tmp_path / "store") as store:
+            restore(processor, s, store)
+        return processor
+
+    # The topics deleted and re-created with less in them: the checkpoint is beyond their ends.
+    delete_topics(s, [s.topic(t) for t in ("updates.encoded", "dictionary")])
+    ensure_topics(s)
+    other = IngestProcessor(s, 4, 4)
+    _publish(s, other, lines[200:260])
+    caplog.clear()
+    got = restored()
+    assert got.present == other.present and got.seq == other.seq and got.published == other.published
+    discarded = [r.getMessage() for r in caplog.records if "checkpoint-discarded" in r.getMessage()]
+    assert len(discarded) == 1 and "beyond the log's end" in discarded[0]
+
+    # Re-created again with more than the checkpoint's positions (so they are not beyond the ends): the first
+    # change after the position does not follow the checkpoint's seq, and the restore starts over from 0.
+    with Store(tmp_path / "store") as store:
+        save_checkpoint(first, store, _ends(s))
+    delete_topics(s, [s.topic(t) for t in ("updates.encoded", "dictionary")])
+    ensure_topics(s)
+    foreign = IngestProcessor(s, 4, 4)
+    _publish(s, foreign, lines[100:400])
+    assert _ends(s)[s.topic("updates.encoded")][0] > position
+    caplog.clear()
+    got = restored()
+    assert got.present == foreign.present and got.seq == foreign.seq and got.published == foreign.published
+    discarded = [r.getMessage() for r in caplog.records if "checkpoint-discarded" in r.getMessage()]
+    assert len(discarded) == 1 and "the first record after the checkpoint" in discarded[0], discarded

@@ -39,7 +39,7 @@ LAYERS = (
       "services.queries", "services.registry", "services.worker_probes", "services.worker_core",
       "services.release", "services.state")),
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
-    ("service runtime", ("services.runtime",)),
+    ("service runtime", ("services.runtime", "services.state.recovery")),
     ("services and the Spark job", ("services.ingest", "services.worker", "services.answers", "services.registry_faust",
                                     "services.usercli", "services.gateway", "spark")),
     ("command line and local runner", ("services.cli", "services.run", "services.supervise", "services.demo")),

@@ -3,10 +3,14 @@
 - :mod:`services.state.store`: an on-disk key-value store (RocksDB through rocksdict) whose every write is one
   atomic batch carrying its checkpoint record;
 - :mod:`services.state.checkpointing`: what a checkpoint records (the input positions the state reflects),
-  when one is due, and whether a saved one can serve a restore against the logs as they are now.
+  when one is due, and whether a saved one can serve a restore against the logs as they are now;
+- :mod:`services.state.presence`: ingest's state (presence set, published terms) as store keys;
+- :mod:`services.state.recovery`: the Kafka side, not imported here: the restore from a checkpoint plus the
+  tails of the logs.
 
-Both are Kafka-free: a service reads positions and watermarks from the broker and hands them in as numbers,
-so the decisions are tested without a broker (the Quix Streams split: ``state/`` and ``checkpointing/``).
+All but ``recovery`` are Kafka-free: a service reads positions and watermarks from the broker and hands them in
+as numbers, so the decisions are tested without a broker (the Quix Streams split: ``state/`` and
+``checkpointing/``).
 """
 
 from services.state.checkpointing import Checkpoint, Checkpointer, unusable
