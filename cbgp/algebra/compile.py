@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from cbgp.algebra.aggregates import Aggregate
+from cbgp.algebra.forms import Ask, Construct, TopK
 from cbgp.algebra.leaf import PatternLeaf
-from cbgp.algebra.operators import (Aggregate, Ask, Constant, Construct, Distinct, Extend, Filter, Join, Leaf,
-                                    LeftJoin, Minus, Operator, Project, TopK, Union)
+from cbgp.algebra.operators import (Constant, Distinct, Extend, Filter, Join, Leaf, LeftJoin, Minus, Operator,
+                                    Project, Union)
 from cbgp.algebra.terms import Terms, expression_variables, strict_comparisons
 from cbgp.sparql import (BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, _check_prefixes,
                          _find_keyword, _translate_in_source_order, parse_query)
