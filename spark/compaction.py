@@ -14,8 +14,18 @@ n=1 gives the current answer set.  Compaction keeps that replay short:
 Deltas arrive at least once, so duplicates by ``(query_id, n)`` are dropped, and so are deltas at or below
 the manifest's ``n`` (already folded).  Missing numbers are reported as gaps, never waited for.
 
-The fold itself (:func:`fold`) is plain DataFrame code with no Kafka in it; :func:`compact_batch` adds
-the durable steps in the order that keeps a crash at any point harmless (see its docstring).
+**Cost follows the batch.** A micro-batch arrives in the ``foreachBatch`` of the streaming query as one
+Arrow table (``DataFrame.toArrow``); its Avro records are decoded column-wise (``spark.answer_columns``) and
+folded with Arrow/numpy group-bys: no Python object per record.  A new snapshot version rewrites only the
+queries the batch touched (their previous rows are read, merged and written again, one Parquet file per
+query); every other query's files are hard-linked from the previous version, so a version costs what the
+batch touched, not the snapshot's size.  The touched answers are encoded column-wise and produced to
+answers.current from the driver, each to the partition of ``answers`` its query's deltas came from (the
+partition the answers service writes them to, so a key never lives in two partitions).
+
+:func:`compact_batch` runs the durable steps in the order that keeps a crash at any point harmless (see its
+docstring).  The fold runs on the driver: a batch (bounded by ``--max-offsets-per-trigger``) and the rows of
+the queries it touches must fit in the driver's memory.
 """
 
 from __future__ import annotations
@@ -28,13 +38,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
-import pandas as pd
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
 
 from services import codec
+from spark.answer_columns import Bindings, canonical_binding, current_answer_columns, decode_answer_values
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +56,14 @@ SNAPSHOT_SCHEMA = "query_id string, binding string, multiplicity long, last_n lo
 MANIFEST_NAME = "manifest.json"
 MAX_GAP_RANGES = 10
 _KEEP_VERSIONS = 2  # the current one and its predecessor, which a slow reader may still be scanning
+_FILE_SCHEMA = pa.schema([("binding", pa.string()), ("multiplicity", pa.int64()), ("last_n", pa.int64())])
+
+__all__ = ["DELTA_SCHEMA", "SNAPSHOT_SCHEMA", "CompactionError", "FoldReport", "SnapshotStore", "canonical_binding",
+           "binding_terms", "current_key", "decode_answers", "compact_batch", "kafka_publisher", "delta_table"]
 
 
 class CompactionError(RuntimeError):
     """The snapshot directory is unusable (corrupt manifest, missing version); the message says which."""
-
-
-# ---------------------------------------------------------------- bindings and records
-
-
-def canonical_binding(binding: Mapping[str, Mapping[str, Any] | None]) -> str:
-    """Canonical JSON of an Avro binding ``{var: SparqlTerm{type, value, datatype, lang}}``.
-
-    Terms become their canonical N-Triples strings (``cbgp.terms``), which is RDF term identity: two
-    bindings are the same solution mapping exactly when their canonical JSON strings are equal.
-    Unbound variables (null terms) are left out, as in SPARQL results.
-    """
-    return codec.canonical_binding({var: codec.term_from_avro(term) for var, term in binding.items()
-                                    if term is not None})
 
 
 def binding_terms(binding_json: str) -> dict[str, dict[str, Any]]:
@@ -71,32 +74,67 @@ def binding_terms(binding_json: str) -> dict[str, dict[str, Any]]:
 current_key = codec.current_key  # the answers service writes the same keys
 
 
+# ---------------------------------------------------------------- input: a batch as decoded columns
+
+
+@dataclass
+class DeltaTable:
+    """A batch of deltas: ``table`` (``query_id, n, sign, version, bidx, partition, error``) and the
+    distinct bindings ``bidx`` points into."""
+
+    table: pa.Table
+    bindings: Bindings
+
+
+def delta_table(deltas: DataFrame | pa.Table) -> DeltaTable:
+    """A batch as decoded columns, from raw Kafka rows (a ``value`` column of Avro ``Answer`` records, as the
+    cbgpkafka source gives them) or from decoded rows (``DELTA_SCHEMA``; ``version`` optional)."""
+    if isinstance(deltas, DataFrame) and "value" in deltas.columns:
+        deltas = deltas.select("value", "partition", "offset")  # the other Kafka columns are not needed
+    table = deltas if isinstance(deltas, pa.Table) else deltas.toArrow()
+    if "value" in table.column_names:
+        decoded, bindings = decode_answer_values(
+            table.column("value"), table.column("partition") if "partition" in table.column_names else None,
+            table.column("offset") if "offset" in table.column_names else None)
+        return DeltaTable(decoded, bindings)
+    n = table.num_rows
+    bindings = Bindings()
+    binding = table.column("binding").combine_chunks() if n else pa.array([], pa.string())
+    encoded = pc.dictionary_encode(binding)
+    index = np.array([-1 if b is None else bindings.add(b, None) for b in encoded.dictionary.to_pylist()], np.int64)
+    codes = pc.fill_null(encoded.indices, len(index)).to_numpy(zero_copy_only=False)  # null binding: error rows
+    bidx = np.r_[index, -1][codes]
+    error = table.column("error") if "error" in table.column_names else pa.nulls(n, pa.string())
+    version = table.column("version").cast(pa.int32()) if "version" in table.column_names else pa.array(
+        np.zeros(n, np.int32))
+    return DeltaTable(pa.table({
+        "query_id": table.column("query_id"), "n": table.column("n").cast(pa.int64()),
+        "sign": table.column("sign").cast(pa.int8()), "version": pc.fill_null(version, 0),
+        "bidx": pa.array(bidx.astype(np.int32), pa.int32(), mask=bidx < 0),
+        "partition": table.column("partition").cast(pa.int32()) if "partition" in table.column_names
+        else pa.nulls(n, pa.int32()),
+        "error": error,
+    }), bindings)
+
+
 def decode_answers(kafka_df: DataFrame) -> DataFrame:
-    """Kafka rows (``value`` = Avro ``Answer``) -> delta rows ``DELTA_SCHEMA``.
+    """Kafka rows (``value`` = Avro ``Answer``) -> rows ``DELTA_SCHEMA`` plus ``partition``, decoded column-wise
+    in the executors.  Undecodable records are kept with ``error`` set; null values (tombstones) are skipped."""
+    from spark.answer_columns import decode_answer_values as decode
 
-    Undecodable records are kept with ``error`` set, so the fold can report them instead of dropping
-    them silently; null values (tombstones) are skipped, they carry no delta.
-    """
+    def run(batches):  # noqa: ANN001, ANN202 - Arrow record batches in and out
+        for batch in batches:
+            table, bindings = decode(batch.column("value"), batch.column("partition"), batch.column("offset"))
+            canonical = pa.array(bindings.canonical, pa.string())
+            bidx = table.column("bidx")
+            yield from pa.table({
+                "query_id": table.column("query_id"), "n": table.column("n"),
+                "sign": table.column("sign").cast(pa.int32()),
+                "binding": canonical.take(bidx) if len(canonical) else pa.nulls(table.num_rows, pa.string()),
+                "error": table.column("error"), "version": table.column("version"),
+                "partition": table.column("partition")}).combine_chunks().to_batches()
 
-    def decode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from services.codec import decode as avro_decode
-
-        for pdf in batches:
-            rows = []
-            for value, partition, offset in zip(pdf["value"], pdf["partition"], pdf["offset"]):
-                if value is None:
-                    continue
-                try:
-                    rec = avro_decode("Answer", bytes(value))
-                    sign = {"+": 1, "-": -1}[rec["sign"]]
-                    rows.append((rec["query_id"], int(rec["n"]), sign, canonical_binding(rec["binding"]), None,
-                                 int(rec["version"])))
-                except Exception as exc:  # noqa: BLE001 - reported per record, never stops the job
-                    rows.append((None, None, None, None, f"partition {partition} offset {offset}: {exc!r}"[:500],
-                                 None))
-            yield pd.DataFrame(rows, columns=["query_id", "n", "sign", "binding", "error", "version"])
-
-    return kafka_df.select("value", "partition", "offset").mapInPandas(decode, DELTA_SCHEMA)
+    return kafka_df.select("value", "partition", "offset").mapInArrow(run, DELTA_SCHEMA + ", partition int")
 
 
 # ---------------------------------------------------------------- the fold
@@ -123,115 +161,151 @@ class FoldReport:
     changed: int = 0  # bindings touched = answers.current records published (tombstones included)
     snapshot_rows: int = 0
     seconds: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per step: read, fold, write, publish, commit
 
 
 @dataclass
-class FoldResult:
-    snapshot: DataFrame  # SNAPSHOT_SCHEMA, multiplicity != 0
-    touched: DataFrame  # (query_id, binding, delta_n): bindings this fold changed, for answers.current
+class Fold:
+    """What a batch changes: per (query, binding) the summed sign and the highest n (``delta_agg``: columns
+    ``query_id, bidx, delta, delta_n``), the queries whose registration restarts (``reset``), each query's
+    ``answers`` partition, and the report so far."""
+
     report: FoldReport
+    delta_agg: pa.Table
+    reset: list[str]
+    partitions: dict[str, int]
+    bindings: Bindings
 
 
-def fold(spark: SparkSession, deltas: DataFrame, snapshot: DataFrame | None, folded_n: Mapping[str, int],
-         versions: Mapping[str, int] | None = None) -> FoldResult:
-    """Fold ``deltas`` (``DELTA_SCHEMA``) onto ``snapshot`` given the manifest's ``folded_n`` and ``versions``.
+def fold(batch: DeltaTable, folded_n: Mapping[str, int], versions: Mapping[str, int] | None = None) -> Fold:
+    """Fold ``batch`` given the manifest's ``folded_n`` and ``versions``: which deltas are new, the report's
+    counts and gaps, and the per-binding sums, all by vectorised group-bys.
 
     Registration versions: each query's stream is that of its latest version (the manifest's, or a newer one
-    in ``deltas``); deltas of older versions are dropped (``stale``).  A newer version than the manifest's
+    in the batch); deltas of older versions are dropped (``stale``).  A newer version than the manifest's
     starts over: the query's snapshot rows are dropped (touched, so they are tombstoned) and n counts from 0.
     Version 0 (written before versions) belongs to the query's version.
 
     Multiplicity is the sum of signs, so a fold is associative: folding a log in pieces equals folding it
-    at once, which is what makes snapshot + later deltas replay exactly like the whole log.
-
-    Runs one Spark job for the report (two when there are gaps, three with undecodable records); the
-    returned DataFrames are lazy.  ``deltas`` should be materialised by the caller: it is scanned again.
-    """
+    at once, which is what makes snapshot + later deltas replay exactly like the whole log."""
     versions = dict(versions or {})
-    if "version" not in deltas.columns:
-        deltas = deltas.withColumn("version", F.lit(0))
-    manifest_df = spark.createDataFrame([(q, int(n), int(versions.get(q, 0))) for q, n in folded_n.items()],
-                                        "query_id string, folded_n long, folded_version int")
-    seen = deltas.where("error is null").groupBy("query_id").agg(
-        F.max("version").alias("hi"), F.min(F.when(F.col("version") != 0, F.col("version"))).alias("lo")).collect()
-    targets = {r["query_id"]: max(int(r["hi"]), versions.get(r["query_id"], 0)) for r in seen}
+    t = batch.table
+    report = FoldReport(deltas_in=t.num_rows)
+    bad = pc.is_valid(t.column("error")).to_numpy(zero_copy_only=False) if t.num_rows else np.zeros(0, bool)
+    report.undecodable = int(bad.sum())
+    if report.undecodable:
+        report.errors = [e for e in pc.filter(t.column("error"), pa.array(bad)).to_pylist()[:5]]
+        t = t.filter(pa.array(~bad))
+    qcodes = pc.dictionary_encode(t.column("query_id").combine_chunks()) if t.num_rows else None
+    queries: list[str] = qcodes.dictionary.to_pylist() if qcodes is not None else []
+    qi = qcodes.indices.to_numpy(zero_copy_only=False).astype(np.int64) if qcodes is not None else np.zeros(0, np.int64)
+    nq = len(queries)
+    version = t.column("version").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
+    n = t.column("n").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
+    sign = t.column("sign").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
+    bidx = t.column("bidx").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
+    hi = np.full(nq, np.iinfo(np.int64).min)
+    np.maximum.at(hi, qi, version)
+    lo = np.full(nq, np.iinfo(np.int64).max)
+    nonzero = version != 0
+    np.minimum.at(lo, qi[nonzero], version[nonzero])
+    manifest_version = np.array([versions.get(q, 0) for q in queries], np.int64)
+    target = np.maximum(hi, manifest_version)
     # Queries whose stream restarts here: a version newer than a versioned fold, or two versions in this batch
     # (0 -> v alone adopts: answers written before versions carry on in the first versioned stream).
-    reset = sorted(r["query_id"] for r in seen if targets[r["query_id"]] > versions.get(r["query_id"], 0) and (
-        versions.get(r["query_id"], 0) or r["lo"] is not None and int(r["lo"]) < targets[r["query_id"]]))
-    targets_df = spark.createDataFrame(list(targets.items()) or [], "query_id string, target int")
-    fresh = (
-        deltas.join(F.broadcast(manifest_df), "query_id", "left")
-        .join(F.broadcast(targets_df), "query_id", "left")
-        .withColumn("folded_n", F.when(F.col("query_id").isin(reset), F.lit(0))
-                    .otherwise(F.coalesce("folded_n", F.lit(0))))
-        .withColumn("stale", F.col("error").isNull() & (F.col("version") != 0)
-                    & (F.col("version") < F.col("target")))
-        .withColumn("is_new", F.col("error").isNull() & ~F.col("stale") & (F.col("n") > F.col("folded_n")))
-    )
-    new_n = F.when(F.col("is_new"), F.col("n"))
-    # One pass for every count the report needs; undecodable records form the query_id-null group.
-    stats = fresh.groupBy("query_id").agg(
-        F.count("*").alias("total"),
-        F.count("error").alias("bad"),
-        F.count(new_n).alias("new"),
-        F.count_distinct(new_n).alias("unique"),
-        F.max(new_n).alias("max_n"),
-        F.min("folded_n").alias("folded_n"),
-        F.count_distinct(F.when(F.col("is_new"), F.col("binding"))).alias("touched"),
-        F.count(F.when(F.col("stale"), 1)).alias("stale"),
-    ).collect()
-    report = FoldReport(folded_n={q: int(n) for q, n in folded_n.items() if q not in reset},
-                        versions={**versions, **targets})
-    for r in stats:
-        total, bad, new, unique = int(r["total"]), int(r["bad"]), int(r["new"]), int(r["unique"])
-        stale = int(r["stale"])
-        report.deltas_in += total
-        report.undecodable += bad
-        report.stale += stale
-        report.already_folded += total - bad - new - stale
-        report.duplicates += new - unique
-        report.changed += int(r["touched"])
-        if r["max_n"] is not None:
-            report.folded_n[r["query_id"]] = int(r["max_n"])
-            missing = int(r["max_n"]) - int(r["folded_n"]) - unique
+    restart = (target > manifest_version) & ((manifest_version != 0) | ((lo != np.iinfo(np.int64).max) & (lo < target)))
+    reset = sorted(q for q, r in zip(queries, restart) if r)
+    base_n = np.array([0 if r else folded_n.get(q, 0) for q, r in zip(queries, restart)], np.int64)
+    report.folded_n = {q: int(v) for q, v in folded_n.items() if q not in set(reset)}
+    report.versions = {**versions, **{q: int(v) for q, v in zip(queries, target)}}
+    stale = nonzero & (version < target[qi])
+    is_new = ~stale & (n > base_n[qi])
+    report.stale = int(stale.sum())
+    new_count = int(is_new.sum())
+    report.already_folded = t.num_rows - new_count - report.stale
+    # Unique (query, n) among the new deltas, sorted by query then n.
+    qn, nn, sn, bn = qi[is_new], n[is_new], sign[is_new], bidx[is_new]
+    order = np.lexsort((nn, qn))
+    qn, nn, sn, bn = qn[order], nn[order], sn[order], bn[order]
+    first = np.ones(len(qn), bool)
+    first[1:] = (qn[1:] != qn[:-1]) | (nn[1:] != nn[:-1])
+    qn, nn, sn, bn = qn[first], nn[first], sn[first], bn[first]
+    report.duplicates = new_count - len(qn)
+    if len(qn):
+        starts = np.flatnonzero(np.r_[True, qn[1:] != qn[:-1]])
+        max_n = np.maximum.reduceat(nn, starts)
+        unique = np.diff(np.r_[starts, len(qn)])
+        for k, s in enumerate(starts):
+            q = queries[qn[s]]
+            report.folded_n[q] = int(max_n[k])
+            missing = int(max_n[k]) - int(base_n[qn[s]]) - int(unique[k])
             if missing:
-                report.missing[r["query_id"]] = missing
-    unique_new = fresh.where("is_new").drop("error").dropDuplicates(["query_id", "n"])
-    if report.missing:  # only then is the per-query ordering pass worth running
-        w = Window.partitionBy("query_id").orderBy("n")
-        gap_rows = (
-            unique_new.select("query_id", "n", "folded_n")
-            .withColumn("prev", F.coalesce(F.lag("n").over(w), F.col("folded_n")))
-            .where(F.col("n") - F.col("prev") > 1)
-            .select("query_id", (F.col("prev") + 1).alias("first"), (F.col("n") - 1).alias("last"))
-            .withColumn("rank", F.row_number().over(Window.partitionBy("query_id").orderBy("first")))
-            .where(F.col("rank") <= MAX_GAP_RANGES)
-        )
-        for r in gap_rows.orderBy("query_id", "first").collect():
-            report.gaps.setdefault(r["query_id"], []).append([int(r["first"]), int(r["last"])])
-    if report.undecodable:
-        report.errors = [r["error"] for r in deltas.where("error is not null").limit(5).collect()]
-
-    delta_agg = unique_new.groupBy("query_id", "binding").agg(
-        F.sum("sign").cast("long").alias("delta"), F.max("n").alias("delta_n")
-    )
-    old = snapshot if snapshot is not None else spark.createDataFrame([], SNAPSHOT_SCHEMA)
-    ended = old.where(F.col("query_id").isin(reset))  # rows of a replaced registration: tombstoned
-    old = old.where(~F.col("query_id").isin(reset))
-    merged = old.join(delta_agg, ["query_id", "binding"], "full_outer").select(
-        "query_id",
-        "binding",
-        (F.coalesce("multiplicity", F.lit(0)) + F.coalesce("delta", F.lit(0))).alias("multiplicity"),
-        F.greatest(F.coalesce("last_n", F.lit(0)), F.coalesce("delta_n", F.lit(0))).alias("last_n"),
-    )
-    touched = delta_agg.select("query_id", "binding", "delta_n").unionByName(
-        ended.select("query_id", "binding", F.col("last_n").alias("delta_n"))).dropDuplicates(["query_id", "binding"])
-    report.changed += ended.count() if reset else 0
-    return FoldResult(merged.where("multiplicity != 0"), touched, report)
+                report.missing[q] = missing
+        if report.missing:  # gaps: consecutive unique n of a query more than 1 apart (the first from base_n)
+            prev = np.empty_like(nn)
+            prev[1:] = nn[:-1]
+            prev[starts] = base_n[qn[starts]]
+            gap = nn - prev > 1
+            for i in np.flatnonzero(gap):
+                ranges = report.gaps.setdefault(queries[qn[i]], [])
+                if len(ranges) < MAX_GAP_RANGES:
+                    ranges.append([int(prev[i]) + 1, int(nn[i]) - 1])
+    # Per (query, binding): the summed sign and the highest n.
+    key = qn * (len(batch.bindings.canonical) + 1) + bn
+    keys, inverse = np.unique(key, return_inverse=True)
+    delta = np.zeros(len(keys), np.int64)
+    np.add.at(delta, inverse, sn)
+    delta_n = np.zeros(len(keys), np.int64)
+    np.maximum.at(delta_n, inverse, nn)
+    kq = keys // (len(batch.bindings.canonical) + 1)
+    kb = keys % (len(batch.bindings.canonical) + 1)
+    report.changed = len(keys)
+    partitions: dict[str, int] = {}
+    if t.num_rows and t.column("partition").null_count < t.num_rows:
+        highest = np.full(nq, -1, np.int64)
+        np.maximum.at(highest, qi, pc.fill_null(t.column("partition"), -1).to_numpy().astype(np.int64))
+        partitions = {q: int(p) for q, p in zip(queries, highest) if p >= 0}
+    delta_agg = pa.table({
+        "query_id": pa.array(queries, pa.string()).take(pa.array(kq)) if nq else pa.array([], pa.string()),
+        "bidx": pa.array(kb.astype(np.int32)), "delta": pa.array(delta), "delta_n": pa.array(delta_n)})
+    return Fold(report, delta_agg, reset, partitions, batch.bindings)
 
 
 # ---------------------------------------------------------------- snapshot store
+
+# Spark's escaping of partition values in directory names (ExternalCatalogUtils.escapePathName), so that
+# Spark reads the files written here with the right query_id, and files Spark wrote are found here.
+_ESCAPED = set(map(chr, range(1, 0x20))) | set('"#%\'*/:=?\\\x7f{[]^')
+_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+def partition_dir_name(query_id: str) -> str:
+    if not query_id:
+        return "query_id=" + _NULL_PARTITION
+    return "query_id=" + "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in query_id)
+
+
+def query_of_dir(name: str) -> str | None:
+    """The query id of a partition directory name (None: not one)."""
+    if not name.startswith("query_id="):
+        return None
+    value = name[len("query_id="):]
+    if value == _NULL_PARTITION:
+        return ""
+    out, i = [], 0
+    while i < len(value):
+        code = value[i + 1: i + 3]
+        if value[i] == "%" and len(code) == 2 and all(c in "0123456789abcdefABCDEF" for c in code):
+            out.append(chr(int(code, 16)))
+            i += 3
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
+def _data_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
 
 
 class SnapshotStore:
@@ -239,6 +313,7 @@ class SnapshotStore:
 
     Layout: ``<root>/v000001/query_id=<q>/part-*.parquet`` and ``<root>/manifest.json``.  A version
     directory is complete before the manifest names it, so readers never see a half-written snapshot.
+    Files of queries a version did not change are hard links to the previous version's.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -273,13 +348,95 @@ class SnapshotStore:
         # An explicit schema keeps query_id a string (partition inference would turn "1" into an int).
         return spark.read.schema(SNAPSHOT_SCHEMA).parquet(str(path))
 
-    def write_version(self, snapshot: DataFrame) -> int:
-        """Write ``snapshot`` as the next version directory (not yet current); return its number."""
-        version = int(self.manifest()["version"]) + 1
-        snapshot.write.mode("overwrite").partitionBy("query_id").parquet(str(self.version_dir(version)))
-        return version
+    def read_table(self) -> pa.Table:
+        """The current snapshot as one Arrow table (``SNAPSHOT_SCHEMA``), without Spark."""
+        version = int(self.manifest()["version"])
+        parts = []
+        if version:
+            for d in sorted(self.version_dir(version).iterdir()):
+                q = query_of_dir(d.name) if d.is_dir() else None
+                if q is not None:
+                    parts.append(_with_query(_read_query(d), q))
+        return pa.concat_tables(parts) if parts else _empty_snapshot()
 
-    def commit(self, version: int, report: FoldReport) -> None:
+    def write_fold(self, result: Fold) -> tuple[int, pa.Table, dict[str, list[int]]]:
+        """Write the snapshot after ``result`` as the next version directory (not yet current).
+
+        Returns the version, the changed answers (``query_id, binding, bidx, multiplicity, last_n``: the
+        touched bindings' new multiplicity, 0 for a binding no longer an answer) and per query ``[rows,
+        negative rows]`` of the new version."""
+        manifest = self.manifest()
+        old = int(manifest["version"])
+        version = old + 1
+        target = self.version_dir(version)
+        shutil.rmtree(target, ignore_errors=True)  # a half-written one from a crash
+        target.mkdir(parents=True)
+        counts: dict[str, list[int]] = {q: list(c) for q, c in manifest.get("rows", {}).items()}
+        touched = set(result.delta_agg.column("query_id").to_pylist()) | set(result.reset)
+        old_dirs: dict[str, Path] = {}
+        if old:
+            source = self.version_dir(old)
+            if not source.exists():
+                raise CompactionError(f"manifest names {source}, which is missing; the snapshot dir was damaged")
+            for d in source.iterdir():
+                q = query_of_dir(d.name) if d.is_dir() else None
+                if q is not None:
+                    old_dirs[q] = d
+        for q, d in old_dirs.items():
+            if q in touched:
+                continue
+            (target / d.name).mkdir()
+            for f in _data_files(d):
+                _link(f, target / d.name / f.name)
+            if q not in counts:  # a manifest from before row counts: count once
+                mult = _read_query(d).column("multiplicity").to_numpy()
+                counts[q] = [len(mult), int((mult < 0).sum())]
+        for q in list(counts):
+            if q not in old_dirs or q in touched:
+                del counts[q]
+        reset = set(result.reset)
+        olds = [_with_query(_read_query(old_dirs[q]), q) for q in sorted(touched) if q in old_dirs]
+        old_rows = pa.concat_tables(olds) if olds else _empty_snapshot()
+        ended = old_rows.filter(pc.is_in(old_rows.column("query_id"), pa.array(sorted(reset), pa.string()))) \
+            if reset else old_rows.slice(0, 0)
+        kept = old_rows.filter(pc.invert(pc.is_in(old_rows.column("query_id"), pa.array(sorted(reset), pa.string())))) \
+            if reset else old_rows
+        canonical = pa.array(result.bindings.canonical, pa.string())
+        agg = result.delta_agg
+        fresh = pa.table({
+            "query_id": agg.column("query_id"),
+            "binding": canonical.take(agg.column("bidx")) if len(canonical) else pa.array([], pa.string()),
+            "multiplicity": agg.column("delta"), "last_n": agg.column("delta_n"),
+            "bidx": agg.column("bidx"), "touched": pa.array(np.ones(agg.num_rows, np.int8))})
+        kept = kept.append_column("bidx", pa.nulls(kept.num_rows, pa.int32())).append_column(
+            "touched", pa.array(np.zeros(kept.num_rows, np.int8)))
+        merged = pa.concat_tables([kept, fresh]).group_by(["query_id", "binding"], use_threads=False).aggregate(
+            [("multiplicity", "sum"), ("last_n", "max"), ("bidx", "max"), ("touched", "max")])
+        merged = merged.rename_columns(["query_id", "binding", "multiplicity", "last_n", "bidx", "touched"])
+        rows = merged.filter(pc.not_equal(merged.column("multiplicity"), 0))
+        rows = rows.sort_by([("query_id", "ascending"), ("binding", "ascending")])
+        qcol = rows.column("query_id").to_numpy(zero_copy_only=False)
+        mult = rows.column("multiplicity").to_numpy()
+        bounds = np.flatnonzero(np.r_[True, qcol[1:] != qcol[:-1], True]) if len(qcol) else np.array([0])
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            q = qcol[a]
+            d = target / partition_dir_name(q)
+            d.mkdir()
+            pq.write_table(rows.slice(a, b - a).select(["binding", "multiplicity", "last_n"]).cast(_FILE_SCHEMA),
+                           d / "part-00000.parquet")
+            counts[q] = [int(b - a), int((mult[a:b] < 0).sum())]
+        (target / "_SUCCESS").touch()
+        changed = merged.filter(pc.equal(merged.column("touched"), 1)).select(
+            ["query_id", "binding", "bidx", "multiplicity", "last_n"])
+        if ended.num_rows:  # rows of a replaced registration that the new one does not have: tombstones
+            gone = ended.join(changed.select(["query_id", "binding"]), ["query_id", "binding"], join_type="left anti")
+            changed = pa.concat_tables([changed, pa.table({
+                "query_id": gone.column("query_id"), "binding": gone.column("binding"),
+                "bidx": pa.nulls(gone.num_rows, pa.int32()),
+                "multiplicity": pa.array(np.zeros(gone.num_rows, np.int64)), "last_n": gone.column("last_n")})])
+        return version, changed, counts
+
+    def commit(self, version: int, report: FoldReport, counts: Mapping[str, list[int]] | None = None) -> None:
         """Make ``version`` current (atomic rename), then delete versions no reader needs any more."""
         old = self.manifest()
         gaps = {q: list(g) for q, g in old.get("gaps", {}).items()}
@@ -291,6 +448,8 @@ class SnapshotStore:
         manifest = {"version": version, "queries": report.folded_n, "gaps": gaps, "missing": missing,
                     "versions": {**old.get("versions", {}), **report.versions},
                     "updated_at_ms": int(time.time() * 1000)}
+        if counts is not None:
+            manifest["rows"] = dict(counts)  # query -> [rows, negative rows] of this version
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".manifest-")
         with os.fdopen(fd, "w") as fh:
@@ -303,51 +462,84 @@ class SnapshotStore:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+def _empty_snapshot() -> pa.Table:
+    return pa.table({"query_id": pa.array([], pa.string()), "binding": pa.array([], pa.string()),
+                     "multiplicity": pa.array([], pa.int64()), "last_n": pa.array([], pa.int64())})
+
+
+def _read_query(directory: Path) -> pa.Table:
+    files = _data_files(directory)
+    tables = [pq.read_table(f, columns=["binding", "multiplicity", "last_n"]).cast(_FILE_SCHEMA) for f in files]
+    return pa.concat_tables(tables) if tables else _FILE_SCHEMA.empty_table()
+
+
+def _with_query(table: pa.Table, query_id: str) -> pa.Table:
+    return table.add_column(0, "query_id", pa.array([query_id] * table.num_rows, pa.string()))
+
+
+def _link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a file system without hard links
+        shutil.copyfile(source, target)
+
+
 # ---------------------------------------------------------------- answers.current records
 
 
-def current_answer_records(changed: DataFrame) -> DataFrame:
-    """``changed`` rows -> ``(key binary, value binary)`` for answers.current.
-
-    A binding that is no longer an answer (multiplicity 0, or below 0 after a contract violation that the
-    fold reports) gets a tombstone: CurrentAnswer promises multiplicity >= 1.
-    """
-
-    def encode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        from services.codec import encode_current_answer
-
-        for pdf in batches:
-            keys, values = [], []
-            versions = pdf["version"].tolist() if "version" in pdf else [0] * len(pdf)
-            for q, b, m, n, v in zip(pdf["query_id"].tolist(), pdf["binding"].tolist(), pdf["multiplicity"].tolist(),
-                                     pdf["last_n"].tolist(), versions):
-                keys.append(current_key(q, b))
-                # the canonical binding JSON maps each variable to its canonical term: what the fast
-                # encoder takes (the same bytes as encode("CurrentAnswer", ...) with binding_terms(b))
-                values.append(None if m <= 0 else encode_current_answer(
-                    q, json.loads(b), int(m), int(n), int(v) if v == v and v is not None else 0))
-            yield pd.DataFrame({"key": keys, "value": values})
-
-    return changed.mapInPandas(encode, "key binary, value binary")
-
-
-Publisher = Callable[[DataFrame], None]
+Publisher = Callable[[pa.Table, Bindings], None]
 
 
 def kafka_publisher(kafka_options: Mapping[str, str], topic: str) -> Publisher:
-    """A publisher writing ``changed`` rows to ``topic`` through the cbgpkafka sink."""
+    """A publisher producing ``changed`` rows (``query_id, binding, bidx, multiplicity, last_n, version,
+    partition``) to ``topic`` from the driver, waiting for every acknowledgement (raises otherwise)."""
+    from spark.kafka_io import KafkaSourceError, client_config
 
-    def publish(changed: DataFrame) -> None:
-        writer = current_answer_records(changed).write.format("cbgpkafka").mode("append").option("topic", topic)
-        writer.options(**dict(kafka_options)).save()
+    def publish(changed: pa.Table, bindings: Bindings) -> None:
+        from confluent_kafka import Producer
+
+        # one producer per batch (batches are seconds apart): nothing left connected between them
+        p = Producer(client_config(kafka_options, **{
+            "enable.idempotence": True, "acks": "all", "linger.ms": 20, "queue.buffering.max.messages": 1_000_000}))
+        keys, values = current_answer_columns(changed, bindings.avro)
+        parts = changed.column("partition").to_pylist() if "partition" in changed.column_names else [None] * len(keys)
+        errors: list[str] = []
+        acked = 0
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            nonlocal acked
+            if err is not None:
+                errors.append(str(err))
+            else:
+                acked += 1
+
+        sent = 0
+        produce = p.produce
+        for key, value, partition in zip(keys.to_pylist(), values.to_pylist(), parts):
+            while True:
+                try:
+                    if partition is None:
+                        produce(topic, value, key, on_delivery=on_delivery)
+                    else:
+                        produce(topic, value, key, partition=partition, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    p.poll(0.1)
+            sent += 1
+        remaining = p.flush(float(kafka_options.get("flushTimeoutS", "60")))
+        if errors or remaining or acked != sent:
+            raise KafkaSourceError(
+                f"Kafka write failed: {acked}/{sent} acknowledged, {remaining} undelivered, errors: {errors[:3]}")
 
     return publish
 
 
-def compact_batch(spark: SparkSession, deltas: DataFrame, store: SnapshotStore, publish: Publisher | None) -> FoldReport:
+def compact_batch(spark: SparkSession | None, deltas: DataFrame | pa.Table, store: SnapshotStore,
+                  publish: Publisher | None) -> FoldReport:
     """Fold ``deltas`` into ``store`` and publish the changed answers, crash-safe at every step.
 
-    The order is the design (a crash between any two steps leaves a state the rerun repairs):
+    ``deltas``: raw Kafka rows (Avro ``Answer`` values) or decoded rows (``DELTA_SCHEMA``), a DataFrame or an
+    Arrow table.  The order is the design (a crash between any two steps leaves a state the rerun repairs):
 
     1. fold against the *current* manifest -- deltas it already covers are dropped, so a rerun of a
        batch whose manifest was committed folds nothing twice;
@@ -356,29 +548,41 @@ def compact_batch(spark: SparkSession, deltas: DataFrame, store: SnapshotStore, 
        republishes the same key/value pairs on rerun, which compaction of the topic makes harmless;
     4. swap the manifest -- the fold is now durable; only then may the caller commit input offsets.
     """
-    started = time.monotonic()
-    # Materialise the input once: the fold runs several actions, and a Kafka-backed DataFrame would
-    # otherwise be read from the broker again for each of them.
-    deltas = deltas.localCheckpoint(eager=True)
-    folded_n = store.folded_n()  # 1.
-    result = fold(spark, deltas, store.read(spark), folded_n, store.versions())
+    started = mark = time.monotonic()
+    stages: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        stages[name] = round(now - mark, 3)
+        mark = now
+
+    batch = delta_table(deltas)
+    lap("read")
+    result = fold(batch, store.folded_n(), store.versions())  # 1.
     report = result.report
+    report.stages = stages
+    lap("fold")
     if report.changed == 0:  # nothing new (empty batch, stale or undecodable only): keep the current version
         return _logged(report, started)
-    version = store.write_version(result.snapshot)  # 2.
-    written = spark.read.schema(SNAPSHOT_SCHEMA).parquet(str(store.version_dir(version)))
-    sizes = written.agg(F.count("*").alias("rows"), F.count(F.when(F.col("multiplicity") < 0, 1)).alias("neg")).first()
-    report.snapshot_rows, report.negative = int(sizes["rows"]), int(sizes["neg"])
+    version, changed, counts = store.write_fold(result)  # 2.
+    report.changed = changed.num_rows
+    report.snapshot_rows = sum(c[0] for c in counts.values())
+    report.negative = sum(c[1] for c in counts.values())
+    lap("write")
     if publish is not None:  # 3.
-        # Touched bindings with their new multiplicity; absent from the snapshot = now 0 = tombstone.
-        versions_df = spark.createDataFrame(list(report.versions.items()), "query_id string, version int")
-        changed = result.touched.join(written, ["query_id", "binding"], "left").join(
-            F.broadcast(versions_df), "query_id", "left").select(
-            "query_id", "binding", F.coalesce("multiplicity", F.lit(0)).alias("multiplicity"),
-            F.coalesce("last_n", "delta_n").alias("last_n"), F.coalesce("version", F.lit(0)).alias("version"),
-        )
-        publish(changed)
-    store.commit(version, report)  # 4.
+        queries = changed.column("query_id")
+        names = sorted(set(queries.to_pylist()))
+        lookup = pa.array(names, pa.string())
+        where = pc.index_in(queries, value_set=lookup)
+        versions = pa.array([report.versions.get(q, 0) for q in names], pa.int32())
+        partitions = pa.array([result.partitions.get(q) for q in names], pa.int32())
+        changed = changed.append_column("version", versions.take(where)).append_column(
+            "partition", partitions.take(where))
+        publish(changed, result.bindings)
+        lap("publish")
+    store.commit(version, report, counts)  # 4.
+    lap("commit")
     return _logged(report, started)
 
 
@@ -389,5 +593,5 @@ def _logged(report: FoldReport, started: float) -> FoldReport:
         anomalies["gaps"] = dict(list(report.gaps.items())[:MAX_GAP_RANGES])  # a sample; counts are in missing
         log.warning("compaction anomalies: %s", json.dumps(anomalies))
     log.info("compaction: %s", json.dumps({k: v for k, v in asdict(report).items()
-                                           if k not in ("folded_n", "gaps", "missing", "errors")}))
+                                           if k not in ("folded_n", "versions", "gaps", "missing", "errors")}))
     return report

@@ -39,7 +39,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from services.kafka.config import KafkaConfigError, KafkaSettings, add_kafka_flags
-from spark.compaction import SnapshotStore, compact_batch, decode_answers, kafka_publisher
+from spark.compaction import SnapshotStore, compact_batch, kafka_publisher
 
 log = logging.getLogger("cbgp.spark.job")
 
@@ -71,7 +71,7 @@ def start_compaction(
     publish = kafka_publisher(options, settings.topic("answers.current")) if publish_current else None
 
     def on_batch(batch: DataFrame, batch_id: int) -> None:
-        report = compact_batch(batch.sparkSession, decode_answers(batch), store, publish)
+        report = compact_batch(batch.sparkSession, batch, store, publish)  # raw Kafka rows, decoded column-wise
         log.info("batch %d folded %d deltas (%d duplicates, %d stale) -> %d snapshot rows, %d published in %.2fs",
                  batch_id, report.deltas_in, report.duplicates, report.already_folded, report.snapshot_rows,
                  report.changed, report.seconds)

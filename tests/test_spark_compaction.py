@@ -197,18 +197,18 @@ def test_a_crash_before_the_manifest_swap_is_repaired_by_rerunning_the_batch(spa
     schema = "query_id string, n long, sign int, binding string, error string"
     current: dict[tuple[str, str], int] = {}  # an in-memory answers.current: latest value per key
 
-    def record(changed) -> None:  # noqa: ANN001 - a DataFrame
-        for r in changed.collect():
+    def record(changed, _bindings) -> None:  # noqa: ANN001 - an Arrow table of the changed answers
+        for r in changed.to_pylist():
             if r["multiplicity"] > 0:
                 current[(r["query_id"], r["binding"])] = r["multiplicity"]
             else:
                 current.pop((r["query_id"], r["binding"]), None)
 
-    def crash(changed) -> None:  # noqa: ANN001 - the broker was unreachable: nothing was published
+    def crash(changed, _bindings) -> None:  # noqa: ANN001 - the broker was unreachable: nothing was published
         raise CrashAfterPublish()
 
-    def record_then_crash(changed) -> None:  # noqa: ANN001 - published, then died before the manifest swap
-        record(changed)
+    def record_then_crash(changed, bindings) -> None:  # noqa: ANN001 - published, then died before the manifest swap
+        record(changed, bindings)
         raise CrashAfterPublish()
 
     store = SnapshotStore(tmp_path / "snap")
@@ -300,8 +300,8 @@ def test_a_new_registration_version_replaces_the_querys_folded_answers(spark: Sp
     a, b, c = (json.dumps({"x": t}, separators=(",", ":")) for t in ("<http://ex/a>", "<http://ex/b>", "<http://ex/c>"))
     published: dict[tuple[str, str], tuple[int, int]] = {}
 
-    def record(changed) -> None:  # noqa: ANN001 - a DataFrame
-        for r in changed.collect():
+    def record(changed, _bindings) -> None:  # noqa: ANN001 - an Arrow table of the changed answers
+        for r in changed.to_pylist():
             if r["multiplicity"] > 0:
                 published[(r["query_id"], r["binding"])] = (r["multiplicity"], r["version"])
             else:
@@ -322,3 +322,76 @@ def test_a_new_registration_version_replaces_the_querys_folded_answers(spark: Sp
     report = compact_batch(spark, spark.createDataFrame([("q", 5, 1, a, None, 1), ("q", 3, -1, c, None, 2)], schema),
                            store, record)
     assert report.stale == 1 and published == {("q", b): (1, 2), ("other", a): (1, 0)}
+
+
+def test_column_wise_answer_decoding_and_current_answer_encoding_match_the_codec() -> None:
+    """spark.answer_columns reads Answer records with numpy, field by field, and writes CurrentAnswer records
+    column-wise; both must agree with services.codec record by record, including records it cannot read
+    (an older or another schema, truncated bytes), which go through codec.decode or are reported."""
+    import pyarrow as pa
+
+    from spark.answer_columns import current_answer_columns, decode_answer_values
+
+    rng = random.Random(13)
+    variables = ["x", "y", "zé", "w"]
+    records = []
+    for i in range(400):
+        binding = {v: rng.choice(TERMS + [{"type": "literal", "value": "s", "datatype": XSD_STRING}])
+                   for v in rng.sample(variables, rng.randrange(0, 4))}
+        records.append({"query_id": rng.choice(["q1", "q/2", "é"]), "n": rng.randrange(1, 10**12),
+                        "seq": rng.randrange(10**6), "sign": rng.choice("+-"), "binding": binding,
+                        "snapshot": rng.random() < 0.5, "produced_at_ms": rng.randrange(2**41),
+                        "version": rng.randrange(2**31)})
+    values = [encode("Answer", r) for r in records]
+    junk = [b"not avro", values[0][:-1], encode("CurrentAnswer", {"query_id": "q", "binding": {}, "multiplicity": 1,
+                                                                   "last_n": 1, "version": 0})]
+    table, bindings = decode_answer_values(pa.array(values + [None] + junk, pa.binary()),
+                                           pa.array([3] * (len(values) + 4), pa.int32()),
+                                           pa.array(range(len(values) + 4), pa.int64()))
+    rows = table.to_pylist()
+    assert len(rows) == len(values) + len(junk)  # the null value (a tombstone) is skipped
+    for rec, row in zip(records, rows):
+        assert row["error"] is None
+        assert (row["query_id"], row["n"], row["sign"], row["version"]) == (
+            rec["query_id"], rec["n"], 1 if rec["sign"] == "+" else -1, rec["version"])
+        assert bindings.canonical[row["bidx"]] == canonical_binding(rec["binding"])
+    errors = [row["error"] for row in rows[len(values):]]
+    assert errors[0].startswith(f"partition 3 offset {len(values) + 1}: CodecError")
+    assert all(e and "CodecError" in e for e in errors)
+    changed = pa.table({
+        "query_id": [r["query_id"] for r in rows[:len(values)]],
+        "binding": [bindings.canonical[r["bidx"]] for r in rows[:len(values)]],
+        "bidx": [r["bidx"] for r in rows[:len(values)]],
+        "multiplicity": [rng.randrange(-1, 2**40) for _ in values], "last_n": [r["n"] for r in rows[:len(values)]],
+        "version": [r["version"] for r in rows[:len(values)]]})
+    for avro in (bindings.avro, None):  # the bindings' Avro bytes from the records, or encoded afresh
+        keys, out = current_answer_columns(changed if avro else changed.drop_columns(["bidx"]), avro)
+        for row, key, value in zip(changed.to_pylist(), keys.to_pylist(), out.to_pylist()):
+            assert key == current_key(row["query_id"], row["binding"])
+            if row["multiplicity"] <= 0:
+                assert value is None
+                continue
+            rec = decode("CurrentAnswer", value)
+            assert (rec["query_id"], rec["multiplicity"], rec["last_n"], rec["version"]) == (
+                row["query_id"], row["multiplicity"], row["last_n"], row["version"])
+            assert canonical_binding(rec["binding"]) == row["binding"]
+
+
+def test_a_version_rewrites_only_touched_queries_and_spark_reads_every_query_id(spark: SparkSession,
+                                                                                tmp_path: Path) -> None:
+    """Query ids with characters Spark escapes in partition directories read back as written, and a fold
+    touching one query keeps the other queries' files (hard links to the previous version)."""
+    schema = "query_id string, n long, sign int, binding string, error string"
+    a, b = canonical_binding({"x": TERMS[0]}), canonical_binding({"x": TERMS[3]})
+    odd = ["a/b=c%d", "é ?#", "plain"]
+    store = SnapshotStore(tmp_path / "snap")
+    compact_batch(spark, spark.createDataFrame([(q, 1, 1, a, None) for q in odd], schema), store, publish=None)
+    compact_batch(spark, spark.createDataFrame([("plain", 2, 1, b, None), ("plain", 3, -1, a, None)], schema),
+                  store, publish=None)
+    rows = {(r["query_id"], r["binding"], r["multiplicity"], r["last_n"]) for r in store.read(spark).collect()}
+    assert rows == {("a/b=c%d", a, 1, 1), ("é ?#", a, 1, 1), ("plain", b, 1, 2)}
+    old, new = store.version_dir(1), store.version_dir(2)
+    kept = [p for p in new.rglob("*.parquet") if "plain" not in str(p)]
+    assert len(kept) == 2 and all(p.stat().st_nlink == 2 for p in kept)  # shared with version 1
+    assert all((old / p.relative_to(new)).samefile(p) for p in kept)
+    assert store.manifest()["rows"] == {"a/b=c%d": [1, 0], "é ?#": [1, 0], "plain": [1, 0]}
