@@ -121,7 +121,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
         ),
     ),
     Topology(
-        "gateway", "services.gateway.app.Gateway",
+        "gateway", "services.gateway.service.Gateway",
         "serve live answers (SEPA WebSocket, SSE, REST, console) and forward updates and registrations; "
         "checkpoint-free: no group, nothing committed",
         sources=(

@@ -22,39 +22,24 @@ that cannot set headers, or SEPA's ``authorization`` field) with scope ``read`` 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import logging
-import os
-import signal
-import socket
-import ssl
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from aiohttp import WSMsgType, web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from services.gateway.core import (READ, READ_WRITE, Answer, Hub, Subscriber, Tokens, allows, net_change, results,
-                                   sepa_error, sepa_notification, sse_event, subscription_id)
+from services.gateway.core import (READ, READ_WRITE, Subscriber, allows, net_change, results, sepa_error,
+                                   sepa_notification, sse_event, subscription_id)
 from services.gateway.openapi import OPENAPI
+from services.gateway.service import NOTIFICATION_LATENCY, NOTIFICATIONS, REQUESTS, SUBSCRIBERS, Gateway
 
-__all__ = ["Gateway", "make_app", "serve"]
+__all__ = ["Gateway", "make_app"]  # Gateway lives in services.gateway.service; serve in services.gateway.server
 
-log = logging.getLogger("cbgp.gateway")
 STATIC = Path(__file__).with_name("static")
-
-REQUESTS = Counter("cbgp_gateway_requests", "HTTP requests served by the gateway.", ["route", "method", "code"])
-SUBSCRIBERS = Gauge("cbgp_gateway_subscribers", "Open subscriptions, by kind (sse, ws).", ["kind"])
-NOTIFICATIONS = Counter("cbgp_gateway_notifications", "Notifications sent (SSE events, SEPA notifications).", ["kind"])
-NOTIFICATION_LATENCY = Histogram(
-    "cbgp_gateway_notification_latency_seconds",
-    "From an answer's produced_at_ms (the answers service) to its notification written to the client.", ["kind"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
-ANSWERS_READ = Counter("cbgp_gateway_answers_read", "Answer records the gateway read from the answers topic.")
 
 SSE_HEARTBEAT_S = 15.0
 SPARQL_RESULTS_JSON = "application/sparql-results+json"
@@ -62,103 +47,6 @@ SPARQL_RESULTS_JSON = "application/sparql-results+json"
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class Gateway:
-    """The gateway's parts: the hub (event-loop side), the topic reader, the publisher, the graph source."""
-
-    def __init__(self, settings: Any, tokens: Tokens, *, history: int = 100_000, client_cert_scope: str = READ_WRITE,
-                 fleet_every: float = 2.0) -> None:
-        from services.gateway.kafka_io import FleetSampler, Follower, GraphSource, Publisher
-
-        self.settings = settings
-        self.tokens = tokens
-        self.client_cert_scope = client_cert_scope
-        self.hub = Hub(history)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.follower = Follower(settings, self._deliver)
-        self.publisher = Publisher(settings)
-        self.graph = GraphSource(settings)
-        self.fleet = FleetSampler(settings, fleet_every)
-        self.ready = False
-        self.plan_waiters: dict[str, list[asyncio.Future]] = {}
-        self.hub.plan_listeners.append(self._plan_arrived)
-
-    # ------------------------------------------------------------------ topic side -> loop
-
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.follower.start()
-        self.fleet.start()
-
-    def _deliver(self, batch: list[tuple[str, Any]]) -> None:
-        assert self.loop is not None
-        self.loop.call_soon_threadsafe(self._apply, batch)
-
-    def _apply(self, batch: list[tuple[str, Any]]) -> None:
-        answers: list[Answer] = []
-        for kind, item in batch:
-            if kind == "answer":
-                answers.append(item)
-                continue
-            if answers:
-                self.hub.apply_answers(answers)
-                answers = []
-            if kind == "plan":
-                self.hub.apply_plan(*item)
-            elif kind == "ready":
-                self.ready = True
-                log.info("event=ready queries=%d answers=%d", len(self.hub.plans), self.hub.answers_read)
-        if answers:
-            ANSWERS_READ.inc(len(answers))
-            self.hub.apply_answers(answers)
-
-    def _plan_arrived(self, query_id: str) -> None:
-        for future in self.plan_waiters.pop(query_id, []):
-            if not future.done():
-                future.set_result(None)
-
-    async def wait_plan(self, query_id: str, present: bool, version_above: int = 0, timeout: float = 10.0) -> bool:
-        """Wait until the hub has (or no longer has) ``query_id``'s plan; False at the timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            info = self.hub.registered(query_id)
-            if (info is not None and info.version > version_above) if present else info is None:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            future = asyncio.get_running_loop().create_future()
-            self.plan_waiters.setdefault(query_id, []).append(future)
-            try:
-                await asyncio.wait_for(future, left)
-            except asyncio.TimeoutError:
-                pass
-
-    def stop(self) -> None:
-        self.follower.stopping = True
-        self.fleet.stopping = True
-        self.follower.join(5)
-        self.publisher.close()
-        self.graph.close()
-
-    # ------------------------------------------------------------------ auth
-
-    def scope_of(self, request: web.Request, token: str | None = None) -> str | None:
-        if not self.tokens.enabled:
-            return READ_WRITE
-        if token is None:
-            header = request.headers.get("Authorization", "")
-            if header[:7].lower() == "bearer ":
-                token = header[7:].strip()
-            else:
-                token = request.query.get("access_token")
-        scope = self.tokens.scope(token) if token else None
-        if scope is None and request.transport is not None:
-            peer = request.transport.get_extra_info("peercert")
-            if peer:  # verified against --tls-client-ca by the TLS handshake
-                scope = self.client_cert_scope
-        return scope
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -586,63 +474,3 @@ def make_app(gw: Gateway) -> web.Application:
     app.router.add_get("/fleet", fleet)
     app.router.add_get("/subscribe", subscribe_ws)
     return app
-
-
-# ---------------------------------------------------------------------------------------- command
-
-
-def _tokens(args: argparse.Namespace) -> Tokens:
-    text = ""
-    if args.tokens_file:
-        text = Path(args.tokens_file).read_text(encoding="utf-8")
-    elif os.environ.get("CBGP_GATEWAY_TOKENS"):
-        text = os.environ["CBGP_GATEWAY_TOKENS"]
-    return Tokens.parse(text)
-
-
-def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if not args.tls_cert:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(args.tls_cert, args.tls_key)
-    if args.tls_client_ca:
-        context.load_verify_locations(args.tls_client_ca)
-        context.verify_mode = ssl.CERT_OPTIONAL  # a verified certificate, or a bearer token
-    return context
-
-
-async def serve(args: argparse.Namespace, settings: Any) -> int:
-    from services.metrics import start_metrics_server
-
-    tokens = _tokens(args)
-    gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope)
-    loop = asyncio.get_running_loop()
-    gw.start(loop)
-    app = make_app(gw)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=3.0)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    site = web.SockSite(runner, sock, ssl_context=_ssl_context(args), backlog=2048)
-    await site.start()
-    port = sock.getsockname()[1]
-    metrics_server = None
-    if args.metrics_port is not None:
-        metrics_server = start_metrics_server(args.metrics_port, lambda: gw.ready and gw.follower.is_alive())
-    scheme = "https" if args.tls_cert else "http"
-    log.info("event=started port=%d metrics_port=%s url=%s://127.0.0.1:%d/ auth=%s topics=%s", port,
-             metrics_server.port if metrics_server else port, scheme, port,
-             "tokens" if tokens.enabled else "off", settings.topic_prefix)
-    if not tokens.enabled:
-        log.warning("event=auth-off reason='no tokens configured (--tokens-file / CBGP_GATEWAY_TOKENS)'")
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    log.info("event=stopping")
-    await runner.cleanup()
-    gw.stop()
-    if metrics_server is not None:
-        metrics_server.stop()
-    return 0

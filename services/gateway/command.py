@@ -38,7 +38,7 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
     def run(args: argparse.Namespace) -> int:
-        from services.gateway.app import serve
+        from services.gateway.server import serve
         from services.kafka import KafkaSettings, quiet_librdkafka
         from services.runtime import setup_logging
 
