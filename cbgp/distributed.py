@@ -117,11 +117,11 @@ def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> Comp
             subject_const=-1 if is_var(t.s) else dictionary.encode(t.s),
             object_const=-1 if is_var(t.o) else dictionary.encode(t.o)))
     pairs = [(spec.subject_var, spec.object_var) for spec in specs]
-    routes = [probe_route(pairs, j) for j in range(len(specs))]
+    planned = [probe_route(pairs, j) for j in range(len(specs))]
     columns = tuple(v for v in query.projected if "?" + v in local)
     projection = tuple(local["?" + v] for v in columns)
-    return ComponentProgram(name, len(variables), tuple(specs), tuple(steps for _start, steps in routes),
-                            projection, columns, variables, tuple(start for start, _steps in routes))
+    return ComponentProgram(name, len(variables), tuple(specs), tuple(steps for _start, steps in planned),
+                            projection, columns, variables, tuple(start for start, _steps in planned))
 
 
 # The route model (no statistics: the same route on every partition, from the query alone): a lookup from a
@@ -247,49 +247,65 @@ def _present_at(history: list[int], as_of: int) -> bool:
 
 
 class _PatternStore:
-    """The triples matching one pattern, stored at one end: end value -> other value -> flip history."""
+    """The triples matching one pattern, stored at one end: end value -> other value -> flip history.  A
+    history of one flip ``[k]`` (present since k) is never rewritten; those of more flips are remembered in
+    ``dirty`` until :meth:`collapse` has folded them, so a collapse costs the entries that changed, not the
+    whole state."""
 
-    __slots__ = ("table",)
+    __slots__ = ("table", "dirty")
 
     def __init__(self) -> None:
         self.table: dict[int, dict[int, list[int]]] = {}
+        self.dirty: set[tuple[int, int]] = set()
 
     def flip(self, key: int, other: int, seq: int) -> None:
-        bucket = self.table.setdefault(key, {})
+        bucket = self.table.get(key)
+        if bucket is None:
+            self.table[key] = {other: [seq]}
+            return
         history = bucket.get(other)
         if history is None:
             bucket[other] = [seq]
         else:
             history.append(seq)
+            self.dirty.add((key, other))
 
     def present(self, key: int, other: int, as_of: int) -> bool:
-        history = self.table.get(key, {}).get(other)
+        bucket = self.table.get(key)
+        history = bucket.get(other) if bucket else None
         return history is not None and _present_at(history, as_of)
 
     def values(self, key: int, as_of: int) -> list[int]:
         bucket = self.table.get(key)
         if not bucket:
             return []
-        return [other for other, history in bucket.items() if _present_at(history, as_of)]
+        # (no flip after as_of, the usual case: present iff the flips are odd in number)
+        return [other for other, history in bucket.items()
+                if (len(history) & 1 if history[-1] <= as_of else bisect.bisect_right(history, as_of) & 1)]
 
     def collapse(self, watermark: int) -> None:
         """Drop flips no read can need (reads are as of seqs >= watermark): keep the state at the watermark."""
-        for key in list(self.table):
-            bucket = self.table[key]
-            for other in list(bucket):
-                history = bucket[other]
-                first = history[1] if history[0] == -1 and len(history) > 1 else history[0]
-                if first > watermark or history == [-1]:
-                    continue  # nothing at or below the watermark to fold
-                newer = history[bisect.bisect_right(history, watermark):]
-                if _present_at(history, watermark):
-                    bucket[other] = [-1] + newer
-                elif newer:
-                    bucket[other] = newer
-                else:
-                    del bucket[other]
-            if not bucket:
-                del self.table[key]
+        table = self.table
+        still: set[tuple[int, int]] = set()
+        for key, other in self.dirty:
+            bucket = table.get(key)
+            history = bucket.get(other) if bucket else None
+            if history is None or len(history) < 2:
+                continue
+            cut = bisect.bisect_right(history, watermark)
+            if cut == 0 or (cut == 1 and history[0] == -1):
+                still.add((key, other))  # nothing at or below the watermark to fold
+                continue
+            history = [-1] + history[cut:] if cut % 2 == 1 else history[cut:]
+            if history:
+                bucket[other] = history
+                if len(history) > 1:
+                    still.add((key, other))
+            else:
+                del bucket[other]
+                if not bucket:
+                    del table[key]
+        self.dirty = still
 
     def entries(self) -> int:
         return sum(len(bucket) for bucket in self.table.values())
@@ -416,6 +432,11 @@ class PartitionEvaluator:
         self.live = _LiveCounts()
         self.probes_sent = 0
         self.probes_received = 0
+        self.predicates: frozenset[int] = frozenset()  # of every registered query's patterns: other changes
+        # start nothing and store nothing here (callers may skip apply() for them)
+
+    def _index(self) -> None:
+        self.predicates = frozenset(p for state in self.queries.values() for p in state.hits)
 
     # -- registration
 
@@ -427,6 +448,7 @@ class PartitionEvaluator:
         the registration's, which :meth:`pending` waits for and :meth:`completed_live` leaves out."""
         state = self.queries[program.name] = _QueryState(program, roots_after)
         state.registration_upto = registration_upto
+        self._index()
 
     def snapshot(self, name: str) -> Outputs:
         """Start the enumeration of the query's answers as of its ``roots_after`` from this partition: every
@@ -473,6 +495,7 @@ class PartitionEvaluator:
         """Free a query's state; its probes waiting here die (their origins are told, so counts complete)."""
         out = Outputs()
         self.queries.pop(name, None)
+        self._index()
         dropped = [h[2] for h in self.held if h[2].query == name] + [p for p in self.unknown if p.query == name]
         self.held = [h for h in self.held if h[2].query != name]
         heapq.heapify(self.held)

@@ -638,24 +638,38 @@ class WorkerCore:
         shard.position = offset + 1
         out: list[Output] = []
         index = 0
-        apply = shard.engine.apply
-        if changes:
-            shard.last_seq = max(shard.last_seq, changes[-1][7])
+        engine = shard.engine
+        # (a routed shard holding only multi-centre queries has an idle engine: nothing to call per change)
+        apply = engine.apply if engine.queries or engine.operators or engine.graph is not None else None
+        if not changes:
+            return self._derived_outputs(shard) if self.derived else out
+        last = changes[-1][7]
+        shard.last_seq = max(shard.last_seq, last)
         evaluator = shard.evaluator if shard.kind == "routed" else None
-        if shard.engine.operators:
+        if engine.operators:
             self._learn(shard, changes)
-        for _offset, sign, s, p, o, g, role, seq, origin in changes:
-            if evaluator is not None:
-                probed = evaluator.apply(seq, sign, s, p, o, g, role, born_ms=origin or 0)
-                probed.extend(evaluator.advance(seq))
-                index = self._probe_outputs(shard, probed, offset, index, out, origin)
-            deltas = apply(sign, s, p, o, g, role)
-            if not deltas:
-                continue
-            self._note_origin(origin)
-            for name, d_sign, row in deltas:
-                self._part_delta(out, shard, name, d_sign, row, seq, offset, index, False, origin)
-                index += 1
+        if evaluator is not None:
+            # The record's changes into the evaluator, then its frontier once (the log is in seq order; reads are
+            # versioned, so a probe held for seq k reads the same as of k - 1 after the whole record), then one
+            # pass over what they made.
+            probed = ProbeOutputs()
+            wanted = evaluator.predicates
+            evaluate = evaluator.apply
+            origin = changes[0][8]
+            for _offset, sign, s, p, o, g, role, seq, _origin in changes:
+                if p in wanted:
+                    evaluate(seq, sign, s, p, o, g, role, born_ms=origin or 0, out=probed)
+            evaluator.advance(last, out=probed)
+            index = self._probe_outputs(shard, probed, offset, index, out, origin)
+        if apply is not None:
+            for _offset, sign, s, p, o, g, role, seq, origin in changes:
+                deltas = apply(sign, s, p, o, g, role)
+                if not deltas:
+                    continue
+                self._note_origin(origin)
+                for name, d_sign, row in deltas:
+                    self._part_delta(out, shard, name, d_sign, row, seq, offset, index, False, origin)
+                    index += 1
         if self.derived:
             out.extend(self._derived_outputs(shard))
         return out
