@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/lsbench_fleet.py [--updates 150000] [--workers 1,2] [--with-4]
         [--placements by-centre,single-owner] [--workloads mix,heavy] [--heavy FILE.rq] [--repeat N]
+        [--in-memory]
 
 Data: the first ``--updates`` updates of the LSBench stream (bench/lsbench.py: the shared
 ``/work/shared/data/lsbench-1000`` files if present, else its generator of the same shape; static graph first,
@@ -31,6 +32,12 @@ latency of an answer is its ``produced_at_ms`` minus the produce time of the raw
 
 Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-connected query alone (default: the
 2-hop path ``?a foaf:knows ?b . ?b sib:like ?post`` over the like stream, centre ?b; ``--heavy FILE`` for another).
+
+In memory (``--in-memory``: no fleet, no Kafka, for profiling the workers' CPU per update): ingest's records
+made in memory, then per partition count in ``--workers`` (one routed partition per worker core) the workers'
+cores (services.worker_core with the codec) fed their logs round robin, probes written back to the logs they go
+to, CPU per update summed over the cores (by-centre vs single-owner: the whole shard on its owner); and, for a
+one-query workload, cbgp.distributed's evaluators alone (probes handed over as objects) against one engine.
 
 Output: one line per configuration (with ``--repeat N``: median [min-max]; each run's line goes to stderr), then
 as the last line one JSON object with every figure.  The bench itself only polls /metrics every 0.2 s.
@@ -310,6 +317,171 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
+# ------------------------------------------------------------------------------------------- in memory
+
+
+def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: int = 500) -> tuple[dict, list]:
+    """The routed records per partition and the updates.encoded records ingest makes of ``updates`` (raw
+    records of ``chunk`` lines, no Kafka)."""
+    from services.ingest import IngestProcessor, RawRecord
+
+    ingest = IngestProcessor(KafkaSettings(topic_prefix="m."), partitions, partitions)
+    lines = patch_lines(updates)
+    routed: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    encoded: list[bytes] = []
+    for start in range(0, len(lines), chunk):
+        raw = RawRecord(("\n".join(lines[start:start + chunk]) + "\n").encode(), offset=start // chunk)
+        for out in ingest.process(raw):
+            if out.topic == "m.updates.routed":
+                routed[out.partition].append(out.value)
+            elif out.topic == "m.updates.encoded":
+                encoded.append(out.value)
+    return routed, encoded
+
+
+def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], placement: str) -> dict:
+    """The workers' cores (services.worker_core, codec included) with one routed partition each, fed their
+    logs round robin (3 records a turn, then a flush: one transaction), probes written back to the logs they
+    go to; the whole shard of each query on its owner (single-owner).  CPU seconds per core (process time)."""
+    from cbgp.plan import SINGLE_OWNER
+    from services import codec
+    from services.records import query_partition
+    from services.worker_core import WorkerCore, decode_changes
+
+    n = len(routed)
+    logs = {p: list(records) for p, records in routed.items()}
+    topics = {"deltas.parts": "m.deltas.parts", "deadletter": "m.deadletter", "updates.routed": "m.updates.routed"}
+
+    def reader(kind: str, partition: int, start: int, end: int) -> list:
+        source = logs[partition] if kind == "routed" else encoded
+        return [c for off, v in enumerate(source[start:end], start) for c in decode_changes(kind, off, v, None)]
+
+    def records(partition: int, start: int, end: int | None) -> list:
+        return list(enumerate(logs[partition][start:end], start))
+
+    cores = [WorkerCore(topics, n, 1, 1, reader, assemble_in_spark=False, placement=placement,
+                        record_reader=records) for _ in range(n)]
+    owners: dict[int, list[int]] = {}
+    for offset, (name, path) in enumerate(queries.items()):
+        value = codec.encode("QueryPlan", {"query_id": name, "sparql": path.read_text(), "options": {},
+                                           "plan_json": "{}", "projected": [], "registered_at_seq": 0, "version": 1})
+        for p, core in enumerate(cores):
+            core.on_plan(0, offset, name.encode(), value, [p])
+        owners.setdefault(query_partition(name, n), [])
+    for p, core in enumerate(cores):
+        core.open_shard("routed", p, 0, None)
+        if placement == SINGLE_OWNER and p in owners:
+            core.open_shard("whole", p, 0, None)
+    cpu = [0.0] * n
+    cursors, encoded_cursor = [0] * n, [0] * n
+    answers = 0
+    busy = True
+    while busy:
+        busy = False
+        for p, core in enumerate(cores):
+            shard = core.shards[("routed", p)]
+            whole = core.shards.get(("whole", p))
+            started = time.process_time()
+            outputs = []
+            for _ in range(3):
+                if cursors[p] < len(logs[p]):
+                    outputs += core.on_routed(shard, cursors[p], logs[p][cursors[p]], None)[0]
+                    cursors[p] += 1
+                    busy = True
+                if whole is not None and encoded_cursor[p] < len(encoded):
+                    i = encoded_cursor[p]
+                    outputs += core.on_record(whole, i, decode_changes("whole", i, encoded[i], None))
+                    encoded_cursor[p] += 1
+                    busy = True
+            outputs += core.flush_batches()
+            cpu[p] += time.process_time() - started
+            for out in outputs:
+                if out.topic == "m.updates.routed":
+                    logs[out.partition].append(out.value)
+                elif codec.frontier_of(out.value) is None and codec.probe_ready_of(out.value) is None:
+                    answers += len(codec.part_delta_columns(out.value).seq)
+    probes = sum(c.shards[("routed", p)].evaluator.probes_sent for p, c in enumerate(cores)
+                 if c.shards[("routed", p)].evaluator is not None)
+    return {"cpu_s": cpu, "answer_deltas": answers, "probes": probes}
+
+
+def evaluator_in_memory(updates: list[lsbench.UpdateRow], query: str, partitions: int) -> dict:
+    """cbgp.distributed alone: every change to the PartitionEvaluator of its subject's and object's partitions
+    (in seq order, each advancing its frontier; every partition's frontier moved every 500 changes, as ingest's
+    marks do), probes and acks handed over as objects until none is left;
+    against one plain Engine applying the same changes.  CPU seconds (process time) of each."""
+    from cbgp.distributed import PartitionEvaluator, compile_component, partition_of
+    from cbgp.engine import Engine
+    from cbgp.plan import decompose
+    from cbgp.sparql import parse_query
+    from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
+
+    dictionary = TermDictionary(stable=True)
+    encode = dictionary.encode
+    changes = [(sign, encode(s), encode(p), encode(o)) for sign, s, p, o in updates]
+    engine = Engine(dictionary)
+    engine.register("q", query)
+    started = time.process_time()
+    engine_deltas = sum(len(engine.apply(sign, s, p, o)) for sign, s, p, o in changes)
+    engine_s = time.process_time() - started
+    program = compile_component("q", decompose(parse_query(query)), dictionary)
+    parts = [PartitionEvaluator(p, partitions) for p in range(partitions)]
+    for part in parts:
+        part.register(program)
+    deltas = 0
+    started = time.process_time()
+    for seq, (sign, s, p, o) in enumerate(changes, 1):
+        ps, po = partition_of(s, partitions), partition_of(o, partitions)
+        outs = []
+        for part, role in (((parts[ps], 3),) if ps == po else ((parts[ps], 1), (parts[po], 2))):
+            outs.append(part.apply(seq, sign, s, p, o, DEFAULT_GRAPH_ID, role))
+            outs.append(part.advance(seq))
+        if seq % 500 == 0 or seq == len(changes):  # ingest's frontier marks, once per raw record of 500
+            outs.extend(part.advance(seq) for part in parts)
+        while outs:
+            out = outs.pop()
+            deltas += len(out.deltas)
+            for ack in out.acks:
+                parts[ack.dest].on_ack(ack)
+            for probe in out.probes:
+                outs.append(parts[probe.dest].on_probe(probe))
+    evaluator_s = time.process_time() - started
+    return {"engine_s": engine_s, "engine_deltas": engine_deltas, "evaluator_s": evaluator_s,
+            "evaluator_deltas": deltas, "probes": sum(part.probes_sent for part in parts)}
+
+
+def in_memory(updates: list[lsbench.UpdateRow], workloads: dict, worker_counts: list[int], placements: list[str],
+              repeat: int) -> list[dict]:
+    """``--in-memory``: the workers' cores and the evaluator without Kafka (see cores_in_memory and
+    evaluator_in_memory); each figure the median [min-max] of ``repeat`` runs, in us of CPU per update."""
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+    results = []
+    for n in worker_counts:
+        routed, encoded = ingest_in_memory(updates, n)
+        for w, queries in workloads.items():
+            for placement in placements:
+                runs = [cores_in_memory(routed, encoded, queries, placement) for _ in range(repeat)]
+                per_update = [1e6 * sum(r["cpu_s"]) / len(updates) for r in runs]
+                results.append({"mode": "cores", "workload": w, "placement": placement, "partitions": n,
+                                "us_per_update": per_update, "runs": runs})
+                print(f"cores in memory {w:5s} {placement:12s} partitions={n}: workers' CPU {spread(per_update)} "
+                      f"us/update; {runs[0]['answer_deltas']:,} answer deltas, {runs[0]['probes']:,} probes",
+                      flush=True)
+            if len(queries) == 1:
+                (query,) = [path.read_text() for path in queries.values()]
+                runs = [evaluator_in_memory(updates, query, n) for _ in range(repeat)]
+                ev = [1e6 * r["evaluator_s"] / len(updates) for r in runs]
+                en = [1e6 * r["engine_s"] / len(updates) for r in runs]
+                results.append({"mode": "evaluator", "workload": w, "partitions": n, "evaluator_us_per_update": ev,
+                                "engine_us_per_update": en, "runs": runs})
+                print(f"evaluator in memory {w:5s} partitions={n}: {spread(ev)} us/update ({runs[0]['probes']:,} "
+                      f"probes, {runs[0]['evaluator_deltas']:,} deltas) vs one engine {spread(en)} "
+                      f"({runs[0]['engine_deltas']:,} deltas)", flush=True)
+    return results
+
+
 # ------------------------------------------------------------------------------------------- main
 
 
@@ -329,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
     parser.add_argument("--paced", type=float, default=None, metavar="RATE",
                         help="produce the updates at RATE updates/s and report answer latency (p50, p99, max)")
+    parser.add_argument("--in-memory", action="store_true",
+                        help="no fleet: the workers' cores in memory, one routed partition each (--workers: the "
+                             "partition counts), and the evaluator alone against one engine (see in_memory)")
     args = parser.parse_args(argv)
     worker_counts = [int(w) for w in args.workers.split(",")] + ([4] if args.with_4 else [])
     placements = args.placements.split(",")
@@ -344,6 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         workloads = {w: workloads[w] for w in args.workloads.split(",")}
         print(f"data: {dataset.source}, first {len(updates):,} updates "
               f"({sum(1 for u in updates if u[0] < 0):,} deletions); {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
+        if args.in_memory:
+            results = in_memory(updates, workloads, worker_counts, placements, args.repeat)
+            print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data": dataset.source, "in_memory": True,
+                              "updates": len(updates), "heavy_query": heavy.read_text(), "results": results}))
+            return 0
         expected, replay_s = {}, {}
         for w, queries in workloads.items():
             counts, replay_s[w] = expected_counts(patch, queries)
