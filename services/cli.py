@@ -64,11 +64,11 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
 
 
 def _data_path_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
-    """``cbgp ingest``, ``cbgp worker`` and ``cbgp answers``: each service module's ``register``."""
-    from services import answers, ingest, worker  # lazy: the CLI's other commands need none of them
+    """``cbgp ingest``, ``cbgp worker``, ``cbgp answers`` and ``cbgp background``: each service module's ``register``."""
+    from services import answers, background, ingest, worker  # lazy: the CLI's other commands need none of them
 
     handlers: dict[str, Handler] = {}
-    for module in (ingest, worker, answers):
+    for module in (ingest, worker, answers, background):
         handlers.update(module.register(commands))
     return handlers
 

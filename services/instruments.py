@@ -12,6 +12,7 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
     "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY", "RESTORE_MISSING_OFFSETS",
+    "BACKGROUND_REFRESHES", "BACKGROUND_VIEW_TRIPLES", "BACKGROUND_ACCURACY",
 ]
 
 # prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
@@ -37,3 +38,8 @@ ANSWER_LATENCY = Histogram(
     "cbgp_answer_latency_seconds", "Event (or ingest) time of a change to the emission of the answers it caused.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
+BACKGROUND_REFRESHES = Counter("cbgp_background_refreshes", "Remote calls of the background service, by view graph "
+                               "and kind (fill, refresh, failed).", ["graph", "kind"])
+BACKGROUND_VIEW_TRIPLES = Gauge("cbgp_background_view_triples", "Triples a SERVICE view graph holds.", ["graph"])
+BACKGROUND_ACCURACY = Gauge("cbgp_background_estimated_accuracy", "A view's expected share of fresh entries after "
+                            "its last refresh round (seed paper 003's estimate).", ["graph"])

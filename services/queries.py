@@ -20,10 +20,11 @@ from cbgp.sparql import ParsedQuery, QueryError, parse_query
 from cbgp.windows import WindowError, WindowSpec, parse_rspql, window_from_options
 
 __all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "read_query",
-           "read_registration", "read_stream", "stream_iri"]
+           "read_registration", "read_stream", "read_views", "stream_iri"]
 
 QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream")  # stored with the query's plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
+SERVICE_OPTION = "service."  # service.policy, service.refresh_ms, ...: cbgp.background.query.ServiceOptions
 
 
 def check_option_keys(keys: object, known: tuple[str, ...] = REGISTER_OPTIONS) -> None:
@@ -38,10 +39,41 @@ def check_option_keys(keys: object, known: tuple[str, ...] = REGISTER_OPTIONS) -
 def read_registration(sparql: str, options: Mapping[str, str]) -> tuple[str, WindowSpec | None]:
     """``(plain SPARQL, window or None)`` of a registration; raises ``cbgp.windows.WindowError`` with a
     message that says what is wrong (an unknown option key included; the plain text's own errors come
-    when it is parsed)."""
-    check_option_keys(options)
+    when it is parsed).
+
+    A ``SERVICE <e> { P }`` comes back as ``GRAPH <view> { P }`` (``cbgp.background.views``): the background
+    service keeps that graph equal to P's matches at the endpoint, so every service evaluates the same query."""
+    service_options = {k: v for k, v in options.items() if k.startswith(SERVICE_OPTION)}
+    check_option_keys(k for k in options if not k.startswith(SERVICE_OPTION))
     plain, spec = parse_rspql(sparql)
-    return plain, window_from_options(dict(options), base=spec)
+    window = window_from_options({k: v for k, v in options.items() if not k.startswith(SERVICE_OPTION)}, base=spec)
+    return _with_views(plain, service_options, window), window
+
+
+def _with_views(text: str, service_options: Mapping[str, str], window: WindowSpec | None) -> str:
+    from cbgp.background.query import ServiceOptions
+    from cbgp.background.service import ServiceError
+    from cbgp.background.views import rewrite_services
+
+    try:
+        rewritten, views = rewrite_services(text)
+        ServiceOptions.from_options(service_options)
+    except ServiceError as exc:
+        raise QueryError(f"SERVICE: {exc}") from None
+    if service_options and not views:
+        raise QueryError("service.* options need a SERVICE clause")
+    if views and window is not None:
+        raise QueryError("SERVICE in a windowed query is not run by the fleet yet: the view graph would expire with "
+                         "the window (the library and bench/background_bench.py run it)")
+    return rewritten
+
+
+def read_views(sparql: str, options: Mapping[str, str]) -> tuple[object, ...]:
+    """The SERVICE views (``cbgp.background.views.ServiceView``) of a registration, for the background service."""
+    from cbgp.background.views import rewrite_services
+
+    read_registration(sparql, options)  # the same checks as every other reader
+    return rewrite_services(parse_rspql(sparql)[0])[1]
 
 
 def read_query(text: str, window: WindowSpec | None) -> tuple[ParsedQuery | None, object | None]:

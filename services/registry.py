@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterable
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
 from cbgp.sparql import QueryError
 from cbgp.windows import WindowSpec
-from services.queries import graphs_read, read_query, read_registration, read_stream, stream_iri
+from cbgp.background.query import ServiceOptions
+from cbgp.background.views import view_summary
+from services.queries import graphs_read, read_query, read_registration, read_stream, read_views, stream_iri
 
 __all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "operator_plan",
            "operator_summary", "plan_summary", "tombstone_version"]
@@ -34,21 +36,6 @@ __all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", 
 QUERY_ID_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Header of a queries.plans tombstone: the version of the registration it ends (decimal).
 VERSION_HEADER = "cbgp-version"
-
-
-def _service_rejection(text: str, options: dict[str, str], exc: QueryError) -> QueryError:
-    """A query with SERVICE: validated and classified (issue 19), but not run by the fleet yet."""
-    from cbgp.background.query import describe
-    from cbgp.background.service import ServiceError
-
-    try:
-        summary = describe(text, {k: v for k, v in options.items() if k.startswith("service.")})
-    except ServiceError as error:
-        return QueryError(f"SERVICE: {error}", exc.line, exc.column)
-    except QueryError as error:
-        return error
-    return QueryError(f"SERVICE is not run by the fleet yet (issue 19); the query is valid: {summary}",
-                      exc.line, exc.column)
 
 
 def tombstone_version(headers: Any) -> int | None:
@@ -244,20 +231,14 @@ class Registry:
                 f"query id {query_id!r} is already registered with a different text or options; "
                 "unregister it first or register with --option replace=true", request_id))
         try:
-            text, window = read_registration(sparql, {k: v for k, v in stored_options.items()
-                                                      if not k.startswith("service.")})
+            text, window = read_registration(sparql, stored_options)
             parsed, operators = read_query(text, window)
             plan = decompose(parsed) if parsed is not None else None
             stream, reads = read_stream(stored_options, text, operators)
             if stream is not None:
                 self._check_stream(query_id, stream, reads, text)
         except QueryError as exc:  # WindowError included
-            if exc.message.startswith("SERVICE is not supported"):
-                exc = _service_rejection(text, stored_options, exc)
             return Decision(self._status(query_id, "REJECTED", exc.message, request_id, exc.line, exc.column))
-        if any(k.startswith("service.") for k in stored_options):
-            return Decision(self._status(query_id, "REJECTED", "service.* options need a SERVICE clause",
-                                         request_id))
         version = max(existing.version if existing is not None else 0, self.retired.get(query_id, 0)) + 1
         seq = encoded_end()
         if plan is None:  # an operator query (issue 18)
@@ -272,6 +253,10 @@ class Registry:
         if stream is not None:
             summary += (f"; derived stream: its triples are inserted into and deleted from graph {stream} on "
                         "updates.raw" + (f" (reads {', '.join(reads)})" if reads else ""))
+        views = read_views(sparql, stored_options)
+        if views:
+            service = ServiceOptions.from_options(stored_options)
+            summary += "; " + view_summary(views, service.policy, service.refresh_ms)
         summary += (f"; window {window_summary(window)}" if window else "") + \
             (f" (version {version}, replaced)" if existing is not None else "")
         entry = Entry(query_id, sparql, query_class, version, stored_options, seq)

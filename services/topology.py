@@ -106,6 +106,17 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
         ),
     ),
     Topology(
+        "background", "services.background_core.BackgroundCore",
+        "keep each SERVICE view graph equal to its endpoint's matches, refreshed within a budget (issue 19)",
+        sources=(
+            Edge("queries.plans", "query id", "all partitions from offset 0, then followed (the SERVICE views)"),
+        ),
+        sinks=(
+            Edge("updates.raw", "none", f"{_ONE}: SPARQL Update requests on the view graphs (fill, refresh, drop)"),
+            Edge("queries.status", "none", f"{_ONE}: an accuracy alert (estimate below service.alpha)"),
+        ),
+    ),
+    Topology(
         "spark-job", "spark.windows.window_group, spark.assembly.assemble_group, spark.compaction.compact_batch",
         "event-time windows, multi-part assembly and answer compaction (PySpark Structured Streaming)",
         sources=(

@@ -297,21 +297,26 @@ def test_wbmp_weights_the_score_by_the_probability_of_being_stale():
     assert [e.key for e in elect("WBMP", view, window, 8, 1, shape, random.Random(0))] == ["old-slow"]
 
 
-def test_registry_validates_and_classifies_a_service_query_without_running_it():
+def test_registry_accepts_a_service_query_as_a_view_graph_and_says_how_it_is_kept():
     from services.registry import Registry
 
     def register(sparql, **options):
         decision = Registry().decide({"command": "REGISTER", "query_id": "influential", "sparql": sparql,
                                       "options": options}, lambda: 0)
-        return decision.status
+        return decision
 
-    status = register(PAPER_QUERY, **{"service.policy": "WSJ-LRU", "service.alpha": "0.75"})
-    assert status["status"] == "REJECTED" and (status["line"], status["column"]) == (4, 3)
-    assert "not run by the fleet yet" in status["message"] and "budgeted" in status["message"]
-    assert "policy WSJ-LRU, rho 100 ms, alert below alpha 0.75" in status["message"]
-    bad = register(PAPER_QUERY, **{"service.policy": "WSJ-WBM*"})
-    assert "option service.policy" in bad["message"]
-    assert "need a SERVICE" in register("SELECT * WHERE { ?s <http://e/p> ?o }", **{"service.rho_ms": "5"})["message"]
+    decision = register(PAPER_QUERY, **{"service.policy": "WSJ-LRU", "service.refresh_ms": "5000"})
+    status = decision.status
+    assert status["status"] == "ACCEPTED", status
+    assert "SERVICE <http://127.0.0.1:8890/sparql> kept as graph <urn:cbgp:service-view:" in status["message"]
+    assert "every 5 s with GNR-LRU (WSJ-LRU needs the query's window" in status["message"]
+    assert decision.plan[1]["options"]["service.refresh_ms"] == "5000"  # the background service reads them
+    bad = register(PAPER_QUERY, **{"service.policy": "WSJ-WBM*"}).status
+    assert bad["status"] == "REJECTED" and "option service.policy" in bad["message"]
+    no_service = register("SELECT * WHERE { ?s <http://e/p> ?o }", **{"service.rho_ms": "5"}).status
+    assert "need a SERVICE" in no_service["message"]
+    windowed = register(PAPER_QUERY, window="sliding", range="PT10S", step="PT5S").status
+    assert windowed["status"] == "REJECTED" and "windowed" in windowed["message"]
 
 
 def test_view_snapshot_restores_values_times_and_learnt_intervals():

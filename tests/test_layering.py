@@ -29,7 +29,7 @@ KAFKA_SIDE = ("confluent_kafka", "faust", "aiokafka", "pyspark")
 # Modules documented as holding no Kafka code (their docstrings say so); cbgp/ as a whole is added below.
 KAFKA_FREE = ("services.worker_core", "services.release", "services.records", "services.instruments",
               "services.idempotence", "services.topology", "services.codec", "services.queries", "services.registry",
-              "services.worker_probes", "services.state")
+              "services.worker_probes", "services.state", "services.background_core")
 
 # The layers, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
@@ -37,10 +37,11 @@ LAYERS = (
     ("Kafka-free transforms, records and wire format",
      ("services.records", "services.instruments", "services.idempotence", "services.topology", "services.codec",
       "services.queries", "services.registry", "services.worker_probes", "services.worker_core",
-      "services.release", "services.state")),
+      "services.release", "services.state", "services.background_core")),
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
     ("service runtime", ("services.runtime", "services.state.recovery")),
-    ("services and the Spark job", ("services.ingest", "services.worker", "services.answers", "services.registry_faust",
+    ("services and the Spark job", ("services.ingest", "services.worker", "services.answers", "services.background",
+                                    "services.registry_faust",
                                     "services.usercli", "services.gateway", "spark")),
     ("command line and local runner", ("services.cli", "services.run", "services.supervise", "services.demo")),
 )
@@ -299,3 +300,32 @@ def test_keys_routing_and_dead_letters_have_one_home() -> None:
         if module != "services.records" and ('"DeadLetter", {' in text or '"DeadLetter", record' in text):
             misplaced.append(f"{module} builds a DeadLetter record itself (use services.records.dead_letter)")
     assert not misplaced, "\n  ".join(misplaced)
+
+
+# No module over 600 lines (issue 15): a module that long mixes jobs, so split it by job (re-exporting from the
+# old address keeps its importers unchanged).  The allow-list holds the modules still over the limit, each with
+# the reason; an entry whose module has come under the limit fails too, so the list shows exactly what is left.
+MAX_MODULE_LINES = 600
+OVER_THE_LIMIT = {
+    # The worker's Kafka-free core: being optimised in its own change while the packages were split; it is the
+    # next split (batch transform, probe handling, snapshots).
+    "services.worker_core": "being optimised elsewhere; split next",
+}
+
+
+def _module_lines() -> dict[str, int]:
+    return {module: len(path.read_text().splitlines()) for module, path in product_modules().items()}
+
+
+def test_no_product_module_is_over_600_lines() -> None:
+    over = sorted(f"{module} ({lines} lines)" for module, lines in _module_lines().items()
+                  if lines > MAX_MODULE_LINES and module not in OVER_THE_LIMIT)
+    assert not over, (f"modules over {MAX_MODULE_LINES} lines (split them by job, or add them to OVER_THE_LIMIT "
+                      "with the reason):\n  " + "\n  ".join(over))
+
+
+def test_the_size_allow_list_names_only_modules_still_over_the_limit() -> None:
+    lines = _module_lines()
+    stale = sorted(f"{module} ({lines.get(module, 0)} lines)" for module in OVER_THE_LIMIT
+                   if lines.get(module, 0) <= MAX_MODULE_LINES)
+    assert not stale, "no longer over the limit: remove from OVER_THE_LIMIT:\n  " + "\n  ".join(stale)

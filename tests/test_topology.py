@@ -20,7 +20,7 @@ from tests.test_helm_chart import by_kind, one, render
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOGUE = {t.name: t for t in TOPICS}
-DATA_PATH = ("ingest", "worker", "answers", "registry", "spark-job", "gateway")
+DATA_PATH = ("ingest", "worker", "answers", "registry", "background", "spark-job", "gateway")
 # The gateway is a front door: it writes what users write (updates.raw, admin) and reads their replies.
 FRONT = ("gateway",)
 

@@ -208,3 +208,21 @@ class ViewGraph:
 
 def _block(triples: Iterable[Triple]) -> str:
     return " ".join(f"{s} {p} {o} ." for s, p, o in triples)
+
+
+FLEET_POLICIES = ("GNR-LRU", "GNR-RND", "WST")
+
+
+def fleet_policy(policy: str) -> str:
+    """The policy the background service runs for a registration's ``service.policy``: the whole-view (GNR)
+    ones and WST as asked; a window-join (WSJ) policy becomes GNR-LRU, because the service refreshes a view
+    shared by queries and does not see their current answers (the library and its bench run WSJ)."""
+    return policy if policy in FLEET_POLICIES else "GNR-LRU"
+
+
+def view_summary(views: Iterable[ServiceView], policy: str, refresh_ms: float) -> str:
+    """What a registration's status says about its SERVICE clauses."""
+    parts = [f"SERVICE <{v.endpoint}> kept as graph <{v.graph}> on ?{v.key}" for v in views]
+    asked = "" if fleet_policy(policy) == policy else f" ({policy} needs the query's window: run by the library)"
+    return (", ".join(parts) + f", refreshed by `cbgp background` every {refresh_ms / 1000:g} s with "
+            f"{fleet_policy(policy)}{asked} within the budget")

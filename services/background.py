@@ -1,0 +1,107 @@
+"""``cbgp background``: SERVICE view graphs kept in step with their endpoints (issue 19), the Kafka loop.
+
+Sources: ``queries.plans`` (every registration, read from the start at each life, then followed in short
+windows).  Sinks: ``updates.raw`` (SPARQL Update requests on the view graphs, keyed by the graph so that one
+view's requests stay in order on one partition) and ``queries.status`` (accuracy alerts).  The transform is
+:class:`services.background_core.BackgroundCore`.
+
+Order per round: 1. read new plans; 2. publish the drops they cause; 3. fill and refresh what is due and
+publish it; 4. wait until every request is acknowledged (``flush``) before the next round.  No transaction:
+a request applied twice changes nothing more (set semantics), and a restart re-fills every view.  One
+instance is enough (a Deployment with one replica): two would refresh the same views twice, harmlessly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from services import codec
+from services.background_core import BackgroundCore
+from services.instruments import UPDATES_OUT
+from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
+from services.runtime import Stopper, WINDOW_POLL_SECONDS, kv, read_window, record_ok, require_from, service_command
+
+log = logging.getLogger("cbgp.background")
+
+SERVICE = "background"
+UPDATE_CONTENT_TYPE = b"application/sparql-update"
+VIEW_HEADER = "cbgp-view"  # the view graph a request maintains (provenance, for `cbgp deadletter`)
+PLANS_POLL_SECONDS = 1.0  # a new SERVICE registration is filled at most about this late
+
+
+def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:
+    core = BackgroundCore()
+    t_plans, t_raw, t_status = (settings.topic(t) for t in ("queries.plans", "updates.raw", "queries.status"))
+    producer = make_producer(settings)
+    plans = make_consumer(settings, f"{settings.topic_prefix}background.plans", enable_partition_eof=True)
+    published = UPDATES_OUT.labels(SERVICE)
+
+    def publish(topic: str, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        producer.produce(topic, value, None, headers=headers)  # both topics have one partition: one order
+        published.inc()
+
+    def publish_requests(texts: list[str]) -> None:
+        for text in texts:
+            graph = text.split("<", 1)[1].split(">", 1)[0]  # every request names its view graph first
+            publish(t_raw, text.encode(), [("content-type", UPDATE_CONTENT_TYPE), (VIEW_HEADER, graph.encode())])
+
+    try:
+        highs = {p: hi for p, (_lo, hi) in end_offsets(settings, t_plans).items()}
+        require_from(settings, t_plans, {p: 0 for p, hi in highs.items() if hi > 0})  # every plan is needed
+        positions = {p: 0 for p in highs}
+        deadline = time.monotonic() + 60
+        while any(positions[p] < hi for p, hi in highs.items()):  # every registration before the first fill
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"queries.plans not read to its end: {positions} of {highs}")
+            _apply(core, read_window(plans, t_plans, positions), positions, publish_requests)
+        ready[0] = True
+        log.info(kv(event="plans-read", views=len(core.views)))
+        next_plans = 0.0
+        while not stopper.stopping:
+            now = time.monotonic()
+            if now >= next_plans:
+                _apply(core, read_window(plans, t_plans, positions), positions, publish_requests)
+                next_plans = now + PLANS_POLL_SECONDS
+            publish_requests(core.due())
+            for alert in core.alerts:
+                for query_id in alert.query_ids:
+                    status = {"query_id": query_id, "status": "ERROR", "message": alert.message, "line": None,
+                              "column": None, "request_id": None, "at_ms": int(time.time() * 1000), "queries": []}
+                    publish(t_status, codec.encode("QueryStatus", status), [])
+                log.warning(kv(event="accuracy-alert", queries=",".join(alert.query_ids), message=alert.message))
+            core.alerts.clear()
+            if producer.flush(30) > 0:
+                raise TimeoutError("view requests not acknowledged within 30 s")
+            due = core.next_due()
+            wait = next_plans - time.monotonic()
+            if due is not None:
+                wait = min(wait, due / 1000.0 - time.time())
+            time.sleep(min(max(wait, 0.0), WINDOW_POLL_SECONDS * 5))  # idle costs a plans window a second
+    finally:
+        ready[0] = False
+        plans.close()
+        producer.flush(5)
+
+
+def _apply(core: BackgroundCore, msgs: list, positions: dict[int, int], publish_requests) -> None:  # noqa: ANN001
+    for msg in msgs:
+        if not record_ok(msg, log):
+            continue
+        positions[msg.partition()] = msg.offset() + 1
+        query_id = msg.key().decode("utf-8", "replace") if msg.key() else None
+        if query_id is None:
+            continue
+        try:
+            record = None if msg.value() is None else codec.decode("QueryPlan", msg.value())
+        except codec.CodecError as exc:
+            log.warning(kv(event="plan-skipped", query=query_id, reason=str(exc)))
+            continue
+        publish_requests(core.on_plan(query_id, record))
+
+
+def register(commands: argparse._SubParsersAction) -> dict:
+    return service_command(commands, SERVICE, "keep SERVICE view graphs in step with their endpoints (service)",
+                           run, batch=1, batch_help="unused (the service publishes per refresh round)")
+

@@ -1,0 +1,164 @@
+"""The background service's transform, with no Kafka in it: plans in, SPARQL Update texts for view graphs out.
+
+A registered query's ``SERVICE <e> { P }`` is evaluated by the fleet as ``GRAPH <view> { P }``
+(``services.queries.read_registration``, ``cbgp.background.views``).  :class:`BackgroundCore` keeps each view
+graph equal to P's matches at its endpoint:
+
+1. a view is filled by one bulk query when its first query is registered, and again whenever the service
+   starts (it keeps no state: the fill is published as ``DROP SILENT GRAPH`` + ``INSERT DATA`` in one request,
+   which ingest nets to the real changes, so a restart costs no answer);
+2. every ``service.refresh_ms`` one maintenance round (seed paper 003's ``Maintainer``) refreshes at most
+   gamma entries, one remote query per key, elected by the view's policy within the latency budget
+   ``service.rho_ms``; a key whose rows changed becomes one ``DELETE DATA`` / ``INSERT DATA`` request;
+3. when its last query ends, the graph is dropped.
+
+The first registration's ``service.*`` options set a shared view's policy and budget.  A failed remote call
+leaves the view as it was and is tried again at the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from cbgp.background.maintenance import Maintainer, WindowShape
+from cbgp.background.query import ServiceOptions
+from cbgp.background.remote import SparqlRemote
+from cbgp.background.view import LocalView
+from cbgp.background.views import ServiceView, ViewGraph, fleet_policy
+from cbgp.sparql import QueryError
+from services.instruments import BACKGROUND_ACCURACY, BACKGROUND_REFRESHES, BACKGROUND_VIEW_TRIPLES
+from services.queries import read_views
+from services.records import kv
+
+log = logging.getLogger("cbgp.background")
+
+RETRY_FILL_MS = 5_000.0  # an endpoint that failed the bulk fill is asked again after this long
+
+
+@dataclass
+class ViewState:
+    view: ServiceView
+    options: ServiceOptions
+    remote: Any
+    graph: ViewGraph
+    users: set[str] = field(default_factory=set)
+    local: LocalView | None = None  # the paper's view R (values, best-before times), after the fill
+    maintainer: Maintainer | None = None
+    next_due: float = 0.0  # ms: the next fill attempt (unfilled) or refresh round
+
+    @property
+    def filled(self) -> bool:
+        return self.maintainer is not None
+
+
+@dataclass
+class Alert:
+    query_ids: list[str]
+    message: str
+
+
+class BackgroundCore:
+    def __init__(self, remote_factory: Callable[..., Any] = SparqlRemote,
+                 clock: Callable[[], float] = lambda: time.time() * 1000.0) -> None:
+        self.remote_factory = remote_factory
+        self.clock = clock
+        self.views: dict[str, ViewState] = {}  # view graph IRI -> its state
+        self.uses: dict[str, tuple[str, ...]] = {}  # query id -> the view graphs it reads
+        self.alerts: list[Alert] = []  # drained by the loop onto queries.status
+
+    def on_plan(self, query_id: str, record: dict | None) -> list[str]:
+        """A queries.plans record (None: a tombstone).  Returns the requests to publish now (graph drops)."""
+        out: list[str] = []
+        views: tuple = ()
+        if record is not None:
+            try:
+                views = read_views(record["sparql"], record.get("options") or {})
+            except QueryError as exc:  # the registry accepted it: only a newer release could disagree
+                log.warning(kv(event="plan-skipped", query=query_id, reason=exc.message))
+            options = ServiceOptions.from_options(record.get("options") or {}) if views else None
+        for graph in self.uses.pop(query_id, ()):  # a new version replaces the old one's uses
+            state = self.views.get(graph)
+            if state is not None:
+                state.users.discard(query_id)
+        for view in views:
+            state = self.views.get(view.graph)
+            if state is None:
+                remote = self.remote_factory(view.endpoint, view.pattern, view.key, prefixes=view.prologue)
+                state = self.views[view.graph] = ViewState(view, options, remote, ViewGraph(view))
+                log.info(kv(event="view-added", graph=view.graph, endpoint=view.endpoint, query=query_id))
+            state.users.add(query_id)
+        if views:
+            self.uses[query_id] = tuple(v.graph for v in views)
+        for graph, state in list(self.views.items()):
+            if not state.users:
+                del self.views[graph]
+                BACKGROUND_VIEW_TRIPLES.labels(graph).set(0)
+                log.info(kv(event="view-dropped", graph=graph))
+                out.append(state.graph.drop_text())
+        return out
+
+    def next_due(self) -> float | None:
+        """When (ms) :meth:`due` has work next; None without views."""
+        return min((s.next_due for s in self.views.values()), default=None)
+
+    def due(self) -> list[str]:
+        """Fill views that are not filled yet and run the refresh rounds that are due; the requests to publish."""
+        out: list[str] = []
+        now = self.clock()
+        for graph, state in self.views.items():
+            if state.next_due > now:
+                continue
+            text = self._fill(state, now) if not state.filled else self._refresh(state, now)
+            if text:
+                out.append(text)
+            BACKGROUND_VIEW_TRIPLES.labels(graph).set(len(state.graph.count))
+        return out
+
+    def _fill(self, state: ViewState, now: float) -> str | None:
+        try:
+            rows = state.remote.fill()
+        except Exception as exc:  # noqa: BLE001 - any endpoint failure: try again later, the loop goes on
+            BACKGROUND_REFRESHES.labels(state.view.graph, "failed").inc()
+            log.warning(kv(event="fill-failed", graph=state.view.graph, endpoint=state.view.endpoint,
+                           reason=str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__))
+            state.next_due = now + RETRY_FILL_MS
+            return None
+        BACKGROUND_REFRESHES.labels(state.view.graph, "fill").inc()
+        options = state.options
+        state.local = LocalView(prior_interval=options.prior_interval_ms)
+        state.local.fill(rows, now)
+        state.maintainer = Maintainer(state.local, state.remote, fleet_policy(options.policy),
+                                      WindowShape(options.refresh_ms, options.refresh_ms), gamma=options.gamma,
+                                      rho=options.rho_ms / 1000.0, alpha=options.alpha)
+        state.next_due = now + options.refresh_ms
+        log.info(kv(event="view-filled", graph=state.view.graph, keys=len(rows)))
+        return state.graph.replace_all(rows)
+
+    def _refresh(self, state: ViewState, now: float) -> str | None:
+        evaluation = state.maintainer.evaluate(now, {})
+        state.next_due = now + state.options.refresh_ms
+        graph = state.view.graph
+        BACKGROUND_REFRESHES.labels(graph, "refresh").inc(len(evaluation.refreshed))
+        BACKGROUND_REFRESHES.labels(graph, "failed").inc(evaluation.failures)
+        BACKGROUND_ACCURACY.labels(graph).set(evaluation.expected)
+        if evaluation.alert is not None:
+            alert = evaluation.alert
+            self.alerts.append(Alert(sorted(state.users), (
+                f"ALERT background view {graph} (SERVICE <{state.view.endpoint}>): estimated accuracy "
+                f"{alert.estimate:.3f} is below alpha {alert.alpha:g} with {alert.gamma} refreshes allowed per "
+                f"round; raise service.rho_ms or lower service.refresh_ms")))
+        removed: set = set()
+        added: set = set()
+        for change in evaluation.changes:  # a triple's presence alternates: net the round's changes per triple
+            gone, new = state.graph.set_key(change.key, change.new or ())
+            for triple in gone:
+                added.remove(triple) if triple in added else removed.add(triple)
+            for triple in new:
+                removed.remove(triple) if triple in removed else added.add(triple)
+        if evaluation.changes:
+            log.info(kv(event="view-refreshed", graph=graph, refreshed=len(evaluation.refreshed),
+                        changed=len(evaluation.changes)))
+        return state.graph.update_text(sorted(removed), sorted(added))
