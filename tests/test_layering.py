@@ -307,9 +307,12 @@ def test_keys_routing_and_dead_letters_have_one_home() -> None:
 # the reason; an entry whose module has come under the limit fails too, so the list shows exactly what is left.
 MAX_MODULE_LINES = 600
 OVER_THE_LIMIT = {
-    # The worker's Kafka-free core: being optimised in its own change while the packages were split; it is the
-    # next split (batch transform, probe handling, snapshots).
-    "services.worker_core": "being optimised elsewhere; split next",
+    # Being optimised for issue 17 (per-update CPU) while the packages were split, so not split here; each is the
+    # next split: the worker's core (batch transform, probe handling, snapshots), the distributed evaluator
+    # (routing and probe plans apart from probe evaluation), ingest (its record transform apart from its loop).
+    "services.worker_core": "issue 17 work in progress; split next",
+    "cbgp.distributed": "issue 17 work in progress; split next",
+    "services.ingest": "issue 17 / state work in progress; split next",
 }
 
 
