@@ -75,6 +75,9 @@ def service_plan(commands: set[str], workers: int, run_dir: Path,
     if "answers" in commands:
         ports = {"metrics": free_port()}
         plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", str(ports["metrics"])], ports))
+    if "background" in commands:  # SERVICE views (the demo's endpoint is started by run, see BackgroundDemo)
+        ports = {"metrics": free_port()}
+        plan.append(("background", ["background", "--metrics-port", str(ports["metrics"])], ports))
     if "gateway" in commands:  # the console, SEPA WebSocket, SSE and SPARQL protocol (auth off: local only)
         ports = {"console": free_port(), "metrics": free_port()}
         plan.append(("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(ports["console"]), "--metrics-port",
@@ -315,17 +318,63 @@ class LiveView:
         self.fetcher.close()
 
 
+class BackgroundDemo:
+    """The demo's SPARQL endpoint for ``service_*`` queries: follower counts of the demo users, one of which
+    changes every few seconds (so the SERVICE query's answers change while the stream is quiet)."""
+
+    PLACEHOLDER = "<urn:cbgp:demo:endpoint>"
+    GRAPH, PREDICATE = "urn:cbgp:demo:background", "urn:cbgp:demo:followers"
+    USER = "http://www.ins.cwi.nl/sib/user/u{}"
+    USERS, EVERY_SECONDS = 50, 4.0
+
+    def __init__(self, err: TextIO) -> None:
+        from cbgp.background.endpoint import start_endpoint
+        from cbgp.background.remote import SparqlRemote
+
+        self.endpoint = start_endpoint("auto")
+        self.remote = SparqlRemote(self.endpoint.query_url, "?s ?p ?o", "s", update_endpoint=self.endpoint.update_url)
+        data = " ".join(f"<{self.USER.format(i)}> <{self.PREDICATE}> {(i * 37) % 500} ." for i in range(self.USERS))
+        self.remote.update(f"INSERT DATA {{ GRAPH <{self.GRAPH}> {{ {data} }} }}")
+        self.changes, self.err = 0, err
+        self.next_at = time.monotonic() + self.EVERY_SECONDS
+        err.write(f"run: background data on a {self.endpoint.kind} endpoint at {self.endpoint.query_url}\n")
+
+    def text(self, sparql: str) -> str:
+        return sparql.replace(self.PLACEHOLDER, f"<{self.endpoint.query_url}>")
+
+    def tick(self) -> None:
+        if time.monotonic() < self.next_at:
+            return
+        self.next_at += self.EVERY_SECONDS
+        self.changes += 1
+        user = f"<{self.USER.format((self.changes * 7) % self.USERS)}>"
+        try:
+            self.remote.update(f"DELETE {{ GRAPH <{self.GRAPH}> {{ {user} <{self.PREDICATE}> ?n }} }} "
+                               f"INSERT {{ GRAPH <{self.GRAPH}> {{ {user} <{self.PREDICATE}> {1000 + self.changes} }} }} "
+                               f"WHERE {{ GRAPH <{self.GRAPH}> {{ {user} <{self.PREDICATE}> ?n }} }}")
+        except Exception as exc:  # noqa: BLE001 - the demo goes on without changes
+            self.err.write(f"run: background demo: could not change a count: {exc}\n")
+
+    def close(self) -> None:
+        self.endpoint.stop()
+
+
 def _register_and_publish(settings: KafkaSettings, registry: tuple[ChildProcess, dict[str, int]] | None,
-                          err: TextIO) -> None:
+                          err: TextIO, background: BackgroundDemo | None) -> None:
     from services.usercli import UserError, admin_request, format_status, publish_file
 
     if registry is not None:
         child, ports = registry
         child.wait_until(lambda: http_ok(f"http://127.0.0.1:{ports['metrics']}/readyz"), timeout=90)
         for path in sorted((DEMO_DIR / "queries").glob("*.rq")):
+            sparql, options = path.read_text(encoding="utf-8"), {}
+            if path.stem.startswith("service_"):
+                if background is None:
+                    continue  # no background service in this installation
+                sparql, options = background.text(sparql), {"service.refresh_ms": "5000"}
             try:
                 status = admin_request(settings, {"command": "REGISTER", "query_id": path.stem,
-                                                  "sparql": path.read_text(encoding="utf-8")}, wait=30)
+                                                  "sparql": sparql, "options": options}, wait=30)
                 err.write(f"run: register {path.stem}: {format_status(status)}\n")
             except UserError as exc:
                 err.write(f"run: register {path.stem}: {exc}\n")
@@ -342,6 +391,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     broker: EmbeddedBroker | None = None
     children: list[ChildProcess] = []
     view: LiveView | None = None
+    background: BackgroundDemo | None = None
     summary: dict[str, Any] = {"queries": {}, "children": {}, "broker_pid": None}
     try:
         # Step 1: the broker.
@@ -378,9 +428,11 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         for name, _argv, ports in plan:
             if "console" in ports:
                 err.write(f"run: console: open http://127.0.0.1:{ports['console']}/ in a browser\n")
-        # Step 4: the demo.
+        # Step 4: the demo (with an endpoint for the SERVICE query when the background service runs).
         if not args.no_demo and not stop.stopping:
-            _register_and_publish(settings, registry, err)
+            if any(name == "background" for name, _argv, _ports in plan):
+                background = BackgroundDemo(err)
+            _register_and_publish(settings, registry, err, background)
         # Step 5: the live view, until asked to stop.
         view = LiveView(settings, err, spark_status_path=None if args.no_spark else spark_status_path)
         clock = Clock(settings) if not args.no_demo else None
@@ -388,6 +440,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         while not stop.stopping and (args.duration is None or time.monotonic() - started < args.duration):
             if clock is not None:
                 clock.tick()
+            if background is not None:
+                background.tick()
             view.pump(1.0)
             view.draw(children, time.monotonic() - started)
         if clock is not None:
@@ -406,6 +460,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             child.signal(signal.SIGTERM)
         for child in children:
             summary["children"][child.name] = {"pid": child.pid, "exit": child.stop(grace=args.grace)}
+        if background is not None:
+            background.close()
         if broker is not None:
             broker.stop()
         err.write("run: stopped " + ", ".join(f"{n} ({c['exit']})" for n, c in summary["children"].items())

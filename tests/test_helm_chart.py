@@ -232,6 +232,7 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
         "rel-cbgp-registry": ["registry", "--web-host", "0.0.0.0", "--web-port", "6066"],
         "rel-cbgp-worker": ["worker", "--assembly", "spark"],
         "rel-cbgp-answers": ["answers"],
+        "rel-cbgp-background": ["background"],
         "rel-cbgp-gateway": ["gateway", "--port", "8080", "--history", "100000"],
         # The image's working directory is read-only: the job's state must go to the mounted volume.
         "rel-cbgp-spark": ["spark-job", "--master", "local[2]", "--state-dir", "/var/lib/cbgp/state",
