@@ -20,6 +20,10 @@ offset long, timestamp_ms long``.  Options:
                            (one micro-batch behind: Spark commits a batch when it plans the next one).
 ``readTimeoutMs``          a read task fails if no record arrives for this long (default 30000).
 ``arrow``                  ``true`` (default): read() yields Arrow record batches instead of tuples.
+``ranges``                 ``true``: produce no records, only one row ``(partition, start, end)`` per partition
+                           with records in the batch (``RANGES_SCHEMA``); the consumer of the batch reads
+                           them itself (:func:`read_ranges`: Arrow, in the driver, no JVM round trip).  The
+                           offsets still live in Spark's checkpoint, so a re-run batch reads the same ranges.
 ``topic``                  writer: target topic (otherwise a ``topic`` column is required).
 ``kafka.<librdkafka key>`` passed through to every client (``kafka.bootstrap.servers`` is required;
                            SASL/TLS settings such as ``kafka.security.protocol`` go here too).
@@ -51,6 +55,7 @@ from pyspark.sql.types import StructType
 
 FORMAT_NAME = "cbgpkafka"
 KAFKA_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp_ms long"
+RANGES_SCHEMA = "partition int, start long, end long"
 _COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp_ms"]
 _ARROW_BATCH_ROWS = 10_000
 
@@ -183,6 +188,10 @@ def read_partition(options: Mapping[str, str], part: KafkaPartition) -> Iterator
 
     Arrow batches are built column by column from each ``consume()`` call's messages (no per-record
     tuple), up to ``_ARROW_BATCH_ROWS`` rows each."""
+    if options.get("ranges", "false").lower() == "true":
+        if part.end > part.start:
+            yield (part.partition, part.start, part.end)
+        return
     use_arrow = options.get("arrow", "true").lower() == "true"
     if not use_arrow:
         for msgs in _read_messages(options, part):
@@ -209,6 +218,18 @@ def read_partition(options: Mapping[str, str], part: KafkaPartition) -> Iterator
             buf = []
     if buf:
         yield batch()
+
+
+def read_ranges(options: Mapping[str, str], topic: str, ranges: Any) -> Any:
+    """The records of ``ranges`` (rows ``(partition, start, end)``, as ``ranges=true`` produces them) of
+    ``topic`` as one Arrow table (``key, value, topic, partition, offset, timestamp_ms``), read here."""
+    import pyarrow as pa
+
+    batches = []
+    for row in ranges:
+        part = KafkaPartition(topic, int(row["partition"]), int(row["start"]), int(row["end"]))
+        batches.extend(read_partition({**options, "arrow": "true", "ranges": "false"}, part))
+    return pa.Table.from_batches(batches, schema=_arrow_schema())
 
 
 def _read_messages(options: Mapping[str, str], part: KafkaPartition) -> Iterator[list[Any]]:
@@ -464,7 +485,7 @@ class KafkaDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return KAFKA_SCHEMA
+        return RANGES_SCHEMA if self.options.get("ranges", "false").lower() == "true" else KAFKA_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KafkaBatchReader(self.options)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from services.kafka.client import make_producer, read_all
+from services.kafka.client import end_offsets, make_producer, read_all
 from services.kafka.config import KafkaSettings
 from services.kafka.topics import TopicSpec, ensure_topics
-from spark.kafka_io import KafkaSourceError
+from spark.kafka_io import KafkaSourceError, read_ranges
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -74,6 +74,17 @@ def test_batch_read_returns_exactly_the_produced_records(spark: SparkSession, ka
     sub = (spark.read.format("cbgpkafka").options(**source_options(kafka_settings, topic))
            .option("startingOffsets", '{"0": 2}').option("endingOffsets", '{"0": 5, "1": 0, "2": 0}').load())
     assert [(r["partition"], r["offset"]) for r in sub.orderBy("offset").collect()] == [(0, 2), (0, 3), (0, 4)]
+    # ranges=true: one (partition, start, end) row per partition with records, which read_ranges reads (the
+    # compaction job's path: Spark plans and checkpoints the offsets, the driver reads the records into Arrow).
+    ranges = (spark.read.format("cbgpkafka").options(**source_options(kafka_settings, topic))
+              .option("startingOffsets", '{"0": 2}').option("ranges", "true").load().collect())
+    ends = {p: hi for p, (_lo, hi) in end_offsets(kafka_settings, topic).items()}
+    assert sorted((r["partition"], r["start"], r["end"]) for r in ranges) == [(0, 2, ends[0]), (1, 0, ends[1]),
+                                                                            (2, 0, ends[2])]
+    table = read_ranges(source_options(kafka_settings, topic), topic, ranges)
+    assert sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                      table.column("key").to_pylist(), table.column("value").to_pylist())) == [
+        row for row in got if row[0] != 0 or row[1] >= 2]
 
 
 def test_stream_restart_from_checkpoint_reads_only_new_records(
