@@ -461,10 +461,9 @@ def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, di
     """
     checkpoint = Checkpoint(ends, {"seq": processor.seq, "present": len(processor.present),
                                    "terms": len(processor.published)}, int(time.time() * 1000))
-    changed, new_terms = processor.changed, processor.new_terms
-    puts, deletes = presence.changes(changed, new_terms)
+    puts, deletes = presence.changes(processor.changed, processor.new_terms)
     store.commit(puts, deletes, checkpoint.to_json())
-    processor.take_changes()
+    processor.take_changes()  # only once written: a failed write keeps them for the next attempt
     return checkpoint
 
 
