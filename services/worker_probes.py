@@ -123,11 +123,12 @@ class ProbeRouting:
         for query, seq, delta, snapshot in record["acks"]:
             evaluator.on_ack(Ack(here, query, seq, delta, snapshot))
         states: dict[str, bool | None] = {}  # known() per query, asked once per record
+        on_probe = evaluator.on_probe
         for item in record["probes"]:
-            probe = Probe(here, *item)
-            if probe.query not in states:
-                states[probe.query] = known(probe.query)
-            out.extend(evaluator.on_probe(probe, known=states[probe.query] is not None))
+            query = item[0]
+            if query not in states:
+                states[query] = known(query)
+            on_probe(Probe(here, *item), states[query] is not None, out)
         self.received += len(record["probes"])
         if record["floors"]:
             self._collapse(shard)
@@ -173,7 +174,7 @@ class ProbeRouting:
         targets = {d for queue in (self.acks, self.probes, self.registered) for d, items in queue.items() if items}
         for dest in sorted(targets | (set(range(self.n_routed)) if floors else set())):
             probes = [probe for _source, probe in self.probes.get(dest, [])]
-            acks = [ack for _source, ack in self.acks.get(dest, [])]
+            acks = _merged(self.acks.get(dest, []))
             self.sent += len(probes)
             # Records of at most MAX_PER_RECORD probes (a record must stay well under the broker's 1 MB), the
             # acks in the first ones: every ack still precedes every probe on the partition.
@@ -222,6 +223,20 @@ class ProbeRouting:
         return floors
 
 
+def _merged(queued: list[tuple[int, Ack]]) -> list[Ack]:
+    """The acks to one origin as one per (query, seq, snapshot), their deltas summed, none of delta 0: the
+    origin applies a record's acks before its probes and reads its counts only after the record, so the sum is
+    all it can tell apart."""
+    if len(queued) < 2:
+        return [ack for _source, ack in queued if ack.delta]
+    sums: dict[tuple[str, int, bool], int] = {}
+    for _source, ack in queued:
+        key = (ack.query, ack.seq, ack.snapshot)
+        sums[key] = sums.get(key, 0) + ack.delta
+    dest = queued[0][1].dest
+    return [Ack(dest, query, seq, delta, snapshot) for (query, seq, snapshot), delta in sums.items() if delta]
+
+
 def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: list[QueryInfo],
             known: Callable[[str], bool | None]) -> Outputs:
     """Rebuild a routed shard's evaluators from its log (see the module doc), then register the queries it
@@ -258,9 +273,11 @@ def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: l
             if record is not None:
                 routing.on_batch(shard, record, known)  # silently: its outputs were committed before
                 continue
+            wanted = evaluator.predicates
             for _o, change in _changes([(offset, value)]):
                 seq, sign, s, p, o, g, role = change
-                evaluator.apply(seq, sign, s, p, o, g, role)
+                if p in wanted:
+                    evaluator.apply(seq, sign, s, p, o, g, role)
                 evaluator.advance(seq)
         shard.frontier = max(shard.frontier, evaluator.applied)
     out = Outputs()
