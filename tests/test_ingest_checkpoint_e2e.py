@@ -31,7 +31,7 @@ from tests.fleet_support import Fleet, generate_patch, publish_patch
 PER_MESSAGE = 50
 
 
-def _processed(settings: KafkaSettings, raw_records: int, timeout: float = 60.0) -> None:
+def _processed(settings: KafkaSettings, raw_records: int, timeout: float = 90.0) -> None:
     """Until ingest's group has committed every raw record (each commit is its transaction's)."""
     consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}ingest"))
     try:
@@ -46,7 +46,7 @@ def _processed(settings: KafkaSettings, raw_records: int, timeout: float = 60.0)
         consumer.close()
 
 
-def _wait_log(fleet: Fleet, name: str, pattern: str, timeout: float = 30.0) -> re.Match:
+def _wait_log(fleet: Fleet, name: str, pattern: str, timeout: float = 60.0) -> re.Match:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = re.search(pattern, fleet.log_text(name))
