@@ -5,6 +5,7 @@ run, and a checkpoint that cannot belong to the logs is refused.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,20 @@ def test_checkpoints_are_due_after_a_commit_at_most_every_interval() -> None:
     assert every.due()
     with pytest.raises(ValueError):
         Checkpointer(-1)
+
+
+def test_a_store_in_use_elsewhere_turns_checkpoints_off_with_one_line_instead_of_failing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from services.state import StoreLocked, recovery
+
+    with Store(tmp_path / "ingest-i1"):
+        with pytest.raises(StoreLocked, match="give each instance its own --state-dir or --instance-id"):
+            Store(tmp_path / "ingest-i1")
+        with caplog.at_level(logging.WARNING, logger="cbgp.state"):
+            assert recovery.open_store(tmp_path, "ingest-i1") is None  # the service restores from its logs
+    lines = [r.getMessage() for r in caplog.records if "checkpoints-off" in r.getMessage()]
+    assert len(lines) == 1 and "in use by another process" in lines[0]
+    assert recovery.open_store("", "ingest-i1") is None  # --state-dir '': off
+    opened = recovery.open_store(tmp_path, "ingest-i1")
+    assert opened is not None
+    opened.close()
