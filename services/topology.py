@@ -41,12 +41,14 @@ _BY_QUERY = "query_partition(query id, N)"
 
 TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
     Topology(
-        "ingest", "services.ingest.IngestProcessor",
+        "ingest", "services.ingest_core.IngestProcessor",
         "parse, deduplicate, number, dictionary-encode and route raw updates",
         sources=(
             Edge("updates.raw", "none", f"{_ONE}, the graph's change order; consumer group <prefix>ingest"),
-            Edge("dictionary", "term id", "all partitions from offset 0, at start (restore the dictionary)"),
-            Edge("updates.encoded", "none", f"{_ONE} from offset 0, at start (restore the presence set and seq)"),
+            Edge("dictionary", "term id", "all partitions from the checkpoint's positions (offset 0 without one), "
+                 "at start (restore the dictionary)"),
+            Edge("updates.encoded", "none", f"{_ONE} from the checkpoint's position (offset 0 without one), at start "
+                 "(restore the presence set and seq)"),
         ),
         sinks=(
             Edge("updates.encoded", "none", f"{_ONE}: the total order, seq 1, 2, ... (EncodedBatch records)"),
