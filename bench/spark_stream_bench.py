@@ -406,13 +406,15 @@ def run_compaction(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # 
     import logging
     import re
 
-    batches: list[tuple[int, float, float]] = []  # (deltas, seconds folding, seconds reading Kafka) per batch
+    # per batch: (deltas, seconds folding, seconds reading Kafka, seconds of the Spark job collecting the ranges)
+    batches: list[tuple[int, float, float, float]] = []
 
     class BatchLog(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            found = re.search(r"folded (\d+) deltas .* in ([\d.]+)s \(\+([\d.]+)s reading Kafka\)", record.getMessage())
+            found = re.search(r"folded (\d+) deltas .* in ([\d.]+)s \(\+([\d.]+)s reading Kafka, ([\d.]+)s collecting",
+                              record.getMessage())
             if found:
-                batches.append((int(found[1]), float(found[2]), float(found[3])))
+                batches.append((int(found[1]), float(found[2]), float(found[3]), float(found[4])))
 
     job_log = logging.getLogger("cbgp.spark.job")
     handler, level = BatchLog(), job_log.level
@@ -432,9 +434,10 @@ def run_compaction(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # 
     expected = sum(len(v) for v in present.values())
     if got != expected:
         raise RuntimeError(f"compaction: {got} answers in the snapshot, the replay has {expected}")
-    in_batches = sum(f + r for _d, f, r in batches)
+    in_batches = sum(f + r + c for _d, f, r, c in batches)
     return {"rate": args.compaction_deltas / seconds, "seconds": seconds, "answers": got, "batches": len(batches),
-            "fold_s": sum(f for _d, f, _r in batches), "read_s": sum(r for _d, _f, r in batches),
+            "fold_s": sum(b[1] for b in batches), "read_s": sum(b[2] for b in batches),
+            "collect_s": sum(b[3] for b in batches),
             "in_batch_rate": args.compaction_deltas / in_batches if in_batches else None}
 
 
@@ -491,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         detail = {k: round(v, 2) for k, v in r.get("durations", {}).items() if k != "triggerExecution"}
         if phase == "compaction":
             detail = (f"{r['seconds']:.1f} s from the query's start, {r['answers']:,} answers in the snapshot; inside "
-                      f"foreachBatch: {r['read_s']:.1f} s reading Kafka + {r['fold_s']:.1f} s folding, "
+                      f"foreachBatch: {r['collect_s']:.1f} s collecting the offset ranges (a Spark job) + "
+                      f"{r['read_s']:.1f} s reading Kafka + {r['fold_s']:.1f} s folding, "
                       f"{r['in_batch_rate'] or 0:,.0f} deltas/s")
         elif phase == "assembly":
             detail = (f"out {r['answer_deltas_out']:,} (expected >= {r['expected_for_finished']:,}); "
