@@ -1,0 +1,222 @@
+"""A worker's shards and what it knows of a query (``services.worker_core``): the changes of a shard's log,
+:class:`QueryInfo` (how a registered query is placed and evaluated), :class:`Shard` (one engine -- and, routed,
+one evaluator of multi-centre queries -- fed by one log) and the helpers of a restore.  No Kafka here."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Iterator
+
+from cbgp.assembly import split_parts
+from cbgp.distributed import PartitionEvaluator
+from cbgp.engine import ROLE_ALL
+from cbgp.plan import BY_CENTRE, ComponentPart, Plan
+from cbgp.windows import WindowSpec
+from services import codec
+from services.idempotence import WHOLE_SOURCE_PARTITION
+from services.instruments import RESTORE_PROGRESS
+from services.records import WHOLE_QUERY_PART
+from services.worker_core.engine import ShardDictionary, WorkerEngine
+
+ROLES = {"SUBJECT": 1, "OBJECT": 2, "BOTH": ROLE_ALL}
+
+# One input change as the engine needs it: (offset, sign, s, p, o, g, role, seq, origin_ms).
+Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
+# Reads log records of a shard: (kind, partition, start, end) -> changes in offset order.
+LogReader = Callable[[str, int, int, int], Iterable[Change]]
+# Looks term ids up on the dictionary topic: ids -> {id: canonical term} of those found (operator queries
+# evaluate expressions over the terms themselves, not only their ids).
+TermReader = Callable[[set[int]], dict[int, str]]
+LEARN_CHUNK = 2000  # changes whose term ids are looked up at once when a log is replayed
+
+
+def decode_changes(kind: str, offset: int, value: bytes, origin: int | None) -> list[Change]:
+    """The changes of one routed (``kind="routed"``) or encoded record (a batch, or a format-1 single change)
+    as :data:`Change` tuples sharing ``offset``; raises ``codec.CodecError``.  Refreshes (ADDs of present
+    triples, forwarded for event-time windows) change no match and are left out."""
+    if kind == "routed":
+        return [(offset, sign, s, p, o, g, ROLES[role], seq, origin)
+                for seq, sign, s, p, o, g, _event_time, role in codec.routed_changes(value)]
+    return [(offset, sign, s, p, o, g, ROLE_ALL, seq, origin)
+            for seq, sign, s, p, o, g, _event_time, refresh in codec.encoded_changes(value) if not refresh]
+
+
+@dataclass
+class QueryInfo:
+    """A registered query as the worker knows it (from one QueryPlan record)."""
+
+    query_id: str
+    version: int
+    plan: Plan | None  # None: an operator query (``operators``)
+    registered_at_seq: int
+    plans_partition: int
+    plans_offset: int
+    window: WindowSpec | None = None
+    assembled: bool = False  # parts published separately; the Spark job multiplies them
+    single_owner: bool = False  # the fleet runs with --placement single-owner (for comparison)
+    # An operator query (cbgp.algebra's OperatorQuerySpec: FILTER, OPTIONAL, aggregates, ASK, CONSTRUCT...):
+    # evaluated whole by its single owner on the total order, the algebra in place of the BGP engine.
+    operators: object | None = None
+    # A derived stream (CONSTRUCT with stream=<iri>): the named graph its triple deltas are written to, N-Triples.
+    stream: str | None = None
+
+    @property
+    def windowed(self) -> bool:
+        """Windowed queries are evaluated by the Spark job alone (it owns expiry); workers hold nothing."""
+        return self.window is not None
+
+    def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
+        """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine (none for a
+        probed query: it lives in the shard's evaluator)."""
+        if self.operators is not None:
+            return [(self.query_id, WHOLE_QUERY_PART, self.operators)]
+        if self.probed:
+            return []
+        if self.partitioned and self.plan.product_by_centre:
+            # Each part by centre; the answers service multiplies them in seq order.
+            return [(f"{self.query_id}#{part.index}", part.index, part.sparql)
+                    for part in split_parts(self.plan.query)]
+        if self.counted_distinct:
+            # Each partition sees only its centre values: it reports every solution's row and the answers
+            # service, which sees them all in seq order, applies DISTINCT.
+            return [(self.query_id, WHOLE_QUERY_PART, replace(self.plan, query=replace(self.plan.query,
+                                                                                      distinct=False)))]
+        if not self.assembled:
+            return [(self.query_id, WHOLE_QUERY_PART, self.plan)]
+        return [(f"{self.query_id}#{part.index}", part.index, part.sparql) for part in split_parts(self.plan.query)]
+
+    @property
+    def partitioned(self) -> bool:
+        """Stars and single-centre components are evaluated per centre value on the routed partitions
+        (``Plan.placement`` "by-centre"); everything else by one owner on the total order."""
+        return self.operators is None and self.plan.placement == BY_CENTRE and not self.single_owner
+
+    @property
+    def probed(self) -> bool:
+        """A multi-centre component placed by centre: evaluated with probes between the routed partitions
+        (``services.worker_probes``)."""
+        if self.operators is not None:
+            return False
+        part = self.plan.parts[0]
+        return self.partitioned and isinstance(part, ComponentPart) and part.centre is None
+
+    @property
+    def gated(self) -> bool:
+        """A registration the answers service releases as one snapshot, once every routed partition has sent
+        its share (``PartDeltaBatch.gated``, ``services.release``): a multi-centre query's (its probes) and a
+        by-centre product's (its parts' snapshots as of each partition's own position, multiplied)."""
+        return self.probed or (self.partitioned and self.plan.product_by_centre)
+
+    @property
+    def counted_distinct(self) -> bool:  # (a product's DISTINCT is the assembler's)
+        """A partitioned DISTINCT query: its deltas are rows with multiplicity, DISTINCT is applied by the
+        answers service (PartDeltaBatch.distinct)."""
+        return self.partitioned and self.plan.query.distinct and not self.plan.product_by_centre
+
+
+def info_mode(info: QueryInfo) -> str:
+    """How a query is evaluated, for logs: windowed (Spark), partitioned, whole, or assembled (parts)."""
+    if info.windowed:
+        return "windowed"
+    if info.partitioned:
+        return "partitioned"
+    if info.operators is not None:
+        return "operators"
+    return "assembled" if info.assembled else "whole"
+
+
+def shard_label(kind: str, partition: int) -> str:
+    """The `partition` label of a shard's metrics: the routed partition, or `whole-P` for whole queries."""
+    return str(partition) if kind == "routed" else f"whole-{partition}"
+
+
+def _tracking_seq(shard: Shard, changes: Iterable[Change]) -> Iterator[Change]:
+    """Pass ``changes`` through, keeping the shard's last applied seq (restores replay its log)."""
+    for change in changes:
+        shard.last_seq = max(shard.last_seq, change[7])
+        yield change
+
+
+def _with_progress(changes: Iterable, total: int, label: str, every: int = 2000) -> Iterator:
+    """Pass `changes` through, publishing the share of the log replayed so far (restore progress)."""
+    gauge = RESTORE_PROGRESS.labels(label)
+    gauge.set(0.0 if total else 1.0)
+    for count, change in enumerate(changes, 1):
+        if count % every == 0:
+            gauge.set(min(count / total, 1.0))
+        yield change
+
+
+@dataclass
+class Shard:
+    kind: str  # "routed" or "whole"
+    partition: int
+    engine: WorkerEngine = field(default_factory=lambda: WorkerEngine(ShardDictionary()))
+    position: int = 0  # next offset of its log to apply
+    frontier: int = -1  # routed shards: highest seq the partition has completed (ingest's Frontier records)
+    last_seq: int = 0  # seq of the last change applied (a snapshot is labelled with the seq it is "as of")
+    versions: dict[str, int] = field(default_factory=dict)  # query id -> registered plan version
+    outputs: dict[str, tuple[str, int]] = field(default_factory=dict)  # engine name -> (query id, part)
+    # Multi-centre queries (routed shards, services.worker_probes): the evaluator, its queries by probe name,
+    # where each was registered here (its registration's updates) and which registrations were marked ready.
+    evaluator: PartitionEvaluator | None = None
+    probe_queries: dict[str, QueryInfo] = field(default_factory=dict)
+    registered_at: dict[str, int] = field(default_factory=dict)
+    ready_sent: set[str] = field(default_factory=set)
+
+    def completed(self) -> int:
+        """The seq every answer delta of this routed partition's changes has been emitted up to: its frontier,
+        held below the oldest change whose probes are still travelling."""
+        if self.evaluator is None:
+            return self.frontier
+        return min(self.frontier, self.evaluator.completed_live())
+
+    def state_entries(self, name: str | None = None) -> int:
+        """State entries of one engine or evaluator query (by its name here), or of the whole shard."""
+        if name is None:
+            extra = self.evaluator.state_entries() if self.evaluator is not None else 0
+            return self.engine.state_entries() + extra
+        if name in self.probe_queries:
+            return self.evaluator.state_entries(name)
+        return self.engine.state_entries(name)
+
+    def columns(self, name: str) -> tuple[str, ...]:
+        if name in self.probe_queries:
+            return self.evaluator.queries[name].program.columns
+        return self.engine.columns(name)
+
+    def register(self, info: QueryInfo) -> list[str]:
+        """Register ``info``'s engine queries (the query, or its parts); return their engine names."""
+        names = []
+        for name, part, query in info.engine_queries():
+            self.engine.register(name, query)
+            self.outputs[name] = (info.query_id, part)
+            names.append(name)
+        self.versions[info.query_id] = info.version
+        return names
+
+    @property
+    def source_partition(self) -> int:
+        return self.partition if self.kind == "routed" else WHOLE_SOURCE_PARTITION
+
+
+def _parse_metadata(metadata: str | None, size: int) -> list[int]:
+    """Plans positions from commit metadata; missing or unreadable -> zeros (every query owes a snapshot)."""
+    try:
+        positions = json.loads(metadata or "")["plans"]
+        if isinstance(positions, list) and len(positions) == size:
+            return [int(p) for p in positions]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return [0] * size
+
+
+def changes_of(kind: str, records: Iterable[tuple[int, bytes, int | None]]) -> Iterator[Change]:
+    """Decode ``(offset, value, origin)`` records of a log, skipping undecodable ones (already dead-lettered)."""
+    for offset, value, origin in records:
+        try:
+            changes = decode_changes(kind, offset, value, origin)
+        except codec.CodecError:
+            continue
+        yield from changes
