@@ -1,9 +1,11 @@
 """``cbgp spark-job``: the long-running Spark side of the fleet.
 
 Compaction: the periodic compaction of the ``answers`` delta log (``spark.compaction``) as a Structured
-Streaming query: source = the cbgpkafka reader on ``answers`` (offsets in the checkpoint dir), trigger =
-``processingTime(--compact-interval)``, sink = ``foreachBatch`` folding each micro-batch into the snapshot
-store and publishing the touched answers to ``answers.current``.  Spark commits a micro-batch's offsets only
+Streaming query: source = the cbgpkafka reader on ``answers`` in ``ranges`` mode (Spark plans each batch's
+offset ranges and keeps them in the checkpoint dir; the batch carries only ``(partition, start, end)`` rows),
+trigger = ``processingTime(--compact-interval)``, sink = ``foreachBatch`` reading those ranges into Arrow in
+the driver (``spark.kafka_io.read_ranges``), folding them column-wise into the snapshot store and publishing
+the touched answers to ``answers.current``.  Spark commits a micro-batch's offsets only
 after ``foreachBatch`` returns, i.e. after the manifest swap, so a crash re-runs at most the last batch,
 which the manifest's per-query ``n`` makes a no-op.  ``--once`` processes what is there and exits
 (``Trigger.AvailableNow``), for cron-style deployments and tests.

@@ -18,7 +18,11 @@ keep the state settings and change these:
   the Python side about the size of the largest windows / products plus 512 MiB;
 - ``spark.python.worker.reuse`` stays true (the default): a reused worker keeps its evaluators and skips the
   rebuild from the state store;
-- the checkpoint (``--state-dir``) on storage every executor reaches (a PVC, HDFS, S3 with a committer).
+- the checkpoint (``--state-dir``) on storage every executor reaches (a PVC, HDFS, S3 with a committer);
+- ``spark.driver.memory``: compaction reads and folds each batch in the driver (``spark.compaction``), so
+  give it about 300 bytes per answer delta of a batch (``--max-offsets-per-trigger`` caps a batch) plus the
+  current answers of the queries a batch touches, and keep the snapshot (``--state-dir``) on a file system
+  with hard links (a version links the files of the queries it did not change; without links it copies them).
 
 The RocksDB provider is required (``transformWithStateInPandas`` refuses the default one); changelog
 checkpointing and ``trackTotalNumberOfRows=false`` keep a commit proportional to the batch on any size.
