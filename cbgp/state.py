@@ -16,6 +16,8 @@ Three kinds of part (see `cbgp.plan`):
   kept, which for paths and trees is one.  No per-combination records, so
   memory is linear in the relevant triples present; deltas are enumerated by
   extending the updated pattern's binding along the precomputed join order.
+  The var-var tables are `cbgp.shared.EdgeTable`s that the engine binds,
+  updates and shares between queries; the component keeps the masks.
 
 Every state is also its own presence index for the triples it can match: a
 pattern's bit or neighbour entry is set exactly when the matching triple is in
@@ -91,6 +93,27 @@ def nb_has(table: dict, key: int, value: int) -> bool:
     if type(current) is set:
         return value in current
     return current == value
+
+
+def watch_add(table: dict, key: int, handler: object) -> None:
+    """File a handler under a value: the bare handler when alone, a list when several."""
+    current = table.get(key)
+    if current is None:
+        table[key] = handler
+    elif type(current) is list:
+        current.append(handler)
+    else:
+        table[key] = [current, handler]
+
+
+def watch_remove(table: dict, key: int, handler: object) -> None:
+    current = table[key]
+    if type(current) is list:
+        current.remove(handler)
+        if len(current) == 1:
+            table[key] = current[0]
+    else:
+        del table[key]
 
 
 def nb_iter(current: int | set) -> Iterator[int] | set:
@@ -236,16 +259,32 @@ class ComponentState:
                     needs_forward[k] = True
                 else:
                     needs_backward[k] = True
+        # A var-var pattern's pairs live in an EdgeTable (cbgp.shared) the engine binds and updates; the
+        # directions are what this component's plans read (at least one, to record presence).
+        self.needs_forward = [kind == VAR_VAR and (needs_forward[j] or not needs_backward[j])
+                              for j, kind in enumerate(self.kinds)]
+        self.needs_backward = [kind == VAR_VAR and needs_backward[j] for j, kind in enumerate(self.kinds)]
+        self.tables: list = [None] * len(patterns)
         self.forward: list[dict | None] = [None] * len(patterns)
         self.backward: list[dict | None] = [None] * len(patterns)
-        for j, kind in enumerate(self.kinds):
-            if kind == VAR_VAR:
-                if needs_forward[j] or not needs_backward[j]:
-                    self.forward[j] = {}
-                if needs_backward[j]:
-                    self.backward[j] = {}
-        self._plans = [self._compile(plan) for plan in raw_plans]
+        self._raw_plans = raw_plans
+        self._plans: list = []
+        # same[j]: the var-var patterns k != j over the same relation (graph, predicate) as pattern j, whose
+        # tables one triple can modify together with pattern j's (set by the engine: see step).
+        self.same: list[list[int]] = [[] for _ in patterns]
+        # gates[v]: (watch table, handler) pairs to file a centre value under while its mask on v is full.
+        self.gates: list[list] = [[] for _ in range(n_vars)]
         self.answer_set: set[Row] | None = set() if track_answers else None
+
+    def bind(self, j: int, table) -> None:  # noqa: ANN001
+        """Read var-var pattern j's pairs from `table` (an EdgeTable); call `compile` after the last bind."""
+        table.need(self.needs_forward[j], self.needs_backward[j])
+        self.tables[j] = table
+
+    def compile(self) -> None:
+        self.forward = [t.forward if t is not None else None for t in self.tables]
+        self.backward = [t.backward if t is not None else None for t in self.tables]
+        self._plans = [self._compile(plan) for plan in self._raw_plans]
 
     def _plan(self, j: int, order: list[int]) -> tuple:
         """For pattern j: its variables, the var-var patterns to check among them, and the extension steps."""
@@ -296,63 +335,72 @@ class ComponentState:
             return nb_has(forward, subject, object_)
         return nb_has(self.backward[k], object_, subject)
 
-    # -- presence / storage (the pattern's own entry for this triple) --
+    # -- the masks of single-variable patterns (var-var pairs are in the engine's EdgeTables) --
 
     def store(self, j: int, values: tuple[int, ...]) -> bool:
-        if self.kinds[j] == SINGLE:
-            masks = self.masks[self.var[j]]
-            mask = masks.get(values[0], 0)
-            if mask & self.bit[j]:
-                return False
-            masks[values[0]] = mask | self.bit[j]
-            return True
-        forward, backward = self.forward[j], self.backward[j]
-        if forward is not None:
-            if not nb_add(forward, values[0], values[1]):
-                return False
-            if backward is not None:
-                nb_add(backward, values[1], values[0])
-            return True
-        return nb_add(backward, values[1], values[0])
+        v = self.var[j]
+        masks = self.masks[v]
+        x = values[0]
+        mask = masks.get(x, 0)
+        bit = self.bit[j]
+        if mask & bit:
+            return False
+        mask |= bit
+        masks[x] = mask
+        if mask == self.full[v] and self.gates[v]:
+            for watch, handler in self.gates[v]:
+                watch_add(watch, x, handler)
+        return True
 
     def present(self, j: int, values: tuple[int, ...]) -> bool:
-        if self.kinds[j] == SINGLE:
-            return bool(self.masks[self.var[j]].get(values[0], 0) & self.bit[j])
-        return self._has(j, values[0], values[1])
+        return bool(self.masks[self.var[j]].get(values[0], 0) & self.bit[j])
 
     def remove(self, j: int, values: tuple[int, ...]) -> None:
-        if self.kinds[j] == SINGLE:
-            masks = self.masks[self.var[j]]
-            mask = masks[values[0]] & ~self.bit[j]
-            if mask:
-                masks[values[0]] = mask
-            else:
-                del masks[values[0]]
-            return
-        if self.forward[j] is not None:
-            nb_remove(self.forward[j], values[0], values[1])
-        if self.backward[j] is not None:
-            nb_remove(self.backward[j], values[1], values[0])
+        v = self.var[j]
+        masks = self.masks[v]
+        x = values[0]
+        old = masks[x]
+        if old == self.full[v] and self.gates[v]:
+            for watch, handler in self.gates[v]:
+                watch_remove(watch, x, handler)
+        mask = old & ~self.bit[j]
+        if mask:
+            masks[x] = mask
+        else:
+            del masks[x]
 
     # -- updates --
 
-    def step(self, sign: int, j: int, values: tuple[int, ...]) -> list[tuple[int, Row]]:
-        """Apply one triple matching pattern j (bound to `values`); return the component's deltas.
+    def step(self, sign: int, j: int, values: tuple[int, ...], s: int = 0, o: int = 0) -> list[tuple[int, Row]]:
+        """Apply one triple (s, o) matching pattern j (bound to `values`); return the component's deltas.
 
-        Insert: store, then enumerate the embeddings that map pattern j to this
-        triple.  Delete: enumerate first, then remove.  Called for the matching
-        patterns of one triple in increasing j, this counts each new embedding
-        once (at the largest matching j for inserts, the smallest for deletes).
+        Single-variable pattern: insert stores its bit, then enumerates the embeddings that map pattern j
+        to this triple; delete enumerates first, then clears the bit.  Var-var pattern: the engine has
+        already added the pair to its table (insert) or removes it after every query (delete).  Tables of
+        the relation that this triple modified (``fresh``) already show it to every pattern, so an
+        embedding also mapping a later pattern k > j (insert; earlier k < j for delete) of that relation
+        to this triple is left to k.  Called for the matching patterns of one triple in increasing j, this
+        counts each new embedding once (at the largest matching j for inserts, the smallest for
+        deletes), as if every pattern kept its own copy updated in that order.
         """
+        single = self.kinds[j] == SINGLE
         if sign > 0:
-            if not self.store(j, values):
+            if single and not self.store(j, values):
                 return []
             rows = self._enumerate(j, values)
         else:
-            if not self.present(j, values):
+            if single and not self.present(j, values):
                 return []
             rows = self._enumerate(j, values)
-            self.remove(j, values)
+            if single:
+                self.remove(j, values)
+        if rows and self.same[j]:
+            tables = self.tables
+            later = [k for k in self.same[j] if (k > j if sign > 0 else k < j) and tables[k].fresh]
+            if later:
+                subj, obj = self.subj, self.obj
+                rows = [row for row in rows
+                        if not any(row[subj[k]] == s and row[obj[k]] == o for k in later)]
         if self.answer_set is not None:
             if sign > 0:
                 self.answer_set.update(rows)
@@ -408,18 +456,11 @@ class ComponentState:
         return list(self.answer_set)
 
     def entries(self) -> int:
-        total = sum(len(m) for m in self.masks)
-        for table in self.forward:
-            if table is not None:
-                total += len(table)
-        for table in self.backward:
-            if table is not None:
-                total += len(table)
-        return total
+        """Mask entries (the var-var tables are counted by their owner: see cbgp.shared)."""
+        return sum(len(m) for m in self.masks)
 
     def approx_bytes(self) -> int:
         total = sum(sys.getsizeof(m) for m in self.masks)
-        total += sum(table_bytes(t) for t in self.forward) + sum(table_bytes(t) for t in self.backward)
         if self.answer_set is not None:
             total += sys.getsizeof(self.answer_set)
         return total
