@@ -6,7 +6,8 @@ matching triples whose subject (and, separately, whose object) value hashes to i
 already applies (``value % N``, by subject and by object).  So every star of the star decomposition lives at
 its centre value's partition.  An update is joined with the rest of the component by *probes*: a partial
 binding carried from the partition of one centre value to the partition of the next, along the precomputed
-join order, until every pattern is matched (a delta) or one is not (nothing).
+join order, until every pattern is matched (a delta) or one is not (nothing).  The components are compiled, and
+the route of each pattern's updates chosen, in :mod:`cbgp.distributed_program`.
 
 Exactness under concurrency comes from three rules (issue #17, item 2):
 
@@ -38,9 +39,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
-from cbgp.plan import OBJECT_END, SUBJECT_END, ComponentPart, Plan, Step, probe_join_plan, stored_ends
-from cbgp.sparql import is_var
-from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
+from cbgp.distributed_program import ComponentProgram, PatternSpec, compile_component, probe_route
+from cbgp.plan import OBJECT_END, SUBJECT_END
 
 ROLE_SUBJECT = 1
 ROLE_OBJECT = 2
@@ -51,139 +51,6 @@ Row = tuple[int, ...]
 def partition_of(value: int, partitions: int) -> int:
     """The partition of a term id: what ingest routes by (``services.records.routes``)."""
     return value % partitions
-
-
-@dataclass(frozen=True)
-class PatternSpec:
-    """One triple pattern of a component, with variables as local numbers (-1: a constant)."""
-
-    predicate: int
-    graph: int
-    subject_var: int
-    object_var: int
-    subject_const: int
-    object_const: int
-
-    def matches(self, s: int, p: int, o: int, g: int) -> bool:
-        if p != self.predicate or g != self.graph:
-            return False
-        if self.subject_var < 0 and s != self.subject_const:
-            return False
-        if self.object_var < 0 and o != self.object_const:
-            return False
-        return not (self.subject_var >= 0 and self.subject_var == self.object_var and s != o)
-
-    def ends(self) -> tuple[int, ...]:
-        """The ends whose value is a variable: where the pattern's triples are stored."""
-        return stored_ends(self.subject_var, self.object_var)
-
-
-@dataclass(frozen=True)
-class ComponentProgram:
-    """A multi-centre component compiled for distributed evaluation."""
-
-    name: str
-    n_vars: int
-    patterns: tuple[PatternSpec, ...]
-    plans: tuple[tuple[Step, ...], ...]  # per updated pattern j: the steps matching the other patterns
-    projection: tuple[int, ...]  # local variables of the emitted row, in the query's projected order
-    columns: tuple[str, ...]
-    variables: tuple[str, ...]
-    starts: tuple[int, ...] = ()  # per pattern j: the end whose partition starts its probes (see probe_route)
-
-    def start_end(self, j: int) -> int:
-        """Which end of pattern ``j``'s triple starts its probes (its triple is routed to both)."""
-        return self.starts[j] if self.starts else self.patterns[j].ends()[0]
-
-
-def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> ComponentProgram:
-    """Compile a plan whose one part is a var-connected component (projection without DISTINCT: DISTINCT is
-    applied where the partitions' deltas are consolidated)."""
-    (part,) = plan.parts
-    if not isinstance(part, ComponentPart):
-        raise ValueError("distributed evaluation takes one var-connected component")
-    query = plan.query
-    variables = part.variables
-    local = {v: i for i, v in enumerate(variables)}
-    specs = []
-    for index in part.patterns:
-        t = query.patterns[index]
-        if is_var(t.p):
-            raise ValueError("a variable predicate is not supported here")
-        graph = DEFAULT_GRAPH_ID if t.g is None else dictionary.encode(t.g)
-        specs.append(PatternSpec(
-            predicate=dictionary.encode(t.p), graph=graph,
-            subject_var=local[t.s] if is_var(t.s) else -1, object_var=local[t.o] if is_var(t.o) else -1,
-            subject_const=-1 if is_var(t.s) else dictionary.encode(t.s),
-            object_const=-1 if is_var(t.o) else dictionary.encode(t.o)))
-    pairs = [(spec.subject_var, spec.object_var) for spec in specs]
-    planned = [probe_route(pairs, j) for j in range(len(specs))]
-    columns = tuple(v for v in query.projected if "?" + v in local)
-    projection = tuple(local["?" + v] for v in columns)
-    return ComponentProgram(name, len(variables), tuple(specs), tuple(steps for _start, steps in planned),
-                            projection, columns, variables, tuple(start for start, _steps in planned))
-
-
-# The route model (no statistics: the same route on every partition, from the query alone): a lookup from a
-# subject finds FAN_OUT objects on average, one from an object FAN_IN subjects (an attribute or a type has one
-# value per subject but many subjects per value), a check keeps CHECK_KEEPS of the bindings.
-FAN_OUT, FAN_IN, CHECK_KEEPS = 2.0, 8.0, 0.5
-MAX_SEARCHED = 6  # components of more patterns keep probe_join_plan's route (the search grows as n!)
-
-
-def probe_route(pairs: list[tuple[int, int]], j: int) -> tuple[int, tuple[Step, ...]]:
-    """Where an update to pattern ``j`` starts (its triple is routed to the partitions of both its ends) and
-    the order in which it matches the others (``pairs``: each pattern's subject and object variable numbers,
-    -1 for a constant): of every start end and order, the one sending the fewest probes by the route model
-    (a hop costs the bindings that travel), then doing the fewest lookups; probe_join_plan's route (from the
-    subject end) when the model finds nothing cheaper.  On a 3-hop path ``?a knows ?b . ?b like ?post .
-    ?post browser ?x``, an update of the middle pattern then starts at ``?post`` (one browser, then one hop
-    to ``?b``) instead of at ``?b`` (every friend of ``?b`` hopping to ``?post``)."""
-    def var_at(i: int, end: int) -> int:
-        return pairs[i][0] if end == SUBJECT_END else pairs[i][1]
-
-    def cost(start: int, steps: tuple[Step, ...]) -> tuple[float, float]:
-        here, bindings, hops, work = var_at(j, start), 1.0, 0.0, 0.0
-        for step in steps:
-            # (a check is made where the probe is when one of its ends' values lives there)
-            if step.binds >= 0 or here not in pairs[step.pattern]:
-                if step.at != here:
-                    hops += bindings
-                here = step.at
-            work += bindings
-            if step.binds >= 0:
-                bindings *= FAN_OUT if step.end == SUBJECT_END else FAN_IN
-            else:
-                bindings *= CHECK_KEEPS
-        return hops, work
-
-    default = (stored_ends(*pairs[j])[0], probe_join_plan(pairs, j))
-    if len(pairs) > MAX_SEARCHED:
-        return default
-    best = [cost(*default), default]
-
-    def search(start: int, bound: set[int], remaining: list[int], steps: list[Step]) -> None:
-        if not remaining:
-            found = cost(start, tuple(steps))
-            if found < best[0]:
-                best[0], best[1] = found, (start, tuple(steps))
-            return
-        if cost(start, tuple(steps)) >= best[0]:
-            return  # costs only grow along a route
-        for i in remaining:
-            check = all(v in bound for v in pairs[i] if v >= 0)
-            for end in stored_ends(*pairs[i]):
-                at = var_at(i, end)
-                if at not in bound:
-                    continue
-                binds = -1 if check else var_at(i, OBJECT_END if end == SUBJECT_END else SUBJECT_END)
-                steps.append(Step(i, at, end, binds))
-                search(start, bound | {binds} if binds >= 0 else bound, [r for r in remaining if r != i], steps)
-                steps.pop()
-
-    for start in stored_ends(*pairs[j]):
-        search(start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [])
-    return best[1]
 
 
 class Probe(NamedTuple):
@@ -708,5 +575,5 @@ class PartitionEvaluator:
                                 probe.born_ms))
 
 
-__all__ = ["Ack", "ComponentProgram", "Delta", "Outputs", "PartitionEvaluator", "Probe",
-           "compile_component", "partition_of"]
+__all__ = ["Ack", "ComponentProgram", "Delta", "Outputs", "PartitionEvaluator", "PatternSpec", "Probe",
+           "compile_component", "partition_of", "probe_route"]
