@@ -62,7 +62,8 @@ def service_plan(commands: set[str], workers: int, run_dir: Path,
     # Every port is chosen here (not "0 = any") so that make run can print them all.
     if "ingest" in commands:
         ports = {"metrics": free_port()}
-        plan.append(("ingest", ["ingest", "--instance-id", "i1", "--metrics-port", str(ports["metrics"])], ports))
+        plan.append(("ingest", ["ingest", "--instance-id", "i1", "--metrics-port", str(ports["metrics"]),
+                                "--state-dir", str(run_dir / "ingest-state")], ports))
     if "registry" in commands:
         ports = {"web": free_port(), "metrics": free_port()}
         plan.append(("registry", ["registry", "--web-port", str(ports["web"]), "--metrics-port", str(ports["metrics"]),
@@ -400,6 +401,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             err.write(f"run: using the broker at {settings.bootstrap_servers}\n")
         else:
             shutil.rmtree(run_dir / "broker", ignore_errors=True)  # fresh each run: old topics would replay
+            shutil.rmtree(run_dir / "ingest-state", ignore_errors=True)  # ingest's checkpoint of those topics
             broker = EmbeddedBroker(run_dir / "broker").start()
             summary["broker_pid"] = broker.pid
             os.environ["CBGP_BOOTSTRAP_SERVERS"] = broker.bootstrap

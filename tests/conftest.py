@@ -8,3 +8,8 @@ import os
 # deployment option for fleets without Spark).  The default Spark path is run by tests/test_run.py (`make run`,
 # started without any CBGP_* variable) and tests/test_spark_assembly.py (the Spark assembly query itself).
 os.environ.setdefault("CBGP_ASSEMBLY", "worker")
+# Services' local state stores (ingest's checkpoint) go to a throw-away directory, not the checkout's .run/state.
+if "CBGP_STATE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["CBGP_STATE_DIR"] = tempfile.mkdtemp(prefix="cbgp-test-state-")
