@@ -503,7 +503,8 @@ def test_service_monitor_scrapes_every_metrics_service(rendered) -> None:
 METRICS = [
     "cbgp_updates_in_total", "cbgp_updates_out_total", "cbgp_deltas_emitted_total", "cbgp_state_entries",
     "cbgp_state_bytes", "cbgp_consumer_lag", "cbgp_processing_latency_seconds", "cbgp_rejected_inputs_total",
-    "cbgp_restore_progress_ratio", "cbgp_answer_latency_seconds",
+    "cbgp_restore_progress_ratio", "cbgp_answer_latency_seconds", "cbgp_background_estimated_accuracy",
+    "cbgp_background_refreshes_total", "cbgp_background_view_triples",
 ]
 
 
