@@ -212,7 +212,8 @@ def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
     terms = {term_id: f"<http://example.org/{term_id}>" if term_id % 3 else f'"lit {term_id}"@en'
              for row in rows for term_id in row[2]}
     rows = [(seq, "PLUS", *rest) for seq, _sign, *rest in rows]  # additions only: multiplicities stay positive
-    rows = [(*row[:4], i, i, *row[6:]) for i, row in enumerate(rows)]  # increasing idempotence keys
+    # increasing idempotence keys: a source's deltas come in (seq, offset, index) order, seqs from 1
+    rows = [(i + 1, row[1], row[2], row[3], i, i, *row[6:]) for i, row in enumerate(rows)]
     core = AnswersCore("a", "c", "d", "parts")
     out = core.on_record(1, 0, codec.encode_part_delta_batch("q", -1, variables, rows), 123, terms.get)
     answers = [o for o in out if o.topic == "a"]

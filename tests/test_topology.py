@@ -57,7 +57,10 @@ def test_every_catalogue_topic_is_used_and_every_topic_written_is_read() -> None
 def test_the_processor_a_topology_names_exists(service: str) -> None:
     for dotted in TOPOLOGIES[service].processor.split(", "):
         module, name = dotted.rsplit(".", 1)
-        tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+        path = REPO / (module.replace(".", "/") + ".py")
+        if not path.exists():  # a package: its __init__.py
+            path = REPO / module.replace(".", "/") / "__init__.py"
+        tree = ast.parse(path.read_text())
         defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
         assert name in defined, f"{dotted} does not exist"
 
