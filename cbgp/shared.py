@@ -8,7 +8,7 @@ serve every dataflow that needs one index.  Registering one more such query adds
 
 The table is indexed in the directions its readers' join plans need (subject -> objects ``forward``,
 object -> subjects ``backward``); a reader needing a direction the table lacks has it built once from the
-other.  Neighbour sets holding one value are stored as the bare int (`cbgp.state.nb_add`).
+other.  Neighbours are a bare int, a tuple or a set by their number (`cbgp.state.nb_add`).
 
 The engine, not the queries, updates a table: once per change, before any query sees an insert and after
 every query saw a delete (``fresh`` marks a table the current change modified).  A query's component state
@@ -24,7 +24,7 @@ pairs, drops the private copy and reads the shared one (`Engine._adopt`).
 
 from __future__ import annotations
 
-from cbgp.state import nb_add, nb_has, nb_iter, nb_remove, table_bytes
+from cbgp.state import nb_add, nb_has, nb_iter, nb_remove, nb_same, table_bytes
 
 
 class EdgeTable:
@@ -85,11 +85,19 @@ class EdgeTable:
         if self.pairs != other.pairs:
             return False
         if self.forward is not None and other.forward is not None:
-            return self.forward == other.forward
-        if self.backward is not None and other.backward is not None:
-            return self.backward == other.backward
-        other.need(self.forward is not None, self.backward is not None)
-        return self.same_pairs(other)
+            mine, theirs = self.forward, other.forward
+        elif self.backward is not None and other.backward is not None:
+            mine, theirs = self.backward, other.backward
+        else:
+            other.need(self.forward is not None, self.backward is not None)
+            return self.same_pairs(other)
+        if len(mine) != len(theirs):
+            return False
+        for key, values in mine.items():
+            found = theirs.get(key)
+            if found is None or not nb_same(values, found):
+                return False
+        return True
 
     def copy(self, owner: object) -> EdgeTable:
         twin = EdgeTable(self.key, owner)

@@ -24,9 +24,10 @@ pattern's bit or neighbour entry is set exactly when the matching triple is in
 the graph.  So a duplicate insert or a delete of an absent triple is detected
 per pattern and changes nothing, without keeping the whole graph.
 
-Values are term ids (ints).  A neighbour set holding one value is stored as
-the bare int: most centres have one neighbour per pattern, and a 1-element
-`set` costs ~200 bytes where an int costs nothing extra (ids are shared).
+Values are term ids (ints).  A neighbour collection holding one value is
+stored as the bare int: most centres have one neighbour per pattern, and a
+1-element `set` costs ~200 bytes where an int costs nothing extra (ids are
+shared); up to 16 values it is a tuple, beyond that a set (see nb_add).
 """
 
 from __future__ import annotations
@@ -40,32 +41,45 @@ _SAMPLE = 1000  # neighbour tables larger than this are sampled when estimating 
 
 
 def table_bytes(table: dict | None) -> int:
-    """Approximate bytes of a neighbour table: the dict plus its set-valued entries (ids are shared ints)."""
+    """Approximate bytes of a neighbour table: the dict plus its tuple- and set-valued entries (ids are
+    shared ints)."""
     if table is None:
         return 0
     size = sys.getsizeof(table)
     if not table:
         return size
     values = table.values() if len(table) <= _SAMPLE else list(islice(table.values(), _SAMPLE))
-    sets = sum(sys.getsizeof(v) for v in values if type(v) is set)
-    return size + sets * len(table) // len(values)
+    many = sum(sys.getsizeof(v) for v in values if type(v) is tuple or type(v) is set)
+    return size + many * len(table) // len(values)
 
 
-# --- neighbour containers: int when single, set when several --------------------------------------
+# --- neighbour containers: int when single, tuple when a few, set when many -----------------------------
+# A 2-element set costs 216 bytes and an 8-element one 728; the tuple costs 40 + 8 per element, and its
+# linear scan is as fast as hashing up to a few dozen ids.  A set shrinking to _SMALL // 2 becomes a
+# tuple again (not at _SMALL: a neighbour count going up and down by one would convert every time).
+
+_SMALL = 16
+
 
 def nb_add(table: dict, key: int, value: int) -> bool:
     current = table.get(key)
     if current is None:
         table[key] = value
         return True
-    if type(current) is set:
+    kind = type(current)
+    if kind is tuple:
+        if value in current:
+            return False
+        table[key] = current + (value,) if len(current) < _SMALL else {*current, value}
+        return True
+    if kind is set:
         if value in current:
             return False
         current.add(value)
         return True
     if current == value:
         return False
-    table[key] = {current, value}
+    table[key] = (current, value)
     return True
 
 
@@ -73,12 +87,22 @@ def nb_remove(table: dict, key: int, value: int) -> bool:
     current = table.get(key)
     if current is None:
         return False
-    if type(current) is set:
+    kind = type(current)
+    if kind is tuple:
+        if value not in current:
+            return False
+        if len(current) == 2:
+            table[key] = current[1] if current[0] == value else current[0]
+        else:
+            i = current.index(value)
+            table[key] = current[:i] + current[i + 1:]
+        return True
+    if kind is set:
         if value not in current:
             return False
         current.discard(value)
-        if len(current) == 1:
-            table[key] = next(iter(current))
+        if len(current) <= _SMALL // 2:
+            table[key] = tuple(current)
         return True
     if current == value:
         del table[key]
@@ -90,9 +114,15 @@ def nb_has(table: dict, key: int, value: int) -> bool:
     current = table.get(key)
     if current is None:
         return False
-    if type(current) is set:
+    kind = type(current)
+    if kind is tuple or kind is set:
         return value in current
     return current == value
+
+
+def nb_same(a: int | tuple | set, b: int | tuple | set) -> bool:
+    """Whether two neighbour containers hold the same values (tuples keep their insertion order)."""
+    return a == b or set(nb_iter(a)) == set(nb_iter(b))
 
 
 def watch_add(table: dict, key: int, handler: object) -> None:
@@ -116,12 +146,14 @@ def watch_remove(table: dict, key: int, handler: object) -> None:
         del table[key]
 
 
-def nb_iter(current: int | set) -> Iterator[int] | set:
-    return current if type(current) is set else (current,)
+def nb_iter(current: int | tuple | set) -> Iterator[int] | tuple | set:
+    kind = type(current)
+    return current if kind is tuple or kind is set else (current,)
 
 
-def nb_len(current: int | set) -> int:
-    return len(current) if type(current) is set else 1
+def nb_len(current: int | tuple | set) -> int:
+    kind = type(current)
+    return len(current) if kind is tuple or kind is set else 1
 
 
 # --- ground part ------------------------------------------------------------------------------------

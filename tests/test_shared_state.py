@@ -131,3 +131,29 @@ def test_same_shape_queries_share_one_table_and_cost_only_what_is_new() -> None:
     for i in range(50):
         many.unregister(f"q{i}")
     assert many.state_entries() == 0 and not many._shared
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 40)), max_size=300))
+def test_neighbour_containers_behave_as_sets(ops) -> None:
+    """cbgp.state's neighbour containers (int, tuple up to 16, set beyond, back to a tuple at 8) against
+    dict-of-sets: what add/remove report, membership, iteration and length."""
+    from cbgp.state import nb_add, nb_has, nb_iter, nb_len, nb_remove, nb_same
+
+    table: dict = {}
+    model: dict[int, set[int]] = {}
+    for add, key, value in ops:
+        present = value in model.get(key, ())
+        if add:
+            assert nb_add(table, key, value) is not present
+            model.setdefault(key, set()).add(value)
+        else:
+            assert nb_remove(table, key, value) is present
+            model.get(key, set()).discard(value)
+            if key in model and not model[key]:
+                del model[key]
+        assert set(table) == set(model)
+        for k, values in model.items():
+            assert sorted(nb_iter(table[k])) == sorted(values) and nb_len(table[k]) == len(values)
+            assert nb_same(table[k], tuple(reversed(sorted(values)))) and nb_has(table, k, value) == (
+                value in values)
