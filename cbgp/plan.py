@@ -199,9 +199,9 @@ class Plan:
         pairs = [(local.get(t.s, -1), local.get(t.o, -1)) for t in patterns]
         by_pattern = {}
         for j, pattern in enumerate(part.patterns):
-            start_end = stored_ends(*pairs[j])[0]
+            start_end, steps = probe_route(pairs, j)  # the route the workers run (cbgp.distributed_program)
             hops = [f"t{pattern} at {names[pairs[j][start_end]]}"]
-            for step in probe_join_plan(pairs, j):
+            for step in steps:
                 action = f"binds {names[step.binds]}" if step.binds >= 0 else "checks"
                 hops.append(f"t{part.patterns[step.pattern]} at {names[step.at]} ({action})")
             by_pattern[pattern] = hops
@@ -379,5 +379,67 @@ def _component(patterns: tuple[TriplePattern, ...], block: tuple[str, ...], memb
     )
 
 
-__all__ = ["ComponentPart", "GroundPart", "OBJECT_END", "Part", "Plan", "SUBJECT_END", "StarPart", "Step",
-           "decompose", "probe_join_plan", "stored_ends"]
+__all__ = ["CHECK_KEEPS", "ComponentPart", "FAN_IN", "FAN_OUT", "GroundPart", "OBJECT_END", "Part", "Plan",
+           "SUBJECT_END", "StarPart", "Step", "decompose", "probe_join_plan", "probe_route", "stored_ends"]
+
+
+# The route model (no statistics: the same route on every partition, from the query alone): a lookup from a
+# subject finds FAN_OUT objects on average, one from an object FAN_IN subjects (an attribute or a type has one
+# value per subject but many subjects per value), a check keeps CHECK_KEEPS of the bindings.
+FAN_OUT, FAN_IN, CHECK_KEEPS = 2.0, 8.0, 0.5
+MAX_SEARCHED = 6  # components of more patterns keep probe_join_plan's route (the search grows as n!)
+
+
+def probe_route(pairs: list[tuple[int, int]], j: int) -> tuple[int, tuple[Step, ...]]:
+    """Where an update to pattern ``j`` starts (its triple is routed to the partitions of both its ends) and
+    the order in which it matches the others (``pairs``: each pattern's subject and object variable numbers,
+    -1 for a constant): of every start end and order, the one sending the fewest probes by the route model
+    (a hop costs the bindings that travel), then doing the fewest lookups; probe_join_plan's route (from the
+    subject end) when the model finds nothing cheaper.  On a 3-hop path ``?a knows ?b . ?b like ?post .
+    ?post browser ?x``, an update of the middle pattern then starts at ``?post`` (one browser, then one hop
+    to ``?b``) instead of at ``?b`` (every friend of ``?b`` hopping to ``?post``)."""
+    def var_at(i: int, end: int) -> int:
+        return pairs[i][0] if end == SUBJECT_END else pairs[i][1]
+
+    def cost(start: int, steps: tuple[Step, ...]) -> tuple[float, float]:
+        here, bindings, hops, work = var_at(j, start), 1.0, 0.0, 0.0
+        for step in steps:
+            # (a check is made where the probe is when one of its ends' values lives there)
+            if step.binds >= 0 or here not in pairs[step.pattern]:
+                if step.at != here:
+                    hops += bindings
+                here = step.at
+            work += bindings
+            if step.binds >= 0:
+                bindings *= FAN_OUT if step.end == SUBJECT_END else FAN_IN
+            else:
+                bindings *= CHECK_KEEPS
+        return hops, work
+
+    default = (stored_ends(*pairs[j])[0], probe_join_plan(pairs, j))
+    if len(pairs) > MAX_SEARCHED:
+        return default
+    best = [cost(*default), default]
+
+    def search(start: int, bound: set[int], remaining: list[int], steps: list[Step]) -> None:
+        if not remaining:
+            found = cost(start, tuple(steps))
+            if found < best[0]:
+                best[0], best[1] = found, (start, tuple(steps))
+            return
+        if cost(start, tuple(steps)) >= best[0]:
+            return  # costs only grow along a route
+        for i in remaining:
+            check = all(v in bound for v in pairs[i] if v >= 0)
+            for end in stored_ends(*pairs[i]):
+                at = var_at(i, end)
+                if at not in bound:
+                    continue
+                binds = -1 if check else var_at(i, OBJECT_END if end == SUBJECT_END else SUBJECT_END)
+                steps.append(Step(i, at, end, binds))
+                search(start, bound | {binds} if binds >= 0 else bound, [r for r in remaining if r != i], steps)
+                steps.pop()
+
+    for start in stored_ends(*pairs[j]):
+        search(start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [])
+    return best[1]

@@ -385,9 +385,11 @@ def test_state_is_spread_by_centre_value() -> None:
 
 def test_probe_route_is_explained() -> None:
     path = decompose(parse_query(QUERIES["path3"]))
-    assert path.probe_routes()[0] == ["t0 at ?a", "t1 at ?b (binds ?c)", "t2 at ?c (binds ?d)"]
-    # An update to the middle pattern starts at ?b, matches t0 there (no hop), then hops to ?c.
-    assert path.probe_routes()[1] == ["t1 at ?b", "t0 at ?b (binds ?a)", "t2 at ?c (binds ?d)"]
+    # The route the workers run (cbgp.plan.probe_route): each update starts at the end of its triple that sends
+    # the fewest probes.  An update of t0 starts at ?b (one hop less than from ?a); one of the middle pattern
+    # starts at ?c, matches t2 there, and hops once to ?b, instead of every friend of ?b hopping to ?c.
+    assert path.probe_routes()[0] == ["t0 at ?b", "t1 at ?b (binds ?c)", "t2 at ?c (binds ?d)"]
+    assert path.probe_routes()[1] == ["t1 at ?c", "t2 at ?c (binds ?d)", "t0 at ?b (binds ?a)"]
     triangle = decompose(parse_query(QUERIES["triangle"]))
     assert triangle.probe_routes()[0][-1].endswith("(checks)")
-    assert "t0 at ?a" in triangle.explain() and triangle.to_json()["parts"][0]["probe_routes"]["0"][0] == "t0 at ?a"
+    assert "t0 at ?b" in triangle.explain() and triangle.to_json()["parts"][0]["probe_routes"]["0"][0] == "t0 at ?b"
