@@ -17,6 +17,8 @@ import argparse
 import logging
 import time
 
+from confluent_kafka import TopicPartition
+
 from services import codec
 from services.background_core import BackgroundCore
 from services.instruments import UPDATES_OUT
@@ -51,11 +53,20 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
         highs = {p: hi for p, (_lo, hi) in end_offsets(settings, t_plans).items()}
         require_from(settings, t_plans, {p: 0 for p, hi in highs.items() if hi > 0})  # every plan is needed
         positions = {p: 0 for p in highs}
+        # Every registration before the first fill.  Progress is the consumer's position, not the last record's
+        # offset: a transaction marker or a compacted-away record may end a partition.
+        plans.assign([TopicPartition(t_plans, p, 0) for p in highs])
+        pending = {p for p, hi in highs.items() if hi > 0}
         deadline = time.monotonic() + 60
-        while any(positions[p] < hi for p, hi in highs.items()):  # every registration before the first fill
+        while pending:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"queries.plans not read to its end: {positions} of {highs}")
-            _apply(core, read_window(plans, t_plans, positions), positions, publish_requests)
+                raise TimeoutError(f"queries.plans partitions {sorted(pending)} not read to their end")
+            _apply(core, plans.consume(500, 0.2), positions, publish_requests)
+            for tp in plans.position([TopicPartition(t_plans, p) for p in sorted(pending)]):
+                if tp.offset >= highs[tp.partition]:
+                    positions[tp.partition] = max(positions[tp.partition], tp.offset)
+                    pending.discard(tp.partition)
+        plans.unassign()  # from here on read in short windows (read_window): an assigned idle partition spins
         ready[0] = True
         log.info(kv(event="plans-read", views=len(core.views)))
         next_plans = 0.0
