@@ -212,6 +212,7 @@ class FaultRun:
         self.web_port = self.registry_metrics = 0
         self.killed: set[str] = set()  # names whose first process was killed (not expected to survive)
         self.first_pids: dict[str, int] = {}
+        self.dead: dict[str, str] = {}  # never-killed processes found dead at the end: exit code, log tail
         self.pending_queries = list(FAULT_QUERIES)
         self.registered: list[str] = []
         self.request_ids: list[str] = []
@@ -402,6 +403,9 @@ class FaultRun:
             self.settle()
             self.report.survivors = {name: proc.poll() is None and proc.pid == self.first_pids[name]
                                      for name, proc in self.fleet.procs.items() if name not in self.killed}
+            # what check() reports of a dead survivor (the fleet's processes are gone by then)
+            self.dead = {name: f"exit {self.fleet.procs[name].poll()}; its log ends: {self.log_tail(name)}"
+                         for name, alive in self.report.survivors.items() if not alive}
         self.report.seconds = time.monotonic() - started
         return self.report
 
@@ -491,9 +495,8 @@ class FaultRun:
                 problems.append(f"{request_id}: {reply['status']}: {reply['message']}")
         for name, alive in report.survivors.items():
             if not alive:
-                proc = self.fleet.procs[name]
                 problems.append(f"{name} (never killed) did not survive the run with its first PID "
-                                f"(exit {proc.poll()}); its log ends: {self.log_tail(name)}")
+                                f"({self.dead.get(name, 'no record')})")
         return report
 
 

@@ -65,3 +65,27 @@ def test_an_unexpected_error_restarts_the_life_only_after_a_broker_outage(monkey
 
     with pytest.raises(AttributeError):
         runtime._run_service("worker", buggy, Stop())
+
+
+def test_an_error_in_a_rebalance_callback_is_raised_by_serve_as_itself(tmp_path) -> None:  # noqa: ANN001
+    """A callback error must not travel through librdkafka's C callback (it came out of poll() as a bare
+    KafkaError object that no except clause catches, and a worker died after a broker restart): GroupInput
+    keeps it and serve() raises it, so the service life restarts."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from services.kafka import EmbeddedBroker
+    from services.kafka.fetch import GroupInput
+
+    def on_revoke(_consumer, _partitions) -> None:  # noqa: ANN001
+        raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION, "Failed to get watermark offsets"))
+
+    settings = EmbeddedBroker(tmp_path, port=1).settings(topic_prefix="cb.")  # never started: no broker
+    group = GroupInput(settings, "cb.group", [], 10, on_revoke=on_revoke)
+    try:
+        group._revoked(group.member, [])  # as librdkafka would call it from poll()
+        with pytest.raises(KafkaException, match="watermark"):
+            group.serve()
+        group.serve()  # raised once
+    finally:
+        group.member.close()
+        group.fetcher.close()

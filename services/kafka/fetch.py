@@ -235,10 +235,20 @@ class GroupInput:
         self.user_assign = on_assign
         self.user_revoke = on_revoke
         self.closing = False
+        # An error inside a rebalance callback, re-raised by serve() once poll() returned: one raised through
+        # librdkafka's C callback came out of poll() as a bare KafkaError object, which no except clause can
+        # catch, and killed a worker after a broker restart (CI).
+        self.callback_error: Exception | None = None
         self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records)
         self.member = make_consumer(settings, group, topics, on_assign=self._assigned, on_revoke=self._revoked)
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        try:
+            self._assign(consumer, partitions)
+        except Exception as exc:  # noqa: BLE001 - re-raised by serve(), outside the C callback
+            self.callback_error = self.callback_error or exc
+
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if self.closing:
             return  # a rebalance while leaving (others left too): the handle cannot fetch offsets any more
         consumer.assign(partitions)
@@ -250,13 +260,20 @@ class GroupInput:
         self.fetcher.set_positions(positions)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.fetcher.set_positions({})
-        if self.user_revoke is not None:
-            self.user_revoke(consumer, partitions)
+        try:
+            self.fetcher.set_positions({})
+            if self.user_revoke is not None:
+                self.user_revoke(consumer, partitions)
+        except Exception as exc:  # noqa: BLE001 - re-raised by serve(), outside the C callback
+            self.callback_error = self.callback_error or exc
 
     def serve(self) -> None:
-        """Run pending rebalance callbacks (the member's partitions are paused: nothing is returned)."""
+        """Run pending rebalance callbacks (the member's partitions are paused: nothing is returned); an
+        error one of them raised is raised here."""
         self.member.poll(0)
+        error, self.callback_error = self.callback_error, None
+        if error is not None:
+            raise error
 
     def poll(self) -> list[Message]:
         self.serve()
