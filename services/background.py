@@ -44,9 +44,8 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
         producer.produce(topic, value, None, headers=headers)  # both topics have one partition: one order
         published.inc()
 
-    def publish_requests(texts: list[str]) -> None:
-        for text in texts:
-            graph = text.split("<", 1)[1].split(">", 1)[0]  # every request names its view graph first
+    def publish_requests(requests: list[tuple[str, str]]) -> None:
+        for graph, text in requests:
             publish(t_raw, text.encode(), [("content-type", UPDATE_CONTENT_TYPE), (VIEW_HEADER, graph.encode())])
 
     try:

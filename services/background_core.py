@@ -69,9 +69,10 @@ class BackgroundCore:
         self.uses: dict[str, tuple[str, ...]] = {}  # query id -> the view graphs it reads
         self.alerts: list[Alert] = []  # drained by the loop onto queries.status
 
-    def on_plan(self, query_id: str, record: dict | None) -> list[str]:
-        """A queries.plans record (None: a tombstone).  Returns the requests to publish now (graph drops)."""
-        out: list[str] = []
+    def on_plan(self, query_id: str, record: dict | None) -> list[tuple[str, str]]:
+        """A queries.plans record (None: a tombstone).  Returns the requests to publish now (graph drops), as
+        ``(view graph, SPARQL Update)`` pairs."""
+        out: list[tuple[str, str]] = []
         views: tuple = ()
         if record is not None:
             try:
@@ -97,23 +98,23 @@ class BackgroundCore:
                 del self.views[graph]
                 BACKGROUND_VIEW_TRIPLES.labels(graph).set(0)
                 log.info(kv(event="view-dropped", graph=graph))
-                out.append(state.graph.drop_text())
+                out.append((graph, state.graph.drop_text()))
         return out
 
     def next_due(self) -> float | None:
         """When (ms) :meth:`due` has work next; None without views."""
         return min((s.next_due for s in self.views.values()), default=None)
 
-    def due(self) -> list[str]:
+    def due(self) -> list[tuple[str, str]]:
         """Fill views that are not filled yet and run the refresh rounds that are due; the requests to publish."""
-        out: list[str] = []
+        out: list[tuple[str, str]] = []
         now = self.clock()
         for graph, state in self.views.items():
             if state.next_due > now:
                 continue
             text = self._fill(state, now) if not state.filled else self._refresh(state, now)
             if text:
-                out.append(text)
+                out.append((graph, text))
             BACKGROUND_VIEW_TRIPLES.labels(graph).set(len(state.graph.count))
         return out
 
