@@ -69,10 +69,14 @@ def test_placement_is_by_centre_for_stars_and_single_centre_components() -> None
 
 def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_deltas: int, rng: random.Random,
                     late: set[str] = frozenset(), crash_rate: float = 0.0,
-                    worker_crash_rate: float = 0.0) -> dict[str, list[tuple[int, str, tuple]]]:
+                    worker_crash_rate: float = 0.0, two_owners: bool = False) -> dict[str, list[tuple[int, str, tuple]]]:
     """The fleet's cores in memory, each routed partition its own worker, processed in a random order;
     ``late`` queries are registered halfway; with ``worker_crash_rate`` a worker dies after a commit now and
     then and a new one restores its shard from the log at the committed offset, as the service does.
+    ``two_owners``: when the late queries are registered, a second worker takes one routed partition over the
+    way a rebalance on a broker without fencing does: it restores at the old owner's last commit (or an
+    older one) with the registration owed, while the old one applied it at its own position (so each sends a
+    snapshot, as of different seqs); both serve the partition for a while, then the old one stops.
     Returns per query the answers (seq, sign, sorted binding) in answer order."""
     ingest = IngestProcessor(SETTINGS, n_routed, n_deltas)
     routed: dict[int, list[bytes]] = {p: [] for p in range(n_routed)}
@@ -131,10 +135,35 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     # Interleave: each step, one partition's worker applies its next record (a transaction) and flushes.
     cursors = [0] * n_routed
     late_done = not late
-    while any(cursors[p] < len(routed[p]) for p in range(n_routed)):
+    twin: dict | None = None  # two_owners: the new owner of routed partition twin["p"], until the old one stops
+    while any(cursors[p] < len(routed[p]) for p in range(n_routed)) or twin is not None:
         if not late_done and sum(cursors) >= sum(len(v) for v in routed.values()) // 2:
             late_done = True
-            register(sorted(late), 0)
+            if two_owners:  # the old owner's last commit, or an older one: before the late registration
+                p = rng.randrange(n_routed)
+                start, metadata = rng.randint(max(0, cursors[p] - 3), cursors[p]), workers[p].metadata()
+            register(sorted(late), 0)  # every worker applies it now, each at its own position
+            if two_owners:  # the new owner restores meanwhile: the registration is owed, a second snapshot
+                send(workers[p].flush_batches())  # (the old owner's snapshot is written first: see the test)
+                core = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records)
+                for offset, key, value in plan_log:
+                    core.on_plan(0, offset, key, value, [p])
+                send(core.open_shard("routed", p, start, metadata))
+                send(core.flush_batches())
+                twin = {"p": p, "core": core, "cursor": start, "stop": cursors[p] + rng.randint(0, 6)}
+        if twin is not None:
+            tp = twin["p"]
+            if cursors[tp] >= min(twin["stop"], len(routed[tp])):  # the old owner stops; the new one goes on
+                workers[tp], cursors[tp], twin = twin["core"], twin["cursor"], None
+                continue
+            if rng.random() < 0.3 and twin["cursor"] < len(routed[tp]):
+                core, shard = twin["core"], twin["core"].shards[("routed", tp)]
+                send(core.on_routed(shard, twin["cursor"], routed[tp][twin["cursor"]], None)[0])
+                twin["cursor"] += 1
+                send(core.flush_batches())
+                continue
+        if not any(cursors[q] < len(routed[q]) for q in range(n_routed)):
+            continue
         p = rng.choice([q for q in range(n_routed) if cursors[q] < len(routed[q])])
         core, shard = workers[p], workers[p].shards[("routed", p)]
         for _ in range(rng.randint(1, 3)):
@@ -168,8 +197,13 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
                 core.restore(d, out.value, dict(out.headers or ()))
             end = release.restore(d, committed[1])
             for off in range(end):
-                if codec.frontier_of(deltas[d][off]) is None and codec.probe_ready_of(deltas[d][off]) is None:
+                mark = codec.probe_ready_of(deltas[d][off])
+                if mark is not None:
+                    release.restore_ready(d, off, mark["query_id"], mark["version"], mark["partition"],
+                                          mark["as_of"])
+                elif codec.frontier_of(deltas[d][off]) is None:
                     release.restore_counts(d, off, codec.part_delta_columns(deltas[d][off]))
+            release.finish_restore(d)
             return release, core
 
         release, core = fresh()
@@ -267,6 +301,29 @@ def test_late_registration_gets_a_snapshot_then_exact_live_deltas(seed: int) -> 
                           crash_rate=0.1 * (seed % 3 == 0))
     want = run_whole(lines, BY_CENTRE_QUERIES)
     for name in late:
+        final_got: Counter = Counter()
+        for _seq, sign, binding in got[name]:
+            final_got[binding] += 1 if sign == "+" else -1
+            assert final_got[binding] >= 0, f"{name}: a '-' before the '+' it retracts"
+        final_want: Counter = Counter()
+        for (_seq, sign, binding), k in want[name].items():
+            final_want[binding] += k if sign == "+" else -k
+        assert +final_got == +final_want, name
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_two_owners_of_a_routed_partition_during_a_late_registration_answer_once(seed: int) -> None:
+    """A rebalance on a broker that does not fence the old owner: a new worker restores a routed partition
+    while the old one still serves it, and each applies a late registration at its own position.  Both send
+    that partition's snapshot of a product's parts; multiplied twice, the product had extra answers (a
+    kill -9 fault run found it).  Per update, the answers equal one engine's."""
+    rng = random.Random(seed)
+    lines = generate_patch(200, seed=seed, subjects=5)
+    queries = {name: BY_CENTRE_QUERIES[name] for name in ("product", "product_distinct", "attrs", "path")}
+    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
+                          crash_rate=0.1 * (seed % 3 == 0))
+    want = run_whole(lines, queries)
+    for name in queries:
         final_got: Counter = Counter()
         for _seq, sign, binding in got[name]:
             final_got[binding] += 1 if sign == "+" else -1

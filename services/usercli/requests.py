@@ -14,6 +14,9 @@ from services.codec import CodecError, decode, encode
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer, read_all
 from services.usercli.errors import UserError
 
+ACK_WAIT_S = 10.0  # at least this long for the broker's acknowledgement of a command
+
+
 def admin_request(settings: KafkaSettings, command: dict[str, Any], wait: float = 30.0) -> dict[str, Any]:
     """Send one ``AdminCommand`` and return the registry's ``QueryStatus`` reply (matched by request_id).
 
@@ -29,8 +32,12 @@ def admin_request(settings: KafkaSettings, command: dict[str, Any], wait: float 
         consumer.assign([TopicPartition(status_topic, 0, start)])
         producer = make_producer(settings)
         producer.produce(settings.topic("admin"), value=encode("AdminCommand", command))
-        if producer.flush(wait):
-            raise UserError(f"the broker at {settings.bootstrap_servers} did not acknowledge the command within {wait:g} s")
+        # The broker answered end_offsets above: give its acknowledgement time of its own (a first write to
+        # the admin topic may create it), so that a short --wait bounds the wait for the registry's reply only.
+        acknowledge = max(wait, ACK_WAIT_S)
+        if producer.flush(acknowledge):
+            raise UserError(f"the broker at {settings.bootstrap_servers} did not acknowledge the command within "
+                            f"{acknowledge:g} s")
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             msg = consumer.poll(0.2)

@@ -242,8 +242,9 @@ class WorkerCore(CoreOutputs):
     # -- live records
 
     def on_record(self, shard: Shard, offset: int, changes: list[Change]) -> list[Output]:
-        """Apply the changes of one input record (at ``offset``); their deltas are numbered 0, 1, ... across
-        the record, the ``index`` of the idempotence key ``(source partition, offset, index)``."""
+        """Apply the changes of one input record (at ``offset``); each query's deltas are numbered 0, 1, ...
+        across the record (after a multi-centre query's probe deltas), the ``index`` of the idempotence key
+        ``(source partition, offset, index)``."""
         shard.position = offset + 1
         out: list[Output] = []
         index = 0
@@ -271,14 +272,20 @@ class WorkerCore(CoreOutputs):
             evaluator.advance(last, out=probed)
             index = self._probe_outputs(shard, probed, offset, index, out, origin)
         if apply is not None:
+            # Numbered per query (a product's parts share one count): two owners of a routed partition during
+            # a rebalance may hold different sets of queries, and must still give a delta the same key.
+            numbers: dict[str, int] = {}
+            outputs = shard.outputs
             for _offset, sign, s, p, o, g, role, seq, origin in changes:
                 deltas = apply(sign, s, p, o, g, role)
                 if not deltas:
                     continue
                 self._note_origin(origin)
                 for name, d_sign, row in deltas:
-                    self._part_delta(out, shard, name, d_sign, row, seq, offset, index, False, origin)
-                    index += 1
+                    query_id = outputs[name][0] if name in outputs else name
+                    number = numbers.get(query_id, index)
+                    numbers[query_id] = number + 1
+                    self._part_delta(out, shard, name, d_sign, row, seq, offset, number, False, origin)
         if self.derived:
             out.extend(self._derived_outputs(shard))
         return out

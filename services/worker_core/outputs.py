@@ -167,9 +167,9 @@ class CoreOutputs:
         (the last change the shard applied; the registry's registered_at_seq counts updates.encoded records,
         which hold many changes each, so it lags far behind)."""
         out: list[Output] = []
-        index = SNAPSHOT_INDEX_BASE
         as_of = max(shard.last_seq, shard.frontier)
         for info in infos:
+            index = SNAPSHOT_INDEX_BASE  # per query, as live deltas: two owners' snapshots of it have one key
             if info.gated and shard.kind == "routed":
                 self.ready_due.append((info.query_id, info.version, shard.partition, as_of))
             for name, _part, _query in info.engine_queries():

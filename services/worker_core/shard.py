@@ -104,9 +104,11 @@ class QueryInfo:
     @property
     def gated(self) -> bool:
         """A registration the answers service releases as one snapshot, once every routed partition has sent
-        its share (``PartDeltaBatch.gated``, ``services.release``): a multi-centre query's (its probes) and a
-        by-centre product's (its parts' snapshots as of each partition's own position, multiplied)."""
-        return self.probed or (self.partitioned and self.plan.product_by_centre)
+        its share (``PartDeltaBatch.gated``, ``services.release``): every by-centre query's -- a multi-centre
+        query's probes, a product's parts' snapshots as of each partition's own position (multiplied), a star's
+        snapshots -- so its first answers are as of one seq, and a second owner's snapshot during a rebalance
+        is recognised (rule 5 there)."""
+        return self.partitioned
 
     @property
     def counted_distinct(self) -> bool:  # (a product's DISTINCT is the assembler's)
