@@ -21,10 +21,14 @@ nothing is numbered twice.  That only works if no two writers share a ``source_p
                             release (``services.release``)
 ==========================  ============================================  =====================  ===================
 
-Snapshot deltas (a query's answers over the state restored by replay, sent once when a shard first serves
-it) take ``(last replayed offset, SNAPSHOT_INDEX_BASE + i)``: after every live delta of that offset and
-before every delta of the next one, so the "(offset, index) only grows" rule keeps them.  Live indexes
-stay below 2^30 (a record holds far fewer deltas).
+A state worker numbers a record's deltas per engine query (a query, or a product's part), in sorted order,
+so two workers that both hold a routed partition for a moment during a rebalance give a delta the same key
+even when they hold different sets of queries.  Snapshot deltas (a query's answers over the state restored by
+replay, sent once when a shard first serves it) take ``(last replayed offset, SNAPSHOT_INDEX_BASE + i)``, i
+counted per query: after every live delta of that offset and before every delta of the next one, so the
+"(offset, index) only grows" rule keeps them.  (A by-centre registration's last replayed offset is the one
+before its point in the routed log, the same for every owner: ``WorkerCore.registration_seq``.)  Live
+indexes stay below 2^30 (a record holds far fewer deltas).
 
 Sources below ``ORDERED_SOURCE_BELOW`` (all the negative ones) are one totally ordered stream each: the
 answers service releases their deltas as they come, while routed sources (``>= 0``) are held until every

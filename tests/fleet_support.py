@@ -19,9 +19,11 @@ from typing import Iterable
 from cbgp.plan import decompose
 from cbgp.sparql import parse_query
 from cbgp.terms import from_sparql_json
+from confluent_kafka import KafkaException
+
 from services import codec
 from services.codec import canonical_binding, term_from_avro
-from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
+from services.kafka import KafkaSettings, end_offsets, make_producer, produce_sync, read_all
 from services.queries import read_registration
 from services.runtime import query_partition
 
@@ -122,9 +124,15 @@ def publish_patch(settings: KafkaSettings, lines: list[str], per_message: int = 
     producer.flush(30)
 
 
-def publish_plan(settings: KafkaSettings, query_id: str, sparql: str, version: int = 1, seq: int = 0,
+def publish_plan(settings: KafkaSettings, query_id: str, sparql: str, version: int = 1, seq: int | None = None,
                  options: dict[str, str] | None = None) -> None:
-    """A QueryPlan as the registry would publish it (for tests that bypass the registry)."""
+    """A QueryPlan as the registry would publish it (for tests that bypass the registry): registered at the
+    current end of updates.encoded unless ``seq`` says otherwise."""
+    if seq is None:
+        try:
+            seq = end_offsets(settings, settings.topic("updates.encoded")).get(0, (0, 0))[1]
+        except KafkaException:  # not created yet: nothing was ingested
+            seq = 0
     plain, _window = read_registration(sparql, options or {})
     plan = decompose(parse_query(plain))
     record = {"query_id": query_id, "sparql": sparql, "options": options or {},

@@ -10,7 +10,9 @@ Every shard's state is a function of (its queries, its log up to its position), 
 replaying the log from offset 0 without emitting, and a query new to a shard gets its state the same way,
 its replayed deltas netted into a snapshot (``snapshot=True``).  Which queries a shard had already
 snapshotted is stored with its committed offset as commit metadata (the queries.plans positions applied),
-so a restarted or rebalanced worker knows exactly which snapshots are still owed.
+so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A by-centre query new to a
+routed shard applies at one record of its log, the first past the seq it registered at
+(:meth:`WorkerCore.registration_seq`), whenever the plan is read: every owner sends the same snapshot and deltas.
 
 Operator queries (issue 18: FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT...; ``QueryInfo.operators``) are
 whole queries: their owner's whole shard evaluates them with ``cbgp.algebra`` in place of the BGP engine
@@ -104,8 +106,10 @@ class WorkerCore(CoreOutputs):
         self.derived: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         self.ended_streams: list[tuple[int, int, str, int, str]] = []
         self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
+        self.record_reader = record_reader
         if record_reader is not None:
             self.probes.reader = record_reader
+        self._registration_seqs: dict[tuple[str, int], int] = {}
 
     # -- ownership
 
@@ -174,6 +178,7 @@ class WorkerCore(CoreOutputs):
             for name in [n for n, i in shard.probe_queries.items() if i.query_id == query_id]:
                 self.probes.unregister(shard, name)
                 shard.outputs.pop(name, None)
+            shard.pending = [(info, seq) for info, seq in shard.pending if info.query_id != query_id]
             if query_id in shard.versions:
                 for name in [n for n, (q, _part) in shard.outputs.items() if q == query_id]:
                     shard.engine.unregister(name)
@@ -190,6 +195,9 @@ class WorkerCore(CoreOutputs):
             self._probe_outputs(shard, self.probes.register(shard, info, live=True), shard.position - 1,
                                 SNAPSHOT_INDEX_BASE, out)
         infos = [i for i in infos if not i.probed]
+        if self._placed_by_log(shard):
+            out += self._place(shard, infos)
+            infos = []
         if not infos:
             return out
         names = {name for info in infos for name in shard.register(info)}
@@ -209,6 +217,13 @@ class WorkerCore(CoreOutputs):
                  and query_partition(query_id, self.n_routed) == partition]
         infos = self.wanted(kind, partition)
         owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
+        placed: list[QueryInfo] = []  # by-centre registrations applied at their point of the log (see _place)
+        if self._placed_by_log(shard):
+            last_change, last_mark = self._log_tail(partition, shard.position)
+            placed = [i for i in infos if not i.probed and (
+                i in owed or not self._passed(self.registration_seq(i), last_change, last_mark))]
+            infos = [i for i in infos if i not in placed]
+            owed = [i for i in owed if i not in placed]
         for info in infos:
             shard.register(info)
         started = time.monotonic()
@@ -226,9 +241,136 @@ class WorkerCore(CoreOutputs):
             self._probe_outputs(shard, restored, shard.position - 1, SNAPSHOT_INDEX_BASE, probe_out)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
-                    queries=len(infos), snapshots_owed=len(owed),
+                    queries=len(infos) + len(placed), snapshots_owed=len(owed) + len(placed),
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
-        return drops + probe_out + self._snapshot(shard, [i for i in owed if not i.probed], net)
+        return (drops + probe_out + self._snapshot(shard, [i for i in owed if not i.probed], net)
+                + self._place(shard, placed))
+
+    # -- by-centre registrations at one point of each routed log
+
+    def _placed_by_log(self, shard: Shard) -> bool:
+        return shard.kind == "routed" and self.record_reader is not None
+
+    def registration_seq(self, info: QueryInfo) -> int:
+        """The seq a by-centre registration answers as of: the last change in updates.encoded before the
+        offset the registry read when it registered the query (``registered_at_seq``).
+
+        Every owner of a routed partition applies the registration at the same record of its log, the first
+        past that seq (:meth:`_point`), whenever it reads the plan: a worker that reads it later rewinds (the
+        snapshot of the log before that record, then the records after it replayed to the new query alone).
+        So two workers that both hold a partition for a moment during a rebalance (a broker that does not
+        fence the old owner) send the same snapshot and the same deltas with the same keys, and the answers
+        service reads them once."""
+        key = (info.query_id, info.version)
+        seq = self._registration_seqs.get(key)
+        if seq is None:
+            seq, end = 0, info.registered_at_seq
+            while end > 0 and not seq:
+                start = max(0, end - 64)
+                seq = max((change[7] for change in self.reader("whole", 0, start, end)), default=0)
+                end = start
+            self._registration_seqs[key] = seq
+        return seq
+
+    @staticmethod
+    def _passed(seq: int, last_change: int, last_mark: int) -> bool:
+        """Whether a log whose last change and last Frontier mark have these seqs holds the point of a
+        registration as of ``seq``."""
+        return last_change > seq or last_mark >= seq
+
+    def _log_tail(self, partition: int, end: int) -> tuple[int, int]:
+        """The seq of the last change and of the last Frontier mark in routed log ``partition`` before
+        ``end`` (-1 when none), read backwards in chunks from ``end``."""
+        last_change = last_mark = -1
+        while end > 0 and (last_change < 0 or last_mark < 0):
+            start = max(0, end - 64)
+            for _offset, kind, seq in self._log_marks(partition, start, end):
+                if kind == "mark":
+                    last_mark = max(last_mark, seq)
+                else:
+                    last_change = max(last_change, seq)
+            end = start
+        return last_change, last_mark
+
+    def _log_marks(self, partition: int, start: int, end: int) -> Iterator[tuple[int, str, int]]:
+        """Per record of routed log ``partition`` in [start, end): (offset, "mark", its Frontier seq for the
+        partition) or (offset, "changes", its highest change seq); other records are left out."""
+        for offset, value in self.record_reader(partition, start, end):
+            try:
+                frontier = codec.frontier_of(value)
+                if frontier is not None:
+                    yield offset, "mark", frontier.get(partition, -1)
+                    continue
+                changes = codec.routed_changes(value)  # none in probes
+                if changes:
+                    yield offset, "changes", max(change[0] for change in changes)
+            except codec.CodecError:
+                continue
+
+    def _point(self, partition: int, seq: int, end: int) -> int | None:
+        """The offset of routed log ``partition`` at which a registration as of ``seq`` applies, if it is at
+        or before ``end``: just after the first Frontier mark that reaches ``seq``, or at the first record
+        with a change past it (ingest writes a transaction's changes before its marks, so no change at or
+        below ``seq`` comes later)."""
+        for offset, kind, record_seq in self._log_marks(partition, 0, end):
+            if kind == "mark" and record_seq >= seq:
+                return offset + 1
+            if kind == "changes" and record_seq > seq:
+                return offset
+        return None
+
+    def _place(self, shard: Shard, infos: list[QueryInfo]) -> list[Output]:
+        """Apply by-centre registrations at their point of the shard's log if it has passed it, else keep
+        them pending until it does (``on_record``, ``on_frontier``)."""
+        out: list[Output] = []
+        for info in infos:
+            seq = self.registration_seq(info)
+            point = self._point(shard.partition, seq, shard.position)
+            if point is None:
+                shard.pending.append((info, seq))
+            else:
+                out += self._apply_at(shard, [(info, seq)], point)
+        return out
+
+    def _due(self, shard: Shard, point: int, past: int = -1, mark: int = -1) -> list[Output]:
+        """Apply the pending registrations whose point ``point`` is: a record with a change at seq ``past``
+        comes, or a Frontier mark of seq ``mark`` was read."""
+        due = [(info, seq) for info, seq in shard.pending if past > seq or mark >= seq]
+        if not due:
+            return []
+        shard.pending = [item for item in shard.pending if item not in due]
+        return self._apply_at(shard, due, point)
+
+    def _apply_at(self, shard: Shard, registrations: list[tuple[QueryInfo, int]], point: int) -> list[Output]:
+        """Register queries in a routed shard as of log offset ``point`` (at most its position): the snapshot
+        of the log before it, keyed by ``point - 1`` and labelled with the registration's seq, then the records
+        from ``point`` to the shard's position replayed to these queries alone, as the live deltas any owner
+        sends for them."""
+        names = {name for info, _seq in registrations for name in shard.register(info)}
+        out: list[Output] = []
+        changes = self._learning(shard, self.reader("routed", shard.partition, 0, point))
+        net = shard.engine.replay(changes, names, only=True)
+        for info, seq in registrations:
+            out += self._snapshot(shard, [info], net, offset=point - 1, as_of=seq)
+        if point >= shard.position:
+            return out
+        targets = sorted(names)
+        apply_to = shard.engine.apply_to
+        for offset, value in self.record_reader(shard.partition, point, shard.position):
+            try:
+                changes = decode_changes("routed", offset, value, None)
+            except codec.CodecError:
+                continue  # dead-lettered when it was read
+            numbers: dict[str, int] = {}
+            for _offset, sign, s, p, o, g, role, seq, _origin in changes:
+                deltas = [delta for name in targets for delta in apply_to(name, sign, s, p, o, g, role)]
+                if len(deltas) > 1:
+                    deltas.sort()  # as on_record numbers them
+                for name, d_sign, row in deltas:
+                    number = numbers.get(name, 0)
+                    numbers[name] = number + 1
+                    self._part_delta(out, shard, name, d_sign, row, seq, offset, number, False, None)
+        return out
 
     def first_position(self, partition: int) -> int:
         """Where whole shard ``partition`` starts when it never committed a position: the updates.encoded end
@@ -242,11 +384,11 @@ class WorkerCore(CoreOutputs):
     # -- live records
 
     def on_record(self, shard: Shard, offset: int, changes: list[Change]) -> list[Output]:
-        """Apply the changes of one input record (at ``offset``); each query's deltas are numbered 0, 1, ...
-        across the record (after a multi-centre query's probe deltas), the ``index`` of the idempotence key
-        ``(source partition, offset, index)``."""
+        """Apply the changes of one input record (at ``offset``); each engine query's deltas are numbered
+        0, 1, ... across the record, the ``index`` of the idempotence key ``(source partition, offset, index)``
+        (a multi-centre query's probe deltas are numbered apart)."""
+        out: list[Output] = self._due(shard, offset, past=changes[-1][7]) if shard.pending and changes else []
         shard.position = offset + 1
-        out: list[Output] = []
         index = 0
         engine = shard.engine
         # (a routed shard holding only multi-centre queries has an idle engine: nothing to call per change)
@@ -272,19 +414,19 @@ class WorkerCore(CoreOutputs):
             evaluator.advance(last, out=probed)
             index = self._probe_outputs(shard, probed, offset, index, out, origin)
         if apply is not None:
-            # Numbered per query (a product's parts share one count): two owners of a routed partition during
-            # a rebalance may hold different sets of queries, and must still give a delta the same key.
+            # Numbered per engine query from 0, in a sorted order: two owners of a routed partition during a
+            # rebalance may hold different sets of queries, and must still give a delta the same key.
             numbers: dict[str, int] = {}
-            outputs = shard.outputs
             for _offset, sign, s, p, o, g, role, seq, origin in changes:
                 deltas = apply(sign, s, p, o, g, role)
                 if not deltas:
                     continue
+                if len(deltas) > 1:
+                    deltas.sort()
                 self._note_origin(origin)
                 for name, d_sign, row in deltas:
-                    query_id = outputs[name][0] if name in outputs else name
-                    number = numbers.get(query_id, index)
-                    numbers[query_id] = number + 1
+                    number = numbers.get(name, 0)
+                    numbers[name] = number + 1
                     self._part_delta(out, shard, name, d_sign, row, seq, offset, number, False, origin)
         if self.derived:
             out.extend(self._derived_outputs(shard))
@@ -295,7 +437,7 @@ class WorkerCore(CoreOutputs):
         (probes that waited for it are answered)."""
         shard.position = offset + 1
         shard.frontier = max(shard.frontier, frontiers.get(shard.partition, -1))
-        out: list[Output] = []
+        out: list[Output] = self._due(shard, offset + 1, mark=shard.frontier) if shard.pending else []
         if shard.evaluator is not None:
             self._probe_outputs(shard, shard.evaluator.advance(shard.frontier), offset, 0, out)
         return out

@@ -162,12 +162,16 @@ class CoreOutputs:
         value = codec.encode_frontier(moved)
         return [Output(self.topics["deltas.parts"], value, None, partition) for partition in range(self.n_deltas)]
 
-    def _snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset]) -> list[Output]:
-        """The netted answers of ``infos`` over the shard's log so far, labelled with the seq they are as of
-        (the last change the shard applied; the registry's registered_at_seq counts updates.encoded records,
-        which hold many changes each, so it lags far behind)."""
+    def _snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset], offset: int | None = None,
+                  as_of: int | None = None) -> list[Output]:
+        """The netted answers of ``infos`` over the shard's log so far (up to ``offset``, keyed by it), labelled
+        with the seq they are as of (by default the last change the shard applied; the registry's
+        registered_at_seq counts updates.encoded records, which hold many changes each, so it lags far behind)."""
         out: list[Output] = []
-        as_of = max(shard.last_seq, shard.frontier)
+        if as_of is None:
+            as_of = max(shard.last_seq, shard.frontier)
+        if offset is None:
+            offset = shard.position - 1
         for info in infos:
             index = SNAPSHOT_INDEX_BASE  # per query, as live deltas: two owners' snapshots of it have one key
             if info.gated and shard.kind == "routed":
@@ -178,9 +182,7 @@ class CoreOutputs:
                         # A routed shard's answers are deduplicated by (seq, offset, index): never label
                         # them past what the shard applied, or its next live deltas would look older.
                         label = as_of if shard.kind == "routed" else max(info.registered_at_seq, as_of)
-                        self._part_delta(out, shard, name, 1, row, label,
-                                         shard.position - 1,
-                                         index, True, None)
+                        self._part_delta(out, shard, name, 1, row, label, offset, index, True, None)
                         index += 1
         if self.derived:
             out.extend(self._derived_outputs(shard))

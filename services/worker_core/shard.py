@@ -166,6 +166,9 @@ class Shard:
     probe_queries: dict[str, QueryInfo] = field(default_factory=dict)
     registered_at: dict[str, int] = field(default_factory=dict)
     ready_sent: set[str] = field(default_factory=set)
+    # By-centre registrations waiting for this routed partition's log to reach the seq they answer as of
+    # (``WorkerCore.registration_seq``): (info, seq), applied at the first record past it.
+    pending: list[tuple[QueryInfo, int]] = field(default_factory=list)
 
     def completed(self) -> int:
         """The seq every answer delta of this routed partition's changes has been emitted up to: its frontier,
