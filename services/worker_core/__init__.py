@@ -218,7 +218,7 @@ class WorkerCore(CoreOutputs):
         infos = self.wanted(kind, partition)
         owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
         placed: list[QueryInfo] = []  # by-centre registrations applied at their point of the log (see _place)
-        if self._placed_by_log(shard):
+        if self._placed_by_log(shard) and any(not i.probed for i in infos):
             last_change, last_mark = self._log_tail(partition, shard.position)
             placed = [i for i in infos if not i.probed and (
                 i in owed or not self._passed(self.registration_seq(i), last_change, last_mark))]
@@ -264,11 +264,11 @@ class WorkerCore(CoreOutputs):
         key = (info.query_id, info.version)
         seq = self._registration_seqs.get(key)
         if seq is None:
-            seq, end = 0, info.registered_at_seq
+            seq, end, chunk = 0, info.registered_at_seq, 1  # the last record usually has it: read it alone
             while end > 0 and not seq:
-                start = max(0, end - 64)
+                start = max(0, end - chunk)
                 seq = max((change[7] for change in self.reader("whole", 0, start, end)), default=0)
-                end = start
+                end, chunk = start, min(chunk * 8, 512)
             self._registration_seqs[key] = seq
         return seq
 
@@ -282,14 +282,15 @@ class WorkerCore(CoreOutputs):
         """The seq of the last change and of the last Frontier mark in routed log ``partition`` before
         ``end`` (-1 when none), read backwards in chunks from ``end``."""
         last_change = last_mark = -1
+        chunk = 4  # a transaction's records end with its marks: the last few usually hold both
         while end > 0 and (last_change < 0 or last_mark < 0):
-            start = max(0, end - 64)
+            start = max(0, end - chunk)
             for _offset, kind, seq in self._log_marks(partition, start, end):
                 if kind == "mark":
                     last_mark = max(last_mark, seq)
                 else:
                     last_change = max(last_change, seq)
-            end = start
+            end, chunk = start, min(chunk * 8, 512)
         return last_change, last_mark
 
     def _log_marks(self, partition: int, start: int, end: int) -> Iterator[tuple[int, str, int]]:
