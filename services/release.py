@@ -89,9 +89,9 @@ class _Partition:
     # DISTINCT rows, a gate's): a copy made by two workers that both held a routed partition for a moment
     # during a rebalance is released once.  (Plain deltas' repeated keys are dropped by the answers core.)
     released_keys: dict[tuple, None] = field(default_factory=dict)  # insertion-ordered: the oldest go first
-    # (query, version, routed partition) -> as_of of the product snapshot taken from that partition (rule 5)
+    # (query, version, routed partition) -> as_of of the snapshot released from that partition (rule 5)
     snapshot_seq: dict[tuple[str, int, int], int] = field(default_factory=dict)
-    restoring: list = field(default_factory=list)  # a product's released part deltas read by restore_counts
+    restoring: list = field(default_factory=list)  # released product and DISTINCT deltas read by restore_counts
 
 
 log = logging.getLogger("cbgp.answers")
