@@ -444,10 +444,6 @@ class AnswersService:
                     deltas = _decoded([msg])[0]
                     if deltas is not None:
                         self.release.restore_counts(tp.partition, msg.offset(), deltas)
-                    elif (mark := _probe_ready(msg.value())) is not None:
-                        self.release.restore_ready(tp.partition, msg.offset(), mark["query_id"], mark["version"],
-                                                   mark["partition"], mark["as_of"])
-                self.release.finish_restore(tp.partition)
         for partition in sorted(new - self.held):
             _low, high = end_offsets(self.settings, self.t_answers)[partition]  # from 0: read_range refuses a truncated log
             for msg in read_range(self.settings, self.t_answers, partition, 0, high):

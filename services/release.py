@@ -25,18 +25,14 @@ retracts from another.  So, per deltas.parts partition:
    seq-ordered release.  So a registration's first answers are one snapshot as of one seq, in order with
    what follows.  Opened gates are kept in the commit metadata.
 
-   Every by-centre registration is gated (a star's too: see rule 5).
+   Every by-centre registration is gated (a star's too): its first answers are one snapshot as of one seq.
 
-5. **One snapshot per routed partition.**  During a rebalance two workers may both hold a routed partition
-   for a moment (a broker that does not fence the old owner, like the embedded one), and both may send its
-   snapshot of a late registration and a ``ProbeReady``, as of different seqs.  Their live deltas carry the
-   same keys and are released once (``_first_release``), but two snapshots would be counted (or multiplied) twice.
-   So for a registration whose deltas all come from the partition that holds the centre (every by-centre
-   query but a multi-centre one, whose deltas come from where its probes end), per ``(query, version, routed
-   partition)`` the release keeps the snapshot as of the highest ``as_of`` (of the highest source offset
-   among equal ones) and drops that partition's live deltas at or below it: that snapshot plus every later
-   change is that partition's share, whichever owner keeps going.  A snapshot read after the gate opened is a
-   second owner's late copy, and is dropped the same way.
+5. **One copy per key.**  During a rebalance two workers may both hold a routed partition for a moment (a
+   broker that does not fence the old owner, like the embedded one).  Both then send the same deltas with the
+   same idempotence keys: a registration applies at one record of each routed log whichever worker reads its
+   plan (``WorkerCore._point``), and deltas are numbered per query.  The deltas the release counts, nets or
+   multiplies (a product's parts, DISTINCT rows, a gate's) are released once per key (``_first_release``);
+   plain deltas' repeated keys are dropped by the answers core.
 
 Restart (:meth:`SeqRelease.commit_position`, :meth:`SeqRelease.restore`): the offset committed for a
 deltas.parts partition is never past a record that still holds an unreleased delta, and its commit metadata
@@ -52,18 +48,14 @@ from __future__ import annotations
 
 import heapq
 import json
-import logging
 from dataclasses import dataclass, field, replace
 from itertools import count
 
 from typing import Callable
 
 from cbgp.assembly import Assembler
-from cbgp.plan import decompose
-from cbgp.sparql import parse_query
 from services.codec import PartDeltaColumns
-from services.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION, SNAPSHOT_INDEX_BASE
-from services.records import kv
+from services.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
 
 
 @dataclass
@@ -89,14 +81,9 @@ class _Partition:
     # DISTINCT rows, a gate's): a copy made by two workers that both held a routed partition for a moment
     # during a rebalance is released once.  (Plain deltas' repeated keys are dropped by the answers core.)
     released_keys: dict[tuple, None] = field(default_factory=dict)  # insertion-ordered: the oldest go first
-    # (query, version, routed partition) -> as_of of the snapshot released from that partition (rule 5)
-    snapshot_seq: dict[tuple[str, int, int], int] = field(default_factory=dict)
-    restoring: list = field(default_factory=list)  # released product and DISTINCT deltas read by restore_counts
 
 
-log = logging.getLogger("cbgp.answers")
-
-PART_KEYS_KEPT = 200_000  # recent product part delta keys remembered per partition (~40 MB at most)
+RELEASED_KEYS_KEPT = 200_000  # recent released delta keys remembered per partition (~40 MB at most)
 
 Released = tuple[int, "int | None", PartDeltaColumns]  # (deltas.parts offset, origin ms, deltas)
 
@@ -111,21 +98,6 @@ class SeqRelease:
         self.partitions: dict[int, _Partition] = {}
         self._tie = count()
         self.query_text = query_text
-        self._centre_sourced: dict[tuple[str, int], bool] = {}
-
-    def centre_sourced(self, query_id: str, version: int) -> bool:
-        """Whether every delta of the registration comes from the routed partition of its centre (rule 5):
-        not a multi-centre (probed) query's."""
-        key = (query_id, version)
-        known = self._centre_sourced.get(key)
-        if known is None:
-            text = self.query_text(query_id, version) if self.query_text is not None else None
-            try:
-                known = text is not None and not decompose(parse_query(text)).probed
-            except ValueError:
-                known = False
-            self._centre_sourced[key] = known
-        return known
 
     # -- partitions
 
@@ -137,7 +109,7 @@ class SeqRelease:
         old = self.partitions.get(partition)
         state = self.partitions[partition] = _Partition()
         if keep_counts and old is not None:  # DISTINCT counts and product assemblers both are released state
-            state.counts, state.assemblers, state.snapshot_seq = old.counts, old.assemblers, old.snapshot_seq
+            state.counts, state.assemblers = old.counts, old.assemblers
             state.released_keys = old.released_keys
         try:
             stored = json.loads(metadata or "{}")
@@ -169,34 +141,14 @@ class SeqRelease:
             return
         released = self._released_before(state, offset, deltas)
         if (deltas.part >= 0 or deltas.distinct) and released:
-            # folded or counted by finish_restore, once the snapshots taken are known (rule 5)
-            released = _first_release(state, deltas, released)
-            state.restoring.append((deltas, released))
-
-    def restore_ready(self, partition: int, offset: int, query_id: str, version: int, routed: int,
-                      as_of: int) -> None:
-        """A ProbeReady record read before the committed read position of an opened gate (restore)."""
-        state = self.partitions[partition]
-        if (offset < state.released_end and (query_id, version) in state.opened
-                and self.centre_sourced(query_id, version)):
-            key = (query_id, version, routed)
-            state.snapshot_seq[key] = max(as_of, state.snapshot_seq.get(key, -1))
-
-    def finish_restore(self, partition: int) -> None:
-        """Fold the released deltas read by :meth:`restore_counts` into their products' assemblers and their
-        DISTINCT counts, one snapshot per routed partition (rule 5)."""
-        state = self.partitions[partition]
-        items, state.restoring = state.restoring, []
-        chosen = _chosen_snapshots(state.snapshot_seq, [(deltas, i) for deltas, released in items for i in released])
-        for deltas, released in items:
-            released = [i for i in released if not _covered(state.snapshot_seq, chosen, deltas, i)]
-            if deltas.part < 0:
-                if released:
-                    self._consolidate(state, _pick(deltas, released))
-                continue
-            assembler = self._assembler(state, deltas)
-            if assembler is None:
-                continue
+            released = _first_release(state, deltas, released)  # two owners' copies were released once
+        if not released:
+            return
+        if deltas.part < 0:
+            self._consolidate(state, _pick(deltas, released))
+            return
+        assembler = self._assembler(state, deltas)
+        if assembler is not None:
             k = len(deltas.variables)
             for i in released:
                 assembler.absorb(deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
@@ -241,11 +193,6 @@ class SeqRelease:
             gate = state.gates.setdefault(key, _Gate())
             gate.ready[routed] = max(as_of, gate.ready.get(routed, -1))  # two owners: the later snapshot
             gate.marks.append(offset)
-        elif as_of > state.snapshot_seq.get((query_id, version, routed), as_of):
-            # A second owner's snapshot, later than the one released: the records between the two are
-            # released only if the first owner kept going that far (it normally does: it was ahead).
-            log.warning(kv(event="late-snapshot", query=query_id, version=version, routed=routed,
-                           released_as_of=state.snapshot_seq[(query_id, version, routed)], as_of=as_of))
         return self._release(partition)
 
     def on_deltas(self, partition: int, offset: int, origin: int | None, deltas: PartDeltaColumns) -> list[Released]:
@@ -259,12 +206,6 @@ class SeqRelease:
             deltas = _pick(deltas, [i for i in range(len(deltas)) if i not in done])
             if not len(deltas):
                 return self._release(partition)
-        if deltas.gated and (deltas.query_id, deltas.version) in state.opened and offset >= state.released_end:
-                # after the gate opened: a late snapshot copy, or a slow owner's deltas it covers (rule 5)
-                deltas = _pick(deltas, [i for i in range(len(deltas))
-                                        if not _covered(state.snapshot_seq, None, deltas, i)])
-        if not len(deltas):
-            return self._release(partition)
         state.records[offset] = [len(deltas), origin]
         key = (deltas.query_id, deltas.version)
         if deltas.gated and key not in state.opened:
@@ -284,20 +225,17 @@ class SeqRelease:
             upto = max(gate.ready.values())
             del state.gates[key]
             state.opened.add(key)
-            if self.centre_sourced(*key):
-                for routed, as_of in gate.ready.items():
-                    state.snapshot_seq[(*key, routed)] = as_of
-            chosen = _chosen_snapshots(state.snapshot_seq, [(deltas, i) for _o, deltas, i in gate.items])
-            # (the items up to as_of are netted here: a repeated key once; later ones join the heap)
+            # a bundle's origin: its earliest record's (the answers' latency counts from the oldest change in it)
+            origins = {offset: state.records[offset][1] for offset, _d, _i in gate.items if offset in state.records}
+            # The items up to as_of are netted here, a repeated key (two owners' copies) once; later ones join
+            # the heap (where a product's or DISTINCT query's repeated keys are dropped too).
             repeated = {id(item) for item in gate.items
                         if item[1].seq[item[2]] <= upto and not _first_release(state, item[1], [item[2]])}
-            covered = [item for item in gate.items
-                       if id(item) in repeated or _covered(state.snapshot_seq, chosen, item[1], item[2])]
-            if covered:
-                dropped = {id(item) for item in covered}
-                for offset, _deltas, _i in covered:
-                    self._done(state, offset)
-                gate.items = [item for item in gate.items if id(item) not in dropped]
+            if repeated:
+                for item in gate.items:
+                    if id(item) in repeated:
+                        self._done(state, item[0])
+                gate.items = [item for item in gate.items if id(item) not in repeated]
             # The deltas up to as_of, netted per stream (a product's parts are streams of their own): per
             # row its count of + deltas, the rest cancel.
             by_row: dict[tuple, dict[tuple, list]] = {}
@@ -313,8 +251,6 @@ class SeqRelease:
                 if deltas.sign[i] == "PLUS":
                     entry[1].append((deltas.source_partition[i], deltas.source_offset[i], deltas.index[i],
                                      offset, deltas, i))
-            # a bundle's origin: its earliest record's (the answers' latency counts from the oldest change in it)
-            origins = {offset: state.records[offset][1] for offset, _d, _i in gate.items if offset in state.records}
             for offset, deltas, i in gate.items:
                 self._done(state, offset)
             for _stream, rows in sorted(by_row.items()):
@@ -462,41 +398,9 @@ def _first_release(state: _Partition, deltas: PartDeltaColumns, indices: list[in
         if key not in seen:
             seen[key] = None
             fresh.append(i)
-    while len(seen) > PART_KEYS_KEPT:
+    while len(seen) > RELEASED_KEYS_KEPT:
         del seen[next(iter(seen))]
     return fresh
-
-
-def _chosen_snapshots(snapshot_seq: dict[tuple[str, int, int], int],
-                      items: list[tuple[PartDeltaColumns, int]]) -> dict[tuple, int]:
-    """Per (query, version, part, routed partition) of a centre-sourced registration (``snapshot_seq``
-    holds only those): the highest source offset of the snapshot deltas labelled with that partition's chosen as_of (two owners at one seq took the same snapshot)."""
-    chosen: dict[tuple, int] = {}
-    for deltas, i in items:
-        if deltas.index[i] < SNAPSHOT_INDEX_BASE:
-            continue
-        routed = deltas.source_partition[i]
-        if deltas.seq[i] == snapshot_seq.get((deltas.query_id, deltas.version, routed)):
-            key = (deltas.query_id, deltas.version, deltas.part, routed)
-            chosen[key] = max(chosen.get(key, -1), deltas.source_offset[i])
-    return chosen
-
-
-def _covered(snapshot_seq: dict[tuple[str, int, int], int], chosen: dict[tuple, int] | None,
-             deltas: PartDeltaColumns, i: int) -> bool:
-    """Whether a delta is not part of its routed partition's one snapshot and what follows
-    it (rule 5): another snapshot, or a live delta at or below the snapshot's as_of.  ``chosen`` None: the
-    gate opened already, so every snapshot is a late copy."""
-    routed = deltas.source_partition[i]
-    as_of = snapshot_seq.get((deltas.query_id, deltas.version, routed))
-    if as_of is None:
-        return False
-    if deltas.index[i] < SNAPSHOT_INDEX_BASE:
-        return deltas.seq[i] <= as_of
-    if chosen is None:
-        return True
-    return (deltas.seq[i] != as_of
-            or deltas.source_offset[i] != chosen.get((deltas.query_id, deltas.version, deltas.part, routed)))
 
 
 def _same_stream(a: PartDeltaColumns, b: PartDeltaColumns) -> bool:

@@ -312,7 +312,9 @@ class WorkerCore(CoreOutputs):
         """The offset of routed log ``partition`` at which a registration as of ``seq`` applies, if it is at
         or before ``end``: just after the first Frontier mark that reaches ``seq``, or at the first record
         with a change past it (ingest writes a transaction's changes before its marks, so no change at or
-        below ``seq`` comes later)."""
+        below ``seq`` comes later).  That record may also hold changes at or below ``seq`` (the registry
+        read updates.encoded mid-transaction, whose records are chunked): their deltas are live deltas the
+        release's gate nets into the snapshot as of ``seq``, like every gated delta up to it."""
         for offset, kind, record_seq in self._log_marks(partition, 0, end):
             if kind == "mark" and record_seq >= seq:
                 return offset + 1
