@@ -164,17 +164,27 @@ class Plan:
         """Where the fleet keeps the query's state: ``by-centre`` (keyed by centre value over the routed
         partitions: one star, one single-centre component evaluated where its centre lives, or one
         multi-centre component whose stars live at their centres' partitions, joined by probes) or
-        ``single-owner`` (one worker evaluates the whole query on the total order: ground parts, products of
-        parts, and queries over ``GRAPH ?g``)."""
+        ``single-owner`` (one worker evaluates the whole query on the total order: ground parts whose
+        patterns have several subjects, products with a multi-centre part, and queries over ``GRAPH ?g``).
+        A ground part whose patterns share one subject is kept at that subject's partition, where all its
+        triples are routed."""
         parts = self.parts
         if any(p.g is not None and is_var(p.g) for p in self.query.patterns):
             return SINGLE_OWNER
         if len(parts) == 1 and isinstance(parts[0], (StarPart, ComponentPart)):
             return BY_CENTRE
         if parts and all(isinstance(p, StarPart) or (isinstance(p, ComponentPart) and p.centre is not None)
-                         for p in parts):
-            return BY_CENTRE  # a product of parts each evaluated where its centre lives, assembled in seq order
+                         or (isinstance(p, GroundPart) and self.ground_subject is not None) for p in parts):
+            return BY_CENTRE  # each part evaluated where its centre lives; a product assembled in seq order
         return SINGLE_OWNER
+
+    @property
+    def ground_subject(self) -> str | None:
+        """The one subject of the ground part's patterns, None when they have several (or there is none)."""
+        if self.ground is None:
+            return None
+        subjects = {self.query.patterns[i].s for i in self.ground.patterns}
+        return subjects.pop() if len(subjects) == 1 else None
 
     @property
     def product_by_centre(self) -> bool:
@@ -226,6 +236,8 @@ class Plan:
         for part in self.parts:
             entry: dict = {"kind": part.kind, "patterns": list(part.patterns), "variables": list(part.variables),
                            "placement": self.placement}
+            if isinstance(part, GroundPart) and self.ground_subject is not None:
+                entry["keyed_by"] = self.ground_subject  # the partition of that term's id
             if isinstance(part, StarPart):
                 entry["centre"] = part.variable
                 entry["simple"] = part.simple
@@ -262,7 +274,11 @@ class Plan:
         for number, part in enumerate(self.parts, 1):
             pats = " ".join(f"t{i}" for i in part.patterns)
             if isinstance(part, GroundPart):
-                lines.append(f"  part {number}: ground part [{pats}] -> match bitmap of {len(part.patterns)} bits")
+                where = (f", kept at the partition of {self.ground_subject}" if self.placement == BY_CENTRE
+                         and self.ground_subject is not None else "")
+                lines.append(f"  part {number}: ground part [{pats}] -> match bitmap of {len(part.patterns)} "
+                             f"bit{'s' if len(part.patterns) > 1 else ''}"
+                             + where)
             elif isinstance(part, StarPart):
                 note = "" if part.simple else " (contains a self-loop)"
                 lines.append(
@@ -297,6 +313,9 @@ class Plan:
             lines.append("  every part keyed by its centre's value on the updates.routed partitions (no hop);")
             lines.append("  the answers service releases the parts' deltas in seq order and multiplies them "
                          "(delta rule per update" + (", DISTINCT by presence)" if q.distinct else ")"))
+        elif self.placement == BY_CENTRE and isinstance(self.parts[0], GroundPart):
+            lines.append(f"  kept on the updates.routed partition of {self.ground_subject}, the subject of every "
+                         "pattern (its triples are routed there)")
         elif self.placement == BY_CENTRE:
             part = self.parts[0]
             centre = part.variable if isinstance(part, StarPart) else part.centre

@@ -124,7 +124,7 @@ class RegisteredQuery:
         self._bound_terms = bound_terms or {}  # placeholder term -> id known without its term (GRAPH ?g)
         for part_index, part in enumerate(parts):
             if isinstance(part, GroundPart):
-                state = self._ground_part(part_index, part)
+                state = self._ground_part(part_index, part, multi)
                 self.slots.append(())
             elif isinstance(part, StarPart):
                 state = self._star_part(part_index, part, multi)
@@ -153,12 +153,15 @@ class RegisteredQuery:
         self.handlers.append((graph, self._const(t.p), handler))
         return handler
 
-    def _ground_part(self, part_index: int, part: GroundPart) -> GroundState:
+    def _ground_part(self, part_index: int, part: GroundPart, multi: bool) -> GroundState:
         state = GroundState(len(part.patterns))
+        # Whole query: by its subject's partition (the one subject of every pattern when placed by centre),
+        # where a routed triple comes with the subject role; a change of the total order has every role.
+        role = ROLE_ALL if multi else ROLE_SUBJECT
         for bit_no, index in enumerate(part.patterns):
             t = self.plan.query.patterns[index]
             self._add_handler(index, part_index, bit_no, state, 1 << bit_no, _GROUND, self._const(t.s),
-                              self._const(t.o), ROLE_ALL)
+                              self._const(t.o), role)
         return state
 
     def _star_part(self, part_index: int, part: StarPart, multi: bool) -> StarState:

@@ -106,8 +106,8 @@ class QueryInfo:
         """A registration the answers service releases as one snapshot, once every routed partition has sent
         its share (``PartDeltaBatch.gated``, ``services.release``): every by-centre query's -- a multi-centre
         query's probes, a product's parts' snapshots as of each partition's own position (multiplied), a star's
-        snapshots -- so its first answers are as of one seq, and a second owner's snapshot during a rebalance
-        is recognised (rule 5 there)."""
+        snapshots -- so its first answers are as of one seq, and a second owner's copy of them during a
+        rebalance is released once (rule 5 there)."""
         return self.partitioned
 
     @property
