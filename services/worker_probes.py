@@ -10,10 +10,21 @@ no second topic has to be co-partitioned with it and one committed offset covers
 Per transaction (``flush``), in this order:
 
 1. the shards' answer deltas (``PartDeltaBatch``, ``gated``) -- by the caller;
-2. one ``ProbeBatch`` per destination partition: acks before probes (a probe's children must not overtake the
-   ack that counts them), this partition's registration records to itself, floors to every partition;
+2. ``ProbeBatch`` records to each destination partition: per segment (what one step made) its acks before its
+   probes (a probe's children must not overtake the ack that counts them), this partition's registration
+   records to itself, floors to every partition;
 3. ``ProbeReady`` marks on deltas.parts for registrations whose probes have all come back;
 4. the ``Frontier`` records (each shard's *completed* frontier, never past a live probe) -- by the caller.
+
+**Two owners of a partition.**  During a rebalance two workers may both hold a routed partition for a moment
+(a broker that does not fence the old owner, like the embedded one) and both process its records.  What a
+worker makes while processing record ``cause`` of its partition's log is a function of that log (versioned
+reads, frontiers and probe counts all come from it), so both make the same acks and probes.  Each ProbeBatch
+therefore lists what it holds as *segments* ``(sender, cause, chunk)``, the acks then the probes of one step,
+and a receiver takes a segment only if it comes after the last one it took from that sender: the second
+copy is dropped, and every probe is answered and every ack counted once, as with one owner.  (A
+registration's segments, made when a worker reads the plan rather than at a record, carry cause -1 and are
+not deduplicated.)
 
 Restore (:func:`restore`): the shard's whole routed log is replayed silently into the evaluators -- changes,
 frontier marks, probes and acks, in log order -- which rebuilds the versioned state, the probes that were
@@ -58,10 +69,9 @@ class ProbeRouting:
         self.topics = topics
         self.n_routed = routed_partitions
         self.n_deltas = deltas_partitions
-        # Queued for the next flush, per destination partition, each with the routed partition that made it
-        # (a revoked partition's are dropped: its next owner makes them again).
-        self.acks: dict[int, list[tuple[int, Ack]]] = {}
-        self.probes: dict[int, list[tuple[int, Probe]]] = {}
+        # Queued for the next flush, per destination partition: segments [sender, cause, acks, probes] in the
+        # order they were made (a revoked partition's are dropped: its next owner makes them again).
+        self.segments: dict[int, list[list]] = {}
         self.registered: dict[int, list[tuple[int, tuple[str, int]]]] = {}
         self.floors: dict[int, tuple[int, frozenset[str]]] = {}  # partition -> (floor, queries registered there)
         self.floor_sent: dict[int, tuple[int, frozenset[str]]] = {}
@@ -112,24 +122,26 @@ class ProbeRouting:
         out = Outputs()
         for floor in record["floors"]:
             self.floors[floor["partition"]] = (floor["floor"], frozenset(floor["queries"]))
+        steps = _taken_steps(shard, record)
         if evaluator is None:
-            if record["probes"]:
+            if any(probes for _acks, probes in steps):
                 # No probed query here yet: the probes wait in an evaluator for their registration.
                 evaluator = shard.evaluator = PartitionEvaluator(shard.partition, self.n_routed)
                 evaluator.applied = max(shard.frontier, shard.last_seq)
             else:
                 return out
         here = shard.partition
-        for query, seq, delta, snapshot in record["acks"]:
-            evaluator.on_ack(Ack(here, query, seq, delta, snapshot))
         states: dict[str, bool | None] = {}  # known() per query, asked once per record
         on_probe = evaluator.on_probe
-        for item in record["probes"]:
-            query = item[0]
-            if query not in states:
-                states[query] = known(query)
-            on_probe(Probe(here, *item), states[query] is not None, out)
-        self.received += len(record["probes"])
+        for acks, probes in steps:
+            for query, seq, delta, snapshot in acks:
+                evaluator.on_ack(Ack(here, query, seq, delta, snapshot))
+            for item in probes:
+                query = item[0]
+                if query not in states:
+                    states[query] = known(query)
+                on_probe(Probe(here, *item), states[query] is not None, out)
+            self.received += len(probes)
         if record["floors"]:
             self._collapse(shard)
         return out
@@ -147,23 +159,33 @@ class ProbeRouting:
 
     # -- output
 
-    def take(self, shard: Shard, out: Outputs) -> list:
-        """Queue ``out``'s probes and acks for the next flush; return its deltas (the caller batches them)."""
+    def take(self, shard: Shard, out: Outputs, cause: int) -> list:
+        """Queue ``out``'s probes and acks, made while the shard processed record ``cause`` of its log (-1: a
+        registration), for the next flush; return its deltas (the caller batches them)."""
         source = shard.partition
         for ack in out.acks:
-            self.acks.setdefault(ack.dest, []).append((source, ack))
+            self._segment(ack.dest, source, cause)[2].append(ack)
         for probe in out.probes:
-            self.probes.setdefault(probe.dest, []).append((source, probe))
+            self._segment(probe.dest, source, cause)[3].append(probe)
         return out.deltas
+
+    def _segment(self, dest: int, source: int, cause: int) -> list:
+        queue = self.segments.setdefault(dest, [])
+        if not queue or queue[-1][0] != source or queue[-1][1] != cause:
+            queue.append([source, cause, [], []])
+        return queue[-1]
 
     def drop_from(self, partition: int) -> int:
         """Forget what routed partition ``partition`` queued (it was revoked); return how many items."""
         dropped = 0
-        for queue in (self.acks, self.probes, self.registered):
-            for dest in list(queue):
-                kept = [item for item in queue[dest] if item[0] != partition]
-                dropped += len(queue[dest]) - len(kept)
-                queue[dest] = kept
+        for dest in list(self.registered):
+            kept = [item for item in self.registered[dest] if item[0] != partition]
+            dropped += len(self.registered[dest]) - len(kept)
+            self.registered[dest] = kept
+        for dest in list(self.segments):
+            kept = [segment for segment in self.segments[dest] if segment[0] != partition]
+            dropped += sum(len(g[2]) + len(g[3]) for g in self.segments[dest] if g[0] == partition)
+            self.segments[dest] = kept
         return dropped
 
     def flush(self, shards: Iterable[Shard]) -> list[Output]:
@@ -171,24 +193,33 @@ class ProbeRouting:
         shards = list(shards)
         out: list[Output] = []
         floors = self._floors(shards)
-        targets = {d for queue in (self.acks, self.probes, self.registered) for d, items in queue.items() if items}
+        targets = {d for queue in (self.segments, self.registered) for d, items in queue.items() if items}
         for dest in sorted(targets | (set(range(self.n_routed)) if floors else set())):
-            probes = [probe for _source, probe in self.probes.get(dest, [])]
-            acks = _merged(self.acks.get(dest, []))
-            self.sent += len(probes)
-            # Records of at most MAX_PER_RECORD probes (a record must stay well under the broker's 1 MB), the
-            # acks in the first ones: every ack still precedes every probe on the partition.
-            first = True
-            while first or acks or probes:
-                take_acks = acks[:MAX_PER_RECORD]
-                take_probes = probes[:MAX_PER_RECORD - len(take_acks)]
-                acks, probes = acks[len(take_acks):], probes[len(take_probes):]
-                value = codec.encode_probe_batch(
-                    take_probes, take_acks, [item for _source, item in self.registered.get(dest, [])] if first
-                    else [], floors if first else [])
+            # Each segment cut into chunks of at most MAX_PER_RECORD items, acks first (where it is cut depends
+            # on the segment alone: two owners cut it alike), packed into records of at most that many (a
+            # record must stay well under the broker's 1 MB).
+            chunks = []
+            for source, cause, acks, probes in self.segments.get(dest, []):
+                self.sent += len(probes)
+                items = _merged(acks) + probes
+                n_acks = len(items) - len(probes)
+                for number, start in enumerate(range(0, len(items), MAX_PER_RECORD)):
+                    end = min(start + MAX_PER_RECORD, len(items))
+                    in_acks = max(0, min(end, n_acks) - start)
+                    chunks.append(((source, cause, number, in_acks, end - start - in_acks), items[start:end]))
+            records: list[list] = [[]]
+            size = 0
+            for chunk in chunks:
+                if records[-1] and size + len(chunk[1]) > MAX_PER_RECORD:
+                    records.append([])
+                    size = 0
+                records[-1].append(chunk)
+                size += len(chunk[1])
+            registered = [item for _source, item in self.registered.get(dest, [])]
+            for number, record in enumerate(records):  # registrations and floors in the first
+                value = _encode(record, registered if number == 0 else [], floors if number == 0 else [])
                 out.append(Output(self.topics["updates.routed"], value, None, dest))
-                first = False
-        self.acks, self.probes, self.registered = {}, {}, {}
+        self.segments, self.registered = {}, {}
         for shard in shards:
             evaluator = shard.evaluator
             if evaluator is None:
@@ -223,18 +254,51 @@ class ProbeRouting:
         return floors
 
 
-def _merged(queued: list[tuple[int, Ack]]) -> list[Ack]:
-    """The acks to one origin as one per (query, seq, snapshot), their deltas summed, none of delta 0: the
-    origin applies a record's acks before its probes and reads its counts only after the record, so the sum is
-    all it can tell apart."""
-    if len(queued) < 2:
-        return [ack for _source, ack in queued if ack.delta]
+def _merged(acks: list[Ack]) -> list[Ack]:
+    """One step's acks to one origin as one per (query, seq, snapshot), their deltas summed, none of delta 0:
+    the origin applies a segment's acks before its probes and reads its counts only after the record, so the
+    sum is all it can tell apart."""
+    if len(acks) < 2:
+        return [ack for ack in acks if ack.delta]
     sums: dict[tuple[str, int, bool], int] = {}
-    for _source, ack in queued:
+    for ack in acks:
         key = (ack.query, ack.seq, ack.snapshot)
         sums[key] = sums.get(key, 0) + ack.delta
-    dest = queued[0][1].dest
+    dest = acks[0].dest
     return [Ack(dest, query, seq, delta, snapshot) for (query, seq, snapshot), delta in sums.items() if delta]
+
+
+def _encode(chunks: list, registered: list, floors: list) -> bytes:
+    """One ProbeBatch of segment chunks ``((sender, cause, chunk, acks, probes), items)``."""
+    acks: list = []
+    probes: list = []
+    for (_sender, _cause, _chunk, n_acks, _n_probes), items in chunks:
+        acks.extend(items[:n_acks])
+        probes.extend(items[n_acks:])
+    return codec.encode_probe_batch(probes, acks, registered, floors, [segment for segment, _items in chunks])
+
+
+def _taken_steps(shard: Shard, record: dict) -> list[tuple[list, list]]:
+    """The (acks, probes) of a ProbeBatch's segments that the shard takes: each (sender, cause, chunk) once,
+    in the order one owner of the sender makes them (a second owner's copy comes again, or out of that
+    order, and is dropped).  A record written before segments is one step."""
+    segments = record.get("segments")
+    if segments is None:
+        return [(record["acks"], record["probes"])]
+    steps = []
+    at_ack = at_probe = 0
+    channels = shard.probe_channels
+    for sender, cause, chunk, n_acks, n_probes in segments:
+        acks = record["acks"][at_ack:at_ack + n_acks]
+        probes = record["probes"][at_probe:at_probe + n_probes]
+        at_ack += n_acks
+        at_probe += n_probes
+        if cause >= 0:
+            if (cause, chunk) <= channels.get(sender, (-1, -1)):
+                continue
+            channels[sender] = (cause, chunk)
+        steps.append((acks, probes))
+    return steps
 
 
 def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: list[QueryInfo],

@@ -252,6 +252,18 @@ def test_probe_batches_carry_probes_and_acks_column_by_column_unchanged(probes, 
     assert record["floors"] == [{"partition": 1, "floor": 5, "queries": ["q@1"]}]
 
 
+def test_probe_batch_segments_read_back_and_must_cover_its_columns() -> None:
+    """Segments (sender, cause, chunk, acks, probes) divide the columns into what each step made; a record
+    without them (written before segments) reads as None; segments that do not add up are refused."""
+    probes = [Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)] * 3
+    acks = [Ack(0, "q@1", 5, -1, False)] * 2
+    segments = [(1, 40, 0, 1, 2), (1, 41, 0, 1, 0), (2, -1, 0, 0, 1)]
+    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=segments))["segments"] == segments
+    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks))["segments"] is None
+    with pytest.raises(codec.CodecError, match="segments count 2 acks"):
+        codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=[(1, 40, 0, 2, 2)]))
+
+
 def test_a_probe_batch_whose_columns_disagree_is_refused() -> None:
     data = codec.encode_probe_batch([Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)])
     record = codec.decode("ProbeBatch", data)

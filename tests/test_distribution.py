@@ -368,6 +368,28 @@ def test_two_owners_of_a_routed_partition_during_a_late_registration_answer_once
     assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_two_owners_of_a_routed_partition_answer_multi_centre_queries_once(seed: int, monkeypatch) -> None:
+    """The same takeover with multi-centre queries running: both owners answer the probes that reach the
+    partition and send the probes of its updates, so every other partition gets each twice, and the origin
+    would count the acks of both copies (its probe counts never reached zero: 18 of 30 such streams stalled
+    every by-centre answer).  Receivers take each (sender, cause, chunk) segment once; odd seeds cut the
+    segments into chunks of 3 items.  Exact per update as with one owner."""
+    if seed % 2:
+        monkeypatch.setattr("services.worker_probes.MAX_PER_RECORD", 3)
+    rng = random.Random(seed)
+    lines = generate_patch(200, seed=seed, subjects=5)
+    probed = ("path3", "triangle", "fof3")
+    queries = {name: BY_CENTRE_QUERIES[name] for name in (*probed, "attrs")}
+    registered: dict = {}
+    got = run_distributed(lines, queries, 2 + seed % 3, 1 + seed % 2, rng, late={"attrs"}, two_owners=True,
+                          crash_rate=0.1 * (seed % 3 == 0), registered=registered)
+    want = run_whole(lines, queries)
+    for name in probed:
+        assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
+    assert_late_answers(got, want, ["attrs"], registered["seq"])
+
+
 def test_a_retraction_from_one_partition_never_overtakes_the_assertion_from_another() -> None:
     """Built to race: row (a, c) of the 2-hop path appears through centre b1 and disappears through centre
     b2, whose partitions differ; partition of b2 is processed entirely first.  Released in seq order."""

@@ -34,10 +34,11 @@ _ACK_COLUMNS = ("ack_query", "ack_seq", "ack_delta", "ack_snapshot")
 
 
 def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
-                       registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = ()
-                       ) -> bytes:
+                       registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = (),
+                       segments: Sequence[tuple[int, int, int, int, int]] | None = None) -> bytes:
     """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed`` probes and acks (written column
-    by column), ``(query, as_of)`` registrations and ``(partition, floor, queries)`` floors."""
+    by column), ``(query, as_of)`` registrations, ``(partition, floor, queries)`` floors and
+    ``(sender, cause, chunk, acks, probes)`` segments (how the columns divide into what each step made)."""
     index: dict[str, int] = {}
     probe_query = [index.setdefault(p.query, len(index)) for p in probes]
     ack_query = [index.setdefault(a.query, len(index)) for a in acks]
@@ -53,14 +54,18 @@ def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
         "ack_query": ack_query, "ack_seq": [a.seq for a in acks], "ack_delta": [a.delta for a in acks],
         "ack_snapshot": [a.snapshot for a in acks],
         "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
-        "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors]})
+        "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors],
+        "segments": None if segments is None else [
+            {"sender": sender, "cause": cause, "chunk": chunk, "acks": n_acks, "probes": n_probes}
+            for sender, cause, chunk, n_acks, n_probes in segments]})
 
 
 def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only).
     ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot, born_ms)`` tuples
     (the fields of ``cbgp.distributed.Probe`` after ``dest``) and ``acks``
-    ``(query, seq, delta, snapshot)`` tuples, in their order."""
+    ``(query, seq, delta, snapshot)`` tuples, in their order; ``segments`` ``(sender, cause, chunk, acks,
+    probes)`` tuples, or None for a record written before segments."""
     if _writer_name(data) != "ProbeBatch":
         return None
     record = decode("ProbeBatch", data)
@@ -82,7 +87,14 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
                        tuple(bindings[start:end]), origin[i], snapshot[i], born[i]))
         start = end
     acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
-    return {"probes": probes, "acks": acks, "registered": record["registered"], "floors": record["floors"]}
+    segments = record.get("segments")
+    if segments is not None:
+        segments = [(g["sender"], g["cause"], g["chunk"], g["acks"], g["probes"]) for g in segments]
+        if sum(g[3] for g in segments) != len(acks) or sum(g[4] for g in segments) != n:
+            raise CodecError(f"corrupt ProbeBatch: its segments count {sum(g[3] for g in segments)} acks and "
+                             f"{sum(g[4] for g in segments)} probes, the record holds {len(acks)} and {n}")
+    return {"probes": probes, "acks": acks, "registered": record["registered"], "floors": record["floors"],
+            "segments": segments}
 
 
 def encode_probe_ready(query_id: str, version: int, partition: int, as_of: int) -> bytes:

@@ -193,7 +193,7 @@ class WorkerCore(CoreOutputs):
             shard.versions[info.query_id] = info.version
             shard.outputs[probe_name(info)] = (info.query_id, WHOLE_QUERY_PART)
             self._probe_outputs(shard, self.probes.register(shard, info, live=True), shard.position - 1,
-                                SNAPSHOT_INDEX_BASE, out)
+                                SNAPSHOT_INDEX_BASE, out, cause=-1)
         infos = [i for i in infos if not i.probed]
         if self._placed_by_log(shard):
             out += self._place(shard, infos)
@@ -238,7 +238,7 @@ class WorkerCore(CoreOutputs):
                     shard.versions[info.query_id] = info.version
                     shard.outputs[probe_name(info)] = (info.query_id, WHOLE_QUERY_PART)
             restored = worker_probes.restore(self.probes, shard, owed, infos, lambda name: self._known(shard, name))
-            self._probe_outputs(shard, restored, shard.position - 1, SNAPSHOT_INDEX_BASE, probe_out)
+            self._probe_outputs(shard, restored, shard.position - 1, SNAPSHOT_INDEX_BASE, probe_out, cause=-1)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
                     queries=len(infos) + len(placed), snapshots_owed=len(owed) + len(placed),

@@ -136,10 +136,11 @@ class CoreOutputs:
         return query_partition(record["query_id"], self.n_routed) if source == WHOLE_SOURCE_PARTITION else source
 
     def _probe_outputs(self, shard: Shard, probed: ProbeOutputs, offset: int, index: int, out: list[Output],
-                       origin: int | None = None) -> int:
-        """Queue a probe step's probes and acks (see ``ProbeRouting.flush``) and batch its deltas, numbered
-        from ``index`` at ``offset``; return the next index."""
-        for delta in self.probes.take(shard, probed):
+                       origin: int | None = None, cause: int | None = None) -> int:
+        """Queue a probe step's probes and acks (see ``ProbeRouting.flush``), made by the record at ``cause``
+        (default ``offset``; -1: a registration), and batch its deltas, numbered from ``index`` at ``offset``;
+        return the next index."""
+        for delta in self.probes.take(shard, probed, offset if cause is None else cause):
             if delta.query not in shard.outputs:
                 continue  # unregistered meanwhile
             born = delta.born_ms or origin
