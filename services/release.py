@@ -139,9 +139,10 @@ class SeqRelease:
         state = self.partitions[partition]
         if not deltas.source_partition or min(deltas.source_partition) < ORDERED_SOURCE_BELOW:
             return
+        if deltas.part < 0 and not deltas.distinct:
+            return  # plain deltas: nothing of them is kept
         released = self._released_before(state, offset, deltas)
-        if (deltas.part >= 0 or deltas.distinct) and released:
-            released = _first_release(state, deltas, released)  # two owners' copies were released once
+        released = _first_release(state, deltas, released) if released else []  # two owners' copies: once
         if not released:
             return
         if deltas.part < 0:

@@ -390,6 +390,21 @@ def test_two_owners_of_a_routed_partition_answer_multi_centre_queries_once(seed:
     assert_late_answers(got, want, ["attrs"], registered["seq"])
 
 
+def test_a_restored_release_counts_distinct_rows_once_and_keeps_nothing_of_plain_deltas() -> None:
+    """Restore reads the released records again: a DISTINCT batch's rows are counted (a second owner's copy
+    of them once), a plain query's deltas leave no state behind."""
+    release = SeqRelease(1)
+    release.restore(0, '{"frontiers": {"0": 10}, "end": 3}')
+
+    def batch(distinct: bool) -> PartDeltaColumns:
+        return PartDeltaColumns("q", -1, ["x"], [4], ["PLUS"], [7], [0], [2], [0], [False], [None], 1, distinct)
+    release.restore_counts(0, 0, batch(False))
+    assert not release.partitions[0].counts and not release.partitions[0].released_keys
+    release.restore_counts(0, 1, batch(True))
+    release.restore_counts(0, 2, batch(True))  # the same delta key: the other owner's copy
+    assert release.partitions[0].counts == {("q", 1): {(7,): 1}}
+
+
 def test_a_retraction_from_one_partition_never_overtakes_the_assertion_from_another() -> None:
     """Built to race: row (a, c) of the 2-hop path appears through centre b1 and disappears through centre
     b2, whose partitions differ; partition of b2 is processed entirely first.  Released in seq order."""
