@@ -165,15 +165,15 @@ class Plan:
         partitions: one star, one single-centre component evaluated where its centre lives, or one
         multi-centre component whose stars live at their centres' partitions, joined by probes) or
         ``single-owner`` (one worker evaluates the whole query on the total order: ground parts whose
-        patterns have several subjects, products with a multi-centre part, and queries over ``GRAPH ?g``).
-        A ground part whose patterns share one subject is kept at that subject's partition, where all its
-        triples are routed."""
+        patterns have several subjects, and queries over ``GRAPH ?g``).  A ground part whose patterns share
+        one subject is kept at that subject's partition, where all its triples are routed; a product's
+        multi-centre parts are joined by probes like a multi-centre query."""
         parts = self.parts
         if any(p.g is not None and is_var(p.g) for p in self.query.patterns):
             return SINGLE_OWNER
         if len(parts) == 1 and isinstance(parts[0], (StarPart, ComponentPart)):
             return BY_CENTRE
-        if parts and all(isinstance(p, StarPart) or (isinstance(p, ComponentPart) and p.centre is not None)
+        if parts and all(isinstance(p, (StarPart, ComponentPart))
                          or (isinstance(p, GroundPart) and self.ground_subject is not None) for p in parts):
             return BY_CENTRE  # each part evaluated where its centre lives; a product assembled in seq order
         return SINGLE_OWNER
@@ -191,6 +191,13 @@ class Plan:
         """A product of parts placed by centre: each part's deltas are released in seq order and the answers
         service multiplies them (``cbgp.assembly.Assembler``)."""
         return self.placement == BY_CENTRE and len(self.parts) > 1
+
+    @property
+    def probed_parts(self) -> tuple[int, ...]:
+        """The parts of a by-centre product that are multi-centre components (joined by probes), by index."""
+        if not self.product_by_centre:
+            return ()
+        return tuple(i for i, p in enumerate(self.parts) if isinstance(p, ComponentPart) and p.centre is None)
 
     @property
     def probed(self) -> bool:
@@ -310,7 +317,9 @@ class Plan:
             lines.append("  the answers service releases the partitions' deltas in seq order"
                          + (" and applies DISTINCT" if q.distinct else ""))
         elif self.product_by_centre:
-            lines.append("  every part keyed by its centre's value on the updates.routed partitions (no hop);")
+            lines.append("  every part keyed by its centre's value on the updates.routed partitions ("
+                         + ("multi-centre parts " + ", ".join(str(i + 1) for i in self.probed_parts)
+                            + " joined by probes between them);" if self.probed_parts else "no hop);"))
             lines.append("  the answers service releases the parts' deltas in seq order and multiplies them "
                          "(delta rule per update" + (", DISTINCT by presence)" if q.distinct else ")"))
         elif self.placement == BY_CENTRE and isinstance(self.parts[0], GroundPart):

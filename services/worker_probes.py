@@ -2,7 +2,9 @@
 
 A query whose one part is a multi-centre component (a 3-hop path, a snowflake, a triangle) is placed by centre
 value like a star: every routed shard holds a :class:`~cbgp.distributed.PartitionEvaluator` with the query's
-triples stored at their subject's and object's partition.  What crosses partitions travels on
+triples stored at their subject's and object's partition (a product's multi-centre part likewise, as an
+evaluator query of its own, ``<query>@<version>/<part>``; its registration applies at the product's registration
+point, ``WorkerCore._apply_at``).  What crosses partitions travels on
 ``updates.routed`` itself, as ``ProbeBatch`` records written to the destination partition inside the sending
 worker's transaction: the partition's owner reads changes, ingest's frontier marks and probes in one log, so
 no second topic has to be co-partitioned with it and one committed offset covers all three.
@@ -81,17 +83,21 @@ class ProbeRouting:
 
     # -- registration
 
-    def register(self, shard: Shard, info: QueryInfo, live: bool) -> Outputs:
-        """Add a probed query to a routed shard.  ``live``: the shard is serving (a new registration): its
-        log so far is replayed into the query, every past update starting its probes (the registration's
-        share here, flagged), and the registration is recorded in the shard's own log for its restores."""
+    def register(self, shard: Shard, info: QueryInfo, live: bool, name: str | None = None, plan: Any = None,
+                 upto: int | None = None) -> Outputs:
+        """Add a probed query (or, ``name`` and ``plan``, one multi-centre part of a product) to a routed
+        shard.  ``live``: the shard is serving (a new registration): its log so far is replayed into the
+        query, every past update starting its probes (the registration's share here, flagged: those up to
+        ``upto``, by default what the shard has applied), and the registration is recorded in the shard's
+        own log for its restores."""
         evaluator = shard.evaluator
         if evaluator is None:
             evaluator = shard.evaluator = PartitionEvaluator(shard.partition, self.n_routed)
             evaluator.applied = max(shard.frontier, shard.last_seq)
-        name = probe_name(info)
-        upto = evaluator.applied if live else -1
-        evaluator.register(compile_component(name, info.plan, shard.engine.dictionary), 0, upto)
+        name = name or probe_name(info)
+        if upto is None:
+            upto = evaluator.applied if live else -1
+        evaluator.register(compile_component(name, plan or info.plan, shard.engine.dictionary), 0, upto)
         shard.probe_queries[name] = info
         if not live:
             return Outputs()
@@ -224,15 +230,22 @@ class ProbeRouting:
             evaluator = shard.evaluator
             if evaluator is None:
                 continue
-            for name, as_of in shard.registered_at.items():
-                if name in shard.ready_sent or evaluator.pending(name):
-                    continue
+            # One mark per registration, once all its evaluator queries (a product's multi-centre parts) are
+            # in: the answers service opens its gate on the first mark of each partition.
+            by_query: dict[tuple[str, int], list[str]] = {}
+            for name in shard.registered_at:
                 info = shard.probe_queries[name]
-                value = codec.encode_probe_ready(info.query_id, info.version, shard.partition, as_of)
-                out.append(Output(self.topics["deltas.parts"], value, info.query_id.encode(),
-                                  query_partition(info.query_id, self.n_deltas)))
-                shard.ready_sent.add(name)
-                log.info(kv(event="probe-registration-ready", query=name, partition=shard.partition, as_of=as_of))
+                by_query.setdefault((info.query_id, info.version), []).append(name)
+            for (query_id, version), names in by_query.items():
+                if any(name in shard.ready_sent or evaluator.pending(name) for name in names):
+                    continue
+                as_of = max(shard.registered_at[name] for name in names)
+                value = codec.encode_probe_ready(query_id, version, shard.partition, as_of)
+                out.append(Output(self.topics["deltas.parts"], value, query_id.encode(),
+                                  query_partition(query_id, self.n_deltas)))
+                shard.ready_sent.update(names)
+                log.info(kv(event="probe-registration-ready", query=f"{query_id}@{version}", partition=shard.partition,
+                            as_of=as_of))
         return out
 
     def _floors(self, shards: list[Shard]) -> list[tuple[int, int, list[str]]]:
@@ -305,8 +318,8 @@ def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: l
             known: Callable[[str], bool | None]) -> Outputs:
     """Rebuild a routed shard's evaluators from its log (see the module doc), then register the queries it
     still owes as new registrations (their outputs are returned)."""
-    probed = [i for i in infos if i.probed]
-    if not probed:
+    probed = [i for i in infos if i.probe_programs()]
+    if not probed and not shard.pending:
         return Outputs()  # probes in the log for no current query belong to unregistered ones: they died
     upto: dict[str, int] = {}
     # To the end, not the position: a registration's record is written after the offset committed with it.
@@ -315,14 +328,14 @@ def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: l
         if record is not None:
             for item in record["registered"]:
                 upto[item["query"]] = item["as_of"]
-    owed_names = {probe_name(i) for i in owed}
     # A fresh evaluator: its applied frontier moves with the replayed log, so probes wait in the replay as
     # they waited then (the engine's replay has already moved the shard's own position marks).
     shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
     for info in probed:
-        if probe_name(info) not in owed_names:
-            routing.register(shard, info, live=False)
-            name = probe_name(info)
+        if info in owed:
+            continue
+        for name, _part, plan in info.probe_programs():
+            routing.register(shard, info, live=False, name=name, plan=plan)
             shard.evaluator.queries[name].registration_upto = upto.get(name, -1)
             if name in upto:
                 shard.registered_at[name] = upto[name]

@@ -50,14 +50,17 @@ BY_CENTRE_QUERIES = {
     # a ground part with one subject gating a star: kept at the partition of <s0> (its triples are routed
     # there), multiplied with the star by the answers service
     "ground": f"SELECT * WHERE {{ <{EX}s0> {K} <{EX}s1> . <{EX}s0> {L} <{EX}Jazz> . ?y {L} <{EX}Jazz> }}",
+    # products with multi-centre parts: those joined by probes, the star in the engine, multiplied by the
+    # answers service; and two multi-centre parts, DISTINCT
+    "product_path3": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d . ?y {T} <{EX}Robot> }}",
+    "product_two_paths": f"SELECT DISTINCT ?a ?e WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d . "
+                         f"?e {T} ?f . ?f {K} ?g . ?g {L} <{EX}Jazz> }}",
     # a ground query alone: one row while both triples hold
     "ground_only": f"SELECT * WHERE {{ <{EX}s1> {K} <{EX}s2> . <{EX}s1> {T} <{EX}Person> }}",
 }
 SINGLE_OWNER_QUERIES = {
     # a ground part whose triples have two subjects: they meet on no one partition, so it has one owner
     "ground_two_subjects": f"SELECT * WHERE {{ <{EX}s0> {K} <{EX}s1> . <{EX}s1> {K} <{EX}s2> . ?y {L} <{EX}Jazz> }}",
-    # a product with a multi-centre part
-    "product_path3": f"SELECT * WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d . ?y {T} <{EX}Robot> }}",
 }
 QUERIES = {**BY_CENTRE_QUERIES, **SINGLE_OWNER_QUERIES}
 
@@ -361,7 +364,8 @@ def test_two_owners_of_a_routed_partition_during_a_late_registration_answer_once
         monkeypatch.setattr("services.ingest_core.MAX_BATCH_CHANGES", 2)
     rng = random.Random(seed)
     lines = generate_patch(200, seed=seed, subjects=5)
-    queries = {name: BY_CENTRE_QUERIES[name] for name in ("product", "product_distinct", "attrs", "path")}
+    queries = {name: BY_CENTRE_QUERIES[name] for name in ("product", "product_distinct", "attrs", "path",
+                                                          "ground")}
     registered: dict = {}
     got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
                           crash_rate=0.1 * (seed % 3 == 0), registered=registered)
@@ -379,7 +383,7 @@ def test_two_owners_of_a_routed_partition_answer_multi_centre_queries_once(seed:
         monkeypatch.setattr("services.worker_probes.MAX_PER_RECORD", 3)
     rng = random.Random(seed)
     lines = generate_patch(200, seed=seed, subjects=5)
-    probed = ("path3", "triangle", "fof3")
+    probed = ("path3", "triangle", "fof3", "product_path3")
     queries = {name: BY_CENTRE_QUERIES[name] for name in (*probed, "attrs")}
     registered: dict = {}
     got = run_distributed(lines, queries, 2 + seed % 3, 1 + seed % 2, rng, late={"attrs"}, two_owners=True,

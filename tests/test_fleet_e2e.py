@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cbgp.plan import BY_CENTRE, decompose
+from cbgp.sparql import parse_query
 from services import codec
 from services.kafka import KafkaSettings, ensure_topics, make_producer, produce_sync, read_all
 from tests.fixtures.broker import fresh_settings
@@ -91,14 +93,19 @@ def test_answers_equal_replay_as_multisets(kafka_settings: KafkaSettings, tmp_pa
 def test_by_centre_queries_over_eight_partitions_equal_replay(kafka_broker, tmp_path: Path) -> None:
     """Eight routed partitions held by three workers: the by-centre queries (a star with an attribute
     variable, a 2-hop path, DISTINCT without the centre, a 3-hop path, a triangle and a snowflake joined by
-    probes) spread over all of them, and the answers service releases their deltas in seq order;
-    single-owner queries beside them."""
+    probes, products with a ground part and with a multi-centre part) spread over all of them, and the answers
+    service releases their deltas in seq order."""
     settings = fresh_settings(kafka_broker, partitions=8)
     ensure_topics(settings)
     lines = generate_patch(2500, seed=8)
     queries = {**QUERIES, "snowflake": (
         f"SELECT * WHERE {{ ?a <{EX}knows> ?b . ?a <{EX}type> <{EX}Person> . ?b <{EX}likes> ?c . "
-        f"?b <{EX}name> ?n . ?c <{EX}type> ?t }}")}
+        f"?b <{EX}name> ?n . ?c <{EX}type> ?t }}"),
+        "ground_gated": f"SELECT ?x WHERE {{ <{EX}s2> <{EX}type> <{EX}Person> . ?x <{EX}likes> <{EX}Jazz> }}",
+        "paths_if_robot": (f"SELECT DISTINCT ?a WHERE {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c . "
+                           f"?c <{EX}likes> <{EX}Jazz> . ?y <{EX}type> <{EX}Robot> . ?y <{EX}likes> <{EX}Tea> }}")}
+    for name in ("ground_gated", "paths_if_robot"):
+        assert decompose(parse_query(queries[name])).placement == BY_CENTRE, name
     expected = replay(tmp_path, lines, queries)
     with Fleet(settings, tmp_path / "logs") as fleet:
         for query, text in queries.items():

@@ -234,10 +234,14 @@ class WorkerCore(CoreOutputs):
         probe_out: list[Output] = []
         if kind == "routed":
             for info in infos:
-                if info.probed:
+                for name, part, _plan in info.probe_programs():
                     shard.versions[info.query_id] = info.version
-                    shard.outputs[probe_name(info)] = (info.query_id, WHOLE_QUERY_PART)
+                    shard.outputs[name] = (info.query_id, part)
+            # The probes in the log for a product's multi-centre parts that apply at a later point (placed)
+            # wait in the replay, as with the previous owner, until that registration answers them.
+            shard.pending = [(i, -1) for i in placed if i.probe_programs()]
             restored = worker_probes.restore(self.probes, shard, owed, infos, lambda name: self._known(shard, name))
+            shard.pending = []
             self._probe_outputs(shard, restored, shard.position - 1, SNAPSHOT_INDEX_BASE, probe_out, cause=-1)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
@@ -355,6 +359,21 @@ class WorkerCore(CoreOutputs):
         net = shard.engine.replay(changes, names, only=True)
         for info, seq in registrations:
             out += self._snapshot(shard, [info], net, offset=point - 1, as_of=seq)
+        out += self._replay_from(shard, names, point)
+        for info, seq in registrations:
+            # A product's multi-centre parts: registered in the evaluator as of the same seq (their history
+            # replayed as the registration's probes; its ProbeReady, once they are all in, opens the gate).
+            for name, part, plan in info.probe_programs():
+                shard.outputs[name] = (info.query_id, part)
+                self._probe_outputs(shard, self.probes.register(shard, info, live=True, name=name, plan=plan,
+                                                                upto=seq),
+                                    shard.position - 1, SNAPSHOT_INDEX_BASE, out, cause=-1)
+        return out
+
+    def _replay_from(self, shard: Shard, names: set[str], point: int) -> list[Output]:
+        """The live deltas of engine queries ``names`` over the shard's log records from ``point`` to its
+        position, numbered as ``on_record`` numbers them."""
+        out: list[Output] = []
         if point >= shard.position:
             return out
         targets = sorted(names)
@@ -465,13 +484,15 @@ class WorkerCore(CoreOutputs):
         return self.on_record(shard, offset, changes), len(changes)
 
     def _known(self, shard: Shard, name: str) -> bool | None:
-        """Whether a probe's query is registered here (True), not read from queries.plans yet (None: it
-        waits), or unregistered or replaced (False: it dies)."""
+        """Whether a probe's query is registered here (True), not read from queries.plans yet or not at its
+        registration point in this log yet (None: it waits), or unregistered or replaced (False: it dies)."""
         if shard.evaluator is not None and name in shard.evaluator.queries:
             return True
-        query_id, _, version = name.rpartition("@")
+        query_id, _, version = name.partition("/")[0].rpartition("@")  # "<id>@<version>[/<part>]"
         info = self.plans.get(query_id)
         if info is None or info.version < int(version or 0):
+            return None
+        if any(pending is info for pending, _seq in shard.pending):
             return None
         return False
 

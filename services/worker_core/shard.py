@@ -11,7 +11,8 @@ from typing import Callable, Iterable, Iterator
 from cbgp.assembly import split_parts
 from cbgp.distributed import PartitionEvaluator
 from cbgp.engine import ROLE_ALL
-from cbgp.plan import BY_CENTRE, ComponentPart, Plan
+from cbgp.plan import BY_CENTRE, Plan, decompose
+from cbgp.sparql import parse_query
 from cbgp.windows import WindowSpec
 from services import codec
 from services.idempotence import WHOLE_SOURCE_PARTITION
@@ -74,9 +75,11 @@ class QueryInfo:
         if self.probed:
             return []
         if self.partitioned and self.plan.product_by_centre:
-            # Each part by centre; the answers service multiplies them in seq order.
+            # Each part by centre; the answers service multiplies them in seq order.  (Multi-centre parts
+            # live in the shard's evaluator: probe_programs.)
+            probed = self.plan.probed_parts
             return [(f"{self.query_id}#{part.index}", part.index, part.sparql)
-                    for part in split_parts(self.plan.query)]
+                    for part in split_parts(self.plan.query) if part.index not in probed]
         if self.counted_distinct:
             # Each partition sees only its centre values: it reports every solution's row and the answers
             # service, which sees them all in seq order, applies DISTINCT.
@@ -85,6 +88,22 @@ class QueryInfo:
         if not self.assembled:
             return [(self.query_id, WHOLE_QUERY_PART, self.plan)]
         return [(f"{self.query_id}#{part.index}", part.index, part.sparql) for part in split_parts(self.plan.query)]
+
+    @property
+    def probed_parts(self) -> bool:
+        """A by-centre product with multi-centre parts: those are joined by probes, the rest in the engine."""
+        return self.partitioned and bool(self.plan.probed_parts)
+
+    def probe_programs(self) -> list[tuple[str, int, Plan]]:
+        """``(evaluator name, PartDelta.part, plan of one multi-centre component)`` this query registers in a
+        routed shard's evaluator: a multi-centre query whole, or a product's multi-centre parts."""
+        if self.probed:
+            return [(f"{self.query_id}@{self.version}", WHOLE_QUERY_PART, self.plan)]
+        if not self.probed_parts:
+            return []
+        probed = self.plan.probed_parts
+        return [(f"{self.query_id}@{self.version}/{part.index}", part.index, decompose(parse_query(part.sparql)))
+                for part in split_parts(self.plan.query) if part.index in probed]
 
     @property
     def partitioned(self) -> bool:
@@ -96,10 +115,7 @@ class QueryInfo:
     def probed(self) -> bool:
         """A multi-centre component placed by centre: evaluated with probes between the routed partitions
         (``services.worker_probes``)."""
-        if self.operators is not None:
-            return False
-        part = self.plan.parts[0]
-        return self.partitioned and isinstance(part, ComponentPart) and part.centre is None
+        return self.partitioned and self.plan.probed  # (a product's multi-centre parts: probe_programs)
 
     @property
     def gated(self) -> bool:
