@@ -314,13 +314,13 @@ def _taken_steps(shard: Shard, record: dict) -> list[tuple[list, list]]:
     return steps
 
 
-def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: list[QueryInfo],
-            known: Callable[[str], bool | None]) -> Outputs:
-    """Rebuild a routed shard's evaluators from its log (see the module doc), then register the queries it
-    still owes as new registrations (their outputs are returned)."""
+def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: Callable[[str], bool | None]) -> None:
+    """Rebuild a routed shard's evaluators from its log (see the module doc) for the registrations ``infos``
+    applied before its committed position (those it still owes apply at their point of the log, as new ones:
+    ``WorkerCore._place``; meanwhile their probes wait here)."""
     probed = [i for i in infos if i.probe_programs()]
     if not probed and not shard.pending:
-        return Outputs()  # probes in the log for no current query belong to unregistered ones: they died
+        return  # probes in the log for no current query belong to unregistered ones: they died
     upto: dict[str, int] = {}
     # To the end, not the position: a registration's record is written after the offset committed with it.
     for _offset, value in routing.reader(shard.partition, 0, None):
@@ -332,8 +332,6 @@ def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: l
     # they waited then (the engine's replay has already moved the shard's own position marks).
     shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
     for info in probed:
-        if info in owed:
-            continue
         for name, _part, plan in info.probe_programs():
             routing.register(shard, info, live=False, name=name, plan=plan)
             shard.evaluator.queries[name].registration_upto = upto.get(name, -1)
@@ -357,11 +355,6 @@ def restore(routing: ProbeRouting, shard: Shard, owed: list[QueryInfo], infos: l
                     evaluator.apply(seq, sign, s, p, o, g, role)
                 evaluator.advance(seq)
         shard.frontier = max(shard.frontier, evaluator.applied)
-    out = Outputs()
-    for info in owed:
-        if info.probed:
-            out.extend(routing.register(shard, info, live=True))
-    return out
 
 
 def _probe_batch(value: bytes) -> dict | None:

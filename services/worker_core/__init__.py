@@ -13,6 +13,8 @@ snapshotted is stored with its committed offset as commit metadata (the queries.
 so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A by-centre query new to a
 routed shard applies at one record of its log, the first past the seq it registered at
 (:meth:`WorkerCore.registration_seq`), whenever the plan is read: every owner sends the same snapshot and deltas.
+A multi-centre query (or a product's multi-centre part) is registered in the shard's evaluator at that point
+too, its history replayed as the registration's probes up to that seq (``services.worker_probes``).
 
 Operator queries (issue 18: FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT...; ``QueryInfo.operators``) are
 whole queries: their owner's whole shard evaluates them with ``cbgp.algebra`` in place of the BGP engine
@@ -52,14 +54,14 @@ from services import codec, worker_probes
 from services.idempotence import SNAPSHOT_INDEX_BASE
 from services.instruments import RESTORE_PROGRESS
 from services.queries import read_query, read_registration, stream_iri
-from services.records import WHOLE_QUERY_PART, Output, kv, query_partition
+from services.records import Output, kv, query_partition
 from services.worker_core.engine import (ASK_FALSE, ASK_TRUE, ASK_VARIABLE, FleetOperatorQuery, ShardDictionary,
                                          WorkerEngine, is_operator_spec)
 from services.worker_core.outputs import DERIVED_HEADER, MAX_BATCH_DELTAS, MAX_DERIVED_BYTES, CoreOutputs
 from services.worker_core.shard import (LEARN_CHUNK, ROLES, Change, LogReader, QueryInfo, Shard, TermReader,
                                         _parse_metadata, _tracking_seq, _with_progress, changes_of,
                                         decode_changes, info_mode, shard_label)
-from services.worker_probes import ProbeRouting, RecordReader, probe_name
+from services.worker_probes import ProbeRouting, RecordReader
 
 log = logging.getLogger("cbgp.worker")
 
@@ -186,24 +188,15 @@ class WorkerCore(CoreOutputs):
                 del shard.versions[query_id]
 
     def _add_queries(self, shard: Shard, infos: list[QueryInfo]) -> list[Output]:
-        """Register ``infos`` in a live shard: replay its log into them alone, emit the netted snapshot (a
-        probed query: its registration's probes and deltas, see ``services.worker_probes``)."""
-        out: list[Output] = []
-        for info in [i for i in infos if i.probed]:
-            shard.versions[info.query_id] = info.version
-            shard.outputs[probe_name(info)] = (info.query_id, WHOLE_QUERY_PART)
-            self._probe_outputs(shard, self.probes.register(shard, info, live=True), shard.position - 1,
-                                SNAPSHOT_INDEX_BASE, out, cause=-1)
-        infos = [i for i in infos if not i.probed]
+        """Register ``infos`` in a live shard: a routed one at their point of its log (``_place``: the snapshot
+        as of the registration's seq, a multi-centre query's registration probes); a whole one by replaying
+        its log into them alone and emitting the netted snapshot."""
         if self._placed_by_log(shard):
-            out += self._place(shard, infos)
-            infos = []
-        if not infos:
-            return out
+            return self._place(shard, infos)
         names = {name for info in infos for name in shard.register(info)}
         changes = self._learning(shard, self.reader(shard.kind, shard.partition, 0, shard.position))
         net = shard.engine.replay(changes, names, only=True)
-        return out + self._snapshot(shard, infos, net)
+        return self._snapshot(shard, infos, net)
 
     # -- shards
 
@@ -218,10 +211,10 @@ class WorkerCore(CoreOutputs):
         infos = self.wanted(kind, partition)
         owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
         placed: list[QueryInfo] = []  # by-centre registrations applied at their point of the log (see _place)
-        if self._placed_by_log(shard) and any(not i.probed for i in infos):
+        if self._placed_by_log(shard) and infos:
             last_change, last_mark = self._log_tail(partition, shard.position)
-            placed = [i for i in infos if not i.probed and (
-                i in owed or not self._passed(self.registration_seq(i), last_change, last_mark))]
+            placed = [i for i in infos if i in owed or not self._passed(self.registration_seq(i), last_change,
+                                                                          last_mark)]
             infos = [i for i in infos if i not in placed]
             owed = [i for i in owed if i not in placed]
         for info in infos:
@@ -231,24 +224,21 @@ class WorkerCore(CoreOutputs):
         changes = _with_progress(_tracking_seq(shard, self._learning(
             shard, self.reader(kind, partition, 0, shard.position))), shard.position, label)
         net = shard.engine.replay(changes, {name for i in owed for name, _p, _q in i.engine_queries()}, only=False)
-        probe_out: list[Output] = []
         if kind == "routed":
             for info in infos:
                 for name, part, _plan in info.probe_programs():
                     shard.versions[info.query_id] = info.version
                     shard.outputs[name] = (info.query_id, part)
-            # The probes in the log for a product's multi-centre parts that apply at a later point (placed)
+            # The probes in the log for multi-centre queries (or parts) that apply at a later point (placed)
             # wait in the replay, as with the previous owner, until that registration answers them.
             shard.pending = [(i, -1) for i in placed if i.probe_programs()]
-            restored = worker_probes.restore(self.probes, shard, owed, infos, lambda name: self._known(shard, name))
+            worker_probes.restore(self.probes, shard, infos, lambda name: self._known(shard, name))
             shard.pending = []
-            self._probe_outputs(shard, restored, shard.position - 1, SNAPSHOT_INDEX_BASE, probe_out, cause=-1)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
                     queries=len(infos) + len(placed), snapshots_owed=len(owed) + len(placed),
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
-        return (drops + probe_out + self._snapshot(shard, [i for i in owed if not i.probed], net)
-                + self._place(shard, placed))
+        return drops + self._snapshot(shard, owed, net) + self._place(shard, placed)
 
     # -- by-centre registrations at one point of each routed log
 
