@@ -317,9 +317,10 @@ class Plan:
             lines.append("  the answers service releases the partitions' deltas in seq order"
                          + (" and applies DISTINCT" if q.distinct else ""))
         elif self.product_by_centre:
+            probed = self.probed_parts
             lines.append("  every part keyed by its centre's value on the updates.routed partitions ("
-                         + ("multi-centre parts " + ", ".join(str(i + 1) for i in self.probed_parts)
-                            + " joined by probes between them);" if self.probed_parts else "no hop);"))
+                         + (("part " if len(probed) == 1 else "parts ") + ", ".join(str(i + 1) for i in probed)
+                            + ": stars joined by probes between partitions);" if probed else "no hop);"))
             lines.append("  the answers service releases the parts' deltas in seq order and multiplies them "
                          "(delta rule per update" + (", DISTINCT by presence)" if q.distinct else ")"))
         elif self.placement == BY_CENTRE and isinstance(self.parts[0], GroundPart):
