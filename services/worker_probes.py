@@ -59,11 +59,6 @@ MAX_PER_RECORD = 2000  # probes and acks per ProbeBatch record (a probe is 20-60
 RecordReader = Callable[[int, int, "int | None"], Iterable[tuple[int, bytes]]]
 
 
-def probe_name(info: QueryInfo) -> str:
-    """The name a registration has between partitions: a re-registration's probes never meet the old state."""
-    return f"{info.query_id}@{info.version}"
-
-
 class ProbeRouting:
     """Outgoing probe traffic of one worker, and what it knows of the other partitions' floors."""
 
@@ -83,21 +78,17 @@ class ProbeRouting:
 
     # -- registration
 
-    def register(self, shard: Shard, info: QueryInfo, live: bool, name: str | None = None, plan: Any = None,
-                 upto: int | None = None) -> Outputs:
-        """Add a probed query (or, ``name`` and ``plan``, one multi-centre part of a product) to a routed
-        shard.  ``live``: the shard is serving (a new registration): its log so far is replayed into the
-        query, every past update starting its probes (the registration's share here, flagged: those up to
-        ``upto``, by default what the shard has applied), and the registration is recorded in the shard's
-        own log for its restores."""
+    def register(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int, live: bool) -> Outputs:
+        """Add one of ``info``'s evaluator queries (``QueryInfo.probe_programs``: the query, or a product's
+        multi-centre part) to a routed shard; the updates up to seq ``upto`` are its registration's.  ``live``:
+        the shard is serving (a new registration): its log so far is replayed into the query, every past
+        update starting its probes (those up to ``upto`` flagged), and the registration is recorded in the
+        shard's own log for its restores."""
         evaluator = shard.evaluator
         if evaluator is None:
             evaluator = shard.evaluator = PartitionEvaluator(shard.partition, self.n_routed)
             evaluator.applied = max(shard.frontier, shard.last_seq)
-        name = name or probe_name(info)
-        if upto is None:
-            upto = evaluator.applied if live else -1
-        evaluator.register(compile_component(name, plan or info.plan, shard.engine.dictionary), 0, upto)
+        evaluator.register(compile_component(name, plan, shard.engine.dictionary), 0, upto)
         shard.probe_queries[name] = info
         if not live:
             return Outputs()
@@ -318,7 +309,7 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
     """Rebuild a routed shard's evaluators from its log (see the module doc) for the registrations ``infos``
     applied before its committed position (those it still owes apply at their point of the log, as new ones:
     ``WorkerCore._place``; meanwhile their probes wait here)."""
-    probed = [i for i in infos if i.probe_programs()]
+    probed = [i for i in infos if i.uses_probes]
     if not probed and not shard.pending:
         return  # probes in the log for no current query belong to unregistered ones: they died
     upto: dict[str, int] = {}
@@ -333,8 +324,7 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
     shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
     for info in probed:
         for name, _part, plan in info.probe_programs():
-            routing.register(shard, info, live=False, name=name, plan=plan)
-            shard.evaluator.queries[name].registration_upto = upto.get(name, -1)
+            routing.register(shard, info, name, plan, upto.get(name, -1), live=False)
             if name in upto:
                 shard.registered_at[name] = upto[name]
     evaluator = shard.evaluator

@@ -231,7 +231,7 @@ class WorkerCore(CoreOutputs):
                     shard.outputs[name] = (info.query_id, part)
             # The probes in the log for multi-centre queries (or parts) that apply at a later point (placed)
             # wait in the replay, as with the previous owner, until that registration answers them.
-            shard.pending = [(i, -1) for i in placed if i.probe_programs()]
+            shard.pending = [(i, -1) for i in placed if i.uses_probes]
             worker_probes.restore(self.probes, shard, infos, lambda name: self._known(shard, name))
             shard.pending = []
         RESTORE_PROGRESS.labels(label).set(1.0)
@@ -355,8 +355,7 @@ class WorkerCore(CoreOutputs):
             # replayed as the registration's probes; its ProbeReady, once they are all in, opens the gate).
             for name, part, plan in info.probe_programs():
                 shard.outputs[name] = (info.query_id, part)
-                self._probe_outputs(shard, self.probes.register(shard, info, live=True, name=name, plan=plan,
-                                                                upto=seq),
+                self._probe_outputs(shard, self.probes.register(shard, info, name, plan, seq, live=True),
                                     shard.position - 1, SNAPSHOT_INDEX_BASE, out, cause=-1)
         return out
 

@@ -175,7 +175,7 @@ class CoreOutputs:
             offset = shard.position - 1
         for info in infos:
             index = SNAPSHOT_INDEX_BASE  # per query, as live deltas: two owners' snapshots of it have one key
-            if info.gated and shard.kind == "routed" and not info.probe_programs():
+            if info.gated and shard.kind == "routed" and not info.uses_probes:
                 # (a query with multi-centre parts is marked ready by its probes: worker_probes.flush)
                 self.ready_due.append((info.query_id, info.version, shard.partition, as_of))
             for name, _part, _query in info.engine_queries():

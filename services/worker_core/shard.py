@@ -90,16 +90,18 @@ class QueryInfo:
         return [(f"{self.query_id}#{part.index}", part.index, part.sparql) for part in split_parts(self.plan.query)]
 
     @property
-    def probed_parts(self) -> bool:
-        """A by-centre product with multi-centre parts: those are joined by probes, the rest in the engine."""
-        return self.partitioned and bool(self.plan.probed_parts)
+    def uses_probes(self) -> bool:
+        """Evaluated at least in part by the routed shards' evaluators: a multi-centre query, or a by-centre
+        product with multi-centre parts (the rest of it in the engine)."""
+        return self.probed or (self.partitioned and bool(self.plan.probed_parts))
 
     def probe_programs(self) -> list[tuple[str, int, Plan]]:
         """``(evaluator name, PartDelta.part, plan of one multi-centre component)`` this query registers in a
-        routed shard's evaluator: a multi-centre query whole, or a product's multi-centre parts."""
+        routed shard's evaluator: a multi-centre query whole, or a product's multi-centre parts.  The name
+        carries the version, so a re-registration's probes never meet the old state."""
         if self.probed:
             return [(f"{self.query_id}@{self.version}", WHOLE_QUERY_PART, self.plan)]
-        if not self.probed_parts:
+        if not self.uses_probes:
             return []
         probed = self.plan.probed_parts
         return [(f"{self.query_id}@{self.version}/{part.index}", part.index, decompose(parse_query(part.sparql)))
