@@ -171,10 +171,15 @@ class CpuTracker:
 # ------------------------------------------------------------------------------------------- one run
 
 
+PROFILE_DIR: list[str | None] = [None]  # --profile
+
+
 def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> tuple[subprocess.Popen, dict]:
     """services.run as make run starts it (no demo); returns (process, {broker, metrics urls})."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CBGP_")}  # its own embedded broker
     env["CBGP_PLACEMENT"] = placement  # read by every worker (services/worker.py --placement default)
+    if PROFILE_DIR[0]:
+        env["CBGP_PROFILE"] = PROFILE_DIR[0]  # every service's cProfile stats, written when it stops
     run_dir.mkdir(parents=True, exist_ok=True)
     err_path = run_dir / "run.stderr"
     with open(err_path, "w") as err:
@@ -493,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placements", default="by-centre,single-owner")
     parser.add_argument("--workloads", default="mix,heavy", help="mix (the 10 bench queries), heavy (one query)")
     parser.add_argument("--heavy", type=Path, default=None, help="the heavy query (default: a 2-hop path, see above)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write every service's cProfile stats to DIR/<service>-<pid>.prof (CBGP_PROFILE)")
     parser.add_argument("--repeat", type=int, default=1, help="fleets per configuration: median and range")
     parser.add_argument("--data", type=Path, default=lsbench.DEFAULT_DATA)
     parser.add_argument("--ready-timeout", type=float, default=300.0)
@@ -505,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="no fleet: the workers' cores in memory, one routed partition each (--workers: the "
                              "partition counts), and the evaluator alone against one engine (see in_memory)")
     args = parser.parse_args(argv)
+    PROFILE_DIR[0] = str(args.profile.resolve()) if args.profile else None
     worker_counts = [int(w) for w in args.workers.split(",")] + ([4] if args.with_4 else [])
     placements = args.placements.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="lsbench-fleet-"))

@@ -33,19 +33,22 @@ The fleet carries probes and acks on ``updates.routed`` itself, to the destinati
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
 from cbgp.distributed_program import ComponentProgram, PatternSpec, compile_component, probe_route
-from cbgp.plan import OBJECT_END, SUBJECT_END
+from cbgp.distributed_state import LiveCounts, PatternStore, present_at
+from cbgp.plan import FAN_IN, FAN_OUT, OBJECT_END, SUBJECT_END, route_cost
 
 ROLE_SUBJECT = 1
 ROLE_OBJECT = 2
 
 Row = tuple[int, ...]
+
+# Route choices (_QueryState.choose_routes): after this many changes stored at a partition, then every so many.
+RECHOOSE_AT, RECHOOSE_EVERY = 256, 4096
 
 
 def partition_of(value: int, partitions: int) -> int:
@@ -69,6 +72,7 @@ class Probe(NamedTuple):
     origin: int  # the partition counting this update's live probes
     snapshot: bool = False  # part of a late registration's history (see PartitionEvaluator.register)
     born_ms: int = 0  # when the update entered the system (ms; 0: unknown): its answers' latency starts there
+    route: int = 0  # which of pattern's routes it follows (ComponentProgram.routes_of; chosen where it started)
 
 
 class Ack(NamedTuple):
@@ -106,78 +110,6 @@ class Outputs:
         self.acks.extend(other.acks)
 
 
-def _present_at(history: list[int], as_of: int) -> bool:
-    """Whether a triple was present at seq ``as_of``.  ``history`` lists the seqs at which its presence
-    flipped, oldest first, with a leading -1 when it was present before the first recorded flip (changes
-    alternate: ingest drops duplicate inserts and deletes of absent triples)."""
-    return bisect.bisect_right(history, as_of) % 2 == 1
-
-
-class _PatternStore:
-    """The triples matching one pattern, stored at one end: end value -> other value -> flip history.  A
-    history of one flip ``[k]`` (present since k) is never rewritten; those of more flips are remembered in
-    ``dirty`` until :meth:`collapse` has folded them, so a collapse costs the entries that changed, not the
-    whole state."""
-
-    __slots__ = ("table", "dirty")
-
-    def __init__(self) -> None:
-        self.table: dict[int, dict[int, list[int]]] = {}
-        self.dirty: set[tuple[int, int]] = set()
-
-    def flip(self, key: int, other: int, seq: int) -> None:
-        bucket = self.table.get(key)
-        if bucket is None:
-            self.table[key] = {other: [seq]}
-            return
-        history = bucket.get(other)
-        if history is None:
-            bucket[other] = [seq]
-        else:
-            history.append(seq)
-            self.dirty.add((key, other))
-
-    def present(self, key: int, other: int, as_of: int) -> bool:
-        bucket = self.table.get(key)
-        history = bucket.get(other) if bucket else None
-        return history is not None and _present_at(history, as_of)
-
-    def values(self, key: int, as_of: int) -> list[int]:
-        bucket = self.table.get(key)
-        if not bucket:
-            return []
-        # (no flip after as_of, the usual case: present iff the flips are odd in number)
-        return [other for other, history in bucket.items()
-                if (len(history) & 1 if history[-1] <= as_of else bisect.bisect_right(history, as_of) & 1)]
-
-    def collapse(self, watermark: int) -> None:
-        """Drop flips no read can need (reads are as of seqs >= watermark): keep the state at the watermark."""
-        table = self.table
-        still: set[tuple[int, int]] = set()
-        for key, other in self.dirty:
-            bucket = table.get(key)
-            history = bucket.get(other) if bucket else None
-            if history is None or len(history) < 2:
-                continue
-            cut = bisect.bisect_right(history, watermark)
-            if cut == 0 or (cut == 1 and history[0] == -1):
-                still.add((key, other))  # nothing at or below the watermark to fold
-                continue
-            history = [-1] + history[cut:] if cut % 2 == 1 else history[cut:]
-            if history:
-                bucket[other] = history
-                if len(history) > 1:
-                    still.add((key, other))
-            else:
-                del bucket[other]
-                if not bucket:
-                    del table[key]
-        self.dirty = still
-
-    def entries(self) -> int:
-        return sum(len(bucket) for bucket in self.table.values())
-
-
 def _projector(projection: tuple[int, ...]) -> Callable[[list[int]], Row]:
     """The emitted row of a binding (a tuple whatever the number of projected variables)."""
     if len(projection) == 1:
@@ -189,98 +121,79 @@ def _projector(projection: tuple[int, ...]) -> Callable[[list[int]], Row]:
 
 
 class _QueryState:
-    """A query's stores at one partition, and its join plans compiled against them: a step of ``routes[j]``
-    is ``(pattern, binds, at_var, end, store, checks, s_var, o_var, s_const, o_const)``, with ``checks`` (a
-    check step: every stored end, any of which may be read where the probe is) as ``(var, end, store)``."""
+    """A query's stores at one partition, and its join plans compiled against them: a step of
+    ``routes[j][r]`` (pattern j's route r) is ``(pattern, binds, at_var, end, store, checks, s_var, o_var,
+    s_const, o_const)``, with ``checks`` (a check step: every stored end, any of which may be read where the
+    probe is) as ``(var, end, store)``.
+
+    ``choice[j]`` is the route this partition sends its updates of pattern j along: the cheapest by the route
+    model (``cbgp.plan.route_cost``) with the fan-outs its own stores count (their keys hash here, a fair
+    sample of every key), chosen again as the changes applied here reach RECHOOSE_AT, then every
+    RECHOOSE_EVERY.  That depends on the log alone, so two workers holding the partition (a takeover) or a
+    restore choose alike; a probe carries its route, so every partition continues it the same way."""
 
     def __init__(self, program: ComponentProgram, roots_after: int) -> None:
         self.program = program
         self.roots_after = roots_after  # updates up to this seq start no probes: the snapshot covers them
         self.registration_upto = -1  # updates up to this seq belong to the registration here (flagged snapshot)
         # per pattern, per end: the store (only the ends whose value is a variable)
-        self.stores: list[dict[int, _PatternStore]] = [{end: _PatternStore() for end in spec.ends()}
+        self.stores: list[dict[int, PatternStore]] = [{end: PatternStore() for end in spec.ends()}
                                                        for spec in program.patterns]
         by_predicate: dict[int, list[int]] = {}
         for i, spec in enumerate(program.patterns):
             by_predicate.setdefault(spec.predicate, []).append(i)
         self.by_predicate = by_predicate
         self.project = _projector(program.projection)
-        self.routes: list[tuple[tuple, ...]] = []
-        for steps in program.plans:
-            route = []
-            for step in steps:
-                spec = program.patterns[step.pattern]
-                checks = ()
-                if step.binds < 0:
-                    checks = tuple((spec.subject_var if end == SUBJECT_END else spec.object_var, end,
-                                    self.stores[step.pattern][end]) for end in spec.ends())
-                route.append((step.pattern, step.binds, step.at, step.end, self.stores[step.pattern][step.end],
-                              checks, spec.subject_var, spec.object_var, spec.subject_const, spec.object_const))
-            self.routes.append(tuple(route))
+        self.routes: list[tuple[tuple[tuple, ...], ...]] = [
+            tuple(self._compile(steps) for steps in program.routes_of(j)) for j in range(len(program.patterns))]
+        self.choice = [0] * len(program.patterns)
+        self.applied_changes = 0  # changes stored here (the clock of the route choices)
+        self.next_choice = RECHOOSE_AT
         # apply()'s work per predicate: (pattern, spec, subject-end store, object-end store, start role)
         self.hits: dict[int, tuple[tuple, ...]] = {
             p: tuple((i, program.patterns[i], self.stores[i].get(SUBJECT_END), self.stores[i].get(OBJECT_END),
                       ROLE_SUBJECT if program.start_end(i) == SUBJECT_END else ROLE_OBJECT) for i in hits)
             for p, hits in by_predicate.items()}
 
+    def _compile(self, steps: tuple) -> tuple[tuple, ...]:
+        route = []
+        for step in steps:
+            spec = self.program.patterns[step.pattern]
+            checks = ()
+            if step.binds < 0:
+                checks = tuple((spec.subject_var if end == SUBJECT_END else spec.object_var, end,
+                                self.stores[step.pattern][end]) for end in spec.ends())
+            route.append((step.pattern, step.binds, step.at, step.end, self.stores[step.pattern][step.end],
+                          checks, spec.subject_var, spec.object_var, spec.subject_const, spec.object_const))
+        return tuple(route)
+
+    def choose_routes(self) -> None:
+        """Set ``choice`` from this partition's counts (see the class doc)."""
+        program = self.program
+        pairs = [(spec.subject_var, spec.object_var) for spec in program.patterns]
+        stores = self.stores
+
+        def fan(i: int, end: int) -> float:
+            return stores[i][end].fan(FAN_OUT if end == SUBJECT_END else FAN_IN)
+
+        for j in range(len(pairs)):
+            candidates = program.routes_of(j)
+            if len(candidates) > 1:
+                start = program.start_end(j)
+                costs = [route_cost(pairs, j, start, steps, fan) for steps in candidates]
+                self.choice[j] = costs.index(min(costs))
+
     def overlay(self, triple: tuple[int, int, int, int]) -> int:
         """The patterns an update's triple matches, as bits (the delta rule's view of the update itself)."""
         s, p, o, g = triple
+        hits = self.by_predicate.get(p, ())
+        if len(hits) == 1:
+            return 1 << hits[0]  # the update matched the probe's pattern, the only one with its predicate
         mask = 0
-        for i in self.by_predicate.get(p, ()):
+        for i in hits:
             if self.program.patterns[i].matches(s, p, o, g):
                 mask |= 1 << i
         return mask
-
-
-class _LiveCounts:
-    """(query, seq, snapshot) -> probes still alive elsewhere, for the updates (and registrations) whose probes
-    started here, with the oldest live seq in O(log n): :meth:`PartitionEvaluator.completed` asks for it after
-    every record, and scanning every key each time cost more than the probes themselves."""
-
-    def __init__(self) -> None:
-        self.counts: dict[tuple[str, int, bool], int] = {}
-        # keys per seq (all / without registrations'), and their seqs as lazily cleaned min-heaps
-        self._per_seq: tuple[dict[int, int], dict[int, int]] = ({}, {})
-        self._heaps: tuple[list[int], list[int]] = ([], [])
-
-    def __bool__(self) -> bool:
-        return bool(self.counts)
-
-    def __iter__(self):  # noqa: ANN204
-        return iter(self.counts)
-
-    def add(self, key: tuple[str, int, bool], delta: int) -> None:
-        before = self.counts.get(key, 0)
-        after = before + delta
-        if after:
-            self.counts[key] = after
-        else:
-            self.counts.pop(key, None)
-        if (before == 0) != (after == 0):
-            self._count_key(key, 1 if before == 0 else -1)
-
-    def drop_query(self, name: str) -> None:
-        for key in [k for k in self.counts if k[0] == name]:
-            del self.counts[key]
-            self._count_key(key, -1)
-
-    def oldest(self, registrations: bool) -> int | None:
-        """The lowest seq with a live key (``registrations``: the registrations' keys count too)."""
-        which = 0 if registrations else 1
-        per_seq, heap = self._per_seq[which], self._heaps[which]
-        while heap and not per_seq.get(heap[0]):
-            per_seq.pop(heapq.heappop(heap), None)
-        return heap[0] if heap else None
-
-    def _count_key(self, key: tuple[str, int, bool], delta: int) -> None:
-        _query, seq, snapshot = key
-        for which in ((0,) if snapshot else (0, 1)):
-            per_seq = self._per_seq[which]
-            n = per_seq.get(seq, 0)
-            if n == 0 and delta > 0:
-                heapq.heappush(self._heaps[which], seq)
-            per_seq[seq] = n + delta
 
 
 class PartitionEvaluator:
@@ -296,11 +209,14 @@ class PartitionEvaluator:
         self._arrivals = 0
         self.unknown: list[Probe] = []  # probes of queries not registered here yet
         # (query, seq, snapshot) -> probes still alive elsewhere, for updates (and snapshots) that started here
-        self.live = _LiveCounts()
+        self.live = LiveCounts()
         self.probes_sent = 0
         self.probes_received = 0
         self.predicates: frozenset[int] = frozenset()  # of every registered query's patterns: other changes
         # start nothing and store nothing here (callers may skip apply() for them)
+        # (query, pattern, number of routes) -> the route of an update starting here; None: the counts choose
+        # (tests set it to send probes along every route)
+        self.route_policy: Callable[[str, int, int], int] | None = None
 
     def _index(self) -> None:
         self.predicates = frozenset(p for state in self.queries.values() for p in state.hits)
@@ -331,7 +247,7 @@ class PartitionEvaluator:
         nothing = (0, 0, 0, 0)  # id 0 is no term: the overlay of the delta rule matches no pattern
         for key, bucket in list(store.table.items()):
             for other, history in list(bucket.items()):
-                if not _present_at(history, as_of):
+                if not present_at(history, as_of):
                     continue
                 s, o = (key, other) if end == SUBJECT_END else (other, key)
                 binding = [0] * program.n_vars
@@ -396,25 +312,32 @@ class PartitionEvaluator:
                 if g != spec.graph or not spec.matches(s, p, o, g):
                     continue
                 if subject_store is not None and role & ROLE_SUBJECT:
-                    subject_store.flip(s, o, seq)
+                    subject_store.flip(s, o, seq, sign)
                 if object_store is not None and role & ROLE_OBJECT:
-                    object_store.flip(o, s, seq)
+                    object_store.flip(o, s, seq, sign)
+                state.applied_changes += 1
                 if role & start_role and seq > state.roots_after:
                     if started is None:
                         started = [hit]
                     else:
                         started.append(hit)
+            if state.applied_changes >= state.next_choice:
+                state.next_choice = state.applied_changes + RECHOOSE_EVERY
+                state.choose_routes()
             if started is None:
                 continue
             triple = (s, p, o, g)
             snapshot = seq <= state.registration_upto
+            policy = self.route_policy
             for j, spec, _s, _o, _r in started:
                 binding = [0] * state.program.n_vars
                 if spec.subject_var >= 0:
                     binding[spec.subject_var] = s
                 if spec.object_var >= 0:
                     binding[spec.object_var] = o
-                probe = Probe(self.partition, name, seq, sign, triple, j, 0, (), self.partition, snapshot, born_ms)
+                route = state.choice[j] if policy is None else policy(name, j, len(state.routes[j]))
+                probe = Probe(self.partition, name, seq, sign, triple, j, 0, (), self.partition, snapshot, born_ms,
+                              route)
                 self._continue(probe, out, True, binding)
         return out
 
@@ -496,7 +419,7 @@ class PartitionEvaluator:
         before = len(probes)
         state = self.queries[probe.query]
         self._walk(state, probe, list(probe.binding) if binding is None else binding, probe.step, out,
-                   state.routes[probe.pattern], state.overlay(probe.triple) if probe.triple[1] else 0)
+                   state.routes[probe.pattern][probe.route], state.overlay(probe.triple) if probe.triple[1] else 0)
         children = len(probes) - before
         self.probes_sent += children
         if origin_here:
@@ -532,7 +455,7 @@ class PartitionEvaluator:
             dest = key % partitions
             if dest != here:
                 out.probes.append(Probe(dest, probe.query, probe.seq, probe.sign, probe.triple, j, step_no,
-                                        tuple(binding), probe.origin, probe.snapshot, probe.born_ms))
+                                        tuple(binding), probe.origin, probe.snapshot, probe.born_ms, probe.route))
                 return
             # The delta rule's view of update k's own triple: absent for patterns before j, present after.
             own = overlay >> i & 1

@@ -1,15 +1,17 @@
 """Multi-centre components compiled for :mod:`cbgp.distributed`: each pattern as a spec over local variable
-numbers, and, per pattern an update may match, its probes' route -- the end of the update's triple whose
-partition starts them (the triple is routed to both) and the order of the steps matching the other patterns --
-chosen by :func:`probe_route` with a cost model that needs no statistics (the same route on every partition,
-from the query alone)."""
+numbers, and, per pattern an update may match, its probes' routes -- the end of the update's triple whose
+partition starts them (the triple is routed to both) and the orders of the steps matching the other patterns.
+The first route is chosen by :func:`probe_route` with a cost model that needs no statistics; the others are
+the alternatives a partition switches to when its own counts say they send fewer probes
+(:mod:`cbgp.distributed`).  Every partition numbers them alike, from the query alone, so a probe names its
+route by index."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from cbgp.plan import (CHECK_KEEPS, FAN_IN, FAN_OUT, OBJECT_END, SUBJECT_END, ComponentPart, Plan, Step,  # noqa: F401
-                       probe_join_plan, probe_route, stored_ends)
+                       probe_join_plan, probe_route, route_variants, stored_ends)
 from cbgp.sparql import is_var
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
@@ -51,6 +53,11 @@ class ComponentProgram:
     columns: tuple[str, ...]
     variables: tuple[str, ...]
     starts: tuple[int, ...] = ()  # per pattern j: the end whose partition starts its probes (see probe_route)
+    variants: tuple[tuple[tuple[Step, ...], ...], ...] = ()  # per pattern j: its routes, plans[j] first
+
+    def routes_of(self, j: int) -> tuple[tuple[Step, ...], ...]:
+        """Pattern ``j``'s routes, indexed as probes name them (the first: ``plans[j]``)."""
+        return self.variants[j] if self.variants else (self.plans[j],)
 
     def start_end(self, j: int) -> int:
         """Which end of pattern ``j``'s triple starts its probes (its triple is routed to both)."""
@@ -78,11 +85,13 @@ def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> Comp
             subject_const=-1 if is_var(t.s) else dictionary.encode(t.s),
             object_const=-1 if is_var(t.o) else dictionary.encode(t.o)))
     pairs = [(spec.subject_var, spec.object_var) for spec in specs]
-    planned = [probe_route(pairs, j) for j in range(len(specs))]
+    planned = [route_variants(pairs, j) for j in range(len(specs))]
     columns = tuple(v for v in query.projected if "?" + v in local)
     projection = tuple(local["?" + v] for v in columns)
-    return ComponentProgram(name, len(variables), tuple(specs), tuple(steps for _start, steps in planned),
-                            projection, columns, variables, tuple(start for start, _steps in planned))
+    return ComponentProgram(name, len(variables), tuple(specs), tuple(routes[0] for _start, routes in planned),
+                            projection, columns, variables, tuple(start for start, _routes in planned),
+                            tuple(routes for _start, routes in planned))
 
 
-__all__ = ["CHECK_KEEPS", "FAN_IN", "FAN_OUT", "ComponentProgram", "PatternSpec", "compile_component", "probe_route"]
+__all__ = ["CHECK_KEEPS", "FAN_IN", "FAN_OUT", "ComponentProgram", "PatternSpec", "compile_component", "probe_route",
+           "route_variants"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from cbgp.sparql import ParsedQuery, TriplePattern, is_var
 
@@ -314,6 +315,8 @@ class Plan:
                          "the next (versioned reads as of the update, acks to the update's partition):")
             for pattern, route in self.probe_routes().items():
                 lines.append(f"    t{pattern}: " + " -> ".join(route))
+            lines.append("  (the default routes; each partition switches a pattern's updates to another order "
+                         "when the fan-outs it counts make that one send fewer probes)")
             lines.append("  the answers service releases the partitions' deltas in seq order"
                          + (" and applies DISTINCT" if q.distinct else ""))
         elif self.product_by_centre:
@@ -409,66 +412,110 @@ def _component(patterns: tuple[TriplePattern, ...], block: tuple[str, ...], memb
 
 
 __all__ = ["CHECK_KEEPS", "ComponentPart", "FAN_IN", "FAN_OUT", "GroundPart", "OBJECT_END", "Part", "Plan",
-           "SUBJECT_END", "StarPart", "Step", "decompose", "probe_join_plan", "probe_route", "stored_ends"]
+           "SUBJECT_END", "StarPart", "Step", "decompose", "probe_join_plan", "probe_route", "route_cost",
+           "route_variants", "stored_ends"]
 
 
-# The route model (no statistics: the same route on every partition, from the query alone): a lookup from a
-# subject finds FAN_OUT objects on average, one from an object FAN_IN subjects (an attribute or a type has one
-# value per subject but many subjects per value), a check keeps CHECK_KEEPS of the bindings.
+# The route model without statistics (the default route, from the query alone; partitions then choose by the
+# fan-outs they count, cbgp.distributed): a lookup from a subject finds FAN_OUT objects on average, one from an
+# object FAN_IN subjects (an attribute or a type has one value per subject but many subjects per value), a check
+# keeps CHECK_KEEPS of the bindings.
 FAN_OUT, FAN_IN, CHECK_KEEPS = 2.0, 8.0, 0.5
 MAX_SEARCHED = 6  # components of more patterns keep probe_join_plan's route (the search grows as n!)
+MAX_VARIANTS = 64  # routes a partition may choose among per pattern (cbgp.distributed, by its own counts)
+
+
+def route_cost(pairs: list[tuple[int, int]], j: int, start: int, steps: tuple[Step, ...],
+               fan: Callable[[int, int], float] | None = None) -> tuple[float, float]:
+    """(probes sent, lookups made) per update of pattern ``j`` starting at ``start`` along ``steps``, by the
+    route model: a lookup in pattern i's triples stored by ``end`` finds ``fan(i, end)`` values (default:
+    FAN_OUT from a subject, FAN_IN from an object), a check keeps CHECK_KEEPS of the bindings, and a hop costs
+    the bindings that travel."""
+    def var_at(i: int, end: int) -> int:
+        return pairs[i][0] if end == SUBJECT_END else pairs[i][1]
+
+    here, bindings, hops, work = var_at(j, start), 1.0, 0.0, 0.0
+    for step in steps:
+        # (a check is made where the probe is when one of its ends' values lives there)
+        if step.binds >= 0 or here not in pairs[step.pattern]:
+            if step.at != here:
+                hops += bindings
+            here = step.at
+        work += bindings
+        if step.binds >= 0:
+            if fan is None:
+                bindings *= FAN_OUT if step.end == SUBJECT_END else FAN_IN
+            else:
+                bindings *= fan(step.pattern, step.end)
+        else:
+            bindings *= CHECK_KEEPS
+    return hops, work
+
+
+def _routes(pairs: list[tuple[int, int]], j: int, start: int, bound: set[int], remaining: list[int],
+            steps: list[Step], found: Callable[[tuple[Step, ...]], bool]) -> None:
+    """Every well-formed order of ``remaining`` (each step at a bound value's partition) to ``found``, which
+    returns False to prune the routes that extend ``steps``."""
+    if not remaining:
+        found(tuple(steps))
+        return
+    if not found(tuple(steps)):
+        return
+    for i in remaining:
+        check = all(v in bound for v in pairs[i] if v >= 0)
+        for end in stored_ends(*pairs[i]):
+            at = pairs[i][0] if end == SUBJECT_END else pairs[i][1]
+            if at not in bound:
+                continue
+            binds = -1 if check else (pairs[i][1] if end == SUBJECT_END else pairs[i][0])
+            steps.append(Step(i, at, end, binds))
+            _routes(pairs, j, start, bound | {binds} if binds >= 0 else bound, [r for r in remaining if r != i],
+                    steps, found)
+            steps.pop()
 
 
 def probe_route(pairs: list[tuple[int, int]], j: int) -> tuple[int, tuple[Step, ...]]:
     """Where an update to pattern ``j`` starts (its triple is routed to the partitions of both its ends) and
     the order in which it matches the others (``pairs``: each pattern's subject and object variable numbers,
     -1 for a constant): of every start end and order, the one sending the fewest probes by the route model
-    (a hop costs the bindings that travel), then doing the fewest lookups; probe_join_plan's route (from the
-    subject end) when the model finds nothing cheaper.  On a 3-hop path ``?a knows ?b . ?b like ?post .
-    ?post browser ?x``, an update of the middle pattern then starts at ``?post`` (one browser, then one hop
-    to ``?b``) instead of at ``?b`` (every friend of ``?b`` hopping to ``?post``)."""
-    def var_at(i: int, end: int) -> int:
-        return pairs[i][0] if end == SUBJECT_END else pairs[i][1]
-
-    def cost(start: int, steps: tuple[Step, ...]) -> tuple[float, float]:
-        here, bindings, hops, work = var_at(j, start), 1.0, 0.0, 0.0
-        for step in steps:
-            # (a check is made where the probe is when one of its ends' values lives there)
-            if step.binds >= 0 or here not in pairs[step.pattern]:
-                if step.at != here:
-                    hops += bindings
-                here = step.at
-            work += bindings
-            if step.binds >= 0:
-                bindings *= FAN_OUT if step.end == SUBJECT_END else FAN_IN
-            else:
-                bindings *= CHECK_KEEPS
-        return hops, work
-
+    (:func:`route_cost`), then doing the fewest lookups; probe_join_plan's route (from the subject end) when
+    the model finds nothing cheaper.  On a 3-hop path ``?a knows ?b . ?b like ?post . ?post browser ?x``, an
+    update of the middle pattern then starts at ``?post`` (one browser, then one hop to ``?b``) instead of at
+    ``?b`` (every friend of ``?b`` hopping to ``?post``)."""
     default = (stored_ends(*pairs[j])[0], probe_join_plan(pairs, j))
     if len(pairs) > MAX_SEARCHED:
         return default
-    best = [cost(*default), default]
-
-    def search(start: int, bound: set[int], remaining: list[int], steps: list[Step]) -> None:
-        if not remaining:
-            found = cost(start, tuple(steps))
-            if found < best[0]:
-                best[0], best[1] = found, (start, tuple(steps))
-            return
-        if cost(start, tuple(steps)) >= best[0]:
-            return  # costs only grow along a route
-        for i in remaining:
-            check = all(v in bound for v in pairs[i] if v >= 0)
-            for end in stored_ends(*pairs[i]):
-                at = var_at(i, end)
-                if at not in bound:
-                    continue
-                binds = -1 if check else var_at(i, OBJECT_END if end == SUBJECT_END else SUBJECT_END)
-                steps.append(Step(i, at, end, binds))
-                search(start, bound | {binds} if binds >= 0 else bound, [r for r in remaining if r != i], steps)
-                steps.pop()
+    best = [route_cost(pairs, j, *default), default]
 
     for start in stored_ends(*pairs[j]):
-        search(start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [])
+        def found(steps: tuple[Step, ...], start: int = start) -> bool:
+            cost = route_cost(pairs, j, start, steps)
+            if cost >= best[0]:
+                return False  # costs only grow along a route
+            if len(steps) == len(pairs) - 1:
+                best[0], best[1] = cost, (start, steps)
+            return True
+
+        _routes(pairs, j, start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [],
+                found)
     return best[1]
+
+
+def route_variants(pairs: list[tuple[int, int]], j: int) -> tuple[int, tuple[tuple[Step, ...], ...]]:
+    """The start end of pattern ``j``'s updates (:func:`probe_route`'s) and the routes a partition may send
+    them along: first :func:`probe_route`'s, then every other well-formed order (at most MAX_VARIANTS, the
+    cheapest by the default model), in an order fixed by the query alone, so that a probe names its route by
+    index on every partition.  A route whose first step is at the other end's value starts with one hop."""
+    start, first = probe_route(pairs, j)
+    if len(pairs) > MAX_SEARCHED:
+        return start, (first,)
+    others: list[tuple[Step, ...]] = []
+
+    def found(steps: tuple[Step, ...]) -> bool:
+        if len(steps) == len(pairs) - 1 and steps != first:
+            others.append(steps)
+        return True
+
+    _routes(pairs, j, start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [], found)
+    ranked = sorted(range(len(others)), key=lambda k: (route_cost(pairs, j, start, others[k]), k))
+    return start, (first,) + tuple(others[k] for k in sorted(ranked[:MAX_VARIANTS - 1]))

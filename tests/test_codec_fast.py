@@ -233,7 +233,7 @@ INTS = st.integers(-(1 << 31), (1 << 31) - 1)
 PROBES = st.lists(st.builds(
     Probe, st.just(3), st.sampled_from(["q@1", "q@2", "path3@7"]), LONGS, st.sampled_from([1, -1]),
     st.tuples(LONGS, LONGS, LONGS, LONGS), INTS, INTS, st.lists(LONGS, max_size=6).map(tuple), INTS, st.booleans(),
-    LONGS),
+    LONGS, st.sampled_from([0, 0, 0, 1, 7, 63])),
     max_size=40)
 ACKS = st.lists(st.builds(Ack, st.just(3), st.sampled_from(["q@1", "other@1"]), LONGS, INTS, st.booleans()),
                 max_size=40)
@@ -243,7 +243,7 @@ ACKS = st.lists(st.builds(Ack, st.just(3), st.sampled_from(["q@1", "other@1"]), 
 @given(PROBES, ACKS, st.lists(st.tuples(st.sampled_from(["q@1", "r@2"]), LONGS), max_size=3))
 def test_probe_batches_carry_probes_and_acks_column_by_column_unchanged(probes, acks, registered) -> None:
     """ProbeBatch is written column by column (one query table, flattened triples and bindings): every
-    probe and ack reads back as it was written, in order, whatever its binding's width."""
+    probe and ack reads back as it was written, in order, whatever its binding's width and route."""
     data = codec.encode_probe_batch(probes, acks, registered, [(1, 5, ["q@1"])])
     record = codec.probe_batch_of(data)
     assert [Probe(3, *item) for item in record["probes"]] == probes

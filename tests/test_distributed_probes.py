@@ -15,6 +15,7 @@ import pyoxigraph
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from cbgp import distributed, distributed_state
 from cbgp.distributed import Ack, PartitionEvaluator, Probe, compile_component, partition_of
 from cbgp.engine import Engine
 from cbgp.plan import decompose
@@ -75,10 +76,13 @@ class Cluster:
     """N partitions' logs and inboxes; ``step`` processes one item somewhere, chosen by ``rng``."""
 
     def __init__(self, n: int, changes, programs, rng: random.Random, late: dict[str, int] | None = None,
-                 collapse_rate: float = 0.1, snapshot_seq: int | None = None) -> None:
+                 collapse_rate: float = 0.1, snapshot_seq: int | None = None, random_routes: bool = False) -> None:
         self.n = n
         self.rng = rng
         self.parts = [PartitionEvaluator(p, n) for p in range(n)]
+        if random_routes:  # every update's probes along any of its pattern's routes (else: the counts choose)
+            for part in self.parts:
+                part.route_policy = lambda _name, _j, routes: rng.randrange(routes)
         self.logs: list[list[tuple]] = [[] for _ in range(n)]
         last = changes[-1][0] if changes else 0
         for seq, sign, s, p, o in changes:
@@ -230,7 +234,7 @@ def _released(cluster: Cluster, queries: dict[str, str]) -> dict[tuple[str, int]
 
 
 def _run(seed: int, n: int, length: int, names: list[str], late: bool = False,  # noqa: ANN202
-         snapshot: bool = False):
+         snapshot: bool = False, random_routes: bool = False):
     rng = random.Random(seed)
     dictionary = TermDictionary()
     for term in NODES + [K, L, T]:
@@ -241,7 +245,7 @@ def _run(seed: int, n: int, length: int, names: list[str], late: bool = False,  
                 for name, text in queries.items()}
     late_at = {names[0]: rng.randrange(1, 4 * len(changes) + 2)} if late else {}
     snapshot_seq = rng.randrange(0, len(changes) + 1) if snapshot else None  # a seq ingest has reached
-    cluster = Cluster(n, changes, programs, rng, late_at, snapshot_seq=snapshot_seq)
+    cluster = Cluster(n, changes, programs, rng, late_at, snapshot_seq=snapshot_seq, random_routes=random_routes)
     while cluster.step():
         pass
     return cluster, changes, queries, dictionary
@@ -325,6 +329,67 @@ def test_every_query_shape_exact_across_partitions(n: int) -> None:
 def test_random_interleavings_equal_the_single_engine(seed: int, n: int, length: int, names: list[str]) -> None:
     cluster, changes, queries, dictionary = _run(seed, n, length, names)
     _check(cluster, changes, queries, dictionary)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**9), n=st.integers(1, 5), length=st.integers(0, 50),
+       names=st.lists(st.sampled_from(sorted(QUERIES)), min_size=1, max_size=3, unique=True),
+       late=st.booleans(), snapshot=st.booleans())
+def test_probes_along_any_route_equal_the_single_engine(seed: int, n: int, length: int, names: list[str],
+                                                        late: bool, snapshot: bool) -> None:
+    """Each update's probes follow a route picked at random among its pattern's routes (the ones a partition
+    may choose by its counts): the deltas are the same, whichever route each update takes."""
+    cluster, changes, queries, dictionary = _run(seed, n, length, names, late=late, snapshot=snapshot,
+                                                 random_routes=True)
+    _check(cluster, changes, queries, dictionary, late_names=names[:1] if late else ())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_route_choices_by_counts_stay_exact(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With route choices every few changes (on streams this short they would never be made), each
+    partition's own counts choosing, late registrations included: still the single engine's deltas."""
+    monkeypatch.setattr(distributed, "RECHOOSE_AT", 3)
+    monkeypatch.setattr(distributed, "RECHOOSE_EVERY", 5)
+    monkeypatch.setattr(distributed_state, "MIN_KEYS", 1)
+    for n in (2, 3):
+        cluster, changes, queries, dictionary = _run(seed * 7 + n, n, 60, list(QUERIES), late=seed % 2 == 1)
+        assert any(any(state.choice) for part in cluster.parts for state in part.queries.values()), \
+            "some partition chose another route than the first"
+        _check(cluster, changes, queries, dictionary, late_names=list(QUERIES)[:1] if seed % 2 else ())
+
+
+def test_counted_routes_send_fewer_probes_on_a_skewed_graph() -> None:
+    """A 4-cycle ``?owner creator ?album . ?album contains ?photo . ?photo tags ?friend . ?owner knows
+    ?friend`` where everyone knows everyone's friends (fan-in of knows 12) but an album has one owner and a
+    photo one album.  The query-only model starts a tag at ?friend and fans out over its 12 knowers; the
+    partitions' counts send it to the photo, its album and its owner instead, one probe each: the same deltas
+    with several times fewer probes."""
+    c, a, g = (f"<{EX}{p}>" for p in ("creator", "contains", "tags"))
+    text = f"SELECT * WHERE {{ ?owner {c} ?album . ?album {a} ?photo . ?photo {g} ?friend . ?owner {K} ?friend }}"
+    rng = random.Random(5)
+    people = [f"<{EX}u{i}>" for i in range(24)]
+    stream = [(1, x, K, y) for x in people for y in rng.sample(people, 12) if x != y]
+    for i in range(120):
+        album, photo = f"<{EX}album{i // 3}>", f"<{EX}photo{i}>"
+        stream += [(1, people[i // 5 % 24], c, album), (1, album, a, photo)]
+    stream += [(1, f"<{EX}photo{rng.randrange(120)}>", g, rng.choice(people)) for _ in range(400)]
+    stream += [(-1, *t) for t in rng.sample([t[1:] for t in stream if t[2] == g], 80)]
+    probes, released = {}, {}
+    for counted in (False, True):
+        dictionary = TermDictionary()
+        changes = _effective(stream, dictionary)
+        programs = {"cycle": compile_component("cycle", decompose(parse_query(text)), dictionary)}
+        cluster = Cluster(3, changes, programs, random.Random(1))
+        if not counted:
+            for part in cluster.parts:
+                part.route_policy = lambda _name, _j, _routes: 0
+        while cluster.step():
+            pass
+        _check(cluster, changes, {"cycle": text}, dictionary)
+        probes[counted] = sum(part.probes_sent for part in cluster.parts)
+        released[counted] = _released(cluster, {"cycle": text})
+    assert released[True] == released[False] and released[True]
+    assert probes[True] * 3 < probes[False], probes
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -57,12 +57,14 @@ def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
         "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors],
         "segments": None if segments is None else [
             {"sender": sender, "cause": cause, "chunk": chunk, "acks": n_acks, "probes": n_probes}
-            for sender, cause, chunk, n_acks, n_probes in segments]})
+            for sender, cause, chunk, n_acks, n_probes in segments],
+        # (null when every probe follows its default route: the usual record costs nothing more)
+        "probe_route": [p.route for p in probes] if any(p.route for p in probes) else None})
 
 
 def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only).
-    ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot, born_ms)`` tuples
+    ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot, born_ms, route)`` tuples
     (the fields of ``cbgp.distributed.Probe`` after ``dest``) and ``acks``
     ``(query, seq, delta, snapshot)`` tuples, in their order; ``segments`` ``(sender, cause, chunk, acks,
     probes)`` tuples, or None for a record written before segments."""
@@ -73,7 +75,9 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     query, seq, sign, pattern, step, width, origin, snapshot, born = [record[f] for f in _PROBE_COLUMNS]
     triples, bindings = record["probe_triple"], record["probe_binding"]
     n = len(seq)
-    if any(len(record[f]) != n for f in _PROBE_COLUMNS) or len(triples) != 4 * n or len(bindings) != sum(width) \
+    route = record.get("probe_route") or [0] * n
+    if len(route) != n or any(len(record[f]) != n for f in _PROBE_COLUMNS) or len(triples) != 4 * n \
+            or len(bindings) != sum(width) \
             or any(len(record[f]) != len(record["ack_seq"]) for f in _ACK_COLUMNS) \
             or any(not 0 <= q < len(queries) for q in query + record["ack_query"]):
         raise CodecError(f"corrupt ProbeBatch: {n} probes need {n} items in every probe_* array, {4 * n} "
@@ -84,7 +88,7 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     for i in range(n):
         end = start + width[i]
         probes.append((queries[query[i]], seq[i], sign[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
-                       tuple(bindings[start:end]), origin[i], snapshot[i], born[i]))
+                       tuple(bindings[start:end]), origin[i], snapshot[i], born[i], route[i]))
         start = end
     acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
     segments = record.get("segments")
