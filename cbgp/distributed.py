@@ -274,6 +274,25 @@ class PartitionEvaluator:
             self._receive(probe, out)
         return out
 
+    def adopt(self, other: PartitionEvaluator, name: str) -> None:
+        """Take query ``name`` over from ``other``, an evaluator of this partition that read the same log for
+        that query alone (a registration applied late, ``services.worker_probes``): its state, its held probes
+        (in their order) and its live counts; what this one held or counted of it is dropped."""
+        self.queries[name] = other.queries[name]
+        self._index()
+        self.held = [h for h in self.held if h[2].query != name]
+        for seq, _arrival, probe in sorted((h for h in other.held if h[2].query == name), key=itemgetter(0, 1)):
+            self._arrivals += 1
+            self.held.append((seq, self._arrivals, probe))
+        heapq.heapify(self.held)
+        self.unknown = [p for p in self.unknown if p.query != name] + [p for p in other.unknown if p.query == name]
+        self.live.drop_query(name)
+        for key, count in list(other.live.counts.items()):
+            if key[0] == name:
+                self.live.add(key, count)
+        self.probes_sent += other.probes_sent
+        self.probes_received += other.probes_received
+
     def unregister(self, name: str) -> Outputs:
         """Free a query's state; its probes waiting here die (their origins are told, so counts complete)."""
         out = Outputs()

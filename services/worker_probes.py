@@ -22,11 +22,13 @@ Per transaction (``flush``), in this order:
 (a broker that does not fence the old owner, like the embedded one) and both process its records.  What a
 worker makes while processing record ``cause`` of its partition's log is a function of that log (versioned
 reads, frontiers and probe counts all come from it), so both make the same acks and probes.  Each ProbeBatch
-therefore lists what it holds as *segments* ``(sender, cause, chunk)``, the acks then the probes of one step,
-and a receiver takes a segment only if it comes after the last one it took from that sender: the second
-copy is dropped, and every probe is answered and every ack counted once, as with one owner.  (A
-registration's segments, made when a worker reads the plan rather than at a record, carry cause -1 and are
-not deduplicated.)
+therefore lists what it holds as *segments* ``(sender, cause, chunk, query)``, the acks then the probes of one
+step for one query, and a receiver takes a segment only if it comes after the last one it took from that
+sender for that query: the second copy is dropped, and every probe is answered and every ack counted once, as
+with one owner.  A registration applies at one point of the log whichever owner reads the plan, and when
+(``ProbeRouting.register_at``): one that reads it late rebuilds the query's outputs from the log, step by
+step, so its segments (the registration's under the record before the point) and delta keys are the other
+owner's; deltas are numbered per query for the same reason.
 
 Restore (:func:`restore`): the shard's whole routed log is replayed silently into the evaluators -- changes,
 frontier marks, probes and acks, in log order -- which rebuilds the versioned state, the probes that were
@@ -69,6 +71,7 @@ class ProbeRouting:
         # Queued for the next flush, per destination partition: segments [sender, cause, acks, probes] in the
         # order they were made (a revoked partition's are dropped: its next owner makes them again).
         self.segments: dict[int, list[list]] = {}
+        self.open_segments: dict[tuple[int, int, int, str], list] = {}  # (dest, sender, cause, query) -> segment
         self.registered: dict[int, list[tuple[int, tuple[str, int]]]] = {}
         self.floors: dict[int, tuple[int, frozenset[str]]] = {}  # partition -> (floor, queries registered there)
         self.floor_sent: dict[int, tuple[int, frozenset[str]]] = {}
@@ -78,28 +81,78 @@ class ProbeRouting:
 
     # -- registration
 
-    def register(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int, live: bool) -> Outputs:
+    def register(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int) -> None:
         """Add one of ``info``'s evaluator queries (``QueryInfo.probe_programs``: the query, or a product's
-        multi-centre part) to a routed shard; the updates up to seq ``upto`` are its registration's.  ``live``:
-        the shard is serving (a new registration): its log so far is replayed into the query, every past
-        update starting its probes (those up to ``upto`` flagged), and the registration is recorded in the
-        shard's own log for its restores."""
-        evaluator = shard.evaluator
-        if evaluator is None:
-            evaluator = shard.evaluator = PartitionEvaluator(shard.partition, self.n_routed)
-            evaluator.applied = max(shard.frontier, shard.last_seq)
+        multi-centre part) to a routed shard being restored (its log is then replayed into it silently); the
+        updates up to seq ``upto`` are its registration's."""
+        evaluator = self._evaluator(shard)
         evaluator.register(compile_component(name, plan, shard.engine.dictionary), 0, upto)
         shard.probe_queries[name] = info
-        if not live:
-            return Outputs()
-        out = Outputs()
-        for _offset, change in _changes(self.reader(shard.partition, 0, shard.position)):
-            seq, sign, s, p, o, g, role = change
-            out.extend(evaluator.apply(seq, sign, s, p, o, g, role, only=name))
-        out.extend(evaluator.release_waiting(name))
+
+    def register_at(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int,
+                    point: int) -> list[tuple[int, Outputs]]:
+        """Apply a registration at offset ``point`` of a serving shard's log, however far past it the shard
+        is: a scratch evaluator reads the log for this query alone -- the records before ``point`` (the
+        query's probes that came early wait), then the registration (its history replayed, the updates up to
+        ``upto`` starting probes flagged as the registration's, the early probes answered), then every record
+        from ``point`` to the shard's position as the shard would have processed it -- and the query's state
+        moves into the shard's evaluator.  Returns what each step made, ``(cause, outputs)``, the
+        registration's under cause ``point - 1``: a function of the log alone, so an owner that reads the plan
+        late makes what one that applied it at the point made, with the same segments and delta keys, and the
+        receivers take one copy.  The registration is recorded in the shard's own log for its restores."""
+        here = shard.partition
+        program = compile_component(name, plan, shard.engine.dictionary)
+        scratch = PartitionEvaluator(here, self.n_routed)
+        channels: dict = {}
+        steps: list[tuple[int, Outputs]] = []
+
+        def registration() -> Outputs:
+            scratch.register(program, 0, upto)
+            made = Outputs()
+            for _offset, (seq, sign, s, p, o, g, role) in _changes(self.reader(here, 0, point)):
+                scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
+            made.extend(scratch.release_waiting(name))
+            return made
+
+        for offset, value in self.reader(here, 0, shard.position):
+            if offset == point:
+                steps.append((point - 1, registration()))
+            live = offset >= point
+            made = Outputs()
+            frontier = codec.frontier_of(value)
+            record = None if frontier is not None else _probe_batch(value)
+            if frontier is not None:
+                scratch.advance(frontier.get(here, -1), made)
+            elif record is not None:
+                for acks, probes in taken_steps(channels, record, only=name):
+                    for query, seq, delta, snapshot in acks:
+                        scratch.on_ack(Ack(here, query, seq, delta, snapshot))
+                    for item in probes:
+                        scratch.on_probe(Probe(here, *item), live, made)
+            else:
+                last = None
+                for _offset, (seq, sign, s, p, o, g, role) in _changes([(offset, value)]):
+                    if live:
+                        scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
+                    last = seq
+                if last is not None:
+                    scratch.advance(last, made)
+            if live and (made.deltas or made.probes or made.acks):
+                steps.append((offset, made))
+        if point >= shard.position:
+            steps.append((point - 1, registration()))
+        self._evaluator(shard).adopt(scratch, name)
+        shard.probe_channels.update({key: taken for key, taken in channels.items() if key[1] == name})
+        shard.probe_queries[name] = info
         shard.registered_at[name] = upto
-        self.registered.setdefault(shard.partition, []).append((shard.partition, (name, upto)))
-        return out
+        self.registered.setdefault(here, []).append((here, (name, upto)))
+        return steps
+
+    def _evaluator(self, shard: Shard) -> PartitionEvaluator:
+        if shard.evaluator is None:
+            shard.evaluator = PartitionEvaluator(shard.partition, self.n_routed)
+            shard.evaluator.applied = max(shard.frontier, shard.last_seq)
+        return shard.evaluator
 
     reader: RecordReader  # set by the worker core
 
@@ -119,7 +172,7 @@ class ProbeRouting:
         out = Outputs()
         for floor in record["floors"]:
             self.floors[floor["partition"]] = (floor["floor"], frozenset(floor["queries"]))
-        steps = _taken_steps(shard, record)
+        steps = taken_steps(shard.probe_channels, record)
         if evaluator is None:
             if any(probes for _acks, probes in steps):
                 # No probed query here yet: the probes wait in an evaluator for their registration.
@@ -157,20 +210,24 @@ class ProbeRouting:
     # -- output
 
     def take(self, shard: Shard, out: Outputs, cause: int) -> list:
-        """Queue ``out``'s probes and acks, made while the shard processed record ``cause`` of its log (-1: a
-        registration), for the next flush; return its deltas (the caller batches them)."""
+        """Queue ``out``'s probes and acks, made while the shard processed record ``cause`` of its log (a
+        registration: the record before its point), for the next flush, one segment per destination and query
+        (what a step adds to one already queued joins it: a receiver takes a (cause, chunk) once); return its
+        deltas (the caller batches them)."""
         source = shard.partition
         for ack in out.acks:
-            self._segment(ack.dest, source, cause)[2].append(ack)
+            self._segment(ack.dest, source, cause, ack.query)[3].append(ack)
         for probe in out.probes:
-            self._segment(probe.dest, source, cause)[3].append(probe)
+            self._segment(probe.dest, source, cause, probe.query)[4].append(probe)
         return out.deltas
 
-    def _segment(self, dest: int, source: int, cause: int) -> list:
-        queue = self.segments.setdefault(dest, [])
-        if not queue or queue[-1][0] != source or queue[-1][1] != cause:
-            queue.append([source, cause, [], []])
-        return queue[-1]
+    def _segment(self, dest: int, source: int, cause: int, query: str) -> list:
+        key = (dest, source, cause, query)
+        segment = self.open_segments.get(key)
+        if segment is None:
+            segment = self.open_segments[key] = [source, cause, query, [], []]
+            self.segments.setdefault(dest, []).append(segment)
+        return segment
 
     def drop_from(self, partition: int) -> int:
         """Forget what routed partition ``partition`` queued (it was revoked); return how many items."""
@@ -181,8 +238,9 @@ class ProbeRouting:
             self.registered[dest] = kept
         for dest in list(self.segments):
             kept = [segment for segment in self.segments[dest] if segment[0] != partition]
-            dropped += sum(len(g[2]) + len(g[3]) for g in self.segments[dest] if g[0] == partition)
+            dropped += sum(len(g[3]) + len(g[4]) for g in self.segments[dest] if g[0] == partition)
             self.segments[dest] = kept
+        self.open_segments = {key: g for key, g in self.open_segments.items() if key[1] != partition}
         return dropped
 
     def flush(self, shards: Iterable[Shard]) -> list[Output]:
@@ -196,14 +254,15 @@ class ProbeRouting:
             # on the segment alone: two owners cut it alike), packed into records of at most that many (a
             # record must stay well under the broker's 1 MB).
             chunks = []
-            for source, cause, acks, probes in self.segments.get(dest, []):
+            for source, cause, query, acks, probes in self.segments.get(dest, []):
                 self.sent += len(probes)
                 items = _merged(acks) + probes
                 n_acks = len(items) - len(probes)
                 for number, start in enumerate(range(0, len(items), MAX_PER_RECORD)):
                     end = min(start + MAX_PER_RECORD, len(items))
                     in_acks = max(0, min(end, n_acks) - start)
-                    chunks.append(((source, cause, number, in_acks, end - start - in_acks), items[start:end]))
+                    chunks.append(((source, cause, number, in_acks, end - start - in_acks, query),
+                                   items[start:end]))
             records: list[list] = [[]]
             size = 0
             for chunk in chunks:
@@ -216,7 +275,7 @@ class ProbeRouting:
             for number, record in enumerate(records):  # registrations and floors in the first
                 value = _encode(record, registered if number == 0 else [], floors if number == 0 else [])
                 out.append(Output(self.topics["updates.routed"], value, None, dest))
-        self.segments, self.registered = {}, {}
+        self.segments, self.registered, self.open_segments = {}, {}, {}
         for shard in shards:
             evaluator = shard.evaluator
             if evaluator is None:
@@ -276,33 +335,45 @@ def _encode(chunks: list, registered: list, floors: list) -> bytes:
     """One ProbeBatch of segment chunks ``((sender, cause, chunk, acks, probes), items)``."""
     acks: list = []
     probes: list = []
-    for (_sender, _cause, _chunk, n_acks, _n_probes), items in chunks:
+    for (_sender, _cause, _chunk, n_acks, _n_probes, _query), items in chunks:
         acks.extend(items[:n_acks])
         probes.extend(items[n_acks:])
     return codec.encode_probe_batch(probes, acks, registered, floors, [segment for segment, _items in chunks])
 
 
-def _taken_steps(shard: Shard, record: dict) -> list[tuple[list, list]]:
-    """The (acks, probes) of a ProbeBatch's segments that the shard takes: each (sender, cause, chunk) once,
-    in the order one owner of the sender makes them (a second owner's copy comes again, or out of that
-    order, and is dropped).  A record written before segments is one step."""
+def taken_steps(channels: dict, record: dict, only: str | None = None) -> list[tuple[list, list]]:
+    """The (acks, probes) of a ProbeBatch's segments that a shard takes (``channels``: its last (cause,
+    chunk) taken per (sender, query), updated): each (sender, query, cause, chunk) once, in the order one owner
+    of the sender makes them (a second owner's copy comes again, or out of that order, and is dropped).
+    ``only``: the segments of that query alone.  A record written before segments is one step; one written
+    before segments were per query keys its channels by sender (its registrations' segments, cause -1, are
+    all taken)."""
     segments = record.get("segments")
     if segments is None:
-        return [(record["acks"], record["probes"])]
+        return [_of(record["acks"], record["probes"], only)]
     steps = []
     at_ack = at_probe = 0
-    channels = shard.probe_channels
-    for sender, cause, chunk, n_acks, n_probes in segments:
+    for sender, cause, chunk, n_acks, n_probes, query in segments:
         acks = record["acks"][at_ack:at_ack + n_acks]
         probes = record["probes"][at_probe:at_probe + n_probes]
         at_ack += n_acks
         at_probe += n_probes
-        if cause >= 0:
-            if (cause, chunk) <= channels.get(sender, (-1, -1)):
+        if only is not None and query is not None and query != only:
+            continue
+        if query is not None or cause >= 0:
+            key = (sender, query)
+            if (cause, chunk) <= channels.get(key, (-2, -1)):
                 continue
-            channels[sender] = (cause, chunk)
-        steps.append((acks, probes))
+            channels[key] = (cause, chunk)
+        steps.append(_of(acks, probes, only) if query is None else (acks, probes))
     return steps
+
+
+def _of(acks: list, probes: list, only: str | None) -> tuple[list, list]:
+    """The acks and probes of query ``only`` (all when None)."""
+    if only is None:
+        return acks, probes
+    return [a for a in acks if a[0] == only], [p for p in probes if p[0] == only]
 
 
 def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: Callable[[str], bool | None]) -> None:
@@ -324,7 +395,7 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
     shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
     for info in probed:
         for name, _part, plan in info.probe_programs():
-            routing.register(shard, info, name, plan, upto.get(name, -1), live=False)
+            routing.register(shard, info, name, plan, upto.get(name, -1))
             if name in upto:
                 shard.registered_at[name] = upto[name]
     evaluator = shard.evaluator

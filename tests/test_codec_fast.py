@@ -253,12 +253,15 @@ def test_probe_batches_carry_probes_and_acks_column_by_column_unchanged(probes, 
 
 
 def test_probe_batch_segments_read_back_and_must_cover_its_columns() -> None:
-    """Segments (sender, cause, chunk, acks, probes) divide the columns into what each step made; a record
+    """Segments (sender, cause, chunk, acks, probes, query) divide the columns into what each step made; a record
     without them (written before segments) reads as None; segments that do not add up are refused."""
     probes = [Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)] * 3
     acks = [Ack(0, "q@1", 5, -1, False)] * 2
-    segments = [(1, 40, 0, 1, 2), (1, 41, 0, 1, 0), (2, -1, 0, 0, 1)]
+    segments = [(1, 40, 0, 1, 2, "q@1"), (1, 41, 0, 1, 0, "q@1"), (2, -1, 0, 0, 1, "q@1")]
     assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=segments))["segments"] == segments
+    unnamed = [segment[:5] for segment in segments]  # as written before segments were per query
+    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=unnamed))["segments"] == \
+        [(*segment, None) for segment in unnamed]
     assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks))["segments"] is None
     with pytest.raises(codec.CodecError, match="segments count 2 acks"):
         codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=[(1, 40, 0, 2, 2)]))

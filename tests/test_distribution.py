@@ -366,6 +366,24 @@ def test_two_owners_of_a_routed_partition_during_a_late_registration_answer_once
     assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_two_owners_during_a_late_multi_centre_registration_answer_once(seed: int, monkeypatch) -> None:
+    """The takeover of the test above with multi-centre queries (a path, a triangle, a product with a probed
+    part) registered during it: the owner that reads the plan after passing the registration's point used to
+    send its own registration probes, made from a longer log, beside the other owner's (both taken: 26 of 60
+    such streams went wrong).  Now it rebuilds the query's outputs from the log, step by step as the other
+    owner made them, with the same segments and delta keys, and the receivers take one copy."""
+    if seed % 2:
+        monkeypatch.setattr("services.ingest_core.MAX_BATCH_CHANGES", 2)
+    rng = random.Random(seed)
+    lines = generate_patch(200, seed=seed, subjects=5)
+    queries = {name: BY_CENTRE_QUERIES[name] for name in ("path3", "product_path3", "triangle", "attrs")}
+    registered: dict = {}
+    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
+                          crash_rate=0.1 * (seed % 3 == 0), registered=registered)
+    assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_two_owners_of_a_routed_partition_answer_multi_centre_queries_once(seed: int, monkeypatch) -> None:
     """The same takeover with multi-centre queries running: both owners answer the probes that reach the

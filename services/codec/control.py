@@ -35,10 +35,11 @@ _ACK_COLUMNS = ("ack_query", "ack_seq", "ack_delta", "ack_snapshot")
 
 def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
                        registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = (),
-                       segments: Sequence[tuple[int, int, int, int, int]] | None = None) -> bytes:
+                       segments: Sequence[tuple] | None = None) -> bytes:
     """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed`` probes and acks (written column
     by column), ``(query, as_of)`` registrations, ``(partition, floor, queries)`` floors and
-    ``(sender, cause, chunk, acks, probes)`` segments (how the columns divide into what each step made)."""
+    ``(sender, cause, chunk, acks, probes[, query])`` segments (how the columns divide into what each step
+    made, per query)."""
     index: dict[str, int] = {}
     probe_query = [index.setdefault(p.query, len(index)) for p in probes]
     ack_query = [index.setdefault(a.query, len(index)) for a in acks]
@@ -56,8 +57,9 @@ def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
         "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
         "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors],
         "segments": None if segments is None else [
-            {"sender": sender, "cause": cause, "chunk": chunk, "acks": n_acks, "probes": n_probes}
-            for sender, cause, chunk, n_acks, n_probes in segments],
+            {"sender": g[0], "cause": g[1], "chunk": g[2], "acks": g[3], "probes": g[4]} for g in segments],
+        "segment_query": None if segments is None or any(len(g) < 6 for g in segments) else [
+            g[5] for g in segments],
         # (null when every probe follows its default route: the usual record costs nothing more)
         "probe_route": [p.route for p in probes] if any(p.route for p in probes) else None})
 
@@ -67,7 +69,8 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot, born_ms, route)`` tuples
     (the fields of ``cbgp.distributed.Probe`` after ``dest``) and ``acks``
     ``(query, seq, delta, snapshot)`` tuples, in their order; ``segments`` ``(sender, cause, chunk, acks,
-    probes)`` tuples, or None for a record written before segments."""
+    probes, query)`` tuples (query None: written before segments were per query), or None for a record written
+    before segments."""
     if _writer_name(data) != "ProbeBatch":
         return None
     record = decode("ProbeBatch", data)
@@ -93,7 +96,11 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
     segments = record.get("segments")
     if segments is not None:
-        segments = [(g["sender"], g["cause"], g["chunk"], g["acks"], g["probes"]) for g in segments]
+        named = record.get("segment_query") or [None] * len(segments)
+        if len(named) != len(segments):
+            raise CodecError(f"corrupt ProbeBatch: {len(named)} segment queries for {len(segments)} segments")
+        segments = [(g["sender"], g["cause"], g["chunk"], g["acks"], g["probes"], query)
+                    for g, query in zip(segments, named)]
         if sum(g[3] for g in segments) != len(acks) or sum(g[4] for g in segments) != n:
             raise CodecError(f"corrupt ProbeBatch: its segments count {sum(g[3] for g in segments)} acks and "
                              f"{sum(g[4] for g in segments)} probes, the record holds {len(acks)} and {n}")

@@ -351,12 +351,13 @@ class WorkerCore(CoreOutputs):
             out += self._snapshot(shard, [info], net, offset=point - 1, as_of=seq)
         out += self._replay_from(shard, names, point)
         for info, seq in registrations:
-            # A product's multi-centre parts: registered in the evaluator as of the same seq (their history
-            # replayed as the registration's probes; its ProbeReady, once they are all in, opens the gate).
+            # A multi-centre query or a product's multi-centre parts: registered in the evaluator as of the
+            # same seq at the same point (their history replayed as the registration's probes; its ProbeReady,
+            # once they are all in, opens the gate), then what the records since the point made for them.
             for name, part, plan in info.probe_programs():
                 shard.outputs[name] = (info.query_id, part)
-                self._probe_outputs(shard, self.probes.register(shard, info, name, plan, seq, live=True),
-                                    shard.position - 1, SNAPSHOT_INDEX_BASE, out, cause=-1)
+                for cause, made in self.probes.register_at(shard, info, name, plan, seq, point):
+                    self._probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
         return out
 
     def _replay_from(self, shard: Shard, names: set[str], point: int) -> list[Output]:
@@ -400,7 +401,6 @@ class WorkerCore(CoreOutputs):
         (a multi-centre query's probe deltas are numbered apart)."""
         out: list[Output] = self._due(shard, offset, past=changes[-1][7]) if shard.pending and changes else []
         shard.position = offset + 1
-        index = 0
         engine = shard.engine
         # (a routed shard holding only multi-centre queries has an idle engine: nothing to call per change)
         apply = engine.apply if engine.queries or engine.operators or engine.graph is not None else None
@@ -423,7 +423,7 @@ class WorkerCore(CoreOutputs):
                 if p in wanted:
                     evaluate(seq, sign, s, p, o, g, role, born_ms=origin or 0, out=probed)
             evaluator.advance(last, out=probed)
-            index = self._probe_outputs(shard, probed, offset, index, out, origin)
+            self._probe_outputs(shard, probed, offset, out, origin)
         if apply is not None:
             # Numbered per engine query from 0, in a sorted order: two owners of a routed partition during a
             # rebalance may hold different sets of queries, and must still give a delta the same key.
@@ -450,7 +450,7 @@ class WorkerCore(CoreOutputs):
         shard.frontier = max(shard.frontier, frontiers.get(shard.partition, -1))
         out: list[Output] = self._due(shard, offset + 1, mark=shard.frontier) if shard.pending else []
         if shard.evaluator is not None:
-            self._probe_outputs(shard, shard.evaluator.advance(shard.frontier), offset, 0, out)
+            self._probe_outputs(shard, shard.evaluator.advance(shard.frontier), offset, out)
         return out
 
     def on_probe_batch(self, shard: Shard, offset: int, record: dict) -> list[Output]:
@@ -458,7 +458,7 @@ class WorkerCore(CoreOutputs):
         shard.position = offset + 1
         out: list[Output] = []
         self._probe_outputs(shard, self.probes.on_batch(shard, record, lambda name: self._known(shard, name)),
-                            offset, 0, out)
+                            offset, out)
         return out
 
     def on_routed(self, shard: Shard, offset: int, value: bytes, origin: int | None) -> tuple[list[Output], int]:

@@ -135,21 +135,23 @@ class CoreOutputs:
         source = record["source_partition"]
         return query_partition(record["query_id"], self.n_routed) if source == WHOLE_SOURCE_PARTITION else source
 
-    def _probe_outputs(self, shard: Shard, probed: ProbeOutputs, offset: int, index: int, out: list[Output],
-                       origin: int | None = None, cause: int | None = None) -> int:
-        """Queue a probe step's probes and acks (see ``ProbeRouting.flush``), made by the record at ``cause``
-        (default ``offset``; -1: a registration), and batch its deltas, numbered from ``index`` at ``offset``;
-        return the next index."""
-        for delta in self.probes.take(shard, probed, offset if cause is None else cause):
+    def _probe_outputs(self, shard: Shard, probed: ProbeOutputs, offset: int, out: list[Output],
+                       origin: int | None = None, first: int = 0) -> None:
+        """Queue a probe step's probes and acks (see ``ProbeRouting.flush``), made by the record at ``offset``
+        (a registration: the record before its point), and batch its deltas, keyed by ``offset`` and numbered
+        per query from ``first``: two owners of the partition, one of which applied a registration later,
+        give each of its deltas the same key (call once per record)."""
+        numbers: dict[str, int] = {}
+        for delta in self.probes.take(shard, probed, offset):
             if delta.query not in shard.outputs:
                 continue  # unregistered meanwhile
             born = delta.born_ms or origin
             if not delta.snapshot:
                 self._note_origin(born)
-            self._part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, index,
+            number = numbers.get(delta.query, first)
+            numbers[delta.query] = number + 1
+            self._part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, number,
                              delta.snapshot, born)
-            index += 1
-        return index
 
     def _frontiers(self) -> list[Output]:
         """After this transaction's deltas, a Frontier record on every deltas.parts partition for the routed

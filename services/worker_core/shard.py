@@ -184,9 +184,9 @@ class Shard:
     probe_queries: dict[str, QueryInfo] = field(default_factory=dict)
     registered_at: dict[str, int] = field(default_factory=dict)
     ready_sent: set[str] = field(default_factory=set)
-    # sender partition -> the last (cause, chunk) probe segment taken from it (services.worker_probes: a second
-    # owner's copy of a segment is dropped)
-    probe_channels: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # (sender partition, query) -> the last (cause, chunk) probe segment taken from it (services.worker_probes:
+    # a second owner's copy of a segment is dropped)
+    probe_channels: dict[tuple[int, str | None], tuple[int, int]] = field(default_factory=dict)
     # By-centre registrations waiting for this routed partition's log to reach the seq they answer as of
     # (``WorkerCore.registration_seq``): (info, seq), applied at the first record past it.
     pending: list[tuple[QueryInfo, int]] = field(default_factory=list)
