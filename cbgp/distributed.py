@@ -214,12 +214,18 @@ class PartitionEvaluator:
         self.probes_received = 0
         self.predicates: frozenset[int] = frozenset()  # of every registered query's patterns: other changes
         # start nothing and store nothing here (callers may skip apply() for them)
+        self.by_predicate: dict[int, tuple[tuple[str, _QueryState, tuple], ...]] = {}  # p -> (query, state, hits)
         # (query, pattern, number of routes) -> the route of an update starting here; None: the counts choose
         # (tests set it to send probes along every route)
         self.route_policy: Callable[[str, int, int], int] | None = None
 
     def _index(self) -> None:
-        self.predicates = frozenset(p for state in self.queries.values() for p in state.hits)
+        by_predicate: dict[int, list[tuple[str, _QueryState, tuple]]] = {}
+        for name, state in self.queries.items():
+            for p, hits in state.hits.items():
+                by_predicate.setdefault(p, []).append((name, state, hits))
+        self.by_predicate = {p: tuple(targets) for p, targets in by_predicate.items()}
+        self.predicates = frozenset(self.by_predicate)
 
     # -- registration
 
@@ -318,13 +324,11 @@ class PartitionEvaluator:
         if only is None:
             if seq > self.last_seq:
                 self.last_seq = seq
-            queries = self.queries.items()
+            targets = self.by_predicate.get(p, ())
         else:
-            queries = ((only, self.queries[only]),)
-        for name, state in queries:
-            hits = state.hits.get(p)
-            if hits is None:
-                continue
+            state = self.queries[only]
+            targets = ((only, state, state.hits[p]),) if p in state.hits else ()
+        for name, state, hits in targets:
             started = None
             for hit in hits:
                 i, spec, subject_store, object_store, start_role = hit

@@ -23,16 +23,18 @@ class PatternStore:
     ``dirty`` until :meth:`collapse` has folded them, so a collapse costs the entries that changed, not the
     whole state."""
 
-    __slots__ = ("table", "dirty", "pairs", "sketch", "sketch_max")
+    __slots__ = ("table", "dirty", "size", "pairs", "sketch", "in_sketch", "sketch_max")
 
     def __init__(self) -> None:
         self.table: dict[int, dict[int, list[int]]] = {}
         self.dirty: set[tuple[int, int]] = set()
+        self.size = 0  # (key, other) entries, kept as they change: the state metrics read it every second
         # For route choices: the pairs present, and the SKETCH_SIZE smallest hashes of the keys ever inserted
         # (a k-minimum-values sketch of the distinct keys).  Both follow the changes alone, never a collapse,
         # so every worker that applied the same log counts the same.
         self.pairs = 0
         self.sketch: list[int] = []
+        self.in_sketch: set[int] = set()
         self.sketch_max = _HASH_RANGE
 
     def flip(self, key: int, other: int, seq: int, sign: int = 0) -> None:
@@ -40,27 +42,27 @@ class PatternStore:
             self.pairs += sign
             if sign > 0:
                 hashed = key * _GOLDEN & _HASH_MASK
-                if hashed < self.sketch_max:
+                if hashed < self.sketch_max and hashed not in self.in_sketch:
                     self._note(hashed)
         bucket = self.table.get(key)
         if bucket is None:
             self.table[key] = {other: [seq]}
+            self.size += 1
             return
         history = bucket.get(other)
         if history is None:
             bucket[other] = [seq]
+            self.size += 1
         else:
             history.append(seq)
             self.dirty.add((key, other))
 
     def _note(self, hashed: int) -> None:
         sketch = self.sketch
-        at = bisect.bisect_left(sketch, hashed)
-        if at < len(sketch) and sketch[at] == hashed:
-            return
-        sketch.insert(at, hashed)
+        bisect.insort(sketch, hashed)
+        self.in_sketch.add(hashed)
         if len(sketch) > SKETCH_SIZE:
-            sketch.pop()
+            self.in_sketch.discard(sketch.pop())
         if len(sketch) == SKETCH_SIZE:
             self.sketch_max = sketch[-1]
 
@@ -105,12 +107,13 @@ class PatternStore:
                     still.add((key, other))
             else:
                 del bucket[other]
+                self.size -= 1
                 if not bucket:
                     del table[key]
         self.dirty = still
 
     def entries(self) -> int:
-        return sum(len(bucket) for bucket in self.table.values())
+        return self.size
 
 
 class LiveCounts:
