@@ -330,6 +330,7 @@ class PerGraphQuery:
         self.instances: dict[int, RegisteredQuery] = {}
         self.predicates = {dictionary.encode(p.p) for p in query.patterns}
         self.distinct = query.distinct
+        self.counts: dict[tuple[int, ...], int] = {}  # DISTINCT's, shared by the instances
         names = [v for v in query.variables if any(v in p.variables() for p in query.patterns)]
         self.columns = tuple(v for v in query.projected if "?" + v in names or "?" + v == self.graph_var)
 
@@ -355,11 +356,16 @@ class PerGraphQuery:
                                   constants, owner=self, bound_terms={_BOUND_GRAPH: graph})
         # Rows must list the columns in the wrapper's order whichever variables the instance has.
         created.columns = tuple(c for c in self.columns if c in created.columns)
+        # DISTINCT is over every graph's solutions (a row found in two graphs is one answer): one count for all.
+        created.counts = self.counts
         self.instances[graph] = created
         return created, True
 
     def state_entries(self, tables: bool = True) -> int:
-        return sum(instance.state_entries(tables) for instance in self.instances.values())
+        # (the DISTINCT counts, shared by the instances, once)
+        return sum(instance.state_entries(tables) - len(self.counts)
+                   for instance in self.instances.values()) + len(self.counts)
 
     def state_bytes(self, tables: bool = True) -> int:
-        return sum(instance.state_bytes(tables) for instance in self.instances.values())
+        shared = sys.getsizeof(self.counts)
+        return sum(instance.state_bytes(tables) - shared for instance in self.instances.values()) + shared

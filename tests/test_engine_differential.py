@@ -51,6 +51,8 @@ FIXED_QUERIES = {
     "graph_var_path": f"SELECT * WHERE {{ GRAPH ?g {{ ?x <{EX}p> ?y . ?y <{EX}q> ?z }} }}",
     "graph_var_star": f"SELECT DISTINCT ?g WHERE {{ GRAPH ?g {{ ?x <{EX}p> <{EX}a> . ?x <{EX}q> ?g }} }}",
     "graph_var_ground": f"SELECT ?g WHERE {{ GRAPH ?g {{ <{EX}a> <{EX}p> <{EX}b> }} }}",
+    # DISTINCT over every graph's solutions (?g not projected): a row found in two graphs is one answer
+    "graph_var_distinct": f"SELECT DISTINCT ?x WHERE {{ GRAPH ?g {{ ?x <{EX}p> ?y . ?y <{EX}q> ?z }} }}",
 }
 
 # A small alphabet makes joins, self-loops, cycles and repeated triples frequent; the rarer terms still
