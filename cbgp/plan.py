@@ -166,12 +166,19 @@ class Plan:
         partitions: one star, one single-centre component evaluated where its centre lives, or one
         multi-centre component whose stars live at their centres' partitions, joined by probes) or
         ``single-owner`` (one worker evaluates the whole query on the total order: ground parts whose
-        patterns have several subjects, and queries over ``GRAPH ?g``).  A ground part whose patterns share
-        one subject is kept at that subject's partition, where all its triples are routed; a product's
-        multi-centre parts are joined by probes like a multi-centre query."""
+        patterns have several subjects, and ``GRAPH ?g`` queries other than one star or single-centre
+        component).  A ground part whose patterns share one subject is kept at that subject's partition, where
+        all its triples are routed; a product's multi-centre parts are joined by probes like a multi-centre
+        query.  A ``GRAPH ?g`` star or single-centre component is evaluated per named graph where its centre
+        value lives: every quad is routed by its subject and object whatever its graph."""
         parts = self.parts
-        if any(p.g is not None and is_var(p.g) for p in self.query.patterns):
-            return SINGLE_OWNER
+        graph_vars = {p.g for p in self.query.patterns if p.g is not None and is_var(p.g)}
+        if graph_vars:
+            # (each graph's instance must have the same shape: ?g nowhere but in graph position)
+            single_centre = len(parts) == 1 and (isinstance(parts[0], StarPart) or (
+                isinstance(parts[0], ComponentPart) and parts[0].centre is not None))
+            alone = not any(g in p.variables() for g in graph_vars for p in self.query.patterns)
+            return BY_CENTRE if single_centre and alone else SINGLE_OWNER
         if len(parts) == 1 and isinstance(parts[0], (StarPart, ComponentPart)):
             return BY_CENTRE
         if parts and all(isinstance(p, (StarPart, ComponentPart))

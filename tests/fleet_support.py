@@ -48,20 +48,28 @@ QUERIES = {
 }
 
 
-def generate_patch(n: int, seed: int = 7, subjects: int = 40) -> list[str]:
-    """``n`` RDF Patch lines: ~20% deletions (some of absent triples), duplicate inserts, literals."""
+def generate_patch(n: int, seed: int = 7, subjects: int = 40, graphs: int = 0) -> list[str]:
+    """``n`` RDF Patch lines: ~20% deletions (some of absent triples), duplicate inserts, literals; with
+    ``graphs``, most triples whose object is an IRI go to one of that many named graphs (quads)."""
     rng = random.Random(seed)
     present: list[str] = []
     lines: list[str] = []
+
+    def new() -> str:
+        triple = _triple(rng, subjects)
+        if graphs and triple.endswith(">") and rng.random() < 0.8:
+            triple += f" <{EX}g{rng.randrange(graphs)}>"
+        return triple
+
     for _ in range(n):
         r = rng.random()
         if r < 0.2 and present:
-            triple = present.pop(rng.randrange(len(present))) if rng.random() < 0.8 else _triple(rng, subjects)
+            triple = present.pop(rng.randrange(len(present))) if rng.random() < 0.8 else new()
             lines.append(f"D {triple} .")
         elif r < 0.27 and present:
             lines.append(f"A {rng.choice(present)} .")  # duplicate insert: no effect
         else:
-            triple = _triple(rng, subjects)
+            triple = new()
             present.append(triple)
             lines.append(f"A {triple} .")
     return lines

@@ -61,14 +61,24 @@ BY_CENTRE_QUERIES = {
 SINGLE_OWNER_QUERIES = {
     # a ground part whose triples have two subjects: they meet on no one partition, so it has one owner
     "ground_two_subjects": f"SELECT * WHERE {{ <{EX}s0> {K} <{EX}s1> . <{EX}s1> {K} <{EX}s2> . ?y {L} <{EX}Jazz> }}",
+    # per named graph, a multi-centre path (its instance per graph would need probes per graph)
+    "graph_path3": f"SELECT * WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }} }}",
 }
 QUERIES = {**BY_CENTRE_QUERIES, **SINGLE_OWNER_QUERIES}
+# Per named graph (streams of quads, generate_patch(graphs=...)): a star and a single-centre component are
+# evaluated where their centre lives, each graph apart; DISTINCT across graphs by the answers service.
+GRAPH_QUERIES = {
+    "graph_star": f"SELECT * WHERE {{ GRAPH ?g {{ ?x {K} ?y . ?x {T} <{EX}Person> }} }}",
+    "graph_path": f"SELECT ?g ?a ?c WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {L} ?c }} }}",
+    "graph_distinct": f"SELECT DISTINCT ?x WHERE {{ GRAPH ?g {{ ?x {L} ?z . ?x {T} ?t }} }}",
+}
 
 
 def test_placement_is_by_centre_for_stars_and_single_centre_components() -> None:
-    for name, text in QUERIES.items():
+    for name, text in {**QUERIES, **GRAPH_QUERIES}.items():
         plan = decompose(parse_query(text))
-        assert plan.placement == (BY_CENTRE if name in BY_CENTRE_QUERIES else SINGLE_OWNER), name
+        by_centre = name in BY_CENTRE_QUERIES or name in GRAPH_QUERIES
+        assert plan.placement == (BY_CENTRE if by_centre else SINGLE_OWNER), name
         assert plan.to_json()["placement"] == plan.placement
     path = decompose(parse_query(BY_CENTRE_QUERIES["path"]))
     assert path.to_json()["parts"][0]["centre"] == "?b"
@@ -265,17 +275,20 @@ def run_whole(lines: list[str], queries: dict[str, str]) -> dict[str, Counter]:
     engine = Engine()
     for name, text in queries.items():
         engine.register(name, text)
-    present: set[tuple[str, str, str]] = set()
+    present: set[tuple[str, str, str, str | None]] = set()
     seq = 0
     out: dict[str, Counter] = {name: Counter() for name in queries}
     for line in lines:
         op, rest = line[0], line[2:-2]
         s, p, o = rest.split(" ", 2)
-        if (op == "A") == ((s, p, o) in present):
+        g = None
+        if o.startswith("<") and " " in o:  # a quad (generate_patch(graphs=...)): an IRI object, then the graph
+            o, g = o.split(" ")
+        if (op == "A") == ((s, p, o, g) in present):
             continue  # not an effective change: no seq
-        present.add((s, p, o)) if op == "A" else present.discard((s, p, o))
+        present.add((s, p, o, g)) if op == "A" else present.discard((s, p, o, g))
         seq += 1
-        for name, sign, row in engine.apply_terms(1 if op == "A" else -1, s, p, o):
+        for name, sign, row in engine.apply_terms(1 if op == "A" else -1, s, p, o, g):
             binding = engine.decode_row(name, row)
             out[name][(seq, "+" if sign > 0 else "-", tuple(sorted(
                 (v, t.split('"')[1] if t.startswith('"') else t.strip("<>")) for v, t in binding.items())))] += 1
@@ -322,6 +335,28 @@ def test_late_registration_gets_a_snapshot_then_exact_live_deltas(seed: int) -> 
     got = run_distributed(lines, BY_CENTRE_QUERIES, 4, 2, rng, late=late, worker_crash_rate=0.05 * (seed % 2),
                           crash_rate=0.1 * (seed % 3 == 0), registered=registered)
     assert_late_answers(got, run_whole(lines, BY_CENTRE_QUERIES), late, registered["seq"])
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_named_graph_queries_by_centre_equal_one_engine(seed: int) -> None:
+    """``GRAPH ?g`` stars and single-centre components over a stream of quads in three named graphs (and the
+    default graph), evaluated per graph where their centre lives: per update one engine's deltas, DISTINCT
+    across graphs applied by the answers service; odd seeds register them halfway (a snapshot, then live
+    deltas); workers and the answers service die now and then."""
+    rng = random.Random(seed)
+    lines = generate_patch(240, seed=seed, subjects=6, graphs=3)
+    late = set(GRAPH_QUERIES) if seed % 2 else set()
+    registered: dict = {}
+    got = run_distributed(lines, GRAPH_QUERIES, 1 + seed % 4, 1 + seed % 2, rng, late=late,
+                          worker_crash_rate=0.05 * (seed % 3 == 1), crash_rate=0.1 * (seed % 3 == 0),
+                          registered=registered)
+    want = run_whole(lines, GRAPH_QUERIES)
+    assert all(want[name] for name in GRAPH_QUERIES), "every query has answers in the stream"
+    if late:
+        assert_late_answers(got, want, GRAPH_QUERIES, registered["seq"])
+    else:
+        for name in GRAPH_QUERIES:
+            assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
 
 
 def assert_late_answers(got: dict[str, list[tuple[int, str, tuple]]], want: dict[str, Counter], names,
