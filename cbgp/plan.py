@@ -1,7 +1,9 @@
 """Query decomposition (Gergatsoulis & Damigos, Defs. 9-13, Prop. 5), as data.
 
 `decompose(query)` builds the connected-variable decomposition D_CV:
-- at most one ground part (the triple patterns with no variable);
+- the ground part (the triple patterns with no variable), kept as one part per subject (`GroundPart`): their
+  product is the paper's one ground part, and each lives at one partition of the fleet (a triple is routed by
+  its subject);
 - one simple var-centric star per variable that shares no triple pattern with
   another variable (`StarPart`; a self-loop `?x p ?x` keeps it single-variable
   but makes it not "simple" in the paper's letter, which we report);
@@ -29,6 +31,7 @@ from cbgp.sparql import ParsedQuery, TriplePattern, is_var
 @dataclass(frozen=True)
 class GroundPart:
     patterns: tuple[int, ...]  # indices into ParsedQuery.patterns
+    subject: str = ""  # the subject of every one of them
 
     kind = "ground"
 
@@ -151,25 +154,23 @@ SINGLE_OWNER = "single-owner"
 @dataclass(frozen=True)
 class Plan:
     query: ParsedQuery
-    ground: GroundPart | None
+    grounds: tuple[GroundPart, ...]  # the ground patterns, one part per subject
     stars: tuple[StarPart, ...]
     components: tuple[ComponentPart, ...]
 
     @property
     def parts(self) -> tuple[Part, ...]:
-        head: tuple[Part, ...] = (self.ground,) if self.ground else ()
-        return head + self.stars + self.components
+        return self.grounds + self.stars + self.components
 
     @property
     def placement(self) -> str:
         """Where the fleet keeps the query's state: ``by-centre`` (keyed by centre value over the routed
         partitions: one star, one single-centre component evaluated where its centre lives, or one
         multi-centre component whose stars live at their centres' partitions, joined by probes) or
-        ``single-owner`` (one worker evaluates the whole query on the total order: ground parts whose
-        patterns have several subjects, and ``GRAPH ?g`` queries other than one star or single-centre
-        component).  A ground part whose patterns share one subject is kept at that subject's partition, where
-        all its triples are routed; a product's multi-centre parts are joined by probes like a multi-centre
-        query.  A ``GRAPH ?g`` star or single-centre component is evaluated per named graph where its centre
+        ``single-owner`` (one worker evaluates the whole query on the total order: ``GRAPH ?g`` queries
+        other than one star or single-centre component).  A ground part (the ground patterns of one subject)
+        is kept at that subject's partition, where all its triples are routed; a product's multi-centre parts
+        are joined by probes like a multi-centre query.  A ``GRAPH ?g`` star or single-centre component is evaluated per named graph where its centre
         value lives: every quad is routed by its subject and object whatever its graph."""
         parts = self.parts
         graph_vars = {p.g for p in self.query.patterns if p.g is not None and is_var(p.g)}
@@ -179,20 +180,9 @@ class Plan:
                 isinstance(parts[0], ComponentPart) and parts[0].centre is not None))
             alone = not any(g in p.variables() for g in graph_vars for p in self.query.patterns)
             return BY_CENTRE if single_centre and alone else SINGLE_OWNER
-        if len(parts) == 1 and isinstance(parts[0], (StarPart, ComponentPart)):
-            return BY_CENTRE
-        if parts and all(isinstance(p, (StarPart, ComponentPart))
-                         or (isinstance(p, GroundPart) and self.ground_subject is not None) for p in parts):
-            return BY_CENTRE  # each part evaluated where its centre lives; a product assembled in seq order
-        return SINGLE_OWNER
-
-    @property
-    def ground_subject(self) -> str | None:
-        """The one subject of the ground part's patterns, None when they have several (or there is none)."""
-        if self.ground is None:
-            return None
-        subjects = {self.query.patterns[i].s for i in self.ground.patterns}
-        return subjects.pop() if len(subjects) == 1 else None
+        # Each part evaluated where its centre (a ground part: its subject) lives; a product assembled in seq
+        # order by the answers service.
+        return BY_CENTRE if parts else SINGLE_OWNER
 
     @property
     def product_by_centre(self) -> bool:
@@ -238,10 +228,10 @@ class Plan:
         if not self.stars and not self.components:
             return "ground"
         if not self.components:
-            if len(self.stars) == 1 and self.ground is None:
+            if len(self.stars) == 1 and not self.grounds:
                 return "simple var-centric star" if self.stars[0].simple else "var-centric star (self-loop)"
             return "loosely-connected"
-        if len(self.components) == 1 and not self.stars and self.ground is None:
+        if len(self.components) == 1 and not self.stars and not self.grounds:
             return "var-connected"
         return "general (product of parts)"
 
@@ -251,8 +241,8 @@ class Plan:
         for part in self.parts:
             entry: dict = {"kind": part.kind, "patterns": list(part.patterns), "variables": list(part.variables),
                            "placement": self.placement}
-            if isinstance(part, GroundPart) and self.ground_subject is not None:
-                entry["keyed_by"] = self.ground_subject  # the partition of that term's id
+            if isinstance(part, GroundPart):
+                entry["keyed_by"] = part.subject  # the partition of that term's id
             if isinstance(part, StarPart):
                 entry["centre"] = part.variable
                 entry["simple"] = part.simple
@@ -289,8 +279,7 @@ class Plan:
         for number, part in enumerate(self.parts, 1):
             pats = " ".join(f"t{i}" for i in part.patterns)
             if isinstance(part, GroundPart):
-                where = (f", kept at the partition of {self.ground_subject}" if self.placement == BY_CENTRE
-                         and self.ground_subject is not None else "")
+                where = f", kept at the partition of {part.subject}" if self.placement == BY_CENTRE else ""
                 lines.append(f"  part {number}: ground part [{pats}] -> match bitmap of {len(part.patterns)} "
                              f"bit{'s' if len(part.patterns) > 1 else ''}"
                              + where)
@@ -334,7 +323,7 @@ class Plan:
             lines.append("  the answers service releases the parts' deltas in seq order and multiplies them "
                          "(delta rule per update" + (", DISTINCT by presence)" if q.distinct else ")"))
         elif self.placement == BY_CENTRE and isinstance(self.parts[0], GroundPart):
-            lines.append(f"  kept on the updates.routed partition of {self.ground_subject}, the subject of every "
+            lines.append(f"  kept on the updates.routed partition of {self.parts[0].subject}, the subject of every "
                          "pattern (its triples are routed there)")
         elif self.placement == BY_CENTRE:
             part = self.parts[0]
@@ -372,7 +361,11 @@ def decompose(query: ParsedQuery) -> Plan:
     for v in variables:
         blocks.setdefault(find(v), []).append(v)
 
-    ground = tuple(i for i, p in enumerate(patterns) if not p.variables())
+    by_subject: dict[str, list[int]] = {}  # first-seen order: deterministic
+    for i, p in enumerate(patterns):
+        if not p.variables():
+            by_subject.setdefault(p.s, []).append(i)
+    grounds = tuple(GroundPart(tuple(indices), subject) for subject, indices in by_subject.items())
     stars: list[StarPart] = []
     components: list[ComponentPart] = []
     for block in blocks.values():  # first-seen order of variables: deterministic
@@ -383,7 +376,7 @@ def decompose(query: ParsedQuery) -> Plan:
             stars.append(StarPart(v, member, simple))
         else:
             components.append(_component(patterns, tuple(block), member))
-    return Plan(query, GroundPart(ground) if ground else None, tuple(stars), tuple(components))
+    return Plan(query, grounds, tuple(stars), tuple(components))
 
 
 def _component(patterns: tuple[TriplePattern, ...], block: tuple[str, ...], member: tuple[int, ...]) -> ComponentPart:

@@ -57,10 +57,13 @@ BY_CENTRE_QUERIES = {
                          f"?e {T} ?f . ?f {K} ?g . ?g {L} <{EX}Jazz> }}",
     # a ground query alone: one row while both triples hold
     "ground_only": f"SELECT * WHERE {{ <{EX}s1> {K} <{EX}s2> . <{EX}s1> {T} <{EX}Person> }}",
+    # ground patterns of two subjects: a ground part per subject, each kept at its subject's partition, and
+    # the answers service multiplies them with the star (and alone: a row while all three triples hold)
+    "ground_two_subjects": f"SELECT * WHERE {{ <{EX}s0> {K} <{EX}s1> . <{EX}s1> {K} <{EX}s2> . ?y {L} <{EX}Jazz> }}",
+    "ground_two_subjects_only": f"SELECT * WHERE {{ <{EX}s0> {K} <{EX}s1> . <{EX}s1> {K} <{EX}s2> . "
+                                f"<{EX}s1> {T} <{EX}Person> }}",
 }
 SINGLE_OWNER_QUERIES = {
-    # a ground part whose triples have two subjects: they meet on no one partition, so it has one owner
-    "ground_two_subjects": f"SELECT * WHERE {{ <{EX}s0> {K} <{EX}s1> . <{EX}s1> {K} <{EX}s2> . ?y {L} <{EX}Jazz> }}",
     # per named graph, a multi-centre path (its instance per graph would need probes per graph)
     "graph_path3": f"SELECT * WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }} }}",
 }

@@ -79,7 +79,7 @@ def test_example_1_var_connected_component_and_its_star_decomposition():
     )
     plan = decompose(q)
     assert plan.query_class == "var-connected"
-    assert plan.ground is None and not plan.stars
+    assert not plan.grounds and not plan.stars
     (component,) = plan.components
     assert isinstance(component, ComponentPart)
     stars = dict(component.stars)
@@ -96,7 +96,7 @@ def test_connected_variable_partition_of_a_general_query():
     q = parse_query(f"SELECT * WHERE {{ ?x <{EX}p> ?y . ?y <{EX}q> <{EX}a> . ?w <{EX}r> <{EX}b> . "
                     f"<{EX}c> <{EX}s> <{EX}d> }}")
     plan = decompose(q)
-    assert plan.ground is not None and plan.ground.patterns == (3,)
+    assert [(g.patterns, g.subject) for g in plan.grounds] == [((3,), f"<{EX}c>")]
     assert [s.variable for s in plan.stars] == ["?w"]
     assert [c.variables for c in plan.components] == [("?x", "?y")]
     assert plan.query_class == "general (product of parts)"
