@@ -76,7 +76,8 @@ class _Partition:
     records: dict[int, list] = field(default_factory=dict)
     gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
     assemblers: dict[tuple[str, int], Assembler] = field(default_factory=dict)  # by-centre products
-    opened: set[tuple[str, int]] = field(default_factory=set)  # gated registrations released
+    # gated registrations released -> the seq their snapshot is as of
+    opened: dict[tuple[str, int], int] = field(default_factory=dict)
     # Idempotence keys of the released deltas that the release counts, nets or multiplies (a product's parts,
     # DISTINCT rows, a gate's): a copy made by two workers that both held a routed partition for a moment
     # during a rebalance is released once.  (Plain deltas' repeated keys are dropped by the answers core.)
@@ -115,9 +116,11 @@ class SeqRelease:
             stored = json.loads(metadata or "{}")
             state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}
             state.released_end = int(stored.get("end", 0))
-            state.opened = {(q, int(v)) for q, v in stored.get("opened", [])}
-        except (ValueError, AttributeError, TypeError):
-            state.frontiers, state.released_end, state.opened = {}, 0, set()
+            # ([query, version, as_of]; [query, version] as committed before as_of was kept: as of unknown)
+            state.opened = {(entry[0], int(entry[1])): int(entry[2]) if len(entry) > 2 else -1
+                            for entry in stored.get("opened", [])}
+        except (ValueError, AttributeError, TypeError, IndexError):
+            state.frontiers, state.released_end, state.opened = {}, 0, {}
         state.released_seq = self.watermark(partition)
         return state.released_end
 
@@ -161,7 +164,7 @@ class SeqRelease:
         end = max(next_offset, state.released_end)
         stored: dict = {"frontiers": state.frontiers, "end": end}
         if state.opened:
-            stored["opened"] = sorted([q, v] for q, v in state.opened)
+            stored["opened"] = sorted([q, v, as_of] for (q, v), as_of in state.opened.items())
         pins = [min(state.records)] if state.records else []
         pins += [offset for gate in state.gates.values() for offset in gate.marks]
         return (min(pins) if pins else next_offset), json.dumps(stored, separators=(",", ":"))
@@ -207,8 +210,15 @@ class SeqRelease:
             deltas = _pick(deltas, [i for i in range(len(deltas)) if i not in done])
             if not len(deltas):
                 return self._release(partition)
-        state.records[offset] = [len(deltas), origin]
         key = (deltas.query_id, deltas.version)
+        as_of = state.opened.get(key, -1) if deltas.gated else -1
+        if as_of >= 0 and min(deltas.seq) <= as_of:
+            # Its gate opened once every partition's frontier had passed as_of, so a registration's delta up to
+            # as_of that comes now is a second owner's copy of one the gate already netted: dropped.
+            deltas = _pick(deltas, [i for i in range(len(deltas)) if deltas.seq[i] > as_of])
+            if not len(deltas):
+                return self._release(partition)
+        state.records[offset] = [len(deltas), origin]
         if deltas.gated and key not in state.opened:
             state.gates.setdefault(key, _Gate()).items.extend((offset, deltas, i) for i in range(len(deltas)))
             return self._release(partition)
@@ -225,7 +235,7 @@ class SeqRelease:
                 continue
             upto = max(gate.ready.values())
             del state.gates[key]
-            state.opened.add(key)
+            state.opened[key] = upto
             # a bundle's origin: its earliest record's (the answers' latency counts from the oldest change in it)
             origins = {offset: state.records[offset][1] for offset, _d, _i in gate.items if offset in state.records}
             # The items up to as_of are netted here, a repeated key (two owners' copies) once; later ones join

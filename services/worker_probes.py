@@ -114,10 +114,12 @@ class ProbeRouting:
             made.extend(scratch.release_waiting(name))
             return made
 
+        registered = False
         for offset, value in self.reader(here, 0, shard.position):
-            if offset == point:
-                steps.append((point - 1, registration()))
             live = offset >= point
+            if live and not registered:  # (the point may be a transaction marker's offset: no record has it)
+                steps.append((point - 1, registration()))
+                registered = True
             made = Outputs()
             frontier = codec.frontier_of(value)
             record = None if frontier is not None else _probe_batch(value)
@@ -139,7 +141,7 @@ class ProbeRouting:
                     scratch.advance(last, made)
             if live and (made.deltas or made.probes or made.acks):
                 steps.append((offset, made))
-        if point >= shard.position:
+        if not registered:
             steps.append((point - 1, registration()))
         self._evaluator(shard).adopt(scratch, name)
         shard.probe_channels.update({key: taken for key, taken in channels.items() if key[1] == name})

@@ -5,6 +5,7 @@ equal one whole Engine's (the contract: exact per update, in seq order, never a 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections import Counter
@@ -110,6 +111,14 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     dictionary: dict[int, str] = {}
     half = len(lines) // 2
     chunks = [lines[i:i + 7] for i in range(0, len(lines), 7)]  # one raw record = one ingest transaction
+    # A transaction's commit marker takes an offset of each partition it wrote, as on Kafka (no record has it).
+    written: set[int] = set()
+
+    def commit() -> None:
+        for partition in sorted(written):
+            routed[partition].append(None)
+        written.clear()
+
     for offset, chunk in enumerate(chunks):
         for out in ingest.process(RawRecord(("\n".join(chunk) + "\n").encode(), offset=offset)):
             if out.topic == "u.dictionary":
@@ -117,16 +126,19 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
                 dictionary[entry["id"]] = entry["term"]
             elif out.topic == "u.updates.routed":
                 routed[out.partition].append(out.value)
+                written.add(out.partition)
             elif out.topic == "u.updates.encoded":
                 encoded.append(out.value)
+        commit()
     topics = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updates.routed": "u.updates.routed"}
 
     def reader(kind, partition, start, end):
         log = routed[partition] if kind == "routed" else encoded
-        return [c for off, v in enumerate(log[start:end], start) for c in decode_changes(kind, off, v, None)]
+        return [c for off, v in enumerate(log[start:end], start) if v is not None
+                for c in decode_changes(kind, off, v, None)]
 
-    def records(partition, start, end):
-        return list(enumerate(routed[partition][start:end], start))  # end None: to the end
+    def records(partition, start, end):  # end None: to the end
+        return [(off, v) for off, v in enumerate(routed[partition][start:end], start) if v is not None]
 
     workers = [WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records)
                for _ in range(n_routed)]
@@ -134,6 +146,8 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     def send(outputs):
         for out in outputs:
             (routed if out.topic == "u.updates.routed" else deltas)[out.partition].append(out.value)
+            if out.topic == "u.updates.routed":
+                written.add(out.partition)
     for p, core in enumerate(workers):
         core.open_shard("routed", p, 0, None)
     deltas: dict[int, list[bytes]] = {d: [] for d in range(n_deltas)}
@@ -197,9 +211,11 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
                         send(core.on_plan(0, offset, key, value, [tp])[0])
                     twin["plans"] = len(plan_log)
                 elif twin["cursor"] < len(routed[tp]):
-                    send(core.on_routed(shard, twin["cursor"], routed[tp][twin["cursor"]], None)[0])
+                    if routed[tp][twin["cursor"]] is not None:
+                        send(core.on_routed(shard, twin["cursor"], routed[tp][twin["cursor"]], None)[0])
                     twin["cursor"] += 1
                 send(core.flush_batches())
+                commit()
                 continue
         if not any(cursors[q] < len(routed[q]) for q in range(n_routed)):
             continue
@@ -209,9 +225,11 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
             if cursors[p] >= len(routed[p]):
                 break
             offset, value = cursors[p], routed[p][cursors[p]]
-            send(core.on_routed(shard, offset, value, None)[0])  # changes, frontier marks, probes
+            if value is not None:  # (a commit marker: the consumer never sees it)
+                send(core.on_routed(shard, offset, value, None)[0])  # changes, frontier marks, probes
             cursors[p] += 1
         send(core.flush_batches())
+        commit()
         if worker_crash_rate and rng.random() < worker_crash_rate:
             restart(p, cursors[p])
     return answers_side(deltas, n_routed, dictionary, queries, rng, crash_rate)
@@ -463,6 +481,25 @@ def test_a_restored_release_counts_distinct_rows_once_and_keeps_nothing_of_plain
     release.restore_counts(0, 1, batch(True))
     release.restore_counts(0, 2, batch(True))  # the same delta key: the other owner's copy
     assert release.partitions[0].counts == {("q", 1): {(7,): 1}}
+
+
+def test_an_opened_gate_keeps_its_as_of_across_restarts_and_drops_later_copies() -> None:
+    """Once a registration's gate opened, a delta of it up to its as_of can only be a second owner's copy (every
+    frontier had passed as_of): dropped.  The as_of is committed with the gate; a commit written before it was
+    kept restores the gate with as_of unknown (nothing dropped)."""
+    release = SeqRelease(1)
+    release.restore(0, '{"frontiers": {"0": 10}, "end": 0, "opened": [["q", 1, 6]]}')
+    assert release.partitions[0].opened == {("q", 1): 6}
+    assert json.loads(release.commit_position(0, 0)[1])["opened"] == [["q", 1, 6]]
+
+    def batch(*seqs: int) -> PartDeltaColumns:
+        n = len(seqs)
+        return PartDeltaColumns("q", -1, ["x"], list(seqs), ["PLUS"] * n, list(range(n)), [0] * n, [3] * n,
+                                list(range(n)), [False] * n, [None] * n, 1, False, True)
+    released = release.on_deltas(0, 0, None, batch(5, 6, 7))
+    assert [seq for _offset, _origin, cols in released for seq in cols.seq] == [7]
+    release.restore(0, '{"frontiers": {"0": 10}, "end": 0, "opened": [["q", 1]]}')
+    assert release.partitions[0].opened == {("q", 1): -1}
 
 
 def test_a_retraction_from_one_partition_never_overtakes_the_assertion_from_another() -> None:
