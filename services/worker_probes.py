@@ -68,7 +68,7 @@ class ProbeRouting:
         self.topics = topics
         self.n_routed = routed_partitions
         self.n_deltas = deltas_partitions
-        # Queued for the next flush, per destination partition: segments [sender, cause, acks, probes] in the
+        # Queued for the next flush, per destination partition: segments [sender, cause, query, acks, probes] in the
         # order they were made (a revoked partition's are dropped: its next owner makes them again).
         self.segments: dict[int, list[list]] = {}
         self.open_segments: dict[tuple[int, int, int, str], list] = {}  # (dest, sender, cause, query) -> segment
