@@ -170,8 +170,9 @@ class Plan:
         ``single-owner`` (one worker evaluates the whole query on the total order: ``GRAPH ?g`` queries
         other than one star or single-centre component).  A ground part (the ground patterns of one subject)
         is kept at that subject's partition, where all its triples are routed; a product's multi-centre parts
-        are joined by probes like a multi-centre query.  A ``GRAPH ?g`` star or single-centre component is evaluated per named graph where its centre
-        value lives: every quad is routed by its subject and object whatever its graph."""
+        are joined by probes like a multi-centre query.  A ``GRAPH ?g`` star or single-centre component is
+        evaluated per named graph where its centre value lives: every quad is routed by its subject and
+        object whatever its graph."""
         parts = self.parts
         graph_vars = {p.g for p in self.query.patterns if p.g is not None and is_var(p.g)}
         if graph_vars:
@@ -452,8 +453,8 @@ def route_cost(pairs: list[tuple[int, int]], j: int, start: int, steps: tuple[St
     return hops, work
 
 
-def _routes(pairs: list[tuple[int, int]], j: int, start: int, bound: set[int], remaining: list[int],
-            steps: list[Step], found: Callable[[tuple[Step, ...]], bool]) -> None:
+def _routes(pairs: list[tuple[int, int]], bound: set[int], remaining: list[int], steps: list[Step],
+            found: Callable[[tuple[Step, ...]], bool]) -> None:
     """Every well-formed order of ``remaining`` (each step at a bound value's partition) to ``found``, which
     returns False to prune the routes that extend ``steps``."""
     if not remaining:
@@ -469,8 +470,7 @@ def _routes(pairs: list[tuple[int, int]], j: int, start: int, bound: set[int], r
                 continue
             binds = -1 if check else (pairs[i][1] if end == SUBJECT_END else pairs[i][0])
             steps.append(Step(i, at, end, binds))
-            _routes(pairs, j, start, bound | {binds} if binds >= 0 else bound, [r for r in remaining if r != i],
-                    steps, found)
+            _routes(pairs, bound | {binds} if binds >= 0 else bound, [r for r in remaining if r != i], steps, found)
             steps.pop()
 
 
@@ -496,8 +496,7 @@ def probe_route(pairs: list[tuple[int, int]], j: int) -> tuple[int, tuple[Step, 
                 best[0], best[1] = cost, (start, steps)
             return True
 
-        _routes(pairs, j, start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [],
-                found)
+        _routes(pairs, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [], found)
     return best[1]
 
 
@@ -516,6 +515,6 @@ def route_variants(pairs: list[tuple[int, int]], j: int) -> tuple[int, tuple[tup
             others.append(steps)
         return True
 
-    _routes(pairs, j, start, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [], found)
+    _routes(pairs, {v for v in pairs[j] if v >= 0}, [i for i in range(len(pairs)) if i != j], [], found)
     ranked = sorted(range(len(others)), key=lambda k: (route_cost(pairs, j, start, others[k]), k))
     return start, (first,) + tuple(others[k] for k in sorted(ranked[:MAX_VARIANTS - 1]))

@@ -7,13 +7,22 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from cbgp.distributed_program import probe_route
-from cbgp.plan import OBJECT_END, SUBJECT_END, stored_ends
+from cbgp.distributed_program import probe_route, route_variants
+from cbgp.plan import OBJECT_END, SUBJECT_END, Step, stored_ends
 
 
 def _check_route(pairs: list[tuple[int, int]], j: int) -> None:
     start, steps = probe_route(pairs, j)
     assert start in stored_ends(*pairs[j])
+    _check_steps(pairs, j, steps)
+    # The routes a partition may choose among: the default first, every one well formed, none twice.
+    variant_start, variants = route_variants(pairs, j)
+    assert variant_start == start and variants[0] == steps and len(set(variants)) == len(variants)
+    for other in variants:
+        _check_steps(pairs, j, other)
+
+
+def _check_steps(pairs: list[tuple[int, int]], j: int, steps: tuple[Step, ...]) -> None:
     assert sorted(step.pattern for step in steps) == [i for i in range(len(pairs)) if i != j]
     bound = {v for v in pairs[j] if v >= 0}
     for step in steps:
