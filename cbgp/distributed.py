@@ -252,11 +252,16 @@ class PartitionEvaluator:
         store = state.stores[0][end]
         nothing = (0, 0, 0, 0)  # id 0 is no term: the overlay of the delta rule matches no pattern
         for key, bucket in list(store.table.items()):
+            graph = 0
+            if program.graph_var >= 0:
+                key, graph = key  # (centre value, graph)
             for other, history in list(bucket.items()):
                 if not present_at(history, as_of):
                     continue
                 s, o = (key, other) if end == SUBJECT_END else (other, key)
                 binding = [0] * program.n_vars
+                if program.graph_var >= 0:
+                    binding[program.graph_var] = graph
                 if spec.subject_var >= 0:
                     binding[spec.subject_var] = s
                 if spec.object_var >= 0:
@@ -332,12 +337,18 @@ class PartitionEvaluator:
             started = None
             for hit in hits:
                 i, spec, subject_store, object_store, start_role = hit
-                if g != spec.graph or not spec.matches(s, p, o, g):
+                if (g != spec.graph and spec.graph_var < 0) or not spec.matches(s, p, o, g):
                     continue
-                if subject_store is not None and role & ROLE_SUBJECT:
-                    subject_store.flip(s, o, seq, sign)
-                if object_store is not None and role & ROLE_OBJECT:
-                    object_store.flip(o, s, seq, sign)
+                if spec.graph_var < 0:
+                    if subject_store is not None and role & ROLE_SUBJECT:
+                        subject_store.flip(s, o, seq, sign)
+                    if object_store is not None and role & ROLE_OBJECT:
+                        object_store.flip(o, s, seq, sign)
+                else:  # GRAPH ?g: each graph's triples apart
+                    if subject_store is not None and role & ROLE_SUBJECT:
+                        subject_store.flip((s, g), o, seq, sign)
+                    if object_store is not None and role & ROLE_OBJECT:
+                        object_store.flip((o, g), s, seq, sign)
                 state.applied_changes += 1
                 if role & start_role and seq > state.roots_after:
                     if started is None:
@@ -358,6 +369,8 @@ class PartitionEvaluator:
                     binding[spec.subject_var] = s
                 if spec.object_var >= 0:
                     binding[spec.object_var] = o
+                if spec.graph_var >= 0:
+                    binding[spec.graph_var] = g
                 route = state.choice[j] if policy is None else policy(name, j, len(state.routes[j]))
                 probe = Probe(self.partition, name, seq, sign, triple, j, 0, (), self.partition, snapshot, born_ms,
                               route)
@@ -466,6 +479,7 @@ class PartitionEvaluator:
         partitions = self.partitions
         as_of = probe.seq - 1
         j = probe.pattern
+        graph_var = state.program.graph_var
         while step_no < len(route):
             i, binds, at_var, end, store, checks, s_var, o_var, s_const, o_const = route[step_no]
             if checks:
@@ -480,6 +494,7 @@ class PartitionEvaluator:
                 out.probes.append(Probe(dest, probe.query, probe.seq, probe.sign, probe.triple, j, step_no,
                                         tuple(binding), probe.origin, probe.snapshot, probe.born_ms, probe.route))
                 return
+            stored = key if graph_var < 0 else (key, binding[graph_var])  # GRAPH ?g: the binding's graph
             # The delta rule's view of update k's own triple: absent for patterns before j, present after.
             own = overlay >> i & 1
             if binds < 0:
@@ -488,12 +503,12 @@ class PartitionEvaluator:
                 if own and s_val == probe.triple[0] and o_val == probe.triple[2]:
                     present = i > j
                 else:
-                    present = store.present(key, o_val if end == SUBJECT_END else s_val, as_of)
+                    present = store.present(stored, o_val if end == SUBJECT_END else s_val, as_of)
                 if not present:
                     return
                 step_no += 1
                 continue
-            values = store.values(key, as_of)
+            values = store.values(stored, as_of)
             if own:
                 s_t, _p, o_t, _g = probe.triple
                 own_key, own_other = (s_t, o_t) if end == SUBJECT_END else (o_t, s_t)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cbgp.plan import (CHECK_KEEPS, FAN_IN, FAN_OUT, OBJECT_END, SUBJECT_END, ComponentPart, Plan, Step,  # noqa: F401
                        probe_join_plan, probe_route, route_variants, stored_ends)
-from cbgp.sparql import is_var
+from cbgp.sparql import graph_variable, is_var
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
 
@@ -26,10 +26,16 @@ class PatternSpec:
     object_var: int
     subject_const: int
     object_const: int
+    graph_var: int = -1  # the local number of a GRAPH ?g variable (then ``graph`` is -1: any named graph)
 
     def matches(self, s: int, p: int, o: int, g: int) -> bool:
-        if p != self.predicate or g != self.graph:
+        if p != self.predicate:
             return False
+        if self.graph_var < 0:
+            if g != self.graph:
+                return False
+        elif g == DEFAULT_GRAPH_ID:
+            return False  # GRAPH ?g ranges over the named graphs
         if self.subject_var < 0 and s != self.subject_const:
             return False
         if self.object_var < 0 and o != self.object_const:
@@ -54,6 +60,10 @@ class ComponentProgram:
     variables: tuple[str, ...]
     starts: tuple[int, ...] = ()  # per pattern j: the end whose partition starts its probes (see probe_route)
     variants: tuple[tuple[tuple[Step, ...], ...], ...] = ()  # per pattern j: its routes, plans[j] first
+    # A GRAPH ?g component (every pattern in that one block, ?g in no other position): the local number of ?g.
+    # Each graph is evaluated alone: stores are keyed by (centre value, graph), and a binding's ?g is the
+    # graph of the triple that started it, so every step reads the same graph.
+    graph_var: int = -1
 
     def routes_of(self, j: int) -> tuple[tuple[Step, ...], ...]:
         """Pattern ``j``'s routes, indexed as probes name them (the first: ``plans[j]``)."""
@@ -71,26 +81,30 @@ def compile_component(name: str, plan: Plan, dictionary: TermDictionary) -> Comp
     if not isinstance(part, ComponentPart):
         raise ValueError("distributed evaluation takes one var-connected component")
     query = plan.query
-    variables = part.variables
+    graph_name = graph_variable(query)
+    if graph_name is not None and graph_name in part.variables:
+        raise ValueError("a GRAPH variable that is also a subject or object is not supported here")
+    variables = part.variables + (() if graph_name is None else (graph_name,))
     local = {v: i for i, v in enumerate(variables)}
+    graph_var = -1 if graph_name is None else local[graph_name]
     specs = []
     for index in part.patterns:
         t = query.patterns[index]
         if is_var(t.p):
             raise ValueError("a variable predicate is not supported here")
-        graph = DEFAULT_GRAPH_ID if t.g is None else dictionary.encode(t.g)
+        graph = DEFAULT_GRAPH_ID if t.g is None else -1 if graph_var >= 0 else dictionary.encode(t.g)
         specs.append(PatternSpec(
             predicate=dictionary.encode(t.p), graph=graph,
             subject_var=local[t.s] if is_var(t.s) else -1, object_var=local[t.o] if is_var(t.o) else -1,
             subject_const=-1 if is_var(t.s) else dictionary.encode(t.s),
-            object_const=-1 if is_var(t.o) else dictionary.encode(t.o)))
+            object_const=-1 if is_var(t.o) else dictionary.encode(t.o), graph_var=graph_var))
     pairs = [(spec.subject_var, spec.object_var) for spec in specs]
     planned = [route_variants(pairs, j) for j in range(len(specs))]
     columns = tuple(v for v in query.projected if "?" + v in local)
     projection = tuple(local["?" + v] for v in columns)
     return ComponentProgram(name, len(variables), tuple(specs), tuple(routes[0] for _start, routes in planned),
                             projection, columns, variables, tuple(start for start, _routes in planned),
-                            tuple(routes for _start, routes in planned))
+                            tuple(routes for _start, routes in planned), graph_var)
 
 
 __all__ = ["CHECK_KEEPS", "FAN_IN", "FAN_OUT", "ComponentProgram", "PatternSpec", "compile_component", "probe_route",

@@ -18,7 +18,8 @@ def present_at(history: list[int], as_of: int) -> bool:
 
 
 class PatternStore:
-    """The triples matching one pattern, stored at one end: end value -> other value -> flip history.  A
+    """The triples matching one pattern, stored at one end: end value (with a GRAPH ?g, (end value, graph))
+    -> other value -> flip history.  A
     history of one flip ``[k]`` (present since k) is never rewritten; those of more flips are remembered in
     ``dirty`` until :meth:`collapse` has folded them, so a collapse costs the entries that changed, not the
     whole state."""
@@ -41,7 +42,8 @@ class PatternStore:
         if sign:
             self.pairs += sign
             if sign > 0:
-                hashed = key * _GOLDEN & _HASH_MASK
+                # (a GRAPH ?g store's key is (value, graph): its hash is as deterministic as an int's)
+                hashed = (key if key.__class__ is int else hash(key)) * _GOLDEN & _HASH_MASK
                 if hashed < self.sketch_max and hashed not in self.in_sketch:
                     self._note(hashed)
         bucket = self.table.get(key)

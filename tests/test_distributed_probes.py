@@ -20,7 +20,7 @@ from cbgp.distributed import Ack, PartitionEvaluator, Probe, compile_component, 
 from cbgp.engine import Engine
 from cbgp.plan import decompose
 from cbgp.sparql import parse_query
-from cbgp.terms import TermDictionary
+from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
 EX = "http://example.org/"
 K, L, T = (f"<{EX}{p}>" for p in ("knows", "likes", "type"))
@@ -35,40 +35,50 @@ QUERIES = {
     "selfloop": f"SELECT * WHERE {{ ?a {K} ?a . ?a {L} ?b . ?b {K} ?c }}",
     "constants": f"SELECT ?b ?c WHERE {{ <{EX}n0> {K} ?b . ?b {K} ?c . ?c {T} \"x\" }}",
     "fof_distinct": f"SELECT DISTINCT ?a ?d WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?d }}",
+    # per named graph: stores keyed by (centre value, graph); the default graph's triples match none
+    "graph_path3": f"SELECT * WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }} }}",
+    "graph_triangle": f"SELECT ?a ?b ?c WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?a }} }}",
+    "graph_fof_distinct": f"SELECT DISTINCT ?a ?d WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?d }} }}",
 }
 
 NODES = [f"<{EX}n{i}>" for i in range(6)] + ['"x"', '"y"@en']
+GRAPHS = (None, None, None, None, f"<{EX}g1>", f"<{EX}g2>")  # a change's graph (None: the default graph)
 
 
-def _stream(rng: random.Random, length: int) -> list[tuple[int, str, str, str]]:
-    """Random changes, with duplicate inserts and deletes of absent triples (ingest's set semantics drop them)."""
+def _stream(rng: random.Random, length: int) -> list[tuple[int, str, str, str, str | None]]:
+    """Random changes of quads (a third in two named graphs), with duplicate inserts and deletes of absent
+    quads (ingest's set semantics drop them)."""
     out = []
-    present: list[tuple[str, str, str]] = []
+    present: list[tuple[str, str, str, str | None]] = []
     for _ in range(length):
         if present and rng.random() < 0.35:
-            triple = rng.choice(present) if rng.random() < 0.8 else (rng.choice(NODES[:6]), K, rng.choice(NODES))
-            out.append((-1, *triple))
+            quad = (rng.choice(present) if rng.random() < 0.8
+                    else (rng.choice(NODES[:6]), K, rng.choice(NODES), rng.choice(GRAPHS)))
+            out.append((-1, *quad))
         else:
             s = rng.choice(NODES[:6])
             o = rng.choice(NODES) if rng.random() < 0.3 else rng.choice(NODES[:6])
             if rng.random() < 0.15:
                 o = s  # self-loops
-            triple = (s, rng.choice((K, K, L, T)), o)
-            present.append(triple)
-            out.append((1, *triple))
+            quad = (s, rng.choice((K, K, L, T)), o, rng.choice(GRAPHS))
+            present.append(quad)
+            out.append((1, *quad))
     return out
 
 
-def _effective(stream, dictionary: TermDictionary) -> list[tuple[int, int, int, int, int]]:
-    """Ingest's set semantics and seq numbering: (seq, sign, s, p, o) of the changes that change the graph."""
-    graph: set = set()
+def _effective(stream, dictionary: TermDictionary) -> list[tuple[int, int, int, int, int, int]]:
+    """Ingest's set semantics and seq numbering: (seq, sign, s, p, o, g) of the changes that change the
+    dataset (``stream``: (sign, s, p, o) or (sign, s, p, o, graph or None))."""
+    dataset: set = set()
     out = []
-    for sign, s, p, o in stream:
-        triple = (s, p, o)
-        if (sign > 0) == (triple in graph):
+    for sign, s, p, o, *graph in stream:
+        g = graph[0] if graph else None
+        quad = (s, p, o, g)
+        if (sign > 0) == (quad in dataset):
             continue
-        (graph.add if sign > 0 else graph.discard)(triple)
-        out.append((len(out) + 1, sign, dictionary.encode(s), dictionary.encode(p), dictionary.encode(o)))
+        (dataset.add if sign > 0 else dataset.discard)(quad)
+        out.append((len(out) + 1, sign, dictionary.encode(s), dictionary.encode(p), dictionary.encode(o),
+                    DEFAULT_GRAPH_ID if g is None else dictionary.encode(g)))
     return out
 
 
@@ -85,13 +95,13 @@ class Cluster:
                 part.route_policy = lambda _name, _j, routes: rng.randrange(routes)
         self.logs: list[list[tuple]] = [[] for _ in range(n)]
         last = changes[-1][0] if changes else 0
-        for seq, sign, s, p, o in changes:
+        for seq, sign, s, p, o, g in changes:
             ps, po = partition_of(s, n), partition_of(o, n)
             if ps == po:
-                self.logs[ps].append(("change", seq, sign, s, p, o, 3))
+                self.logs[ps].append(("change", seq, sign, s, p, o, g, 3))
             else:
-                self.logs[ps].append(("change", seq, sign, s, p, o, 1))
-                self.logs[po].append(("change", seq, sign, s, p, o, 2))
+                self.logs[ps].append(("change", seq, sign, s, p, o, g, 1))
+                self.logs[po].append(("change", seq, sign, s, p, o, g, 2))
             if rng.random() < 0.3 or seq == last:  # ingest's frontier marks, once per flush
                 for log in self.logs:
                     log.append(("frontier", seq))
@@ -131,8 +141,8 @@ class Cluster:
         replayed = -1
         for item in self.logs[p][:self.cursor[p]]:
             if item[0] == "change":
-                _, seq, sign, s, pr, o, role = item
-                self._emit(p, part.apply(seq, sign, s, pr, o, 0, role, only=name))
+                _, seq, sign, s, pr, o, g, role = item
+                self._emit(p, part.apply(seq, sign, s, pr, o, g, role, only=name))
                 replayed = seq
         self.snapshot_at[(p, name)] = max(replayed, part.applied)
         if self.snapshot_seq is not None:
@@ -173,8 +183,8 @@ class Cluster:
             item = self.logs[p][self.cursor[p]]
             self.cursor[p] += 1
             if item[0] == "change":
-                _, seq, sign, s, pr, o, role = item
-                self._emit(p, part.apply(seq, sign, s, pr, o, 0, role))
+                _, seq, sign, s, pr, o, g, role = item
+                self._emit(p, part.apply(seq, sign, s, pr, o, g, role))
                 self._emit(p, part.advance(seq))
             else:
                 self._emit(p, part.advance(item[1]))
@@ -204,8 +214,8 @@ def _oracle(changes, queries, dictionary) -> tuple[dict[int, Counter], dict[str,
     for name, text in queries.items():
         engine.register(name, text)
     per_seq: dict[tuple[str, int], Counter] = {}
-    for seq, sign, s, p, o in changes:
-        for name, d_sign, row in engine.apply(sign, s, p, o):
+    for seq, sign, s, p, o, g in changes:
+        for name, d_sign, row in engine.apply(sign, s, p, o, g):
             per_seq.setdefault((name, seq), Counter())[(d_sign, row)] += 1
     return per_seq
 
@@ -265,11 +275,12 @@ def _check(cluster: Cluster, changes, queries, dictionary, late_names=()) -> Non
     # Final answers = sum of every delta (snapshot ones included) = pyoxigraph over the final graph.
     store = pyoxigraph.Store()
     decode = dictionary.decode
-    graph: set = set()
-    for _seq, sign, s, p, o in changes:
-        (graph.add if sign > 0 else graph.discard)((s, p, o))
-    for s, p, o in graph:
-        store.add(pyoxigraph.Quad(*(_ox(decode(x)) for x in (s, p, o))))
+    dataset: set = set()
+    for _seq, sign, s, p, o, g in changes:
+        (dataset.add if sign > 0 else dataset.discard)((s, p, o, g))
+    for s, p, o, g in dataset:
+        store.add(pyoxigraph.Quad(*(_ox(decode(x)) for x in (s, p, o)),
+                                  pyoxigraph.DefaultGraph() if g == DEFAULT_GRAPH_ID else _ox(decode(g))))
     for name, text in queries.items():
         totals: Counter = Counter()
         for delta in cluster.deltas:

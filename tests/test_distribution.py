@@ -65,16 +65,22 @@ BY_CENTRE_QUERIES = {
                                 f"<{EX}s1> {T} <{EX}Person> }}",
 }
 SINGLE_OWNER_QUERIES = {
-    # per named graph, a multi-centre path (its instance per graph would need probes per graph)
-    "graph_path3": f"SELECT * WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }} }}",
+    # per named graph, a product of two parts (the answers service's product would have to join on ?g)
+    "graph_product": f"SELECT * WHERE {{ GRAPH ?g {{ ?x {T} <{EX}Robot> . ?y {L} <{EX}Jazz> }} }}",
+    # ?g also a subject: the graphs' instances differ in shape
+    "graph_as_subject": f"SELECT * WHERE {{ GRAPH ?g {{ ?g {K} ?b . ?b {L} ?c }} }}",
 }
 QUERIES = {**BY_CENTRE_QUERIES, **SINGLE_OWNER_QUERIES}
 # Per named graph (streams of quads, generate_patch(graphs=...)): a star and a single-centre component are
-# evaluated where their centre lives, each graph apart; DISTINCT across graphs by the answers service.
+# evaluated where their centre lives, a multi-centre component by probes whose stores are keyed by (centre
+# value, graph), each graph apart; DISTINCT across graphs by the answers service.
 GRAPH_QUERIES = {
     "graph_star": f"SELECT * WHERE {{ GRAPH ?g {{ ?x {K} ?y . ?x {T} <{EX}Person> }} }}",
     "graph_path": f"SELECT ?g ?a ?c WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {L} ?c }} }}",
     "graph_distinct": f"SELECT DISTINCT ?x WHERE {{ GRAPH ?g {{ ?x {L} ?z . ?x {T} ?t }} }}",
+    "graph_path3": f"SELECT * WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {L} ?d }} }}",
+    "graph_triangle": f"SELECT ?a ?b ?c WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?a }} }}",
+    "graph_fof3_distinct": f"SELECT DISTINCT ?a ?d WHERE {{ GRAPH ?g {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?d }} }}",
 }
 
 
