@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from cbgp.plan import decompose
-from cbgp.sparql import ParsedQuery, graph_variable, is_bnode_var, is_var, parse_query
+from cbgp.sparql import ParsedQuery, TriplePattern, graph_variable, is_bnode_var, is_var, parse_query
 
 STATE_VERSION = 1
 
@@ -118,11 +118,12 @@ def split_parts(query: str | ParsedQuery) -> list[PartQuery]:
     empty row as its solution(s).
     """
     parsed = _parsed(query)
-    if graph_variable(parsed) is not None:
-        raise AssemblyError("a GRAPH ?variable query joins its parts on the graph: it is evaluated whole")
+    graph = graph_variable(parsed)
     out: list[PartQuery] = []
     for index, part in enumerate(decompose(parsed).parts):
         columns = tuple(v[1:] for v in part.variables if is_var(v) and not is_bnode_var(v))
+        if graph is not None:
+            columns = (graph[1:], *columns)  # the product joins the parts on it (GraphAssembler)
         head = " ".join("?" + c for c in columns) if columns else "*"
         patterns = [parsed.patterns[i] for i in part.patterns]
         out.append(PartQuery(index, f"SELECT {head} WHERE {{ {_where(patterns)} }}", columns))
@@ -130,8 +131,9 @@ def split_parts(query: str | ParsedQuery) -> list[PartQuery]:
 
 
 def _output_columns(parsed: ParsedQuery) -> tuple[str, ...]:
-    """What Engine.columns() reports for the whole query (projected variables that occur in a pattern)."""
-    present = {v for p in parsed.patterns for v in p.variables()}
+    """What Engine.columns() reports for the whole query (projected variables that occur in a pattern, or are
+    its GRAPH variable)."""
+    present = {v for p in parsed.patterns for v in p.variables()} | {graph_variable(parsed)}
     return tuple(v for v in parsed.projected if "?" + v in present)
 
 
@@ -143,6 +145,8 @@ class Assembler:
 
     def __init__(self, query: str | ParsedQuery) -> None:
         parsed = _parsed(query)
+        if graph_variable(parsed) is not None:
+            raise AssemblyError("a GRAPH ?variable query joins its parts on the graph: use GraphAssembler")
         self.query = parsed
         self.parts: list[PartQuery] = split_parts(parsed)
         self.columns: tuple[str, ...] = _output_columns(parsed)
@@ -256,6 +260,23 @@ class Assembler:
         else:
             del counts[sub]
 
+    def answers(self) -> dict[Row, int]:
+        """The current answers, row -> multiplicity (1 under DISTINCT): the product of the parts' rows."""
+        if not all(self._counts):
+            return {}
+        width = len(self.columns)
+        out: dict[Row, int] = {}
+        for combo in product(*(list(counts.items()) for counts in self._counts)):
+            full = [0] * width
+            weight = 1
+            for place, (sub, count) in zip(self._place, combo):
+                weight *= count
+                for position, value in zip(place, sub):
+                    full[position] = value
+            row = tuple(full)
+            out[row] = 1 if self.distinct else out.get(row, 0) + weight
+        return out
+
     # -- state --
 
     def state_entries(self) -> int:
@@ -299,4 +320,104 @@ class Assembler:
         return assembler
 
 
-__all__ = ["AssemblyError", "Assembler", "PartQuery", "needs_assembly", "split_parts"]
+_BOUND_GRAPH = "<urn:cbgp:bound-graph>"  # stands for one graph in a GRAPH ?g query's instance; never looked up
+
+
+class GraphAssembler:
+    """The answers of a ``GRAPH ?g`` query with several parts: per named graph, the product of the parts'
+    rows *of that graph* (the parts join on ?g and on nothing else).  Each part's rows carry ?g first
+    (``split_parts``); one :class:`Assembler` per graph multiplies them over the query with ?g bound, and its
+    answers get ?g back where the query projects it.  Without ?g projected, the graphs' answers are a union:
+    added up, or, under DISTINCT, counted per row over the graphs (a row in two graphs is one answer)."""
+
+    def __init__(self, query: str | ParsedQuery) -> None:
+        parsed = _parsed(query)
+        graph = graph_variable(parsed)
+        if graph is None:
+            raise AssemblyError("not a GRAPH ?variable query: use Assembler")
+        self.query = parsed
+        self.parts: list[PartQuery] = split_parts(parsed)
+        self.columns: tuple[str, ...] = _output_columns(parsed)
+        self.distinct = parsed.distinct
+        self._graph_at = self.columns.index(graph[1:]) if graph[1:] in self.columns else -1
+        self._instance = ParsedQuery(
+            parsed.text, tuple(TriplePattern(t.s, t.p, t.o, _BOUND_GRAPH) for t in parsed.patterns),
+            tuple(v for v in parsed.projected if v != graph[1:]), parsed.distinct, parsed.select_star,
+            tuple(v for v in parsed.variables if v != graph))
+        self._graphs: dict[int, Assembler] = {}
+        self._graph_counts: dict[Row, int] = {}  # DISTINCT without ?g: row -> graphs where it is an answer
+        self._stale = False  # absorb() changed the graphs' answers: _graph_counts is rebuilt before use
+
+    def _counting(self) -> bool:
+        return self.distinct and self._graph_at < 0
+
+    def _graph(self, graph: int) -> Assembler:
+        found = self._graphs.get(graph)
+        if found is None:
+            found = self._graphs[graph] = Assembler(self._instance)
+        return found
+
+    def apply(self, deltas: list[tuple[int, int, tuple[int, ...]]]) -> list[tuple[int, tuple[int, ...]]]:
+        """As :meth:`Assembler.apply` (the part deltas of one update: one quad, so one graph)."""
+        by_graph: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
+        for part_index, sign, row in deltas:
+            if not 0 <= part_index < len(self.parts):
+                raise AssemblyError(f"no part {part_index}: the query has {len(self.parts)} parts")
+            if len(row) != len(self.parts[part_index].columns):
+                raise AssemblyError(f"a row of part {part_index} has {len(row)} values, its columns are "
+                                    f"{self.parts[part_index].columns}")
+            by_graph.setdefault(row[0], []).append((part_index, sign, tuple(row[1:])))
+        if self._stale:
+            self._rebuild()
+        out: dict[Row, int] = {}
+        at = self._graph_at
+        counts = self._graph_counts
+        for graph, items in by_graph.items():
+            assembler = self._graph(graph)
+            for sign, row in assembler.apply(items):
+                if at >= 0:
+                    row = row[:at] + (graph,) + row[at:]
+                elif self._counting():
+                    before = counts.get(row, 0)
+                    after = before + sign
+                    if after:
+                        counts[row] = after
+                    else:
+                        del counts[row]
+                    if (before > 0) == (after > 0):
+                        continue  # still an answer in another graph, or still not one
+                out[row] = out.get(row, 0) + sign
+            if not assembler.state_entries():
+                del self._graphs[graph]  # nothing of that graph is left
+        result: list[tuple[int, tuple[int, ...]]] = []
+        for row, count in out.items():
+            result.extend([(1 if count > 0 else -1, row)] * abs(count))
+        return result
+
+    def absorb(self, part_index: int, sign: int, row: tuple[int, ...]) -> None:
+        """As :meth:`Assembler.absorb` (a restore, in any order)."""
+        self._graph(row[0]).absorb(part_index, sign, tuple(row[1:]))
+        self._stale = self._counting()
+
+    def _rebuild(self) -> None:
+        counts: dict[Row, int] = {}
+        for graph, assembler in list(self._graphs.items()):
+            if not assembler.state_entries():
+                del self._graphs[graph]
+            for row in assembler.answers():
+                counts[row] = counts.get(row, 0) + 1
+        self._graph_counts = counts
+        self._stale = False
+
+    def state_entries(self) -> int:
+        return sum(a.state_entries() for a in self._graphs.values()) + len(self._graph_counts)
+
+
+def assembler_for(query: str | ParsedQuery) -> Assembler | GraphAssembler:
+    """The assembler of a multi-part query: per named graph for a ``GRAPH ?g`` query."""
+    parsed = _parsed(query)
+    return Assembler(parsed) if graph_variable(parsed) is None else GraphAssembler(parsed)
+
+
+__all__ = ["AssemblyError", "Assembler", "GraphAssembler", "PartQuery", "assembler_for", "needs_assembly",
+           "split_parts"]

@@ -167,20 +167,19 @@ class Plan:
         """Where the fleet keeps the query's state: ``by-centre`` (keyed by centre value over the routed
         partitions: one star, one single-centre component evaluated where its centre lives, or one
         multi-centre component whose stars live at their centres' partitions, joined by probes) or
-        ``single-owner`` (one worker evaluates the whole query on the total order: a ``GRAPH ?g`` product
-        of parts, or one with ``?g`` also a subject or object).  A ground part (the ground patterns of one subject)
-        is kept at that subject's partition, where all its triples are routed; a product's multi-centre parts
-        are joined by probes like a multi-centre query.  A ``GRAPH ?g`` star or single-centre component is
-        evaluated per named graph where its centre value lives: every quad is routed by its subject and
-        object whatever its graph; a multi-centre one is joined by probes with stores keyed by (centre value,
-        graph)."""
+        ``single-owner`` (one worker evaluates the whole query on the total order: a ``GRAPH ?g`` query with
+        ``?g`` also a subject or object, whose graphs' instances differ in shape).  A ground part (the ground
+        patterns of one subject) is kept at that subject's partition, where all its triples are routed; a
+        product's multi-centre parts are joined by probes like a multi-centre query.  A ``GRAPH ?g`` query is
+        placed the same way, each named graph apart: every quad is routed by its subject and object whatever
+        its graph, a multi-centre component's stores are keyed by (centre value, graph), and a product's
+        parts carry ?g, on which the answers service joins them (``cbgp.assembly.GraphAssembler``)."""
         parts = self.parts
         graph_vars = {p.g for p in self.query.patterns if p.g is not None and is_var(p.g)}
         if graph_vars:
             # (each graph's instance must have the same shape: ?g nowhere but in graph position)
-            one_part = len(parts) == 1 and isinstance(parts[0], (StarPart, ComponentPart))
             alone = not any(g in p.variables() for g in graph_vars for p in self.query.patterns)
-            return BY_CENTRE if one_part and alone else SINGLE_OWNER
+            return BY_CENTRE if parts and alone else SINGLE_OWNER
         # Each part evaluated where its centre (a ground part: its subject) lives; a product assembled in seq
         # order by the answers service.
         return BY_CENTRE if parts else SINGLE_OWNER

@@ -53,7 +53,7 @@ from itertools import count
 
 from typing import Callable
 
-from cbgp.assembly import Assembler
+from cbgp.assembly import Assembler, GraphAssembler, assembler_for
 from services.codec import PartDeltaColumns
 from services.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
 
@@ -75,7 +75,7 @@ class _Partition:
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
     gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
-    assemblers: dict[tuple[str, int], Assembler] = field(default_factory=dict)  # by-centre products
+    assemblers: dict[tuple[str, int], Assembler | GraphAssembler] = field(default_factory=dict)  # products
     # gated registrations released -> the seq their snapshot is as of
     opened: dict[tuple[str, int], int] = field(default_factory=dict)
     # Idempotence keys of the released deltas that the release counts, nets or multiplies (a product's parts,
@@ -321,7 +321,7 @@ class SeqRelease:
             out = self._multiply(state, out)
         return out
 
-    def _assembler(self, state: _Partition, deltas: PartDeltaColumns) -> Assembler | None:
+    def _assembler(self, state: _Partition, deltas: PartDeltaColumns) -> Assembler | GraphAssembler | None:
         key = (deltas.query_id, deltas.version)
         assembler = state.assemblers.get(key)
         if assembler is None:
@@ -330,7 +330,7 @@ class SeqRelease:
                 return None
             for stale in [k for k in state.assemblers if k[0] == deltas.query_id and k[1] < deltas.version]:
                 del state.assemblers[stale]  # a re-registration starts from nothing
-            assembler = state.assemblers[key] = Assembler(text)
+            assembler = state.assemblers[key] = assembler_for(text)
         return assembler
 
     def _multiply(self, state: _Partition, released: list[Released]) -> list[Released]:

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tests.test_engine_differential as differential
-from cbgp.assembly import Assembler, AssemblyError, PartQuery, needs_assembly, split_parts
+from cbgp.assembly import (Assembler, AssemblyError, GraphAssembler, PartQuery, assembler_for, needs_assembly,
+                           split_parts)
 from cbgp.engine import Engine
 from cbgp.sparql import parse_query
 from tests.oracle import OracleGraph, ReplayedAnswers
@@ -217,10 +218,43 @@ def test_split_parts_keeps_graph_blocks_and_columns_match_the_engine():
     assert split_parts(FIXED_QUERIES["named_graph_parts"])[0].sparql == (
         f"SELECT * WHERE {{ GRAPH {G1} {{ {A} {P} {B} . }} }}"
     )
+    # A GRAPH ?g query's parts carry ?g first (the product joins them on it): GraphAssembler, not Assembler.
+    graph_query = f"SELECT ?y WHERE {{ GRAPH ?g {{ ?x {P} {A} . {B} {Q} ?y }} }}"
+    parts = split_parts(graph_query)
+    assert [(p.sparql, p.columns) for p in parts] == [
+        (f"SELECT ?g ?x WHERE {{ GRAPH ?g {{ ?x {P} {A} . }} }}", ("g", "x")),
+        (f"SELECT ?g ?y WHERE {{ GRAPH ?g {{ {B} {Q} ?y . }} }}", ("g", "y"))]
+    for part in parts:
+        engine.register(f"graph#{part.index}", part.sparql)
+        assert engine.columns(f"graph#{part.index}") == part.columns
     with pytest.raises(AssemblyError):
-        split_parts(f"SELECT * WHERE {{ GRAPH ?g {{ ?x {P} {A} . {B} {Q} ?y }} }}")
-    with pytest.raises(AssemblyError):
-        Assembler(f"SELECT * WHERE {{ GRAPH ?g {{ ?x {P} {A} . {B} {Q} ?y }} }}")
+        Assembler(graph_query)
+    assert isinstance(assembler_for(graph_query), GraphAssembler)
+
+
+def test_graph_products_join_on_the_graph_by_hand():
+    """Per named graph the product of the parts' rows of that graph; without ?g projected the graphs'
+    answers add up, and under DISTINCT a row found in two graphs is one answer until it is in neither."""
+    text = f"SELECT ?g ?x ?y WHERE {{ GRAPH ?g {{ ?x {P} {A} . {B} {Q} ?y }} }}"
+    assembler = assembler_for(text)
+    assert assembler.columns == ("g", "x", "y")
+    assert assembler.apply([(0, 1, (100, 7))]) == []  # graph 100 has no part-1 row yet
+    assert assembler.apply([(1, 1, (200, 8))]) == []  # graph 200 has no part-0 row: no cross-graph product
+    assert assembler.apply([(1, 1, (100, 9))]) == [(1, (100, 7, 9))]
+    assert assembler.apply([(0, -1, (100, 7))]) == [(-1, (100, 7, 9))]
+    distinct = assembler_for(f"SELECT DISTINCT ?y WHERE {{ GRAPH ?g {{ ?x {P} {A} . {B} {Q} ?y }} }}")
+    assert distinct.columns == ("y",)
+    assert distinct.apply([(0, 1, (100, 7)), (1, 1, (100, 9))]) == [(1, (9,))]
+    assert distinct.apply([(0, 1, (200, 5)), (1, 1, (200, 9))]) == []  # in a second graph: still one answer
+    assert distinct.apply([(0, -1, (100, 7))]) == []  # still an answer in graph 200
+    assert distinct.apply([(1, -1, (200, 9))]) == [(-1, (9,))]
+    # A restore folds released deltas in any order, then counts the graphs' answers again before the next
+    # update: the row is an answer in graph 300 alone, so removing it there retracts it.
+    restored = assembler_for(f"SELECT DISTINCT ?y WHERE {{ GRAPH ?g {{ ?x {P} {A} . {B} {Q} ?y }} }}")
+    for part, sign, row in [(1, 1, (300, 9)), (0, -1, (100, 7)), (0, 1, (300, 4)), (0, 1, (100, 7))]:
+        restored.absorb(part, sign, row)
+    assert restored.apply([(1, -1, (300, 9))]) == [(-1, (9,))]
+    assert restored.state_entries() == 1  # graph 300's part-0 row; graph 100 was emptied and dropped
 
 
 def test_multiplicities_distinct_and_ground_gating_by_hand():

@@ -95,8 +95,8 @@ def test_by_centre_queries_over_eight_partitions_equal_replay(kafka_broker, tmp_
     variable, a 2-hop path, DISTINCT without the centre, a 3-hop path, a triangle and a snowflake joined by
     probes, products with a ground part and with a multi-centre part) spread over all of them, and the answers
     service releases their deltas in seq order; and, over quads in named graphs, a GRAPH ?g path and a DISTINCT
-    star across graphs, evaluated per graph where their centre lives, and a GRAPH ?g 3-hop path joined by probes
-    per graph."""
+    star across graphs, evaluated per graph where their centre lives, a GRAPH ?g 3-hop path joined by probes
+    per graph, and a DISTINCT GRAPH ?g product joined on the graph by the answers service."""
     settings = fresh_settings(kafka_broker, partitions=8)
     ensure_topics(settings)
     lines = generate_patch(2500, seed=8) + generate_patch(600, seed=9, subjects=12, graphs=3)
@@ -110,8 +110,10 @@ def test_by_centre_queries_over_eight_partitions_equal_replay(kafka_broker, tmp_
         "graph_distinct": (f"SELECT DISTINCT ?x WHERE {{ GRAPH ?g {{ ?x <{EX}knows> ?y . "
                            f"?x <{EX}type> <{EX}Person> }} }}"),
         "graph_path3": (f"SELECT ?g ?a ?d WHERE {{ GRAPH ?g {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c . "
-                        f"?c <{EX}likes> ?d }} }}")}
-    for name in ("ground_gated", "paths_if_robot", "graph_path", "graph_distinct", "graph_path3"):
+                        f"?c <{EX}likes> ?d }} }}"),
+        "graph_product": (f"SELECT DISTINCT ?x ?y WHERE {{ GRAPH ?g {{ ?x <{EX}type> <{EX}Person> . "
+                          f"?y <{EX}likes> ?z }} }}")}
+    for name in ("ground_gated", "paths_if_robot", "graph_path", "graph_distinct", "graph_path3", "graph_product"):
         assert decompose(parse_query(queries[name])).placement == BY_CENTRE, name
     assert decompose(parse_query(queries["graph_path3"])).probed
     expected = replay(tmp_path, lines, queries)
