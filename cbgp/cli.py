@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from cbgp.engine import EngineError
-from cbgp.plan import decompose
+from cbgp.plan import BY_CENTRE, SINGLE_OWNER, decompose
 from cbgp.sparql import QueryError, parse_query
 from cbgp.terms import DEFAULT_GRAPH_ID, to_sparql_json
 
@@ -218,12 +218,15 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 
 
 WINDOWED_PLACEMENT = "spark-window"
-# Operator queries (issue 18) in the fleet: one owner evaluates the BGP leaves and the operators above them.
-OPERATORS_PLACEMENT = "single-owner"
-OPERATORS_WHERE = ("the whole query by its single owner: the worker holding routed partition "
-                   "query_partition(id) reads updates.encoded, the total order, and runs the BGP leaves and the "
-                   "operators above them; answers numbered by the answers service; ASK answers ?ask true/false, "
-                   "CONSTRUCT ?subject ?predicate ?object")
+# Operator queries (issue 18) in the fleet: their BGP leaves by centre value when each leaf is, else one owner.
+OPERATORS_WHERE = {
+    BY_CENTRE: ("every BGP leaf's parts evaluated by centre value on updates.routed like a BGP query's; the "
+                "answers service releases their deltas in seq order and runs the operators over them; ASK "
+                "answers ?ask true/false, CONSTRUCT ?subject ?predicate ?object (a derived stream: single-owner)"),
+    SINGLE_OWNER: ("the whole query by its single owner (a BGP leaf with a variable predicate, or one not placed "
+                   "by centre): the worker holding routed partition query_partition(id) reads updates.encoded, "
+                   "the total order, and runs the BGP leaves and the operators above them; answers numbered by "
+                   "the answers service; ASK answers ?ask true/false, CONSTRUCT ?subject ?predicate ?object")}
 
 
 def plan_json(query) -> dict:  # noqa: ANN001
@@ -236,10 +239,13 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
 
     query, window = _parse_rspql_file(path)
     if isinstance(query, OperatorQuerySpec):
+        from cbgp.algebra.by_centre import leaf_parts
+
         operators = OperatorQuery(query, TermDictionary())
+        placement = BY_CENTRE if leaf_parts(query) is not None else SINGLE_OWNER
         if as_json:
-            json.dump({"form": query.form, "columns": list(query.columns), "placement": OPERATORS_PLACEMENT,
-                       "where": OPERATORS_WHERE,
+            json.dump({"form": query.form, "columns": list(query.columns), "placement": placement,
+                       "where": OPERATORS_WHERE[placement],
                        "operators": operators.root.explain(),
                        "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves]}, out, indent=2)
             out.write("\n")
@@ -252,7 +258,7 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
                 if pushed:
                     text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed)
                 out.write(f"BGP leaf{number}: " + text + "\n")
-            out.write(f"placement in the fleet: {OPERATORS_PLACEMENT} ({OPERATORS_WHERE})\n")
+            out.write(f"placement in the fleet: {placement} ({OPERATORS_WHERE[placement]})\n")
         return
     plan = decompose(query)
     if as_json:

@@ -415,7 +415,8 @@ class AnswersService:
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.dictionary = Dictionary(settings)
         self.plans = Plans(settings, self.core)
-        self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))), self._query_text)
+        self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))), self._query_text,
+                                  self.dictionary.terms)
         self.input: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member
         self.assigned: set[int] = set()  # partitions whose deltas are processed now

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
+from cbgp.plan import BY_CENTRE, SINGLE_OWNER, ComponentPart, GroundPart, Plan, StarPart, decompose
 from cbgp.sparql import QueryError
 from cbgp.windows import WindowSpec
 from cbgp.background.query import ServiceOptions
@@ -99,9 +99,10 @@ def plan_summary(plan: Plan) -> str:
     return f"{plan.query_class}: {count} pattern{'s' if count != 1 else ''} in {len(parts)} part(s): " + "; ".join(parts)
 
 
-# The class of a query beyond a BGP (issue 18): its operators run above the BGP engine, by one owner.
+# The class of a query beyond a BGP (issue 18): its operators run above its BGP leaves, which are placed by
+# centre value like any BGP (the operators then run where the answers service releases the leaves' deltas),
+# unless a leaf has a variable predicate or the query feeds a derived stream (one owner evaluates it whole).
 OPERATORS_CLASS = "operators"
-OPERATORS_PLACEMENT = "single-owner"
 
 
 def operator_columns(spec: Any) -> list[str]:
@@ -110,13 +111,21 @@ def operator_columns(spec: Any) -> list[str]:
     return ["ask"] if spec.form == "ASK" else list(spec.columns)
 
 
-def operator_plan(spec: Any) -> dict[str, Any]:
+def operator_placement(spec: Any, stream: bool = False) -> str:
+    """``by-centre`` when every BGP leaf of the operator query is placed by centre (``cbgp.algebra.by_centre``)
+    and it feeds no derived stream, else ``single-owner``."""
+    from cbgp.algebra.by_centre import leaf_parts
+
+    return BY_CENTRE if not stream and leaf_parts(spec) is not None else SINGLE_OWNER
+
+
+def operator_plan(spec: Any, stream: bool = False) -> dict[str, Any]:
     """The ``plan_json`` of an operator query: class, placement, form, answer variables and the operator tree."""
     from cbgp.algebra import OperatorQuery
     from cbgp.terms import TermDictionary
 
     tree = OperatorQuery(spec, TermDictionary()).explain().splitlines()
-    return {"class": OPERATORS_CLASS, "placement": OPERATORS_PLACEMENT, "form": spec.form,
+    return {"class": OPERATORS_CLASS, "placement": operator_placement(spec, stream), "form": spec.form,
             "columns": operator_columns(spec), "operators": tree}
 
 
@@ -125,7 +134,7 @@ _OPERATOR_NAMES = {"Filter": "FILTER", "LeftJoin": "OPTIONAL", "Union": "UNION",
                    "Join": "join", "Ask": "ASK", "Construct": "CONSTRUCT"}
 
 
-def operator_summary(spec: Any) -> str:
+def operator_summary(spec: Any, stream: bool = False) -> str:
     """``operators: SELECT with OPTIONAL, FILTER over 2 BGP(s); ...`` (ACCEPTED messages)."""
     from cbgp.algebra import OperatorQuery
     from cbgp.terms import TermDictionary
@@ -136,9 +145,11 @@ def operator_summary(spec: Any) -> str:
         name = _OPERATOR_NAMES.get(type(op).__name__)
         if name and name not in names:
             names.append(name)
+    where = ("its BGP leaves by centre value on updates.routed, the operators by the answers service over their "
+             "deltas in seq order" if operator_placement(spec, stream) == BY_CENTRE else
+             "evaluated by its single owner on updates.encoded (the total order), the operators after the BGP engine")
     return (f"{OPERATORS_CLASS}: {spec.form} with {', '.join(names) or 'projection'} over "
-            f"{len(query.leaves) + len(query.pattern_leaves)} BGP(s); evaluated by its single owner on "
-            f"updates.encoded (the total order), the operators after the BGP engine")
+            f"{len(query.leaves) + len(query.pattern_leaves)} BGP(s); {where}")
 
 
 def window_summary(window: WindowSpec) -> str:
@@ -242,8 +253,8 @@ class Registry:
         version = max(existing.version if existing is not None else 0, self.retired.get(query_id, 0)) + 1
         seq = encoded_end()
         if plan is None:  # an operator query (issue 18)
-            plan_json, projected = operator_plan(operators), operator_columns(operators)
-            query_class, summary = OPERATORS_CLASS, operator_summary(operators)
+            plan_json, projected = operator_plan(operators, stream is not None), operator_columns(operators)
+            query_class, summary = OPERATORS_CLASS, operator_summary(operators, stream is not None)
         else:
             plan_json, projected, query_class = plan.to_json(), list(plan.query.projected), plan.query_class
             summary = plan_summary(plan)

@@ -56,6 +56,8 @@ from typing import Callable
 from cbgp.assembly import Assembler, GraphAssembler, assembler_for
 from services.codec import PartDeltaColumns
 from services.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
+from services.queries import read_query
+from services.release_operators import Operators
 
 
 @dataclass
@@ -75,7 +77,8 @@ class _Partition:
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
     gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
-    assemblers: dict[tuple[str, int], Assembler | GraphAssembler] = field(default_factory=dict)  # products
+    # products' assemblers, operator queries' operators
+    assemblers: dict[tuple[str, int], Assembler | GraphAssembler | Operators] = field(default_factory=dict)
     # gated registrations released -> the seq their snapshot is as of
     opened: dict[tuple[str, int], int] = field(default_factory=dict)
     # Idempotence keys of the released deltas that the release counts, nets or multiplies (a product's parts,
@@ -92,13 +95,17 @@ Released = tuple[int, "int | None", PartDeltaColumns]  # (deltas.parts offset, o
 class SeqRelease:
     """Holding, ordering and DISTINCT consolidation of the deltas of every held deltas.parts partition."""
 
-    def __init__(self, routed_partitions: int, query_text: Callable[[str, int], str | None] | None = None) -> None:
+    def __init__(self, routed_partitions: int, query_text: Callable[[str, int], str | None] | None = None,
+                 terms: dict[int, str] | None = None) -> None:
         """``query_text(query_id, version)``: a registration's query (what a product's assembler needs), None
-        when unknown (its part deltas are then dropped as an unregistered query's)."""
+        when unknown (its part deltas are then dropped as an unregistered query's).  ``terms``: the answers
+        service's dictionary (id -> term), which an operator query's expressions read and its computed values
+        are added to."""
         self.n_routed = routed_partitions
         self.partitions: dict[int, _Partition] = {}
         self._tie = count()
         self.query_text = query_text
+        self.terms: dict[int, str] = {} if terms is None else terms
 
     # -- partitions
 
@@ -154,6 +161,14 @@ class SeqRelease:
         assembler = self._assembler(state, deltas)
         if assembler is not None:
             k = len(deltas.variables)
+            if isinstance(assembler, Operators):
+                variables = tuple(deltas.variables)
+                for i in released:
+                    assembler.note(deltas.seq[i], (deltas.source_partition[i], deltas.source_offset[i],
+                                                   deltas.index[i]), deltas.part,
+                                   1 if deltas.sign[i] == "PLUS" else -1,
+                                   tuple(deltas.values[i * k:(i + 1) * k]), variables)
+                return
             for i in released:
                 assembler.absorb(deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
                                  tuple(deltas.values[i * k:(i + 1) * k]))
@@ -264,6 +279,7 @@ class SeqRelease:
                                      offset, deltas, i))
             for offset, deltas, i in gate.items:
                 self._done(state, offset)
+            bundles: list[Released] = []
             for _stream, rows in sorted(by_row.items()):
                 kept = sorted(item for count, pluses in rows.values() for item in pluses[:max(count, 0)])
                 if not kept:
@@ -275,7 +291,20 @@ class SeqRelease:
                     bundle = replace(_pick(bundle, self._consolidate(state, bundle)), distinct=False)
                 if len(bundle):
                     times = [origins[item[3]] for item in kept if origins.get(item[3]) is not None]
-                    out.append((kept[0][3], min(times) if times else None, bundle))
+                    bundles.append((kept[0][3], min(times) if times else None, bundle))
+            operators = self._operators_of(state, key)
+            if operators is None:
+                out.extend(bundles)
+            else:  # the registration's answers: its operators' first rows and the leaves' snapshot through them
+                operators.catch_up(upto)
+                items = [(deltas.part, 1, tuple(deltas.values[i * len(deltas.variables):
+                                                              (i + 1) * len(deltas.variables)]),
+                          tuple(deltas.variables)) for _o, _origin, deltas in bundles for i in range(len(deltas))]
+                answers, operators.initial = _net(operators.initial + operators.apply(items)), []
+                times = [origin for _o, origin, _d in bundles if origin is not None]
+                offset = min((o for o, _origin, _d in bundles), default=min(gate.marks, default=0))
+                out.extend(_answer_batches(key[0], key[1], operators.columns, answers, upto, offset,
+                                           min(times) if times else None, True))
             for offset, deltas, i in later:
                 state.records.setdefault(offset, [0, origins.get(offset)])[0] += 1
                 heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
@@ -321,16 +350,33 @@ class SeqRelease:
             out = self._multiply(state, out)
         return out
 
-    def _assembler(self, state: _Partition, deltas: PartDeltaColumns) -> Assembler | GraphAssembler | None:
-        key = (deltas.query_id, deltas.version)
+    def _operators_of(self, state: _Partition, key: tuple[str, int]) -> Operators | None:
+        """The operators of ``key`` if it is an operator query placed by centre (else None)."""
+        found = state.assemblers.get(key)
+        if found is not None:
+            return found if isinstance(found, Operators) else None
+        text = self.query_text(*key) if self.query_text is not None else None
+        if text is None or read_query(text, None)[1] is None:
+            return None
+        found = self._assembler_of(state, key)
+        return found if isinstance(found, Operators) else None
+
+    def _assembler(self, state: _Partition, deltas: PartDeltaColumns) -> Assembler | GraphAssembler | Operators | None:
+        return self._assembler_of(state, (deltas.query_id, deltas.version))
+
+    def _assembler_of(self, state: _Partition,
+                      key: tuple[str, int]) -> Assembler | GraphAssembler | Operators | None:
+        """A product's assembler, or an operator query's operators (``Operators``), made from its text."""
         assembler = state.assemblers.get(key)
         if assembler is None:
             text = self.query_text(*key) if self.query_text is not None else None
             if text is None:
                 return None
-            for stale in [k for k in state.assemblers if k[0] == deltas.query_id and k[1] < deltas.version]:
+            for stale in [k for k in state.assemblers if k[0] == key[0] and k[1] < key[1]]:
                 del state.assemblers[stale]  # a re-registration starts from nothing
-            assembler = state.assemblers[key] = assembler_for(text)
+            parsed, operators = read_query(text, None)
+            assembler = state.assemblers[key] = (assembler_for(parsed) if operators is None
+                                                 else Operators(operators, self.terms))
         return assembler
 
     def _multiply(self, state: _Partition, released: list[Released]) -> list[Released]:
@@ -344,18 +390,13 @@ class SeqRelease:
             assembler = self._assembler(state, template)
             if assembler is None:
                 return  # unregistered: dropped, as the answers service drops a stale stream
-            answers = assembler.apply(items)
-            if not answers:
-                return
-            n = len(answers)
-            k = len(assembler.columns)
-            values = [v for _sign, row in answers for v in row]
-            out.append((offset, origin, PartDeltaColumns(
-                template.query_id, -1, list(assembler.columns), [seq] * n,
-                ["PLUS" if sign > 0 else "MINUS" for sign, _row in answers], values,
-                [PRODUCT_SOURCE_PARTITION] * n, [seq] * n, list(range(n)), [False] * n, [None] * n,
-                template.version)))
-            assert len(values) == n * k
+            if isinstance(assembler, Operators):
+                assembler.catch_up(state.opened.get(key, -1))
+                answers = assembler.apply(items)
+            else:
+                answers = assembler.apply([item[:3] for item in items])
+            out.extend(_answer_batches(template.query_id, template.version, assembler.columns, answers, seq,
+                                       offset, origin, False))
 
         for offset, origin, deltas in released:
             if deltas.part < 0:
@@ -363,6 +404,7 @@ class SeqRelease:
                 continue
             key = (deltas.query_id, deltas.version)
             k = len(deltas.variables)
+            variables = tuple(deltas.variables)
             for i in range(len(deltas)):
                 seq = deltas.seq[i]
                 if key in pending and pending[key][0] != seq:
@@ -370,7 +412,7 @@ class SeqRelease:
                 if key not in pending:
                     pending[key] = (seq, [], offset, origin, deltas)
                 pending[key][1].append((deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
-                                        tuple(deltas.values[i * k:(i + 1) * k])))
+                                        tuple(deltas.values[i * k:(i + 1) * k]), variables))
         for key in list(pending):
             flush(key)
         return out
@@ -397,6 +439,43 @@ class SeqRelease:
             if (before == 0 and after == 1) or (before == 1 and after == 0):
                 kept.append(i)
         return kept
+
+
+def _net(deltas: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+    """Deltas netted per row, ``-`` rows first."""
+    total: dict[tuple, int] = {}
+    for sign, row in deltas:
+        total[row] = total.get(row, 0) + sign
+    return ([(-1, row) for row, n in total.items() for _ in range(-n)]
+            + [(1, row) for row, n in total.items() for _ in range(n)])
+
+
+def _answer_batches(query_id: str, version: int, columns: tuple[str, ...] | list[str],
+                    answers: list[tuple[int, tuple]], seq: int, offset: int, origin: int | None,
+                    snapshot: bool) -> list[Released]:
+    """A product's or an operator query's answer deltas of one seq as released batches, numbered 0, 1, ...
+    within the seq (their idempotence keys); a row with unbound variables (None: OPTIONAL) goes in a batch of
+    the variables it binds."""
+    out: list[Released] = []
+    index = 0
+    start = 0
+    while start < len(answers):
+        bound = tuple(v is not None for v in answers[start][1])
+        end = start + 1
+        while end < len(answers) and tuple(v is not None for v in answers[end][1]) == bound:
+            end += 1
+        run = answers[start:end]
+        n = len(run)
+        keep = [j for j, is_bound in enumerate(bound) if is_bound]
+        values = [row[j] for _sign, row in run for j in keep]
+        out.append((offset, origin, PartDeltaColumns(
+            query_id, -1, [columns[j] for j in keep], [seq] * n,
+            ["PLUS" if sign > 0 else "MINUS" for sign, _row in run], values,
+            [PRODUCT_SOURCE_PARTITION] * n, [seq] * n, list(range(index, index + n)), [snapshot] * n,
+            [None] * n, version)))
+        index += n
+        start = end
+    return out
 
 
 def _first_release(state: _Partition, deltas: PartDeltaColumns, indices: list[int]) -> list[int]:

@@ -54,11 +54,14 @@ def test_explain_shows_the_operator_tree_and_its_bgp_leaves(files: Path):
     assert result.returncode == 0, result.stderr
     assert "LeftJoin (OPTIONAL) on ?x" in result.stdout and "Filter" in result.stdout
     assert "BGP leaf0" in result.stdout
-    # where the fleet runs them (issue 18 item 2): one owner, on the total order
-    assert "placement in the fleet: single-owner (the whole query by its single owner" in result.stdout
+    # where the fleet runs them (issue 18 item 2): the BGP leaves by centre, the operators over their deltas
+    assert "placement in the fleet: by-centre (every BGP leaf's parts evaluated by centre value" in result.stdout
     as_json = cbgp("explain", "--json", "count.rq", cwd=files)
     data = json.loads(as_json.stdout)
     assert data["form"] == "SELECT" and data["columns"] == ["x", "n"] and len(data["bgps"]) == 1
+    assert data["placement"] == "by-centre" and "updates.routed" in data["where"]
+    (files / "pred.rq").write_text("SELECT * WHERE { ?x ?p ?y FILTER(isIRI(?y)) }")  # no centre to key by
+    data = json.loads(cbgp("explain", "--json", "pred.rq", cwd=files).stdout)
     assert data["placement"] == "single-owner" and "updates.encoded" in data["where"]
 
 

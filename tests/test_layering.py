@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("cbgp", "services", "spark")
 KAFKA_SIDE = ("confluent_kafka", "faust", "aiokafka", "pyspark")
 # Modules documented as holding no Kafka code (their docstrings say so); cbgp/ as a whole is added below.
-KAFKA_FREE = ("services.worker_core", "services.release", "services.records", "services.instruments",
+KAFKA_FREE = ("services.worker_core", "services.release", "services.release_operators", "services.records",
+              "services.instruments",
               "services.idempotence", "services.topology", "services.codec", "services.queries", "services.registry",
               "services.worker_probes", "services.state", "services.background_core")
 
@@ -37,7 +38,7 @@ LAYERS = (
     ("Kafka-free transforms, records and wire format",
      ("services.records", "services.instruments", "services.idempotence", "services.topology", "services.codec",
       "services.queries", "services.registry", "services.worker_probes", "services.worker_core",
-      "services.release", "services.state", "services.background_core")),
+      "services.release", "services.release_operators", "services.state", "services.background_core")),
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
     ("service runtime", ("services.runtime", "services.state.recovery")),
     ("services and the Spark job", ("services.ingest", "services.ingest_core", "services.worker", "services.answers",

@@ -1,11 +1,12 @@
 """Operator queries (issue 18) through the fleet's transforms in memory: ingest -> the worker core's whole
-shard (the algebra in place of the BGP engine) -> seq release -> answers core, compared per update with
+shard under ``--placement single-owner`` (the algebra in place of the BGP engine) -> seq release -> answers core, compared per update with
 pyoxigraph re-evaluating each query; registered late (snapshot, then live deltas) and restored mid-stream."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+from cbgp.plan import SINGLE_OWNER
 from services import codec
 from services.answers import AnswersCore
 from services.ingest import IngestProcessor, RawRecord
@@ -51,7 +52,10 @@ class Stream:
 
 
 def core_for(stream: Stream) -> WorkerCore:
-    return WorkerCore(TOPICS, 4, 4, 4, stream.reader, assemble_in_spark=False, term_reader=stream.term_reader)
+    # (single-owner: the whole shard evaluates each query, its BGP leaves and operators; by centre, the leaves
+    # run on the routed partitions and the operators at the answers service: tests/test_distribution.py)
+    return WorkerCore(TOPICS, 4, 4, 4, stream.reader, assemble_in_spark=False, placement=SINGLE_OWNER,
+                      term_reader=stream.term_reader)
 
 
 def register(core: WorkerCore, queries: dict[str, str], offset: int, seq: int = 0) -> list:

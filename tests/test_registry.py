@@ -57,7 +57,7 @@ def test_each_query_class_is_accepted_with_the_plan_decompose_gives(name: str) -
     assert plan["projected"] == list(expected.query.projected)
 
 
-OPERATOR_QUERIES = {  # issue 18: beyond a BGP, evaluated by one owner with the operators after the BGP engine
+OPERATOR_QUERIES = {  # issue 18: beyond a BGP; their BGP leaves by centre, the operators at the answers service
     "filter": (f"SELECT ?x ?a WHERE {{ ?x <{EX}age> ?a FILTER(?a > 30) }}", ["x", "a"], "FILTER"),
     "optional": (f"SELECT * WHERE {{ ?x <{EX}type> <{EX}P> OPTIONAL {{ ?x <{EX}name> ?n }} }}", ["x", "n"], "OPTIONAL"),
     "count": (f"SELECT ?t (COUNT(?x) AS ?c) WHERE {{ ?x <{EX}type> ?t }} GROUP BY ?t HAVING (COUNT(?x) > 1)",
@@ -76,15 +76,28 @@ def test_operator_queries_are_accepted_with_their_class_placement_and_answer_var
     status = decision.status
     assert status["status"] == "ACCEPTED", status
     assert status["message"].startswith("operators: ") and operator in status["message"]
-    assert "single owner" in status["message"]
+    assert "its BGP leaves by centre value" in status["message"]
     _key, plan = decision.plan
     described = json.loads(plan["plan_json"])
-    assert (described["class"], described["placement"]) == ("operators", "single-owner")
+    assert (described["class"], described["placement"]) == ("operators", "by-centre")
     assert plan["projected"] == columns == described["columns"]
     assert registry.queries[name].view()["class"] == "operators"
     restored = Registry()
     restored.restore([(name, plan)])
     assert restored.queries[name].query_class == "operators"
+
+
+def test_operator_queries_a_worker_must_evaluate_whole_are_single_owner() -> None:
+    """A leaf with a variable predicate matches every change (no centre to key it by), and a derived stream
+    is written by its owner: both evaluated whole by one worker."""
+    registry = Registry()
+    decision = _register(registry, "pred", f"SELECT * WHERE {{ ?x ?p ?y FILTER(?y > 1) }}")
+    assert "evaluated by its single owner" in decision.status["message"]
+    assert json.loads(decision.plan[1]["plan_json"])["placement"] == "single-owner"
+    derived = _register(registry, "derived", f"CONSTRUCT {{ ?y <{EX}knownBy> ?x }} WHERE {{ ?x <{EX}knows> ?y }}",
+                        stream=f"<{EX}derived>")
+    assert derived.status["status"] == "ACCEPTED", derived.status
+    assert json.loads(derived.plan[1]["plan_json"])["placement"] == "single-owner"
 
 
 def test_operators_over_a_window_are_rejected_with_the_construct_and_its_place() -> None:

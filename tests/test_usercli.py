@@ -136,11 +136,11 @@ def test_register_list_unregister(registry_settings: KafkaSettings, tmp_path: Pa
     assert cbgp(["register", "pathy", str(bad), *f]) == 1
     out = capsys.readouterr().out.strip()
     assert out.startswith("rejected: property paths are not supported") and out.endswith("(line 3, column 23)")
-    filtered = tmp_path / "filtered.rq"  # beyond a BGP: run by its single owner with the operators (issue 18)
+    filtered = tmp_path / "filtered.rq"  # beyond a BGP: the leaves by centre, the operators after (issue 18)
     filtered.write_text(f"SELECT ?x WHERE {{\n  ?x <{EX}p> ?y .\n  FILTER(?y > 1)\n}}")
     assert cbgp(["register", "filtered", str(filtered), *f]) == 0
     assert capsys.readouterr().out.strip().startswith("accepted: operators: SELECT with FILTER over 1 BGP(s); "
-                                                      "evaluated by its single owner on updates.encoded")
+                                                      "its BGP leaves by centre value on updates.routed")
     assert cbgp(["list", *f]) == 0
     assert capsys.readouterr().out.split() == ["filtered", "people"]
     assert cbgp(["register", "people", str(bad), "--option", "replace=true", *f]) == 1  # replace still validates

@@ -28,15 +28,55 @@ from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 Delta3 = tuple[str, int, tuple]
 
 
-class OperatorQuery:
+class OperatorTree:
+    """A query's operators above its BGP leaves, fed with the leaves' deltas: by :class:`OperatorQuery`'s
+    private engine, or (``cbgp.algebra.by_centre``) by leaves evaluated elsewhere and released in seq order."""
+
     def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
         self.spec = spec
         self.terms = Terms(dictionary, spec.prologue)
-        builder = Builder(spec, self.terms, pushdown=pushdown)
+        builder = self.builder = Builder(spec, self.terms, pushdown=pushdown)
         self.root = builder.build_root()
         self.columns = builder.columns
         self.form = spec.form
         self.to_columns = remapper(self.root.schema, self.columns)
+        self.pending: Delta = {}
+        self.root.sink = self._collect
+        self.root.start()
+
+    def _collect(self, delta: Delta) -> None:
+        for row, n in delta.items():
+            add(self.pending, row, n)
+
+    def initial(self) -> list[tuple[int, tuple]]:
+        """Answers before any change (VALUES rows, an aggregate's empty group, ASK false...)."""
+        return self._drain()
+
+    def push(self, leaves: list, batches: dict[int, Delta]) -> list[tuple[int, tuple]]:
+        """One change's net deltas of some leaves (leaf number -> rows in the leaf's schema), in leaf order:
+        the query's answer deltas (``-`` rows first)."""
+        for number in sorted(batches):
+            if batches[number]:
+                leaves[number].push(batches[number])
+        return self._drain() if self.pending else []
+
+    def _drain(self) -> list[tuple[int, tuple]]:
+        pending, self.pending = self.pending, {}
+        out: list[tuple[int, tuple]] = []
+        to_columns = self.to_columns
+        for row, n in pending.items():
+            if n < 0:
+                out.extend([(-1, to_columns(row))] * -n)
+        for row, n in pending.items():
+            if n > 0:
+                out.extend([(1, to_columns(row))] * n)
+        return out
+
+
+class OperatorQuery(OperatorTree):
+    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
+        super().__init__(spec, dictionary, pushdown)
+        builder = self.builder
         self.engine = Engine(dictionary)
         self.engine_leaves = builder.engine_leaves
         self.leaves = {}
@@ -50,29 +90,6 @@ class OperatorQuery:
         self.gates = self._gates(builder.engine_leaves, dictionary) if pushdown else None
         self.gated = 0  # changes dropped by push-down
         self._memo: dict = {}  # (filters, pattern binding) -> outcome
-        self.pending: Delta = {}
-        self.root.sink = self._collect
-        self.root.start()
-
-    def _collect(self, delta: Delta) -> None:
-        for row, n in delta.items():
-            add(self.pending, row, n)
-
-    def initial(self) -> list[tuple[int, tuple]]:
-        """Answers before any change (VALUES rows, an aggregate's empty group, ASK false...)."""
-        return self._drain()
-
-    def _drain(self) -> list[tuple[int, tuple]]:
-        pending, self.pending = self.pending, {}
-        out: list[tuple[int, tuple]] = []
-        to_columns = self.to_columns
-        for row, n in pending.items():
-            if n < 0:
-                out.extend([(-1, to_columns(row))] * -n)
-        for row, n in pending.items():
-            if n > 0:
-                out.extend([(1, to_columns(row))] * n)
-        return out
 
     # -- push-down gates --
 

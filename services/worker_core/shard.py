@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable, Iterable, Iterator
 
 from cbgp.assembly import split_parts
@@ -67,9 +68,24 @@ class QueryInfo:
         """Windowed queries are evaluated by the Spark job alone (it owns expiry); workers hold nothing."""
         return self.window is not None
 
+    @cached_property
+    def operator_parts(self) -> tuple | None:
+        """An operator query placed by centre: its BGP leaves' parts (``cbgp.algebra.by_centre.LeafPart``),
+        each evaluated by centre like a product's part, the operators applied by the answers service over
+        their seq-ordered deltas.  None: not an operator query, or one its single owner evaluates (a leaf with
+        a variable predicate, a derived stream, ``--placement single-owner``)."""
+        if self.operators is None or self.stream is not None or self.window is not None or self.single_owner:
+            return None
+        from cbgp.algebra.by_centre import leaf_parts
+
+        return leaf_parts(self.operators)
+
     def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
         """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine (none for a
         probed query: it lives in the shard's evaluator)."""
+        if self.operator_parts is not None:
+            return [(f"{self.query_id}#{part.index}", part.index, part.plan)
+                    for part in self.operator_parts if not part.plan.probed]
         if self.operators is not None:
             return [(self.query_id, WHOLE_QUERY_PART, self.operators)]
         if self.probed:
@@ -92,7 +108,9 @@ class QueryInfo:
     @property
     def uses_probes(self) -> bool:
         """Evaluated at least in part by the routed shards' evaluators: a multi-centre query, or a by-centre
-        product with multi-centre parts (the rest of it in the engine)."""
+        product with multi-centre parts (the rest of it in the engine), or an operator query with such a leaf."""
+        if self.operator_parts is not None:
+            return any(part.plan.probed for part in self.operator_parts)
         return self.probed or (self.partitioned and bool(self.plan.probed_parts))
 
     def probe_programs(self) -> list[tuple[str, int, Plan]]:
@@ -103,6 +121,9 @@ class QueryInfo:
             return [(f"{self.query_id}@{self.version}", WHOLE_QUERY_PART, self.plan)]
         if not self.uses_probes:
             return []
+        if self.operator_parts is not None:
+            return [(f"{self.query_id}@{self.version}/{part.index}", part.index, part.plan)
+                    for part in self.operator_parts if part.plan.probed]
         probed = self.plan.probed_parts
         return [(f"{self.query_id}@{self.version}/{part.index}", part.index, decompose(parse_query(part.sparql)))
                 for part in split_parts(self.plan.query) if part.index in probed]
@@ -110,14 +131,18 @@ class QueryInfo:
     @property
     def partitioned(self) -> bool:
         """Stars and single-centre components are evaluated per centre value on the routed partitions
-        (``Plan.placement`` "by-centre"); everything else by one owner on the total order."""
-        return self.operators is None and self.plan.placement == BY_CENTRE and not self.single_owner
+        (``Plan.placement`` "by-centre"), and so are operator queries' leaves (``operator_parts``); everything
+        else by one owner on the total order."""
+        if self.operators is not None:
+            return self.operator_parts is not None
+        return self.plan.placement == BY_CENTRE and not self.single_owner
 
     @property
     def probed(self) -> bool:
         """A multi-centre component placed by centre: evaluated with probes between the routed partitions
         (``services.worker_probes``)."""
-        return self.partitioned and self.plan.probed  # (a product's multi-centre parts: probe_programs)
+        # (a product's or an operator query's multi-centre parts: probe_programs)
+        return self.partitioned and self.plan is not None and self.plan.probed
 
     @property
     def gated(self) -> bool:
@@ -132,7 +157,8 @@ class QueryInfo:
     def counted_distinct(self) -> bool:  # (a product's DISTINCT is the assembler's)
         """A partitioned DISTINCT query: its deltas are rows with multiplicity, DISTINCT is applied by the
         answers service (PartDeltaBatch.distinct)."""
-        return self.partitioned and self.plan.query.distinct and not self.plan.product_by_centre
+        return (self.partitioned and self.plan is not None and self.plan.query.distinct
+                and not self.plan.product_by_centre)
 
 
 def info_mode(info: QueryInfo) -> str:

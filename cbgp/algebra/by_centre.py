@@ -1,0 +1,129 @@
+"""Operator queries placed by centre value (issues 17 and 18): their BGP leaves evaluated where their centres
+live, the operators applied where the leaves' deltas are released in seq order.
+
+An operator query (FILTER, OPTIONAL, UNION, aggregates, ...) is a tree over BGP *leaves*
+(``cbgp.algebra.compile``).  Each leaf is a plain BGP, so it is placed like any BGP query
+(``cbgp.plan.Plan.placement``): a star or a single-centre component in the routed partitions' engines, a
+multi-centre component by probes, a product's parts each by centre.  :func:`leaf_parts` numbers every part of
+every leaf once (``LeafPart.index``, the fleet's ``PartDelta.part``); the workers evaluate them and the answers
+service releases their deltas in seq order (``services.release``), where :class:`OperatorAssembler` multiplies
+a multi-part leaf's parts (``cbgp.assembly``) and pushes each update's net leaf deltas through the operators
+(:class:`cbgp.algebra.runtime.OperatorTree`), exactly as the single owner's private engine would.
+
+Filters are not pushed into the leaves here (they stay in the tree, where they decide the answers): a leaf
+keeps the triples a pushed filter would have dropped.  No Kafka here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec
+from cbgp.algebra.operators import Delta, add, remapper
+from cbgp.algebra.runtime import OperatorTree
+from cbgp.algebra.terms import Terms
+from cbgp.assembly import assembler_for, split_parts
+from cbgp.plan import BY_CENTRE, Plan, decompose
+from cbgp.sparql import parse_query
+from cbgp.terms import TermDictionary
+
+
+@dataclass(frozen=True)
+class LeafPart:
+    """One part of one BGP leaf of an operator query, as the fleet evaluates it."""
+
+    index: int  # its number among all the leaves' parts: PartDelta.part
+    leaf: int  # the leaf (OperatorTree's engine leaves, in order)
+    part: int  # its index in the leaf's decomposition; -1: the leaf whole (a leaf of one part)
+    plan: Plan  # what a routed shard registers: in its engine, or in its evaluator when ``plan.probed``
+
+
+def _leaf_parts(engine_leaves: list[EngineLeaf]) -> tuple[LeafPart, ...] | None:
+    out: list[LeafPart] = []
+    for number, engine_leaf in enumerate(engine_leaves):
+        plan = decompose(engine_leaf.query)
+        if plan.placement != BY_CENTRE:
+            return None
+        if len(plan.parts) == 1:
+            out.append(LeafPart(len(out), number, -1, plan))
+            continue
+        for part in split_parts(engine_leaf.query):
+            out.append(LeafPart(len(out), number, part.index, decompose(parse_query(part.sparql))))
+    return tuple(out)
+
+
+def leaf_parts(spec: OperatorQuerySpec) -> tuple[LeafPart, ...] | None:
+    """The parts the fleet evaluates by centre for an operator query, or None when it cannot be placed so:
+    a leaf with a variable predicate (matched against every change, ``PatternLeaf``), a leaf that is not
+    placed by centre itself, or no leaf at all (VALUES alone)."""
+    builder = Builder(spec, Terms(TermDictionary(stable=True), spec.prologue), pushdown=False)
+    builder.build_root()
+    if builder.pattern_leaves or not builder.engine_leaves:
+        return None
+    return _leaf_parts(builder.engine_leaves)
+
+
+class OperatorAssembler:
+    """An operator query's answers from its leaves' part deltas, released in seq order: per update,
+    :meth:`apply` multiplies each multi-part leaf's parts, nets each leaf's deltas and pushes them through the
+    operators.  Rows of a part name their variables (what a worker reports), so the order of its columns
+    does not matter.  ``dictionary``: term ids as the fleet's (stable ids; expressions read the terms, and
+    values the operators compute -- a COUNT, a BIND -- get ids there)."""
+
+    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary) -> None:
+        self.tree = OperatorTree(spec, dictionary, pushdown=False)
+        engine_leaves = self.tree.builder.engine_leaves
+        parts = _leaf_parts(engine_leaves) if not self.tree.builder.pattern_leaves else None
+        if not parts:
+            raise ValueError("the query cannot be evaluated by centre (see leaf_parts)")
+        self.parts = parts
+        self.columns = self.tree.columns
+        self.form = self.tree.form
+        self.leaves = [engine_leaf.leaf for engine_leaf in engine_leaves]
+        # A leaf of several parts: its product's assembler, and its answers' remapping to the leaf's schema.
+        self.assemblers = {}
+        self._assembled_to_leaf = {}
+        for number, engine_leaf in enumerate(engine_leaves):
+            if any(p.leaf == number and p.part >= 0 for p in parts):
+                assembler = self.assemblers[number] = assembler_for(engine_leaf.query)
+                self._assembled_to_leaf[number] = remapper(assembler.columns, self.leaves[number].schema)
+        self._remaps: dict[tuple[int, tuple[str, ...]], object] = {}
+
+    def _target(self, part: LeafPart) -> tuple[str, ...]:
+        if part.part < 0:
+            return tuple(self.leaves[part.leaf].schema)
+        return self.assemblers[part.leaf].parts[part.part].columns
+
+    def initial(self) -> list[tuple[int, tuple]]:
+        """Answers before any change (VALUES rows, an aggregate's empty group, ASK's false...)."""
+        return self.tree.initial()
+
+    def apply(self, deltas: list[tuple[int, int, tuple, tuple[str, ...]]]) -> list[tuple[int, tuple]]:
+        """The answer deltas of one update from its part deltas ``(part, sign, row, row's variables)``, in any
+        order (rows in ``columns`` order, None for an unbound variable; ``-`` rows first)."""
+        batches: dict[int, Delta] = {}
+        assembled: dict[int, list[tuple[int, int, tuple]]] = {}
+        for index, sign, row, variables in deltas:
+            if not 0 <= index < len(self.parts):
+                raise ValueError(f"no part {index}: the query's leaves have {len(self.parts)} parts")
+            part = self.parts[index]
+            remap = self._remaps.get((index, variables))
+            if remap is None:
+                remap = self._remaps[(index, variables)] = remapper(variables, self._target(part))
+            if part.part < 0:
+                add(batches.setdefault(part.leaf, {}), remap(row), sign)
+            else:
+                assembled.setdefault(part.leaf, []).append((part.part, sign, remap(row)))
+        for leaf, items in assembled.items():
+            to_leaf = self._assembled_to_leaf[leaf]
+            batch = batches.setdefault(leaf, {})
+            for sign, row in self.assemblers[leaf].apply(items):
+                add(batch, to_leaf(row), sign)
+        return self.tree.push(self.leaves, batches)
+
+    def state_entries(self) -> int:
+        return (sum(op.entries() for op in self.tree.root.walk())
+                + sum(assembler.state_entries() for assembler in self.assemblers.values()))
+
+
+__all__ = ["LeafPart", "OperatorAssembler", "leaf_parts"]
