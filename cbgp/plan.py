@@ -302,7 +302,8 @@ class Plan:
                 for pattern, order in part.join_orders:
                     lines.append(f"      t{pattern}: " + " -> ".join(order))
         if len(self.parts) > 1:
-            lines.append("answers: cartesian product of the parts' answers (delta rule per update)")
+            per_graph = " per named graph (the parts join on the graph)" if graph_vars else ""
+            lines.append(f"answers: cartesian product of the parts' answers{per_graph} (delta rule per update)")
         lines.append(f"placement in the fleet: {self.placement}")
         if self.probed:
             lines.append("  every star keyed by its centre's value: a triple is stored on the updates.routed "

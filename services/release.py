@@ -34,11 +34,15 @@ retracts from another.  So, per deltas.parts partition:
    multiplies (a product's parts, DISTINCT rows, a gate's) are released once per key (``_first_release``);
    plain deltas' repeated keys are dropped by the answers core.
 
+6. **Products and operators.**  A product's part deltas are multiplied per seq (``cbgp.assembly``); an
+   operator query's leaves' part deltas go through its operators (``services.release_operators``), whose
+   first answers are released with the registration's snapshot when its gate opens.
+
 Restart (:meth:`SeqRelease.commit_position`, :meth:`SeqRelease.restore`): the offset committed for a
 deltas.parts partition is never past a record that still holds an unreleased delta, and its commit metadata
 carries the frontiers at the commit and the offset the service had read to (``end``).  Exactly the deltas
 read before ``end`` whose seq is at or below the frontiers' minimum ``W`` were released (none of a gate
-still shut), so a restarted service rebuilds its DISTINCT counts and product assemblers from those (reading
+still shut), so a restarted service rebuilds its DISTINCT counts, product assemblers and operators from those (reading
 ``[0, end)``), and when it re-reads the records from the committed offset it skips them and holds the rest
 again: it resumes in the state it committed, in the same order.  (Counting the records before the committed
 offset instead would be wrong: one of them may hold a later seq than a released delta of a record after it.)

@@ -66,6 +66,11 @@ FAULT_QUERIES = {
     **QUERIES,
     # ground-gated product: a ground part plus a star (the ground bit toggles with deletions)
     "gated": f"SELECT ?x WHERE {{ <{EX}s1> <{EX}knows> <{EX}s2> . ?x <{EX}likes> <{EX}Jazz> }}",
+    # operator queries by centre: the leaves on the routed partitions, the operators at the answers service
+    # (a kill -9 of answers rebuilds them from the part deltas it had released)
+    "optional": f"SELECT ?x ?n WHERE {{ ?x <{EX}type> <{EX}Person> OPTIONAL {{ ?x <{EX}name> ?n }} }}",
+    "counted": (f"SELECT ?x (COUNT(?y) AS ?c) WHERE {{ ?x <{EX}knows> ?y . ?y <{EX}knows> ?z }} GROUP BY ?x "
+                f"HAVING (COUNT(?y) > 1)"),
 }
 KILL_ROTATION = ("ingest", "worker", "answers", "registry")
 
