@@ -35,8 +35,8 @@ def publish_encoded(settings: KafkaSettings, lines: list[str]) -> None:
 def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_settings: KafkaSettings) -> None:
     settings = kafka_settings
     publish_plan(settings, "star", QUERIES["star"])  # routed: a shard per partition
-    # A multi-centre path per named graph has one owner: one whole shard, on its partition
-    publish_plan(settings, "grounded", f"SELECT * WHERE {{ GRAPH ?g {{ ?a <{EX}knows> ?b . ?b <{EX}knows> ?c . "
+    # A path per named graph whose graph is also its subject has one owner: one whole shard, on its partition
+    publish_plan(settings, "grounded", f"SELECT * WHERE {{ GRAPH ?g {{ ?g <{EX}knows> ?b . ?b <{EX}knows> ?c . "
                                        f"?c <{EX}likes> <{EX}Tea> }} }}")
     owner = query_partition("grounded", settings.partitions)
     other = (owner + 1) % settings.partitions
