@@ -102,3 +102,18 @@ def test_syntax_errors_keep_their_message():
     with pytest.raises(QueryError) as caught:
         analyse(P + "SELECT * WHERE { ?x :p ?y FILTER(?y > ) }")
     assert "syntax error" in caught.value.message
+
+
+@pytest.mark.timeout(60)
+def test_select_star_columns_follow_first_use_whatever_comments_strings_and_iris_hold():
+    """``SELECT *`` is found outside comments, strings and IRIs (its columns then follow the variables' first
+    use); a comment line full of "#" is read in one pass (it used to make the search backtrack exponentially:
+    40 of them would not finish)."""
+    comment = "# " + "#tag " * 40 + "\n"
+    spec = analyse(comment + P + "SELECT * WHERE { ?y :p ?x FILTER(?x > 1) }")
+    assert spec.columns == ("y", "x")
+    spec = analyse(comment + P.replace("PREFIX", "PREFIX h: <http://h#>\nPREFIX", 1)
+                   + 'SELECT ?x WHERE { ?x :p "SELECT *" FILTER(?x < <http://h#a>) }')
+    assert spec.columns == ("x",)
+    spec = analyse("PREFIX : <http://ex/#> SELECT * WHERE { ?b :p ?a OPTIONAL { ?a :q ?c } }")  # one line
+    assert spec.columns == ("b", "a", "c")

@@ -92,8 +92,12 @@ def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
     return spec
 
 
-_SELECT_STAR = re.compile(r"^(?:[^\"'#]|\"[^\"]*\"|'[^']*'|#[^\n]*)*?\bSELECT\s+(?:(?:DISTINCT|REDUCED)\s+)?\*",
-                          re.IGNORECASE)
+# ``SELECT [DISTINCT|REDUCED] *`` outside strings, IRIs and comments.  Every alternative matches one way only (an
+# IRI is whole or its "<" is a less-than; a comment runs to the end of its line): with a comment of any length
+# allowed, a line holding many "#" made the search backtrack exponentially (0.3 s for a comment holding three).
+_IRI_BODY = r"[^<>\"{}|^`\\\s]*"
+_SELECT_STAR = re.compile(rf"^(?:[^\"'#<]|<{_IRI_BODY}>|<(?!{_IRI_BODY}>)|\"[^\"]*\"|'[^']*'|#[^\n]*(?![^\n]))*?"
+                          r"\bSELECT\s+(?:(?:DISTINCT|REDUCED)\s+)?\*", re.IGNORECASE)
 
 
 def _first_use(text: str, variable: str) -> tuple[int, str]:
