@@ -253,10 +253,15 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
             out.write(operators.explain() + "\n")
             for number, leaf in enumerate(operators.engine_leaves):
                 text = decompose(leaf.query).explain()
-                text = text[:text.index("placement in the fleet:")].rstrip() if "placement in the fleet:" in text else text
+                if placement == SINGLE_OWNER and "placement in the fleet:" in text:
+                    text = text[:text.index("placement in the fleet:")].rstrip()  # the query's owner holds it
+                else:
+                    text = text.replace("placement in the fleet:", "this leaf in the fleet:")
                 pushed = sorted(leaf.pushed)
                 if pushed:
-                    text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed)
+                    text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed) + (
+                        "" if placement == SINGLE_OWNER else " by `cbgp replay` and a single owner (by centre, "
+                        "the leaf keeps every match and the FILTER runs with the operators)")
                 out.write(f"BGP leaf{number}: " + text + "\n")
             out.write(f"placement in the fleet: {placement} ({OPERATORS_WHERE[placement]})\n")
         return
