@@ -151,7 +151,11 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     def records(partition, start, end):  # end None: to the end
         return [(off, v) for off, v in enumerate(routed[partition][start:end], start) if v is not None]
 
-    workers = [WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records)
+    def terms(ids):  # the dictionary topic (a worker reads terms for the FILTERs pushed into its leaves)
+        return {i: dictionary[i] for i in ids if i in dictionary}
+
+    workers = [WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records,
+                          term_reader=terms)
                for _ in range(n_routed)]
 
     def send(outputs):
@@ -180,7 +184,7 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
         """Worker p died after its last commit: a new one reads queries.plans, then restores its shard."""
         metadata = workers[p].metadata()
         core = workers[p] = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False,
-                                       record_reader=records)
+                                       record_reader=records, term_reader=terms)
         for offset, key, value in plan_log:
             core.on_plan(0, offset, key, value, [p])
         send(core.open_shard("routed", p, committed, metadata))
@@ -202,7 +206,8 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
                 registered["seq"] = max((change[7] for off, value in enumerate(encoded[:len(encoded) // 2])
                                          for change in decode_changes("encoded", off, value, None)), default=-1)
             if two_owners:  # the new owner restores meanwhile, and reads the registration then or later
-                core = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records)
+                core = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records,
+                                  term_reader=terms)
                 read = known if rng.random() < 0.5 else len(plan_log)
                 for offset, key, value in plan_log[:read]:
                     core.on_plan(0, offset, key, value, [p])
@@ -652,3 +657,33 @@ def test_two_owners_during_a_late_operator_registration_answer_once(seed: int, m
     got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
                           registered=registered)
     assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+
+
+def test_a_leaf_with_a_pushed_filter_keeps_the_changes_it_rejects_out_of_the_shard_state() -> None:
+    """FILTER push-down by centre: a leaf's pattern with a pushed FILTER is evaluated behind the filter's gate
+    on the shard (``GatedLeafPart``), so rejected changes cost no state there; the rows it reports are the
+    plain leaf's that the filter keeps (the filter runs again with the operators)."""
+    from services.queries import read_query
+    from services.worker_core import ShardDictionary, WorkerEngine
+
+    _parsed, spec = read_query(OPERATOR_QUERIES["filter_age"], None)
+    (part,) = leaf_parts(spec)
+    assert part.pushed is not None and part.part == -1
+    dictionary = ShardDictionary()
+    gated, plain = WorkerEngine(dictionary), WorkerEngine(dictionary)
+    gated.register("leaf", part)
+    plain.register("leaf", part.plan)
+    got, everything = Counter(), Counter()
+    age = dictionary.encode(A)
+    for n in range(20, 60):
+        s = dictionary.encode(f"<{EX}p{n}>")
+        o = dictionary.encode(f'"{n}"^^<http://www.w3.org/2001/XMLSchema#integer>')
+        got.update((sign, row) for _name, sign, row in gated.apply(1, s, age, o, 0))
+        everything.update((sign, row) for _name, sign, row in plain.apply(1, s, age, o, 0))
+    at = plain.columns("leaf").index("a")
+    assert gated.columns("leaf") == plain.columns("leaf")
+    kept = Counter({(sign, row): k for (sign, row), k in everything.items()
+                    if int(dictionary.decode(row[at]).split('"')[1]) > 40})
+    assert got == kept and len(kept) == 19
+    assert gated.state_entries() * 2 < plain.state_entries()
+    assert gated.operators["leaf"].gated == 21

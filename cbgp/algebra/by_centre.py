@@ -10,8 +10,9 @@ service releases their deltas in seq order (``services.release``), where :class:
 a multi-part leaf's parts (``cbgp.assembly``) and pushes each update's net leaf deltas through the operators
 (:class:`cbgp.algebra.runtime.OperatorTree`), exactly as the single owner's private engine would.
 
-Filters are not pushed into the leaves here (they stay in the tree, where they decide the answers): a leaf
-keeps the triples a pushed filter would have dropped.  No Kafka here.
+A FILTER pushed into a whole leaf's pattern (``cbgp.algebra.runtime.FilterGate``) goes with it
+(``LeafPart.pushed``): the shard keeps the changes it rejects out of that leaf's state.  The filters stay in
+the tree too, where they decide the answers.  No Kafka here.
 """
 
 from __future__ import annotations
@@ -36,16 +37,21 @@ class LeafPart:
     leaf: int  # the leaf (OperatorTree's engine leaves, in order)
     part: int  # its index in the leaf's decomposition; -1: the leaf whole (a leaf of one part)
     plan: Plan  # what a routed shard registers: in its engine, or in its evaluator when ``plan.probed``
+    # A whole leaf with FILTERs pushed into its patterns (not probed): the leaf with them, and the query's
+    # prologue (the filters' IRIs), so a shard can keep the changes they reject out of its state.
+    pushed: EngineLeaf | None = None
+    prologue: object = None
 
 
-def _leaf_parts(engine_leaves: list[EngineLeaf]) -> tuple[LeafPart, ...] | None:
+def _leaf_parts(engine_leaves: list[EngineLeaf], prologue: object = None) -> tuple[LeafPart, ...] | None:
     out: list[LeafPart] = []
     for number, engine_leaf in enumerate(engine_leaves):
         plan = decompose(engine_leaf.query)
         if plan.placement != BY_CENTRE:
             return None
         if len(plan.parts) == 1:
-            out.append(LeafPart(len(out), number, -1, plan))
+            pushed = engine_leaf if engine_leaf.pushed and not plan.probed else None
+            out.append(LeafPart(len(out), number, -1, plan, pushed, prologue if pushed else None))
             continue
         for part in split_parts(engine_leaf.query):
             out.append(LeafPart(len(out), number, part.index, decompose(parse_query(part.sparql))))
@@ -56,11 +62,11 @@ def leaf_parts(spec: OperatorQuerySpec) -> tuple[LeafPart, ...] | None:
     """The parts the fleet evaluates by centre for an operator query, or None when it cannot be placed so:
     a leaf with a variable predicate (matched against every change, ``PatternLeaf``), a leaf that is not
     placed by centre itself, or no leaf at all (VALUES alone)."""
-    builder = Builder(spec, Terms(TermDictionary(stable=True), spec.prologue), pushdown=False)
+    builder = Builder(spec, Terms(TermDictionary(stable=True), spec.prologue), pushdown=True)
     builder.build_root()
     if builder.pattern_leaves or not builder.engine_leaves:
         return None
-    return _leaf_parts(builder.engine_leaves)
+    return _leaf_parts(builder.engine_leaves, spec.prologue)
 
 
 class OperatorAssembler:

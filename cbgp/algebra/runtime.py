@@ -73,28 +73,20 @@ class OperatorTree:
         return out
 
 
-class OperatorQuery(OperatorTree):
-    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
-        super().__init__(spec, dictionary, pushdown)
-        builder = self.builder
-        self.engine = Engine(dictionary)
-        self.engine_leaves = builder.engine_leaves
-        self.leaves = {}
-        self.leaf_columns = {}
-        for number, engine_leaf in enumerate(builder.engine_leaves):
-            name = f"leaf{number}"
-            self.engine.register(name, engine_leaf.query)
-            self.leaves[name] = engine_leaf.leaf
-            self.leaf_columns[name] = remapper(self.engine.columns(name), engine_leaf.leaf.schema)
-        self.pattern_leaves = builder.pattern_leaves
-        self.gates = self._gates(builder.engine_leaves, dictionary) if pushdown else None
-        self.gated = 0  # changes dropped by push-down
+class FilterGate:
+    """FILTER push-down: a FILTER conjunct on the variables of one engine pattern is attached to it
+    (``EngineLeaf.pushed``); a change that every engine pattern it could match rejects by its pushed filters can
+    take part in no answer, so it is dropped before the engine and costs no state.  Only predicates with a pushed
+    filter are gated.  (The filters stay in the operator tree too: they decide the answers.)"""
+
+    def __init__(self, gates: dict[int, list], terms: Terms) -> None:
+        self.gates = gates  # predicate id -> [(s, o, graph, filters, their variables)] of its engine patterns
+        self.terms = terms
         self._memo: dict = {}  # (filters, pattern binding) -> outcome
 
-    # -- push-down gates --
-
-    def _gates(self, engine_leaves: list[EngineLeaf], dictionary: TermDictionary) -> dict | None:
-        """predicate id -> [(pattern, filters)] over every engine pattern with that predicate."""
+    @classmethod
+    def of(cls, engine_leaves: list[EngineLeaf], dictionary: TermDictionary, terms: Terms) -> FilterGate | None:
+        """The gate of ``engine_leaves``' patterns, or None when no filter was pushed into any."""
         gates: dict[int, list] = {}
         any_filter = False
         for engine_leaf in engine_leaves:
@@ -108,12 +100,14 @@ class OperatorQuery(OperatorTree):
                 o = pattern.o if pattern.o.startswith("?") else dictionary.encode(pattern.o)
                 names = tuple(sorted(set().union(*(expression_variables(f) for f in filters)))) if filters else ()
                 gates.setdefault(p, []).append((s, o, graph, filters, names))
-        # Only predicates with a pushed filter are gated; a change of any other predicate goes to the engine.
         gates = {p: entries for p, entries in gates.items() if any(e[3] for e in entries)}
-        return gates if any_filter else None
+        return cls(gates, terms) if any_filter else None
 
-    def _passes(self, s: int, p: int, o: int, g: int) -> bool:
-        entries = self.gates[p]
+    def passes(self, s: int, p: int, o: int, g: int) -> bool:
+        """Whether the change may match a pattern its pushed filters accept (always, for an ungated predicate)."""
+        entries = self.gates.get(p)
+        if entries is None:
+            return True
         ebv = self.terms.ebv
         for ps, po, pg, filters, names in entries:
             if pg is not None and pg != g:
@@ -147,11 +141,29 @@ class OperatorQuery(OperatorTree):
                 return True
         return False
 
+
+class OperatorQuery(OperatorTree):
+    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
+        super().__init__(spec, dictionary, pushdown)
+        builder = self.builder
+        self.engine = Engine(dictionary)
+        self.engine_leaves = builder.engine_leaves
+        self.leaves = {}
+        self.leaf_columns = {}
+        for number, engine_leaf in enumerate(builder.engine_leaves):
+            name = f"leaf{number}"
+            self.engine.register(name, engine_leaf.query)
+            self.leaves[name] = engine_leaf.leaf
+            self.leaf_columns[name] = remapper(self.engine.columns(name), engine_leaf.leaf.schema)
+        self.pattern_leaves = builder.pattern_leaves
+        self.gate = FilterGate.of(builder.engine_leaves, dictionary, self.terms) if pushdown else None
+        self.gated = 0  # changes dropped by push-down
+
     # -- changes --
 
     def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[tuple[int, tuple]]:
         if self.leaves:
-            if self.gates is not None and p in self.gates and not self._passes(s, p, o, g):
+            if self.gate is not None and not self.gate.passes(s, p, o, g):
                 self.gated += 1
             else:
                 deltas = self.engine.apply(sign, s, p, o, g)

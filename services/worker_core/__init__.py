@@ -373,6 +373,8 @@ class WorkerCore(CoreOutputs):
                 changes = decode_changes("routed", offset, value, None)
             except codec.CodecError:
                 continue  # dead-lettered when it was read
+            if shard.engine.operators:
+                self._learn(shard, changes)  # (read before the query came: its FILTERs need their terms now)
             numbers: dict[str, int] = {}
             for _offset, sign, s, p, o, g, role, seq, _origin in changes:
                 deltas = [delta for name in targets for delta in apply_to(name, sign, s, p, o, g, role)]

@@ -66,8 +66,8 @@ class FleetOperatorQuery:
             return rows
         return [(1, self.true if sum(sign for sign, _row in rows) > 0 else self.false)]
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int) -> list[tuple[int, tuple]]:
-        deltas = self.query.apply(sign, s, p, o, g)
+    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_ALL) -> list[tuple[int, tuple]]:
+        deltas = self.query.apply(sign, s, p, o, g)  # (a whole shard's changes: every role)
         if not self.ask or not deltas:
             return deltas
         net = sum(d_sign for d_sign, _row in deltas)
@@ -87,6 +87,38 @@ class FleetOperatorQuery:
         return self.query.explain()
 
 
+class GatedLeafPart:
+    """A leaf of an operator query placed by centre (``cbgp.algebra.by_centre.LeafPart``) with FILTERs pushed
+    into its patterns: its BGP in a private engine behind the filters' gate, so a change every pattern's filter
+    rejects costs no state on this shard (the filters run again with the operators, at the answers service).
+    Its deltas are the leaf's rows, as the shard engine's would be."""
+
+    def __init__(self, part: object, dictionary: TermDictionary) -> None:
+        from cbgp.algebra.runtime import FilterGate
+        from cbgp.algebra.terms import Terms
+
+        self.engine = Engine(dictionary)
+        self.engine.register("leaf", part.plan)  # type: ignore[attr-defined]
+        self.columns = self.engine.columns("leaf")
+        self.gate = FilterGate.of([part.pushed], dictionary, Terms(dictionary, part.prologue))  # type: ignore[attr-defined]
+        self.gated = 0  # changes kept out
+
+    def initial(self) -> list[tuple[int, tuple]]:
+        return []
+
+    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_ALL) -> list[tuple[int, tuple]]:
+        if self.gate is not None and not self.gate.passes(s, p, o, g):
+            self.gated += 1
+            return []
+        return [(d_sign, row) for _name, d_sign, row in self.engine.apply(sign, s, p, o, g, role)]
+
+    def state_entries(self) -> int:
+        return self.engine.state_entries()
+
+    def state_bytes(self) -> int:
+        return self.engine.state_bytes()
+
+
 def is_operator_spec(query: object) -> bool:
     """An operator query spec (``cbgp.algebra.OperatorQuerySpec``), told apart without importing rdflib."""
     return type(query).__name__ == "OperatorQuerySpec"
@@ -98,15 +130,17 @@ class WorkerEngine(Engine):
 
     def __init__(self, dictionary: TermDictionary | None = None) -> None:
         super().__init__(dictionary)
-        self.operators: dict[str, FleetOperatorQuery] = {}
+        self.operators: dict[str, FleetOperatorQuery | GatedLeafPart] = {}
         self.initial_rows: dict[str, list[tuple[int, tuple]]] = {}  # an operator query's rows before any change
 
     def register(self, name: str, query, initial=None):  # noqa: ANN001, ANN201
-        if not is_operator_spec(query):
+        gated = type(query).__name__ == "LeafPart"  # (told apart without importing rdflib)
+        if not gated and not is_operator_spec(query):
             return super().register(name, query, initial)
         if name in self.queries or name in self.operators:
             raise EngineError(f"a query named {name!r} is already registered")
-        op = self.operators[name] = FleetOperatorQuery(query, self.dictionary)
+        op = self.operators[name] = (GatedLeafPart(query, self.dictionary) if gated
+                                     else FleetOperatorQuery(query, self.dictionary))
         self.initial_rows[name] = op.initial()
         self.apply = self._apply_with_operators  # type: ignore[method-assign]
         return []
@@ -129,7 +163,7 @@ class WorkerEngine(Engine):
         ``Engine.apply`` with no extra call)."""
         out = Engine.apply(self, sign, s, p, o, g, role)
         for name, op in self.operators.items():
-            for d_sign, row in op.apply(sign, s, p, o, g):
+            for d_sign, row in op.apply(sign, s, p, o, g, role):
                 out.append((name, d_sign, row))
         return out
 
@@ -138,7 +172,7 @@ class WorkerEngine(Engine):
         op = self.operators.get(name)
         if op is None:
             return super().apply_to(name, sign, s, p, o, g, role)
-        return [(name, d_sign, row) for d_sign, row in op.apply(sign, s, p, o, g)]
+        return [(name, d_sign, row) for d_sign, row in op.apply(sign, s, p, o, g, role)]
 
     def state_entries(self, name: str | None = None) -> int:
         if name is None:

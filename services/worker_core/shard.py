@@ -83,8 +83,8 @@ class QueryInfo:
     def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
         """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine (none for a
         probed query: it lives in the shard's evaluator)."""
-        if self.operator_parts is not None:
-            return [(f"{self.query_id}#{part.index}", part.index, part.plan)
+        if self.operator_parts is not None:  # (a leaf with pushed FILTERs: behind their gate, GatedLeafPart)
+            return [(f"{self.query_id}#{part.index}", part.index, part if part.pushed is not None else part.plan)
                     for part in self.operator_parts if not part.plan.probed]
         if self.operators is not None:
             return [(self.query_id, WHOLE_QUERY_PART, self.operators)]
