@@ -32,8 +32,9 @@ latency of an answer is its ``produced_at_ms`` minus the produce time of the raw
 
 Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-connected query alone (default: the
 2-hop path ``?a foaf:knows ?b . ?b sib:like ?post`` over the like stream, centre ?b; ``--heavy FILE`` for another);
-``operators`` = the 4 queries of bench/queries_operators/ (OPTIONAL, GROUP BY/HAVING, FILTER over a 3-hop path,
-NOT EXISTS; by centre their leaves run on the workers and the operators in the answers service).
+``operators`` = the 5 queries of bench/queries_operators/ (OPTIONAL, GROUP BY/HAVING, FILTER over a 3-hop path,
+FILTER on a star's attribute, NOT EXISTS; by centre their leaves run on the workers and the operators in the
+answers service).
 
 In memory (``--in-memory``: no fleet, no Kafka, for profiling the workers' CPU per update): ingest's records
 made in memory, then per partition count in ``--workers`` (one routed partition per worker core) the workers'
@@ -75,7 +76,7 @@ from idle_bench import _group, _service_of  # noqa: E402 - the same process grou
 
 CBGP = [sys.executable, "-m", "services.cli"]
 QUERY_DIR = ROOT / "bench" / "queries"
-OPERATOR_QUERY_DIR = ROOT / "bench" / "queries_operators"  # OPTIONAL, GROUP BY/HAVING, FILTER, NOT EXISTS
+OPERATOR_QUERY_DIR = ROOT / "bench" / "queries_operators"  # OPTIONAL, GROUP BY/HAVING, FILTERs, NOT EXISTS
 HEAVY_DEFAULT = """# 2-hop path over the like stream (var-connected, single centre ?b): friends of someone, what they like
 PREFIX foaf: <http://xmlns.com/foaf/0.1/>
 PREFIX sib: <http://www.ins.cwi.nl/sib/vocabulary/>

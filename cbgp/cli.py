@@ -259,9 +259,11 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
                     text = text.replace("placement in the fleet:", "this leaf in the fleet:")
                 pushed = sorted(leaf.pushed)
                 if pushed:
+                    plan = decompose(leaf.query)
                     text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed) + (
-                        "" if placement == SINGLE_OWNER else " by `cbgp replay` and a single owner (by centre, "
-                        "the leaf keeps every match and the FILTER runs with the operators)")
+                        "" if placement == SINGLE_OWNER or (len(plan.parts) == 1 and not plan.probed) else
+                        " by `cbgp replay` and a single owner (by centre this leaf's probes or product keep every "
+                        "match, and the FILTER runs with the operators)")
                 out.write(f"BGP leaf{number}: " + text + "\n")
             out.write(f"placement in the fleet: {placement} ({OPERATORS_WHERE[placement]})\n")
         return

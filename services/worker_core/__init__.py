@@ -500,7 +500,9 @@ class WorkerCore(CoreOutputs):
         known = getattr(dictionary, "knows", None)
         if known is None or self.term_reader is None:
             return
-        missing = {x for c in changes for x in (c[2], c[3], c[4], c[5]) if x != DEFAULT_GRAPH_ID and not known(x)}
+        wanted = shard.engine.term_predicates()  # (a shard with only gated leaves reads their filters' terms)
+        missing = {x for c in changes if wanted is None or c[3] in wanted
+                   for x in (c[2], c[3], c[4], c[5]) if x != DEFAULT_GRAPH_ID and not known(x)}
         if not missing:
             return
         found = self.term_reader(missing)

@@ -100,6 +100,8 @@ class GatedLeafPart:
         self.engine = Engine(dictionary)
         self.engine.register("leaf", part.plan)  # type: ignore[attr-defined]
         self.columns = self.engine.columns("leaf")
+        # (every change of the shard comes here: most have another predicate, and cost a set lookup)
+        self.predicates = frozenset(dictionary.encode(t.p) for t in part.plan.query.patterns)  # type: ignore[attr-defined]
         self.gate = FilterGate.of([part.pushed], dictionary, Terms(dictionary, part.prologue))  # type: ignore[attr-defined]
         self.gated = 0  # changes kept out
 
@@ -107,6 +109,8 @@ class GatedLeafPart:
         return []
 
     def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_ALL) -> list[tuple[int, tuple]]:
+        if p not in self.predicates:
+            return []
         if self.gate is not None and not self.gate.passes(s, p, o, g):
             self.gated += 1
             return []
@@ -156,6 +160,17 @@ class WorkerEngine(Engine):
     def columns(self, name: str) -> tuple[str, ...]:
         op = self.operators.get(name)
         return op.columns if op is not None else super().columns(name)
+
+    def term_predicates(self) -> frozenset[int] | None:
+        """The predicates of the changes whose terms the operators read: those of the pushed FILTERs when every
+        operator here is a gated leaf, else None (an operator query reads every change's)."""
+        predicates: set[int] = set()
+        for op in self.operators.values():
+            if not isinstance(op, GatedLeafPart):
+                return None
+            if op.gate is not None:
+                predicates.update(op.gate.gates)
+        return frozenset(predicates)
 
     def _apply_with_operators(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
                               role: int = ROLE_ALL) -> list:
