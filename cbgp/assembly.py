@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from cbgp.plan import decompose
-from cbgp.sparql import ParsedQuery, TriplePattern, graph_variable, is_bnode_var, is_var, parse_query
+from cbgp.sparql import ParsedQuery, graph_instance, graph_variable, is_bnode_var, is_var, parse_query
 
 STATE_VERSION = 1
 
@@ -320,9 +320,6 @@ class Assembler:
         return assembler
 
 
-_BOUND_GRAPH = "<urn:cbgp:bound-graph>"  # stands for one graph in a GRAPH ?g query's instance; never looked up
-
-
 class GraphAssembler:
     """The answers of a ``GRAPH ?g`` query with several parts: per named graph, the product of the parts'
     rows *of that graph* (the parts join on ?g and on nothing else).  Each part's rows carry ?g first
@@ -340,10 +337,7 @@ class GraphAssembler:
         self.columns: tuple[str, ...] = _output_columns(parsed)
         self.distinct = parsed.distinct
         self._graph_at = self.columns.index(graph[1:]) if graph[1:] in self.columns else -1
-        self._instance = ParsedQuery(
-            parsed.text, tuple(TriplePattern(t.s, t.p, t.o, _BOUND_GRAPH) for t in parsed.patterns),
-            tuple(v for v in parsed.projected if v != graph[1:]), parsed.distinct, parsed.select_star,
-            tuple(v for v in parsed.variables if v != graph))
+        self._instance = graph_instance(parsed)  # (?g, no longer a variable there, is in none of its columns)
         self._graphs: dict[int, Assembler] = {}
         self._graph_counts: dict[Row, int] = {}  # DISTINCT without ?g: row -> graphs where it is an answer
         self._stale = False  # absorb() changed the graphs' answers: _graph_counts is rebuilt before use

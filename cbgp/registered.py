@@ -16,7 +16,7 @@ from typing import Iterable
 
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
 from cbgp.shared import EdgeTable
-from cbgp.sparql import ParsedQuery, TriplePattern, graph_variable, is_var
+from cbgp.sparql import BOUND_GRAPH, ParsedQuery, graph_instance, graph_variable, is_var
 from cbgp.state import SINGLE, VAR_VAR, ComponentState, GroundState, StarState
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
@@ -309,9 +309,6 @@ class RegisteredQuery:
             state.compile()
 
 
-_BOUND_GRAPH = "<urn:cbgp:bound-graph>"  # stands for an instance's graph in its patterns; never looked up
-
-
 class PerGraphQuery:
     """A query whose patterns all sit in one `GRAPH ?g` block: one instance per named graph.
 
@@ -341,19 +338,11 @@ class PerGraphQuery:
             return found, False
         # The graph is known by id only (a worker's dictionary need not hold data terms): patterns get a
         # placeholder constant that the instance maps straight to that id.
-        term = _BOUND_GRAPH
         var = self.graph_var
-
-        def sub(value: str) -> str:
-            return term if value == var else value
-
-        patterns = tuple(TriplePattern(sub(t.s), t.p, sub(t.o), term) for t in self.query.patterns)
-        instance_query = ParsedQuery(self.query.text, patterns, self.query.projected, self.query.distinct,
-                                     self.query.select_star,
-                                     tuple(v for v in self.query.variables if v != var))
+        instance_query = graph_instance(self.query)
         constants = {var[1:]: graph} if var[1:] in self.query.projected else {}
         created = RegisteredQuery(self.name, decompose(instance_query), self.number, self.dictionary,
-                                  constants, owner=self, bound_terms={_BOUND_GRAPH: graph})
+                                  constants, owner=self, bound_terms={BOUND_GRAPH: graph})
         # Rows must list the columns in the wrapper's order whichever variables the instance has.
         created.columns = tuple(c for c in self.columns if c in created.columns)
         # DISTINCT is over every graph's solutions (a row found in two graphs is one answer): one count for all.

@@ -432,6 +432,23 @@ def graph_variable(query: ParsedQuery) -> str | None:
     return None
 
 
+BOUND_GRAPH = "<urn:cbgp:bound-graph>"  # stands for one graph in a GRAPH ?g query's instance; never looked up
+
+
+def graph_instance(query: ParsedQuery) -> ParsedQuery:
+    """A ``GRAPH ?g`` query with its graph bound: every pattern in :data:`BOUND_GRAPH`, ``?g`` in a subject or
+    object position that constant too, ``?g`` no longer a variable (it stays projected: each user gives it the
+    graph's own value)."""
+    var = graph_variable(query)
+
+    def sub(value: str) -> str:
+        return BOUND_GRAPH if value == var else value
+
+    patterns = tuple(TriplePattern(sub(t.s), t.p, sub(t.o), BOUND_GRAPH) for t in query.patterns)
+    return ParsedQuery(query.text, patterns, query.projected, query.distinct, query.select_star,
+                       tuple(v for v in query.variables if v != var))
+
+
 def _check_graph_variable(text: str, patterns: list[TriplePattern]) -> None:
     """`GRAPH ?g` is evaluated once per named graph, so every pattern must be inside that one block."""
     graph_vars = {p.g for p in patterns if p.g is not None and is_var(p.g)}
