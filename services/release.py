@@ -356,29 +356,26 @@ class SeqRelease:
 
     def _operators_of(self, state: _Partition, key: tuple[str, int]) -> Operators | None:
         """The operators of ``key`` if it is an operator query placed by centre (else None)."""
-        found = state.assemblers.get(key)
-        if found is not None:
-            return found if isinstance(found, Operators) else None
-        text = self.query_text(*key) if self.query_text is not None else None
-        if text is None or read_query(text, None)[1] is None:
-            return None
-        found = self._assembler_of(state, key)
+        found = self._assembler_of(state, key, operators_only=True)
         return found if isinstance(found, Operators) else None
 
     def _assembler(self, state: _Partition, deltas: PartDeltaColumns) -> Assembler | GraphAssembler | Operators | None:
         return self._assembler_of(state, (deltas.query_id, deltas.version))
 
-    def _assembler_of(self, state: _Partition,
-                      key: tuple[str, int]) -> Assembler | GraphAssembler | Operators | None:
-        """A product's assembler, or an operator query's operators (``Operators``), made from its text."""
+    def _assembler_of(self, state: _Partition, key: tuple[str, int],
+                      operators_only: bool = False) -> Assembler | GraphAssembler | Operators | None:
+        """A product's assembler, or an operator query's operators (``Operators``), made from its text
+        (``operators_only``: none is made for a BGP query)."""
         assembler = state.assemblers.get(key)
         if assembler is None:
             text = self.query_text(*key) if self.query_text is not None else None
             if text is None:
                 return None
+            parsed, operators = read_query(text, None)
+            if operators is None and operators_only:
+                return None
             for stale in [k for k in state.assemblers if k[0] == key[0] and k[1] < key[1]]:
                 del state.assemblers[stale]  # a re-registration starts from nothing
-            parsed, operators = read_query(text, None)
             assembler = state.assemblers[key] = (assembler_for(parsed) if operators is None
                                                  else Operators(operators, self.terms))
         return assembler

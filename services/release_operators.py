@@ -5,7 +5,7 @@ way of reporting ASK.  No Kafka here."""
 from __future__ import annotations
 
 from cbgp.terms import TermDictionary
-from services.worker_core.engine import ASK_FALSE, ASK_TRUE, ASK_VARIABLE
+from services.worker_core.engine import ASK_FALSE, ASK_TRUE, ASK_VARIABLE, ask_flip, ask_initial
 
 
 class KnownTerms(TermDictionary):
@@ -50,18 +50,9 @@ class Operators:
         self.ask = self.assembler.form == "ASK"
         self.columns = (ASK_VARIABLE,) if self.ask else tuple(self.assembler.columns)
         self.true, self.false = (dictionary.encode(ASK_TRUE),), (dictionary.encode(ASK_FALSE),)
-        self.initial = self._reported(self.assembler.initial(), initial=True)
+        rows = self.assembler.initial()
+        self.initial = ask_initial(rows, self.true, self.false) if self.ask else rows
         self.restored: list[tuple] = []  # (seq, src, offset, index, part, sign, row, variables), see note()
-
-    def _reported(self, deltas: list[tuple[int, tuple]], initial: bool = False) -> list[tuple[int, tuple]]:
-        if not self.ask:
-            return deltas
-        if initial:
-            return [(1, self.true if sum(sign for sign, _row in deltas) > 0 else self.false)]
-        net = sum(sign for sign, _row in deltas)
-        if net > 0:
-            return [(-1, self.false), (1, self.true)]
-        return [(-1, self.true), (1, self.false)] if net < 0 else []
 
     def note(self, seq: int, key: tuple, part: int, sign: int, row: tuple, variables: tuple[str, ...]) -> None:
         """A part delta released before a restart (read again by the restore, in any order)."""
@@ -89,7 +80,8 @@ class Operators:
                 start = end
 
     def apply(self, items: list[tuple[int, int, tuple, tuple[str, ...]]]) -> list[tuple[int, tuple]]:
-        return self._reported(self.assembler.apply(items))
+        deltas = self.assembler.apply(items)
+        return ask_flip(deltas, self.true, self.false) if self.ask and deltas else deltas
 
 
 __all__ = ["KnownTerms", "Operators"]

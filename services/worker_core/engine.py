@@ -44,6 +44,19 @@ class ShardDictionary(TermDictionary):
         return term_id in self._terms
 
 
+def ask_initial(rows: list[tuple[int, tuple]], true: tuple, false: tuple) -> list[tuple[int, tuple]]:
+    """An ASK query's first answer as the fleet reports it: ``?ask`` true if the algebra's empty row is there."""
+    return [(1, true if sum(sign for sign, _row in rows) > 0 else false)]
+
+
+def ask_flip(deltas: list[tuple[int, tuple]], true: tuple, false: tuple) -> list[tuple[int, tuple]]:
+    """An ASK query's deltas as the fleet reports them: its empty row coming or going flips ``?ask``."""
+    net = sum(sign for sign, _row in deltas)
+    if net > 0:
+        return [(-1, false), (1, true)]
+    return [(-1, true), (1, false)] if net < 0 else []
+
+
 class FleetOperatorQuery:
     """One operator query (``cbgp.algebra.OperatorQuery``) as the fleet reports it: rows in ``columns``
     order (None: unbound), and ASK as the boolean variable ``?ask`` (the algebra's one empty row while the
@@ -62,20 +75,11 @@ class FleetOperatorQuery:
 
     def initial(self) -> list[tuple[int, tuple]]:
         rows = self.query.initial()
-        if not self.ask:
-            return rows
-        return [(1, self.true if sum(sign for sign, _row in rows) > 0 else self.false)]
+        return ask_initial(rows, self.true, self.false) if self.ask else rows
 
     def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_ALL) -> list[tuple[int, tuple]]:
         deltas = self.query.apply(sign, s, p, o, g)  # (a whole shard's changes: every role)
-        if not self.ask or not deltas:
-            return deltas
-        net = sum(d_sign for d_sign, _row in deltas)
-        if net > 0:
-            return [(-1, self.false), (1, self.true)]
-        if net < 0:
-            return [(-1, self.true), (1, self.false)]
-        return []
+        return ask_flip(deltas, self.true, self.false) if self.ask and deltas else deltas
 
     def state_entries(self) -> int:
         return self.query.state_entries()
