@@ -242,7 +242,9 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
         from cbgp.algebra.by_centre import leaf_parts
 
         operators = OperatorQuery(query, TermDictionary())
-        placement = BY_CENTRE if leaf_parts(query) is not None else SINGLE_OWNER
+        parts = leaf_parts(query)
+        placement = BY_CENTRE if parts is not None else SINGLE_OWNER
+        gated = {part.leaf for part in parts or () if part.pushed is not None}  # pushed on the workers too
         if as_json:
             json.dump({"form": query.form, "columns": list(query.columns), "placement": placement,
                        "where": OPERATORS_WHERE[placement],
@@ -259,9 +261,8 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
                     text = text.replace("placement in the fleet:", "this leaf in the fleet:")
                 pushed = sorted(leaf.pushed)
                 if pushed:
-                    plan = decompose(leaf.query)
                     text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed) + (
-                        "" if placement == SINGLE_OWNER or (len(plan.parts) == 1 and not plan.probed) else
+                        "" if placement == SINGLE_OWNER or number in gated else
                         " by `cbgp replay` and a single owner (by centre this leaf's probes or product keep every "
                         "match, and the FILTER runs with the operators)")
                 out.write(f"BGP leaf{number}: " + text + "\n")

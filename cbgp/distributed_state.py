@@ -19,10 +19,9 @@ def present_at(history: list[int], as_of: int) -> bool:
 
 class PatternStore:
     """The triples matching one pattern, stored at one end: end value (with a GRAPH ?g, (end value, graph))
-    -> other value -> flip history.  A
-    history of one flip ``[k]`` (present since k) is never rewritten; those of more flips are remembered in
-    ``dirty`` until :meth:`collapse` has folded them, so a collapse costs the entries that changed, not the
-    whole state."""
+    -> other value -> flip history.  A history of one flip ``[k]`` (present since k) is never rewritten; those
+    of more flips are remembered in ``dirty`` until :meth:`collapse` has folded them, so a collapse costs the
+    entries that changed, not the whole state."""
 
     __slots__ = ("table", "dirty", "size", "pairs", "sketch", "in_sketch", "sketch_max")
 

@@ -119,13 +119,14 @@ def operator_placement(spec: Any, stream: bool = False) -> str:
     return BY_CENTRE if not stream and leaf_parts(spec) is not None else SINGLE_OWNER
 
 
-def operator_plan(spec: Any, stream: bool = False) -> dict[str, Any]:
-    """The ``plan_json`` of an operator query: class, placement, form, answer variables and the operator tree."""
+def operator_plan(spec: Any, placement: str) -> dict[str, Any]:
+    """The ``plan_json`` of an operator query: class, placement (``operator_placement``), form, answer
+    variables and the operator tree."""
     from cbgp.algebra import OperatorQuery
     from cbgp.terms import TermDictionary
 
     tree = OperatorQuery(spec, TermDictionary()).explain().splitlines()
-    return {"class": OPERATORS_CLASS, "placement": operator_placement(spec, stream), "form": spec.form,
+    return {"class": OPERATORS_CLASS, "placement": placement, "form": spec.form,
             "columns": operator_columns(spec), "operators": tree}
 
 
@@ -134,7 +135,7 @@ _OPERATOR_NAMES = {"Filter": "FILTER", "LeftJoin": "OPTIONAL", "Union": "UNION",
                    "Join": "join", "Ask": "ASK", "Construct": "CONSTRUCT"}
 
 
-def operator_summary(spec: Any, stream: bool = False) -> str:
+def operator_summary(spec: Any, placement: str) -> str:
     """``operators: SELECT with OPTIONAL, FILTER over 2 BGP(s); ...`` (ACCEPTED messages)."""
     from cbgp.algebra import OperatorQuery
     from cbgp.terms import TermDictionary
@@ -146,7 +147,7 @@ def operator_summary(spec: Any, stream: bool = False) -> str:
         if name and name not in names:
             names.append(name)
     where = ("its BGP leaves by centre value on updates.routed, the operators by the answers service over their "
-             "deltas in seq order" if operator_placement(spec, stream) == BY_CENTRE else
+             "deltas in seq order" if placement == BY_CENTRE else
              "evaluated by its single owner on updates.encoded (the total order), the operators after the BGP engine")
     return (f"{OPERATORS_CLASS}: {spec.form} with {', '.join(names) or 'projection'} over "
             f"{len(query.leaves) + len(query.pattern_leaves)} BGP(s); {where}")
@@ -253,8 +254,9 @@ class Registry:
         version = max(existing.version if existing is not None else 0, self.retired.get(query_id, 0)) + 1
         seq = encoded_end()
         if plan is None:  # an operator query (issue 18)
-            plan_json, projected = operator_plan(operators, stream is not None), operator_columns(operators)
-            query_class, summary = OPERATORS_CLASS, operator_summary(operators, stream is not None)
+            placement = operator_placement(operators, stream is not None)
+            plan_json, projected = operator_plan(operators, placement), operator_columns(operators)
+            query_class, summary = OPERATORS_CLASS, operator_summary(operators, placement)
         else:
             plan_json, projected, query_class = plan.to_json(), list(plan.query.projected), plan.query_class
             summary = plan_summary(plan)
