@@ -384,20 +384,27 @@ def test_named_graph_queries_by_centre_equal_one_engine(seed: int) -> None:
     default graph), evaluated per graph where their centre lives: per update one engine's deltas, DISTINCT
     across graphs applied by the answers service; odd seeds register them halfway (a snapshot, then live
     deltas); workers and the answers service die now and then."""
+    want = check_seeded_run(generate_patch(360, seed=seed, subjects=5, graphs=3), GRAPH_QUERIES, seed)
+    assert all(want[name] for name in GRAPH_QUERIES), "every query has answers in the stream"
+
+
+def check_seeded_run(lines: list[str], queries: dict[str, str], seed: int) -> dict[str, Counter]:
+    """The simulated fleet over ``lines`` as ``seed`` sets it up (1-4 routed and 1-2 deltas partitions; odd
+    seeds register the queries halfway; seeds 1 mod 3 crash workers, 0 mod 3 the answers service), checked
+    against one engine per update; returns the engine's deltas."""
     rng = random.Random(seed)
-    lines = generate_patch(360, seed=seed, subjects=5, graphs=3)
-    late = set(GRAPH_QUERIES) if seed % 2 else set()
+    late = set(queries) if seed % 2 else set()
     registered: dict = {}
-    got = run_distributed(lines, GRAPH_QUERIES, 1 + seed % 4, 1 + seed % 2, rng, late=late,
+    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=late,
                           worker_crash_rate=0.05 * (seed % 3 == 1), crash_rate=0.1 * (seed % 3 == 0),
                           registered=registered)
-    want = run_whole(lines, GRAPH_QUERIES)
-    assert all(want[name] for name in GRAPH_QUERIES), "every query has answers in the stream"
+    want = run_whole(lines, queries)
     if late:
-        assert_late_answers(got, want, GRAPH_QUERIES, registered["seq"])
+        assert_late_answers(got, want, queries, registered["seq"])
     else:
-        for name in GRAPH_QUERIES:
+        for name in queries:
             assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
+    return want
 
 
 def assert_late_answers(got: dict[str, list[tuple[int, str, tuple]]], want: dict[str, Counter], names,
@@ -627,19 +634,7 @@ def test_operator_queries_by_centre_equal_one_engine(seed: int) -> None:
     """FILTER, OPTIONAL, aggregates, UNION, MINUS, DISTINCT, HAVING and a top-k over leaves evaluated by centre
     (one leaf a 3-hop path joined by probes, one a product): per update one engine's deltas; odd seeds register
     them halfway; workers and the answers service die now and then."""
-    rng = random.Random(seed)
-    lines = generate_patch(300, seed=seed, subjects=6)
-    late = set(OPERATOR_QUERIES) if seed % 2 else set()
-    registered: dict = {}
-    got = run_distributed(lines, OPERATOR_QUERIES, 1 + seed % 4, 1 + seed % 2, rng, late=late,
-                          worker_crash_rate=0.05 * (seed % 3 == 1), crash_rate=0.1 * (seed % 3 == 0),
-                          registered=registered)
-    want = run_whole(lines, OPERATOR_QUERIES)
-    if late:
-        assert_late_answers(got, want, OPERATOR_QUERIES, registered["seq"])
-    else:
-        for name in OPERATOR_QUERIES:
-            assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
+    check_seeded_run(generate_patch(300, seed=seed, subjects=6), OPERATOR_QUERIES, seed)
 
 
 @pytest.mark.parametrize("seed", range(20))
