@@ -37,13 +37,12 @@ from services.codec import canonical_binding, current_key, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_producer
 from services.release import SeqRelease
 from services.registry import tombstone_version
-from services.metrics import (ANSWER_LATENCY, DELTAS_EMITTED, PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT,
-                              record_consumer_lag)
+from services.metrics import ANSWER_LATENCY, DELTAS_EMITTED, record_consumer_lag
 from services.idempotence import ORDERED_SOURCE_BELOW
 from services.queries import read_registration
 from services.records import WHOLE_QUERY_PART, dead_letter
-from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, Stopper,
-                              commit_transaction, kv, origin_ms, read_range, read_window, record_ok, service_command)
+from services.runner import Step, run_processor
+from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, kv, origin_ms, read_range, read_window, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -403,10 +402,14 @@ class Plans:
 
 
 class AnswersService:
-    def __init__(self, settings: KafkaSettings, args: argparse.Namespace, ready: list[bool]) -> None:
+    """One life of the answers service: clients, core and release, a processor of the one runner loop
+    (:mod:`services.runner`)."""
+
+    service = SERVICE
+
+    def __init__(self, settings: KafkaSettings, args: argparse.Namespace) -> None:
         self.settings = settings
         self.args = args
-        self.ready = ready
         self.group = args.group or f"{settings.topic_prefix}answers"
         self.t_source = settings.topic("deltas.parts")
         self.t_answers = settings.topic("answers")
@@ -461,82 +464,88 @@ class AnswersService:
         unchanged re-assignment: see on_assign)."""
         self.assigned -= {tp.partition for tp in partitions}
 
-    def run(self, stopper: Stopper) -> None:
-        """Consume-process-produce until stopped.
-
-        Steps per batch (exactly-once):
-        1. poll deltas (rebalance callbacks restore new partitions here) and the dictionary;
-        2. wait (bounded) for term ids not yet in the dictionary;
-        3. release (services.release): Frontier records raise the watermark; a by-centre query's deltas are
-           held until every routed partition passed their seq, then released in seq order, DISTINCT applied;
-        4. number, deduplicate and decode each released delta (state changes in memory);
-        5. one transaction: answers + answers.current records, then the deltas.parts offsets, never past a
-           held delta, with the frontiers and the read position as commit metadata; a failure raises
-           :class:`TransactionFailed` and a new life restores from the answers topic and that metadata.
-        """
-        self.plans.load()  # before any restore: a restored stream of an unregistered query is then ended
+    def open(self) -> None:
+        """Read every plan (a restored stream of an unregistered query is then ended), then join the group: its
+        ``on_assign`` restores the partitions assigned (in ``poll``)."""
+        self.plans.load()
         self.input = GroupInput(self.settings, self.group, [self.t_source], self.args.batch,
                                 on_assign=self.on_assign, on_revoke=self.on_revoke)
         self.consumer = self.input.member
-        self.ready[0] = True
-        updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
-        latency = PROCESSING_LATENCY.labels(SERVICE)
-        try:
-            while not stopper.stopping:
-                msgs = [m for m in self.input.poll() if record_ok(m, log)]
-                self.plans.poll()
-                if not msgs:
-                    self._settle()
+
+    def poll(self) -> list[Message]:
+        assert self.input is not None
+        msgs = [m for m in self.input.poll() if record_ok(m, log)]
+        self.plans.poll()
+        return msgs
+
+    def process(self, msgs: list[Message]) -> Step | None:
+        """Per batch:
+        1. wait (bounded) for term ids not yet in the dictionary;
+        2. release (services.release): Frontier records raise the watermark; a by-centre query's deltas are
+           held until every routed partition passed their seq, then released in seq order, DISTINCT applied;
+        3. number, deduplicate and decode each released delta (state changes in memory);
+        4. the step: answers + answers.current records, then the deltas.parts offsets, never past a held delta,
+           with the frontiers and the read position as commit metadata (a new life restores from the answers
+           topic and that metadata).
+        """
+        if not msgs:
+            return None
+        records = _decoded(msgs)
+        self.dictionary.wait_for({i for deltas in records if deltas is not None for i in deltas.values})
+        outputs: list[Output] = self.core.settle(self.assigned)  # streams queries.plans ended
+        offsets: dict[int, int] = {}
+        lookup = self.dictionary.terms.get
+        release = self.release
+        for msg, record in zip(msgs, records):
+            partition, offset = msg.partition(), msg.offset()
+            if partition not in self.assigned:
+                continue
+            offsets[partition] = offset + 1
+            if record is None:
+                frontier = _frontier(msg.value())
+                mark = _probe_ready(msg.value()) if frontier is None else None
+                if mark is not None:  # a routed partition's share of a probed registration is in
+                    ready = release.on_ready(partition, offset, mark["query_id"], mark["version"],
+                                             mark["partition"], mark["as_of"])
+                elif frontier is None:  # undecodable: the core dead-letters it
+                    outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
                     continue
-                started = time.monotonic()
-                records = _decoded(msgs)
-                self.dictionary.wait_for({i for deltas in records if deltas is not None for i in deltas.values})
-                outputs: list[Output] = self.core.settle(self.assigned)  # streams queries.plans ended
-                offsets: dict[int, int] = {}
-                lookup = self.dictionary.terms.get
-                release = self.release
-                for msg, record in zip(msgs, records):
-                    partition, offset = msg.partition(), msg.offset()
-                    if partition not in self.assigned:
-                        continue
-                    offsets[partition] = offset + 1
-                    if record is None:
-                        frontier = _frontier(msg.value())
-                        mark = _probe_ready(msg.value()) if frontier is None else None
-                        if mark is not None:  # a routed partition's share of a probed registration is in
-                            ready = release.on_ready(partition, offset, mark["query_id"], mark["version"],
-                                                     mark["partition"], mark["as_of"])
-                        elif frontier is None:  # undecodable: the core dead-letters it
-                            outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
-                            continue
-                        else:
-                            ready = release.on_frontier(partition, frontier)
-                    else:
-                        ready = release.on_deltas(partition, offset, origin_ms(msg), record)
-                    for source_offset, origin, deltas in ready:
-                        outputs.extend(self.core.on_record(partition, source_offset, msg.value(), origin, lookup,
-                                                           deltas))
-                if not offsets:
-                    if outputs:
-                        commit_transaction(self.producer, outputs, [])
-                    continue  # every delta was of a partition revoked meanwhile
-                # Never past a held delta: a restart re-reads it (see services.release).
-                commits = {p: release.commit_position(p, o) for p, o in offsets.items()}
-                tps = [TopicPartition(self.t_source, p, o, metadata=m) for p, (o, m) in commits.items()]
-                commit_transaction(self.producer, outputs, [(tps, self.consumer.consumer_group_metadata())])
-                self.positions.update({p: o for p, (o, _m) in commits.items()})
-                HELD_DELTAS.set(release.held())
-                updates_in.inc(sum(len(deltas) for deltas in records if deltas is not None))
-                updates_out.inc(len(outputs))
-                latency.observe(time.monotonic() - started)
-                record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
-        finally:
-            self.ready[0] = False
-            if self.input is not None:
-                self.input.close()
-            self.dictionary.close()
-            self.plans.close()
-            self.producer.flush(5)
+                else:
+                    ready = release.on_frontier(partition, frontier)
+            else:
+                ready = release.on_deltas(partition, offset, origin_ms(msg), record)
+            for source_offset, origin, deltas in ready:
+                outputs.extend(self.core.on_record(partition, source_offset, msg.value(), origin, lookup, deltas))
+        if not offsets:
+            # every delta was of a partition revoked meanwhile
+            return Step(outputs) if outputs else None
+        # Never past a held delta: a restart re-reads it (see services.release).
+        commits = {p: release.commit_position(p, o) for p, o in offsets.items()}
+        tps = [TopicPartition(self.t_source, p, o, metadata=m) for p, (o, m) in commits.items()]
+        assert self.consumer is not None
+        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())],
+                    sum(len(deltas) for deltas in records if deltas is not None), commits)
+
+    def committed(self, step: Step) -> None:
+        if step.detail is None:
+            return
+        self.positions.update({p: o for p, (o, _m) in step.detail.items()})
+        HELD_DELTAS.set(self.release.held())
+        assert self.input is not None
+        record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
+
+    def idle(self) -> Step | None:
+        """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction
+        of their own: nothing is consumed, so nothing else commits with them."""
+        outputs = self.core.settle(self.assigned)
+        return Step(outputs) if outputs else None
+
+    def close(self, clean: bool = True) -> None:
+        if self.input is not None:
+            self.input.close()
+        self.dictionary.close()
+        self.plans.close()
+        self.producer.flush(5)
 
     def _query_text(self, query_id: str, version: int) -> str | None:
         """A registration's query, for a by-centre product's assembler: its plan is in queries.plans before any
@@ -546,13 +555,6 @@ class AnswersService:
             self.plans.load()
             text = self.core.texts.get((query_id, version))
         return text
-
-    def _settle(self) -> None:
-        """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction
-        of their own: nothing is consumed, so nothing else commits with them."""
-        outputs = self.core.settle(self.assigned)
-        if outputs:
-            commit_transaction(self.producer, outputs, [])
 
 
 def _frontier(value: bytes | None) -> dict[int, int] | None:
@@ -583,6 +585,6 @@ def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:
 def register(commands: argparse._SubParsersAction) -> dict:
     """Add ``cbgp answers`` to the CLI (called by ``services.cli``, which assembles the commands)."""
     return service_command(commands, SERVICE, "number deltas and maintain current answers (service)",
-                           lambda settings, args, stopper, ready: AnswersService(settings, args, ready).run(stopper),
+                           lambda settings, args, stopper, ready: run_processor(AnswersService(settings, args), stopper, ready),
                            batch=1000,
                            batch_help="deltas.parts records per transaction (a worker's record holds many deltas)")

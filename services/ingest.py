@@ -11,7 +11,7 @@ Topology (``cbgp ingest``)::
 
 :class:`IngestProcessor` (:mod:`services.ingest_core`, re-exported here) is the whole transform, with no Kafka
 client in it: it maps raw records to output records and updates its state (presence set, next seq, dictionary
-cache).  :func:`run` wraps it in a transactional consume-process-produce loop.  Its state is a pure function of
+cache).  :class:`IngestService` is its processor for the one runner loop (:mod:`services.runner`).  Its state is a pure function of
 updates.encoded (presence set, seq) and the dictionary topic: the two logs are its changelogs.  A local checkpoint (``--state-dir``, a RocksDB
 store: :mod:`services.state`) saves the state with the positions in those logs that it reflects, so a restore loads
 it and reads only the logs' tails (:func:`restore`); without one it reads them from offset 0.
@@ -30,8 +30,9 @@ from services import codec
 from services.ingest_core import (MAX_BATCH_CHANGES, MAX_TERM_CHARS, NOOP_UPDATES, SERVICE, GraphMirror,  # noqa: F401
                                   IngestProcessor, RawRecord, _position_problem, replay_outputs)
 from services.kafka import KafkaSettings, end_offsets, make_producer
-from services.metrics import PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT, record_consumer_lag
-from services.runtime import GroupInput, Output, Stopper, commit_transaction, kv, service_command
+from services.metrics import record_consumer_lag
+from services.runner import Step, run_processor
+from services.runtime import GroupInput, Output, Stopper, kv, service_command
 from services.state import Checkpoint, Checkpointer, Store, StoreError, presence, recovery
 
 log = logging.getLogger("cbgp.ingest")
@@ -111,119 +112,125 @@ def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, di
     return checkpoint
 
 
-def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:
-    """One life of the service: consume-process-produce until stopped, with the state restored from the logs
-    when partitions are assigned (``on_assign``).
+class IngestService:
+    """One life of the ingest service, as :func:`services.runner.run_processor` drives it.
 
-    Steps per batch (exactly-once):
-    1. poll up to ``--batch`` raw records;
-    2. transform them with the processor (state changes in memory only);
-    3. one transaction: dictionary entries, encoded, routed and dead letters, then the raw offsets;
-    4. on failure the transaction is aborted and :class:`TransactionFailed` propagates: ``run_service``
-       starts a new life, which restores the state from the committed logs, so nothing half-done survives;
-    5. after a commit, at most every ``--checkpoint-interval`` seconds (and when idle or stopping), the state is
-       checkpointed to the store under ``--state-dir`` (:func:`save_checkpoint`): never before its transaction
-       committed, so a checkpoint never holds a change the logs lack.
+    Per batch: up to ``--batch`` raw records are transformed by :class:`IngestProcessor` (state changes in memory
+    only); the runner commits dictionary entries, encoded, routed and dead letters with the raw offsets in one
+    transaction; only then (``committed``), at most every ``--checkpoint-interval`` seconds (and when idle or
+    stopping), is the state checkpointed to the store under ``--state-dir`` (:func:`save_checkpoint`), so a
+    checkpoint never holds a change the logs lack.
     """
-    # Partition counts come from the broker, not the flags: routing must match the topics as they exist.
-    partitions = (len(end_offsets(settings, settings.topic("updates.routed"))),
-                  len(end_offsets(settings, settings.topic("dictionary"))))
-    processor = IngestProcessor(settings, *partitions)
-    raw_topic = settings.topic("updates.raw")
-    group = args.group or f"{settings.topic_prefix}ingest"
-    producer = make_producer(settings, transactional_id=f"{group}.{args.instance_id}")
-    consumer: GroupInput | None = None
-    store = (recovery.open_store(args.state_dir, f"{settings.topic_prefix}{SERVICE}-{args.instance_id}")
-             if args.checkpoint_interval >= 0 else None)
-    checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0))
-    logs = {processor.t_encoded: sorted(end_offsets(settings, processor.t_encoded)),
-            processor.t_dictionary: list(range(partitions[1]))}
-    watermarks = Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks")) if store else None
 
-    def checkpoint(ends: dict[str, dict[int, int]] | None = None) -> None:
-        nonlocal store
-        if store is None:
-            return
-        try:
-            saved = save_checkpoint(processor, store, ends or recovery.log_ends(watermarks, logs))
-        except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
-            log.warning(kv(event="checkpoints-off", reason=str(exc)))
-            store.close()
-            store, processor.track_changes = None, False
-            processor.take_changes()
-            return
-        checkpointer.saved()
-        log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
-                    terms=saved.facts["terms"], positions=saved.describe()))
-    positions: dict[int, int] = {}  # next raw offset per partition that the processor's state includes
-    owned: set[int] = set()  # raw partitions assigned now
+    service = SERVICE
 
-    def on_assign(_member: Consumer, assigned: list[TopicPartition]) -> None:
+    def __init__(self, settings: KafkaSettings, args: argparse.Namespace) -> None:
+        # Partition counts come from the broker, not the flags: routing must match the topics as they exist.
+        self.partitions = (len(end_offsets(settings, settings.topic("updates.routed"))),
+                           len(end_offsets(settings, settings.topic("dictionary"))))
+        self.settings, self.args = settings, args
+        self.processor = IngestProcessor(settings, *self.partitions)
+        self.raw_topic = settings.topic("updates.raw")
+        self.group = args.group or f"{settings.topic_prefix}ingest"
+        self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
+        self.consumer: GroupInput | None = None
+        self.store = (recovery.open_store(args.state_dir, f"{settings.topic_prefix}{SERVICE}-{args.instance_id}")
+                      if args.checkpoint_interval >= 0 else None)
+        self.checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0))
+        self.logs = {self.processor.t_encoded: sorted(end_offsets(settings, self.processor.t_encoded)),
+                     self.processor.t_dictionary: list(range(self.partitions[1]))}
+        self.watermarks = (Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks"))
+                           if self.store else None)
+        self.positions: dict[int, int] = {}  # next raw offset per partition that the processor's state includes
+        self.owned: set[int] = set()  # raw partitions assigned now
+
+    def open(self) -> None:
+        self.consumer = GroupInput(self.settings, self.group, [self.raw_topic], self.args.batch,
+                                   on_assign=self.on_assign, on_revoke=self.on_revoke)
+
+    def on_assign(self, _member: Consumer, assigned: list[TopicPartition]) -> None:
         # The state is global (one order, one presence set), so it is rebuilt whenever any assigned raw
         # partition was processed elsewhere since this life last saw it: at the start of every life, and when
         # a standby replica takes over.  An unchanged re-assignment keeps it.
-        nonlocal processor
         committed = {tp.partition: tp.offset for tp in assigned}  # GroupInput passes the committed offsets
-        if any(positions.get(p) != offset for p, offset in committed.items()):
-            processor = IngestProcessor(settings, *partitions)
-            ends = restore(processor, settings, store)
-            if processor.changed or processor.new_terms:
-                checkpoint(ends)  # what the tail added: the next restore need not read it again
-            positions.clear()
-            positions.update(committed)
-        owned.clear()
-        owned.update(committed)
+        if any(self.positions.get(p) != offset for p, offset in committed.items()):
+            self.processor = IngestProcessor(self.settings, *self.partitions)
+            ends = restore(self.processor, self.settings, self.store)
+            if self.processor.changed or self.processor.new_terms:
+                self.checkpoint(ends)  # what the tail added: the next restore need not read it again
+            self.positions.clear()
+            self.positions.update(committed)
+        self.owned.clear()
+        self.owned.update(committed)
 
-    def on_revoke(_member: Consumer, revoked: list[TopicPartition]) -> None:
-        owned.difference_update(tp.partition for tp in revoked)  # nothing of theirs is processed from here on
+    def on_revoke(self, _member: Consumer, revoked: list[TopicPartition]) -> None:
+        self.owned.difference_update(tp.partition for tp in revoked)  # nothing of theirs is processed from here on
 
-    try:
-        consumer = GroupInput(settings, group, [raw_topic], args.batch, on_assign=on_assign, on_revoke=on_revoke)
-        ready[0] = True
-        updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
-        latency = PROCESSING_LATENCY.labels(SERVICE)
-        while not stopper.stopping:
-            msgs = [m for m in consumer.poll() if m.error() is None]
-            if not msgs:
-                if checkpointer.due():
-                    checkpoint()  # idle: save what the last transactions changed
-                continue
-            started = time.monotonic()
-            outputs: list[Output] = []
-            offsets: dict[int, int] = {}
-            for msg in msgs:
-                if msg.partition() not in owned:
-                    continue  # revoked meanwhile
-                ts_type, ts = msg.timestamp()
-                headers = msg.headers()
-                raw = RawRecord(msg.value(), {k: v for k, v in headers if v is not None} if headers else {},
-                                msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
-                outputs.extend(processor.accept(raw))
-                offsets[msg.partition()] = msg.offset() + 1
-            if not offsets:
-                continue
-            outputs.extend(processor.flush())
-            tps = [TopicPartition(raw_topic, p, o) for p, o in offsets.items()]
-            commit_transaction(producer, outputs, [(tps, consumer.consumer_group_metadata())])
-            checkpointer.committed()
-            if checkpointer.due():
-                checkpoint()
-            positions.update(offsets)
-            updates_in.inc(len(msgs))
-            updates_out.inc(len(outputs))
-            latency.observe(time.monotonic() - started)
-            record_consumer_lag(consumer.fetcher.consumer, consumer.fetcher.positions)
-        if checkpointer.unsaved:
-            checkpoint()  # a clean stop: every transaction committed, so the next life starts from here
-    finally:
-        ready[0] = False
-        if consumer is not None:
-            consumer.close()  # leaves the group now rather than after the session timeout
-        producer.flush(5)
-        if watermarks is not None:
-            watermarks.close()
-        if store is not None:
-            store.close()
+    def poll(self) -> list[Message]:
+        assert self.consumer is not None
+        return [m for m in self.consumer.poll() if m.error() is None]
+
+    def process(self, msgs: list[Message]) -> Step | None:
+        outputs: list[Output] = []
+        offsets: dict[int, int] = {}
+        for msg in msgs:
+            if msg.partition() not in self.owned:
+                continue  # revoked meanwhile
+            ts_type, ts = msg.timestamp()
+            headers = msg.headers()
+            raw = RawRecord(msg.value(), {k: v for k, v in headers if v is not None} if headers else {},
+                            msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
+            outputs.extend(self.processor.accept(raw))
+            offsets[msg.partition()] = msg.offset() + 1
+        if not offsets:
+            return None
+        outputs.extend(self.processor.flush())
+        assert self.consumer is not None
+        tps = [TopicPartition(self.raw_topic, p, o) for p, o in offsets.items()]
+        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())], len(msgs), offsets)
+
+    def committed(self, step: Step) -> None:
+        self.checkpointer.committed()
+        if self.checkpointer.due():
+            self.checkpoint()
+        self.positions.update(step.detail)
+        assert self.consumer is not None
+        record_consumer_lag(self.consumer.fetcher.consumer, self.consumer.fetcher.positions)
+
+    def idle(self) -> None:
+        if self.checkpointer.due():
+            self.checkpoint()  # idle: save what the last transactions changed
+
+    def checkpoint(self, ends: dict[str, dict[int, int]] | None = None) -> None:
+        if self.store is None:
+            return
+        try:
+            saved = save_checkpoint(self.processor, self.store, ends or recovery.log_ends(self.watermarks, self.logs))
+        except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
+            log.warning(kv(event="checkpoints-off", reason=str(exc)))
+            self.store.close()
+            self.store, self.processor.track_changes = None, False
+            self.processor.take_changes()
+            return
+        self.checkpointer.saved()
+        log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
+                    terms=saved.facts["terms"], positions=saved.describe()))
+
+    def close(self, clean: bool) -> None:
+        if clean and self.checkpointer.unsaved:
+            self.checkpoint()  # a clean stop: every transaction committed, so the next life starts from here
+        if self.consumer is not None:
+            self.consumer.close()  # leaves the group now rather than after the session timeout
+        self.producer.flush(5)
+        if self.watermarks is not None:
+            self.watermarks.close()
+        if self.store is not None:
+            self.store.close()
+
+
+def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:
+    """One life of the service (see :class:`IngestService`)."""
+    run_processor(IngestService(settings, args), stopper, ready)
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

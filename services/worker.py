@@ -28,10 +28,9 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from prometheus_client import Gauge
 
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
-from services.metrics import (PROCESSING_LATENCY, STATE_BYTES, STATE_ENTRIES, UPDATES_IN, UPDATES_OUT,
-                              record_consumer_lag)
-from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, Stopper,
-                              commit_transaction, idle_pause, kv, origin_ms, read_range, read_window, record_ok,
+from services.metrics import STATE_BYTES, STATE_ENTRIES, record_consumer_lag
+from services.runner import Step, run_processor
+from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv, origin_ms, read_range, read_window, record_ok,
                               require_from, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
 from services import codec
@@ -96,12 +95,13 @@ class DictionaryTerms:
 
 
 class WorkerService:
-    """One life of a worker: clients, core, and the transactional loop."""
+    """One life of a worker: clients and core, a processor of the one runner loop (:mod:`services.runner`)."""
 
-    def __init__(self, settings: KafkaSettings, args: argparse.Namespace, ready: list[bool]) -> None:
+    service = SERVICE
+
+    def __init__(self, settings: KafkaSettings, args: argparse.Namespace) -> None:
         self.settings = settings
         self.args = args
-        self.ready = ready
         self.group = args.group or f"{settings.topic_prefix}workers"
         self.t_routed = settings.topic("updates.routed")
         self.t_encoded = settings.topic("updates.encoded")
@@ -272,48 +272,40 @@ class WorkerService:
 
     # -- the loop
 
-    def run(self, stopper: Stopper) -> None:
-        """Consume-process-produce until stopped.
-
-        Steps per iteration (exactly-once):
-        1. apply new plans (late registrations replay their shard's log and queue snapshots);
-        2. poll routed records (rebalance callbacks restore new partitions here), then each whole shard's
-           encoded records;
-        3. feed them to the core, in offset order per shard;
-        4. one transaction: queued snapshots + deltas, then every shard's next offset with the plans
-           positions as commit metadata (routed offsets in the worker group, encoded ones in the shard's
-           own group); on failure :class:`TransactionFailed` ends this life and a new one restores.
-        """
+    def open(self) -> None:
+        """Read every plan, then join the workers' group: its ``on_assign`` restores routed shards (in ``poll``)."""
         self.load_plans()
         self.plans.unassign()
         self.routed_in = GroupInput(self.settings, self.group, [self.t_routed], self.args.batch,
                                     on_assign=self.on_assign, on_revoke=self.on_revoke)
         self.consumer = self.routed_in.member
-        self.ready[0] = True
-        updates_in, updates_out = UPDATES_IN.labels(SERVICE), UPDATES_OUT.labels(SERVICE)
-        latency = PROCESSING_LATENCY.labels(SERVICE)
-        try:
-            while not stopper.stopping:
-                self.poll_plans_window()
-                routed, encoded = self._poll_inputs()
-                started = time.monotonic()
-                outputs = self.pending
-                self.pending = []
-                count = self._process(routed, outputs)
-                count += self._process_whole(encoded, outputs)
-                outputs.extend(self.core.flush_batches())
-                if not (count or outputs or self.dirty):
-                    self._report()
-                    continue
-                commit_transaction(self.producer, outputs, self._offsets())
-                self.dirty = False
-                updates_in.inc(count)
-                updates_out.inc(len(outputs))
-                latency.observe(time.monotonic() - started)
-                self._report()
-        finally:
-            self.ready[0] = False
-            self.close()
+
+    def poll(self) -> tuple[list[Message], tuple[int, list[Message]]]:
+        """New plans first (late registrations replay their shard's log and queue snapshots), then routed
+        records (rebalance callbacks restore new partitions here) and each whole shard's encoded records."""
+        self.poll_plans_window()
+        return self._poll_inputs()
+
+    def process(self, polled: tuple[list[Message], tuple[int, list[Message]]]) -> Step | None:
+        """Feed the batch to the core in offset order per shard: queued snapshots + deltas, and every shard's next
+        offset with the plans positions as commit metadata (routed offsets in the worker group, encoded ones in
+        each whole shard's own group)."""
+        routed, encoded = polled
+        outputs = self.pending
+        self.pending = []
+        count = self._process(routed, outputs)
+        count += self._process_whole(encoded, outputs)
+        outputs.extend(self.core.flush_batches())
+        if not (count or outputs or self.dirty):
+            return None
+        return Step(outputs, self._offsets(), count)
+
+    def committed(self, step: Step) -> None:
+        self.dirty = False
+        self._report()
+
+    def idle(self) -> None:
+        self._report()
 
     def _poll_inputs(self) -> tuple[list[Message], tuple[int, list[Message]]]:
         """Routed records and (epoch, encoded records) already fetched; when both inputs are idle, listen
@@ -426,7 +418,7 @@ class WorkerService:
             if labels[0] not in by_query:
                 QUERY_STATE.labels(*labels).set(0)
 
-    def close(self) -> None:
+    def close(self, clean: bool = True) -> None:
         if self.routed_in is not None:
             self.routed_in.close()  # leave the group now, not after the session timeout
         for partition in list(self.encoded):
@@ -440,7 +432,7 @@ class WorkerService:
 def register(commands: argparse._SubParsersAction) -> dict:
     """Add ``cbgp worker`` to the CLI (called by ``services.cli``, which assembles the commands)."""
     return service_command(commands, SERVICE, "hold star state and emit per-query deltas (service)",
-                           lambda settings, args, stopper, ready: WorkerService(settings, args, ready).run(stopper),
+                           lambda settings, args, stopper, ready: run_processor(WorkerService(settings, args), stopper, ready),
                            batch=5000, batch_help="most records per input per transaction (batches grow with the backlog)",
                            group="workers", id_flag="--worker-id",
                            id_help="stable worker name, part of the transactional id (default: host name)",

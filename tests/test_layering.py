@@ -40,7 +40,7 @@ LAYERS = (
       "services.queries", "services.registry", "services.worker_probes", "services.worker_core",
       "services.release", "services.release_operators", "services.state", "services.background_core")),
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
-    ("service runtime", ("services.runtime", "services.state.recovery")),
+    ("service runtime", ("services.runtime", "services.runner", "services.state.recovery")),
     ("services and the Spark job", ("services.ingest", "services.ingest_core", "services.worker", "services.answers",
                                     "services.background", "services.registry_faust",
                                     "services.usercli", "services.gateway", "spark")),

@@ -41,7 +41,7 @@ def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_sett
     owner = query_partition("grounded", settings.partitions)
     other = (owner + 1) % settings.partitions
     args = argparse.Namespace(group=None, instance_id="rebalance-test", batch=100, assembly="worker")
-    service = WorkerService(settings, args, [False])
+    service = WorkerService(settings, args)
     member = make_consumer(settings, service.group)  # answers committed() for the group, like the real member
     service.consumer = member
     routed = settings.topic("updates.routed")
@@ -94,7 +94,7 @@ def test_snapshots_of_a_revoked_partition_are_left_to_its_next_owner(kafka_setti
     settings = kafka_settings
     publish_encoded(settings, generate_patch(300, seed=4))
     args = argparse.Namespace(group=None, instance_id="revoke-snapshot-test", batch=100, assembly="worker")
-    service = WorkerService(settings, args, [False])
+    service = WorkerService(settings, args)
     member = make_consumer(settings, service.group)
     service.consumer = member
     routed = settings.topic("updates.routed")
