@@ -187,12 +187,12 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 
     columns = {name: engine.columns(name) for name, _ in queries}
     counters = {"updates": 0, "deltas": 0, "errors": 0}
+    write = out.write
     for name, sign, row in initial:  # operator queries can answer before any update (COUNT 0, VALUES, ASK)
         binding = {var: term_json(value) for var, value in zip(columns[name], row) if value is not None}
         write(json.dumps({"query": name, "seq": 0, "sign": "+" if sign > 0 else "-", "binding": binding}) + "\n")
         counters["deltas"] += 1
     meter = _Progress(progress, text.count("\n") + 1)
-    write = out.write
     dumps = json.dumps
     try:
         items = _update_items(patch_path, text) if fmt == UPDATE_FORMAT else parse_input(text, fmt, strict=strict)

@@ -49,6 +49,18 @@ def test_replay_runs_aggregates_optional_and_ask_with_retractions(files: Path):
     assert seen("ask") == [(2, "+", {}), (4, "-", {})]
 
 
+def test_replay_writes_the_answers_a_query_has_before_any_update(files: Path):
+    """A COUNT without GROUP BY answers 0 over the empty graph: that row comes first, at seq 0 (replay raised
+    UnboundLocalError on it before the output was opened)."""
+    (files / "total.rq").write_text("PREFIX ex: <http://ex/>\nSELECT (COUNT(*) AS ?n) WHERE { ?x ex:knows ?y }\n")
+    out = files / "total.jsonl"
+    result = cbgp("replay", "--patch", "updates.rdfp", "--query", "total=total.rq", "--out", str(out), cwd=files)
+    assert result.returncode == 0, result.stderr
+    counts = [(d["seq"], d["sign"], d["binding"]["n"]["value"]) for d in map(json.loads, out.read_text().splitlines())]
+    assert counts == [(0, "+", "0"), (1, "-", "0"), (1, "+", "1"), (2, "-", "1"), (2, "+", "2"), (4, "-", "2"),
+                      (4, "+", "1")]
+
+
 def test_explain_shows_the_operator_tree_and_its_bgp_leaves(files: Path):
     result = cbgp("explain", "opt.rq", cwd=files)
     assert result.returncode == 0, result.stderr
