@@ -363,7 +363,7 @@ def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], place
 
     def reader(kind: str, partition: int, start: int, end: int) -> list:
         source = logs[partition] if kind == "routed" else encoded
-        return [c for off, v in enumerate(source[start:end], start) for c in decode_changes(kind, off, v, None)]
+        return [c for off, v in enumerate(source[start:end], start) for c in decode_changes(kind, v)]
 
     def records(partition: int, start: int, end: int | None) -> list:
         return list(enumerate(logs[partition][start:end], start))
@@ -399,7 +399,7 @@ def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], place
                     busy = True
                 if whole is not None and encoded_cursor[p] < len(encoded):
                     i = encoded_cursor[p]
-                    outputs += core.on_record(whole, i, decode_changes("whole", i, encoded[i], None))
+                    outputs += core.on_record(whole, i, decode_changes("whole", encoded[i]))
                     encoded_cursor[p] += 1
                     busy = True
             outputs += core.flush_batches()
@@ -419,11 +419,12 @@ def evaluator_in_memory(updates: list[lsbench.UpdateRow], query: str, partitions
     (in seq order, each advancing its frontier; every partition's frontier moved every 500 changes, as ingest's
     marks do), probes and acks handed over as objects until none is left;
     against one plain Engine applying the same changes.  CPU seconds (process time) of each."""
-    from cbgp.distributed import PartitionEvaluator, compile_component, partition_of
+    from cbgp.distributed import PartitionEvaluator, compile_component
     from cbgp.engine import Engine
     from cbgp.plan import decompose
     from cbgp.sparql import parse_query
     from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
+    from services.records import routes
 
     dictionary = TermDictionary(stable=True)
     encode = dictionary.encode
@@ -440,9 +441,9 @@ def evaluator_in_memory(updates: list[lsbench.UpdateRow], query: str, partitions
     deltas = 0
     started = time.process_time()
     for seq, (sign, s, p, o) in enumerate(changes, 1):
-        ps, po = partition_of(s, partitions), partition_of(o, partitions)
         outs = []
-        for part, role in (((parts[ps], 3),) if ps == po else ((parts[ps], 1), (parts[po], 2))):
+        for dest, role in routes(s, o, partitions):  # as ingest routes them
+            part = parts[dest]
             outs.append(part.apply(seq, sign, s, p, o, DEFAULT_GRAPH_ID, role))
             outs.append(part.advance(seq))
         if seq % 500 == 0 or seq == len(changes):  # ingest's frontier marks, once per raw record of 500

@@ -49,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cbgp.change import Change  # noqa: E402
 from cbgp.assembly import Assembler, split_parts  # noqa: E402
 from cbgp.engine import Engine  # noqa: E402
 from cbgp.terms import TermDictionary, iri, literal  # noqa: E402
@@ -174,8 +175,8 @@ class WindowFeed:
                 triple, sign = self.vocab.random_triple(self.rng), 1
                 if len(self.present) < 50_000:
                     self.present.append(triple)
-            rows.append((self.seq, sign, *triple, 0, now_ms, 0, self.seq, False))
-        return codec.encode_encoded_batch(rows, "bench.updates.raw")
+            rows.append(Change(self.seq, sign, *triple, 0, now_ms))
+        return codec.encode_encoded_batch(rows, [(0, change.seq) for change in rows], "bench.updates.raw")
 
     def run(self, seconds: float, stop: threading.Event) -> None:
         per_tick = max(1, int(self.rate * TICK_S))
@@ -241,7 +242,7 @@ class AssemblyFeed:
                 for index, (name, d_sign, row) in enumerate(engine.apply(sign, *triple)):
                     query_id, part = names[name]
                     per_query.setdefault(query_id, []).append((part, d_sign, row))
-                    value = codec.encode_part_delta(query_id, part, seq, "PLUS" if d_sign > 0 else "MINUS",
+                    value = codec.encode_part_delta(query_id, part, seq, d_sign,
                                                     dict(zip(engine.columns(name), row)), -1, seq, index, False, None)
                     records.append((query_id.encode(), value, query_partition(query_id, settings.partitions)))
                 for query_id, deltas in per_query.items():

@@ -38,22 +38,16 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
+from cbgp.change import ROLE_OBJECT, ROLE_SUBJECT, partition_of
 from cbgp.distributed_program import ComponentProgram, PatternSpec, compile_component, probe_route
 from cbgp.distributed_state import LiveCounts, PatternStore, present_at
 from cbgp.plan import FAN_IN, FAN_OUT, OBJECT_END, SUBJECT_END, route_cost
 
-ROLE_SUBJECT = 1
-ROLE_OBJECT = 2
 
 Row = tuple[int, ...]
 
 # Route choices (_QueryState.choose_routes): after this many changes stored at a partition, then every so many.
 RECHOOSE_AT, RECHOOSE_EVERY = 256, 4096
-
-
-def partition_of(value: int, partitions: int) -> int:
-    """The partition of a term id: what ingest routes by (``services.records.routes``)."""
-    return value % partitions
 
 
 class Probe(NamedTuple):

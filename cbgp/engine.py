@@ -33,13 +33,14 @@ cost alone); the engine-wide figures count each table once.
 Partitioned use (state workers): `apply(..., role=ROLE_SUBJECT)` fires only the
 patterns whose centre is the subject (`?x p c`, `?x p ?x`, and in a single-centre
 component `?x p ?y` centred on ?x), ROLE_OBJECT only those centred on the object;
-other patterns (ground parts, products, multi-centre components) need ROLE_ALL.
+other patterns (ground parts, products, multi-centre components) need ROLE_BOTH.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
+from cbgp.change import ROLE_BOTH, ROLE_OBJECT, ROLE_SUBJECT  # noqa: F401  (re-exported)
 from cbgp.plan import Plan, decompose
 from cbgp.registered import (  # noqa: F401  (re-exported: the engine's public names stay here)
     _BY_OBJECT,
@@ -47,9 +48,6 @@ from cbgp.registered import (  # noqa: F401  (re-exported: the engine's public n
     _GROUND,
     _SELF_LOOP,
     _VAR_VAR,
-    ROLE_ALL,
-    ROLE_OBJECT,
-    ROLE_SUBJECT,
     Delta,
     PerGraphQuery,
     RegisteredQuery,
@@ -114,7 +112,7 @@ class Engine:
         source = initial if initial is not None else (self.graph or ())
         out: list[Delta] = []
         for s, p, o, g in list(source):
-            self._dispatch(1, s, p, o, g, ROLE_ALL, out, only=registered)
+            self._dispatch(1, s, p, o, g, ROLE_BOTH, out, only=registered)
         return out
 
     def _index_handlers(self, registered: RegisteredQuery) -> None:
@@ -249,9 +247,9 @@ class Engine:
 
     # -- updates --
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID, role: int = ROLE_ALL) -> list[Delta]:
+    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID, role: int = ROLE_BOTH) -> list[Delta]:
         """Apply one change (ids) and return the delta answers of every query."""
-        if self.graph is not None and role == ROLE_ALL:
+        if self.graph is not None and role == ROLE_BOTH:
             quad = (s, p, o, g)
             if sign > 0:
                 self.graph.add(quad)
@@ -264,7 +262,7 @@ class Engine:
         return out
 
     def apply_to(self, name: str, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
-                 role: int = ROLE_ALL) -> list[Delta]:
+                 role: int = ROLE_BOTH) -> list[Delta]:
         """Apply one change (ids) to the query ``name`` alone and return its deltas.
 
         For bringing a query registered late up to date by replaying the changes the other queries already

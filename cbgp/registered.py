@@ -14,15 +14,13 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Iterable
 
+from cbgp.change import ROLE_BOTH, ROLE_OBJECT, ROLE_SUBJECT
 from cbgp.plan import ComponentPart, GroundPart, Plan, StarPart, decompose
 from cbgp.shared import EdgeTable
 from cbgp.sparql import BOUND_GRAPH, ParsedQuery, graph_instance, graph_variable, is_var
 from cbgp.state import SINGLE, VAR_VAR, ComponentState, GroundState, StarState
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
-ROLE_SUBJECT = 1
-ROLE_OBJECT = 2
-ROLE_ALL = 3
 
 Delta = tuple[str, int, tuple[int, ...]]
 
@@ -157,7 +155,7 @@ class RegisteredQuery:
         state = GroundState(len(part.patterns))
         # Whole query: by its subject's partition (the one subject of every pattern when placed by centre),
         # where a routed triple comes with the subject role; a change of the total order has every role.
-        role = ROLE_ALL if multi else ROLE_SUBJECT
+        role = ROLE_BOTH if multi else ROLE_SUBJECT
         for bit_no, index in enumerate(part.patterns):
             t = self.plan.query.patterns[index]
             self._add_handler(index, part_index, bit_no, state, 1 << bit_no, _GROUND, self._const(t.s),
@@ -177,7 +175,7 @@ class RegisteredQuery:
                 match, key, centre_role = _BY_SUBJECT, self._const(t.s), ROLE_OBJECT
             # Partitioned by centre value only when the star is the whole query; else every change counts once.
             self._add_handler(index, part_index, bit_no, state, 1 << bit_no, match, key, None,
-                              ROLE_ALL if multi else centre_role)
+                              ROLE_BOTH if multi else centre_role)
         return state
 
     def _component_part(self, part_index: int, part: ComponentPart, multi: bool) -> ComponentState:
@@ -208,7 +206,7 @@ class RegisteredQuery:
         for local, index in enumerate(part.patterns):
             match, key = matches[local]
             if centre is None:
-                role = ROLE_ALL
+                role = ROLE_BOTH
             else:
                 role = ROLE_SUBJECT if self.plan.query.patterns[index].s == centre else ROLE_OBJECT
             handler = self._add_handler(index, part_index, local, state, local, match, key, None, role)

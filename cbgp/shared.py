@@ -1,7 +1,7 @@
 """Relations of var-var patterns (``?x p ?y``), stored once and shared by every query that reads them.
 
 An `EdgeTable` holds the pairs (s, o) of the triples with one predicate in one graph that reached one
-partition role (`cbgp.engine` ROLE_SUBJECT / ROLE_OBJECT / ROLE_ALL): nothing in it depends on the query,
+partition role (`cbgp.change` ROLE_SUBJECT / ROLE_OBJECT / ROLE_BOTH): nothing in it depends on the query,
 so every registered query with a var-var pattern of that shape reads the same table (the engine keys
 tables by ``(graph, predicate, role)`` and counts their users), the way Materialize's shared arrangements
 serve every dataflow that needs one index.  Registering one more such query adds no copy of the pairs.

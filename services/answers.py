@@ -171,7 +171,7 @@ class AnswersCore:
         origin_text = str(origin).encode()
         name_key = name.encode()
         version = state.version
-        values, signs, seqs, snapshots = deltas.values, deltas.sign, deltas.seq, deltas.snapshot
+        values, diffs, seqs, snapshots = deltas.values, deltas.diff, deltas.seq, deltas.snapshot
         emitted = {"+": 0, "-": 0}
         for i in range(len(deltas)):
             src = deltas.source_partition[i]
@@ -200,7 +200,7 @@ class AnswersCore:
             state.n += 1
             if seqs[i] > state.seq:
                 state.seq = seqs[i]
-            sign = "+" if signs[i] == "PLUS" else "-"
+            sign = "+" if diffs[i] > 0 else "-"  # the Answer record's sign
             emitted[sign] += 1
             headers = [(SOURCE_HEADER, f"{src}:{key[1]}:{key[2]}".encode())]
             if latency is not None:

@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 from prometheus_client import Counter
 
+from cbgp.change import INSERT, ROLE_BOTH, Change
 from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
 from cbgp.update import UPDATE_FORMAT, UpdateDelta, UpdateExtractor, UpdateRequestError
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
@@ -110,8 +111,9 @@ class IngestProcessor:
         self.t_deadletter = settings.topic("deadletter")
         self.t_raw = settings.topic("updates.raw")
         # Changes since the last flush(): encoded rows, routed rows per partition, earliest origin time.
-        self.pending_encoded: list[tuple] = []
-        self.pending_routed: dict[int, list[tuple]] = {}
+        self.pending_encoded: list[Change] = []
+        self.pending_sources: list[tuple[int, int]] = []  # (raw partition, offset) of each pending_encoded change
+        self.pending_routed: dict[int, list[Change]] = {}
         self.pending_origin: int | None = None
         # What changed since the last checkpoint (kept only when a store is used: ``track_changes``): each quad
         # whose presence changed -> present now, and the terms published.
@@ -128,18 +130,18 @@ class IngestProcessor:
         so a restore may start below the true position of a checkpoint, never above it."""
         changes = codec.encoded_changes(value)
         changed = self.changed if self.track_changes else None
-        for seq, sign, s, p, o, g, _event_time, refresh in changes:
+        for seq, diff, s, p, o, g, _event_time, _role, refresh in changes:
             if refresh:
                 continue  # a repeated insert of a present quad: no change to the set
             quad = (s, p, o, g)
-            if sign > 0:
+            if diff > 0:
                 self.present.add(quad)
             else:
                 self.present.discard(quad)
             if changed is not None:
-                changed[quad] = sign > 0
+                changed[quad] = diff > 0
             self.seq = max(self.seq, seq)
-        return changes[0][0] if changes else -1
+        return changes[0].seq if changes else -1
 
     def restore_dictionary(self, record: dict) -> None:
         self.dictionary.add(record["id"], record["term"])
@@ -174,12 +176,12 @@ class IngestProcessor:
             return []
         if self.track_changes:
             changed = self.changed
-            for row in self.pending_encoded:
-                if not row[9]:  # a refresh row changes nothing
-                    changed[row[2:6]] = row[1] > 0
+            for change in self.pending_encoded:
+                if not change.refresh:  # a refresh changes nothing
+                    changed[change[2:6]] = change.diff > 0
         headers = [(ORIGIN_HEADER, str(self.pending_origin).encode())] if self.pending_origin is not None else []
-        out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, self.t_raw), None, 0, headers)
-               for rows in _chunks(self.pending_encoded)]
+        out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, sources, self.t_raw), None, 0, headers)
+               for rows, sources in zip(_chunks(self.pending_encoded), _chunks(self.pending_sources))]
         for partition, routed in sorted(self.pending_routed.items()):
             out.extend(Output(self.t_routed, codec.encode_routed_batch(rows), None, partition, headers)
                        for rows in _chunks(routed))
@@ -189,7 +191,7 @@ class IngestProcessor:
             out.extend(Output(self.t_routed, codec.encode_frontier({partition: self.seq}), None, partition)
                        for partition in range(self.n_routed))
             self.frontier_sent = self.seq
-        self.pending_encoded, self.pending_routed, self.pending_origin = [], {}, None
+        self.pending_encoded, self.pending_sources, self.pending_routed, self.pending_origin = [], [], {}, None
         return out
 
     def accept(self, raw: RawRecord) -> list[Output]:
@@ -309,7 +311,8 @@ class IngestProcessor:
             if quad in self.present:
                 NOOP_ADD.inc()
                 # no change to the graph, but event-time windows must see the newer time (spark.windows)
-                self.pending_encoded.append((self.seq, 1, *quad, event_time_ms, raw.partition, raw.offset, True))
+                self.pending_encoded.append(Change(self.seq, INSERT, *quad, event_time_ms, ROLE_BOTH, True))
+                self.pending_sources.append((raw.partition, raw.offset))
                 return
             self.present.add(quad)
         else:
@@ -321,12 +324,13 @@ class IngestProcessor:
             self.graph.apply(op, quad)
         self.seq += 1
         seq = self.seq
-        self.pending_encoded.append((seq, op, *quad, event_time_ms, raw.partition, raw.offset, False))
+        self.pending_encoded.append(Change(seq, op, *quad, event_time_ms))
+        self.pending_sources.append((raw.partition, raw.offset))
         pending = self.pending_routed
         for partition, role in routes(s_id, o_id, self.n_routed):
-            pending.setdefault(partition, []).append((seq, op, *quad, event_time_ms, role))
+            pending.setdefault(partition, []).append(Change(seq, op, *quad, event_time_ms, role))
 
-    def routes(self, s: int, o: int) -> tuple[tuple[int, str], ...]:
+    def routes(self, s: int, o: int) -> tuple[tuple[int, int], ...]:
         """``(routed partition, role)`` pairs of a change with subject ``s`` and object ``o``
         (:func:`services.records.routes`, which :meth:`process` runs)."""
         return routes(s, o, self.n_routed)
@@ -350,7 +354,7 @@ class IngestProcessor:
 MAX_BATCH_CHANGES = 2000  # changes per batch record (~80 KB): far below Kafka's 1 MB default record limit
 
 
-def _chunks(rows: list[tuple]) -> Iterator[list[tuple]]:
+def _chunks(rows: list) -> Iterator[list]:
     for start in range(0, len(rows), MAX_BATCH_CHANGES):
         yield rows[start:start + MAX_BATCH_CHANGES]
 

@@ -5,7 +5,8 @@ Spark job import these; the Kafka plumbing (``services.runtime``) produces the :
 
 - :class:`Output`: one record to produce (topic, key, value, explicit partition, headers);
 - :func:`query_partition`: the partition of everything keyed by query id;
-- :func:`routes`: the routed partitions (and the role of the centre) of one change, the one routing function;
+- :func:`routes` (from ``cbgp.change``): the routed partitions (and the role of the centre) of one change, the
+  one routing function;
 - :func:`dead_letter`: the one ``DeadLetter`` record builder of every service;
 - :data:`WHOLE_QUERY_PART`: ``PartDelta.part`` of a query's own answers (what the answers service numbers);
 - :data:`ORIGIN_HEADER`: the header carrying the raw record's time, for end-to-end latency;
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cbgp.change import routes  # noqa: F401  (re-exported: where the transforms look for it)
 from cbgp.terms import stable_term_id
 from services import codec
 from services.instruments import REJECTED_INPUTS
@@ -58,19 +60,6 @@ def kv(**fields: Any) -> str:
         text = str(value)
         parts.append(f"{key}={text!r}" if (" " in text or not text) else f"{key}={text}")
     return " ".join(parts)
-
-
-def routes(s_id: int, o_id: int, partitions: int) -> tuple[tuple[int, str], ...]:
-    """Where ingest sends a change to ``(s, p, o)``: ``(routed partition, role of its centre)`` pairs.
-
-    Stars and single-centre components are kept by the value of their centre, which is the subject or the
-    object of a pattern, so a change goes to its subject's partition (role ``SUBJECT``) and its object's
-    (``OBJECT``), or once with ``BOTH`` when the two share a partition.  This is the function ingest runs.
-    """
-    ps, po = s_id % partitions, o_id % partitions
-    if ps == po:
-        return ((ps, "BOTH"),)
-    return ((ps, "SUBJECT"), (po, "OBJECT"))
 
 
 def dead_letter(deadletter_topic: str, service: str, source_topic: str, partition: int, offset: int, reason: str,

@@ -170,11 +170,11 @@ class SeqRelease:
                 for i in released:
                     assembler.note(deltas.seq[i], (deltas.source_partition[i], deltas.source_offset[i],
                                                    deltas.index[i]), deltas.part,
-                                   1 if deltas.sign[i] == "PLUS" else -1,
+                                   deltas.diff[i],
                                    tuple(deltas.values[i * k:(i + 1) * k]), variables)
                 return
             for i in released:
-                assembler.absorb(deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
+                assembler.absorb(deltas.part, deltas.diff[i],
                                  tuple(deltas.values[i * k:(i + 1) * k]))
 
     def commit_position(self, partition: int, next_offset: int) -> tuple[int, str]:
@@ -277,8 +277,8 @@ class SeqRelease:
                 k = len(deltas.variables)
                 row = tuple(deltas.values[i * k:(i + 1) * k])
                 entry = by_row.setdefault((deltas.part, tuple(deltas.variables)), {}).setdefault(row, [0, []])
-                entry[0] += 1 if deltas.sign[i] == "PLUS" else -1
-                if deltas.sign[i] == "PLUS":
+                entry[0] += deltas.diff[i]
+                if deltas.diff[i] > 0:
                     entry[1].append((deltas.source_partition[i], deltas.source_offset[i], deltas.index[i],
                                      offset, deltas, i))
             for offset, deltas, i in gate.items:
@@ -412,7 +412,7 @@ class SeqRelease:
                     flush(key)
                 if key not in pending:
                     pending[key] = (seq, [], offset, origin, deltas)
-                pending[key][1].append((deltas.part, 1 if deltas.sign[i] == "PLUS" else -1,
+                pending[key][1].append((deltas.part, deltas.diff[i],
                                         tuple(deltas.values[i * k:(i + 1) * k]), variables))
         for key in list(pending):
             flush(key)
@@ -432,7 +432,7 @@ class SeqRelease:
         for i in range(len(deltas)):
             row = tuple(deltas.values[i * k:(i + 1) * k])
             before = counts.get(row, 0)
-            after = before + (1 if deltas.sign[i] == "PLUS" else -1)
+            after = before + deltas.diff[i]
             if after:
                 counts[row] = after
             else:
@@ -471,7 +471,7 @@ def _answer_batches(query_id: str, version: int, columns: tuple[str, ...] | list
         values = [row[j] for _sign, row in run for j in keep]
         out.append((offset, origin, PartDeltaColumns(
             query_id, -1, [columns[j] for j in keep], [seq] * n,
-            ["PLUS" if sign > 0 else "MINUS" for sign, _row in run], values,
+            [diff for diff, _row in run], values,
             [PRODUCT_SOURCE_PARTITION] * n, [seq] * n, list(range(index, index + n)), [snapshot] * n,
             [None] * n, version)))
         index += n
@@ -507,15 +507,15 @@ def _pick(deltas: PartDeltaColumns, indices: list[int]) -> PartDeltaColumns:
 def _gather(template: PartDeltaColumns, items: list[tuple[PartDeltaColumns, int]]) -> PartDeltaColumns:
     """One batch of the deltas ``items`` (batch, index), all of ``template``'s stream (``_same_stream``)."""
     k = len(template.variables)
-    seq, sign, src, offset, index, snapshot, event_time, values = [], [], [], [], [], [], [], []
+    seq, diff, src, offset, index, snapshot, event_time, values = [], [], [], [], [], [], [], []
     for source, i in items:
         seq.append(source.seq[i])
-        sign.append(source.sign[i])
+        diff.append(source.diff[i])
         src.append(source.source_partition[i])
         offset.append(source.source_offset[i])
         index.append(source.index[i])
         snapshot.append(source.snapshot[i])
         event_time.append(source.event_time_ms[i])
         values.extend(source.values[i * k:(i + 1) * k])
-    return PartDeltaColumns(template.query_id, template.part, template.variables, seq, sign, values, src, offset,
+    return PartDeltaColumns(template.query_id, template.part, template.variables, seq, diff, values, src, offset,
                             index, snapshot, event_time, template.version, template.distinct, template.gated)

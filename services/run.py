@@ -235,7 +235,7 @@ class LiveView:
             return
         if msg.topic() == self.encoded_topic:
             try:
-                self.changes += sum(1 for change in encoded_changes(msg.value()) if not change[7])
+                self.changes += sum(1 for change in encoded_changes(msg.value()) if not change.refresh)
             except (CodecError, ValueError, IndexError):
                 pass
             return

@@ -137,7 +137,7 @@ class WorkerService:
 
     def _read_log(self, kind: str, partition: int, start: int, end: int) -> Iterable[Change]:
         topic, part = (self.t_routed, partition) if kind == "routed" else (self.t_encoded, 0)
-        records = ((m.offset(), m.value(), None) for m in read_range(self.settings, topic, part, start, end))
+        records = ((m.offset(), m.value()) for m in read_range(self.settings, topic, part, start, end))
         return changes_of(kind, records)
 
     def _read_records(self, partition: int, start: int, end: int | None) -> Iterable[tuple[int, bytes]]:
@@ -365,7 +365,7 @@ class WorkerService:
             if not targets:
                 continue  # every shard already has it (restored, or the reader started lower)
             try:
-                changes = decode_changes("whole", offset, msg.value(), origin_ms(msg))
+                changes = decode_changes("whole", msg.value())
             except (codec.CodecError, KeyError) as exc:
                 for shard in targets:
                     outputs.extend(self.core.skip(shard, offset, msg.value(), str(exc)))
@@ -373,8 +373,9 @@ class WorkerService:
                 continue
             count += len(changes)
             self.dirty = self.dirty or not changes  # only refreshes: nothing to emit, but the offsets moved
+            origin = origin_ms(msg)
             for shard in targets:
-                outputs.extend(self.core.on_record(shard, offset, changes))
+                outputs.extend(self.core.on_record(shard, offset, changes, origin))
         return count
 
     def _offsets(self) -> list:

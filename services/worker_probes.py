@@ -43,6 +43,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable
 
+from cbgp.change import Change
 from cbgp.distributed import Ack, Outputs, PartitionEvaluator, Probe, compile_component
 from services import codec
 from services.records import Output, kv, query_partition
@@ -109,7 +110,7 @@ class ProbeRouting:
         def registration() -> Outputs:
             scratch.register(program, 0, upto)
             made = Outputs()
-            for _offset, (seq, sign, s, p, o, g, role) in _changes(self.reader(here, 0, point)):
+            for seq, sign, s, p, o, g, _time, role, _refresh in _changes(self.reader(here, 0, point)):
                 scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
             made.extend(scratch.release_waiting(name))
             return made
@@ -133,7 +134,7 @@ class ProbeRouting:
                         scratch.on_probe(Probe(here, *item), live, made)
             else:
                 last = None
-                for _offset, (seq, sign, s, p, o, g, role) in _changes([(offset, value)]):
+                for seq, sign, s, p, o, g, _time, role, _refresh in _changes([(offset, value)]):
                     if live:
                         scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
                     last = seq
@@ -412,8 +413,7 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
                 routing.on_batch(shard, record, known)  # silently: its outputs were committed before
                 continue
             wanted = evaluator.predicates
-            for _o, change in _changes([(offset, value)]):
-                seq, sign, s, p, o, g, role = change
+            for seq, sign, s, p, o, g, _time, role, _refresh in _changes([(offset, value)]):
                 if p in wanted:
                     evaluator.apply(seq, sign, s, p, o, g, role)
                 evaluator.advance(seq)
@@ -427,13 +427,10 @@ def _probe_batch(value: bytes) -> dict | None:
         return None
 
 
-def _changes(records: Iterable[tuple[int, bytes]]) -> Iterable[tuple[int, tuple]]:
-    """The changes of routed records as ``(offset, (seq, sign, s, p, o, g, role))``; other records skipped."""
-    roles = {"SUBJECT": 1, "OBJECT": 2, "BOTH": 3}
-    for offset, value in records:
+def _changes(records: Iterable[tuple[int, bytes]]) -> Iterable[Change]:
+    """The changes of routed records; other records skipped."""
+    for _offset, value in records:
         try:
-            changes = codec.routed_changes(value)
+            yield from codec.routed_changes(value)
         except codec.CodecError:
             continue
-        for seq, sign, s, p, o, g, _event_time, role in changes:
-            yield offset, (seq, sign, s, p, o, g, roles[role])

@@ -73,14 +73,14 @@ def decode_part_deltas(kafka_df: DataFrame) -> DataFrame:
             rows = []
             for value, partition, offset in zip(batch["value"], batch["partition"], batch["offset"]):
                 try:
-                    record = codec.decode_part_delta(bytes(value))
+                    deltas = codec.part_delta_columns(bytes(value))
                 except codec.CodecError:
                     continue
-                if record["part"] < 0:
+                if deltas.part < 0:
                     continue
-                rows.append((record["query_id"], record["part"], record["seq"],
-                             1 if record["sign"] == "PLUS" else -1, json.dumps(record["binding"]),
-                             record["snapshot"], int(partition), int(offset)))
+                rows.extend((deltas.query_id, deltas.part, deltas.seq[i], deltas.diff[i],
+                             json.dumps(deltas.binding(i)), deltas.snapshot[i], int(partition), int(offset))
+                            for i in range(len(deltas)))
             if rows:
                 yield pd.DataFrame(rows, columns=_PART_DELTA_COLUMNS)
 
@@ -150,7 +150,7 @@ def assemble_group(query_id: str, deltas: pd.DataFrame, assembler: Assembler | N
         columns = assembler.columns
         source = assembly_source_partition(partition)
         for index, (sign, row) in enumerate(answers):
-            pending.append((seq, "PLUS" if sign > 0 else "MINUS", row, source, offset, index, snapshot, None))
+            pending.append((seq, sign, row, source, offset, index, snapshot, None))
             if len(pending) >= MAX_BATCH_DELTAS:
                 flush()
     flush()

@@ -92,18 +92,13 @@ def _decode_chunk(values: Any, offsets: Any) -> dict[str, np.ndarray] | None:
     for value, offset in zip(values, offsets):
         data = bytes(value)
         try:
-            if codec._writer_name(data) == "EncodedBatch":  # noqa: SLF001 - the cheap header check
-                record = codec.decode("EncodedBatch", data)
-                n = len(record["seq"])
-                if any(len(record[f]) != n for f in ("op", "s", "p", "o", "g", "event_time_ms")) or not n:
-                    continue
-                ops, times = record["op"], record["event_time_ms"]
-                signs = [1 if op == "ADD" else -1 for op in ops]
-                columns = (record["seq"], signs, record["s"], record["p"], record["o"], record["g"], times)
+            columns = codec.encoded_columns(data)
+            if columns is not None:
+                n = len(columns[0])
             else:
                 changes = codec.encoded_changes(data)
                 n = len(changes)
-                columns = tuple(zip(*[(c[0], c[1], c[2], c[3], c[4], c[5], c[6]) for c in changes]))
+                columns = tuple(zip(*[change[:7] for change in changes]))  # (seq, diff, s, p, o, g, event time)
         except codec.CodecError:
             continue
         cols["kafka_offset"].append(np.full(n, int(offset), dtype=np.int64))
@@ -202,7 +197,7 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
 
     for report in evaluator.advance(watermark):
         for index, (sign, row) in enumerate(report.deltas):
-            pending.append((top_seq, "PLUS" if sign > 0 else "MINUS", row, WINDOW_SOURCE_PARTITION, report.instant_ms,
+            pending.append((top_seq, sign, row, WINDOW_SOURCE_PARTITION, report.instant_ms,
                             index, False, report.instant_ms))
             if len(pending) >= MAX_BATCH_DELTAS:
                 flush()

@@ -21,7 +21,8 @@ def batch(version: int, rows: list[tuple[str, int, int]], *, query: str = "late"
           source_partition: int = 0) -> bytes:
     """A worker's PartDeltaBatch of ``(sign, term id, source offset)`` rows of ``version``."""
     return codec.encode_part_delta_batch(query, -1, [var], [
-        (offset, sign, (term,), source_partition, offset, 0, False, None) for sign, term, offset in rows],
+        (offset, 1 if sign == "PLUS" else -1, (term,), source_partition, offset, 0, False, None)
+        for sign, term, offset in rows],
         version=version)
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change
 from cbgp.distributed import Ack, Probe
 from services import codec
 from tests.test_schemas import FAST, HISTORY, avro_write, load, records_of, single_object
@@ -21,25 +22,27 @@ def current_records(name: str) -> st.SearchStrategy:
     return records_of(load(codec.SCHEMA_DIR / f"{name}.avsc"))
 
 
-# The last field of each fast reader's tuple: RoutedUpdate's role, EncodedUpdate's refresh flag.
-CHANGE_READERS = {"RoutedUpdate": (codec.decode_routed, "role"), "EncodedUpdate": (codec.decode_encoded, "refresh")}
+CHANGE_READERS = {"RoutedUpdate": codec.decode_routed, "EncodedUpdate": codec.decode_encoded}
+ROLE_OF = {"SUBJECT": ROLE_SUBJECT, "OBJECT": ROLE_OBJECT, "BOTH": ROLE_BOTH}
 
 
 @pytest.mark.parametrize("name", sorted(CHANGE_READERS))
 @FAST
 @given(drawn=st.data())
 def test_changes_read_as_the_generic_reader_reads_them(name: str, drawn: st.DataObject) -> None:
-    read, last = CHANGE_READERS[name]
     data = codec.encode(name, drawn.draw(current_records(name)))
     r = codec.decode(name, data)
-    assert read(data) == (r["seq"], SIGN[r["op"]], r["s"], r["p"], r["o"], r["g"], r["event_time_ms"], r[last])
+    # Routed changes carry their role, encoded ones are ROLE_BOTH and may be refreshes.
+    assert CHANGE_READERS[name](data) == Change(r["seq"], SIGN[r["op"]], r["s"], r["p"], r["o"], r["g"], r["event_time_ms"],
+                                                ROLE_OF.get(r.get("role"), ROLE_BOTH), r.get("refresh", False))
 
 
 @FAST
 @given(current_records("PartDelta"))
 def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict) -> None:
     generic = codec.encode("PartDelta", record)
-    assert codec.encode_part_delta(**record) == generic
+    fields = {k: v for k, v in record.items() if k != "sign"}
+    assert codec.encode_part_delta(**fields, diff=1 if record["sign"] == "PLUS" else -1) == generic
     assert codec.decode_part_delta(generic) == codec.decode("PartDelta", generic)
 
 
@@ -48,7 +51,7 @@ def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict)
 @given(data=st.data())
 def test_bad_bytes_fail_as_in_the_generic_reader(name: str, data: st.DataObject) -> None:
     """Truncated, padded, bit-flipped or foreign records: the fast reader raises exactly when decode() does."""
-    fast = {**{n: reader for n, (reader, _last) in CHANGE_READERS.items()}, "PartDelta": codec.decode_part_delta}[name]
+    fast = {**CHANGE_READERS, "PartDelta": codec.decode_part_delta}[name]
     good = codec.encode(name, data.draw(current_records(name)))
     variants = [good[:cut] for cut in range(len(good))] + [good + b"\x00", codec.encode("DeadLetter", {
         "service": "x", "source_topic": "t", "partition": 0, "offset": 0, "reason": "r", "message": "m",
@@ -107,7 +110,7 @@ def test_answers_are_written_as_the_generic_writer_writes_them(query_id, n, seq,
 LONGS = st.integers(-(1 << 63), (1 << 63) - 1)
 EVENT_TIMES = st.none() | st.integers(0, 1 << 45)
 ROUTED_ROWS = st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), LONGS, LONGS, LONGS, LONGS, EVENT_TIMES,
-                                 st.sampled_from(["SUBJECT", "OBJECT", "BOTH"])), min_size=1, max_size=40)
+                                 st.sampled_from([ROLE_SUBJECT, ROLE_OBJECT, ROLE_BOTH])), min_size=1, max_size=40)
 ENCODED_ROWS = st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), LONGS, LONGS, LONGS, LONGS, EVENT_TIMES,
                                   st.integers(0, (1 << 31) - 1), LONGS, st.booleans()), min_size=1, max_size=40)
 
@@ -115,17 +118,20 @@ ENCODED_ROWS = st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), LONGS, LONGS,
 @FAST
 @given(ROUTED_ROWS)
 def test_routed_batches_read_back_as_written(rows: list[tuple]) -> None:
-    data = codec.encode_routed_batch(rows)
-    assert codec.routed_changes(data) == rows
+    changes = [Change(*row) for row in rows]
+    data = codec.encode_routed_batch(changes)
+    assert codec.routed_changes(data) == changes
+    assert all(type(change) is Change for change in codec.routed_changes(data))
     record = codec.decode("RoutedBatch", data)  # the generic reader agrees: it is plain Avro
-    assert record["s"] == [row[2] for row in rows] and record["role"] == [row[7] for row in rows]
+    assert record["s"] == [row[2] for row in rows] and record["role"] == [ROLE_NAMES[row[7]] for row in rows]
 
 
 @FAST
 @given(ENCODED_ROWS)
 def test_encoded_batches_read_back_as_written(rows: list[tuple]) -> None:
-    data = codec.encode_encoded_batch(rows, "t.updates.raw")
-    assert codec.encoded_changes(data) == [(*row[:7], row[9]) for row in rows]
+    changes = [Change(*row[:7], ROLE_BOTH, row[9]) for row in rows]
+    data = codec.encode_encoded_batch(changes, [(row[7], row[8]) for row in rows], "t.updates.raw")
+    assert codec.encoded_changes(data) == changes
     assert codec.encoded_records(data) == [
         {"seq": seq, "op": "ADD" if sign > 0 else "DEL", "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
          "source": {"topic": "t.updates.raw", "partition": partition, "offset": offset}, "refresh": refresh}
@@ -138,7 +144,7 @@ def test_single_change_records_of_format_1_still_read(routed: dict, encoded: dic
     """Logs written before the batches (one RoutedUpdate / EncodedUpdate per change) read as one-change batches."""
     assert codec.routed_changes(codec.encode("RoutedUpdate", routed)) == [
         (routed["seq"], SIGN[routed["op"]], routed["s"], routed["p"], routed["o"], routed["g"],
-         routed["event_time_ms"], routed["role"])]
+         routed["event_time_ms"], ROLE_OF[routed["role"]], False)]
     data = codec.encode("EncodedUpdate", encoded)
     assert codec.encoded_records(data) == [codec.decode("EncodedUpdate", data)]
     assert codec.encoded_changes(data) == [codec.decode_encoded(data)]
@@ -153,7 +159,7 @@ def test_batches_with_unequal_columns_or_of_the_wrong_kind_are_refused() -> None
                                                                "role")})
     with pytest.raises(codec.CodecError, match="non-zero length"):
         codec.routed_changes(empty)
-    routed = codec.encode_routed_batch([(1, 1, 2, 3, 4, 0, None, "BOTH")])
+    routed = codec.encode_routed_batch([Change(1, 1, 2, 3, 4, 0, None, ROLE_BOTH)])
     with pytest.raises(codec.CodecError, match="expected EncodedUpdate but the message was written as RoutedBatch"):
         codec.encoded_changes(routed)
     with pytest.raises(codec.CodecError, match="truncated"):
@@ -168,7 +174,7 @@ def part_delta_rows(draw: st.DrawFn) -> tuple[list[str], list[tuple]]:
     """Variables, and deltas binding each of them (the layout of a PartDeltaBatch)."""
     variables = draw(VARIABLES)
     values = st.tuples(*[LONGS] * len(variables))
-    rows = draw(st.lists(st.tuples(LONGS, st.sampled_from(["PLUS", "MINUS"]), values,
+    rows = draw(st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), values,
                                    st.integers(-(1 << 31), (1 << 31) - 1), LONGS, st.integers(0, (1 << 31) - 1),
                                    st.booleans(), EVENT_TIMES), min_size=1, max_size=30))
     return variables, rows
@@ -182,8 +188,9 @@ def test_part_delta_batches_read_back_as_single_part_deltas_read(batch: tuple[li
     data = codec.encode_part_delta_batch("q1", -1, variables, rows)
     fields = ("seq", "sign", "binding", "source_partition", "source_offset", "index", "snapshot", "event_time_ms")
     assert codec.part_deltas(data) == [
-        {"query_id": "q1", "part": -1, **dict(zip(fields, row)), "binding": dict(zip(variables, row[2]))}
-        for row in rows]
+        {"query_id": "q1", "part": -1, **dict(zip(fields, row)), "binding": dict(zip(variables, row[2])),
+         "sign": "PLUS" if row[1] > 0 else "MINUS"} for row in rows]
+    assert codec.part_delta_columns(data).diff == [row[1] for row in rows]
     assert codec.part_deltas(codec.encode("PartDelta", single)) == [single]
     with pytest.raises(codec.CodecError, match="expected PartDelta but the message was written as PartDeltaBatch"):
         codec.decode("PartDelta", data)  # what the Spark assembly relies on to skip answer batches
@@ -191,7 +198,7 @@ def test_part_delta_batches_read_back_as_single_part_deltas_read(batch: tuple[li
 
 def test_part_delta_batches_whose_values_do_not_fit_their_variables_are_refused() -> None:
     with pytest.raises(codec.CodecError, match="every delta must bind the 2 variables"):
-        codec.encode_part_delta_batch("q", -1, ["x", "y"], [(1, "PLUS", (5,), 0, 0, 0, False, None)])
+        codec.encode_part_delta_batch("q", -1, ["x", "y"], [(1, 1, (5,), 0, 0, 0, False, None)])
     short = codec.encode("PartDeltaBatch", {
         "query_id": "q", "part": -1, "variables": ["x", "y"], "values": [5, 6, 7], "seq": [1, 2],
         "sign": ["PLUS", "PLUS"], "source_partition": [0, 0], "source_offset": [0, 0], "index": [0, 1],
@@ -211,7 +218,7 @@ def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
     variables, rows = batch
     terms = {term_id: f"<http://example.org/{term_id}>" if term_id % 3 else f'"lit {term_id}"@en'
              for row in rows for term_id in row[2]}
-    rows = [(seq, "PLUS", *rest) for seq, _sign, *rest in rows]  # additions only: multiplicities stay positive
+    rows = [(seq, 1, *rest) for seq, _diff, *rest in rows]  # additions only: multiplicities stay positive
     # increasing idempotence keys: a source's deltas come in (seq, offset, index) order, seqs from 1
     rows = [(i + 1, row[1], row[2], row[3], i, i, *row[6:]) for i, row in enumerate(rows)]
     core = AnswersCore("a", "c", "d", "parts")

@@ -60,10 +60,10 @@ class Loop:
                 entry = codec.decode("DictionaryEntry", out.value)
                 self.terms[entry["id"]] = entry["term"]
             elif out.topic == "u.updates.encoded":
-                self.log.append(decode_changes("whole", len(self.log), out.value, None))
+                self.log.append(decode_changes("whole", out.value))
         raw = []
         for offset in range(start, len(self.log)):
-            for _o, sign, s, p, o, g, _role, seq, _origin in self.log[offset]:
+            for seq, sign, s, p, o, g, _t, _role, _refresh in self.log[offset]:
                 terms = (self.terms[s], self.terms[p], self.terms[o], None if g == DEFAULT_GRAPH_ID else self.terms[g])
                 self.changes.append((seq, sign, *terms))
                 if terms[3] is None:

@@ -38,7 +38,7 @@ def total_order(settings: KafkaSettings) -> list[tuple]:
         terms[entry["id"]] = entry["term"]
     out = []
     for msg in read_all(settings, settings.topic("updates.encoded"), timeout=30):
-        for seq, sign, s, p, o, g, _time, refresh in codec.encoded_changes(msg.value()):
+        for seq, sign, s, p, o, g, _time, _role, refresh in codec.encoded_changes(msg.value()):
             if not refresh:
                 out.append((seq, sign, terms[s], terms[p], terms[o], None if g == DEFAULT_GRAPH_ID else terms[g]))
     out.sort(key=lambda c: c[0])

@@ -146,7 +146,7 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     def reader(kind, partition, start, end):
         log = routed[partition] if kind == "routed" else encoded
         return [c for off, v in enumerate(log[start:end], start) if v is not None
-                for c in decode_changes(kind, off, v, None)]
+                for c in decode_changes(kind, v)]
 
     def records(partition, start, end):  # end None: to the end
         return [(off, v) for off, v in enumerate(routed[partition][start:end], start) if v is not None]
@@ -203,8 +203,8 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
                 known = len(plan_log)
             register(sorted(late), len(encoded) // 2)  # every worker applies it when it reads it
             if registered is not None:
-                registered["seq"] = max((change[7] for off, value in enumerate(encoded[:len(encoded) // 2])
-                                         for change in decode_changes("encoded", off, value, None)), default=-1)
+                registered["seq"] = max((change.seq for off, value in enumerate(encoded[:len(encoded) // 2])
+                                         for change in decode_changes("encoded", value)), default=-1)
             if two_owners:  # the new owner restores meanwhile, and reads the registration then or later
                 core = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records,
                                   term_reader=terms)
@@ -502,7 +502,7 @@ def test_a_restored_release_counts_distinct_rows_once_and_keeps_nothing_of_plain
     release.restore(0, '{"frontiers": {"0": 10}, "end": 3}')
 
     def batch(distinct: bool) -> PartDeltaColumns:
-        return PartDeltaColumns("q", -1, ["x"], [4], ["PLUS"], [7], [0], [2], [0], [False], [None], 1, distinct)
+        return PartDeltaColumns("q", -1, ["x"], [4], [1], [7], [0], [2], [0], [False], [None], 1, distinct)
     release.restore_counts(0, 0, batch(False))
     assert not release.partitions[0].counts and not release.partitions[0].released_keys
     release.restore_counts(0, 1, batch(True))
@@ -521,7 +521,7 @@ def test_an_opened_gate_keeps_its_as_of_across_restarts_and_drops_later_copies()
 
     def batch(*seqs: int) -> PartDeltaColumns:
         n = len(seqs)
-        return PartDeltaColumns("q", -1, ["x"], list(seqs), ["PLUS"] * n, list(range(n)), [0] * n, [3] * n,
+        return PartDeltaColumns("q", -1, ["x"], list(seqs), [1] * n, list(range(n)), [0] * n, [3] * n,
                                 list(range(n)), [False] * n, [None] * n, 1, False, True)
     released = release.on_deltas(0, 0, None, batch(5, 6, 7))
     assert [seq for _offset, _origin, cols in released for seq in cols.seq] == [7]
@@ -589,16 +589,16 @@ def test_a_product_part_delta_written_twice_is_multiplied_once() -> None:
     release.restore(0, None)
 
     def part(index: int, variable: str, value: int, seq: int) -> PartDeltaColumns:
-        return PartDeltaColumns("product", index, [variable], [seq], ["PLUS"], [value], [0], [seq], [0], [False],
+        return PartDeltaColumns("product", index, [variable], [seq], [1], [value], [0], [seq], [0], [False],
                                 [None], 1, False, False)
 
     answers = []
     for offset, deltas in enumerate([part(0, "x", 11, 1), part(1, "y", 21, 2), part(1, "y", 21, 2)]):
         answers += release.on_deltas(0, offset, None, deltas)
     answers += release.on_frontier(0, {0: 2})
-    rows = [(cols.sign[i], tuple(cols.values[i * 2:(i + 1) * 2])) for _o, _origin, cols in answers
+    rows = [(cols.diff[i], tuple(cols.values[i * 2:(i + 1) * 2])) for _o, _origin, cols in answers
             for i in range(len(cols))]
-    assert rows == [("PLUS", (11, 21))]
+    assert rows == [(1, (11, 21))]
 
 
 # Operator queries whose BGP leaves are placed by centre (cbgp.algebra.by_centre): the leaves' parts on the

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from cbgp.change import ROLE_BOTH, ROLE_OBJECT, ROLE_SUBJECT
 from cbgp.engine import Engine
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER, decompose
 from cbgp.sparql import parse_query
@@ -86,17 +87,17 @@ def test_routing_by_subject_and_object_at_most_twice_with_both_when_partitions_c
     by_seq: dict[int, list] = {}
     assert len({out.partition for out in routed}) == len(routed)  # one batch record per partition
     for out in routed:
-        for seq, _sign, s, _p, o, _g, _time, role in codec.routed_changes(out.value):
-            centre = s if role in ("SUBJECT", "BOTH") else o
+        for seq, _sign, s, _p, o, _g, _time, role, _refresh in codec.routed_changes(out.value):
+            centre = s if role in (ROLE_SUBJECT, ROLE_BOTH) else o
             assert out.partition == centre % 4
             by_seq.setdefault(seq, []).append({"s": s, "o": o, "role": role})
     assert len(by_seq) == 40
     for records in by_seq.values():
         s, o = records[0]["s"], records[0]["o"]
         if s % 4 == o % 4:
-            assert [r["role"] for r in records] == ["BOTH"]
+            assert [r["role"] for r in records] == [ROLE_BOTH]
         else:
-            assert sorted(r["role"] for r in records) == ["OBJECT", "SUBJECT"]
+            assert sorted(r["role"] for r in records) == [ROLE_SUBJECT, ROLE_OBJECT]
 
 
 def test_each_bad_line_is_one_dead_letter_and_the_rest_of_the_message_goes_on() -> None:
@@ -171,7 +172,7 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
             log = logs.setdefault((kind, out.partition if kind == "routed" else 0), [])
             frontier = codec.frontier_of(out.value)
             # one batch record = one offset; a Frontier mark stays as such
-            log.append(frontier if frontier is not None else decode_changes(kind, len(log), out.value, None))
+            log.append(frontier if frontier is not None else decode_changes(kind, out.value))
 
     def reader(kind, partition, start, end):
         return [change for changes in logs.get((kind, partition if kind == "routed" else 0), [])[start:end]
@@ -286,11 +287,11 @@ def test_answers_core_drops_duplicates_by_idempotence_key_and_tombstones_retract
 def test_answers_core_numbers_the_deltas_of_a_batch_in_order_and_drops_its_replayed_part() -> None:
     answers = AnswersCore("a", "c", "d", "parts")
     terms = {stable_term_id(A): A, stable_term_id(B): B}
-    row = (1, "PLUS", (stable_term_id(A),), 2, 5, 0, False, None)
-    batch = codec.encode_part_delta_batch("q", -1, ["x"], [row, (2, "PLUS", (stable_term_id(B),), 2, 6, 0, False, None)])
+    row = (1, 1, (stable_term_id(A),), 2, 5, 0, False, None)
+    batch = codec.encode_part_delta_batch("q", -1, ["x"], [row, (2, 1, (stable_term_id(B),), 2, 6, 0, False, None)])
     first = answers.on_record(0, 0, batch, None, terms.get)
     assert [codec.decode("Answer", o.value)["n"] for o in first if o.topic == "a"] == [1, 2]
-    replay = codec.encode_part_delta_batch("q", -1, ["x"], [row, (3, "MINUS", (stable_term_id(A),), 2, 7, 0, False, None)])
+    replay = codec.encode_part_delta_batch("q", -1, ["x"], [row, (3, -1, (stable_term_id(A),), 2, 7, 0, False, None)])
     again = [codec.decode("Answer", o.value) for o in answers.on_record(0, 1, replay, None, terms.get) if o.topic == "a"]
     assert [(a["n"], a["sign"]) for a in again] == [(3, "-")] and answers.duplicates == 1
 

@@ -64,7 +64,7 @@ def _kill9(fleet: Fleet, name: str) -> None:
 
 def _rows(messages: list) -> list[tuple]:
     return [(seq, sign, s, p, o, g, refresh) for msg in messages
-            for seq, sign, s, p, o, g, _t, refresh in codec.encoded_changes(msg.value())]
+            for seq, sign, s, p, o, g, _t, _role, refresh in codec.encoded_changes(msg.value())]
 
 
 @pytest.mark.slow
@@ -87,7 +87,7 @@ def test_ingest_restores_from_a_stale_checkpoint_after_the_log_below_it_was_dele
         text = ("\n".join(lines[start:start + PER_MESSAGE]) + "\n").encode()
         for out in reference.process(RawRecord(text, {}, s.topic("updates.raw"), 0, offset, 1)):
             if out.topic == encoded:
-                expected.extend((seq, sign, q0, q1, q2, q3, refresh) for seq, sign, q0, q1, q2, q3, _t, refresh
+                expected.extend((seq, sign, q0, q1, q2, q3, refresh) for seq, sign, q0, q1, q2, q3, _t, _role, refresh
                                 in codec.encoded_changes(out.value))
     assert any(r[-1] for r in expected) and reference.seq < len(lines)  # refreshes and dropped no-ops happen
 

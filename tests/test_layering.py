@@ -272,8 +272,10 @@ ONE_HOME = {
     "SNAPSHOT_INDEX_BASE": "services.idempotence", "WHOLE_SOURCE_PARTITION": "services.idempotence",
     "WINDOW_SOURCE_PARTITION": "services.idempotence", "ASSEMBLY_SOURCE_BASE": "services.idempotence",
     "ORDERED_SOURCE_BELOW": "services.idempotence", "WHOLE_QUERY_PART": "services.records",
-    "ORIGIN_HEADER": "services.records", "query_partition": "services.records", "routes": "services.records",
-    "dead_letter": "services.records",
+    "ORIGIN_HEADER": "services.records", "query_partition": "services.records", "dead_letter": "services.records",
+    # One representation of a change (issue 15 item 1) and the one routing function, in the algorithm package.
+    "Change": "cbgp.change", "routes": "cbgp.change", "partition_of": "cbgp.change", "ROLE_SUBJECT": "cbgp.change",
+    "ROLE_OBJECT": "cbgp.change", "ROLE_BOTH": "cbgp.change",
 }
 
 
@@ -291,7 +293,7 @@ def _definitions(path: Path) -> set[str]:
 
 def test_keys_routing_and_dead_letters_have_one_home() -> None:
     """The idempotence-key ranges, the routing function and the dead-letter builder are each defined once
-    (IngestProcessor.routes delegates to services.records.routes), and only the builder encodes a DeadLetter."""
+    (IngestProcessor.routes delegates to cbgp.change.routes), and only the builder encodes a DeadLetter."""
     misplaced = []
     for module, path in product_modules().items():
         text = path.read_text()

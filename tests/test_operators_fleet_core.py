@@ -36,7 +36,7 @@ class Stream:
                     entry = codec.decode("DictionaryEntry", out.value)
                     self.terms[entry["id"]] = entry["term"]
                 elif out.topic == "u.updates.encoded":
-                    self.log.append(decode_changes("whole", len(self.log), out.value, None))
+                    self.log.append(decode_changes("whole", out.value))
         self.lookups = 0
 
     def reader(self, kind: str, partition: int, start: int, end: int) -> list:
@@ -48,7 +48,7 @@ class Stream:
         return {i: self.terms[i] for i in ids if i in self.terms}
 
     def changes(self) -> list[tuple]:
-        return [(c[7], c[1], c[2], c[3], c[4], c[5]) for changes in self.log for c in changes]
+        return [(c.seq, c.diff, c.s, c.p, c.o, c.g) for changes in self.log for c in changes]
 
 
 def core_for(stream: Stream) -> WorkerCore:
@@ -105,7 +105,7 @@ def split(answers: list[dict]) -> tuple[Counter, Counter]:
 def test_operator_queries_in_the_whole_shard_equal_pyoxigraph_per_update_also_late_and_restored() -> None:
     stream = Stream(1500, seed=5)
     half = len(stream.log) // 2
-    half_seq = max(c[7] for changes in stream.log[:half] for c in changes)
+    half_seq = max(c.seq for changes in stream.log[:half] for c in changes)
     deltas, final, snapshot = oracle_deltas(stream.changes(), stream.terms, OPERATOR_QUERIES, LATE_QUERIES, half_seq)
 
     # first life: the queries registered before any data, the first half applied

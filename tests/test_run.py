@@ -113,6 +113,7 @@ def _answer(n: int, binding: dict) -> bytes:
 
 
 def _publish_view_inputs(settings) -> None:  # noqa: ANN001 - KafkaSettings
+    from cbgp.change import Change
     from services.codec import encode_encoded_batch
     from services.kafka import make_producer
 
@@ -123,9 +124,9 @@ def _publish_view_inputs(settings) -> None:  # noqa: ANN001 - KafkaSettings
         "name": {"type": "literal", "value": "Bob", "datatype": None, "lang": "en"},
         "age": {"type": "literal", "value": "42", "datatype": xsd_int, "lang": None}}))
     # one Kafka record holding three changes, one of them a refresh (the graph does not change)
-    rows = [(1, 1, 11, 12, 13, 0, None, 0, 0, False), (2, 1, 21, 12, 13, 0, None, 0, 0, False),
-            (3, 1, 11, 12, 13, 0, None, 0, 1, True)]
-    producer.produce(settings.topic("updates.encoded"), partition=0, value=encode_encoded_batch(rows, "raw"))
+    changes = [Change(1, 1, 11, 12, 13, 0), Change(2, 1, 21, 12, 13, 0), Change(3, 1, 11, 12, 13, 0, refresh=True)]
+    producer.produce(settings.topic("updates.encoded"), partition=0,
+                     value=encode_encoded_batch(changes, [(0, 0), (0, 0), (0, 1)], "raw"))
     assert producer.flush(10) == 0
 
 

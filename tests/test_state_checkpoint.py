@@ -54,7 +54,7 @@ class _Logs:
 
 def _rows(values: list[bytes]) -> list[tuple]:
     return [(seq, sign, s, p, o, g, refresh) for value in values
-            for seq, sign, s, p, o, g, _t, refresh in codec.encoded_changes(value)]
+            for seq, sign, s, p, o, g, _t, _role, refresh in codec.encoded_changes(value)]
 
 
 def _tracking() -> IngestProcessor:

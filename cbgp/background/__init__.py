@@ -27,10 +27,10 @@ from .maintenance import (
     validity,
     wbm_scores,
 )
-from .view import Change, Entry, LocalView, estimate_rate
+from .view import ViewChange, Entry, LocalView, estimate_rate
 
 __all__ = [
-    "POLICIES", "Alert", "Change", "Election", "Entry", "Evaluation", "LocalView", "Maintainer", "Policy", "Score",
+    "POLICIES", "Alert", "ViewChange", "Election", "Entry", "Evaluation", "LocalView", "Maintainer", "Policy", "Score",
     "WindowShape", "elect", "estimate_rate", "estimated_accuracy", "propose", "refresh_budget", "remaining_life",
     "renewed_best_before", "validity", "wbm_scores",
 ]

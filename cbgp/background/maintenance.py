@@ -56,7 +56,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from .view import Change, Key, LocalView
+from .view import ViewChange, Key, LocalView
 
 PROPOSERS = ("WSJ", "GNR", "WST", "BST")
 RANKERS = ("RND", "LRU", "WBM", "WBM*", "WBMP")
@@ -300,7 +300,7 @@ class Evaluation:
     gamma: int  # allowed this evaluation
     elected: list[Key]
     refreshed: list[Key]
-    changes: list[Change]
+    changes: list[ViewChange]
     latency: float  # seconds, wall clock
     query_time: float
     refresh_times: list[float] = field(default_factory=list)
@@ -374,7 +374,7 @@ class Maintainer:
                         self.oracle, self.spare, self.renew, self.tiebreak) if candidates else []
         stale_before = view.possibly_stale(window_keys, t)
         refreshed: list[Key] = []
-        changes: list[Change] = []
+        changes: list[ViewChange] = []
         times: list[float] = []
         failures = 0
         refresh_time, query_time_estimate = self.refresh_time, self.query_time or 0.0

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from .view import Change, LocalView
+from .view import ViewChange, LocalView
 
 _TOKEN = re.compile(
     r"""(?P<comment>\#[^\n]*)
@@ -240,7 +240,7 @@ class BackgroundJoin:
         value = self.view.value(key) if key in self.view else None
         return [(sign, joined) for joined in self._joined(local, value)]
 
-    def refresh_change(self, change: Change) -> list[tuple[int, tuple]]:
+    def refresh_change(self, change: ViewChange) -> list[tuple[int, tuple]]:
         """A refresh found a new value: retract what the old value produced, assert what the new one does."""
         out: list[tuple[int, tuple]] = []
         for local, count in self._local.get(change.key, Counter()).items():

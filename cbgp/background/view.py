@@ -50,7 +50,7 @@ class Entry:
 
 
 @dataclass(frozen=True)
-class Change:
+class ViewChange:
     """A refresh found a new value for ``key`` at time ``t``: the query's input changes from old to new."""
 
     key: Key
@@ -149,8 +149,8 @@ class LocalView:
         return math.exp(-rate * max(0.0, t - entry.refreshed_at))
 
     # -------------------------------------------------------------------------------------------- refresh
-    def apply_refresh(self, key: Key, value: Any, t: float, best_before: float | None = None) -> Change | None:
-        """Store a fresh value read at time t; learn from whether it changed; return the Change if any."""
+    def apply_refresh(self, key: Key, value: Any, t: float, best_before: float | None = None) -> ViewChange | None:
+        """Store a fresh value read at time t; learn from whether it changed; return the ViewChange if any."""
         entry = self._entries[key]
         changed = value != entry.value
         elapsed = t - entry.refreshed_at
@@ -169,7 +169,7 @@ class LocalView:
             entry.changes_seen += 1
         if not entry.interval_fixed:
             entry.interval = self.scale / estimate_rate(entry.observations, self.pooled_interval, self.prior_weight)
-        return Change(key, old, value, float(t)) if changed else None
+        return ViewChange(key, old, value, float(t)) if changed else None
 
     # ----------------------------------------------------------------------------------------- checkpoint
     def snapshot(self) -> dict[str, Any]:

@@ -1,13 +1,18 @@
 """Changes to the graph on updates.encoded and updates.routed: one-change records (data format 1) and the
 column-by-column batches (data format 2) that carry them now.
 
-A change is ``(seq, sign, s, p, o, g, event_time_ms, ...)`` with sign +1 (Avro ``ADD``) or -1 (``DEL``);
-the enum names exist only here, at the Avro boundary.
+Readers return :class:`cbgp.change.Change` (diff +1 for Avro ``ADD``, -1 for ``DEL``; the role as
+``cbgp.change.ROLE_*``) and the batch writers take them: the enum names exist only here, at the Avro boundary.
+(``encode_routed``/``encode_encoded`` write format-1 records from an Avro record's own fields.)
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from functools import partial
+from itertools import repeat
+from typing import Any, Sequence
+
+from cbgp.change import ROLE_BOTH, ROLE_NAMES, Change
 
 from services.codec.binary import _fast, _header, _long, _optional, _optional_long, _string, _text, _varint
 from services.codec.generic import _columns, decode, encode
@@ -32,7 +37,11 @@ def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time
 
 
 _SIGN_OF_OP = (1, -1)  # Op enum index -> +1 (ADD) / -1 (DEL)
-_ROLE_NAMES = ("SUBJECT", "OBJECT", "BOTH")
+_ROLE_OF_NAME = {name: role for role, name in ROLE_NAMES.items()}
+# Role enum index -> cbgp.change.ROLE_*: the symbols are SUBJECT, OBJECT, BOTH, and the roles 1, 2, 3.
+_ROLE_OF_INDEX = (1, 2, 3)
+assert all(ROLE_NAMES[_ROLE_OF_INDEX[i]] == name for i, name in enumerate(("SUBJECT", "OBJECT", "BOTH")))
+_change = partial(tuple.__new__, Change)  # Change from a tuple of its fields without Change._make's length check
 
 
 def _op_sign(data: bytes, pos: int) -> tuple[int, int]:
@@ -55,21 +64,22 @@ def _read_change(data: bytes) -> tuple[tuple, int]:
     return (seq, sign, s, p, o, g, event_time_ms), pos
 
 
-def _read_routed(data: bytes) -> tuple[tuple, int]:
+def _read_routed(data: bytes) -> tuple[Change, int]:
     change, pos = _read_change(data)
     role, pos = _varint(data, pos)
     if not 0 <= role < 3:
         raise IndexError(f"Role index {role}")
-    return (*change, _ROLE_NAMES[role]), pos
+    return Change(*change, _ROLE_OF_INDEX[role]), pos
 
 
-def decode_routed(data: bytes) -> tuple[int, int, int, int, int, int, int | None, str]:
-    """A RoutedUpdate as ``(seq, sign, s, p, o, g, event_time_ms, role)`` (sign +1 ADD, -1 DEL)."""
+def decode_routed(data: bytes) -> Change:
+    """A RoutedUpdate as a :class:`Change`."""
     found = _fast("RoutedUpdate", data, _read_routed)
     if found is not None:
         return found
     r = decode("RoutedUpdate", data)
-    return (r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"], r["g"], r["event_time_ms"], r["role"])
+    return Change(r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"], r["g"], r["event_time_ms"],
+                  _ROLE_OF_NAME[r["role"]])
 
 
 def _read_encoded(data: bytes) -> tuple[tuple, int]:
@@ -80,18 +90,18 @@ def _read_encoded(data: bytes) -> tuple[tuple, int]:
     refresh = data[pos]
     if refresh > 1:
         raise IndexError(f"boolean byte {refresh}")
-    return (*change, bool(refresh)), pos + 1
+    return Change(*change, ROLE_BOTH, bool(refresh)), pos + 1
 
 
-def decode_encoded(data: bytes) -> tuple[int, int, int, int, int, int, int | None, bool]:
-    """An EncodedUpdate as ``(seq, sign, s, p, o, g, event_time_ms, refresh)`` (its source is not needed
-    on the data path: :func:`decode` returns it)."""
+def decode_encoded(data: bytes) -> Change:
+    """An EncodedUpdate as a :class:`Change` (its source is not needed on the data path: :func:`decode`
+    returns it)."""
     found = _fast("EncodedUpdate", data, _read_encoded)
     if found is not None:
         return found
     r = decode("EncodedUpdate", data)
-    return (r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"], r["g"], r["event_time_ms"],
-            r["refresh"])
+    return Change(r["seq"], 1 if r["op"] == "ADD" else -1, r["s"], r["p"], r["o"], r["g"], r["event_time_ms"],
+                  ROLE_BOTH, r["refresh"])
 
 
 # ---------------------------------------------------------------------------------------- change batches
@@ -105,43 +115,55 @@ _OP_NAME = {1: "ADD", -1: "DEL"}
 _SIGN = {"ADD": 1, "DEL": -1}
 
 
-def encode_routed_batch(rows: Sequence[tuple]) -> bytes:
-    """One RoutedBatch of ``(seq, sign, s, p, o, g, event_time_ms, role)`` rows (role: SUBJECT/OBJECT/BOTH)."""
-    seq, sign, s, p, o, g, event_time, role = zip(*rows)
-    return encode("RoutedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in sign], "s": s, "p": p, "o": o, "g": g,
-                                  "event_time_ms": event_time, "role": role})
+def encode_routed_batch(changes: Sequence[Change]) -> bytes:
+    """One RoutedBatch of ``changes`` (each with the role of the partition it goes to)."""
+    seq, diff, s, p, o, g, event_time, role, _refresh = zip(*changes)
+    return encode("RoutedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in diff], "s": s, "p": p, "o": o, "g": g,
+                                  "event_time_ms": event_time, "role": [ROLE_NAMES[r] for r in role]})
 
 
-def encode_encoded_batch(rows: Sequence[tuple], source_topic: str) -> bytes:
-    """One EncodedBatch of ``(seq, sign, s, p, o, g, event_time_ms, source partition, source offset, refresh)``
-    rows whose raw updates were read from ``source_topic``."""
-    seq, sign, s, p, o, g, event_time, partition, offset, refresh = zip(*rows)
-    return encode("EncodedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in sign], "s": s, "p": p, "o": o, "g": g,
+def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int, int]], source_topic: str) -> bytes:
+    """One EncodedBatch of ``changes`` whose raw updates were read from ``source_topic`` at ``sources``
+    (``(partition, offset)`` per change)."""
+    seq, diff, s, p, o, g, event_time, _role, refresh = zip(*changes)
+    partition, offset = zip(*sources)
+    return encode("EncodedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in diff], "s": s, "p": p, "o": o, "g": g,
                                    "event_time_ms": event_time, "source_topic": source_topic,
                                    "source_partition": partition, "source_offset": offset, "refresh": refresh})
 
 
-def routed_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, str]]:
-    """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate) as
-    ``(seq, sign, s, p, o, g, event_time_ms, role)`` tuples (none for a Frontier mark or a ProbeBatch); raises
-    :class:`CodecError`."""
+def routed_changes(data: bytes) -> list[Change]:
+    """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate), each with its
+    role (none for a Frontier mark or a ProbeBatch); raises :class:`CodecError`."""
     if _writer_name(data) in ("Frontier", "ProbeBatch"):
         return []
-    return _changes(data, "RoutedBatch", decode_routed, "role")
+    if _writer_name(data) != "RoutedBatch":
+        return [decode_routed(data)]
+    seq, op, s, p, o, g, event_time, role = _columns("RoutedBatch", decode("RoutedBatch", data), (
+        "seq", "op", "s", "p", "o", "g", "event_time_ms", "role"))
+    return list(map(_change, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time,
+                                 map(_ROLE_OF_NAME.__getitem__, role), repeat(False))))
 
 
-def encoded_changes(data: bytes) -> list[tuple[int, int, int, int, int, int, int | None, bool]]:
-    """The changes of an updates.encoded record (an EncodedBatch, or a format-1 EncodedUpdate) as
-    ``(seq, sign, s, p, o, g, event_time_ms, refresh)`` tuples; raises :class:`CodecError`."""
-    return _changes(data, "EncodedBatch", decode_encoded, "refresh")
+def encoded_changes(data: bytes) -> list[Change]:
+    """The changes of an updates.encoded record (an EncodedBatch, or a format-1 EncodedUpdate), refreshes
+    included (role ``ROLE_BOTH``); raises :class:`CodecError`."""
+    if _writer_name(data) != "EncodedBatch":
+        return [decode_encoded(data)]
+    seq, op, s, p, o, g, event_time, refresh = _columns("EncodedBatch", decode("EncodedBatch", data), (
+        "seq", "op", "s", "p", "o", "g", "event_time_ms", "refresh"))
+    return list(map(_change, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, repeat(ROLE_BOTH),
+                                 refresh)))
 
 
-def _changes(data: bytes, batch: str, read_single: Callable[[bytes], tuple], last: str) -> list[tuple]:
-    if _writer_name(data) != batch:
-        return [read_single(data)]
-    seq, op, s, p, o, g, event_time, extra = _columns(batch, decode(batch, data), (
-        "seq", "op", "s", "p", "o", "g", "event_time_ms", last))
-    return list(zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, extra))
+def encoded_columns(data: bytes) -> tuple[list, ...] | None:
+    """An EncodedBatch's ``(seq, diff, s, p, o, g, event_time_ms)`` columns, for vectorised readers (the Spark
+    job's windows); None for a record of another kind; raises :class:`CodecError` on a corrupt batch."""
+    if _writer_name(data) != "EncodedBatch":
+        return None
+    seq, op, s, p, o, g, event_time = _columns("EncodedBatch", decode("EncodedBatch", data), (
+        "seq", "op", "s", "p", "o", "g", "event_time_ms"))
+    return seq, [_SIGN[x] for x in op], s, p, o, g, event_time
 
 
 def encoded_records(data: bytes) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Query-part deltas on deltas.parts: PartDeltaBatch records (column by column) and format-1 PartDelta ones.
 
-A delta binds a query part's variables to term ids with a sign (Avro ``PLUS``/``MINUS``); the answers service
-reads them as :class:`PartDeltaColumns`.
+A delta binds a query part's variables to term ids with a diff, +1 or -1 (Avro ``PLUS``/``MINUS``, names that
+exist only here); the answers service reads them as :class:`PartDeltaColumns`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from services.codec.binary import (_cached_string, _fast, _header, _long, _optio
 from services.codec.generic import _columns, decode, encode
 from services.codec.registry import HEADER_LEN, CodecError, _writer_name
 
+_SIGN_NAME = {1: "PLUS", -1: "MINUS"}  # the Avro Sign enum
+_DIFF = {"PLUS": 1, "MINUS": -1}
 _PART_DELTA_COLUMNS = ("seq", "sign", "source_partition", "source_offset", "index", "snapshot", "event_time_ms")
 
 
@@ -26,7 +28,7 @@ class PartDeltaColumns:
     part: int
     variables: list[str]
     seq: list[int]
-    sign: list[str]
+    diff: list[int]  # +1 (Avro PLUS) or -1 (MINUS)
     values: list[int]
     source_partition: list[int]
     source_offset: list[int]
@@ -47,8 +49,8 @@ class PartDeltaColumns:
 
 def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], rows: Sequence[tuple],
                             version: int = 0, distinct: bool = False, gated: bool = False) -> bytes:
-    """One PartDeltaBatch of ``(seq, sign, values, source_partition, source_offset, index, snapshot,
-    event_time_ms)`` rows (sign: PLUS/MINUS; values: the term ids of ``variables``, in their order) of the
+    """One PartDeltaBatch of ``(seq, diff, values, source_partition, source_offset, index, snapshot,
+    event_time_ms)`` rows (diff: +1 or -1; values: the term ids of ``variables``, in their order) of the
     query's registration ``version``; ``distinct``, ``gated``: see PartDeltaBatch."""
     k = len(variables)
     if any(len(row[2]) != k for row in rows):
@@ -56,6 +58,7 @@ def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], 
     columns = list(zip(*rows))
     values = [term_id for row_values in columns[2] for term_id in row_values]
     del columns[2]
+    columns[1] = [_SIGN_NAME[diff] for diff in columns[1]]
     return encode("PartDeltaBatch", {"query_id": query_id, "part": part, "variables": list(variables),
                                      "values": values, **dict(zip(_PART_DELTA_COLUMNS, columns)),
                                      "version": version, "distinct": distinct, "gated": gated})
@@ -65,7 +68,7 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
     """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta); raises :class:`CodecError`."""
     if _writer_name(data) != "PartDeltaBatch":
         one = decode_part_delta(data)
-        return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]], [one["sign"]],
+        return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]], [_DIFF[one["sign"]]],
                                 list(one["binding"].values()), [one["source_partition"]], [one["source_offset"]],
                                 [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
     record = decode("PartDeltaBatch", data)
@@ -74,7 +77,8 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
     if len(values) != len(seq) * len(variables):
         raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
                          f"{len(seq) * len(variables)} values, got {len(values)}")
-    return PartDeltaColumns(record["query_id"], record["part"], variables, seq, sign, values, src, offset, index,
+    return PartDeltaColumns(record["query_id"], record["part"], variables, seq, [_DIFF[s] for s in sign], values,
+                            src, offset, index,
                             snapshot, event_time, record["version"], record["distinct"], record["gated"])
 
 
@@ -82,7 +86,7 @@ def part_deltas(data: bytes) -> list[dict[str, Any]]:
     """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta) as PartDelta dicts, for tools
     and tests (the answers service reads :func:`part_delta_columns`); raises :class:`CodecError`."""
     cols = part_delta_columns(data)
-    return [{"query_id": cols.query_id, "part": cols.part, "seq": cols.seq[i], "sign": cols.sign[i],
+    return [{"query_id": cols.query_id, "part": cols.part, "seq": cols.seq[i], "sign": _SIGN_NAME[cols.diff[i]],
              "binding": cols.binding(i), "source_partition": cols.source_partition[i],
              "source_offset": cols.source_offset[i], "index": cols.index[i], "snapshot": cols.snapshot[i],
              "event_time_ms": cols.event_time_ms[i]} for i in range(len(cols))]
@@ -125,15 +129,15 @@ def decode_part_delta(data: bytes) -> dict[str, Any]:
     return found if found is not None else decode("PartDelta", data)
 
 
-def encode_part_delta(query_id: str, part: int, seq: int, sign: str, binding: Mapping[str, int],
+def encode_part_delta(query_id: str, part: int, seq: int, diff: int, binding: Mapping[str, int],
                       source_partition: int, source_offset: int, index: int, snapshot: bool,
                       event_time_ms: int | None) -> bytes:
-    """``encode("PartDelta", {...})`` for the data path (same bytes)."""
+    """``encode("PartDelta", {...})`` for the data path (same bytes; ``diff`` +1 is PLUS, -1 MINUS)."""
     items = [_long(len(binding))] if binding else []
     for var, term_id in binding.items():
         items.append(_cached_string(var))
         items.append(_long(term_id))
     return b"".join((_header("PartDelta"), _cached_string(query_id), _long(part), _long(seq),
-                     b"\x00" if sign == "PLUS" else b"\x02", *items, b"\x00", _long(source_partition),
+                     b"\x00" if diff > 0 else b"\x02", *items, b"\x00", _long(source_partition),
                      _long(source_offset), _long(index), b"\x01" if snapshot else b"\x00",
                      _optional_long(event_time_ms)))

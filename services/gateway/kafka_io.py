@@ -200,7 +200,7 @@ class GraphSource:
         for msg in self._drain(self.settings.topic("dictionary")):
             if msg.value() is not None:
                 self._add_term(codec.decode("DictionaryEntry", msg.value()))
-        for seq, sign, s, p, o, g, _t, refresh in changes:
+        for seq, sign, s, p, o, g, _t, _role, refresh in changes:
             self.seq = max(self.seq, seq)
             if refresh:
                 continue

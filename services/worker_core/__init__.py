@@ -4,7 +4,7 @@ A *shard* is one engine fed by one input log:
 - ``("routed", P)``: routed partition P, holding the single-star queries, partitioned by centre value (each
   change arrives with its role, only the star patterns centred there fire);
 - ``("whole", P)``: updates.encoded (the total order) for the whole queries owned by routed partition P
-  (``owner(q) = query_partition(q, N)``), evaluated with ROLE_ALL.
+  (``owner(q) = query_partition(q, N)``), evaluated with ROLE_BOTH.
 
 Every shard's state is a function of (its queries, its log up to its position), so it is *restored* by
 replaying the log from offset 0 without emitting, and a query new to a shard gets its state the same way,
@@ -58,7 +58,7 @@ from services.records import Output, kv, query_partition
 from services.worker_core.engine import (ASK_FALSE, ASK_TRUE, ASK_VARIABLE, FleetOperatorQuery, ShardDictionary,
                                          WorkerEngine, is_operator_spec)
 from services.worker_core.outputs import DERIVED_HEADER, MAX_BATCH_DELTAS, MAX_DERIVED_BYTES, CoreOutputs
-from services.worker_core.shard import (LEARN_CHUNK, ROLES, Change, LogReader, QueryInfo, Shard, TermReader,
+from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInfo, Shard, TermReader,
                                         _parse_metadata, _tracking_seq, _with_progress, changes_of,
                                         decode_changes, info_mode, shard_label)
 from services.worker_probes import ProbeRouting, RecordReader
@@ -261,7 +261,7 @@ class WorkerCore(CoreOutputs):
             seq, end, chunk = 0, info.registered_at_seq, 1  # the last record usually has it: read it alone
             while end > 0 and not seq:
                 start = max(0, end - chunk)
-                seq = max((change[7] for change in self.reader("whole", 0, start, end)), default=0)
+                seq = max((change.seq for change in self.reader("whole", 0, start, end)), default=0)
                 end, chunk = start, min(chunk * 8, 512)
             self._registration_seqs[key] = seq
         return seq
@@ -298,7 +298,7 @@ class WorkerCore(CoreOutputs):
                     continue
                 changes = codec.routed_changes(value)  # none in probes
                 if changes:
-                    yield offset, "changes", max(change[0] for change in changes)
+                    yield offset, "changes", max(change.seq for change in changes)
             except codec.CodecError:
                 continue
 
@@ -370,13 +370,13 @@ class WorkerCore(CoreOutputs):
         apply_to = shard.engine.apply_to
         for offset, value in self.record_reader(shard.partition, point, shard.position):
             try:
-                changes = decode_changes("routed", offset, value, None)
+                changes = decode_changes("routed", value)
             except codec.CodecError:
                 continue  # dead-lettered when it was read
             if shard.engine.operators:
                 self._learn(shard, changes)  # (read before the query came: its FILTERs need their terms now)
             numbers: dict[str, int] = {}
-            for _offset, sign, s, p, o, g, role, seq, _origin in changes:
+            for seq, sign, s, p, o, g, _time, role, _refresh in changes:
                 deltas = [delta for name in targets for delta in apply_to(name, sign, s, p, o, g, role)]
                 if len(deltas) > 1:
                     deltas.sort()  # as on_record numbers them
@@ -397,18 +397,19 @@ class WorkerCore(CoreOutputs):
 
     # -- live records
 
-    def on_record(self, shard: Shard, offset: int, changes: list[Change]) -> list[Output]:
-        """Apply the changes of one input record (at ``offset``); each engine query's deltas are numbered
+    def on_record(self, shard: Shard, offset: int, changes: list[Change], origin: int | None = None) -> list[Output]:
+        """Apply the changes of one input record (at ``offset``; its raw records were produced at ``origin``,
+        epoch ms, for latency); each engine query's deltas are numbered
         0, 1, ... across the record, the ``index`` of the idempotence key ``(source partition, offset, index)``
         (a multi-centre query's probe deltas are numbered apart)."""
-        out: list[Output] = self._due(shard, offset, past=changes[-1][7]) if shard.pending and changes else []
+        out: list[Output] = self._due(shard, offset, past=changes[-1].seq) if shard.pending and changes else []
         shard.position = offset + 1
         engine = shard.engine
         # (a routed shard holding only multi-centre queries has an idle engine: nothing to call per change)
         apply = engine.apply if engine.queries or engine.operators or engine.graph is not None else None
         if not changes:
             return self._derived_outputs(shard) if self.derived else out
-        last = changes[-1][7]
+        last = changes[-1].seq
         shard.last_seq = max(shard.last_seq, last)
         evaluator = shard.evaluator if shard.kind == "routed" else None
         if engine.operators:
@@ -420,8 +421,7 @@ class WorkerCore(CoreOutputs):
             probed = ProbeOutputs()
             wanted = evaluator.predicates
             evaluate = evaluator.apply
-            origin = changes[0][8]
-            for _offset, sign, s, p, o, g, role, seq, _origin in changes:
+            for seq, sign, s, p, o, g, _time, role, _refresh in changes:
                 if p in wanted:
                     evaluate(seq, sign, s, p, o, g, role, born_ms=origin or 0, out=probed)
             evaluator.advance(last, out=probed)
@@ -430,7 +430,7 @@ class WorkerCore(CoreOutputs):
             # Numbered per engine query from 0, in a sorted order: two owners of a routed partition during a
             # rebalance may hold different sets of queries, and must still give a delta the same key.
             numbers: dict[str, int] = {}
-            for _offset, sign, s, p, o, g, role, seq, origin in changes:
+            for seq, sign, s, p, o, g, _time, role, _refresh in changes:
                 deltas = apply(sign, s, p, o, g, role)
                 if not deltas:
                     continue
@@ -471,8 +471,8 @@ class WorkerCore(CoreOutputs):
         record = codec.probe_batch_of(value)
         if record is not None:
             return self.on_probe_batch(shard, offset, record), 0
-        changes = decode_changes("routed", offset, value, origin)
-        return self.on_record(shard, offset, changes), len(changes)
+        changes = decode_changes("routed", value)
+        return self.on_record(shard, offset, changes, origin), len(changes)
 
     def _known(self, shard: Shard, name: str) -> bool | None:
         """Whether a probe's query is registered here (True), not read from queries.plans yet or not at its
@@ -501,8 +501,8 @@ class WorkerCore(CoreOutputs):
         if known is None or self.term_reader is None:
             return
         wanted = shard.engine.term_predicates()  # (a shard with only gated leaves reads their filters' terms)
-        missing = {x for c in changes if wanted is None or c[3] in wanted
-                   for x in (c[2], c[3], c[4], c[5]) if x != DEFAULT_GRAPH_ID and not known(x)}
+        missing = {x for c in changes if wanted is None or c.p in wanted
+                   for x in (c.s, c.p, c.o, c.g) if x != DEFAULT_GRAPH_ID and not known(x)}
         if not missing:
             return
         found = self.term_reader(missing)
@@ -537,6 +537,6 @@ class WorkerCore(CoreOutputs):
 
 
 __all__ = ["ASK_FALSE", "ASK_TRUE", "ASK_VARIABLE", "DERIVED_HEADER", "LEARN_CHUNK", "MAX_BATCH_DELTAS",
-           "MAX_DERIVED_BYTES", "ROLES", "Change", "FleetOperatorQuery", "LogReader", "QueryInfo", "Shard",
+           "MAX_DERIVED_BYTES", "Change", "FleetOperatorQuery", "LogReader", "QueryInfo", "Shard",
            "ShardDictionary", "TermReader", "WorkerCore", "WorkerEngine", "changes_of", "decode_changes",
            "info_mode", "is_operator_spec", "shard_label"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter as Multiset
 from typing import Iterable
 
-from cbgp.engine import ROLE_ALL, Engine, EngineError
+from cbgp.engine import ROLE_BOTH, Engine, EngineError
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
 # ASK in the fleet: one variable ?ask, "false" from registration, flipped by a '-'/'+' pair when it changes.
@@ -77,7 +77,7 @@ class FleetOperatorQuery:
         rows = self.query.initial()
         return ask_initial(rows, self.true, self.false) if self.ask else rows
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_ALL) -> list[tuple[int, tuple]]:
+    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_BOTH) -> list[tuple[int, tuple]]:
         deltas = self.query.apply(sign, s, p, o, g)  # (a whole shard's changes: every role)
         return ask_flip(deltas, self.true, self.false) if self.ask and deltas else deltas
 
@@ -112,7 +112,7 @@ class GatedLeafPart:
     def initial(self) -> list[tuple[int, tuple]]:
         return []
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_ALL) -> list[tuple[int, tuple]]:
+    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_BOTH) -> list[tuple[int, tuple]]:
         if p not in self.predicates:
             return []
         if self.gate is not None and not self.gate.passes(s, p, o, g):
@@ -177,7 +177,7 @@ class WorkerEngine(Engine):
         return frozenset(predicates)
 
     def _apply_with_operators(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
-                              role: int = ROLE_ALL) -> list:
+                              role: int = ROLE_BOTH) -> list:
         """``apply`` while operator queries are registered (installed on the instance: BGP-only shards keep
         ``Engine.apply`` with no extra call)."""
         out = Engine.apply(self, sign, s, p, o, g, role)
@@ -187,7 +187,7 @@ class WorkerEngine(Engine):
         return out
 
     def apply_to(self, name: str, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
-                 role: int = ROLE_ALL) -> list:
+                 role: int = ROLE_BOTH) -> list:
         op = self.operators.get(name)
         if op is None:
             return super().apply_to(name, sign, s, p, o, g, role)
@@ -217,7 +217,7 @@ class WorkerEngine(Engine):
                 net[name][row] += sign
         self.initial_rows.clear()  # every operator query registered so far is replayed now
         targets = sorted(collect)
-        for _offset, sign, s, p, o, g, role, _seq, _origin in changes:
+        for _seq, sign, s, p, o, g, _time, role, _refresh in changes:
             if only:
                 out: list = []
                 for name in targets:

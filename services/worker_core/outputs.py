@@ -198,7 +198,6 @@ class CoreOutputs:
         which takes one PartDelta per record) goes to ``out``."""
         columns = shard.columns(name)
         query_id, part = shard.outputs[name]
-        sign_name = "PLUS" if sign > 0 else "MINUS"
         if part == WHOLE_QUERY_PART or shard.kind == "routed":
             # A routed shard's part deltas (a by-centre product) are batched too: the answers service
             # releases them in seq order and multiplies them.
@@ -214,9 +213,9 @@ class CoreOutputs:
             if last is None or last[0] != columns:
                 last = runs[(query_id, part)] = (columns, 0 if last is None else last[1] + 1)
             self.batched.setdefault((query_id, columns, part, last[1]), []).append(
-                (seq, sign_name, row, shard.source_partition, offset, index, snapshot, None))
+                (seq, sign, row, shard.source_partition, offset, index, snapshot, None))
             return
-        value = codec.encode_part_delta(query_id, part, seq, sign_name, dict(zip(columns, row)),
+        value = codec.encode_part_delta(query_id, part, seq, sign, dict(zip(columns, row)),
                                         shard.source_partition, offset, index, snapshot, None)
         headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
         out.append(Output(self.topics["deltas.parts"], value, query_id.encode(),

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator
 
 from cbgp.assembly import split_parts
 from cbgp.distributed import PartitionEvaluator
-from cbgp.engine import ROLE_ALL
+from cbgp.change import Change
 from cbgp.plan import BY_CENTRE, Plan, decompose
 from cbgp.sparql import parse_query
 from cbgp.windows import WindowSpec
@@ -21,10 +21,6 @@ from services.instruments import RESTORE_PROGRESS
 from services.records import WHOLE_QUERY_PART
 from services.worker_core.engine import ShardDictionary, WorkerEngine
 
-ROLES = {"SUBJECT": 1, "OBJECT": 2, "BOTH": ROLE_ALL}
-
-# One input change as the engine needs it: (offset, sign, s, p, o, g, role, seq, origin_ms).
-Change = tuple[int, int, int, int, int, int, int, int, "int | None"]
 # Reads log records of a shard: (kind, partition, start, end) -> changes in offset order.
 LogReader = Callable[[str, int, int, int], Iterable[Change]]
 # Looks term ids up on the dictionary topic: ids -> {id: canonical term} of those found (operator queries
@@ -33,15 +29,13 @@ TermReader = Callable[[set[int]], dict[int, str]]
 LEARN_CHUNK = 2000  # changes whose term ids are looked up at once when a log is replayed
 
 
-def decode_changes(kind: str, offset: int, value: bytes, origin: int | None) -> list[Change]:
-    """The changes of one routed (``kind="routed"``) or encoded record (a batch, or a format-1 single change)
-    as :data:`Change` tuples sharing ``offset``; raises ``codec.CodecError``.  Refreshes (ADDs of present
+def decode_changes(kind: str, value: bytes) -> list[Change]:
+    """The changes of one routed (``kind="routed"``, each with its role) or encoded record (a batch, or a
+    format-1 single change; role ``ROLE_BOTH``); raises ``codec.CodecError``.  Refreshes (ADDs of present
     triples, forwarded for event-time windows) change no match and are left out."""
     if kind == "routed":
-        return [(offset, sign, s, p, o, g, ROLES[role], seq, origin)
-                for seq, sign, s, p, o, g, _event_time, role in codec.routed_changes(value)]
-    return [(offset, sign, s, p, o, g, ROLE_ALL, seq, origin)
-            for seq, sign, s, p, o, g, _event_time, refresh in codec.encoded_changes(value) if not refresh]
+        return codec.routed_changes(value)
+    return [change for change in codec.encoded_changes(value) if not change.refresh]
 
 
 @dataclass
@@ -180,7 +174,7 @@ def shard_label(kind: str, partition: int) -> str:
 def _tracking_seq(shard: Shard, changes: Iterable[Change]) -> Iterator[Change]:
     """Pass ``changes`` through, keeping the shard's last applied seq (restores replay its log)."""
     for change in changes:
-        shard.last_seq = max(shard.last_seq, change[7])
+        shard.last_seq = max(shard.last_seq, change.seq)
         yield change
 
 
@@ -264,11 +258,11 @@ def _parse_metadata(metadata: str | None, size: int) -> list[int]:
     return [0] * size
 
 
-def changes_of(kind: str, records: Iterable[tuple[int, bytes, int | None]]) -> Iterator[Change]:
-    """Decode ``(offset, value, origin)`` records of a log, skipping undecodable ones (already dead-lettered)."""
-    for offset, value, origin in records:
+def changes_of(kind: str, records: Iterable[tuple[int, bytes]]) -> Iterator[Change]:
+    """Decode ``(offset, value)`` records of a log, skipping undecodable ones (already dead-lettered)."""
+    for _offset, value in records:
         try:
-            changes = decode_changes(kind, offset, value, origin)
+            changes = decode_changes(kind, value)
         except codec.CodecError:
             continue
         yield from changes
