@@ -12,15 +12,17 @@ as changes of named graph ``<iri>`` (:func:`read_stream` checks it).  Any other 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from cbgp.plan import BY_CENTRE, SINGLE_OWNER
 from cbgp.sparql import ParsedQuery, QueryError, parse_query
 from cbgp.windows import WindowError, WindowSpec, parse_rspql, window_from_options
 
 __all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "read_query",
-           "read_registration", "read_stream", "read_views", "stream_iri"]
+           "read_registration", "read_stream", "read_views", "recorded_placement", "stream_iri"]
 
 QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream")  # stored with the query's plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
@@ -34,6 +36,19 @@ def check_option_keys(keys: object, known: tuple[str, ...] = REGISTER_OPTIONS) -
             close = difflib.get_close_matches(str(key), REGISTER_OPTIONS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise WindowError(f"unknown option {key!r}{hint}: the options are {', '.join(REGISTER_OPTIONS)}")
+
+
+def recorded_placement(plan_json: str) -> str | None:
+    """Where the registry placed a query: ``placement`` in a QueryPlan's ``plan_json`` (``by-centre`` or
+    ``single-owner``; None when the record has none, as an older registry's).  Raises ValueError for a
+    ``plan_json`` that is not a JSON object or names another placement."""
+    plan = json.loads(plan_json or "{}")
+    if not isinstance(plan, dict):
+        raise ValueError(f"plan_json is not a JSON object: {plan_json[:80]!r}")
+    placement = plan.get("placement")
+    if placement not in (None, BY_CENTRE, SINGLE_OWNER):
+        raise ValueError(f"plan_json names placement {placement!r}, neither {BY_CENTRE} nor {SINGLE_OWNER}")
+    return placement
 
 
 def read_registration(sparql: str, options: Mapping[str, str]) -> tuple[str, WindowSpec | None]:

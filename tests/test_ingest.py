@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -16,7 +17,7 @@ from services.answers import AnswersCore, current_key
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.release import SeqRelease
-from services.runtime import Output
+from services.runtime import Output, query_partition
 from services.worker_core import WorkerCore, decode_changes
 from tests.fleet_support import EX, QUERIES, generate_patch
 
@@ -379,3 +380,35 @@ def test_workers_leave_windowed_queries_to_the_spark_job_and_split_multi_part_on
     held = {info.query_id for kind in ("routed", "whole") for p in range(4) for info in core.wanted(kind, p)}
     assert held == {"product"}
     assert [name for name, _part, _query in core.plans["product"].engine_queries()] == ["product#0", "product#1"]
+
+
+def test_the_registry_plan_record_decides_where_a_query_is_placed() -> None:
+    """Workers place a query as the registry's plan_json says (issue 15: the record is read, not re-derived), so
+    a worker of another version cannot split a query the registry gave one owner; a record placing by centre a
+    query this worker cannot split, or naming no known placement, is dead-lettered as invalid-plan."""
+    core = WorkerCore({"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}, 4, 4, 4,
+                      lambda kind, partition, start, end: [])
+    star = f"SELECT * WHERE {{ ?x <{EX}knows> ?y . ?x <{EX}likes> ?z }}"
+    grounded = f"SELECT * WHERE {{ GRAPH ?g {{ ?g <{EX}knows> ?b . ?b <{EX}likes> ?c }} }}"  # ?g also a subject
+
+    def register(offset: int, name: str, text: str, plan_json: dict) -> list:
+        plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": json.dumps(plan_json),
+                "projected": [], "registered_at_seq": 0, "version": 1}
+        return core.on_plan(0, offset, name.encode(), codec.encode("QueryPlan", plan), range(4))[0]
+
+    own = decompose(parse_query(star)).to_json()
+    assert own["placement"] == BY_CENTRE
+    assert register(0, "split", star, own) == [] and core.plans["split"].partitioned
+    assert register(1, "one-owner", star, {**own, "placement": SINGLE_OWNER}) == []
+    assert not core.plans["one-owner"].partitioned
+    owner = query_partition("one-owner", 4)
+    assert [i.query_id for i in core.wanted("whole", owner)] == ["one-owner"]
+    assert "one-owner" not in {i.query_id for p in range(4) for i in core.wanted("routed", p)}
+    assert register(2, "older-registry", star, {}) == [] and core.plans["older-registry"].partitioned
+
+    refused = register(3, "skewed", grounded, {"placement": BY_CENTRE})
+    refused += register(4, "unknown", star, {"placement": "everywhere"})
+    letters = [codec.decode("DeadLetter", o.value) for o in refused]
+    assert [d["reason"] for d in letters] == ["invalid-plan", "invalid-plan"]
+    assert "different versions" in letters[0]["message"] and "'everywhere'" in letters[1]["message"]
+    assert "skewed" not in core.plans and "unknown" not in core.plans

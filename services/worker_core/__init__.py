@@ -53,7 +53,7 @@ from cbgp.terms import DEFAULT_GRAPH_ID
 from services import codec, worker_probes
 from services.idempotence import SNAPSHOT_INDEX_BASE
 from services.instruments import RESTORE_PROGRESS
-from services.queries import read_query, read_registration, stream_iri
+from services.queries import read_query, read_registration, recorded_placement, stream_iri
 from services.records import Output, kv, query_partition
 from services.worker_core.engine import (ASK_FALSE, ASK_TRUE, ASK_VARIABLE, FleetOperatorQuery, ShardDictionary,
                                          WorkerEngine, is_operator_spec)
@@ -150,13 +150,18 @@ class WorkerCore(CoreOutputs):
             parsed, operators = read_query(text, window)
             plan = decompose(parsed) if parsed is not None else None
             stream = stream_iri(record["options"]["stream"]) if "stream" in record["options"] else None
-        except (codec.CodecError, QueryError) as exc:  # WindowError is a QueryError
+            placement = recorded_placement(record["plan_json"])
+        except (codec.CodecError, QueryError, ValueError) as exc:  # WindowError is a QueryError
             out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return out, []
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
                          window, plan is not None and self.assemble_in_spark and window is None
                          and needs_assembly(plan.query), self.single_owner, operators,
-                         stream if operators is not None else None)
+                         stream if operators is not None else None, placement)
+        problem = info.placement_problem()
+        if problem is not None:
+            out.append(self._dead("queries.plans", partition, offset, "invalid-plan", problem, value))
+            return out, []
         old = self.plans.get(info.query_id)
         if old is not None and old.version == info.version and old.plans_offset == offset:
             return out, []

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 from cbgp.assembly import split_parts
 from cbgp.distributed import PartitionEvaluator
 from cbgp.change import Change
-from cbgp.plan import BY_CENTRE, Plan, decompose
+from cbgp.plan import BY_CENTRE, SINGLE_OWNER, Plan, decompose
 from cbgp.sparql import parse_query
 from cbgp.windows import WindowSpec
 from services import codec
@@ -56,6 +56,34 @@ class QueryInfo:
     operators: object | None = None
     # A derived stream (CONSTRUCT with stream=<iri>): the named graph its triple deltas are written to, N-Triples.
     stream: str | None = None
+    # Where the registry placed it (plan_json's "placement"): the record, not this worker's own decomposition,
+    # decides, so workers of another version place a query as the registry announced it (None: a record
+    # without one, from an older registry: decided here).
+    recorded_placement: str | None = None
+
+    @property
+    def placement(self) -> str:
+        """``by-centre`` or ``single-owner`` (``--placement single-owner`` overrides the record, to compare)."""
+        if self.single_owner:
+            return SINGLE_OWNER
+        if self.recorded_placement is not None:
+            return self.recorded_placement
+        if self.operators is not None:
+            return BY_CENTRE if self._leaf_parts is not None else SINGLE_OWNER
+        return self.plan.placement if self.plan is not None else SINGLE_OWNER
+
+    def placement_problem(self) -> str | None:
+        """Why this worker cannot evaluate the query as the registry placed it (a by-centre record of a query
+        it would not split: registry and workers of different versions), or None."""
+        if self.recorded_placement != BY_CENTRE or self.window is not None:
+            return None
+        own = (self._leaf_parts is not None and self.stream is None if self.operators is not None
+               else self.plan is not None and self.plan.placement == BY_CENTRE)
+        if own:
+            return None
+        return (f"query {self.query_id} (version {self.version}): the registry placed it by centre, which this "
+                "worker cannot do; the registry and the workers run different versions: upgrade the workers, then "
+                "register it again")
 
     @property
     def windowed(self) -> bool:
@@ -68,11 +96,16 @@ class QueryInfo:
         each evaluated by centre like a product's part, the operators applied by the answers service over
         their seq-ordered deltas.  None: not an operator query, or one its single owner evaluates (a leaf with
         a variable predicate, a derived stream, ``--placement single-owner``)."""
-        if self.operators is None or self.stream is not None or self.window is not None or self.single_owner:
+        if (self.operators is None or self.stream is not None or self.window is not None
+                or self.placement != BY_CENTRE):
             return None
+        return self._leaf_parts
+
+    @cached_property
+    def _leaf_parts(self) -> tuple | None:
         from cbgp.algebra.by_centre import leaf_parts
 
-        return leaf_parts(self.operators)
+        return leaf_parts(self.operators) if self.operators is not None else None
 
     def engine_queries(self) -> list[tuple[str, int, Plan | str]]:
         """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine (none for a
@@ -129,7 +162,7 @@ class QueryInfo:
         else by one owner on the total order."""
         if self.operators is not None:
             return self.operator_parts is not None
-        return self.plan.placement == BY_CENTRE and not self.single_owner
+        return self.placement == BY_CENTRE
 
     @property
     def probed(self) -> bool:
