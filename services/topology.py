@@ -31,6 +31,8 @@ class Topology:
     job: str
     sources: tuple[Edge, ...]
     sinks: tuple[Edge, ...]
+    loop: str = ""  # what drives it: the one runner and its Processor, or the service's own loop, and why
+
 
     def topics(self) -> set[str]:
         return {edge.topic for edge in (*self.sources, *self.sinks)}
@@ -38,6 +40,7 @@ class Topology:
 
 _ONE = "1 partition"
 _BY_QUERY = "query_partition(query id, N)"
+_RUNNER = "services.runner.run_processor"  # the one transactional poll -> process -> commit loop
 
 TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
     Topology(
@@ -58,6 +61,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("dictionary", "term id", "term id % N, once per new term"),
             Edge("deadletter", "none", f"{_ONE}: a rejected statement"),
         ),
+        loop=f"{_RUNNER}(services.ingest.IngestService)",
     ),
     Topology(
         "worker", "services.worker_core.WorkerCore",
@@ -76,6 +80,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("updates.raw", "none", f"{_ONE}: a derived stream's triples (CONSTRUCT with stream=<iri>)"),
             Edge("deadletter", "none", f"{_ONE}: an undecodable input record"),
         ),
+        loop=f"{_RUNNER}(services.worker.WorkerService)",
     ),
     Topology(
         "answers", "services.answers.AnswersCore",
@@ -92,6 +97,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("answers.current", "query id + binding", "the same partition as the query's answers"),
             Edge("deadletter", "none", f"{_ONE}: an undecodable delta"),
         ),
+        loop=f"{_RUNNER}(services.answers.AnswersService)",
     ),
     Topology(
         "registry", "services.registry.Registry",
@@ -106,6 +112,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("queries.status", "none", f"{_ONE}: one reply per command"),
             Edge("deadletter", "none", f"{_ONE}: an undecodable admin record"),
         ),
+        loop="faust's agent loop (services.registry_faust): one admin command at a time, exactly once",
     ),
     Topology(
         "background", "services.background_core.BackgroundCore",
@@ -117,6 +124,8 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("updates.raw", "none", f"{_ONE}: SPARQL Update requests on the view graphs (fill, refresh, drop)"),
             Edge("queries.status", "none", f"{_ONE}: an accuracy alert (estimate below service.alpha)"),
         ),
+        loop="services.background.run: a timer loop (refreshes are due by time, not by input; nothing consumed "
+             "is committed, so no transaction)",
     ),
     Topology(
         "spark-job", "spark.windows.window_group, spark.assembly.assemble_group, spark.compaction.compact_batch",
@@ -132,6 +141,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
                  f"{_BY_QUERY}, part = -1: window answers (source -2) and assembled answers (source -100 - p)"),
             Edge("answers.current", "query id + binding", "the partition of the query's answers (compaction)"),
         ),
+        loop="Spark Structured Streaming micro-batches (spark.job), checkpointed by Spark",
     ),
     Topology(
         "gateway", "services.gateway.service.Gateway",
@@ -148,6 +158,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("updates.raw", "none", f"{_ONE}: one record per POST /update (header cbgp-format sparql-update)"),
             Edge("admin", "none", f"{_ONE}: REGISTER / UNREGISTER from POST/DELETE /queries and SEPA subscribe"),
         ),
+        loop="aiohttp's event loop (services.gateway.app), readers in threads",
     ),
 )}
 
@@ -164,6 +175,7 @@ def describe(service: str) -> str:
     lines += [line("<-", edge) for edge in topology.sources]
     lines += ["  Processor:", f"     {topology.processor}", f"     ({topology.job})", "  Sinks:"]
     lines += [line("->", edge) for edge in topology.sinks]
+    lines += ["  Loop:", f"     {topology.loop}"]
     return "\n".join(lines)
 
 

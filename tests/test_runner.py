@@ -30,6 +30,7 @@ STEPS = [name for name, _ in inspect.getmembers(Processor, inspect.isfunction) i
 @pytest.mark.parametrize("service", SERVICES, ids=lambda s: s.__name__)
 def test_every_data_path_service_is_a_processor_of_the_runner(service: type) -> None:
     assert service.service in TOPOLOGIES, "its topology is what `cbgp describe` prints"
+    assert TOPOLOGIES[service.service].loop == f"services.runner.run_processor({service.__module__}.{service.__name__})"
     assert set(STEPS) == {"open", "poll", "process", "committed", "idle", "close"}
     for step in STEPS:
         ours, theirs = inspect.signature(getattr(service, step)), inspect.signature(getattr(Processor, step))

@@ -27,6 +27,7 @@ FRONT = ("gateway",)
 
 def test_every_data_path_service_has_a_topology() -> None:
     assert set(TOPOLOGIES) == set(DATA_PATH)
+    assert all(topology.loop for topology in TOPOLOGIES.values()), "each says what drives it (`cbgp describe`)"
 
 
 @pytest.mark.parametrize("service", DATA_PATH)
