@@ -172,13 +172,17 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
     _WATCHDOG.enter(timeout)
     try:
         marks = [time.monotonic()]
+        # Step 1: begin.
         producer.begin_transaction()
+        # Step 2: produce the outputs (a failure from here to step 4 aborts: nothing happened).
         produce_all(producer, outputs)
         marks.append(time.monotonic())
+        # Step 3: add the input offsets, so they commit only with the outputs.
         for partitions, group_metadata in offsets:
             if partitions:
                 producer.send_offsets_to_transaction(list(partitions), group_metadata, timeout)
         marks.append(time.monotonic())
+        # Step 4: every output acknowledged, then commit (outputs visible and offsets moved, atomically).
         unacknowledged = producer.flush(timeout)
         marks.append(time.monotonic())
         if unacknowledged or outage():
