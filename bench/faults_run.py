@@ -1,4 +1,4 @@
-"""The long fault-injection run (``tests/test_faults.py`` is the short one), and what a broker SIGKILL loses.
+"""The long fault-injection run (``tests/fleet/test_faults.py`` is the short one), and what a broker SIGKILL loses.
 
     .venv/bin/python bench/faults_run.py                      # 30 kills, 6000 updates
     .venv/bin/python bench/faults_run.py --kills 0 --broker-restarts 6

@@ -2,7 +2,7 @@
 
 In the spirit of Kafka Streams' ``Topology#describe()``: what a service reads, which transform it runs and
 what it writes, with each topic's key and how records are placed on (or read from) its partitions.  No Kafka
-in here, and no broker is needed to print it.  ``tests/test_topology.py`` checks every topic named here
+in here, and no broker is needed to print it.  ``tests/services/test_topology.py`` checks every topic named here
 against the catalogue (``services.kafka.topics.TOPICS``: same key), that every catalogue topic is used, and
 that the Helm chart creates exactly the catalogue's topics.  ``N`` is the configured partition count.
 """

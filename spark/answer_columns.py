@@ -8,7 +8,7 @@ vectorised operation over all records at once, so the cost per record is a few d
 
 Only records written with the *current* ``Answer`` schema take this path; anything else (an older writer
 schema, a malformed record) is decoded one by one through :func:`services.codec.decode`, which resolves or
-reports it, so the output is the same as decoding every record with it (``tests/test_spark_compaction.py``
+reports it, so the output is the same as decoding every record with it (``tests/spark/test_spark_compaction.py``
 checks that on random records).
 
 The binding's identity is its canonical JSON (``services.codec.canonical_binding``), computed once per

@@ -5,8 +5,8 @@ pytest_plugins = ["tests.fixtures.broker", "tests.fixtures.spark"]
 import os
 
 # Fleet tests that run no Spark job have the workers multiply multi-part queries themselves (the
-# deployment option for fleets without Spark).  The default Spark path is run by tests/test_run.py (`make run`,
-# started without any CBGP_* variable) and tests/test_spark_assembly.py (the Spark assembly query itself).
+# deployment option for fleets without Spark).  The default Spark path is run by tests/fleet/test_run.py (`make run`,
+# started without any CBGP_* variable) and tests/spark/test_spark_assembly.py (the Spark assembly query itself).
 os.environ.setdefault("CBGP_ASSEMBLY", "worker")
 # Services' local state stores (ingest's checkpoint) go to a throw-away directory, not the checkout's .run/state.
 if "CBGP_STATE_DIR" not in os.environ:

@@ -1,6 +1,6 @@
 """Fault injection for the fleet: a generated stream flows while services are killed with SIGKILL in
 rotation, workers join and leave, and the broker is restarted; then the answers are checked against the
-oracle.  Used by ``tests/test_faults.py`` (short run, CI) and ``bench/faults_run.py`` (long run).
+oracle.  Used by ``tests/fleet/test_faults.py`` (short run, CI) and ``bench/faults_run.py`` (long run).
 
 The run, in the spirit of Kafka's ``streams_eos_test`` (rotating kill -9 while a driver produces):
 

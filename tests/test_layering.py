@@ -330,3 +330,26 @@ def test_the_size_allow_list_names_only_modules_still_over_the_limit() -> None:
     stale = sorted(f"{module} ({lines.get(module, 0)} lines)" for module in OVER_THE_LIMIT
                    if lines.get(module, 0) <= MAX_MODULE_LINES)
     assert not stale, "no longer over the limit: remove from OVER_THE_LIMIT:\n  " + "\n  ".join(stale)
+
+
+# Tests mirror the tree (issue 15): a test module sits in the folder of what it tests -- tests/cbgp/... for the
+# algorithm, tests/services/... (kafka, gateway, usercli) for the services, tests/spark, tests/helm, tests/docker,
+# tests/schemas for the design card's folders -- or in tests/fleet when it runs the fleet end to end.  Shared
+# helpers (fixtures, oracles, fleet support) stay at the top of tests/, with this test, which covers every package.
+TEST_HOMES = {"cbgp", "services", "spark", "helm", "docker", "schemas", "fleet"}
+
+
+def test_tests_mirror_the_package_tree() -> None:
+    misplaced = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        parts = path.relative_to(REPO / "tests").parts
+        if len(parts) == 1:
+            if path.name != "test_layering.py":
+                misplaced.append(f"tests/{path.name}: at the top of tests/, move it to the folder of what it tests")
+            continue
+        home = parts[0]
+        if home not in TEST_HOMES:
+            misplaced.append(f"{path.relative_to(REPO)}: tests/{home} mirrors no folder of the product")
+        elif home not in ("fleet", "helm", "docker", "schemas") and not (REPO.joinpath(*parts[:-1])).is_dir():
+            misplaced.append(f"{path.relative_to(REPO)}: {'/'.join(parts[:-1])} is not a package of the product")
+    assert not misplaced, "\n  ".join(misplaced)

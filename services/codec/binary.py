@@ -58,7 +58,7 @@ def _header(record_name: str) -> bytes:
 # The same idea for reading: a record written with the *current* schema has a fixed layout, read here
 # field by field (~4x faster than fastavro's generic reader).  Anything else -- an older writer schema,
 # or bytes that are not a current record -- goes through :func:`decode`, which resolves or reports it, so
-# these are exact drop-ins.  tests/test_codec_fast.py checks them against :func:`decode` on random records.
+# these are exact drop-ins.  tests/services/test_codec_fast.py checks them against :func:`decode` on random records.
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:

@@ -1,5 +1,5 @@
 """The OpenAPI 3.0 description of the gateway's HTTP part (served at ``GET /openapi.json``; the WebSocket
-``/subscribe`` is described in words: OpenAPI has no WebSocket messages).  ``tests/test_gateway.py`` runs
+``/subscribe`` is described in words: OpenAPI has no WebSocket messages).  ``tests/services/gateway/test_gateway.py`` runs
 schemathesis against it."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from services.usercli.commands import Handler, user_commands
 from services.usercli.errors import UserError
 from services.usercli.publish import (DEFAULT_CHUNK_BYTES, MAX_PROBLEMS_SHOWN, MAX_RECORD_BYTES, STDIN, check_input,
                                       chunk_lines, publish_file)
-# _answer_json: tests/test_usercli.py reads a watch line through it.
+# _answer_json: tests/services/usercli/test_usercli.py reads a watch line through it.
 from services.usercli.reading import (_answer_json, current_answers, deadletter_line, print_deadletters,  # noqa: F401
                                       results_json, results_table, watch_answers)
 from services.usercli.requests import admin_request, format_status, registered_plan

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "cbgp"
 PRODUCTION = REPO / "helm" / "values-production.yaml"
 HELM = REPO / ".tools" / "bin" / "helm"

@@ -16,9 +16,9 @@ import pytest
 
 from services.supervise import ChildProcess
 
-QUERIES = sorted(p.stem for p in (Path(__file__).parents[1] / "services" / "demo" / "queries").glob("*.rq"))
+QUERIES = sorted(p.stem for p in (Path(__file__).parents[2] / "services" / "demo" / "queries").glob("*.rq"))
 # cbgp replay has no event times, so it evaluates the unwindowed examples; the fleet run covers them all
-# cbgp replay has no endpoint: the SERVICE query is checked through the fleet (and tests/test_background_fleet_e2e.py)
+# cbgp replay has no endpoint: the SERVICE query is checked through the fleet (and tests/fleet/test_background_fleet_e2e.py)
 UNWINDOWED = [q for q in QUERIES if not q.startswith(("windowed_", "service_"))]
 
 
@@ -90,7 +90,7 @@ def test_every_example_query_has_answers_on_the_demo_stream(tmp_path: Path) -> N
 
     from cbgp.cli import replay
 
-    demo = Path(__file__).parents[1] / "services" / "demo"
+    demo = Path(__file__).parents[2] / "services" / "demo"
     out = io.StringIO()
     replay(str(demo / "updates.rdfp"), [(q, str(demo / "queries" / f"{q}.rq")) for q in UNWINDOWED], out)
     signs = {(json.loads(line)["query"], json.loads(line)["sign"]) for line in out.getvalue().splitlines()}

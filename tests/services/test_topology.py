@@ -1,7 +1,7 @@
 """`cbgp describe`: every data-path service's topology agrees with the topic catalogue and the Helm chart.
 
 No broker: the topologies are data (services.topology), the catalogue is data (services.kafka.topics), and
-the chart is rendered with helm (as tests/test_helm_chart.py does).
+the chart is rendered with helm (as tests/helm/test_helm_chart.py does).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from services.cli import main
 from services.kafka.topics import TOPICS
 from services.topology import TOPOLOGIES
-from tests.test_helm_chart import by_kind, one, render
+from tests.helm.test_helm_chart import by_kind, one, render
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CATALOGUE = {t.name: t for t in TOPICS}
 DATA_PATH = ("ingest", "worker", "answers", "registry", "background", "spark-job", "gateway")
 # The gateway is a front door: it writes what users write (updates.raw, admin) and reads their replies.

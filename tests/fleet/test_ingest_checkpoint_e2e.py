@@ -6,7 +6,7 @@ every record of updates.encoded below the checkpoint is deleted (``AdminClient.d
 would); a third life restores from the stale checkpoint plus the tail after it, and processes the rest.  The
 whole encoded output (seqs, signs, quads, refreshes) equals what one uninterrupted processor makes of the
 same raw records: no insert of a present triple numbered again, deletes of absent triples still dropped.
-A restore from offset 0 would have refused the truncated log (``tests/test_truncation.py``).
+A restore from offset 0 would have refused the truncated log (``tests/services/kafka/test_truncation.py``).
 """
 
 from __future__ import annotations

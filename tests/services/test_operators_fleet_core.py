@@ -53,7 +53,7 @@ class Stream:
 
 def core_for(stream: Stream) -> WorkerCore:
     # (single-owner: the whole shard evaluates each query, its BGP leaves and operators; by centre, the leaves
-    # run on the routed partitions and the operators at the answers service: tests/test_distribution.py)
+    # run on the routed partitions and the operators at the answers service: tests/services/test_distribution.py)
     return WorkerCore(TOPICS, 4, 4, 4, stream.reader, assemble_in_spark=False, placement=SINGLE_OWNER,
                       term_reader=stream.term_reader)
 

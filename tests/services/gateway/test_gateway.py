@@ -35,7 +35,7 @@ from tests.fleet_support import Fleet
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 RW, RO = "rw-token-21", "ro-token-21"
 EX = "http://example.org/"

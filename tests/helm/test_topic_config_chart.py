@@ -10,7 +10,7 @@ import pytest
 
 from services.kafka.config import KafkaSettings
 from services.kafka.topics import TOPICS, TopicError, catalogue, ensure_topics
-from tests.test_helm_chart import render
+from tests.helm.test_helm_chart import render
 
 
 def _config(docs: list[dict[str, Any]]) -> dict[str, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli_replay import cbgp
+from tests.cbgp.test_cli_replay import cbgp
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from services.worker_core import WorkerCore, decode_changes
 from tests.fleet_support import EX, QUERIES, generate_patch
 
 # Probed queries exchange probes between routed partitions while they run; this test replays each shard's log
-# once, in isolation, so it takes the queries that need no probes (tests/test_distribution.py interleaves the rest).
+# once, in isolation, so it takes the queries that need no probes (tests/services/test_distribution.py interleaves the rest).
 UNPROBED = {name: text for name, text in QUERIES.items() if not decompose(parse_query(text)).probed}
 
 SETTINGS = KafkaSettings(topic_prefix="u.")

@@ -28,7 +28,7 @@ from cbgp.windows import (
     window_from_options,
 )
 from tests.oracle import OracleGraph, ReplayedAnswers
-from tests.test_engine_differential import EX, FIXED_QUERIES, graphs, objects, predicates, subjects
+from tests.cbgp.test_engine_differential import EX, FIXED_QUERIES, graphs, objects, predicates, subjects
 
 P, Q, R = (f"<{EX}{n}>" for n in ("p", "q", "r"))
 A, B, C = (f"<{EX}{n}>" for n in ("a", "b", "c"))

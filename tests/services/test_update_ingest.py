@@ -25,7 +25,7 @@ from services import codec
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from tests.oracle import OracleGraph, ReplayedAnswers
-from tests.test_update_extraction import EX, GRAPHS, OBJECTS, PREDICATES, SUBJECTS, operations
+from tests.cbgp.test_update_extraction import EX, GRAPHS, OBJECTS, PREDICATES, SUBJECTS, operations
 
 QUERIES = {
     "default_star": f"SELECT * WHERE {{ ?x <{EX}p> ?y . ?x <{EX}q> ?z }}",

@@ -70,7 +70,7 @@ LINES = st.builds(patch_line, GOOD_TERMS, IRI_TAILS.map(lambda t: f"<http://ex.o
                   st.sampled_from(["A", "D"]))
 MAYBE_BAD_LINES = st.one_of(LINES, LINES.flatmap(corrupted)).filter(
     # Lines that change how the following lines parse (transactions, prefixes, headers) are valid patch,
-    # not garbage; they are covered by tests/test_inputs.py.
+    # not garbage; they are covered by tests/cbgp/test_inputs.py.
     lambda line: line.lstrip(" \t")[:1] not in ("T", "P", "H", "@") and "\n" not in line and "\r" not in line
     and "\u2028" not in line and "\x85" not in line and "\x0b" not in line and "\x0c" not in line
     and "\x1c" not in line and "\x1d" not in line and "\x1e" not in line and "\u2029" not in line)

@@ -33,7 +33,7 @@ from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated, require_log_
 from services.runtime import Fetcher, Stopper, read_range
 from tests.fixtures.broker import fresh_settings
 
-CBGP = str(Path(__file__).resolve().parents[1] / ".venv" / "bin" / "cbgp")
+CBGP = str(Path(__file__).resolve().parents[3] / ".venv" / "bin" / "cbgp")
 
 
 # ---------------------------------------------------------------------------------------- the decision

@@ -27,7 +27,7 @@ from rdflib.collection import Collection
 from cbgp.terms import from_oxigraph
 from cbgp.update import UpdateDelta, UpdateExtractor, UpdateRequestError
 
-W3C = Path(__file__).parent / "data" / "w3c-update"
+W3C = Path(__file__).parents[1] / "data" / "w3c-update"
 SUITES = ["basic-update", "delete-insert", "delete-where", "delete-data", "delete", "clear", "drop", "add",
           "move", "copy", "update-silent", "syntax-update-1"]
 MF = Namespace("http://www.w3.org/2001/sw/DataAccess/tests/test-manifest#")

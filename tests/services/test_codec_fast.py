@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change
 from cbgp.distributed import Ack, Probe
 from services import codec
-from tests.test_schemas import FAST, HISTORY, avro_write, load, records_of, single_object
+from tests.schemas.test_schemas import FAST, HISTORY, avro_write, load, records_of, single_object
 
 SIGN = {"ADD": 1, "DEL": -1}
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tests.test_engine_differential as differential
+import tests.cbgp.test_engine_differential as differential
 from cbgp.assembly import (Assembler, AssemblyError, GraphAssembler, PartQuery, assembler_for, needs_assembly,
                            split_parts)
 from cbgp.engine import Engine

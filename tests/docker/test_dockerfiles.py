@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 DOCKERFILE = DOCKER / "Dockerfile"
 HADOLINT = Path(sys.executable).parent / "hadolint"

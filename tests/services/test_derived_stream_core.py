@@ -20,7 +20,7 @@ from services.records import query_partition
 from services.worker_core import DERIVED_HEADER, WorkerCore, decode_changes
 from tests.derived_support import ADULTS, DERIVED, READER, construct, expected_reader, per_seq_deltas, plan_of, quad
 from tests.fleet_support import generate_patch
-from tests.test_operators_fleet_core import answers_of, split
+from tests.services.test_operators_fleet_core import answers_of, split
 
 SETTINGS = KafkaSettings(topic_prefix="u.")
 TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "dictionary": "u.dictionary",
