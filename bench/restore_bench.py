@@ -1,4 +1,5 @@
-"""Restore time after short and long histories over the same final state (issue 16): ingest only, so far.
+"""Restore time after short and long histories over the same final state (issue 16): ingest, and the workers'
+shards in memory.
 
 Ingest's state (presence set, seq, published terms) is restored on the embedded broker after a history of
 20,000 and of 200,000 updates that end in the same graph: the first distinct LSBench triples are inserted (the
@@ -13,8 +14,16 @@ terms, per second of the checkpoint restore) is measured on a larger state: ``--
 and their terms, restored the same way with the same tail, where fixed costs (topic metadata, consumers) weigh
 less than in the 15,000-triple cases.
 
-One line per case, then one JSON line in issue 16's format; only its "ingest" part is measured here (the
-checkpoint restore; "ingest_from_offset_0" is the same without a checkpoint), "worker" and "answers" are null:
+The workers' shards (``--worker``, on by default) are restored in memory, without a broker: the same histories
+go through ``IngestProcessor`` into routed and encoded logs, a ``WorkerCore`` holding the LSBench bench queries a
+shard can checkpoint (``bench/queries`` without its multi-centre ones: a shard holding one is restored from offset
+0, see ``services.state.shards``) applies them over 4 routed partitions, checkpoints every shard into a RocksDB
+store before the last ``--tail`` updates and applies the rest; then every shard is opened again at its committed
+offset, from the checkpoint and from offset 0 (what a restarted worker does), timed, and the outputs that follow
+are checked equal.  The broker's fetch is not in these figures (ingest's restore above has it).
+
+One line per case, then one JSON line in issue 16's format ("worker": from the checkpoint, in memory;
+"ingest_from_offset_0" / "worker_from_offset_0": the same without a checkpoint); "answers" is null:
 
     .venv/bin/python bench/restore_bench.py [--data DIR] [--state-triples N] [--rate-triples N] [--tail N] [--runs N]
 """
@@ -96,6 +105,81 @@ def timed_restore(settings: KafkaSettings, store_path: Path | None, expected: In
     return seconds
 
 
+WORKER_PARTITIONS = 4
+
+
+def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
+    """Seconds (median of ``runs``) to open every shard of a worker at its committed offset after ``lines``, from
+    the checkpoint taken ``tail`` updates before the end and from offset 0 (see the module docstring)."""
+    from cbgp.plan import decompose
+    from cbgp.sparql import parse_query
+    from services import codec
+    from services.state.shards import ShardCheckpoints
+    from services.worker_core import WorkerCore, decode_changes
+
+    n = WORKER_PARTITIONS
+    queries = {p.stem: p.read_text() for p in sorted((Path(__file__).parent / "queries").glob("*.rq"))}
+    queries = {name: text for name, text in queries.items() if not decompose(parse_query(text)).probed}
+    settings = KafkaSettings(topic_prefix="m.")
+    ingest = IngestProcessor(settings, n, n)
+    logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(n)}}
+    cut = {}
+    for start in range(0, len(lines), LINES_PER_RECORD):
+        if start == (len(lines) - tail) - (len(lines) - tail) % LINES_PER_RECORD:
+            cut = {key: len(log) for key, log in logs.items()}
+        raw = RawRecord(("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode())
+        for out in ingest.process(raw):
+            if out.topic in ("m.updates.routed", "m.updates.encoded"):
+                kind = "routed" if out.topic == "m.updates.routed" else "whole"
+                logs[(kind, out.partition if kind == "routed" else 0)].append(out.value)
+    shards = [("routed", p) for p in range(n)] + [("whole", p) for p in range(n)]
+
+    def core(checkpoints: ShardCheckpoints | None) -> WorkerCore:
+        made = WorkerCore({"deltas.parts": "m.deltas.parts", "deadletter": "m.deadletter"}, n, n, n,
+                          lambda kind, p, start, end: [c for v in logs[(kind, p if kind == "routed" else 0)][start:end]
+                                                       for c in decode_changes(kind, v)],
+                          assemble_in_spark=False, checkpoints=checkpoints)
+        for i, (name, text) in enumerate(sorted(queries.items())):
+            plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
+                    "registered_at_seq": 0, "version": 1}
+            made.on_plan(i % n, i, name.encode(), codec.encode("QueryPlan", plan), range(n))
+        return made
+
+    def apply(worker: WorkerCore, upto: dict[tuple[str, int], int] | None) -> list:
+        out = []
+        for kind, p in shards:
+            shard, log = worker.shards[(kind, p)], logs[(kind, p if kind == "routed" else 0)]
+            for offset in range(shard.position, len(log) if upto is None else upto[(kind, p if kind == "routed" else 0)]):
+                frontier = codec.frontier_of(log[offset]) if kind == "routed" else None
+                out += (worker.on_frontier(shard, offset, frontier) if frontier is not None
+                        else worker.on_record(shard, offset, decode_changes(kind, log[offset])))
+        return out + worker.flush_batches()
+
+    with tempfile.TemporaryDirectory(prefix="worker-restore-") as tmp, Store(Path(tmp) / "w") as store:
+        checkpoints = ShardCheckpoints(store)
+        live = core(checkpoints)
+        for key in shards:
+            live.open_shard(*key, 0, None)
+        apply(live, cut)
+        checkpoints.put(live.checkpoint_blobs(shards))
+        apply(live, None)
+        committed, metadata = {key: shard.position for key, shard in live.shards.items()}, live.metadata()
+        times: dict[str, list[float]] = {"checkpoint": [], "offset0": []}
+        follow = {}
+        for _ in range(runs):
+            for case, source in (("checkpoint", checkpoints), ("offset0", None)):
+                worker = core(source)
+                started = time.perf_counter()
+                for key in shards:
+                    worker.open_shard(*key, committed[key], metadata)
+                times[case].append(time.perf_counter() - started)
+                follow[case] = worker
+        # (tests/services/test_worker_checkpoint.py checks the outputs after such restores byte for byte)
+        assert {k: s.engine.state_entries() for k, s in follow["checkpoint"].shards.items()} == \
+            {k: s.engine.state_entries() for k, s in follow["offset0"].shards.items()}, "restored states differ"
+    return {case: statistics.median(values) for case, values in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LSBench files (default: the shared "
@@ -105,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="triples in the state the restore rate is measured on (default 100000)")
     parser.add_argument("--tail", type=int, default=2_000, help="updates after the checkpoint (default 2000)")
     parser.add_argument("--runs", type=int, default=3, help="restores timed per case; the median is reported")
+    parser.add_argument("--worker", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the workers' shards, in memory (default on)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -135,8 +221,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"seconds={seconds:.3f} state_triples={len(expected.present)} terms={len(expected.published)} "
                       f"seq={expected.seq} tail_updates={args.tail if path else length}"
                       + (f" entries_per_s={entries_per_s:.0f}" if rate else "") + f" source={stream.source}", flush=True)
-    print(json.dumps({"worker": None, "ingest": results["checkpoint"], "answers": None,
-                      "restore_entries_per_s": round(entries_per_s), "ingest_from_offset_0": results["offset0"]}))
+    workers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
+    if args.worker:
+        for length in HISTORIES:
+            for case, seconds in worker_restores(history(final, length), args.tail, args.runs).items():
+                workers[case][str(length)] = round(seconds, 3)
+                print(f"worker history={length} restore={'checkpoint+tail' if case == 'checkpoint' else 'offset 0'} "
+                      f"seconds={seconds:.3f} shards={2 * WORKER_PARTITIONS} (in memory) source={stream.source}",
+                      flush=True)
+    print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"], "answers": None,
+                      "restore_entries_per_s": round(entries_per_s), "ingest_from_offset_0": results["offset0"],
+                      "worker_from_offset_0": workers["offset0"] or None}))
     return 0
 
 

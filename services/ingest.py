@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -234,12 +233,7 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default=os.environ.get("CBGP_STATE_DIR", ".run/state"), metavar="DIR",
-                        help="where the state checkpoint is kept, in <prefix>ingest-<instance-id> (default "
-                             "$CBGP_STATE_DIR or .run/state; empty: no checkpoints, restores read the logs from 0)")
-    parser.add_argument("--checkpoint-interval", type=float, default=10.0, metavar="SECONDS",
-                        help="at most this often under load, checkpoint the state after a committed transaction "
-                             "(default 10; 0: after every transaction; negative: never)")
+    recovery.add_state_flags(parser, SERVICE, "the state (presence set, seq, published terms)")
 
 
 def register(commands: argparse._SubParsersAction) -> dict:

@@ -11,6 +11,7 @@ dictionary topic, its changelogs; with ``track_changes`` it also keeps what chan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Iterable, Iterator
 
 from prometheus_client import Counter
@@ -311,7 +312,7 @@ class IngestProcessor:
             if quad in self.present:
                 NOOP_ADD.inc()
                 # no change to the graph, but event-time windows must see the newer time (spark.windows)
-                self.pending_encoded.append(Change(self.seq, INSERT, *quad, event_time_ms, ROLE_BOTH, True))
+                self.pending_encoded.append(_change((self.seq, INSERT, *quad, event_time_ms, ROLE_BOTH, True)))
                 self.pending_sources.append((raw.partition, raw.offset))
                 return
             self.present.add(quad)
@@ -324,11 +325,11 @@ class IngestProcessor:
             self.graph.apply(op, quad)
         self.seq += 1
         seq = self.seq
-        self.pending_encoded.append(Change(seq, op, *quad, event_time_ms))
+        self.pending_encoded.append(_change((seq, op, *quad, event_time_ms, ROLE_BOTH, False)))
         self.pending_sources.append((raw.partition, raw.offset))
         pending = self.pending_routed
         for partition, role in routes(s_id, o_id, self.n_routed):
-            pending.setdefault(partition, []).append(Change(seq, op, *quad, event_time_ms, role))
+            pending.setdefault(partition, []).append(_change((seq, op, *quad, event_time_ms, role, False)))
 
     def routes(self, s: int, o: int) -> tuple[tuple[int, int], ...]:
         """``(routed partition, role)`` pairs of a change with subject ``s`` and object ``o``
@@ -350,6 +351,9 @@ class IngestProcessor:
                                raw.value, line))
         return out
 
+
+# A Change from all its fields at C speed (Change(...) runs a Python __new__: 0.3 us more, three times per update).
+_change = partial(tuple.__new__, Change)
 
 MAX_BATCH_CHANGES = 2000  # changes per batch record (~80 KB): far below Kafka's 1 MB default record limit
 

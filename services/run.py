@@ -71,8 +71,8 @@ def service_plan(commands: set[str], workers: int, run_dir: Path,
     if "worker" in commands:
         for i in range(workers):
             ports = {"metrics": free_port()}
-            plan.append((f"worker-{i}", ["worker", "--worker-id", f"w{i}", "--metrics-port", str(ports["metrics"])],
-                         ports))
+            plan.append((f"worker-{i}", ["worker", "--worker-id", f"w{i}", "--metrics-port", str(ports["metrics"]),
+                                         "--state-dir", str(run_dir / "worker-state")], ports))
     if "answers" in commands:
         ports = {"metrics": free_port()}
         plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", str(ports["metrics"])], ports))
@@ -401,7 +401,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             err.write(f"run: using the broker at {settings.bootstrap_servers}\n")
         else:
             shutil.rmtree(run_dir / "broker", ignore_errors=True)  # fresh each run: old topics would replay
-            shutil.rmtree(run_dir / "ingest-state", ignore_errors=True)  # ingest's checkpoint of those topics
+            for state in ("ingest-state", "worker-state"):  # checkpoints of those topics
+                shutil.rmtree(run_dir / state, ignore_errors=True)
             broker = EmbeddedBroker(run_dir / "broker").start()
             summary["broker_pid"] = broker.pid
             os.environ["CBGP_BOOTSTRAP_SERVERS"] = broker.bootstrap

@@ -30,6 +30,8 @@ from prometheus_client import Gauge
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import STATE_BYTES, STATE_ENTRIES, record_consumer_lag
 from services.runner import Step, run_processor
+from services.state import Checkpointer, StoreError, recovery
+from services.state.shards import ShardCheckpoints
 from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv, origin_ms, read_range, read_window, record_ok,
                               require_from, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
@@ -112,10 +114,16 @@ class WorkerService:
                                                            "updates.routed", "updates.encoded", "dictionary",
                                                            "updates.raw")}  # updates.raw: derived streams
         self.terms = DictionaryTerms(settings)
+        interval = getattr(args, "checkpoint_interval", -1.0)
+        store = (recovery.open_store(getattr(args, "state_dir", ""),
+                                     f"{settings.topic_prefix}{SERVICE}-{args.instance_id}") if interval >= 0 else None)
+        self.checkpoints = ShardCheckpoints(store) if store is not None else None
+        self.checkpointer = Checkpointer(max(interval, 0.0))
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
                                assemble_in_spark=getattr(args, "assembly", "spark") == "spark",
                                placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records,
-                               term_reader=self.terms.lookup, dictionary_partitions=len(self.terms.start))
+                               term_reader=self.terms.lookup, dictionary_partitions=len(self.terms.start),
+                               checkpoints=self.checkpoints)
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -302,10 +310,34 @@ class WorkerService:
 
     def committed(self, step: Step) -> None:
         self.dirty = False
+        self.checkpointer.committed()
+        if self.checkpointer.due():
+            self.checkpoint()
         self._report()
 
     def idle(self) -> None:
+        if self.checkpointer.due():
+            self.checkpoint()  # idle: save what the last transactions changed
         self._report()
+
+    def checkpoint(self) -> None:
+        """Save the held shards that moved since their last checkpoint: only after a committed transaction (or
+        none pending), so each holds exactly its log below its position (``services.state.shards``)."""
+        if self.checkpoints is None or self.pending:
+            return
+        held = [(kind, p) for kind, p in self.core.shards
+                if (kind == "routed" and p in self.assigned) or (kind == "whole" and p in self.encoded)]
+        started = time.monotonic()
+        try:
+            saved = self.checkpoints.put(self.core.checkpoint_blobs(held))
+        except StoreError as exc:  # a full or broken disk: keep serving, restores read the logs from 0
+            log.warning(kv(event="checkpoints-off", reason=str(exc)))
+            self.checkpoints.close()
+            self.checkpoints = self.core.checkpoints = None
+            return
+        self.checkpointer.saved()
+        if saved:
+            log.info(kv(event="checkpoint", shards=saved, seconds=f"{time.monotonic() - started:.3f}"))
 
     def _poll_inputs(self) -> tuple[list[Message], tuple[int, list[Message]]]:
         """Routed records and (epoch, encoded records) already fetched; when both inputs are idle, listen
@@ -420,6 +452,8 @@ class WorkerService:
                 QUERY_STATE.labels(*labels).set(0)
 
     def close(self, clean: bool = True) -> None:
+        if clean and self.checkpointer.unsaved:
+            self.checkpoint()  # a clean stop: every transaction committed
         if self.routed_in is not None:
             self.routed_in.close()  # leave the group now, not after the session timeout
         for partition in list(self.encoded):
@@ -428,6 +462,8 @@ class WorkerService:
         self.terms.close()
         self.plans.close()
         self.producer.flush(5)
+        if self.checkpoints is not None:
+            self.checkpoints.close()
 
 
 def register(commands: argparse._SubParsersAction) -> dict:
@@ -441,6 +477,7 @@ def register(commands: argparse._SubParsersAction) -> dict:
 
 
 def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    recovery.add_state_flags(parser, SERVICE, "each shard's engine (shards with multi-centre queries are not)")
     parser.add_argument("--placement", choices=[BY_CENTRE, SINGLE_OWNER],
                         default=os.environ.get("CBGP_PLACEMENT", BY_CENTRE),
                         help="'by-centre' keeps stars and single-centre components (stars with attribute variables, "

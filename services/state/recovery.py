@@ -18,7 +18,9 @@ again from offset 0.
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -96,6 +98,16 @@ def log_ends(consumer: Consumer, topics: Mapping[str, Iterable[int]]) -> dict[st
     that: after a service's committed transaction, the positions its state reflects in the logs it alone writes."""
     return {topic: {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}
             for topic, parts in topics.items()}
+
+
+def add_state_flags(parser: argparse.ArgumentParser, service: str, what: str) -> None:
+    """``--state-dir`` and ``--checkpoint-interval`` of a service that checkpoints ``what``."""
+    parser.add_argument("--state-dir", default=os.environ.get("CBGP_STATE_DIR", ".run/state"), metavar="DIR",
+                        help=f"where {what} is checkpointed, in <prefix>{service}-<instance-id> (default "
+                             "$CBGP_STATE_DIR or .run/state; empty: no checkpoints, restores read the logs from 0)")
+    parser.add_argument("--checkpoint-interval", type=float, default=10.0, metavar="SECONDS",
+                        help="at most this often under load, checkpoint after a committed transaction "
+                             "(default 10; 0: after every transaction; negative: never)")
 
 
 def open_store(state_dir: str | Path, name: str) -> Store | None:

@@ -61,6 +61,8 @@ from services.worker_core.outputs import DERIVED_HEADER, MAX_BATCH_DELTAS, MAX_D
 from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInfo, Shard, TermReader,
                                         _parse_metadata, _tracking_seq, _with_progress, changes_of,
                                         decode_changes, info_mode, shard_label)
+from services.state.shards import ShardCheckpoints
+from services.worker_core.checkpoint import adopt, checkpointable, shard_blob, usable
 from services.worker_probes import ProbeRouting, RecordReader
 
 log = logging.getLogger("cbgp.worker")
@@ -72,12 +74,16 @@ class WorkerCore(CoreOutputs):
     def __init__(self, topics: dict[str, str], routed_partitions: int, plans_partitions: int,
                  deltas_partitions: int, reader: LogReader, assemble_in_spark: bool = True,
                  placement: str = BY_CENTRE, record_reader: RecordReader | None = None,
-                 term_reader: TermReader | None = None, dictionary_partitions: int | None = None) -> None:
+                 term_reader: TermReader | None = None, dictionary_partitions: int | None = None,
+                 checkpoints: ShardCheckpoints | None = None) -> None:
         """``placement``: ``by-centre`` (the default: stars and single-centre components keyed by centre value
         over the routed partitions) or ``single-owner`` (every query whole on one worker, for comparison).
         Every worker of a fleet must use the same.  ``term_reader``: the dictionary topic, for operator queries
         (their shard learns the terms of the changes it applies; terms an operator makes are published to
-        ``topics["dictionary"]``, ``dictionary_partitions`` partitions, as ingest does)."""
+        ``topics["dictionary"]``, ``dictionary_partitions`` partitions, as ingest does).  ``checkpoints``: saved
+        shard states a restore starts from (``services.state.shards``; None: every restore reads its log from 0)."""
+        self.checkpoints = checkpoints
+        self._checkpointed: dict[tuple[str, int], tuple] = {}  # shard -> (position, versions) last checkpointed
         self.topics = topics  # logical name -> broker topic (deltas.parts, deadletter)
         self.assemble_in_spark = assemble_in_spark
         self.single_owner = placement != BY_CENTRE
@@ -222,12 +228,18 @@ class WorkerCore(CoreOutputs):
                                                                           last_mark)]
             infos = [i for i in infos if i not in placed]
             owed = [i for i in owed if i not in placed]
-        for info in infos:
-            shard.register(info)
         started = time.monotonic()
+        # From the shard's checkpoint when one serves (see services.state.shards), else from offset 0.
+        saved, why = self._saved_state(shard, infos, bool(owed or placed))
+        if saved is not None:
+            start = adopt(shard, saved)
+        else:
+            start = 0
+            for info in infos:
+                shard.register(info)
         label = shard_label(kind, partition)
         changes = _with_progress(_tracking_seq(shard, self._learning(
-            shard, self.reader(kind, partition, 0, shard.position))), shard.position, label)
+            shard, self.reader(kind, partition, start, shard.position))), shard.position - start, label)
         net = shard.engine.replay(changes, {name for i in owed for name, _p, _q in i.engine_queries()}, only=False)
         if kind == "routed":
             for info in infos:
@@ -241,9 +253,37 @@ class WorkerCore(CoreOutputs):
             shard.pending = []
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
+                    replayed_from=start, checkpoint=why,
                     queries=len(infos) + len(placed), snapshots_owed=len(owed) + len(placed),
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
         return drops + self._snapshot(shard, owed, net) + self._place(shard, placed)
+
+    def _saved_state(self, shard: Shard, infos: list[QueryInfo], owes: bool) -> tuple[dict | None, str]:
+        """The checkpoint that restores ``shard`` holding ``infos``, and why there is none ("used" when there
+        is).  A shard owing a snapshot replays from 0: the snapshot is the net of its whole log."""
+        if owes:
+            return None, "a snapshot is owed"
+        if self.checkpoints is None:
+            return None, "checkpoints off"
+        if not checkpointable(shard, infos):
+            return None, "not checkpointable"
+        saved = self.checkpoints.get(shard.kind, shard.partition)
+        why = usable(saved, shard, infos, self.reader)
+        return (saved, "used") if why is None else (None, why)
+
+    def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes]]:
+        """``(kind, partition, checkpoint)`` of the ``held`` shards that can be checkpointed and moved since the
+        last call (called once a transaction committed: their state is exactly their log below their position)."""
+        blobs = []
+        for key in held:
+            shard = self.shards.get(key)
+            if shard is None or self._checkpointed.get(key) == (shard.position, tuple(shard.versions.items())):
+                continue
+            blob = shard_blob(shard, self.wanted(*key))
+            if blob is not None:
+                blobs.append((*key, blob))
+                self._checkpointed[key] = (shard.position, tuple(shard.versions.items()))
+        return blobs
 
     # -- by-centre registrations at one point of each routed log
 
@@ -416,6 +456,7 @@ class WorkerCore(CoreOutputs):
             return self._derived_outputs(shard) if self.derived else out
         last = changes[-1].seq
         shard.last_seq = max(shard.last_seq, last)
+        shard.last_change = changes[-1]
         evaluator = shard.evaluator if shard.kind == "routed" else None
         if engine.operators:
             self._learn(shard, changes)

@@ -208,6 +208,7 @@ def _tracking_seq(shard: Shard, changes: Iterable[Change]) -> Iterator[Change]:
     """Pass ``changes`` through, keeping the shard's last applied seq (restores replay its log)."""
     for change in changes:
         shard.last_seq = max(shard.last_seq, change.seq)
+        shard.last_change = change
         yield change
 
 
@@ -229,6 +230,7 @@ class Shard:
     position: int = 0  # next offset of its log to apply
     frontier: int = -1  # routed shards: highest seq the partition has completed (ingest's Frontier records)
     last_seq: int = 0  # seq of the last change applied (a snapshot is labelled with the seq it is "as of")
+    last_change: Change | None = None  # ... and that change (a checkpoint's proof of which log it belongs to)
     versions: dict[str, int] = field(default_factory=dict)  # query id -> registered plan version
     outputs: dict[str, tuple[str, int]] = field(default_factory=dict)  # engine name -> (query id, part)
     # Multi-centre queries (routed shards, services.worker_probes): the evaluator, its queries by probe name,

@@ -274,6 +274,37 @@ def test_worker_restarted_after_sigterm_resumes_without_loss_or_duplicates(kafka
         assert_final(kafka_settings, expected)
 
 
+def test_a_worker_killed_mid_stream_restores_its_shards_from_their_checkpoints(
+        kafka_settings: KafkaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16: a worker checkpointing after every transaction is killed -9 mid-stream; its successor opens the
+    shards from their checkpoints (at or behind the committed offsets: the kill may fall between a commit and its
+    checkpoint) and replays only the log after them, and the answers equal the replay.  The queries are those a
+    shard can checkpoint (a multi-centre query's shard is restored from offset 0)."""
+    queries = {q: QUERIES[q] for q in ("star", "path", "product", "names", "fof")}
+    lines = generate_patch(3000, seed=43)
+    expected, partial = replay(tmp_path, lines, queries), replay(tmp_path, lines[:1500], queries)
+    state = ["--state-dir", str(tmp_path / "worker-state"), "--checkpoint-interval", "0"]
+    # a static member: the successor takes the killed worker's partitions without waiting for its session to end
+    monkeypatch.setenv("CBGP_KAFKA_GROUP_INSTANCE_ID", f"{kafka_settings.topic_prefix}w0")
+    with Fleet(kafka_settings, tmp_path / "logs") as fleet:
+        for query, text in queries.items():
+            publish_plan(kafka_settings, query, text)
+        fleet.start("ingest", "ingest", "--instance-id", "i1")
+        fleet.start("w0", "worker", "--worker-id", "w0", *state)
+        fleet.start("answers", "answers", "--instance-id", "a1")
+        publish_patch(kafka_settings, lines[:1500])
+        wait_answers(kafka_settings, {"star": len(partial["star"]), "path": len(partial["path"])})
+        fleet.procs["w0"].kill()  # -9: no clean stop, no last checkpoint
+        fleet.procs["w0"].wait(10)
+        publish_patch(kafka_settings, lines[1500:])
+        fleet.start("w0", "worker", "--worker-id", "w0", *state)
+        assert_final(kafka_settings, expected)
+        restored = [line for line in fleet.log_text("w0").splitlines() if "event=shard-restored" in line]
+        used = [line for line in restored if "checkpoint=used" in line]
+        assert used, "no shard was restored from its checkpoint:\n" + "\n".join(restored)
+        assert all(int(re.search(r"replayed_from=(\d+)", line).group(1)) > 0 for line in used)
+
+
 @pytest.mark.timeout(180)
 def test_queries_registered_and_unregistered_through_the_registry_process(kafka_settings: KafkaSettings,
                                                                           tmp_path: Path) -> None:

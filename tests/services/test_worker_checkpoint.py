@@ -1,0 +1,137 @@
+"""A worker restores its shards from their checkpoints plus the log after them (issue 16), in memory: the logs
+are ingest's own records, the store is RocksDB in a temporary directory.
+
+- after a restart at a committed offset past the checkpoint, the shards replay only the log after it and make
+  byte for byte the outputs a restore from offset 0 makes, for every query class the engine keeps;
+- a checkpoint that cannot belong (other queries, past the committed offset, another log) is not used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services import codec
+from services.ingest import IngestProcessor, RawRecord
+from services.kafka import KafkaSettings
+from services.state import Store
+from services.state.shards import ShardCheckpoints
+from services.worker_core import WorkerCore, decode_changes
+from services.worker_core.checkpoint import usable
+from tests.fleet_support import QUERIES, generate_patch
+
+# Stars, single-centre components, products and DISTINCT by centre, and whole queries (a shard holding a
+# multi-centre query is not checkpointed: its evaluator and probes in flight are restored from the log).
+UNPROBED = {name: text for name, text in QUERIES.items() if name not in ("path3", "triangle")}
+
+SETTINGS = KafkaSettings(topic_prefix="u.")
+TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}
+N = 4
+
+
+def ingest_logs(lines: list[str], per_record: int = 40) -> dict[tuple[str, int], list]:
+    """updates.routed per partition and updates.encoded: their records' values."""
+    ingest = IngestProcessor(SETTINGS, N, N)
+    logs: dict[tuple[str, int], list] = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
+    for start in range(0, len(lines), per_record):
+        for out in ingest.process(RawRecord(("\n".join(lines[start:start + per_record]) + "\n").encode())):
+            if out.topic in ("u.updates.routed", "u.updates.encoded"):
+                kind = "routed" if out.topic == "u.updates.routed" else "whole"
+                logs[(kind, out.partition if kind == "routed" else 0)].append(out.value)
+    return logs
+
+
+class Worker:
+    """A WorkerCore over ``logs`` that counts the records its restores read."""
+
+    def __init__(self, logs: dict, checkpoints: ShardCheckpoints | None) -> None:
+        self.logs = logs
+        self.read = 0
+        self.core = WorkerCore(TOPICS, N, N, N, self.reader, assemble_in_spark=False, checkpoints=checkpoints,
+                               record_reader=self.records)
+        for i, (name, text) in enumerate(sorted(UNPROBED.items())):
+            plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
+                    "registered_at_seq": 0, "version": 1}
+            self.core.on_plan(i % N, i, name.encode(), codec.encode("QueryPlan", plan), range(N))
+
+    def reader(self, kind: str, partition: int, start: int, end: int) -> list:
+        records = self.logs[(kind, partition if kind == "routed" else 0)][start:end]
+        self.read += len(records)
+        return [change for value in records for change in decode_changes(kind, value)]
+
+    def records(self, partition: int, start: int, end: int | None) -> list:
+        records = self.logs[("routed", partition)][start:end]
+        self.read += len(records)
+        return list(enumerate(records, start))
+
+    def shards(self) -> list[tuple[str, int]]:
+        return [("routed", p) for p in range(N)] + [("whole", p) for p in range(N)]
+
+    def open(self, positions: dict[tuple[str, int], int], metadata: str | None) -> list:
+        return [o for key in self.shards() for o in self.core.open_shard(*key, positions.get(key, 0), metadata)]
+
+    def run(self, upto: float) -> list:
+        """Apply every shard's log up to the fraction ``upto`` of it; the outputs, one transaction's worth."""
+        out = []
+        for kind, partition in self.shards():
+            shard = self.core.shards[(kind, partition)]
+            log = self.logs[(kind, partition if kind == "routed" else 0)]
+            for offset in range(shard.position, int(len(log) * upto)):
+                frontier = codec.frontier_of(log[offset]) if kind == "routed" else None
+                if frontier is not None:
+                    out += self.core.on_frontier(shard, offset, frontier)
+                elif kind == "routed":
+                    out += self.core.on_routed(shard, offset, log[offset], None)[0]
+                else:
+                    out += self.core.on_record(shard, offset, decode_changes(kind, log[offset]))
+        return out + self.core.flush_batches()
+
+
+def values(outputs: list) -> list[tuple]:
+    return [(o.topic, o.partition, o.key, o.value) for o in outputs]
+
+
+def test_a_restart_replays_only_the_log_after_each_checkpoint_and_makes_the_same_outputs(tmp_path: Path) -> None:
+    logs = ingest_logs(generate_patch(2400, seed=11))
+    store = Store(tmp_path / "worker")
+    checkpoints = ShardCheckpoints(store)
+    first = Worker(logs, checkpoints)
+    first.open({}, None)
+    first.run(0.5)
+    assert not any(info.uses_probes for info in first.core.plans.values())
+    saved = checkpoints.put(first.core.checkpoint_blobs(first.shards()))  # once the transaction committed
+    assert saved == len(first.shards())
+    assert first.core.checkpoint_blobs(first.shards()) == [], "a shard that did not move is not saved again"
+    first.run(0.75)  # committed later, without a checkpoint (the interval had not passed)
+    committed = {key: shard.position for key, shard in first.core.shards.items()}
+    metadata = first.core.metadata()
+
+    from_checkpoint = Worker(logs, checkpoints)
+    restored = from_checkpoint.open(committed, metadata)
+    from_zero = Worker(logs, None)
+    assert values(restored) == values(from_zero.open(committed, metadata)) == []  # nothing owed
+    assert from_checkpoint.read < from_zero.read / 2, (from_checkpoint.read, from_zero.read)
+    live = from_checkpoint.run(1.0)
+    assert live and values(live) == values(from_zero.run(1.0))
+    store.close()
+
+
+def test_a_checkpoint_that_cannot_belong_is_not_used(tmp_path: Path) -> None:
+    logs = ingest_logs(generate_patch(600, seed=3))
+    worker = Worker(logs, None)
+    worker.open({}, None)
+    worker.run(0.5)
+    shard = worker.core.shards[("routed", 0)]
+    infos = worker.core.wanted("routed", 0)
+    assert infos
+    # a position just after a record of changes (not a Frontier mark), as a checkpoint taken there records it
+    position = max(p for p in range(1, shard.position + 1) if worker.reader("routed", 0, p - 1, p))
+    last = worker.reader("routed", 0, position - 1, position)[-1]
+    good = {"position": position, "last_seq": last.seq, "last_change": last,
+            "queries": sorted([i.query_id, i.version] for i in infos)}
+    assert usable(good, shard, infos, worker.reader) is None
+    assert usable({**good, "queries": good["queries"][1:]}, shard, infos, worker.reader) == "other queries"
+    assert "past the committed offset" in usable({**good, "position": shard.position + 1}, shard, infos,
+                                                 worker.reader)
+    other = last._replace(o=last.o + 1)  # another log, with the same offsets and seqs
+    assert "not " + str(other) in usable({**good, "last_change": other}, shard, infos, worker.reader)
+    assert usable(None, shard, infos, worker.reader) == "no checkpoint"
