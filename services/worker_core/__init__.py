@@ -84,6 +84,7 @@ class WorkerCore(CoreOutputs):
         shard states a restore starts from (``services.state.shards``; None: every restore reads its log from 0)."""
         self.checkpoints = checkpoints
         self._checkpointed: dict[tuple[str, int], tuple] = {}  # shard -> (position, versions) last checkpointed
+        self._unpicklable: set[tuple[tuple[str, int], tuple]] = set()  # (shard, versions) pickle refused
         self.topics = topics  # logical name -> broker topic (deltas.parts, deadletter)
         self.assemble_in_spark = assemble_in_spark
         self.single_owner = placement != BY_CENTRE
@@ -277,12 +278,17 @@ class WorkerCore(CoreOutputs):
         blobs = []
         for key in held:
             shard = self.shards.get(key)
-            if shard is None or self._checkpointed.get(key) == (shard.position, tuple(shard.versions.items())):
+            if shard is None:
+                continue
+            versions = tuple(shard.versions.items())
+            if self._checkpointed.get(key) == (shard.position, versions) or (key, versions) in self._unpicklable:
                 continue
             blob = shard_blob(shard, self.wanted(*key))
             if blob is not None:
                 blobs.append((*key, blob))
-                self._checkpointed[key] = (shard.position, tuple(shard.versions.items()))
+                self._checkpointed[key] = (shard.position, versions)
+            elif checkpointable(shard, self.wanted(*key)):
+                self._unpicklable.add((key, versions))  # (logged once: an operator query's closures, say)
         return blobs
 
     # -- by-centre registrations at one point of each routed log

@@ -135,3 +135,20 @@ def test_a_checkpoint_that_cannot_belong_is_not_used(tmp_path: Path) -> None:
     other = last._replace(o=last.o + 1)  # another log, with the same offsets and seqs
     assert "not " + str(other) in usable({**good, "last_change": other}, shard, infos, worker.reader)
     assert usable(None, shard, infos, worker.reader) == "no checkpoint"
+
+
+def test_a_shard_pickle_refuses_is_skipped_once_with_one_line(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """An operator query's engine holds closures pickle cannot serialise: that shard is restored from offset 0,
+    and its checkpoint is not tried (nor logged) again until its queries change."""
+    worker = Worker(ingest_logs(generate_patch(300, seed=5)), None)
+    plan = {"query_id": "counted", "sparql": "SELECT ?x (COUNT(?y) AS ?n) WHERE { ?x <http://example.org/knows> ?y } "
+            "GROUP BY ?x", "options": {}, "plan_json": '{"placement": "single-owner"}', "projected": [],
+            "registered_at_seq": 0, "version": 1}
+    worker.core.on_plan(0, 99, b"counted", codec.encode("QueryPlan", plan), range(N))
+    worker.open({}, None)
+    with caplog.at_level("WARNING"):
+        first = worker.core.checkpoint_blobs(worker.shards())
+        again = worker.core.checkpoint_blobs(worker.shards())
+    owner = next(key for key in worker.shards() if key[0] == "whole" and worker.core.wanted(*key))
+    assert owner not in {(kind, p) for kind, p, _blob in first} and again == []
+    assert sum("shard-checkpoint-skipped" in r.getMessage() for r in caplog.records) == 1
