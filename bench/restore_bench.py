@@ -148,8 +148,9 @@ def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
     def apply(worker: WorkerCore, upto: dict[tuple[str, int], int] | None) -> list:
         out = []
         for kind, p in shards:
-            shard, log = worker.shards[(kind, p)], logs[(kind, p if kind == "routed" else 0)]
-            for offset in range(shard.position, len(log) if upto is None else upto[(kind, p if kind == "routed" else 0)]):
+            source = (kind, p if kind == "routed" else 0)
+            shard, log = worker.shards[(kind, p)], logs[source]
+            for offset in range(shard.position, len(log) if upto is None else upto[source]):
                 frontier = codec.frontier_of(log[offset]) if kind == "routed" else None
                 out += (worker.on_frontier(shard, offset, frontier) if frontier is not None
                         else worker.on_record(shard, offset, decode_changes(kind, log[offset])))

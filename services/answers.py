@@ -42,7 +42,8 @@ from services.idempotence import ORDERED_SOURCE_BELOW
 from services.queries import read_registration
 from services.records import WHOLE_QUERY_PART, dead_letter
 from services.runner import Step, run_processor
-from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, kv, origin_ms, read_range, read_window, record_ok, service_command)
+from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, kv, origin_ms,
+                              read_range, read_window, record_ok, service_command)
 
 log = logging.getLogger("cbgp.answers")
 

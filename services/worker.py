@@ -32,8 +32,8 @@ from services.metrics import STATE_BYTES, STATE_ENTRIES, record_consumer_lag
 from services.runner import Step, run_processor
 from services.state import Checkpointer, StoreError, recovery
 from services.state.shards import ShardCheckpoints
-from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv, origin_ms, read_range, read_window, record_ok,
-                              require_from, service_command)
+from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv,
+                              origin_ms, read_range, read_window, record_ok, require_from, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
 from services import codec
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER
