@@ -114,7 +114,8 @@ class IngestProcessor:
         # Changes since the last flush(): encoded rows, routed rows per partition, earliest origin time.
         self.pending_encoded: list[Change] = []
         self.pending_sources: list[tuple[int, int]] = []  # (raw partition, offset) of each pending_encoded change
-        self.pending_routed: dict[int, list[Change]] = {}
+        # per routed partition: its changes (the encoded Change objects themselves) and each one's role there
+        self.pending_routed: dict[int, tuple[list[Change], list[int]]] = {}
         self.pending_origin: int | None = None
         # What changed since the last checkpoint (kept only when a store is used: ``track_changes``): each quad
         # whose presence changed -> present now, and the terms published.
@@ -183,9 +184,9 @@ class IngestProcessor:
         headers = [(ORIGIN_HEADER, str(self.pending_origin).encode())] if self.pending_origin is not None else []
         out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, sources, self.t_raw), None, 0, headers)
                for rows, sources in zip(_chunks(self.pending_encoded), _chunks(self.pending_sources))]
-        for partition, routed in sorted(self.pending_routed.items()):
-            out.extend(Output(self.t_routed, codec.encode_routed_batch(rows), None, partition, headers)
-                       for rows in _chunks(routed))
+        for partition, (routed, roles) in sorted(self.pending_routed.items()):
+            out.extend(Output(self.t_routed, codec.encode_routed_batch(rows, chunk), None, partition, headers)
+                       for rows, chunk in zip(_chunks(routed), _chunks(roles)))
         if self.seq > self.frontier_sent:
             # Every routed partition, with changes or not, learns that it holds all changes up to self.seq:
             # idle partitions move too, so the answers service can release by-centre deltas in seq order.
@@ -325,11 +326,16 @@ class IngestProcessor:
             self.graph.apply(op, quad)
         self.seq += 1
         seq = self.seq
-        self.pending_encoded.append(_change((seq, op, *quad, event_time_ms, ROLE_BOTH, False)))
+        change = _change((seq, op, *quad, event_time_ms, ROLE_BOTH, False))
+        self.pending_encoded.append(change)
         self.pending_sources.append((raw.partition, raw.offset))
         pending = self.pending_routed
         for partition, role in routes(s_id, o_id, self.n_routed):
-            pending.setdefault(partition, []).append(_change((seq, op, *quad, event_time_ms, role, False)))
+            routed = pending.get(partition)
+            if routed is None:
+                routed = pending[partition] = ([], [])
+            routed[0].append(change)  # one object for every copy: the role travels beside it
+            routed[1].append(role)
 
     def routes(self, s: int, o: int) -> tuple[tuple[int, int], ...]:
         """``(routed partition, role)`` pairs of a change with subject ``s`` and object ``o``

@@ -115,11 +115,12 @@ _OP_NAME = {1: "ADD", -1: "DEL"}
 _SIGN = {"ADD": 1, "DEL": -1}
 
 
-def encode_routed_batch(changes: Sequence[Change]) -> bytes:
-    """One RoutedBatch of ``changes`` (each with the role of the partition it goes to)."""
-    seq, diff, s, p, o, g, event_time, role, _refresh = zip(*changes)
+def encode_routed_batch(changes: Sequence[Change], roles: Sequence[int] | None = None) -> bytes:
+    """One RoutedBatch of ``changes`` with ``roles``, each one's role at the partition it goes to (default: the
+    changes' own; ingest passes them beside its one Change object per change)."""
+    seq, diff, s, p, o, g, event_time, own, _refresh = zip(*changes)
     return encode("RoutedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in diff], "s": s, "p": p, "o": o, "g": g,
-                                  "event_time_ms": event_time, "role": [ROLE_NAMES[r] for r in role]})
+                                  "event_time_ms": event_time, "role": [ROLE_NAMES[r] for r in roles or own]})
 
 
 def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int, int]], source_topic: str) -> bytes:

@@ -280,3 +280,11 @@ def test_a_probe_batch_whose_columns_disagree_is_refused() -> None:
     record["probe_binding"] = [7]  # one value short of probe_width's 2
     with pytest.raises(codec.CodecError, match="corrupt ProbeBatch"):
         codec.probe_batch_of(codec.encode("ProbeBatch", record))
+
+
+def test_routed_batches_take_the_roles_beside_the_changes() -> None:
+    """Ingest keeps one Change per change and the role of each routed copy beside it."""
+    changes = [Change(1, 1, 2, 3, 4, 0), Change(2, -1, 5, 3, 2, 0, 7)]
+    data = codec.encode_routed_batch(changes, [ROLE_SUBJECT, ROLE_OBJECT])
+    assert codec.routed_changes(data) == [changes[0]._replace(role=ROLE_SUBJECT),
+                                          changes[1]._replace(role=ROLE_OBJECT)]
