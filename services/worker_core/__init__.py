@@ -7,7 +7,8 @@ A *shard* is one engine fed by one input log:
   (``owner(q) = query_partition(q, N)``), evaluated with ROLE_BOTH.
 
 Every shard's state is a function of (its queries, its log up to its position), so it is *restored* by
-replaying the log from offset 0 without emitting, and a query new to a shard gets its state the same way,
+replaying the log without emitting -- from its checkpoint when one serves (``services.state.shards``), else from
+offset 0 -- and a query new to a shard gets its state the same way (from offset 0),
 its replayed deltas netted into a snapshot (``snapshot=True``).  Which queries a shard had already
 snapshotted is stored with its committed offset as commit metadata (the queries.plans positions applied),
 so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A by-centre query new to a
