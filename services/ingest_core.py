@@ -11,12 +11,11 @@ dictionary topic, its changelogs; with ``track_changes`` it also keeps what chan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Iterable, Iterator
 
 from prometheus_client import Counter
 
-from cbgp.change import INSERT, ROLE_BOTH, Change
+from cbgp.change import INSERT, ROLE_BOTH, Change, change_of
 from cbgp.inputs import FORMATS, InputError, detect_format, parse_input, parse_term
 from cbgp.update import UPDATE_FORMAT, UpdateDelta, UpdateExtractor, UpdateRequestError
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
@@ -313,7 +312,7 @@ class IngestProcessor:
             if quad in self.present:
                 NOOP_ADD.inc()
                 # no change to the graph, but event-time windows must see the newer time (spark.windows)
-                self.pending_encoded.append(_change((self.seq, INSERT, *quad, event_time_ms, ROLE_BOTH, True)))
+                self.pending_encoded.append(change_of((self.seq, INSERT, *quad, event_time_ms, ROLE_BOTH, True)))
                 self.pending_sources.append((raw.partition, raw.offset))
                 return
             self.present.add(quad)
@@ -326,7 +325,7 @@ class IngestProcessor:
             self.graph.apply(op, quad)
         self.seq += 1
         seq = self.seq
-        change = _change((seq, op, *quad, event_time_ms, ROLE_BOTH, False))
+        change = change_of((seq, op, *quad, event_time_ms, ROLE_BOTH, False))
         self.pending_encoded.append(change)
         self.pending_sources.append((raw.partition, raw.offset))
         pending = self.pending_routed
@@ -339,7 +338,7 @@ class IngestProcessor:
 
     def routes(self, s: int, o: int) -> tuple[tuple[int, int], ...]:
         """``(routed partition, role)`` pairs of a change with subject ``s`` and object ``o``
-        (:func:`services.records.routes`, which :meth:`process` runs)."""
+        (:func:`cbgp.change.routes`, which :meth:`process` runs)."""
         return routes(s, o, self.n_routed)
 
     def _encode(self, out: list[Output], term: str) -> int:
@@ -357,9 +356,6 @@ class IngestProcessor:
                                raw.value, line))
         return out
 
-
-# A Change from all its fields at C speed (Change(...) runs a Python __new__: 0.3 us more, three times per update).
-_change = partial(tuple.__new__, Change)
 
 MAX_BATCH_CHANGES = 2000  # changes per batch record (~80 KB): far below Kafka's 1 MB default record limit
 

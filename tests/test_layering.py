@@ -274,7 +274,7 @@ ONE_HOME = {
     "ORDERED_SOURCE_BELOW": "services.idempotence", "WHOLE_QUERY_PART": "services.records",
     "ORIGIN_HEADER": "services.records", "query_partition": "services.records", "dead_letter": "services.records",
     # One representation of a change (issue 15 item 1) and the one routing function, in the algorithm package.
-    "Change": "cbgp.change", "routes": "cbgp.change", "partition_of": "cbgp.change", "ROLE_SUBJECT": "cbgp.change",
+    "Change": "cbgp.change", "change_of": "cbgp.change", "routes": "cbgp.change", "partition_of": "cbgp.change", "ROLE_SUBJECT": "cbgp.change",
     "ROLE_OBJECT": "cbgp.change", "ROLE_BOTH": "cbgp.change",
 }
 

@@ -8,11 +8,10 @@ Readers return :class:`cbgp.change.Change` (diff +1 for Avro ``ADD``, -1 for ``D
 
 from __future__ import annotations
 
-from functools import partial
 from itertools import repeat
 from typing import Any, Sequence
 
-from cbgp.change import ROLE_BOTH, ROLE_NAMES, Change
+from cbgp.change import ROLE_BOTH, ROLE_NAMES, Change, change_of
 
 from services.codec.binary import _fast, _header, _long, _optional, _optional_long, _string, _text, _varint
 from services.codec.generic import _columns, decode, encode
@@ -38,10 +37,7 @@ def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time
 
 _SIGN_OF_OP = (1, -1)  # Op enum index -> +1 (ADD) / -1 (DEL)
 _ROLE_OF_NAME = {name: role for role, name in ROLE_NAMES.items()}
-# Role enum index -> cbgp.change.ROLE_*: the symbols are SUBJECT, OBJECT, BOTH, and the roles 1, 2, 3.
-_ROLE_OF_INDEX = (1, 2, 3)
-assert all(ROLE_NAMES[_ROLE_OF_INDEX[i]] == name for i, name in enumerate(("SUBJECT", "OBJECT", "BOTH")))
-_change = partial(tuple.__new__, Change)  # Change from a tuple of its fields without Change._make's length check
+_ROLE_OF_INDEX = tuple(_ROLE_OF_NAME[name] for name in ("SUBJECT", "OBJECT", "BOTH"))  # the Role enum's symbol order
 
 
 def _op_sign(data: bytes, pos: int) -> tuple[int, int]:
@@ -142,8 +138,8 @@ def routed_changes(data: bytes) -> list[Change]:
         return [decode_routed(data)]
     seq, op, s, p, o, g, event_time, role = _columns("RoutedBatch", decode("RoutedBatch", data), (
         "seq", "op", "s", "p", "o", "g", "event_time_ms", "role"))
-    return list(map(_change, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time,
-                                 map(_ROLE_OF_NAME.__getitem__, role), repeat(False))))
+    return list(map(change_of, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time,
+                                   map(_ROLE_OF_NAME.__getitem__, role), repeat(False))))
 
 
 def encoded_changes(data: bytes) -> list[Change]:
@@ -153,8 +149,8 @@ def encoded_changes(data: bytes) -> list[Change]:
         return [decode_encoded(data)]
     seq, op, s, p, o, g, event_time, refresh = _columns("EncodedBatch", decode("EncodedBatch", data), (
         "seq", "op", "s", "p", "o", "g", "event_time_ms", "refresh"))
-    return list(map(_change, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, repeat(ROLE_BOTH),
-                                 refresh)))
+    return list(map(change_of, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, repeat(ROLE_BOTH),
+                                   refresh)))
 
 
 def encoded_columns(data: bytes) -> tuple[list, ...] | None:

@@ -68,8 +68,8 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
     """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta); raises :class:`CodecError`."""
     if _writer_name(data) != "PartDeltaBatch":
         one = decode_part_delta(data)
-        return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]], [_DIFF[one["sign"]]],
-                                list(one["binding"].values()), [one["source_partition"]], [one["source_offset"]],
+        return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]],
+                                [_DIFF[one["sign"]]], list(one["binding"].values()), [one["source_partition"]], [one["source_offset"]],
                                 [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
     record = decode("PartDeltaBatch", data)
     seq, sign, src, offset, index, snapshot, event_time = _columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
@@ -78,8 +78,8 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
         raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
                          f"{len(seq) * len(variables)} values, got {len(values)}")
     return PartDeltaColumns(record["query_id"], record["part"], variables, seq, [_DIFF[s] for s in sign], values,
-                            src, offset, index,
-                            snapshot, event_time, record["version"], record["distinct"], record["gated"])
+                            src, offset, index, snapshot, event_time, record["version"], record["distinct"],
+                            record["gated"])
 
 
 def part_deltas(data: bytes) -> list[dict[str, Any]]:

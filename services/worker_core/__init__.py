@@ -284,11 +284,12 @@ class WorkerCore(CoreOutputs):
             versions = tuple(shard.versions.items())
             if self._checkpointed.get(key) == (shard.position, versions) or (key, versions) in self._unpicklable:
                 continue
-            blob = shard_blob(shard, self.wanted(*key))
+            infos = self.wanted(*key)
+            blob = shard_blob(shard, infos)
             if blob is not None:
                 blobs.append((*key, blob))
                 self._checkpointed[key] = (shard.position, versions)
-            elif checkpointable(shard, self.wanted(*key)):
+            elif checkpointable(shard, infos):
                 self._unpicklable.add((key, versions))  # (logged once: an operator query's closures, say)
         return blobs
 

@@ -66,20 +66,18 @@ class QueryInfo:
         """``by-centre`` or ``single-owner`` (``--placement single-owner`` overrides the record, to compare)."""
         if self.single_owner:
             return SINGLE_OWNER
-        if self.recorded_placement is not None:
-            return self.recorded_placement
+        return self.recorded_placement if self.recorded_placement is not None else self._own_placement()
+
+    def _own_placement(self) -> str:
+        """Where this worker's own decomposition would place the query."""
         if self.operators is not None:
-            return BY_CENTRE if self._leaf_parts is not None else SINGLE_OWNER
+            return BY_CENTRE if self._leaf_parts is not None and self.stream is None else SINGLE_OWNER
         return self.plan.placement if self.plan is not None else SINGLE_OWNER
 
     def placement_problem(self) -> str | None:
         """Why this worker cannot evaluate the query as the registry placed it (a by-centre record of a query
         it would not split: registry and workers of different versions), or None."""
-        if self.recorded_placement != BY_CENTRE or self.window is not None:
-            return None
-        own = (self._leaf_parts is not None and self.stream is None if self.operators is not None
-               else self.plan is not None and self.plan.placement == BY_CENTRE)
-        if own:
+        if self.recorded_placement != BY_CENTRE or self.window is not None or self._own_placement() == BY_CENTRE:
             return None
         return (f"query {self.query_id} (version {self.version}): the registry placed it by centre, which this "
                 "worker cannot do; the registry and the workers run different versions: upgrade the workers, then "
