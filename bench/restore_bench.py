@@ -15,12 +15,13 @@ and their terms, restored the same way with the same tail, where fixed costs (to
 less than in the 15,000-triple cases.
 
 The workers' shards (``--worker``, on by default) are restored in memory, without a broker: the same histories
-go through ``IngestProcessor`` into routed and encoded logs, a ``WorkerCore`` holding the LSBench bench queries a
-shard can checkpoint (``bench/queries`` without its multi-centre ones: a shard holding one is restored from offset
-0, see ``services.state.shards``) applies them over 4 routed partitions, checkpoints every shard into a RocksDB
-store before the last ``--tail`` updates and applies the rest; then every shard is opened again at its committed
-offset, from the checkpoint and from offset 0 (what a restarted worker does), timed, and the outputs that follow
-are checked equal.  The broker's fetch is not in these figures (ingest's restore above has it).
+go through ``IngestProcessor`` into routed and encoded logs, a ``WorkerCore`` holding the LSBench bench queries
+(``bench/queries``: stars, and multi-centre paths and snowflakes joined by probes, whose probes it appends to the
+routed logs) applies them over 4 routed partitions, checkpoints every shard into a RocksDB store before the last
+``--tail`` updates and applies the rest; then every shard is opened again at its committed offset, from the
+checkpoint and from offset 0 (what a restarted worker does), timed, and the restored states are checked equal
+(``tests/services/test_worker_checkpoint.py`` checks the outputs after such restores byte for byte).  The
+broker's fetch is not in these figures (ingest's restore above has it).
 
 One line per case, then one JSON line in issue 16's format ("worker": from the checkpoint, in memory;
 "ingest_from_offset_0" / "worker_from_offset_0": the same without a checkpoint); "answers" is null:
@@ -111,15 +112,12 @@ WORKER_PARTITIONS = 4
 def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
     """Seconds (median of ``runs``) to open every shard of a worker at its committed offset after ``lines``, from
     the checkpoint taken ``tail`` updates before the end and from offset 0 (see the module docstring)."""
-    from cbgp.plan import decompose
-    from cbgp.sparql import parse_query
     from services import codec
     from services.state.shards import ShardCheckpoints
     from services.worker_core import WorkerCore, decode_changes
 
     n = WORKER_PARTITIONS
     queries = {p.stem: p.read_text() for p in sorted((Path(__file__).parent / "queries").glob("*.rq"))}
-    queries = {name: text for name, text in queries.items() if not decompose(parse_query(text)).probed}
     settings = KafkaSettings(topic_prefix="m.")
     ingest = IngestProcessor(settings, n, n)
     logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(n)}}
@@ -135,26 +133,34 @@ def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
     shards = [("routed", p) for p in range(n)] + [("whole", p) for p in range(n)]
 
     def core(checkpoints: ShardCheckpoints | None) -> WorkerCore:
-        made = WorkerCore({"deltas.parts": "m.deltas.parts", "deadletter": "m.deadletter"}, n, n, n,
+        made = WorkerCore({"deltas.parts": "m.deltas.parts", "deadletter": "m.deadletter",
+                           "updates.routed": "m.updates.routed"}, n, n, n,
                           lambda kind, p, start, end: [c for v in logs[(kind, p if kind == "routed" else 0)][start:end]
                                                        for c in decode_changes(kind, v)],
-                          assemble_in_spark=False, checkpoints=checkpoints)
+                          assemble_in_spark=False, checkpoints=checkpoints,
+                          record_reader=lambda p, start, end: list(enumerate(logs[("routed", p)][start:end], start)))
         for i, (name, text) in enumerate(sorted(queries.items())):
             plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
                     "registered_at_seq": 0, "version": 1}
             made.on_plan(i % n, i, name.encode(), codec.encode("QueryPlan", plan), range(n))
         return made
 
-    def apply(worker: WorkerCore, upto: dict[tuple[str, int], int] | None) -> list:
-        out = []
-        for kind, p in shards:
-            source = (kind, p if kind == "routed" else 0)
-            shard, log = worker.shards[(kind, p)], logs[source]
-            for offset in range(shard.position, len(log) if upto is None else upto[source]):
-                frontier = codec.frontier_of(log[offset]) if kind == "routed" else None
-                out += (worker.on_frontier(shard, offset, frontier) if frontier is not None
-                        else worker.on_record(shard, offset, decode_changes(kind, log[offset])))
-        return out + worker.flush_batches()
+    def apply(worker: WorkerCore, upto: dict[tuple[str, int], int] | None) -> None:
+        """Every shard's log up to ``upto`` (None: to its end, and again while probes keep coming); the probes
+        the worker writes to routed partitions are appended to their logs (it holds them all)."""
+        while True:
+            out = []
+            for kind, p in shards:
+                source = (kind, p if kind == "routed" else 0)
+                shard, log = worker.shards[(kind, p)], logs[source]
+                for offset in range(shard.position, len(log) if upto is None else upto[source]):
+                    out += (worker.on_routed(shard, offset, log[offset], None)[0] if kind == "routed"
+                            else worker.on_record(shard, offset, decode_changes(kind, log[offset])))
+            probes = [o for o in out + worker.flush_batches() if o.topic == "m.updates.routed"]
+            for o in probes:
+                logs[("routed", o.partition)].append(o.value)
+            if upto is not None or not probes:
+                return
 
     with tempfile.TemporaryDirectory(prefix="worker-restore-") as tmp, Store(Path(tmp) / "w") as store:
         checkpoints = ShardCheckpoints(store)
@@ -176,8 +182,8 @@ def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
                 times[case].append(time.perf_counter() - started)
                 follow[case] = worker
         # (tests/services/test_worker_checkpoint.py checks the outputs after such restores byte for byte)
-        assert {k: s.engine.state_entries() for k, s in follow["checkpoint"].shards.items()} == \
-            {k: s.engine.state_entries() for k, s in follow["offset0"].shards.items()}, "restored states differ"
+        assert {k: s.state_entries() for k, s in follow["checkpoint"].shards.items()} == \
+            {k: s.state_entries() for k, s in follow["offset0"].shards.items()}, "restored states differ"
     return {case: statistics.median(values) for case, values in times.items()}
 
 

@@ -149,6 +149,16 @@ class _QueryState:
                       ROLE_SUBJECT if program.start_end(i) == SUBJECT_END else ROLE_OBJECT) for i in hits)
             for p, hits in by_predicate.items()}
 
+    def __getstate__(self) -> dict:
+        # (a worker's shard checkpoint pickles the evaluator: the projector is a lambda, made again on load)
+        state = self.__dict__.copy()
+        del state["project"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.project = _projector(self.program.projection)
+
     def _compile(self, steps: tuple) -> tuple[tuple, ...]:
         route = []
         for step in steps:

@@ -379,31 +379,37 @@ def _of(acks: list, probes: list, only: str | None) -> tuple[list, list]:
     return [a for a in acks if a[0] == only], [p for p in probes if p[0] == only]
 
 
-def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: Callable[[str], bool | None]) -> None:
+def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: Callable[[str], bool | None],
+            start: int = 0) -> None:
     """Rebuild a routed shard's evaluators from its log (see the module doc) for the registrations ``infos``
     applied before its committed position (those it still owes apply at their point of the log, as new ones:
-    ``WorkerCore._place``; meanwhile their probes wait here)."""
+    ``WorkerCore._place``; meanwhile their probes wait here).  ``start`` > 0: the shard was given its
+    checkpoint's evaluator as of that offset, and only the log after it is replayed into it."""
     probed = [i for i in infos if i.uses_probes]
     if not probed and not shard.pending:
         return  # probes in the log for no current query belong to unregistered ones: they died
     upto: dict[str, int] = {}
-    # To the end, not the position: a registration's record is written after the offset committed with it.
-    for _offset, value in routing.reader(shard.partition, 0, None):
+    # To the end, not the position: a registration's record is written after the offset committed with it
+    # (so after a checkpoint taken once that offset committed, too).
+    for _offset, value in routing.reader(shard.partition, start, None):
         record = _probe_batch(value)
         if record is not None:
             for item in record["registered"]:
                 upto[item["query"]] = item["as_of"]
-    # A fresh evaluator: its applied frontier moves with the replayed log, so probes wait in the replay as
-    # they waited then (the engine's replay has already moved the shard's own position marks).
-    shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
-    for info in probed:
-        for name, _part, plan in info.probe_programs():
-            routing.register(shard, info, name, plan, upto.get(name, -1))
-            if name in upto:
-                shard.registered_at[name] = upto[name]
+    if start:
+        shard.registered_at.update((name, seq) for name, seq in upto.items() if name in shard.probe_queries)
+    else:
+        # A fresh evaluator: its applied frontier moves with the replayed log, so probes wait in the replay as
+        # they waited then (the engine's replay has already moved the shard's own position marks).
+        shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
+        for info in probed:
+            for name, _part, plan in info.probe_programs():
+                routing.register(shard, info, name, plan, upto.get(name, -1))
+                if name in upto:
+                    shard.registered_at[name] = upto[name]
     evaluator = shard.evaluator
     if evaluator is not None:
-        for offset, value in routing.reader(shard.partition, 0, shard.position):
+        for offset, value in routing.reader(shard.partition, start, shard.position):
             frontier = codec.frontier_of(value)
             if frontier is not None:
                 evaluator.advance(frontier.get(shard.partition, -1))

@@ -8,8 +8,9 @@ applied and the (query, version) pairs it holds -- can serve any later restore o
 at a committed offset at or past its position, on whichever worker, as long as its log is the same log: the seq
 of the change before the position is checked (``WorkerCore.open_shard``).
 
-What is not checkpointed (the shard is then restored from offset 0, as before): a shard holding multi-centre
-queries (their evaluator's versioned stores and probes in flight) or a derived stream, a shard that still owes a
+A routed shard holding multi-centre queries saves their evaluator too (versioned stores, probes waiting, live
+counts, the probe segments taken per sender), and the probe floors read so far.  What is not checkpointed (the
+shard is then restored from offset 0, as before): a shard feeding a derived stream, a shard that still owes a
 snapshot or waits for a registration's point, and an engine pickle cannot serialise.  The store is the worker's
 own disk (``--state-dir``), so pickle is safe here: nothing else writes it.
 """
@@ -27,7 +28,7 @@ __all__ = ["FORMAT", "ShardCheckpoints", "dump_shard", "load_shard"]
 
 log = logging.getLogger("cbgp.state")
 
-FORMAT = 1  # of the pickled dict; a checkpoint of another format is ignored (restored from the log)
+FORMAT = 2  # of the pickled dict (2: with the multi-centre evaluator); a checkpoint of another format is ignored (restored from the log)
 _PREFIX = b"shard/"
 
 

@@ -234,7 +234,9 @@ class WorkerCore(CoreOutputs):
         # From the shard's checkpoint when one serves (see services.state.shards), else from offset 0.
         saved, why = self._saved_state(shard, infos, bool(owed or placed))
         if saved is not None:
-            start = adopt(shard, saved)
+            start = adopt(shard, saved, infos)
+            for partition_, floor in saved["floors"].items():  # (those read in its log before `start`)
+                self.probes.floors.setdefault(partition_, floor)
         else:
             start = 0
             for info in infos:
@@ -251,7 +253,7 @@ class WorkerCore(CoreOutputs):
             # The probes in the log for multi-centre queries (or parts) that apply at a later point (placed)
             # wait in the replay, as with the previous owner, until that registration answers them.
             shard.pending = [(i, -1) for i in placed if i.uses_probes]
-            worker_probes.restore(self.probes, shard, infos, lambda name: self._known(shard, name))
+            worker_probes.restore(self.probes, shard, infos, lambda name: self._known(shard, name), start)
             shard.pending = []
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
@@ -285,7 +287,7 @@ class WorkerCore(CoreOutputs):
             if self._checkpointed.get(key) == (shard.position, versions) or (key, versions) in self._unpicklable:
                 continue
             infos = self.wanted(*key)
-            blob = shard_blob(shard, infos)
+            blob = shard_blob(shard, infos, self.probes.floors if shard.evaluator is not None else {})
             if blob is not None:
                 blobs.append((*key, blob))
                 self._checkpointed[key] = (shard.position, versions)

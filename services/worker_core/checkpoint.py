@@ -18,19 +18,27 @@ def query_set(infos: Iterable[QueryInfo]) -> list[list]:
 
 
 def checkpointable(shard: Shard, infos: list[QueryInfo]) -> bool:
-    """A shard whose whole state is its engine: no multi-centre query (evaluator state, probes in flight), no
-    registration waiting for its point, no derived stream (whose output state is the core's)."""
-    return not shard.probe_queries and not shard.pending and not any(i.uses_probes or i.stream for i in infos)
+    """A shard whose whole state is its own: its engine, and for multi-centre queries its evaluator (versioned
+    stores, probes waiting, live counts) and probe bookkeeping; not one with a registration waiting for its
+    point, nor one feeding a derived stream (whose output state is the core's)."""
+    return not shard.pending and not any(i.stream for i in infos)
 
 
-def shard_blob(shard: Shard, infos: list[QueryInfo]) -> bytes | None:
-    """The checkpoint of ``shard`` holding ``infos`` as of its position, or None when it cannot be taken."""
+def shard_blob(shard: Shard, infos: list[QueryInfo], floors: dict[int, tuple] | None = None) -> bytes | None:
+    """The checkpoint of ``shard`` holding ``infos`` as of its position, or None when it cannot be taken.
+    ``floors``: the other partitions' probe floors the worker has read (some from this shard's log before its
+    position, which the restore does not read again)."""
     if not checkpointable(shard, infos):
         return None
     try:
         return dump_shard({"position": shard.position, "last_seq": shard.last_seq, "last_change": shard.last_change,
                            "queries": query_set(infos),
-                           "versions": shard.versions, "outputs": shard.outputs, "engine": shard.engine})
+                           "versions": shard.versions, "outputs": shard.outputs, "engine": shard.engine,
+                           # multi-centre queries (services.worker_probes); their QueryInfo is rebound on adopt
+                           "frontier": shard.frontier, "evaluator": shard.evaluator,
+                           "probe_names": sorted(shard.probe_queries), "registered_at": shard.registered_at,
+                           "ready_sent": shard.ready_sent, "probe_channels": shard.probe_channels,
+                           "floors": floors})
     except Exception as exc:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError...
         log.warning(kv(event="shard-checkpoint-skipped", kind=shard.kind, partition=shard.partition,
                        reason=f"{type(exc).__name__}: {exc}"))
@@ -68,11 +76,19 @@ def _last_change(reader: LogReader, shard: Shard, position: int, within: int = 2
     return None
 
 
-def adopt(shard: Shard, saved: dict[str, Any]) -> int:
-    """Give ``shard`` the checkpoint's state; returns the position to replay its log from."""
+def adopt(shard: Shard, saved: dict[str, Any], infos: list[QueryInfo]) -> int:
+    """Give ``shard`` the checkpoint's state (its multi-centre queries bound to ``infos``, the queries it was
+    saved with); returns the position to replay its log from."""
     shard.engine = saved["engine"]
     shard.versions = saved["versions"]
     shard.outputs = saved["outputs"]
     shard.last_seq = saved["last_seq"]
     shard.last_change = saved["last_change"]
+    shard.frontier = saved["frontier"]
+    shard.evaluator = saved["evaluator"]
+    by_name = {name: info for info in infos for name, _part, _plan in info.probe_programs()}
+    shard.probe_queries = {name: by_name[name] for name in saved["probe_names"]}
+    shard.registered_at = saved["registered_at"]
+    shard.ready_sent = saved["ready_sent"]
+    shard.probe_channels = saved["probe_channels"]
     return saved["position"]

@@ -23,6 +23,7 @@ from services.answers import AnswersCore
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.release import SeqRelease
+from services.state.shards import load_shard
 from services.worker_core import WorkerCore, decode_changes
 from tests.fleet_support import EX, generate_patch
 
@@ -106,7 +107,8 @@ def test_placement_is_by_centre_for_stars_and_single_centre_components() -> None
 def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_deltas: int, rng: random.Random,
                     late: set[str] = frozenset(), crash_rate: float = 0.0,
                     worker_crash_rate: float = 0.0, two_owners: bool = False,
-                    registered: dict | None = None) -> dict[str, list[tuple[int, str, tuple]]]:
+                    registered: dict | None = None, checkpoint_rate: float = 0.0, stats: dict | None = None
+                    ) -> dict[str, list[tuple[int, str, tuple]]]:
     """The fleet's cores in memory, each routed partition its own worker, processed in a random order;
     ``late`` queries are registered halfway; with ``worker_crash_rate`` a worker dies after a commit now and
     then and a new one restores its shard from the log at the committed offset, as the service does.
@@ -114,6 +116,10 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     way a rebalance on a broker without fencing does: it restores at the old owner's last commit (or an
     older one), reads the registration then or later, and both serve the partition for a while (each sends
     the registration's snapshot), then the old one stops.
+    ``checkpoint_rate``: after a commit, a worker checkpoints the shards that moved with this probability (a
+    checkpoint store shared by every worker, as the one on a pod's volume serves its next instance), and a
+    restore starts from the checkpoint where one serves (``stats["restores"]`` / ``["from_checkpoint"]`` count
+    the workers' restores after a crash, and those that used a checkpoint).
     Returns per query the answers (seq, sign, sorted binding) in answer order; ``registered["seq"]`` is set to
     the seq the late queries are registered at (the last change of updates.encoded before their offset)."""
     ingest = IngestProcessor(SETTINGS, n_routed, n_deltas)
@@ -154,8 +160,9 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     def terms(ids):  # the dictionary topic (a worker reads terms for the FILTERs pushed into its leaves)
         return {i: dictionary[i] for i in ids if i in dictionary}
 
+    checkpoints = MemoryCheckpoints() if checkpoint_rate else None
     workers = [WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records,
-                          term_reader=terms)
+                          term_reader=terms, checkpoints=checkpoints)
                for _ in range(n_routed)]
 
     def send(outputs):
@@ -184,10 +191,16 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
         """Worker p died after its last commit: a new one reads queries.plans, then restores its shard."""
         metadata = workers[p].metadata()
         core = workers[p] = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False,
-                                       record_reader=records, term_reader=terms)
+                                       record_reader=records, term_reader=terms, checkpoints=checkpoints)
         for offset, key, value in plan_log:
             core.on_plan(0, offset, key, value, [p])
+        checkpoints_before = checkpoints.loaded if checkpoints is not None else None
         send(core.open_shard("routed", p, committed, metadata))
+        if stats is not None:
+            stats["restores"] = stats.get("restores", 0) + 1
+            used = checkpoints is not None and checkpoints.loaded is not checkpoints_before \
+                and core.shards[("routed", p)].engine is checkpoints.loaded["engine"]
+            stats["from_checkpoint"] = stats.get("from_checkpoint", 0) + used
 
     register([q for q in queries if q not in late], 0)
     # Interleave: each step, one partition's worker applies its next record (a transaction) and flushes.
@@ -207,7 +220,7 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
                                          for change in decode_changes("encoded", value)), default=-1)
             if two_owners:  # the new owner restores meanwhile, and reads the registration then or later
                 core = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records,
-                                  term_reader=terms)
+                                  term_reader=terms, checkpoints=checkpoints)
                 read = known if rng.random() < 0.5 else len(plan_log)
                 for offset, key, value in plan_log[:read]:
                     core.on_plan(0, offset, key, value, [p])
@@ -246,9 +259,29 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
             cursors[p] += 1
         send(core.flush_batches())
         commit()
+        if checkpoints is not None and rng.random() < checkpoint_rate:  # (once the transaction committed)
+            checkpoints.put(core.checkpoint_blobs([("routed", p)]))
         if worker_crash_rate and rng.random() < worker_crash_rate:
             restart(p, cursors[p])
     return answers_side(deltas, n_routed, dictionary, queries, rng, crash_rate)
+
+
+class MemoryCheckpoints:
+    """``services.state.shards.ShardCheckpoints`` without RocksDB: the pickled blobs, loaded again per restore."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[tuple[str, int], bytes] = {}
+        self.loaded: dict | None = None  # the last checkpoint a restore asked for
+
+    def get(self, kind: str, partition: int) -> dict | None:
+        blob = self.blobs.get((kind, partition))
+        self.loaded = None if blob is None else load_shard(blob)
+        return self.loaded
+
+    def put(self, shards: list[tuple[str, int, bytes]]) -> int:
+        for kind, partition, blob in shards:
+            self.blobs[(kind, partition)] = blob
+        return len(shards)
 
 
 def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict[int, str], queries: dict[str, str],
@@ -343,15 +376,17 @@ STREAMS = int(os.environ.get("CBGP_DISTRIBUTION_STREAMS", "120"))
 @settings(max_examples=STREAMS, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), n_routed=st.sampled_from([1, 2, 3, 4, 8]), n_deltas=st.sampled_from([1, 3]),
        subjects=st.integers(3, 9), length=st.integers(20, 160), crash_rate=st.sampled_from([0.0, 0.0, 0.15]),
-       worker_crash_rate=st.sampled_from([0.0, 0.0, 0.1]))
+       worker_crash_rate=st.sampled_from([0.0, 0.0, 0.1]), checkpoint_rate=st.sampled_from([0.0, 0.3]))
 def test_distributed_evaluation_equals_one_engine_per_update_in_any_interleaving(seed, n_routed, n_deltas, subjects,
                                                                                   length, crash_rate,
-                                                                                  worker_crash_rate) -> None:
-    """...and with the answers service and the workers restarted from their commits at random points."""
+                                                                                  worker_crash_rate,
+                                                                                  checkpoint_rate) -> None:
+    """...and with the answers service and the workers restarted from their commits at random points, the
+    workers from their shard checkpoints (multi-centre evaluators included) or from offset 0."""
     rng = random.Random(seed)
     lines = generate_patch(length, seed=seed, subjects=subjects)  # deletions, duplicates, absent deletes, self-loops
     got = run_distributed(lines, BY_CENTRE_QUERIES, n_routed, n_deltas, rng, crash_rate=crash_rate,
-                          worker_crash_rate=worker_crash_rate)
+                          worker_crash_rate=worker_crash_rate, checkpoint_rate=checkpoint_rate)
     want = run_whole(lines, BY_CENTRE_QUERIES)
     for name in BY_CENTRE_QUERIES:
         answers = got[name]
@@ -378,6 +413,27 @@ def test_late_registration_gets_a_snapshot_then_exact_live_deltas(seed: int) -> 
     assert_late_answers(got, run_whole(lines, BY_CENTRE_QUERIES), late, registered["seq"])
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_workers_restored_from_shard_checkpoints_answer_exactly(seed: int) -> None:
+    """Workers die often and restore from their shard checkpoints (the multi-centre evaluators' versioned stores,
+    waiting probes and live counts with them) plus the log after them; half the seeds register the queries
+    halfway: per update one engine's deltas, and most restores used a checkpoint."""
+    rng = random.Random(seed)
+    lines = generate_patch(300, seed=seed, subjects=6)
+    late = set(BY_CENTRE_QUERIES) if seed % 2 else set()
+    registered: dict = {}
+    stats: dict = {}
+    got = run_distributed(lines, BY_CENTRE_QUERIES, 1 + seed % 4, 1 + seed % 2, rng, late=late,
+                          worker_crash_rate=0.2, checkpoint_rate=0.6, registered=registered, stats=stats)
+    want = run_whole(lines, BY_CENTRE_QUERIES)
+    if late:
+        assert_late_answers(got, want, late, registered["seq"])
+    else:
+        for name in BY_CENTRE_QUERIES:
+            assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
+    assert stats["restores"] >= 5 and stats["from_checkpoint"] >= stats["restores"] // 3, stats
+
+
 @pytest.mark.parametrize("seed", range(16))
 def test_named_graph_queries_by_centre_equal_one_engine(seed: int) -> None:
     """``GRAPH ?g`` stars and single-centre components over a stream of quads in three named graphs (and the
@@ -390,14 +446,14 @@ def test_named_graph_queries_by_centre_equal_one_engine(seed: int) -> None:
 
 def check_seeded_run(lines: list[str], queries: dict[str, str], seed: int) -> dict[str, Counter]:
     """The simulated fleet over ``lines`` as ``seed`` sets it up (1-4 routed and 1-2 deltas partitions; odd
-    seeds register the queries halfway; seeds 1 mod 3 crash workers, 0 mod 3 the answers service), checked
-    against one engine per update; returns the engine's deltas."""
+    seeds register the queries halfway; seeds 1 mod 3 crash workers, 0 mod 3 the answers service; seeds 2 and 3
+    mod 4 checkpoint the workers' shards), checked against one engine per update; returns the engine's deltas."""
     rng = random.Random(seed)
     late = set(queries) if seed % 2 else set()
     registered: dict = {}
     got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=late,
                           worker_crash_rate=0.05 * (seed % 3 == 1), crash_rate=0.1 * (seed % 3 == 0),
-                          registered=registered)
+                          registered=registered, checkpoint_rate=0.3 * (seed % 4 >= 2))
     want = run_whole(lines, queries)
     if late:
         assert_late_answers(got, want, queries, registered["seq"])
@@ -475,7 +531,9 @@ def test_two_owners_of_a_routed_partition_answer_multi_centre_queries_once(seed:
     every by-centre answer).  Receivers take each (sender, cause, chunk) segment once; odd seeds cut the
     segments into chunks of 3 items.  Seeds 2 and 3 mod 4 let each partition choose its routes by its counts
     every few changes (the two owners, and a restore, must choose alike: a probe names its route and a
-    receiver takes either owner's copy).  Exact per update as with one owner."""
+    receiver takes either owner's copy).  Seeds 4-7 mod 8 checkpoint the workers' shards, so the new owner
+    may start from a checkpoint, with the segments the old owner had taken.  Exact per update as with one
+    owner."""
     if seed % 2:
         monkeypatch.setattr("services.worker_probes.MAX_PER_RECORD", 3)
     if seed % 4 >= 2:
@@ -488,7 +546,8 @@ def test_two_owners_of_a_routed_partition_answer_multi_centre_queries_once(seed:
     queries = {name: BY_CENTRE_QUERIES[name] for name in (*probed, "attrs")}
     registered: dict = {}
     got = run_distributed(lines, queries, 2 + seed % 3, 1 + seed % 2, rng, late={"attrs"}, two_owners=True,
-                          crash_rate=0.1 * (seed % 3 == 0), registered=registered)
+                          crash_rate=0.1 * (seed % 3 == 0), registered=registered,
+                          checkpoint_rate=0.5 * (seed % 8 >= 4))
     want = run_whole(lines, queries)
     for name in probed:
         assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
