@@ -1,5 +1,5 @@
 """Restore time after short and long histories over the same final state (issue 16): ingest, and the workers'
-shards in memory.
+shards and the answers service's partitions in memory.
 
 Ingest's state (presence set, seq, published terms) is restored on the embedded broker after a history of
 20,000 and of 200,000 updates that end in the same graph: the first distinct LSBench triples are inserted (the
@@ -17,14 +17,20 @@ less than in the 15,000-triple cases.
 The workers' shards (``--worker``, on by default) are restored in memory, without a broker: the same histories
 go through ``IngestProcessor`` into routed and encoded logs, a ``WorkerCore`` holding the LSBench bench queries
 (``bench/queries``: stars, and multi-centre paths and snowflakes joined by probes, whose probes it appends to the
-routed logs) applies them over 4 routed partitions, checkpoints every shard into a RocksDB store before the last
+routed logs) and two friend-of-friend queries (plain and DISTINCT, which answer a lot over these triples) applies
+them over 4 routed partitions, checkpoints every shard into a RocksDB store before the last
 ``--tail`` updates and applies the rest; then every shard is opened again at its committed offset, from the
 checkpoint and from offset 0 (what a restarted worker does), timed, and the restored states are checked equal
 (``tests/services/test_worker_checkpoint.py`` checks the outputs after such restores byte for byte).  The
 broker's fetch is not in these figures (ingest's restore above has it).
 
-One line per case, then one JSON line in issue 16's format ("worker": from the checkpoint, in memory;
-"ingest_from_offset_0" / "worker_from_offset_0": the same without a checkpoint); "answers" is null:
+The answers service's partitions likewise: the worker's deltas.parts records go through the release and the
+answers core over 4 partitions, each checkpointed (``services.answers_checkpoint``) where the worker's
+checkpoint was taken; then every partition is restored from its checkpoint plus the answers and deltas after it,
+and from offset 0, timed, and the restored answer streams checked equal to the live ones.
+
+One line per case, then one JSON line in issue 16's format ("worker", "answers": from the checkpoint, in memory;
+"ingest_from_offset_0" / "worker_from_offset_0" / "answers_from_offset_0": the same without a checkpoint):
 
     .venv/bin/python bench/restore_bench.py [--data DIR] [--state-triples N] [--rate-triples N] [--tail N] [--runs N]
 """
@@ -107,17 +113,25 @@ def timed_restore(settings: KafkaSettings, store_path: Path | None, expected: In
 
 
 WORKER_PARTITIONS = 4
+# The bench queries answer little over the first (static) LSBench triples; these answer a lot there, so that
+# the answers log and the release's DISTINCT counts grow with history as in a real run.
+KNOWS = "<http://xmlns.com/foaf/0.1/knows>"
+ANSWERING = {"friends_of_friends": f"SELECT * WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}",
+             "distinct_fof": f"SELECT DISTINCT ?a ?c WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}"}
 
 
-def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
+def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = None) -> dict[str, float]:
     """Seconds (median of ``runs``) to open every shard of a worker at its committed offset after ``lines``, from
-    the checkpoint taken ``tail`` updates before the end and from offset 0 (see the module docstring)."""
+    the checkpoint taken ``tail`` updates before the end and from offset 0 (see the module docstring).
+    ``made``: filled with what the answers service reads (``deltas``: deltas.parts records per partition,
+    ``cut``: how many each had at the checkpoint, ``terms``, ``queries``)."""
     from services import codec
     from services.state.shards import ShardCheckpoints
     from services.worker_core import WorkerCore, decode_changes
 
     n = WORKER_PARTITIONS
     queries = {p.stem: p.read_text() for p in sorted((Path(__file__).parent / "queries").glob("*.rq"))}
+    queries.update(ANSWERING)
     settings = KafkaSettings(topic_prefix="m.")
     ingest = IngestProcessor(settings, n, n)
     logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(n)}}
@@ -127,6 +141,9 @@ def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
             cut = {key: len(log) for key, log in logs.items()}
         raw = RawRecord(("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode())
         for out in ingest.process(raw):
+            if out.topic == "m.dictionary" and made is not None:
+                entry = codec.decode("DictionaryEntry", out.value)
+                made.setdefault("terms", {})[entry["id"]] = entry["term"]
             if out.topic in ("m.updates.routed", "m.updates.encoded"):
                 kind = "routed" if out.topic == "m.updates.routed" else "whole"
                 logs[(kind, out.partition if kind == "routed" else 0)].append(out.value)
@@ -156,12 +173,19 @@ def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
                 for offset in range(shard.position, len(log) if upto is None else upto[source]):
                     out += (worker.on_routed(shard, offset, log[offset], None)[0] if kind == "routed"
                             else worker.on_record(shard, offset, decode_changes(kind, log[offset])))
-            probes = [o for o in out + worker.flush_batches() if o.topic == "m.updates.routed"]
+            out += worker.flush_batches()
+            probes = [o for o in out if o.topic == "m.updates.routed"]
             for o in probes:
                 logs[("routed", o.partition)].append(o.value)
+            if worker is live:
+                for o in out:
+                    if o.topic == "m.deltas.parts":
+                        deltas[o.partition].append(o.value)
             if upto is not None or not probes:
                 return
 
+    deltas: dict[int, list[bytes]] = {p: [] for p in range(n)}
+    live = None
     with tempfile.TemporaryDirectory(prefix="worker-restore-") as tmp, Store(Path(tmp) / "w") as store:
         checkpoints = ShardCheckpoints(store)
         live = core(checkpoints)
@@ -169,6 +193,8 @@ def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
             live.open_shard(*key, 0, None)
         apply(live, cut)
         checkpoints.put(live.checkpoint_blobs(shards))
+        if made is not None:
+            made.update(deltas=deltas, cut={p: len(records) for p, records in deltas.items()}, queries=queries)
         apply(live, None)
         committed, metadata = {key: shard.position for key, shard in live.shards.items()}, live.metadata()
         times: dict[str, list[float]] = {"checkpoint": [], "offset0": []}
@@ -184,6 +210,73 @@ def worker_restores(lines: list[str], tail: int, runs: int) -> dict[str, float]:
         # (tests/services/test_worker_checkpoint.py checks the outputs after such restores byte for byte)
         assert {k: s.state_entries() for k, s in follow["checkpoint"].shards.items()} == \
             {k: s.state_entries() for k, s in follow["offset0"].shards.items()}, "restored states differ"
+    return {case: statistics.median(values) for case, values in times.items()}
+
+
+def answers_restores(made: dict, runs: int) -> dict[str, float]:
+    """Seconds (median of ``runs``) to restore every deltas.parts partition of the answers service after the
+    records ``made`` holds, from its checkpoint taken at ``made["cut"]`` (``services.answers_checkpoint``) and from
+    offset 0, in memory; the restored states are checked equal."""
+    from services import codec
+    from services.answers import AnswersCore
+    from services.answers_checkpoint import adopt, partition_blob
+    from services.release import SeqRelease
+    from services.state.shards import load_shard
+
+    deltas, terms, queries = made["deltas"], made["terms"], made["queries"]
+
+    def fresh() -> tuple[SeqRelease, AnswersCore]:
+        return (SeqRelease(len(deltas), lambda query_id, _version: queries.get(query_id), dict(terms)),
+                AnswersCore("m.answers", "m.answers.current", "m.deadletter", "m.deltas.parts"))
+
+    live: dict[int, tuple] = {}  # partition -> (answers log, committed, checkpoint blob)
+    for d, records in deltas.items():
+        release, core = fresh()
+        release.restore(d, None)
+        answers: list = []
+        blob = None
+        for offset, value in enumerate(records):
+            frontier, mark = codec.frontier_of(value), codec.probe_ready_of(value)
+            if mark is not None:
+                ready = release.on_ready(d, offset, mark["query_id"], mark["version"], mark["partition"],
+                                         mark["as_of"])
+            elif frontier is not None:
+                ready = release.on_frontier(d, frontier)
+            else:
+                ready = release.on_deltas(d, offset, None, codec.part_delta_columns(value))
+            for source_offset, origin, columns in ready:
+                answers += [o for o in core.on_record(d, source_offset, value, origin, terms.get, columns)
+                            if o.topic == "m.answers"]
+            if offset + 1 == made["cut"][d]:
+                blob = partition_blob(core, release, d, *release.commit_position(d, offset + 1), len(answers),
+                                      answers[-1].value if answers else None)
+        live[d] = (answers, release.commit_position(d, len(records)), blob, core)
+
+    def restore(d: int, use_checkpoint: bool) -> AnswersCore:
+        answers, (position, metadata), blob, _core = live[d]
+        release, core = fresh()
+        saved = load_shard(blob) if use_checkpoint and blob is not None else None
+        if saved is not None:
+            adopt(core, d, saved)
+        for out in answers[saved["answers_end"] if saved else 0:]:
+            core.restore(d, out.value, dict(out.headers or ()))
+        end = release.restore(d, metadata, saved=saved["release"] if saved else None)
+        for offset in range(saved["position"] if saved else 0, end):
+            value = deltas[d][offset]
+            if codec.frontier_of(value) is None and codec.probe_ready_of(value) is None:
+                release.restore_counts(d, offset, codec.part_delta_columns(value))
+        return core
+
+    times: dict[str, list[float]] = {"checkpoint": [], "offset0": []}
+    for _ in range(runs):
+        for case in ("checkpoint", "offset0"):
+            started = time.perf_counter()
+            cores = {d: restore(d, case == "checkpoint") for d in deltas}
+            times[case].append(time.perf_counter() - started)
+            for d, core in cores.items():
+                want = live[d][3]
+                assert {q: (s.n, s.current) for q, s in core.queries.items()} == \
+                    {q: (s.n, s.current) for q, s in want.queries.items()}, "restored answers differ"
     return {case: statistics.median(values) for case, values in times.items()}
 
 
@@ -229,16 +322,24 @@ def main(argv: list[str] | None = None) -> int:
                       f"seq={expected.seq} tail_updates={args.tail if path else length}"
                       + (f" entries_per_s={entries_per_s:.0f}" if rate else "") + f" source={stream.source}", flush=True)
     workers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
+    answers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
     if args.worker:
         for length in HISTORIES:
-            for case, seconds in worker_restores(history(final, length), args.tail, args.runs).items():
+            made: dict = {}
+            for case, seconds in worker_restores(history(final, length), args.tail, args.runs, made).items():
                 workers[case][str(length)] = round(seconds, 3)
                 print(f"worker history={length} restore={'checkpoint+tail' if case == 'checkpoint' else 'offset 0'} "
                       f"seconds={seconds:.3f} shards={2 * WORKER_PARTITIONS} (in memory) source={stream.source}",
                       flush=True)
-    print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"], "answers": None,
-                      "restore_entries_per_s": round(entries_per_s), "ingest_from_offset_0": results["offset0"],
-                      "worker_from_offset_0": workers["offset0"] or None}))
+            for case, seconds in answers_restores(made, args.runs).items():
+                answers[case][str(length)] = round(seconds, 3)
+                print(f"answers history={length} restore={'checkpoint+tail' if case == 'checkpoint' else 'offset 0'} "
+                      f"seconds={seconds:.3f} partitions={WORKER_PARTITIONS} (in memory) "
+                      f"deltas_records={sum(map(len, made['deltas'].values()))} source={stream.source}", flush=True)
+    print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"],
+                      "answers": answers["checkpoint"] or None, "restore_entries_per_s": round(entries_per_s),
+                      "ingest_from_offset_0": results["offset0"], "worker_from_offset_0": workers["offset0"] or None,
+                      "answers_from_offset_0": answers["offset0"] or None}))
     return 0
 
 

@@ -9,7 +9,8 @@ Topology::
 duplicates by idempotence key (per (query, source partition) the key (source_offset, index) must
 increase), decodes term ids and maintains multiplicities.  Answers of a query go to the partition of
 deltas.parts it came from (both keyed by query id), so a partition's state is restored by re-reading its
-answers partition: n and multiplicities from the records, idempotence keys from their ``cbgp-src`` header.
+answers partition: n and multiplicities from the records, idempotence keys from their ``cbgp-src`` header --
+from the partition's checkpoint's end offset when one serves (``services.answers_checkpoint``), else from 0.
 The answers.current key is ``services.codec.current_key`` (canonical JSON ``["<query>", {binding}]``),
 shared with the compaction job.
 
@@ -35,15 +36,17 @@ from prometheus_client import Gauge
 from services import codec
 from services.codec import canonical_binding, current_key, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_producer
+from services import answers_checkpoint
+from services.answers_inputs import Dictionary, Plans
+from services.state import Checkpointer, StoreError, recovery
+from services.state.shards import ShardCheckpoints
 from services.release import SeqRelease
-from services.registry import tombstone_version
 from services.metrics import ANSWER_LATENCY, DELTAS_EMITTED, record_consumer_lag
 from services.idempotence import ORDERED_SOURCE_BELOW
-from services.queries import read_registration
 from services.records import WHOLE_QUERY_PART, dead_letter
 from services.runner import Step, run_processor
-from services.runtime import (ORIGIN_HEADER, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, kv, origin_ms,
-                              read_range, read_window, record_ok, service_command)
+from services.runtime import (ORIGIN_HEADER, GroupInput, Output, kv, origin_ms, read_range, record_ok,
+                              service_command)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -51,7 +54,6 @@ NOTHING_SEEN = (-(1 << 64),) * 3  # below every (seq, offset, index) key, whatev
 
 SERVICE = "answers"
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
-DICTIONARY_WAIT_SECONDS = 10.0
 HELD_DELTAS = Gauge("cbgp_held_deltas", "By-centre answer deltas held until every routed partition's frontier "
                     "passes their seq (services.release).")
 TERM_CACHE_MAX = 1 << 18
@@ -309,99 +311,6 @@ class AnswersCore:
 # ---------------------------------------------------------------------------------------- Kafka loop
 
 
-class Dictionary:
-    """The dictionary topic, read on demand: id -> canonical term.
-
-    The consumer is only assigned while ids are missing (ingest commits a term before any update that
-    uses it, so a delta's terms are always there to be read): an idle assigned consumer would fetch in a
-    tight loop on noida-db (see ``services.runtime``).
-    """
-
-    def __init__(self, settings: KafkaSettings) -> None:
-        self.topic = settings.topic("dictionary")
-        self.terms: dict[int, str] = {}
-        self.fetcher = Fetcher(settings, "answers.dictionary", 5000)
-        self.start = {(self.topic, p): 0 for p in end_offsets(settings, self.topic)}
-
-    def _read(self, msgs: list[Message]) -> None:
-        for msg in msgs:
-            if msg.error() is None and msg.value() is not None:
-                try:
-                    entry = codec.decode("DictionaryEntry", msg.value())
-                except codec.CodecError:
-                    continue  # ingest's own output; a foreign record here is not ours to reject
-                self.terms[entry["id"]] = entry["term"]
-
-    def wait_for(self, ids: set[int], timeout: float = DICTIONARY_WAIT_SECONDS) -> None:
-        """Read until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""
-        missing = {i for i in ids if i not in self.terms}
-        if not missing:
-            return
-        if not self.fetcher.positions:
-            self.fetcher.set_positions(self.start)
-        deadline = time.monotonic() + timeout
-        try:
-            while missing and time.monotonic() < deadline:
-                self._read(self.fetcher.poll())
-                missing = {i for i in missing if i not in self.terms}
-        finally:
-            self.fetcher.park()  # fetch nothing until ids are missing again
-
-    def close(self) -> None:
-        self.fetcher.close()
-
-
-class Plans:
-    """queries.plans (compacted, key query id; tombstone = unregistered), read for :meth:`AnswersCore.on_plan`.
-
-    Read to its end when a life starts (before any partition is restored), then fetched in a short window at
-    most every WINDOW_POLL_SECONDS and unassigned in between (``read_window``), as the workers do: an idle assigned consumer
-    fetches in a tight loop on noida-db.  Positions are never committed: every life reads it from the start.
-    """
-
-    def __init__(self, settings: KafkaSettings, core: AnswersCore) -> None:
-        self.settings = settings
-        self.topic = settings.topic("queries.plans")
-        self.core = core
-        self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}answers.plans",
-                                                          enable_partition_eof=True))
-        self.positions = {p: 0 for p in end_offsets(settings, self.topic)}
-        self.next_poll = 0.0
-
-    def load(self) -> None:
-        for partition, (_low, high) in end_offsets(self.settings, self.topic).items():
-            self._apply(read_range(self.settings, self.topic, partition, self.positions.get(partition, 0), high))
-            self.positions[partition] = max(self.positions.get(partition, 0), high)
-        self.next_poll = time.monotonic() + WINDOW_POLL_SECONDS
-
-    def poll(self) -> None:
-        now = time.monotonic()
-        if now < self.next_poll:
-            return
-        self.next_poll = now + WINDOW_POLL_SECONDS
-        self._apply(read_window(self.consumer, self.topic, self.positions))
-
-    def _apply(self, msgs) -> None:
-        for msg in msgs:
-            if msg.error() is not None:
-                continue
-            self.positions[msg.partition()] = msg.offset() + 1
-            key = (msg.key() or b"").decode("utf-8", "replace")
-            if msg.value() is None:
-                self.core.on_plan(key, None, tombstone_version(msg.headers()))
-                continue
-            try:
-                plan = codec.decode("QueryPlan", msg.value())
-                text, _window = read_registration(plan["sparql"], plan["options"])
-            except (codec.CodecError, ValueError):
-                continue  # the registry's own output; not ours to reject
-            self.core.texts[(key, plan["version"])] = text
-            self.core.on_plan(key, plan["version"])
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
 class AnswersService:
     """One life of the answers service: clients, core and release, a processor of the one runner loop
     (:mod:`services.runner`)."""
@@ -426,6 +335,16 @@ class AnswersService:
         self.assigned: set[int] = set()  # partitions whose deltas are processed now
         self.held: set[int] = set()  # partitions whose state is in the core (assigned, or revoked and parked)
         self.positions: dict[int, int] = {}  # next deltas.parts offset of each held partition, as committed
+        # Checkpoints (services.answers_checkpoint): each partition's last commit (offset, metadata) and the
+        # last Answer written to its answers partition, the proof a later restore reads the same log
+        interval = getattr(args, "checkpoint_interval", -1.0)
+        store = (recovery.open_store(getattr(args, "state_dir", ""),
+                                     f"{settings.topic_prefix}{SERVICE}-{args.instance_id}") if interval >= 0 else None)
+        self.checkpoints = ShardCheckpoints(store) if store is not None else None
+        self.checkpointer = Checkpointer(max(interval, 0.0))
+        self.commits: dict[int, tuple[int, str]] = {}
+        self.last_answers: dict[int, bytes | None] = {}
+        self.unpicklable: set[int] = set()
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Restore each newly assigned partition from its answers partition (the service's changelog).
@@ -439,26 +358,60 @@ class AnswersService:
                 self.core.drop_partition(partition)
                 self.release.drop(partition)
                 self.held.discard(partition)
+        answers_ends = end_offsets(self.settings, self.t_answers) if new - self.held else {}
         for tp in partitions:
             # Held deltas are re-read from the committed offset: restart the release from what was committed
-            # with it (an unchanged re-assignment keeps its DISTINCT counts; a new partition rebuilds them).
-            kept = tp.partition in self.held
-            end = self.release.restore(tp.partition, tp.metadata, keep_counts=kept)
-            if not kept and end > 0:
-                for msg in read_range(self.settings, self.t_source, tp.partition, 0, end):
+            # with it (an unchanged re-assignment keeps its DISTINCT counts; a new partition rebuilds them, from
+            # its checkpoint where one serves).
+            partition = tp.partition
+            if partition in self.held:
+                self.release.restore(partition, tp.metadata, keep_counts=True)
+                continue
+            started = time.monotonic()
+            low, high = answers_ends[partition]
+            saved, why = self._saved(partition, committed[partition], low, high)
+            answers_from = counts_from = 0
+            if saved is not None:
+                answers_checkpoint.adopt(self.core, partition, saved)
+                answers_from, counts_from = saved["answers_end"], saved["position"]
+                self.last_answers[partition] = saved["last_answer"]
+            end = self.release.restore(partition, tp.metadata, saved=saved["release"] if saved else None)
+            if end > counts_from:
+                for msg in read_range(self.settings, self.t_source, partition, counts_from, end):
                     deltas = _decoded([msg])[0]
                     if deltas is not None:
-                        self.release.restore_counts(tp.partition, msg.offset(), deltas)
-        for partition in sorted(new - self.held):
-            _low, high = end_offsets(self.settings, self.t_answers)[partition]  # from 0: read_range refuses a truncated log
-            for msg in read_range(self.settings, self.t_answers, partition, 0, high):
+                        self.release.restore_counts(partition, msg.offset(), deltas)
+            # (read_range refuses a truncated log: without a checkpoint, from offset 0)
+            for msg in read_range(self.settings, self.t_answers, partition, answers_from, high):
                 headers = {k: v for k, v in (msg.headers() or ()) if v is not None}
                 self.core.restore(partition, msg.value(), headers)
+                self.last_answers[partition] = msg.value()
             self.positions[partition] = committed[partition]
+            self.commits[partition] = (committed[partition], tp.metadata or "")
+            log.info(kv(event="partition-restored", partition=partition, checkpoint=why, answers_from=answers_from,
+                        answers_end=high, deltas_from=counts_from, deltas_end=end,
+                        restore_seconds=f"{time.monotonic() - started:.3f}"))
         self.held = set(new)
         self.assigned = new
         log.info(kv(event="assigned", partitions=",".join(map(str, sorted(new))) or "-",
                     queries=len(self.core.queries)))
+
+    def _saved(self, partition: int, committed: int, answers_low: int,
+               answers_high: int) -> tuple[dict | None, str]:
+        """The checkpoint that restores ``partition`` and why there is none ("used" when there is)."""
+        if self.checkpoints is None:
+            return None, "checkpoints off"
+        saved = self.checkpoints.get(answers_checkpoint.KIND, partition)
+        last = None
+        if saved is not None and answers_low <= saved["answers_end"] <= answers_high:
+            end = saved["answers_end"]  # its last Answer: a transaction's marker (or a few) may follow it
+            for start in (end - 4, end - 64, end - 1024):
+                msgs = list(read_range(self.settings, self.t_answers, partition, max(start, answers_low), end))
+                if msgs or start <= answers_low:
+                    last = msgs[-1].value() if msgs else None
+                    break
+        why = answers_checkpoint.unusable(saved, committed, answers_high, last)
+        return (saved, "used") if why is None else (None, why)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """No delta of a revoked partition is processed or committed from here on (its state is kept for an
@@ -528,20 +481,71 @@ class AnswersService:
                     sum(len(deltas) for deltas in records if deltas is not None), commits)
 
     def committed(self, step: Step) -> None:
-        if step.detail is None:
-            return
-        self.positions.update({p: o for p, (o, _m) in step.detail.items()})
-        HELD_DELTAS.set(self.release.held())
-        assert self.input is not None
-        record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
+        self._note_answers(step.outputs)
+        self.checkpointer.committed()
+        if step.detail is not None:
+            self.positions.update({p: o for p, (o, _m) in step.detail.items()})
+            self.commits.update(step.detail)
+            HELD_DELTAS.set(self.release.held())
+            assert self.input is not None
+            record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
+        if self.checkpointer.due():
+            self.checkpoint()
+
+    def _note_answers(self, outputs: list[Output]) -> None:
+        """Remember the last Answer each partition got in a committed transaction."""
+        wanted = set(self.held)
+        for out in reversed(outputs):
+            if out.topic == self.t_answers and out.partition in wanted:
+                self.last_answers[out.partition] = out.value
+                wanted.discard(out.partition)
+                if not wanted:
+                    return
 
     def idle(self) -> Step | None:
         """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction
-        of their own: nothing is consumed, so nothing else commits with them."""
+        of their own: nothing is consumed, so nothing else commits with them.  Otherwise a checkpoint, if due."""
         outputs = self.core.settle(self.assigned)
-        return Step(outputs) if outputs else None
+        if outputs:
+            return Step(outputs)
+        if self.checkpointer.due():
+            self.checkpoint()  # idle: save what the last transactions changed
+        return None
+
+    def checkpoint(self) -> None:
+        """Checkpoint every assigned partition (``services.answers_checkpoint``): called once every transaction
+        committed, so each partition's state is exactly what its last commit and its answers describe."""
+        if self.checkpoints is None or self.consumer is None:
+            return
+        started = time.monotonic()
+        blobs = []
+        for partition in sorted(self.assigned & set(self.commits)):
+            position, metadata = self.commits[partition]
+            _low, answers_end = self.consumer.get_watermark_offsets(TopicPartition(self.t_answers, partition),
+                                                                    timeout=30)
+            blob = answers_checkpoint.partition_blob(self.core, self.release, partition, position, metadata,
+                                                     answers_end, self.last_answers.get(partition),
+                                                     warn=partition not in self.unpicklable)
+            if blob is not None:
+                blobs.append((answers_checkpoint.KIND, partition, blob))
+            else:
+                self.unpicklable.add(partition)  # (said once)
+        try:
+            saved = self.checkpoints.put(blobs)
+        except StoreError as exc:  # a full or broken disk: keep serving, restores read the logs from 0
+            log.warning(kv(event="checkpoints-off", reason=str(exc)))
+            self.checkpoints.close()
+            self.checkpoints = None
+            return
+        self.checkpointer.saved()
+        if saved:
+            log.info(kv(event="checkpoint", partitions=saved, seconds=f"{time.monotonic() - started:.3f}"))
 
     def close(self, clean: bool = True) -> None:
+        if clean and self.checkpointer.unsaved:
+            self.checkpoint()  # a clean stop: every transaction committed
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         if self.input is not None:
             self.input.close()
         self.dictionary.close()
@@ -588,4 +592,6 @@ def register(commands: argparse._SubParsersAction) -> dict:
     return service_command(commands, SERVICE, "number deltas and maintain current answers (service)",
                            lambda settings, args, stopper, ready: run_processor(AnswersService(settings, args), stopper, ready),
                            batch=1000,
-                           batch_help="deltas.parts records per transaction (a worker's record holds many deltas)")
+                           batch_help="deltas.parts records per transaction (a worker's record holds many deltas)",
+                           configure=lambda parser: recovery.add_state_flags(
+                               parser, SERVICE, "each deltas.parts partition's answer streams and released state"))

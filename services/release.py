@@ -89,6 +89,9 @@ class _Partition:
     # DISTINCT rows, a gate's): a copy made by two workers that both held a routed partition for a moment
     # during a rebalance is released once.  (Plain deltas' repeated keys are dropped by the answers core.)
     released_keys: dict[tuple, None] = field(default_factory=dict)  # insertion-ordered: the oldest go first
+    # Restored from a checkpoint: its commit (read position, watermark, opened gates), whose releases the
+    # checkpoint's counts already hold
+    checkpointed: _Partition | None = None
 
 
 RELEASED_KEYS_KEPT = 200_000  # recent released delta keys remembered per partition (~40 MB at most)
@@ -113,16 +116,32 @@ class SeqRelease:
 
     # -- partitions
 
-    def restore(self, partition: int, metadata: str | None, keep_counts: bool = False) -> int:
+    def restore(self, partition: int, metadata: str | None, keep_counts: bool = False,
+                saved: dict | None = None) -> int:
         """Start (or restart) a partition at its committed offset with the frontiers and read position
         committed beside it; return that read position (``end``): the caller feeds the records before it to
         :meth:`restore_counts` unless ``keep_counts`` (this instance already holds the counts and assemblers it
-        committed)."""
+        committed).  ``saved``: a :meth:`checkpoint` of this partition, whose released state is taken; the
+        caller then feeds only the records from the checkpoint's committed offset to ``end`` (every record
+        before it was released whole, or dropped, when it was taken: the commit never passes a held delta),
+        and what the checkpoint had already released of them is not counted again."""
         old = self.partitions.get(partition)
-        state = self.partitions[partition] = _Partition()
+        state = self.partitions[partition] = self._committed(metadata)
         if keep_counts and old is not None:  # DISTINCT counts and product assemblers both are released state
             state.counts, state.assemblers = old.counts, old.assemblers
             state.released_keys = old.released_keys
+        elif saved is not None:
+            state.counts, state.assemblers = saved["counts"], saved["assemblers"]
+            state.released_keys = saved["released_keys"]
+            state.checkpointed = self._committed(saved["metadata"])
+            for assembler in state.assemblers.values():
+                if isinstance(assembler, Operators):
+                    assembler.rebind(self.terms)
+        return state.released_end
+
+    def _committed(self, metadata: str | None) -> _Partition:
+        """A partition state with the frontiers, read position and opened gates of commit ``metadata``."""
+        state = _Partition()
         try:
             stored = json.loads(metadata or "{}")
             state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}
@@ -132,8 +151,16 @@ class SeqRelease:
                             for entry in stored.get("opened", [])}
         except (ValueError, AttributeError, TypeError, IndexError):
             state.frontiers, state.released_end, state.opened = {}, 0, {}
-        state.released_seq = self.watermark(partition)
-        return state.released_end
+        state.released_seq = min((state.frontiers.get(p, -1) for p in range(self.n_routed)), default=-1)
+        return state
+
+    def checkpoint(self, partition: int, metadata: str) -> dict:
+        """The released state of ``partition`` (DISTINCT counts, assemblers and operators, released keys) just
+        after a commit with ``metadata``: what :meth:`restore_counts` rebuilds from the records before its
+        read position.  Pickled by the caller; it shares objects with the live state."""
+        state = self.partitions[partition]
+        return {"metadata": metadata, "counts": state.counts, "assemblers": state.assemblers,
+                "released_keys": state.released_keys}
 
     def drop(self, partition: int) -> None:
         self.partitions.pop(partition, None)
@@ -156,6 +183,9 @@ class SeqRelease:
         if deltas.part < 0 and not deltas.distinct:
             return  # plain deltas: nothing of them is kept
         released = self._released_before(state, offset, deltas)
+        if released and state.checkpointed is not None:
+            before = set(self._released_before(state.checkpointed, offset, deltas))
+            released = [i for i in released if i not in before]
         released = _first_release(state, deltas, released) if released else []  # two owners' copies: once
         if not released:
             return

@@ -20,6 +20,12 @@ class KnownTerms(TermDictionary):
         super().__init__(stable=True)
         self.known = known
 
+    def __getstate__(self) -> tuple:
+        # A checkpoint holds its own terms, not the service's dictionary: :meth:`Operators.rebind` gives the
+        # restored operators the dictionary of the service that loads them.
+        _none, slots = super().__getstate__()
+        return None, {**slots, "known": {}}
+
     def decode(self, term_id: int) -> str:
         term = self._terms.get(term_id)
         if term is None:
@@ -45,7 +51,7 @@ class Operators:
     def __init__(self, spec: object, known: dict[int, str]) -> None:
         from cbgp.algebra.by_centre import OperatorAssembler
 
-        dictionary = KnownTerms(known)
+        dictionary = self.dictionary = KnownTerms(known)
         self.assembler = OperatorAssembler(spec, dictionary)  # type: ignore[arg-type]
         self.ask = self.assembler.form == "ASK"
         self.columns = (ASK_VARIABLE,) if self.ask else tuple(self.assembler.columns)
@@ -53,6 +59,13 @@ class Operators:
         rows = self.assembler.initial()
         self.initial = ask_initial(rows, self.true, self.false) if self.ask else rows
         self.restored: list[tuple] = []  # (seq, src, offset, index, part, sign, row, variables), see note()
+
+    def rebind(self, known: dict[int, str]) -> None:
+        """Read and add terms in ``known`` (restored from a checkpoint: the loading service's dictionary), with
+        the terms the operators had made."""
+        for term_id, term in self.dictionary._terms.items():
+            known.setdefault(term_id, term)
+        self.dictionary.known = known
 
     def note(self, seq: int, key: tuple, part: int, sign: int, row: tuple, variables: tuple[str, ...]) -> None:
         """A part delta released before a restart (read again by the restore, in any order)."""

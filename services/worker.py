@@ -477,7 +477,7 @@ def register(commands: argparse._SubParsersAction) -> dict:
 
 
 def _worker_flags(parser: argparse.ArgumentParser) -> None:
-    recovery.add_state_flags(parser, SERVICE, "each shard's engine (shards with multi-centre queries are not)")
+    recovery.add_state_flags(parser, SERVICE, "each shard's engine (and its multi-centre queries' evaluator)")
     parser.add_argument("--placement", choices=[BY_CENTRE, SINGLE_OWNER],
                         default=os.environ.get("CBGP_PLACEMENT", BY_CENTRE),
                         help="'by-centre' keeps stars and single-centre components (stars with attribute variables, "

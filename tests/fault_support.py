@@ -223,6 +223,8 @@ class FaultRun:
         self.request_ids: list[str] = []
         self.lines = generate_patch(cfg.lines, seed=cfg.seed)
         self.producer = None
+        # checkpoints every second, so that restarts restore from them (and the tail after them) as well
+        self.state_flags = ["--state-dir", str(self.tmp / "state"), "--checkpoint-interval", "1"]
 
     # -- services
 
@@ -234,11 +236,11 @@ class FaultRun:
             metrics_port = str(self.registry_metrics)
             args = ["registry", "--web-port", str(self.web_port), "--state-dir", str(self.tmp / "registry-state")]
         elif name == "ingest":
-            args = ["ingest", "--instance-id", "i1"]
+            args = ["ingest", "--instance-id", "i1", *self.state_flags]
         elif name == "answers":
-            args = ["answers", "--instance-id", "a1"]
+            args = ["answers", "--instance-id", "a1", *self.state_flags]
         else:
-            args = ["worker", "--worker-id", name]
+            args = ["worker", "--worker-id", name, *self.state_flags]
         env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
         if self.cfg.static_members if static is None else static:
             env["CBGP_KAFKA_GROUP_INSTANCE_ID"] = f"{self.settings.topic_prefix}{name}"  # librdkafka consumers

@@ -17,6 +17,7 @@ DESCRIBE, RAND/NOW/UUID/STRUUID/BNODE (their answers could not be retracted), EX
 or with FILTER/BIND/OPTIONAL/MINUS/EXISTS/aggregates inside it.
 """
 
+from cbgp.algebra import pickling  # noqa: F401 - registers how rdflib's expression nodes pickle
 from cbgp.algebra.compile import OperatorQuerySpec, analyse
 from cbgp.algebra.runtime import ContinuousEngine, OperatorQuery
 

@@ -12,6 +12,7 @@ is a dict row -> signed multiplicity without zero entries.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from cbgp.algebra.terms import Terms, expression_variables
@@ -30,16 +31,20 @@ def add(delta: Delta, row: Row, n: int) -> None:
 
 
 def remapper(source: tuple[str, ...], target: tuple[str, ...]) -> Callable[[Row], Row]:
-    """Row of `source` schema -> row of `target` schema (missing variables unbound)."""
+    """Row of `source` schema -> row of `target` schema (missing variables unbound).  A module function or a
+    partial of one, not a closure: operator trees are pickled into checkpoints."""
     if source == target:
-        return lambda row: row
+        return _same_row
     index = {v: i for i, v in enumerate(source)}
-    positions = [index.get(v, -1) for v in target]
+    return partial(_remap, tuple(index.get(v, -1) for v in target))
 
-    def remap(row: Row) -> Row:
-        return tuple(None if i < 0 else row[i] for i in positions)
 
-    return remap
+def _same_row(row: Row) -> Row:
+    return row
+
+
+def _remap(positions: tuple[int, ...], row: Row) -> Row:
+    return tuple(None if i < 0 else row[i] for i in positions)
 
 
 class Operator:

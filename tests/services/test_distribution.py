@@ -19,6 +19,7 @@ from cbgp.plan import BY_CENTRE, SINGLE_OWNER, decompose
 from cbgp.sparql import parse_query
 from services import codec
 from services.codec import PartDeltaColumns
+from services import answers_checkpoint
 from services.answers import AnswersCore
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
@@ -263,7 +264,7 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
             checkpoints.put(core.checkpoint_blobs([("routed", p)]))
         if worker_crash_rate and rng.random() < worker_crash_rate:
             restart(p, cursors[p])
-    return answers_side(deltas, n_routed, dictionary, queries, rng, crash_rate)
+    return answers_side(deltas, n_routed, dictionary, queries, rng, crash_rate, checkpoint_rate, stats)
 
 
 class MemoryCheckpoints:
@@ -285,24 +286,37 @@ class MemoryCheckpoints:
 
 
 def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict[int, str], queries: dict[str, str],
-                 rng: random.Random, crash_rate: float) -> dict[str, list[tuple[int, str, tuple]]]:
+                 rng: random.Random, crash_rate: float, checkpoint_rate: float = 0.0,
+                 stats: dict | None = None) -> dict[str, list[tuple[int, str, tuple]]]:
     """Each deltas.parts partition read in order through the release into the answers core, committing after
     every record; with ``crash_rate``, the answers service "dies" after a commit now and then and a new one
     restores as the service does (answers log -> core, commit metadata -> release, DISTINCT counts and product
     assemblers from the records before the committed read position), or the group hands the partition back to
-    the same instance unchanged (it keeps its released state), and reads again from the committed offset."""
+    the same instance unchanged (it keeps its released state), and reads again from the committed offset.
+    ``checkpoint_rate``: after a commit, the partition is checkpointed with this probability
+    (``services.answers_checkpoint``), and a new instance restores from the last checkpoint plus the answers and
+    deltas after it (``stats["answers_from_checkpoint"]`` counts those restores)."""
     produced: dict[str, list[tuple[int, str, tuple]]] = {name: [] for name in queries}
     for d in deltas:
         log: list = []  # this partition's committed Answer outputs (the answers topic)
         committed = (0, None)
+        checkpoint: bytes | None = None
 
         def fresh():
             release = SeqRelease(n_routed, lambda query_id, _version: queries.get(query_id), dictionary)
             core = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
-            for out in log:
+            saved = load_shard(checkpoint) if checkpoint is not None else None
+            last = log[saved["answers_end"] - 1].value if saved and saved["answers_end"] else None
+            if answers_checkpoint.unusable(saved, committed[0], len(log), last) is not None:
+                saved = None
+            elif stats is not None:
+                stats["answers_from_checkpoint"] = stats.get("answers_from_checkpoint", 0) + 1
+            if saved is not None:
+                answers_checkpoint.adopt(core, d, saved)
+            for out in log[saved["answers_end"] if saved else 0:]:
                 core.restore(d, out.value, dict(out.headers or ()))
-            end = release.restore(d, committed[1])
-            for off in range(end):
+            end = release.restore(d, committed[1], saved=saved["release"] if saved else None)
+            for off in range(saved["position"] if saved else 0, end):
                 if codec.frontier_of(deltas[d][off]) is None and codec.probe_ready_of(deltas[d][off]) is None:
                     release.restore_counts(d, off, codec.part_delta_columns(deltas[d][off]))
             return release, core
@@ -325,6 +339,10 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
                         if o.topic == "u.answers"]
             offset += 1
             committed = release.commit_position(d, offset)
+            if checkpoint_rate and rng.random() < checkpoint_rate:  # (once the transaction committed)
+                checkpoint = answers_checkpoint.partition_blob(core, release, d, *committed, len(log),
+                                                               log[-1].value if log else None)
+                assert checkpoint is not None, "the answers state pickles"
             if crash_rate and offset > last_crash and rng.random() < crash_rate:  # each record crashes once at most
                 if rng.random() < 0.5:
                     release, core = fresh()
@@ -333,8 +351,12 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
                 last_crash, offset = offset, committed[0]
         assert not release.partitions[d].heap, "every delta is released once every frontier passed the end"
         assert not release.partitions[d].gates, "every probed registration is released"
+        numbers: dict[tuple[str, int], int] = {}
         for out in log:
             record = codec.decode("Answer", out.value)
+            stream = (record["query_id"], record["version"])
+            assert record["n"] == numbers.get(stream, 0) + 1, f"{stream}: answer numbers with a gap or repeated"
+            numbers[stream] = record["n"]
             produced[record["query_id"]].append((record["seq"], record["sign"], tuple(sorted(
                 (v, t["value"]) for v, t in record["binding"].items()))))
     return produced
@@ -414,17 +436,20 @@ def test_late_registration_gets_a_snapshot_then_exact_live_deltas(seed: int) -> 
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_workers_restored_from_shard_checkpoints_answer_exactly(seed: int) -> None:
+def test_workers_and_answers_restored_from_checkpoints_answer_exactly(seed: int) -> None:
     """Workers die often and restore from their shard checkpoints (the multi-centre evaluators' versioned stores,
-    waiting probes and live counts with them) plus the log after them; half the seeds register the queries
-    halfway: per update one engine's deltas, and most restores used a checkpoint."""
+    waiting probes and live counts with them) plus the log after them; so does the answers service, from its
+    partition checkpoints (answer streams, DISTINCT counts, product assemblers, gates opened) plus the answers
+    and deltas after them; half the seeds register the queries halfway: per update one engine's deltas, and
+    many restores used a checkpoint."""
     rng = random.Random(seed)
     lines = generate_patch(300, seed=seed, subjects=6)
     late = set(BY_CENTRE_QUERIES) if seed % 2 else set()
     registered: dict = {}
     stats: dict = {}
     got = run_distributed(lines, BY_CENTRE_QUERIES, 1 + seed % 4, 1 + seed % 2, rng, late=late,
-                          worker_crash_rate=0.2, checkpoint_rate=0.6, registered=registered, stats=stats)
+                          worker_crash_rate=0.2, crash_rate=0.15, checkpoint_rate=0.6, registered=registered,
+                          stats=stats)
     want = run_whole(lines, BY_CENTRE_QUERIES)
     if late:
         assert_late_answers(got, want, late, registered["seq"])
@@ -432,6 +457,7 @@ def test_workers_restored_from_shard_checkpoints_answer_exactly(seed: int) -> No
         for name in BY_CENTRE_QUERIES:
             assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
     assert stats["restores"] >= 5 and stats["from_checkpoint"] >= stats["restores"] // 3, stats
+    assert stats.get("answers_from_checkpoint", 0) >= 3, stats
 
 
 @pytest.mark.parametrize("seed", range(16))
@@ -451,9 +477,12 @@ def check_seeded_run(lines: list[str], queries: dict[str, str], seed: int) -> di
     rng = random.Random(seed)
     late = set(queries) if seed % 2 else set()
     registered: dict = {}
+    stats: dict = {}
     got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=late,
                           worker_crash_rate=0.05 * (seed % 3 == 1), crash_rate=0.1 * (seed % 3 == 0),
-                          registered=registered, checkpoint_rate=0.3 * (seed % 4 >= 2))
+                          registered=registered, checkpoint_rate=0.3 * (seed % 4 >= 2), stats=stats)
+    if seed % 3 == 0 and seed % 4 >= 2:
+        assert stats.get("answers_from_checkpoint", 0) > 0, "the answers service restored from a checkpoint"
     want = run_whole(lines, queries)
     if late:
         assert_late_answers(got, want, queries, registered["seq"])

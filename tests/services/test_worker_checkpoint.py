@@ -16,7 +16,7 @@ from services import codec
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.state import Store
-from services.state.shards import ShardCheckpoints
+from services.state.shards import ShardCheckpoints, load_shard
 from services.worker_core import WorkerCore, decode_changes
 from services.worker_core.checkpoint import usable
 from tests.fleet_support import QUERIES, generate_patch
@@ -154,18 +154,27 @@ def test_a_checkpoint_that_cannot_belong_is_not_used(tmp_path: Path) -> None:
     assert usable(None, shard, infos, worker.reader) == "no checkpoint"
 
 
-def test_a_shard_pickle_refuses_is_skipped_once_with_one_line(tmp_path: Path, caplog) -> None:  # noqa: ANN001
-    """An operator query's engine holds closures pickle cannot serialise: that shard is restored from offset 0,
-    and its checkpoint is not tried (nor logged) again until its queries change."""
+def test_an_operator_shard_is_checkpointed_and_one_pickle_refuses_is_skipped_once(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """An operator query's engine (its operator tree) pickles into the checkpoint like any other.  A shard whose
+    engine holds something pickle cannot serialise is restored from offset 0, and its checkpoint is not tried
+    (nor logged) again until its queries change."""
     worker = Worker(ingest_logs(generate_patch(300, seed=5)), None)
     plan = {"query_id": "counted", "sparql": "SELECT ?x (COUNT(?y) AS ?n) WHERE { ?x <http://example.org/knows> ?y } "
             "GROUP BY ?x", "options": {}, "plan_json": '{"placement": "single-owner"}', "projected": [],
             "registered_at_seq": 0, "version": 1}
     worker.core.on_plan(0, 99, b"counted", codec.encode("QueryPlan", plan), range(N))
     worker.open({}, None)
+    owner = next(key for key in worker.shards() if key[0] == "whole" and "counted" in worker.core.shards[key].versions)
+    blobs = {(kind, p): blob for kind, p, blob in worker.core.checkpoint_blobs(worker.shards())}
+    assert owner in blobs, "the operator query's shard is checkpointed"
+    assert load_shard(blobs[owner])["engine"].operators, "with its operator tree"
+
+    refusing = Worker(ingest_logs(generate_patch(300, seed=5)), None)
+    refusing.core.on_plan(0, 99, b"counted", codec.encode("QueryPlan", plan), range(N))
+    refusing.open({}, None)
+    refusing.core.shards[owner].engine.hook = lambda: None  # (pickle refuses a lambda)
     with caplog.at_level("WARNING"):
-        first = worker.core.checkpoint_blobs(worker.shards())
-        again = worker.core.checkpoint_blobs(worker.shards())
-    owner = next(key for key in worker.shards() if key[0] == "whole" and worker.core.wanted(*key))
+        first = refusing.core.checkpoint_blobs(refusing.shards())
+        again = refusing.core.checkpoint_blobs(refusing.shards())
     assert owner not in {(kind, p) for kind, p, _blob in first} and again == []
     assert sum("shard-checkpoint-skipped" in r.getMessage() for r in caplog.records) == 1

@@ -1,0 +1,50 @@
+"""Operator trees pickle into checkpoints (issue 16): rdflib's expression nodes do not on their own.
+
+A FILTER, BIND or aggregate keeps rdflib's parsed expression (``CompValue``, and ``Expr`` with its evaluation
+function bound to itself).  Pickle rebuilds a dict subclass by calling it with no arguments, which
+``CompValue(name, **values)`` refuses, and an ``Expr``'s bound evaluation function does not pickle at all.  The
+reducer registered here (``copyreg``, so every pickle of the process uses it) stores the node's name, its
+evaluation function (a module function of rdflib, pickled by reference; rdflib's ``TrueFilter`` constant, whose
+function is a lambda, by reference to the constant), its items and any other attribute, and rebuilds the node
+from them."""
+
+from __future__ import annotations
+
+import copyreg
+from collections import OrderedDict
+from types import MethodType
+from typing import Any, Callable
+
+from rdflib.plugins.sparql.operators import TrueFilter
+from rdflib.plugins.sparql.parserutils import CompValue, Expr
+
+__all__: list[str] = []
+
+
+def _reduce(node: CompValue) -> tuple:
+    if node is TrueFilter:  # (the one node whose evaluation function is a lambda: pickled as a reference)
+        return _true_filter, ()
+    evalfn = getattr(node, "_evalfn", None)
+    extra = {k: v for k, v in vars(node).items() if k not in ("name", "_evalfn")}
+    return _rebuild, (type(node), node.name, evalfn.__func__ if evalfn is not None else None, list(node.items()),
+                      extra)
+
+
+def _rebuild(cls: type, name: str, evalfn: Callable | None, items: list[tuple[str, Any]],
+             extra: dict[str, Any]) -> CompValue:
+    node = cls.__new__(cls)
+    OrderedDict.__init__(node)
+    node.name = name
+    node.update(items)
+    if cls is Expr or issubclass(cls, Expr):
+        node._evalfn = MethodType(evalfn, node) if evalfn is not None else None
+    node.__dict__.update(extra)
+    return node
+
+
+def _true_filter() -> Expr:
+    return TrueFilter
+
+
+copyreg.pickle(CompValue, _reduce)
+copyreg.pickle(Expr, _reduce)
