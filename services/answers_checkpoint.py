@@ -20,14 +20,13 @@ passes a held delta) to the new ``end``, less what the checkpoint had already re
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.records import kv
+from services.release import SeqRelease
 from services.state.shards import dump_shard
 
-if TYPE_CHECKING:
-    from services.answers import AnswersCore
-    from services.release import SeqRelease
+AnswersCore = Any  # services.answers.AnswersCore (the service module imports this one)
 
 log = logging.getLogger("cbgp.answers")
 
