@@ -342,7 +342,7 @@ class WorkerService:
     def _poll_inputs(self) -> tuple[list[Message], tuple[int, list[Message]]]:
         """Routed records and (epoch, encoded records) already fetched; when both inputs are idle, listen
         briefly on the routed consumer (where rebalance callbacks run), then pause both for a moment."""
-        self.routed_in.serve()  # rebalance callbacks (restores) run here ...
+        self.routed_in.serve()  # rebalance callbacks, then the restores they hand over, run here ...
         epoch = self.encoded_epoch  # ... so a batch read after this line matches the shards it is fed to
         routed_fetcher = self.routed_in.fetcher
         routed = routed_fetcher.take()

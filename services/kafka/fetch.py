@@ -227,6 +227,11 @@ class GroupInput:
 
     ``on_assign``/``on_revoke`` are called like confluent-kafka's (with ``member``), from :meth:`poll`;
     ``on_assign`` gets the partitions with their committed offsets and commit metadata (offset < 0: none).
+
+    ``on_assign`` (a service's restore) runs *outside* librdkafka's rebalance callback: the callback only takes
+    the assignment (assigns it paused and reads the committed offsets), and :meth:`serve` hands it to
+    ``on_assign`` once the member's poll has returned; the fetcher starts only then.  A revocation served
+    before that takes its partitions out of the assignment still waiting.
     """
 
     def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], max_records: int, *,
@@ -240,6 +245,7 @@ class GroupInput:
         # catch, and killed a worker after a broker restart (CI).
         self.callback_error: Exception | None = None
         self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records)
+        self.taken: list[TopicPartition] | None = None  # an assignment taken, not yet handed to on_assign
         self.member = make_consumer(settings, group, topics, on_assign=self._assigned, on_revoke=self._revoked)
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -253,27 +259,36 @@ class GroupInput:
             return  # a rebalance while leaving (others left too): the handle cannot fetch offsets any more
         consumer.assign(partitions)
         consumer.pause(partitions)  # the member never fetches: the fetcher does
-        committed = consumer.committed(partitions, timeout=30) if partitions else []
+        self.taken = consumer.committed(partitions, timeout=30) if partitions else []
+
+    def _hand_over(self) -> None:
+        """The assignment taken in the callback, to ``on_assign`` (the restore), then to the fetcher."""
+        committed, self.taken = self.taken or [], None
         positions = {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else OFFSET_BEGINNING for tp in committed}
         if self.user_assign is not None:
-            self.user_assign(consumer, committed)
+            self.user_assign(self.member, committed)
         self.fetcher.set_positions(positions)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:
             self.fetcher.set_positions({})
+            if self.taken is not None:
+                gone = {(tp.topic, tp.partition) for tp in partitions}
+                self.taken = [tp for tp in self.taken if (tp.topic, tp.partition) not in gone]
             if self.user_revoke is not None:
                 self.user_revoke(consumer, partitions)
         except Exception as exc:  # noqa: BLE001 - re-raised by serve(), outside the C callback
             self.callback_error = self.callback_error or exc
 
     def serve(self) -> None:
-        """Run pending rebalance callbacks (the member's partitions are paused: nothing is returned); an
-        error one of them raised is raised here."""
+        """Run pending rebalance callbacks (the member's partitions are paused: nothing is returned), then hand
+        an assignment they took to ``on_assign``; an error one of them raised is raised here."""
         self.member.poll(0)
         error, self.callback_error = self.callback_error, None
         if error is not None:
             raise error
+        if self.taken is not None:
+            self._hand_over()
 
     def poll(self) -> list[Message]:
         self.serve()

@@ -89,3 +89,41 @@ def test_an_error_in_a_rebalance_callback_is_raised_by_serve_as_itself(tmp_path)
     finally:
         group.member.close()
         group.fetcher.close()
+
+
+@pytest.mark.slow
+def test_a_restore_runs_after_the_rebalance_callback_returned(kafka_settings) -> None:  # noqa: ANN001
+    """``on_assign`` (a service's restore, which may read a long log) runs from ``serve`` once the member's poll
+    returned, not inside librdkafka's rebalance callback; the fetcher starts at the committed offsets only after
+    it.  A revocation served before the hand-over takes its partitions out of the assignment waiting."""
+    import inspect
+    import time
+
+    from confluent_kafka import TopicPartition
+
+    from services.kafka.fetch import GroupInput
+
+    calls: list[tuple[list[int], bool, bool]] = []
+
+    def on_assign(_consumer, partitions) -> None:  # noqa: ANN001
+        frames = {frame.function for frame in inspect.stack()}
+        calls.append((sorted(tp.partition for tp in partitions), "_assigned" in frames, "serve" in frames))
+
+    topic = kafka_settings.topic("updates.raw")
+    group = GroupInput(kafka_settings, f"{kafka_settings.topic_prefix}restore", [topic], 10, on_assign=on_assign)
+    try:
+        deadline = time.monotonic() + 60
+        while not calls and time.monotonic() < deadline:
+            group.poll()
+        assert calls, "assigned within a minute"
+        partitions, in_callback, from_serve = calls[0]
+        assert partitions and not in_callback and from_serve
+        assert group.taken is None and group.fetcher.positions
+
+        # taken in a callback, then revoked before serve() handed it over: nothing of it reaches on_assign
+        group._assign(group.member, [TopicPartition(topic, p) for p in partitions])
+        group._revoked(group.member, [TopicPartition(topic, partitions[0])])
+        group._hand_over()
+        assert calls[-1][0] == partitions[1:]
+    finally:
+        group.close()
