@@ -10,7 +10,9 @@ graph equal to P's matches at its endpoint:
 2. every ``service.refresh_ms`` one maintenance round (seed paper 003's ``Maintainer``) refreshes at most
    gamma entries, one remote query per key, elected by the view's policy within the latency budget
    ``service.rho_ms``; a key whose rows changed becomes one ``DELETE DATA`` / ``INSERT DATA`` request;
-3. when its last query ends, the graph is dropped.
+3. every ``service.discover_ms`` (default 10 min) the bulk query runs again for the endpoint's key set: keys new
+   there join the view, keys gone leave it (the known keys' values stay with the policy's budget);
+4. when its last query ends, the graph is dropped.
 
 The first registration's ``service.*`` options set a shared view's policy and budget.  A failed remote call
 leaves the view as it was and is tried again at the next round.
@@ -48,6 +50,7 @@ class ViewState:
     local: LocalView | None = None  # the paper's view R (values, best-before times), after the fill
     maintainer: Maintainer | None = None
     next_due: float = 0.0  # ms: the next fill attempt (unfilled) or refresh round
+    next_discover: float = 0.0  # ms: the next read of the endpoint's key set (filled)
 
     @property
     def filled(self) -> bool:
@@ -103,13 +106,18 @@ class BackgroundCore:
 
     def next_due(self) -> float | None:
         """When (ms) :meth:`due` has work next; None without views."""
-        return min((s.next_due for s in self.views.values()), default=None)
+        return min((min(s.next_due, s.next_discover) if s.filled else s.next_due for s in self.views.values()),
+                   default=None)
 
     def due(self) -> list[tuple[str, str]]:
         """Fill views that are not filled yet and run the refresh rounds that are due; the requests to publish."""
         out: list[tuple[str, str]] = []
         now = self.clock()
         for graph, state in self.views.items():
+            if state.filled and state.next_discover <= now:
+                text = self._discover(state, now)
+                if text:
+                    out.append((graph, text))
             if state.next_due > now:
                 continue
             text = self._fill(state, now) if not state.filled else self._refresh(state, now)
@@ -117,6 +125,38 @@ class BackgroundCore:
                 out.append((graph, text))
             BACKGROUND_VIEW_TRIPLES.labels(graph).set(len(state.graph.count))
         return out
+
+    def _discover(self, state: ViewState, now: float) -> str | None:
+        """Keys new at the endpoint join the view, keys gone from it leave (one bulk query, every
+        ``service.discover_ms``); the known keys' values stay with the refresh policy."""
+        state.next_discover = now + state.options.discover_ms
+        try:
+            rows = state.remote.fill()
+        except Exception as exc:  # noqa: BLE001 - any endpoint failure: the next round tries again
+            BACKGROUND_REFRESHES.labels(state.view.graph, "failed").inc()
+            log.warning(kv(event="discover-failed", graph=state.view.graph, endpoint=state.view.endpoint,
+                           reason=str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__))
+            return None
+        BACKGROUND_REFRESHES.labels(state.view.graph, "discover").inc()
+        added, removed = state.local.discover(rows, now)
+        if not (added or removed):
+            return None
+        log.info(kv(event="view-keys-discovered", graph=state.view.graph, added=len(added), removed=len(removed)))
+        return self._write(state, [(key, rows[key]) for key in added] + [(key, ()) for key in removed])
+
+    @staticmethod
+    def _write(state: ViewState, changes: list[tuple[Any, Any]]) -> str | None:
+        """One request for keys' new rows (``()``: gone), the round's changes netted per triple (a triple's
+        presence alternates)."""
+        removed: set = set()
+        added: set = set()
+        for key, rows in changes:
+            gone, new = state.graph.set_key(key, rows)
+            for triple in gone:
+                added.remove(triple) if triple in added else removed.add(triple)
+            for triple in new:
+                removed.remove(triple) if triple in removed else added.add(triple)
+        return state.graph.update_text(sorted(removed), sorted(added))
 
     def _fill(self, state: ViewState, now: float) -> str | None:
         try:
@@ -135,6 +175,7 @@ class BackgroundCore:
                                       WindowShape(options.refresh_ms, options.refresh_ms), gamma=options.gamma,
                                       rho=options.rho_ms / 1000.0, alpha=options.alpha)
         state.next_due = now + options.refresh_ms
+        state.next_discover = now + options.discover_ms
         log.info(kv(event="view-filled", graph=state.view.graph, keys=len(rows)))
         return state.graph.replace_all(rows)
 
@@ -151,15 +192,7 @@ class BackgroundCore:
                 f"ALERT background view {graph} (SERVICE <{state.view.endpoint}>): estimated accuracy "
                 f"{alert.estimate:.3f} is below alpha {alert.alpha:g} with {alert.gamma} refreshes allowed per "
                 f"round; raise service.rho_ms or lower service.refresh_ms")))
-        removed: set = set()
-        added: set = set()
-        for change in evaluation.changes:  # a triple's presence alternates: net the round's changes per triple
-            gone, new = state.graph.set_key(change.key, change.new or ())
-            for triple in gone:
-                added.remove(triple) if triple in added else removed.add(triple)
-            for triple in new:
-                removed.remove(triple) if triple in removed else added.add(triple)
         if evaluation.changes:
             log.info(kv(event="view-refreshed", graph=graph, refreshed=len(evaluation.refreshed),
                         changed=len(evaluation.changes)))
-        return state.graph.update_text(sorted(removed), sorted(added))
+        return self._write(state, [(change.key, change.new or ()) for change in evaluation.changes])

@@ -39,7 +39,7 @@ ANSWER_LATENCY = Histogram(
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )
 BACKGROUND_REFRESHES = Counter("cbgp_background_refreshes", "Remote calls of the background service, by view graph "
-                               "and kind (fill, refresh, failed).", ["graph", "kind"])
+                               "and kind (fill, refresh, discover, failed).", ["graph", "kind"])
 BACKGROUND_VIEW_TRIPLES = Gauge("cbgp_background_view_triples", "Triples a SERVICE view graph holds.", ["graph"])
 BACKGROUND_ACCURACY = Gauge("cbgp_background_estimated_accuracy", "A view's expected share of fresh entries after "
                             "its last refresh round (seed paper 003's estimate).", ["graph"])

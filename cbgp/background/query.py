@@ -17,7 +17,8 @@
 Options (register options, strings): ``service.policy`` (WSJ-WBM by default; WSJ-WBMP, WSJ-LRU, WSJ-RND,
 GNR-LRU, GNR-RND, WST), ``service.rho_ms`` (100), ``service.alpha`` (none), ``service.refresh_ms`` (60000, unwindowed
 queries), ``service.gamma`` (a cap on refreshes per evaluation; none: Eq. 2 alone), ``service.prior_interval_ms``
-(600000: the change interval assumed before any refresh observed one).  Times are event-time ms.
+(600000: the change interval assumed before any refresh observed one), ``service.discover_ms`` (600000: in the
+fleet, how often a view reads its endpoint's key set again).  Times are event-time ms.
 No Kafka here; wiring it into the worker is left to the services layer.
 """
 
@@ -42,6 +43,7 @@ class ServiceOptions:
     refresh_ms: float = 60_000.0
     gamma: int | None = None
     prior_interval_ms: float = 600_000.0
+    discover_ms: float = 600_000.0  # the fleet's views: how often the endpoint's key set is read again
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ServiceOptions":
@@ -56,7 +58,7 @@ class ServiceOptions:
                     if policy not in USABLE:
                         raise ValueError(f"{policy} needs the true change times (benchmarks only)")
                     values["policy"] = policy
-                elif key in ("rho_ms", "refresh_ms", "prior_interval_ms"):
+                elif key in ("rho_ms", "refresh_ms", "prior_interval_ms", "discover_ms"):
                     values[key] = float(value)
                     if values[key] <= 0:
                         raise ValueError("must be positive")
@@ -69,7 +71,8 @@ class ServiceOptions:
                     if values[key] < 0:
                         raise ValueError("must be >= 0")
                 else:
-                    raise ValueError("unknown option (policy, rho_ms, alpha, refresh_ms, gamma, prior_interval_ms)")
+                    raise ValueError("unknown option (policy, rho_ms, alpha, refresh_ms, gamma, prior_interval_ms, "
+                                     "discover_ms)")
             except ValueError as exc:
                 raise ServiceError(f"option {name}={value!r}: {exc}") from None
         return cls(**values)

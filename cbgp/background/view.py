@@ -107,6 +107,18 @@ class LocalView:
         for key, value in rows.items():
             self._entries[key] = Entry(key, value, float(t), float(t), self.scale * self.pooled_interval)
 
+    def discover(self, rows: Mapping[Key, Any], t: float) -> tuple[list[Key], list[Key]]:
+        """A bulk evaluation read again for its key set: keys new at the endpoint join as at the fill (best-before
+        ``t``), keys gone from it leave; the values of the keys already here are left to the refresh policy (its
+        budget decides what is refreshed).  Returns (added, removed)."""
+        added = [key for key in rows if key not in self._entries]
+        removed = [key for key in self._entries if key not in rows]
+        for key in added:
+            self._entries[key] = Entry(key, rows[key], float(t), float(t), self.scale * self.pooled_interval)
+        for key in removed:
+            del self._entries[key]
+        return added, removed
+
     def put(self, key: Key, value: Any, *, best_before: float, refreshed_at: float,
             interval: float | None = None) -> Entry:
         """Set one entry by hand (tests, restored state); a given interval is kept fixed."""

@@ -1,0 +1,72 @@
+"""The background service's transform (``services.background_core``) without Kafka, over an endpoint played by a
+pyoxigraph store: its requests, applied to the stream's store, keep the view graph equal to what a fresh fill
+of the endpoint's current data gives -- keys new at the endpoint join at the next discovery round, keys gone
+from it leave -- and the known keys' values change only through the refresh policy."""
+
+from __future__ import annotations
+
+import pyoxigraph as ox
+
+from services.background_core import BackgroundCore
+from tests.cbgp.background.test_service_views import QUERY, REMOTE, ViewGraph_fill, quad, rows_by_key
+
+
+class StoreRemote:
+    """An endpoint over ``store``'s graph REMOTE: ``fill`` and ``fetch`` as ``SparqlRemote`` answers them."""
+
+    def __init__(self, store: ox.Store, view) -> None:  # noqa: ANN001
+        self.store, self.view = store, view
+        self.fills = 0
+
+    def fill(self) -> dict:
+        self.fills += 1
+        return rows_by_key(self.store, self.view)
+
+    def fetch(self, key, timeout=None):  # noqa: ANN001, ANN201
+        return rows_by_key(self.store, self.view).get(key, frozenset())
+
+
+def view_quads(store: ox.Store, graph: str) -> set:
+    return {(q.subject.value, q.predicate.value, q.object.value)
+            for q in store.quads_for_pattern(None, None, None, ox.NamedNode(graph))}
+
+
+def fresh_quads(view, rows) -> set:  # noqa: ANN001
+    return {tuple(t[1:-1] for t in triple) for triple in ViewGraph_fill(view, rows)}
+
+
+def test_keys_new_at_the_endpoint_join_and_gone_keys_leave_at_the_next_discovery_round() -> None:
+    endpoint = ox.Store()
+    endpoint.extend([quad("follows", 1, 2, REMOTE), quad("count", 2, 5, REMOTE), quad("name", 1, 7, REMOTE),
+                     quad("follows", 3, 4, REMOTE), quad("count", 4, 9, REMOTE), quad("name", 3, 8, REMOTE)])
+    now = [0.0]
+    core = BackgroundCore(remote_factory=lambda *a, **k: None, clock=lambda: now[0])
+    options = {"service.policy": "WST", "service.refresh_ms": "1000", "service.discover_ms": "5000"}
+    core.on_plan("q", {"sparql": QUERY, "options": options})
+    (graph, state), = core.views.items()
+    state.remote = remote = StoreRemote(endpoint, state.view)  # (the view names the pattern it reads)
+    stream = ox.Store()
+
+    def publish() -> None:
+        for _graph, text in core.due():
+            stream.update(text)
+
+    publish()  # the fill
+    assert view_quads(stream, graph) == fresh_quads(state.view, rows_by_key(endpoint, state.view))
+    assert remote.fills == 1
+    # n5 is new at the endpoint, n3 is gone from it, n1's count changes (WST never refreshes it)
+    endpoint.extend([quad("follows", 5, 6, REMOTE), quad("count", 6, 1, REMOTE), quad("name", 5, 3, REMOTE)])
+    endpoint.remove(quad("follows", 3, 4, REMOTE))
+    endpoint.remove(quad("count", 2, 5, REMOTE))
+    endpoint.add(quad("count", 2, 6, REMOTE))
+    now[0] = 4_000.0
+    publish()  # refresh rounds only: nothing changes under WST
+    assert remote.fills == 1 and "n5" not in str(view_quads(stream, graph))
+    now[0] = 5_000.0
+    publish()  # the discovery round
+    assert remote.fills == 2
+    got = view_quads(stream, graph)
+    assert any("n5" in s for s, _p, _o in got), "the new key joined"
+    assert not any(s.endswith("n3") for s, _p, _o in got), "the gone key left"
+    assert ("http://ex.org/n2", "http://ex.org/count", "5") in got, "a known key's value stays with the policy"
+    assert core.next_due() == 5_000.0 + 1_000.0
