@@ -57,8 +57,12 @@ from cbgp.inputs import Update, parse_input
 from services import codec
 from services.answers import SOURCE_HEADER
 from services.codec import canonical_binding, term_from_avro
-from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from services.kafka import KafkaSettings, end_offsets, make_producer, produce_sync, read_all
 from services.kafka.broker import EmbeddedBroker, free_port
+from services.kafka.floor import floor
 from tests.fleet_support import CBGP, EX, QUERIES, Fleet, final_answers, generate_patch, read_current, replay
 from tests.oracle import OracleGraph
 
@@ -223,6 +227,8 @@ class FaultRun:
         self.request_ids: list[str] = []
         self.lines = generate_patch(cfg.lines, seed=cfg.seed)
         self.producer = None
+        self.early_replies: dict[str, dict] = {}  # replies and dead letters read before a deletion below the floor
+        self.early_dead = 0
         # checkpoints every second, so that restarts restore from them (and the tail after them) as well
         self.state_flags = ["--state-dir", str(self.tmp / "state"), "--checkpoint-interval", "1"]
 
@@ -416,6 +422,62 @@ class FaultRun:
         self.report.seconds = time.monotonic() - started
         return self.report
 
+    def run_below_floor(self) -> dict[str, dict[str, int]]:
+        """Issue 16's retention run: every query registered, the first half of the stream published and answered,
+        checkpoints taken (every second), then every record below ``cbgp topics floor`` deleted as retention
+        would (``AdminClient.delete_records``), every data-path service (ingest, the workers, answers) killed -9
+        at once and started again, the second half published.  Returns the floor it deleted below (topic ->
+        partition -> offset, only where it deleted something).  The registry's replies and the dead letters
+        are read before the deletion: their topics' floor is their end."""
+        started = time.monotonic()
+        self.producer = make_producer(self.settings)
+        half = len(self.lines) // 2
+        deleted: dict[str, dict[str, int]] = {}
+        with self.fleet:
+            for name in ("registry", "ingest", "answers"):
+                self.start(name)
+            for _ in range(2):
+                self.add_worker()
+            while self.pending_queries:
+                self.register_next()
+            self.publish(self.lines[:half])
+            self.settle_on(self.lines[:half])
+            time.sleep(3.0)  # a checkpoint every second, idle ones too
+            self.early_replies = self.replies()
+            self.early_dead = len(read_all(self.settings, self.settings.topic("deadletter"), timeout=30))
+            admin = AdminClient(self.settings.admin_config())
+            ends = {}
+            for topic, parts in floor(self.settings).items():
+                for partition, offset in parts.items():
+                    low, _high = ends.setdefault(topic, end_offsets(self.settings, topic))[int(partition)]
+                    if offset > low:
+                        for future in admin.delete_records([TopicPartition(topic, int(partition), offset)],
+                                                           request_timeout=10).values():
+                            future.result(10)
+                        deleted.setdefault(topic, {})[partition] = offset
+            self.log(f"deleted below the floor: {deleted}")
+            names = ["ingest", "answers", *self.workers]
+            for name in names:  # all at once: none restores while another still runs
+                os.kill(self.fleet.procs[name].pid, signal.SIGKILL)
+            for name in names:
+                self.fleet.procs[name].wait(10)
+                self.killed.add(name)
+                self.report.kills["worker" if name in self.workers else name] += 1
+            self.log(f"kill -9 {', '.join(names)}")
+            for name in names:
+                self.start(name)
+            self.publish(self.lines[half:])
+            self.settle()
+            self.report.survivors = {"registry": self.fleet.procs["registry"].poll() is None}
+        self.report.seconds = time.monotonic() - started
+        return deleted
+
+    def replies(self) -> dict[str, dict]:
+        """The registry's replies on queries.status, by request id."""
+        statuses = [codec.decode("QueryStatus", m.value())
+                    for m in read_all(self.settings, self.settings.topic("queries.status"), timeout=30)]
+        return {s["request_id"]: s for s in statuses}
+
     def log_tail(self, name: str, lines: int = 12) -> str:
         """The last lines of a fleet process's log, for a problem report (CI keeps only pytest's output)."""
         try:
@@ -480,8 +542,9 @@ class FaultRun:
             if not expected[query]:
                 problems.append(f"{query}: the oracle has no answers (the stream does not exercise it)")
         dead = read_all(self.settings, self.settings.topic("deadletter"), timeout=30)
-        if dead:
-            problems.append(f"{len(dead)} dead letters, first: {codec.decode('DeadLetter', dead[0].value())}")
+        if dead or self.early_dead:
+            problems.append(f"{len(dead) + self.early_dead} dead letters"
+                            + (f", first: {codec.decode('DeadLetter', dead[0].value())}" if dead else ""))
         versions = Counter()
         for msg in read_all(self.settings, self.settings.topic("queries.plans"), timeout=30):
             if msg.value() is not None:
@@ -491,9 +554,7 @@ class FaultRun:
             if versions.get((query, 1), 0) < 1 or any(v > 1 for q, v in versions if q == query):
                 problems.append(f"{query}: plan versions on queries.plans: "
                                 f"{sorted(k for k in versions if k[0] == query)} (want version 1 only)")
-        statuses = [codec.decode("QueryStatus", m.value())
-                    for m in read_all(self.settings, self.settings.topic("queries.status"), timeout=30)]
-        replies = {s["request_id"]: s for s in statuses}
+        replies = {**self.early_replies, **self.replies()}  # (a run below the floor deleted the early ones)
         for request_id in self.request_ids:
             reply = replies.get(request_id)
             if reply is None:
