@@ -236,14 +236,7 @@ def answers_restores(made: dict, runs: int) -> dict[str, float]:
         answers: list = []
         blob = None
         for offset, value in enumerate(records):
-            frontier, mark = codec.frontier_of(value), codec.probe_ready_of(value)
-            if mark is not None:
-                ready = release.on_ready(d, offset, mark["query_id"], mark["version"], mark["partition"],
-                                         mark["as_of"])
-            elif frontier is not None:
-                ready = release.on_frontier(d, frontier)
-            else:
-                ready = release.on_deltas(d, offset, None, codec.part_delta_columns(value))
+            ready = release.on_record(d, offset, value)
             for source_offset, origin, columns in ready:
                 answers += [o for o in core.on_record(d, source_offset, value, origin, terms.get, columns)
                             if o.topic == "m.answers"]

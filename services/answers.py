@@ -455,19 +455,10 @@ class AnswersService:
             if partition not in self.assigned:
                 continue
             offsets[partition] = offset + 1
-            if record is None:
-                frontier = _frontier(msg.value())
-                mark = _probe_ready(msg.value()) if frontier is None else None
-                if mark is not None:  # a routed partition's share of a probed registration is in
-                    ready = release.on_ready(partition, offset, mark["query_id"], mark["version"],
-                                             mark["partition"], mark["as_of"])
-                elif frontier is None:  # undecodable: the core dead-letters it
-                    outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
-                    continue
-                else:
-                    ready = release.on_frontier(partition, frontier)
-            else:
-                ready = release.on_deltas(partition, offset, origin_ms(msg), record)
+            ready = release.on_record(partition, offset, msg.value(), origin_ms(msg), record)
+            if ready is None:  # undecodable: the core dead-letters it
+                outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
+                continue
             for source_offset, origin, deltas in ready:
                 outputs.extend(self.core.on_record(partition, source_offset, msg.value(), origin, lookup, deltas))
         if not offsets:
@@ -560,20 +551,6 @@ class AnswersService:
             self.plans.load()
             text = self.core.texts.get((query_id, version))
         return text
-
-
-def _frontier(value: bytes | None) -> dict[int, int] | None:
-    try:
-        return codec.frontier_of(value)
-    except codec.CodecError:
-        return None
-
-
-def _probe_ready(value: bytes | None) -> dict | None:
-    try:
-        return codec.probe_ready_of(value)
-    except codec.CodecError:
-        return None
 
 
 def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:

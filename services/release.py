@@ -58,6 +58,7 @@ from itertools import count
 from typing import Callable
 
 from cbgp.assembly import Assembler, GraphAssembler, assembler_for
+from services import codec
 from services.codec import PartDeltaColumns
 from services.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
 from services.queries import read_query
@@ -228,6 +229,25 @@ class SeqRelease:
         return min((frontiers.get(p, -1) for p in range(self.n_routed)), default=-1)
 
     # -- records
+
+    def on_record(self, partition: int, offset: int, value: bytes, origin: int | None = None,
+                  deltas: PartDeltaColumns | None = None) -> list[Released] | None:
+        """One deltas.parts record, whichever it is (``deltas``: its PartDeltaColumns, if already decoded): a
+        ProbeReady mark, a Frontier record or a batch of deltas.  None when it is none of these (the answers
+        core dead-letters it)."""
+        if deltas is not None:
+            return self.on_deltas(partition, offset, origin, deltas)
+        try:
+            mark = codec.probe_ready_of(value)
+            if mark is not None:  # a routed partition's share of a probed registration is in
+                return self.on_ready(partition, offset, mark["query_id"], mark["version"], mark["partition"],
+                                     mark["as_of"])
+            frontier = codec.frontier_of(value)
+            if frontier is not None:
+                return self.on_frontier(partition, frontier)
+            return self.on_deltas(partition, offset, origin, codec.part_delta_columns(value))
+        except codec.CodecError:
+            return None
 
     def on_frontier(self, partition: int, frontiers: dict[int, int]) -> list[Released]:
         """A Frontier record: raise the frontiers it names and release what they allow."""

@@ -325,15 +325,7 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
         offset = last_crash = 0
         while offset < len(deltas[d]):
             value = deltas[d][offset]
-            frontier = codec.frontier_of(value)
-            mark = codec.probe_ready_of(value)
-            if mark is not None:
-                ready = release.on_ready(d, offset, mark["query_id"], mark["version"], mark["partition"],
-                                         mark["as_of"])
-            elif frontier is not None:
-                ready = release.on_frontier(d, frontier)
-            else:
-                ready = release.on_deltas(d, offset, None, codec.part_delta_columns(value))
+            ready = release.on_record(d, offset, value)
             for source_offset, origin, cols in ready:
                 log += [o for o in core.on_record(d, source_offset, value, origin, dictionary.get, cols)
                         if o.topic == "u.answers"]

@@ -207,16 +207,8 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
         release.restore(partition, None)
     produced = Counter()
     ready = []
-    for offset, out in enumerate(deltas):
-        frontier, mark = codec.frontier_of(out.value), codec.probe_ready_of(out.value)
-        if mark is not None:  # a routed partition's share of a product's registration is complete
-            released = release.on_ready(out.partition, offset, mark["query_id"], mark["version"], mark["partition"],
-                                        mark["as_of"])
-        elif frontier is not None:
-            released = release.on_frontier(out.partition, frontier)
-        else:
-            released = release.on_deltas(out.partition, offset, None, codec.part_delta_columns(out.value))
-        ready += [(out.partition, *r) for r in released]
+    for offset, out in enumerate(deltas):  # (marks, frontiers and deltas: SeqRelease.on_record tells them apart)
+        ready += [(out.partition, *r) for r in release.on_record(out.partition, offset, out.value)]
     assert release.held() == 0
     for partition, offset, _origin, columns in ready:
         for result in answers.on_record(partition, offset, b"", None, dictionary.get, columns):
