@@ -442,12 +442,7 @@ def test_workers_and_answers_restored_from_checkpoints_answer_exactly(seed: int)
     got = run_distributed(lines, BY_CENTRE_QUERIES, 1 + seed % 4, 1 + seed % 2, rng, late=late,
                           worker_crash_rate=0.2, crash_rate=0.15, checkpoint_rate=0.6, registered=registered,
                           stats=stats)
-    want = run_whole(lines, BY_CENTRE_QUERIES)
-    if late:
-        assert_late_answers(got, want, late, registered["seq"])
-    else:
-        for name in BY_CENTRE_QUERIES:
-            assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
+    assert_exact(got, run_whole(lines, BY_CENTRE_QUERIES), BY_CENTRE_QUERIES, registered["seq"] if late else None)
     assert stats["restores"] >= 5 and stats["from_checkpoint"] >= stats["restores"] // 3, stats
     assert stats.get("answers_from_checkpoint", 0) >= 3, stats
 
@@ -476,12 +471,19 @@ def check_seeded_run(lines: list[str], queries: dict[str, str], seed: int) -> di
     if seed % 3 == 0 and seed % 4 >= 2:
         assert stats.get("answers_from_checkpoint", 0) > 0, "the answers service restored from a checkpoint"
     want = run_whole(lines, queries)
-    if late:
-        assert_late_answers(got, want, queries, registered["seq"])
-    else:
-        for name in queries:
-            assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
+    assert_exact(got, want, queries, registered["seq"] if late else None)
     return want
+
+
+def assert_exact(got: dict[str, list[tuple[int, str, tuple]]], want: dict[str, Counter], names,
+                 late_seq: int | None) -> None:
+    """Per update one engine's deltas; for queries registered late (at ``late_seq``), as
+    :func:`assert_late_answers` checks them."""
+    if late_seq is not None:
+        assert_late_answers(got, want, names, late_seq)
+        return
+    for name in names:
+        assert Counter(got[name]) == want[name], f"{name}: per-update deltas differ from one engine"
 
 
 def assert_late_answers(got: dict[str, list[tuple[int, str, tuple]]], want: dict[str, Counter], names,
