@@ -127,7 +127,6 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     routed: dict[int, list[bytes]] = {p: [] for p in range(n_routed)}
     encoded: list[bytes] = []  # updates.encoded: a registration answers as of its last seq before registered_at
     dictionary: dict[int, str] = {}
-    half = len(lines) // 2
     chunks = [lines[i:i + 7] for i in range(0, len(lines), 7)]  # one raw record = one ingest transaction
     # A transaction's commit marker takes an offset of each partition it wrote, as on Kafka (no record has it).
     written: set[int] = set()
@@ -707,7 +706,7 @@ def test_operator_queries_are_placed_by_centre_unless_a_leaf_cannot_be() -> None
     for name, text in OPERATOR_QUERIES.items():
         parsed, spec = read_query(text, None)
         assert parsed is None and leaf_parts(spec), name
-    _parsed, variable_predicate = read_query(f"SELECT * WHERE {{ ?x ?p ?y FILTER(?y > 1) }}", None)
+    _parsed, variable_predicate = read_query("SELECT * WHERE { ?x ?p ?y FILTER(?y > 1) }", None)
     assert leaf_parts(variable_predicate) is None
 
 
