@@ -38,8 +38,7 @@ from services.codec import canonical_binding, current_key, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_producer
 from services import answers_checkpoint
 from services.answers_inputs import Dictionary, Plans
-from services.state import Checkpointer, StoreError, recovery
-from services.state.shards import ShardCheckpoints
+from services.state import recovery
 from services.release import SeqRelease
 from services.metrics import ANSWER_LATENCY, DELTAS_EMITTED, record_consumer_lag
 from services.idempotence import ORDERED_SOURCE_BELOW
@@ -334,15 +333,11 @@ class AnswersService:
         self.consumer: Consumer | None = None  # the group member
         self.assigned: set[int] = set()  # partitions whose deltas are processed now
         self.held: set[int] = set()  # partitions whose state is in the core (assigned, or revoked and parked)
-        self.positions: dict[int, int] = {}  # next deltas.parts offset of each held partition, as committed
-        # Checkpoints (services.answers_checkpoint): each partition's last commit (offset, metadata) and the
-        # last Answer written to its answers partition, the proof a later restore reads the same log
-        interval = getattr(args, "checkpoint_interval", -1.0)
-        store = (recovery.open_store(getattr(args, "state_dir", ""),
-                                     f"{settings.topic_prefix}{SERVICE}-{args.instance_id}") if interval >= 0 else None)
-        self.checkpoints = ShardCheckpoints(store) if store is not None else None
-        self.checkpointer = Checkpointer(max(interval, 0.0))
+        # each held partition's last commit: the next deltas.parts offset and its metadata
         self.commits: dict[int, tuple[int, str]] = {}
+        # Checkpoints (services.answers_checkpoint), with the last Answer written to each answers partition
+        # (the proof a later restore reads the same log)
+        self.checkpoints, self.checkpointer = recovery.shard_checkpoints(args, settings.topic_prefix, SERVICE)
         self.last_answers: dict[int, bytes | None] = {}
         self.unpicklable: set[int] = set()
 
@@ -354,7 +349,7 @@ class AnswersService:
         new = {tp.partition for tp in partitions}
         committed = {tp.partition: tp.offset for tp in partitions}  # GroupInput passes the committed offsets
         for partition in sorted(self.held):
-            if partition not in new or self.positions.get(partition) != committed[partition]:
+            if partition not in new or self.commits.get(partition, (None,))[0] != committed[partition]:
                 self.core.drop_partition(partition)
                 self.release.drop(partition)
                 self.held.discard(partition)
@@ -386,7 +381,6 @@ class AnswersService:
                 headers = {k: v for k, v in (msg.headers() or ()) if v is not None}
                 self.core.restore(partition, msg.value(), headers)
                 self.last_answers[partition] = msg.value()
-            self.positions[partition] = committed[partition]
             self.commits[partition] = (committed[partition], tp.metadata or "")
             log.info(kv(event="partition-restored", partition=partition, checkpoint=why, answers_from=answers_from,
                         answers_end=high, deltas_from=counts_from, deltas_end=end,
@@ -472,10 +466,10 @@ class AnswersService:
                     sum(len(deltas) for deltas in records if deltas is not None), commits)
 
     def committed(self, step: Step) -> None:
-        self._note_answers(step.outputs)
+        if self.checkpoints is not None:
+            self._note_answers(step.outputs)
         self.checkpointer.committed()
         if step.detail is not None:
-            self.positions.update({p: o for p, (o, _m) in step.detail.items()})
             self.commits.update(step.detail)
             HELD_DELTAS.set(self.release.held())
             assert self.input is not None
@@ -521,11 +515,8 @@ class AnswersService:
                 blobs.append((answers_checkpoint.KIND, partition, blob))
             else:
                 self.unpicklable.add(partition)  # (said once)
-        try:
-            saved = self.checkpoints.put(blobs)
-        except StoreError as exc:  # a full or broken disk: keep serving, restores read the logs from 0
-            log.warning(kv(event="checkpoints-off", reason=str(exc)))
-            self.checkpoints.close()
+        saved = self.checkpoints.save(blobs)
+        if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = None
             return
         self.checkpointer.saved()

@@ -30,8 +30,7 @@ from prometheus_client import Gauge
 from services.kafka import KafkaSettings, end_offsets, make_consumer, make_producer
 from services.metrics import STATE_BYTES, STATE_ENTRIES, record_consumer_lag
 from services.runner import Step, run_processor
-from services.state import Checkpointer, StoreError, recovery
-from services.state.shards import ShardCheckpoints
+from services.state import recovery
 from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv,
                               origin_ms, read_range, read_window, record_ok, require_from, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
@@ -114,11 +113,7 @@ class WorkerService:
                                                            "updates.routed", "updates.encoded", "dictionary",
                                                            "updates.raw")}  # updates.raw: derived streams
         self.terms = DictionaryTerms(settings)
-        interval = getattr(args, "checkpoint_interval", -1.0)
-        store = (recovery.open_store(getattr(args, "state_dir", ""),
-                                     f"{settings.topic_prefix}{SERVICE}-{args.instance_id}") if interval >= 0 else None)
-        self.checkpoints = ShardCheckpoints(store) if store is not None else None
-        self.checkpointer = Checkpointer(max(interval, 0.0))
+        self.checkpoints, self.checkpointer = recovery.shard_checkpoints(args, settings.topic_prefix, SERVICE)
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
                                assemble_in_spark=getattr(args, "assembly", "spark") == "spark",
                                placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records,
@@ -328,11 +323,8 @@ class WorkerService:
         held = [(kind, p) for kind, p in self.core.shards
                 if (kind == "routed" and p in self.assigned) or (kind == "whole" and p in self.encoded)]
         started = time.monotonic()
-        try:
-            saved = self.checkpoints.put(self.core.checkpoint_blobs(held))
-        except StoreError as exc:  # a full or broken disk: keep serving, restores read the logs from 0
-            log.warning(kv(event="checkpoints-off", reason=str(exc)))
-            self.checkpoints.close()
+        saved = self.checkpoints.save(self.core.checkpoint_blobs(held))
+        if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = self.core.checkpoints = None
             return
         self.checkpointer.saved()

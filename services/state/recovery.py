@@ -30,10 +30,12 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from services.instruments import RESTORE_PROGRESS
 from services.kafka import KafkaSettings
 from services.runtime import kv, read_range
-from services.state.checkpointing import Checkpoint, unusable
+from services.state.checkpointing import Checkpoint, Checkpointer, unusable
+from services.state.shards import ShardCheckpoints
 from services.state.store import Store, StoreError
 
-__all__ = ["ForeignLog", "saved_checkpoint", "read_tails", "log_ends", "open_store"]
+__all__ = ["ForeignLog", "saved_checkpoint", "read_tails", "log_ends", "open_store", "shard_checkpoints",
+           "add_state_flags"]
 
 log = logging.getLogger("cbgp.state")
 
@@ -108,6 +110,16 @@ def add_state_flags(parser: argparse.ArgumentParser, service: str, what: str) ->
     parser.add_argument("--checkpoint-interval", type=float, default=10.0, metavar="SECONDS",
                         help="at most this often under load, checkpoint after a committed transaction "
                              "(default 10; 0: after every transaction; negative: never)")
+
+
+def shard_checkpoints(args: argparse.Namespace, prefix: str, service: str) -> tuple[ShardCheckpoints | None,
+                                                                                    Checkpointer]:
+    """A service's checkpoint store (``<prefix><service>-<instance-id>`` under ``--state-dir``; None when
+    checkpoints are off or the store does not open) and when to write it (``--checkpoint-interval``)."""
+    interval = getattr(args, "checkpoint_interval", -1.0)
+    store = (open_store(getattr(args, "state_dir", ""), f"{prefix}{service}-{args.instance_id}")
+             if interval >= 0 else None)
+    return (ShardCheckpoints(store) if store is not None else None), Checkpointer(max(interval, 0.0))
 
 
 def open_store(state_dir: str | Path, name: str) -> Store | None:

@@ -1,4 +1,4 @@
-"""A worker's shard checkpoints (issue 16): each shard's engine as of a committed log position, so that a restore
+"""A worker's shard checkpoints, and the answers service's partition checkpoints in the same form (issue 16): each shard's engine as of a committed log position, so that a restore
 replays only the log after it instead of the whole log.  No Kafka here.
 
 A shard's engine state is a function of the records of its log below its position and of the queries registered
@@ -22,13 +22,15 @@ import pickle
 from typing import Any, Iterable
 
 from services.records import kv
-from services.state.store import Store
+from services.state.store import Store, StoreError
 
 __all__ = ["FORMAT", "ShardCheckpoints", "dump_shard", "load_shard"]
 
 log = logging.getLogger("cbgp.state")
 
-FORMAT = 2  # of the pickled dict (2: with the multi-centre evaluator); a checkpoint of another format is ignored (restored from the log)
+# of the pickled dict (2: with the multi-centre evaluator); a checkpoint of another format is ignored (restored
+# from the log)
+FORMAT = 2
 _PREFIX = b"shard/"
 
 
@@ -72,6 +74,16 @@ class ShardCheckpoints:
         if puts:
             self.store.commit(puts, [], {"shards": [key.decode() for key, _blob in puts]})
         return len(puts)
+
+    def save(self, shards: Iterable[tuple[str, int, bytes]]) -> int | None:
+        """:meth:`put`, or None when the store cannot be written (a full or broken disk: one log line, the store
+        closed; the service keeps serving, and its restores read the logs from 0)."""
+        try:
+            return self.put(shards)
+        except StoreError as exc:
+            log.warning(kv(event="checkpoints-off", reason=str(exc)))
+            self.close()
+            return None
 
     def close(self) -> None:
         self.store.close()
