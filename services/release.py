@@ -152,7 +152,7 @@ class SeqRelease:
                             for entry in stored.get("opened", [])}
         except (ValueError, AttributeError, TypeError, IndexError):
             state.frontiers, state.released_end, state.opened = {}, 0, {}
-        state.released_seq = min((state.frontiers.get(p, -1) for p in range(self.n_routed)), default=-1)
+        state.released_seq = self._lowest(state.frontiers)
         return state
 
     def checkpoint(self, partition: int, metadata: str) -> dict:
@@ -225,7 +225,9 @@ class SeqRelease:
 
     def watermark(self, partition: int) -> int:
         """The highest seq every routed partition has completed, as seen on this deltas.parts partition."""
-        frontiers = self.partitions[partition].frontiers
+        return self._lowest(self.partitions[partition].frontiers)
+
+    def _lowest(self, frontiers: dict[int, int]) -> int:
         return min((frontiers.get(p, -1) for p in range(self.n_routed)), default=-1)
 
     # -- records
