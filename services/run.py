@@ -75,7 +75,8 @@ def service_plan(commands: set[str], workers: int, run_dir: Path,
                                          "--state-dir", str(run_dir / "worker-state")], ports))
     if "answers" in commands:
         ports = {"metrics": free_port()}
-        plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", str(ports["metrics"])], ports))
+        plan.append(("answers", ["answers", "--instance-id", "a1", "--metrics-port", str(ports["metrics"]),
+                                 "--state-dir", str(run_dir / "answers-state")], ports))
     if "background" in commands:  # SERVICE views (the demo's endpoint is started by run, see BackgroundDemo)
         ports = {"metrics": free_port()}
         plan.append(("background", ["background", "--metrics-port", str(ports["metrics"])], ports))
@@ -401,7 +402,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             err.write(f"run: using the broker at {settings.bootstrap_servers}\n")
         else:
             shutil.rmtree(run_dir / "broker", ignore_errors=True)  # fresh each run: old topics would replay
-            for state in ("ingest-state", "worker-state"):  # checkpoints of those topics
+            for state in ("ingest-state", "worker-state", "answers-state"):  # checkpoints of those topics
                 shutil.rmtree(run_dir / state, ignore_errors=True)
             broker = EmbeddedBroker(run_dir / "broker").start()
             summary["broker_pid"] = broker.pid

@@ -241,3 +241,14 @@ def test_make_run_prints_every_service_port() -> None:
         line = next(line for line in text.splitlines() if line.startswith(f"run: ports: {name}:"))
         assert line.split(":", 3)[3].strip() != "none"
     assert "127.0.0.1:9092" in text
+
+
+def test_make_run_keeps_every_checkpoint_beside_its_broker() -> None:
+    """Ingest, the workers and answers checkpoint into the run directory (cleared with the broker each run),
+    not into the shared default ``.run/state``."""
+    from services.run import service_plan
+
+    plan = service_plan({"ingest", "worker", "answers"}, 2, Path("/tmp/run"))
+    dirs = {name: argv[argv.index("--state-dir") + 1] for name, argv, _ports in plan}
+    assert dirs == {"ingest": "/tmp/run/ingest-state", "worker-0": "/tmp/run/worker-state",
+                    "worker-1": "/tmp/run/worker-state", "answers": "/tmp/run/answers-state"}
