@@ -69,8 +69,8 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
     if _writer_name(data) != "PartDeltaBatch":
         one = decode_part_delta(data)
         return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]],
-                                [_DIFF[one["sign"]]], list(one["binding"].values()), [one["source_partition"]], [one["source_offset"]],
-                                [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
+                                [_DIFF[one["sign"]]], list(one["binding"].values()), [one["source_partition"]],
+                                [one["source_offset"]], [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
     record = decode("PartDeltaBatch", data)
     seq, sign, src, offset, index, snapshot, event_time = _columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
     variables, values = record["variables"], record["values"]
