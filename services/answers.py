@@ -337,7 +337,8 @@ class AnswersService:
         self.commits: dict[int, tuple[int, str]] = {}
         # Checkpoints (services.answers_checkpoint), with the last Answer written to each answers partition
         # (the proof a later restore reads the same log)
-        self.checkpoints, self.checkpointer = recovery.shard_checkpoints(args, settings.topic_prefix, SERVICE)
+        self.checkpoints, self.checkpointer = recovery.shard_checkpoints(
+            args, settings, SERVICE, {answers_checkpoint.KIND: "checkpoints.deltas"})
         self.last_answers: dict[int, bytes | None] = {}
         self.unpicklable: set[int] = set()
 
@@ -395,7 +396,7 @@ class AnswersService:
         """The checkpoint that restores ``partition`` and why there is none ("used" when there is)."""
         if self.checkpoints is None:
             return None, "checkpoints off"
-        saved = self.checkpoints.get(answers_checkpoint.KIND, partition)
+        saved = self.checkpoints.get(answers_checkpoint.KIND, partition, committed)
         last = None
         if saved is not None and answers_low <= saved["answers_end"] <= answers_high:
             end = saved["answers_end"]  # its last Answer: a transaction's marker (or a few) may follow it
@@ -405,7 +406,7 @@ class AnswersService:
                     last = msgs[-1].value() if msgs else None
                     break
         why = answers_checkpoint.unusable(saved, committed, answers_high, last)
-        return (saved, "used") if why is None else (None, why)
+        return (saved, f"used-{saved['from']}") if why is None else (None, why)
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """No delta of a revoked partition is processed or committed from here on (its state is kept for an
@@ -440,7 +441,8 @@ class AnswersService:
             return None
         records = _decoded(msgs)
         self.dictionary.wait_for({i for deltas in records if deltas is not None for i in deltas.values})
-        outputs: list[Output] = self.core.settle(self.assigned)  # streams queries.plans ended
+        # the last checkpoint, to Kafka with this batch; then the streams queries.plans ended
+        outputs: list[Output] = self._checkpoint_records() + self.core.settle(self.assigned)
         offsets: dict[int, int] = {}
         lookup = self.dictionary.terms.get
         release = self.release
@@ -467,8 +469,10 @@ class AnswersService:
 
     def committed(self, step: Step) -> None:
         if self.checkpoints is not None:
+            self.checkpoints.committed()  # the checkpoint records the step carried: trim the older ones
             self._note_answers(step.outputs)
-        self.checkpointer.committed()
+        if step.offsets or self.checkpoints is None or not self.checkpoints.only_checkpoints(step.outputs):
+            self.checkpointer.committed()  # (a transaction of checkpoint records alone changed nothing)
         if step.detail is not None:
             self.commits.update(step.detail)
             HELD_DELTAS.set(self.release.held())
@@ -491,11 +495,13 @@ class AnswersService:
         """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction
         of their own: nothing is consumed, so nothing else commits with them.  Otherwise a checkpoint, if due."""
         outputs = self.core.settle(self.assigned)
-        if outputs:
-            return Step(outputs)
-        if self.checkpointer.due():
+        if not outputs and self.checkpointer.due():
             self.checkpoint()  # idle: save what the last transactions changed
-        return None
+        outputs += self._checkpoint_records()  # (a transaction of their own, or with the ended streams)
+        return Step(outputs) if outputs else None
+
+    def _checkpoint_records(self) -> list[Output]:
+        return self.checkpoints.outputs() if self.checkpoints is not None else []
 
     def checkpoint(self) -> None:
         """Checkpoint every assigned partition (``services.answers_checkpoint``): called once every transaction
@@ -512,7 +518,7 @@ class AnswersService:
                                                      answers_end, self.last_answers.get(partition),
                                                      warn=partition not in self.unpicklable)
             if blob is not None:
-                blobs.append((answers_checkpoint.KIND, partition, blob))
+                blobs.append((answers_checkpoint.KIND, partition, blob, position))
             else:
                 self.unpicklable.add(partition)  # (said once)
         saved = self.checkpoints.save(blobs)

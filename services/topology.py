@@ -71,6 +71,9 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("updates.routed", "centre term id", "consumer group <prefix>workers: routed shards"),
             Edge("updates.encoded", "none",
                  f"{_ONE}, one group <group>.encoded.<P> per owned routed partition P: whole-query shards"),
+            Edge("checkpoints.routed", "kind/partition", "partition P's last checkpoint, when routed shard P is "
+                 "restored and this instance's disk holds none as new as its committed offset"),
+            Edge("checkpoints.whole", "kind/partition", f"{_ONE}: the whole shard's last checkpoint, likewise"),
         ),
         sinks=(
             Edge("deltas.parts", "query id", f"{_BY_QUERY}; idempotence keys of services.idempotence"),
@@ -79,6 +82,9 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("dictionary", "term id", "terms an operator query makes (counts, BIND values, booleans)"),
             Edge("updates.raw", "none", f"{_ONE}: a derived stream's triples (CONSTRUCT with stream=<iri>)"),
             Edge("deadletter", "none", f"{_ONE}: an undecodable input record"),
+            Edge("checkpoints.routed", "kind/partition", "shard P's checkpoint to partition P, in the transaction "
+                 "after the one it reflects; older ones deleted once it committed"),
+            Edge("checkpoints.whole", "kind/partition", f"{_ONE}: the whole shard's checkpoint, likewise"),
         ),
         loop=f"{_RUNNER}(services.worker.WorkerService)",
     ),
@@ -86,16 +92,22 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
         "answers", "services.answers.AnswersCore",
         "number each query's whole-query deltas, drop duplicates, decode terms, keep multiplicities",
         sources=(
-            Edge("deltas.parts", "query id", "consumer group <prefix>answers (part = -1 records)"),
+            Edge("deltas.parts", "query id", "consumer group <prefix>answers (part = -1 records); at assignment, "
+                 "from the checkpoint's position (offset 0 without one) to the committed offset (restore)"),
             Edge("queries.plans", "query id", "all partitions, read continuously (registration versions)"),
             Edge("dictionary", "term id", "all partitions, read continuously (term ids -> terms)"),
-            Edge("answers", "query id", "the assigned partitions from offset 0, at assignment (restore)"),
+            Edge("answers", "query id", "the assigned partitions from the checkpoint's answers end (offset 0 "
+                 "without one), at assignment (restore)"),
+            Edge("checkpoints.deltas", "kind/partition", "partition P's last checkpoint, when P is assigned and "
+                 "this instance's disk holds none as new as its committed offset"),
             Edge("updates.routed", "centre term id", "partition count only (routed frontiers to wait for)"),
         ),
         sinks=(
             Edge("answers", "query id", "the partition of the deltas.parts record (= query_partition(query id, N))"),
             Edge("answers.current", "query id + binding", "the same partition as the query's answers"),
             Edge("deadletter", "none", f"{_ONE}: an undecodable delta"),
+            Edge("checkpoints.deltas", "kind/partition", "partition P's checkpoint to partition P, in the "
+                 "transaction after the one it reflects; older ones deleted once it committed"),
         ),
         loop=f"{_RUNNER}(services.answers.AnswersService)",
     ),

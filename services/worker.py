@@ -113,7 +113,8 @@ class WorkerService:
                                                            "updates.routed", "updates.encoded", "dictionary",
                                                            "updates.raw")}  # updates.raw: derived streams
         self.terms = DictionaryTerms(settings)
-        self.checkpoints, self.checkpointer = recovery.shard_checkpoints(args, settings.topic_prefix, SERVICE)
+        self.checkpoints, self.checkpointer = recovery.shard_checkpoints(
+            args, settings, SERVICE, {"routed": "checkpoints.routed", "whole": "checkpoints.whole"})
         self.core = WorkerCore(topics, n["updates.routed"], n["queries.plans"], n["deltas.parts"], self._read_log,
                                assemble_in_spark=getattr(args, "assembly", "spark") == "spark",
                                placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records,
@@ -294,7 +295,7 @@ class WorkerService:
         offset with the plans positions as commit metadata (routed offsets in the worker group, encoded ones in
         each whole shard's own group)."""
         routed, encoded = polled
-        outputs = self.pending
+        outputs = self.pending + self._checkpoint_records()  # (the last checkpoint, to Kafka with this batch)
         self.pending = []
         count = self._process(routed, outputs)
         count += self._process_whole(encoded, outputs)
@@ -304,16 +305,28 @@ class WorkerService:
         return Step(outputs, self._offsets(), count)
 
     def committed(self, step: Step) -> None:
+        changed = bool(step.inputs or self.dirty)
         self.dirty = False
-        self.checkpointer.committed()
+        if self.checkpoints is not None:
+            self.checkpoints.committed()  # the checkpoint records the step carried: trim the older ones
+            changed = changed or not self.checkpoints.only_checkpoints(step.outputs)
+        else:
+            changed = True
+        if changed:  # (a transaction of checkpoint records alone changed nothing to checkpoint)
+            self.checkpointer.committed()
         if self.checkpointer.due():
             self.checkpoint()
         self._report()
 
-    def idle(self) -> None:
+    def idle(self) -> Step | None:
         if self.checkpointer.due():
             self.checkpoint()  # idle: save what the last transactions changed
         self._report()
+        records = self._checkpoint_records()
+        return Step(records) if records else None  # (a transaction of their own: nothing else is pending)
+
+    def _checkpoint_records(self) -> list[Output]:
+        return self.checkpoints.outputs() if self.checkpoints is not None else []
 
     def checkpoint(self) -> None:
         """Save the held shards that moved since their last checkpoint: only after a committed transaction (or

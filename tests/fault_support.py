@@ -44,6 +44,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -422,13 +423,15 @@ class FaultRun:
         self.report.seconds = time.monotonic() - started
         return self.report
 
-    def run_below_floor(self) -> dict[str, dict[str, int]]:
+    def run_below_floor(self, lose_disks: tuple[str, ...] = ()) -> dict[str, dict[str, int]]:
         """Issue 16's retention run: every query registered, the first half of the stream published and answered,
         checkpoints taken (every second), then every record below ``cbgp topics floor`` deleted as retention
         would (``AdminClient.delete_records``), every data-path service (ingest, the workers, answers) killed -9
         at once and started again, the second half published.  Returns the floor it deleted below (topic ->
         partition -> offset, only where it deleted something).  The registry's replies and the dead letters
-        are read before the deletion: their topics' floor is their end."""
+        are read before the deletion: their topics' floor is their end.  ``lose_disks``: the services (``worker``,
+        ``answers``) whose local checkpoint stores are deleted while they are down, as if they came back on
+        other machines."""
         started = time.monotonic()
         self.producer = make_producer(self.settings)
         half = len(self.lines) // 2
@@ -464,6 +467,10 @@ class FaultRun:
                 self.killed.add(name)
                 self.report.kills["worker" if name in self.workers else name] += 1
             self.log(f"kill -9 {', '.join(names)}")
+            for service in lose_disks:
+                for store in (self.tmp / "state").glob(f"*{service}-*"):
+                    shutil.rmtree(store)
+                    self.log(f"lost the disk of {store.name}")
             for name in names:
                 self.start(name)
             self.publish(self.lines[half:])

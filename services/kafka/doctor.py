@@ -22,7 +22,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from services.kafka.client import (consume_until, delete_topics, end_offsets, make_consumer, make_producer,
                                    produce_sync, read_all)
 from services.kafka.config import KafkaSettings
-from services.kafka.topics import FROM_START, TOPICS, TopicSpec, ensure_topics, retention_problems, wanted_configs
+from services.kafka.floor import floor
+from services.kafka.topics import (CHECKPOINTS, FROM_START, TOPICS, TopicSpec, ensure_topics, retention_problems,
+                                  wanted_configs)
 from services.kafka.truncation import truncation
 
 __all__ = ["Check", "run_doctor", "format_report", "retention_problems"]
@@ -228,15 +230,20 @@ def run_doctor(settings: KafkaSettings, timeout: float = TIMEOUT) -> list[Check]
         except Exception as exc:  # noqa: BLE001 - a report line, never a traceback
             checks.append(Check(RETENTION_CHECK, False, _why(exc), "grant the client DescribeConfigs on the topics"))
 
-        # Records already deleted from a topic read from offset 0: a restore would stop on them (LogTruncated).
+        # Records already deleted that a restore reads (from offset 0, or from its checkpoint's position): the
+        # restore would stop on them (LogTruncated).
         try:
-            kept = [name for name, spec in specs.items() if spec.needed_from == FROM_START]
-            cut = [str(error) for name in kept for p, (low, high) in sorted(end_offsets(settings, name, timeout).items())
-                   if (error := truncation(name, p, 0, low, high)) is not None]
+            read = [spec for spec in specs.values() if spec.needed_from == FROM_START
+                    or spec.needed_from.startswith(CHECKPOINTS)]
+            needed = floor(settings, read, timeout)
+            cut = [str(error) for name, parts in needed.items()
+                   for p, (low, high) in sorted(end_offsets(settings, name, timeout).items())
+                   if (error := truncation(name, p, parts[str(p)], low, high)) is not None]
             if cut:
                 checks.extend(Check(TRUNCATION_CHECK, False, line, TRUNCATION_REMEDY) for line in cut)
-            elif kept:
-                checks.append(Check(TRUNCATION_CHECK, True, f"{len(kept)} topic(s) read from offset 0 still start at 0"))
+            elif read:
+                checks.append(Check(TRUNCATION_CHECK, True, f"{len(read)} topic(s) restores read still hold every "
+                                    "record they need (from offset 0, or from the last checkpoint)"))
         except Exception as exc:  # noqa: BLE001 - a report line, never a traceback
             checks.append(Check(TRUNCATION_CHECK, False, _why(exc), "check the client's Describe ACL on the topics"))
     finally:

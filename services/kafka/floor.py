@@ -11,7 +11,9 @@ from confluent_kafka.admin import AdminClient
 
 from services.kafka.client import end_offsets, make_consumer
 from services.kafka.config import KafkaSettings
-from services.kafka.topics import FROM_START, GROUP, NOTHING, TOPICS, BrokerUnreachable, TopicSpec
+from services.kafka.checkpoint_log import latest_positions
+from services.kafka.topics import (CHECKPOINTS, FROM_START, GROUP, LATEST, NOTHING, TOPICS, BrokerUnreachable,
+                                  TopicSpec)
 
 __all__ = ["floor"]
 
@@ -22,7 +24,10 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     fleet still needs.  Records below it may be deleted (``delete_records``, or retention) without changing any
     answer.  0 for the logs a restore replays and for compacted topics; for a topic read by a consumer group
     (``updates.raw``: ingest, ``admin``: registry) the group's committed offset (0 before its first commit); the
-    high watermark for a topic no service reads back.  Topics not created yet are left out.
+    high watermark for a topic no service reads back; for a log whose readers restore from checkpoints
+    (``deltas.parts``), the position of each partition's last checkpoint (0 without one); for a checkpoint
+    topic, the first record of each partition's last checkpoint (its low watermark without one).  Topics not
+    created yet are left out.
     """
     admin = AdminClient(settings.admin_config())
     try:
@@ -47,6 +52,13 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
             finally:
                 consumer.close()
             offsets = {tp.partition: max(tp.offset, 0) for tp in committed}  # no commit yet (-1001): from 0
+        elif t.needed_from.startswith(CHECKPOINTS):
+            saved = latest_positions(settings, settings.topic(t.needed_from[len(CHECKPOINTS):]))
+            offsets = {p: saved[p].position if saved.get(p) is not None else 0 for p in partitions}
+        elif t.needed_from == LATEST:
+            saved = latest_positions(settings, name)
+            lows = {p: low for p, (low, _) in end_offsets(settings, name, timeout).items()}
+            offsets = {p: saved[p].first_offset if saved.get(p) is not None else lows[p] for p in partitions}
         else:
             raise ValueError(f"{t.name}: unknown needed_from {t.needed_from!r}")
         result[name] = {str(p): offsets[p] for p in partitions}

@@ -59,6 +59,8 @@ WEEK_MS = 7 * 24 * 3600 * 1000
 FROM_START = "start"  # everything: a restore reads it from offset 0
 NOTHING = "nothing"  # no service reads it back: the floor is the high watermark
 GROUP = "group:"  # GROUP + service: what the consumer group <prefix><service> has not committed yet
+CHECKPOINTS = "checkpoints:"  # CHECKPOINTS + topic: the positions of the last checkpoints in that topic
+LATEST = "latest"  # a checkpoint topic: from the first record of each partition's last whole checkpoint
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,19 @@ class TopicSpec:
     retention_ms: int = KEPT
     needed_from: str = FROM_START
 
+    @property
+    def unbounded(self) -> bool:
+        """Whether no record may be deleted by age or size: a log read from offset 0, or a checkpoint topic
+        (whose writer deletes its older checkpoints itself)."""
+        return self.needed_from in (FROM_START, LATEST)
+
     def partitions_for(self, settings: KafkaSettings) -> int:
         return settings.partitions if self.partitions is None else self.partitions
 
     def topic_configs(self) -> dict[str, str]:
         """The catalogue's configs (``--topic-config`` may change them: :func:`wanted_configs`).  A topic read
         from offset 0 is never deleted by size either (``retention.bytes=-1``)."""
-        size = {"retention.bytes": "-1"} if self.needed_from == FROM_START else {}
+        size = {"retention.bytes": "-1"} if self.unbounded else {}
         return {"cleanup.policy": self.cleanup_policy, "retention.ms": str(self.retention_ms), **size, **self.configs}
 
 
@@ -94,6 +102,8 @@ _COMPACT = {"min.cleanable.dirty.ratio": "0.1"}
 
 _REPLAYED = " Kept (retention.ms=-1, retention.bytes=-1): {} replays it from offset 0; checkpoints (issue 16) will let it be bounded."
 _COMPACTED = " Compacted, retention.ms=-1, retention.bytes=-1: read from offset 0, the latest value per key is kept."
+_CHECKPOINT = (" state as of an input position, in chunks of one transaction): partition p holds shard p's. The"
+               " writer deletes the older checkpoints itself (delete_records): cleanup.policy=delete, never by age.")
 _WEEK = " Bounded: 7 days by default (--topic-config TOPIC:retention.ms=MS)."
 
 TOPICS: tuple[TopicSpec, ...] = (
@@ -115,11 +125,19 @@ TOPICS: tuple[TopicSpec, ...] = (
               + " Read only by the command waiting for its reply, from the end offset it saw before asking.",
               retention_ms=WEEK_MS, needed_from=NOTHING),
     TopicSpec("deltas.parts", None, "query id", "Per-part +/- deltas from the state workers, with idempotence keys."
-              + _REPLAYED.format("answers (DISTINCT counts, up to its committed position)")),
+              " Kept by default (retention.ms=-1), but the answers service restores each partition from its last"
+              " checkpoint in checkpoints.deltas and the deltas after it: what lies below may be deleted.",
+              needed_from=CHECKPOINTS + "checkpoints.deltas"),
     TopicSpec("answers", None, "query id", "Numbered per-query answer deltas (resume from n, detect gaps)."
               + _REPLAYED.format("answers (numbering, multiplicities)")),
     TopicSpec("answers.current", None, "query id + binding", "Current answers with multiplicity; tombstone on retraction."
               + _COMPACTED, "compact", _COMPACT),
+    TopicSpec("checkpoints.routed", None, "kind/partition", "Each routed shard's last checkpoint (the worker's"
+              + _CHECKPOINT, needed_from=LATEST),
+    TopicSpec("checkpoints.whole", 1, "kind/partition", "The whole shard's last checkpoint (the worker's"
+              + _CHECKPOINT, needed_from=LATEST),
+    TopicSpec("checkpoints.deltas", None, "kind/partition", "Each deltas.parts partition's last checkpoint (the"
+              " answers service's" + _CHECKPOINT, needed_from=LATEST),
     TopicSpec("deadletter", 1, "none", "Rejected inputs with the service, source position and reason." + _WEEK
               + " For people (cbgp deadletters); no service reads it back.", retention_ms=WEEK_MS, needed_from=NOTHING),
 )
@@ -161,7 +179,7 @@ def retention_problems(topic: str, spec: TopicSpec, configs: Mapping[str, str | 
         problems.append(f"{topic}: cleanup.policy={','.join(sorted(policy))}, needs delete "
                         "(compaction would drop all but the last record of each key)")
     retention = _ms(configs.get("retention.ms"))
-    if spec.needed_from == FROM_START:
+    if spec.unbounded:
         if "delete" in policy and retention != KEPT:
             problems.append(f"{topic}: retention.ms={configs.get('retention.ms')}, needs -1 "
                             "(a restore reads it from offset 0; checkpoints, issue 16, will let it be bounded)")
@@ -182,7 +200,7 @@ def wanted_configs(spec: TopicSpec, settings: KafkaSettings) -> dict[str, str]:
     change that would let a topic read from offset 0 lose records (a finite ``retention.ms`` or
     ``retention.bytes``, another ``cleanup.policy``): until checkpoints exist (issue 16), nothing may bound them."""
     configs = {**spec.topic_configs(), **settings.topic_configs.get(spec.name, {})}
-    if spec.needed_from == FROM_START:
+    if spec.unbounded:
         problems = retention_problems(spec.name, spec, configs)
         if problems:
             raise TopicError("--topic-config / CBGP_TOPIC_CONFIG would lose records a restore needs: "
@@ -245,7 +263,7 @@ def check_existing_configs(admin: Any, settings: KafkaSettings, specs: Mapping[s
     for name, spec in specs.items():
         values = {k: v.value for k, v in described[name].items()}
         problems = retention_problems(name, spec, values, wanted_configs(spec, settings))
-        (fatal if spec.needed_from == FROM_START else warnings).extend(problems)
+        (fatal if spec.unbounded else warnings).extend(problems)
     for problem in warnings:
         log.warning(f"event=topic-config problem={problem!r}")
     if fatal:

@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from services.instruments import RESTORE_PROGRESS
 from services.kafka import KafkaSettings
+from services.kafka.checkpoint_log import CheckpointLog
 from services.runtime import kv, read_range
 from services.state.checkpointing import Checkpoint, Checkpointer, unusable
 from services.state.shards import ShardCheckpoints
@@ -105,21 +106,27 @@ def log_ends(consumer: Consumer, topics: Mapping[str, Iterable[int]]) -> dict[st
 def add_state_flags(parser: argparse.ArgumentParser, service: str, what: str) -> None:
     """``--state-dir`` and ``--checkpoint-interval`` of a service that checkpoints ``what``."""
     parser.add_argument("--state-dir", default=os.environ.get("CBGP_STATE_DIR", ".run/state"), metavar="DIR",
-                        help=f"where {what} is checkpointed, in <prefix>{service}-<instance-id> (default "
-                             "$CBGP_STATE_DIR or .run/state; empty: no checkpoints, restores read the logs from 0)")
-    parser.add_argument("--checkpoint-interval", type=float, default=10.0, metavar="SECONDS",
-                        help="at most this often under load, checkpoint after a committed transaction "
-                             "(default 10; 0: after every transaction; negative: never)")
+                        help=f"where {what} is also checkpointed on this instance's disk, in "
+                             "<prefix>{service}-<instance-id> (default $CBGP_STATE_DIR or .run/state; empty: "
+                             "only in Kafka)")
+    parser.add_argument("--checkpoint-interval", type=float,
+                        default=float(os.environ.get("CBGP_CHECKPOINT_INTERVAL", "10")), metavar="SECONDS",
+                        help="at most this often under load, checkpoint after a committed transaction (default "
+                             "$CBGP_CHECKPOINT_INTERVAL or 10; 0: after every transaction; negative: never, and "
+                             "restores read the logs from 0)")
 
 
-def shard_checkpoints(args: argparse.Namespace, prefix: str, service: str) -> tuple[ShardCheckpoints | None,
-                                                                                    Checkpointer]:
-    """A service's checkpoint store (``<prefix><service>-<instance-id>`` under ``--state-dir``; None when
-    checkpoints are off or the store does not open) and when to write it (``--checkpoint-interval``)."""
+def shard_checkpoints(args: argparse.Namespace, settings: KafkaSettings, service: str,
+                      kinds: Mapping[str, str]) -> tuple[ShardCheckpoints | None, Checkpointer]:
+    """A service's checkpoints and when to write them (``--checkpoint-interval``; negative: none, and None here):
+    in its store (``<prefix><service>-<instance-id>`` under ``--state-dir``, when given and it opens) and in the
+    checkpoint topics ``kinds`` names per shard kind (catalogue names)."""
     interval = getattr(args, "checkpoint_interval", -1.0)
-    store = (open_store(getattr(args, "state_dir", ""), f"{prefix}{service}-{args.instance_id}")
-             if interval >= 0 else None)
-    return (ShardCheckpoints(store) if store is not None else None), Checkpointer(max(interval, 0.0))
+    if interval < 0:
+        return None, Checkpointer(0.0)
+    store = open_store(getattr(args, "state_dir", ""), f"{settings.topic_prefix}{service}-{args.instance_id}")
+    remote = CheckpointLog(settings, {kind: settings.topic(name) for kind, name in kinds.items()}, args.instance_id)
+    return ShardCheckpoints(store, remote), Checkpointer(interval)
 
 
 def open_store(state_dir: str | Path, name: str) -> Store | None:

@@ -1,5 +1,6 @@
-"""A worker's shard checkpoints, and the answers service's partition checkpoints in the same form (issue 16): each shard's engine as of a committed log position, so that a restore
-replays only the log after it instead of the whole log.  No Kafka here.
+"""A worker's shard checkpoints, and the answers service's partition checkpoints in the same form (issue 16):
+each shard's engine as of a committed log position, so that a restore replays only the log after it instead of
+the whole log.  No Kafka here.
 
 A shard's engine state is a function of the records of its log below its position and of the queries registered
 in it (a query registered late replays the history, so its state ends as if it had been there from the start).
@@ -11,20 +12,24 @@ of the change before the position is checked (``WorkerCore.open_shard``).
 A routed shard holding multi-centre queries saves their evaluator too (versioned stores, probes waiting, live
 counts, the probe segments taken per sender), and the probe floors read so far.  What is not checkpointed (the
 shard is then restored from offset 0, as before): a shard feeding a derived stream, a shard that still owes a
-snapshot or waits for a registration's point, and an engine pickle cannot serialise.  The store is the worker's
-own disk (``--state-dir``), so pickle is safe here: nothing else writes it.
+snapshot or waits for a registration's point, and an engine pickle cannot serialise.
+
+Checkpoints are kept in two places: the instance's own disk (``--state-dir``: the fastest restore, when the
+shard comes back to the same instance) and a checkpoint topic (``remote``: any instance, after a disk is lost or
+a partition moves; and what ``cbgp topics floor`` reads).  A restore takes the newer.  The blobs are pickles:
+the checkpoint topics carry an HMAC of each (``CBGP_CHECKPOINT_SECRET``) and must be writable only by the fleet.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from services.records import kv
 from services.state.store import Store, StoreError
 
-__all__ = ["FORMAT", "ShardCheckpoints", "dump_shard", "load_shard"]
+__all__ = ["FORMAT", "RemoteCheckpoints", "ShardCheckpoints", "dump_shard", "load_shard"]
 
 log = logging.getLogger("cbgp.state")
 
@@ -56,34 +61,98 @@ def load_shard(blob: bytes) -> dict[str, Any] | None:
     return state
 
 
+class RemoteCheckpoints(Protocol):
+    """Checkpoints kept elsewhere than this instance's disk (``services.kafka.checkpoint_log.CheckpointLog``):
+    written with the service's next transaction, readable by any instance."""
+
+    def get(self, kind: str, partition: int) -> Any: ...  # .blob and .position, or None
+
+    def queue(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int: ...
+
+    def take(self) -> list[Any]: ...  # the records for the next transaction
+
+    def owns(self, output: Any) -> bool: ...  # whether a record is one of its checkpoint records
+
+    def committed(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class ShardCheckpoints:
-    """The shard checkpoints in one worker's :class:`Store` (``shard/<kind>/<partition>`` -> pickled state)."""
+    """A service's shard checkpoints: in its own :class:`Store` (``shard/<kind>/<partition>`` -> pickled state),
+    and in ``remote`` (Kafka: any instance can restore from them).  Either may be None."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store | None, remote: RemoteCheckpoints | None = None) -> None:
         self.store = store
+        self.remote = remote
 
-    def get(self, kind: str, partition: int) -> dict[str, Any] | None:
+    def get(self, kind: str, partition: int, committed: int | None = None) -> dict[str, Any] | None:
+        """The newest checkpoint of a shard (the highest position), its ``"from"`` saying where it was read
+        (``store`` or ``kafka``).  The store's is taken without asking Kafka when it is at ``committed``: none
+        can be newer."""
+        local = self._local(kind, partition)
+        if local is not None and (self.remote is None or local.get("position") == committed):
+            return local
+        saved = self.remote.get(kind, partition) if self.remote is not None else None
+        remote = load_shard(saved.blob) if saved is not None else None
+        if remote is not None:
+            remote["from"] = "kafka"
+        found = [state for state in (local, remote) if state is not None]
+        return max(found, key=lambda state: state.get("position", -1)) if found else None  # ties: the store's
+
+    def _local(self, kind: str, partition: int) -> dict[str, Any] | None:
+        if self.store is None:
+            return None
         for key, value in self.store.scan(_key(kind, partition)):
             if key == _key(kind, partition):
-                return load_shard(value)
+                state = load_shard(value)
+                if state is not None:
+                    state["from"] = "store"
+                return state
         return None
 
-    def put(self, shards: Iterable[tuple[str, int, bytes]]) -> int:
-        """Write the ``(kind, partition, blob)`` checkpoints in one atomic batch; returns how many."""
-        puts = [(_key(kind, partition), blob) for kind, partition, blob in shards]
-        if puts:
+    def put(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int:
+        """Write the ``(kind, partition, blob, position)`` checkpoints: in the store in one atomic batch, and
+        queued for the remote's next transaction; returns how many."""
+        shards = list(shards)
+        if self.store is not None and shards:
+            puts = [(_key(kind, partition), blob) for kind, partition, blob, _position in shards]
             self.store.commit(puts, [], {"shards": [key.decode() for key, _blob in puts]})
-        return len(puts)
+        if self.remote is not None:
+            self.remote.queue(shards)
+        return len(shards)
 
-    def save(self, shards: Iterable[tuple[str, int, bytes]]) -> int | None:
+    def save(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int | None:
         """:meth:`put`, or None when the store cannot be written (a full or broken disk: one log line, the store
-        closed; the service keeps serving, and its restores read the logs from 0)."""
+        closed; the service keeps serving, with the remote's checkpoints alone if it has one)."""
+        shards = list(shards)
         try:
             return self.put(shards)
         except StoreError as exc:
-            log.warning(kv(event="checkpoints-off", reason=str(exc)))
-            self.close()
-            return None
+            log.warning(kv(event="checkpoints-off", store="disk", reason=str(exc)))
+            self.store.close()
+            self.store = None
+            if self.remote is None:
+                return None
+            self.remote.queue(shards)
+            return len(shards)
+
+    def outputs(self) -> list[Any]:
+        """The remote checkpoint records to produce in the transaction about to begin."""
+        return self.remote.take() if self.remote is not None else []
+
+    def only_checkpoints(self, outputs: Iterable[Any]) -> bool:
+        """Whether ``outputs`` are checkpoint records alone: a transaction of them changes no state (so it does
+        not call for another checkpoint)."""
+        return self.remote is not None and all(self.remote.owns(output) for output in outputs)
+
+    def committed(self) -> None:
+        """The transaction that carried :meth:`outputs` committed."""
+        if self.remote is not None:
+            self.remote.committed()
 
     def close(self) -> None:
-        self.store.close()
+        if self.store is not None:
+            self.store.close()
+        if self.remote is not None:
+            self.remote.close()

@@ -271,9 +271,9 @@ class WorkerCore(CoreOutputs):
             return None, "checkpoints off"
         if not checkpointable(shard, infos):
             return None, "not checkpointable"
-        saved = self.checkpoints.get(shard.kind, shard.partition)
+        saved = self.checkpoints.get(shard.kind, shard.partition, shard.position)
         why = usable(saved, shard, infos, self.reader)
-        return (saved, "used") if why is None else (None, why)
+        return (saved, f"used-{saved['from']}") if why is None else (None, why)
 
     def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes]]:
         """``(kind, partition, checkpoint)`` of the ``held`` shards that can be checkpointed and moved since the
@@ -289,7 +289,7 @@ class WorkerCore(CoreOutputs):
             infos = self.wanted(*key)
             blob = shard_blob(shard, infos, self.probes.floors if shard.evaluator is not None else {})
             if blob is not None:
-                blobs.append((*key, blob))
+                blobs.append((*key, blob, shard.position))
                 self._checkpointed[key] = (shard.position, versions)
             elif checkpointable(shard, infos):
                 self._unpicklable.add((key, versions))  # (logged once: an operator query's closures, say)

@@ -273,13 +273,15 @@ class MemoryCheckpoints:
         self.blobs: dict[tuple[str, int], bytes] = {}
         self.loaded: dict | None = None  # the last checkpoint a restore asked for
 
-    def get(self, kind: str, partition: int) -> dict | None:
+    def get(self, kind: str, partition: int, committed: int | None = None) -> dict | None:
         blob = self.blobs.get((kind, partition))
         self.loaded = None if blob is None else load_shard(blob)
+        if self.loaded is not None:
+            self.loaded["from"] = "memory"
         return self.loaded
 
-    def put(self, shards: list[tuple[str, int, bytes]]) -> int:
-        for kind, partition, blob in shards:
+    def put(self, shards: list[tuple[str, int, bytes, int]]) -> int:
+        for kind, partition, blob, _position in shards:
             self.blobs[(kind, partition)] = blob
         return len(shards)
 

@@ -15,19 +15,27 @@ from services.kafka.config import KafkaSettings
 from services.kafka.floor import floor
 from services.kafka.topics import KEPT, TOPICS, WEEK_MS
 
-REPLAYED = {"updates.encoded", "updates.routed", "deltas.parts", "answers"}  # a restore reads them from offset 0
+REPLAYED = {"updates.encoded", "updates.routed", "answers"}  # a restore reads them from offset 0
+CHECKPOINTED = {"deltas.parts"}  # a restore reads them from its checkpoint's position
+CHECKPOINTS = {"checkpoints.routed", "checkpoints.whole", "checkpoints.deltas"}  # trimmed by their writers
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
 BOUNDED = {"updates.raw", "admin", "queries.status", "deadletter"}
 
 
 def test_every_topic_has_an_explicit_retention_chosen_for_its_role_and_documented() -> None:
-    assert {t.name for t in TOPICS} == REPLAYED | COMPACTED | BOUNDED
+    assert {t.name for t in TOPICS} == REPLAYED | CHECKPOINTED | CHECKPOINTS | COMPACTED | BOUNDED
     for t in TOPICS:
         configs = t.topic_configs()
         assert "retention.ms" in configs and "cleanup.policy" in configs, t.name
         if t.name in REPLAYED:  # never deleted by age nor by size
             assert configs == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}, t.name
             assert "retention.ms=-1, retention.bytes=-1" in t.doc and "issue 16" in t.doc, t.name
+        elif t.name in CHECKPOINTS:  # never deleted by age nor by size: the writer deletes its older checkpoints
+            assert configs == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}, t.name
+            assert "delete_records" in t.doc, t.name
+        elif t.name in CHECKPOINTED:  # kept by default; may be bounded: the restore starts at the checkpoint
+            assert configs == {"cleanup.policy": "delete", "retention.ms": "-1"}, t.name
+            assert "checkpoint" in t.doc, t.name
         elif t.name in COMPACTED:
             assert configs["cleanup.policy"] == "compact" and configs["retention.ms"] == str(KEPT), t.name
             assert configs["retention.bytes"] == "-1" and "Compacted" in t.doc, t.name

@@ -1,0 +1,185 @@
+"""Checkpoints kept in Kafka (issue 16 item 1): a shard's saved state as records of a checkpoint topic, so that
+any instance restores it -- not only the one whose disk holds it -- and ``cbgp topics floor`` can tell how much
+of an input log the fleet no longer needs.
+
+One checkpoint topic per kind of shard (``checkpoints.routed``, ``checkpoints.whole``, ``checkpoints.deltas``),
+partitioned like the log the shard reads: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its
+topic, alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
+transaction, each with three headers: the checkpoint's id, ``i/n`` and the position (the first input offset
+the state does not reflect).  A reader takes the last checkpoint whose ``n`` chunks it saw; a transaction is
+whole or absent for ``read_committed`` readers, so a writer killed mid-way leaves nothing half-read.
+
+Kafka's compaction would keep only the latest value per key, but a checkpoint is many records, and the
+embedded broker never compacts: so the topic keeps ``cleanup.policy=delete`` and the writer trims it itself,
+with ``delete_records`` below the end the partition had when its newer checkpoint was queued.  A newer
+checkpoint is then always above what is deleted, also when two instances briefly write the same partition.
+
+The blobs are pickles, so each checkpoint carries an HMAC-SHA256 of its blob under ``CBGP_CHECKPOINT_SECRET``
+(empty by default: then it only detects corruption).  A checkpoint whose HMAC does not match is never
+unpickled; production sets the secret and lets only the fleet write the checkpoint topics (Kafka ACLs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from services.kafka.client import end_offsets, make_consumer
+from services.kafka.config import KafkaSettings
+from services.kafka.replay import read_range
+from services.records import Output, kv
+
+__all__ = ["CHUNK_BYTES", "CheckpointLog", "Saved", "checkpoint_records", "latest", "latest_positions"]
+
+log = logging.getLogger("cbgp.state")
+
+CHUNK_BYTES = 512 * 1024  # well under librdkafka's and Kafka's default 1 MB message size
+H_ID, H_CHUNK, H_POSITION, H_MAC = "cbgp-checkpoint", "cbgp-chunk", "cbgp-position", "cbgp-hmac"
+
+
+def _mac(blob: bytes) -> bytes:
+    return hmac.new(os.environ.get("CBGP_CHECKPOINT_SECRET", "").encode(), blob, hashlib.sha256).hexdigest().encode()
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The last whole checkpoint of a partition: its blob, the input position it reflects and the offset of
+    its first chunk (everything below it may be deleted)."""
+
+    blob: bytes
+    position: int
+    first_offset: int
+
+
+def checkpoint_records(topic: str, partition: int, key: bytes, blob: bytes, position: int,
+                       checkpoint_id: str) -> list[Output]:
+    """``blob`` as the chunk records of one checkpoint in ``topic[partition]`` (to produce in one transaction)."""
+    chunks = [blob[i:i + CHUNK_BYTES] for i in range(0, len(blob), CHUNK_BYTES)] or [b""]
+    last = len(chunks) - 1
+    return [Output(topic, chunk, key, partition,
+                   [(H_ID, checkpoint_id.encode()), (H_CHUNK, f"{i}/{len(chunks)}".encode()),
+                    (H_POSITION, str(position).encode())] + ([(H_MAC, _mac(blob))] if i == last else []))
+            for i, chunk in enumerate(chunks)]
+
+
+def latest(settings: KafkaSettings, topic: str, partition: int, low: int, high: int) -> Saved | None:
+    """The last whole checkpoint in ``topic[partition]`` between the watermarks ``low`` and ``high``."""
+    found: Saved | None = None
+    current, chunks, first = None, [], 0
+    for msg in read_range(settings, topic, partition, low, high):
+        headers = dict(msg.headers() or ())
+        try:
+            checkpoint_id = headers[H_ID].decode()
+            index, count = (int(x) for x in headers[H_CHUNK].decode().split("/"))
+            position = int(headers[H_POSITION])
+        except (KeyError, ValueError, AttributeError):
+            log.warning(kv(event="checkpoint-record-unreadable", topic=topic, partition=partition,
+                           offset=msg.offset()))
+            current, chunks = None, []
+            continue
+        if index == 0:
+            current, chunks, first = checkpoint_id, [], msg.offset()
+        if checkpoint_id != current or index != len(chunks):
+            current, chunks = None, []  # a chunk out of its place: that checkpoint is not whole
+            continue
+        chunks.append(msg.value() or b"")
+        if len(chunks) == count:
+            blob = b"".join(chunks)
+            if hmac.compare_digest(headers.get(H_MAC) or b"", _mac(blob)):
+                found = Saved(blob, position, first)
+            else:
+                log.warning(kv(event="checkpoint-refused", topic=topic, partition=partition, offset=first,
+                               reason="its HMAC does not match (CBGP_CHECKPOINT_SECRET differs, or it was altered)"))
+            current, chunks = None, []
+    return found
+
+
+def latest_positions(settings: KafkaSettings, topic: str) -> dict[int, Saved | None]:
+    """Per partition of ``topic``, its last whole checkpoint (None: none)."""
+    return {p: latest(settings, topic, p, low, high) for p, (low, high) in sorted(end_offsets(settings, topic).items())}
+
+
+class CheckpointLog:
+    """A service's checkpoints in Kafka: ``topics`` maps a shard kind to its checkpoint topic.
+
+    :meth:`queue` takes a checkpoint, :meth:`take` hands its records to the service's next transaction and
+    :meth:`committed` trims the older checkpoints once that transaction committed; :meth:`get` reads the last
+    whole checkpoint of a shard (None when there is none or it cannot be read: one log line)."""
+
+    def __init__(self, settings: KafkaSettings, topics: Mapping[str, str], instance_id: str) -> None:
+        self.settings = settings
+        self.topics = dict(topics)
+        self._topic_names = set(self.topics.values())
+        self.instance_id = instance_id
+        self._queued: list[Output] = []
+        self._queued_trims: dict[tuple[str, int], int] = {}
+        self._taken_trims: dict[tuple[str, int], int] = {}
+        self._watermarks = make_consumer(settings, f"{settings.topic_prefix}checkpoints", enable_partition_eof=False)
+        self._admin = AdminClient(settings.admin_config())
+
+    def owns(self, output: Output) -> bool:
+        """Whether ``output`` is a checkpoint record of this log."""
+        return output.topic in self._topic_names
+
+    def get(self, kind: str, partition: int) -> Saved | None:
+        topic = self.topics[kind]
+        try:
+            low, high = self._watermarks.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            return latest(self.settings, topic, partition, low, high)
+        except (KafkaException, TimeoutError) as exc:
+            log.warning(kv(event="kafka-checkpoint-unreadable", topic=topic, partition=partition, reason=str(exc)))
+            return None
+
+    def queue(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int:
+        """Queue the ``(kind, partition, blob, position)`` checkpoints for the next transaction."""
+        count = 0
+        stamp = f"{self.instance_id}/{int(time.time() * 1000)}/{uuid.uuid4().hex[:8]}"
+        for kind, partition, blob, position in shards:
+            topic = self.topics[kind]
+            # drop a checkpoint of the same shard queued earlier and not taken yet: this one is newer
+            self._queued = [o for o in self._queued if (o.topic, o.partition) != (topic, partition)]
+            self._queued.extend(checkpoint_records(topic, partition, f"{kind}/{partition}".encode(), blob, position,
+                                                   stamp))
+            _low, high = self._watermarks.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            self._queued_trims.setdefault((topic, partition), high)
+            count += 1
+        return count
+
+    def take(self) -> list[Output]:
+        """The queued checkpoint records, for the transaction about to begin."""
+        outputs, self._queued = self._queued, []
+        for key, below in self._queued_trims.items():
+            self._taken_trims.setdefault(key, below)
+        self._queued_trims = {}
+        return outputs
+
+    def committed(self) -> None:
+        """The transaction that held the taken records committed: delete the checkpoints below them."""
+        if not self._taken_trims:
+            return
+        wanted = [TopicPartition(topic, partition, below) for (topic, partition), below in self._taken_trims.items()
+                  if below > 0]
+        self._taken_trims = {}
+        if not wanted:
+            return
+        try:
+            for tp, future in self._admin.delete_records(wanted, request_timeout=30).items():
+                future.result()
+        except KafkaException as exc:  # the next checkpoint trims again: older ones only cost space meanwhile
+            log.warning(kv(event="checkpoint-trim-failed", reason=str(exc)))
+
+    def aborted(self) -> None:
+        """The transaction that held the taken records failed: nothing to trim."""
+        self._taken_trims = {}
+
+    def close(self) -> None:
+        self._watermarks.close()
