@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services.kafka.client import end_offsets, make_consumer
@@ -123,8 +123,14 @@ class CheckpointLog:
         self._queued: list[Output] = []
         self._queued_trims: dict[tuple[str, int], int] = {}
         self._taken_trims: dict[tuple[str, int], int] = {}
-        self._watermarks = make_consumer(settings, f"{settings.topic_prefix}checkpoints", enable_partition_eof=False)
-        self._admin = AdminClient(settings.admin_config())
+        self._consumer: Consumer | None = None  # made on first use: a fleet that never checkpoints has none
+        self._admin: AdminClient | None = None
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        if self._consumer is None:
+            self._consumer = make_consumer(self.settings, f"{self.settings.topic_prefix}checkpoints",
+                                           enable_partition_eof=False)
+        return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
 
     def owns(self, output: Output) -> bool:
         """Whether ``output`` is a checkpoint record of this log."""
@@ -133,7 +139,7 @@ class CheckpointLog:
     def get(self, kind: str, partition: int) -> Saved | None:
         topic = self.topics[kind]
         try:
-            low, high = self._watermarks.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            low, high = self._watermarks(topic, partition)
             return latest(self.settings, topic, partition, low, high)
         except (KafkaException, TimeoutError) as exc:
             log.warning(kv(event="kafka-checkpoint-unreadable", topic=topic, partition=partition, reason=str(exc)))
@@ -149,7 +155,7 @@ class CheckpointLog:
             self._queued = [o for o in self._queued if (o.topic, o.partition) != (topic, partition)]
             self._queued.extend(checkpoint_records(topic, partition, f"{kind}/{partition}".encode(), blob, position,
                                                    stamp))
-            _low, high = self._watermarks.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            _low, high = self._watermarks(topic, partition)
             self._queued_trims.setdefault((topic, partition), high)
             count += 1
         return count
@@ -171,15 +177,14 @@ class CheckpointLog:
         self._taken_trims = {}
         if not wanted:
             return
+        if self._admin is None:
+            self._admin = AdminClient(self.settings.admin_config())
         try:
-            for tp, future in self._admin.delete_records(wanted, request_timeout=30).items():
+            for future in self._admin.delete_records(wanted, request_timeout=30).values():
                 future.result()
         except KafkaException as exc:  # the next checkpoint trims again: older ones only cost space meanwhile
             log.warning(kv(event="checkpoint-trim-failed", reason=str(exc)))
 
-    def aborted(self) -> None:
-        """The transaction that held the taken records failed: nothing to trim."""
-        self._taken_trims = {}
-
     def close(self) -> None:
-        self._watermarks.close()
+        if self._consumer is not None:
+            self._consumer.close()
