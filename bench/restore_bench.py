@@ -22,7 +22,9 @@ them over 4 routed partitions, checkpoints every shard into a RocksDB store befo
 ``--tail`` updates and applies the rest; then every shard is opened again at its committed offset, from the
 checkpoint and from offset 0 (what a restarted worker does), timed, and the restored states are checked equal
 (``tests/services/test_worker_checkpoint.py`` checks the outputs after such restores byte for byte).  The
-broker's fetch is not in these figures (ingest's restore above has it).
+broker's fetch of the logs' tails is not in these figures (ingest's restore above has it); a third case,
+"from Kafka", writes the same checkpoint to the embedded broker's checkpoint topics and restores with no
+checkpoint on disk, so it reads them back first (what a worker that takes over a partition does).
 
 The answers service's partitions likewise: the worker's deltas.parts records go through the release and the
 answers core over 4 partitions, each checkpointed (``services.answers_checkpoint``) where the worker's
@@ -30,7 +32,8 @@ checkpoint was taken; then every partition is restored from its checkpoint plus 
 and from offset 0, timed, and the restored answer streams checked equal to the live ones.
 
 One line per case, then one JSON line in issue 16's format ("worker", "answers": from the checkpoint, in memory;
-"ingest_from_offset_0" / "worker_from_offset_0" / "answers_from_offset_0": the same without a checkpoint):
+"ingest_from_offset_0" / "worker_from_offset_0" / "answers_from_offset_0": the same without a checkpoint;
+"worker_from_kafka_checkpoint": the worker from the checkpoint read back from Kafka):
 
     .venv/bin/python bench/restore_bench.py [--data DIR] [--state-triples N] [--rate-triples N] [--tail N] [--runs N]
 """
@@ -120,12 +123,17 @@ ANSWERING = {"friends_of_friends": f"SELECT * WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS
              "distinct_fof": f"SELECT DISTINCT ?a ?c WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}"}
 
 
-def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = None) -> dict[str, float]:
+def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = None,
+                    kafka: KafkaSettings | None = None) -> dict[str, float]:
     """Seconds (median of ``runs``) to open every shard of a worker at its committed offset after ``lines``, from
-    the checkpoint taken ``tail`` updates before the end and from offset 0 (see the module docstring).
+    the checkpoint taken ``tail`` updates before the end and from offset 0 (see the module docstring); with
+    ``kafka``, also from the same checkpoint written to and read back from its checkpoint topics
+    (``"kafka"``: what a worker without the checkpoint on its disk does).
     ``made``: filled with what the answers service reads (``deltas``: deltas.parts records per partition,
     ``cut``: how many each had at the checkpoint, ``terms``, ``queries``)."""
     from services import codec
+    from services.kafka.checkpoint_log import CheckpointLog
+    from services.runtime import commit_transaction
     from services.state.shards import ShardCheckpoints
     from services.worker_core import WorkerCore, decode_changes
 
@@ -192,15 +200,25 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
         for key in shards:
             live.open_shard(*key, 0, None)
         apply(live, cut)
-        checkpoints.put(live.checkpoint_blobs(shards))
+        blobs = live.checkpoint_blobs(shards)
+        checkpoints.put(blobs)
+        cases: list[tuple[str, ShardCheckpoints | None]] = [("checkpoint", checkpoints), ("offset0", None)]
+        if kafka is not None:
+            remote = CheckpointLog(kafka, {"routed": kafka.topic("checkpoints.routed"),
+                                           "whole": kafka.topic("checkpoints.whole")}, "bench")
+            remote.queue(blobs)
+            commit_transaction(make_producer(kafka, transactional_id=f"{kafka.topic_prefix}bench"), remote.take(), [])
+            cases.append(("kafka", ShardCheckpoints(None, remote)))
+            print(f"worker checkpoint in Kafka: {sum(len(blob) for _k, _p, blob, _o in blobs) / 1e6:.1f} MB in "
+                  f"{len(blobs)} shards", flush=True)
         if made is not None:
             made.update(deltas=deltas, cut={p: len(records) for p, records in deltas.items()}, queries=queries)
         apply(live, None)
         committed, metadata = {key: shard.position for key, shard in live.shards.items()}, live.metadata()
-        times: dict[str, list[float]] = {"checkpoint": [], "offset0": []}
+        times: dict[str, list[float]] = {case: [] for case, _source in cases}
         follow = {}
         for _ in range(runs):
-            for case, source in (("checkpoint", checkpoints), ("offset0", None)):
+            for case, source in cases:
                 worker = core(source)
                 started = time.perf_counter()
                 for key in shards:
@@ -208,8 +226,9 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
                 times[case].append(time.perf_counter() - started)
                 follow[case] = worker
         # (tests/services/test_worker_checkpoint.py checks the outputs after such restores byte for byte)
-        assert {k: s.state_entries() for k, s in follow["checkpoint"].shards.items()} == \
-            {k: s.state_entries() for k, s in follow["offset0"].shards.items()}, "restored states differ"
+        for case in follow:
+            assert {k: s.state_entries() for k, s in follow[case].shards.items()} == \
+                {k: s.state_entries() for k, s in follow["offset0"].shards.items()}, f"restored states differ ({case})"
     return {case: statistics.median(values) for case, values in times.items()}
 
 
@@ -314,25 +333,32 @@ def main(argv: list[str] | None = None) -> int:
                       f"seconds={seconds:.3f} state_triples={len(expected.present)} terms={len(expected.published)} "
                       f"seq={expected.seq} tail_updates={args.tail if path else length}"
                       + (f" entries_per_s={entries_per_s:.0f}" if rate else "") + f" source={stream.source}", flush=True)
-    workers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
+    workers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}, "kafka": {}}
     answers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
     if args.worker:
-        for length in HISTORIES:
-            made: dict = {}
-            for case, seconds in worker_restores(history(final, length), args.tail, args.runs, made).items():
-                workers[case][str(length)] = round(seconds, 3)
-                print(f"worker history={length} restore={'checkpoint+tail' if case == 'checkpoint' else 'offset 0'} "
-                      f"seconds={seconds:.3f} shards={2 * WORKER_PARTITIONS} (in memory) source={stream.source}",
-                      flush=True)
-            for case, seconds in answers_restores(made, args.runs).items():
-                answers[case][str(length)] = round(seconds, 3)
-                print(f"answers history={length} restore={'checkpoint+tail' if case == 'checkpoint' else 'offset 0'} "
-                      f"seconds={seconds:.3f} partitions={WORKER_PARTITIONS} (in memory) "
-                      f"deltas_records={sum(map(len, made['deltas'].values()))} source={stream.source}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="restore-bench-") as tmp, \
+                EmbeddedBroker(Path(tmp) / "broker") as broker:
+            for length in HISTORIES:
+                made: dict = {}
+                kafka = broker.settings(topic_prefix=f"rw{uuid.uuid4().hex[:8]}.", partitions=WORKER_PARTITIONS)
+                ensure_topics(kafka)
+                for case, seconds in worker_restores(history(final, length), args.tail, args.runs, made,
+                                                     kafka).items():
+                    workers[case][str(length)] = round(seconds, 3)
+                    how = {"checkpoint": "checkpoint+tail", "offset0": "offset 0",
+                           "kafka": "checkpoint read from Kafka+tail"}[case]
+                    print(f"worker history={length} restore={how} seconds={seconds:.3f} shards={2 * WORKER_PARTITIONS} "
+                          f"(logs in memory) source={stream.source}", flush=True)
+                for case, seconds in answers_restores(made, args.runs).items():
+                    answers[case][str(length)] = round(seconds, 3)
+                    print(f"answers history={length} restore={'checkpoint+tail' if case == 'checkpoint' else 'offset 0'} "
+                          f"seconds={seconds:.3f} partitions={WORKER_PARTITIONS} (in memory) "
+                          f"deltas_records={sum(map(len, made['deltas'].values()))} source={stream.source}", flush=True)
     print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"],
                       "answers": answers["checkpoint"] or None, "restore_entries_per_s": round(entries_per_s),
                       "ingest_from_offset_0": results["offset0"], "worker_from_offset_0": workers["offset0"] or None,
-                      "answers_from_offset_0": answers["offset0"] or None}))
+                      "answers_from_offset_0": answers["offset0"] or None,
+                      "worker_from_kafka_checkpoint": workers["kafka"] or None}))
     return 0
 
 

@@ -73,7 +73,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
                  f"{_ONE}, one group <group>.encoded.<P> per owned routed partition P: whole-query shards"),
             Edge("checkpoints.routed", "kind/partition", "partition P's last checkpoint, when routed shard P is "
                  "restored and this instance's disk holds none as new as its committed offset"),
-            Edge("checkpoints.whole", "kind/partition", f"{_ONE}: the whole shard's last checkpoint, likewise"),
+            Edge("checkpoints.whole", "kind/partition", "partition P's last checkpoint, for whole shard P, likewise"),
         ),
         sinks=(
             Edge("deltas.parts", "query id", f"{_BY_QUERY}; idempotence keys of services.idempotence"),
@@ -84,7 +84,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("deadletter", "none", f"{_ONE}: an undecodable input record"),
             Edge("checkpoints.routed", "kind/partition", "shard P's checkpoint to partition P, in the transaction "
                  "after the one it reflects; older ones deleted once it committed"),
-            Edge("checkpoints.whole", "kind/partition", f"{_ONE}: the whole shard's checkpoint, likewise"),
+            Edge("checkpoints.whole", "kind/partition", "whole shard P's checkpoint to partition P, likewise"),
         ),
         loop=f"{_RUNNER}(services.worker.WorkerService)",
     ),

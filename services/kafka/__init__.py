@@ -5,6 +5,8 @@
 - ``client``: producer/consumer factories and small read/produce helpers.
 - ``broker``: :class:`EmbeddedBroker`, a noida-db process for tests and local runs.
 - ``doctor``: :func:`run_doctor`, checks that a broker has what the fleet needs.
+- ``checkpoint_log``: shard checkpoints as chunked records of the checkpoint topics; ``floor``: what
+  ``cbgp topics floor`` prints; ``replay`` / ``truncation``: reading a log range, refusing deleted records.
 """
 
 from services.kafka.broker import BrokerError, EmbeddedBroker

@@ -3,8 +3,7 @@ any instance restores it -- not only the one whose disk holds it -- and ``cbgp t
 of an input log the fleet no longer needs.
 
 One checkpoint topic per kind of shard (``checkpoints.routed``, ``checkpoints.whole``, ``checkpoints.deltas``),
-partitioned like the log the shard reads: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its
-topic, alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
+with one partition per shard: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its topic, alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
 transaction, each with three headers: the checkpoint's id, ``i/n`` and the position (the first input offset
 the state does not reflect).  A reader takes the last checkpoint whose ``n`` chunks it saw; a transaction is
 whole or absent for ``read_committed`` readers, so a writer killed mid-way leaves nothing half-read.
@@ -104,8 +103,13 @@ def latest(settings: KafkaSettings, topic: str, partition: int, low: int, high: 
 
 
 def latest_positions(settings: KafkaSettings, topic: str) -> dict[int, Saved | None]:
-    """Per partition of ``topic``, its last whole checkpoint (None: none)."""
-    return {p: latest(settings, topic, p, low, high) for p, (low, high) in sorted(end_offsets(settings, topic).items())}
+    """Per partition of ``topic``, where its last whole checkpoint is and the position it reflects (None: none;
+    the blobs are not kept: one partition's at a time is read)."""
+    found = {}
+    for p, (low, high) in sorted(end_offsets(settings, topic).items()):
+        saved = latest(settings, topic, p, low, high)
+        found[p] = None if saved is None else Saved(b"", saved.position, saved.first_offset)
+    return found
 
 
 class CheckpointLog:
@@ -151,11 +155,16 @@ class CheckpointLog:
         stamp = f"{self.instance_id}/{int(time.time() * 1000)}/{uuid.uuid4().hex[:8]}"
         for kind, partition, blob, position in shards:
             topic = self.topics[kind]
+            try:
+                _low, high = self._watermarks(topic, partition)
+            except KafkaException as exc:  # (a topic with too few partitions, say): the disk's checkpoint only
+                log.warning(kv(event="kafka-checkpoint-skipped", topic=topic, partition=partition,
+                               reason=exc.args[0].str() if hasattr(exc.args[0], "str") else str(exc)))
+                continue
             # drop a checkpoint of the same shard queued earlier and not taken yet: this one is newer
             self._queued = [o for o in self._queued if (o.topic, o.partition) != (topic, partition)]
             self._queued.extend(checkpoint_records(topic, partition, f"{kind}/{partition}".encode(), blob, position,
                                                    stamp))
-            _low, high = self._watermarks(topic, partition)
             self._queued_trims.setdefault((topic, partition), high)
             count += 1
         return count

@@ -134,7 +134,7 @@ TOPICS: tuple[TopicSpec, ...] = (
               + _COMPACTED, "compact", _COMPACT),
     TopicSpec("checkpoints.routed", None, "kind/partition", "Each routed shard's last checkpoint (the worker's"
               + _CHECKPOINT, needed_from=LATEST),
-    TopicSpec("checkpoints.whole", 1, "kind/partition", "The whole shard's last checkpoint (the worker's"
+    TopicSpec("checkpoints.whole", None, "kind/partition", "Each whole shard's last checkpoint (the worker's"
               + _CHECKPOINT, needed_from=LATEST),
     TopicSpec("checkpoints.deltas", None, "kind/partition", "Each deltas.parts partition's last checkpoint (the"
               " answers service's" + _CHECKPOINT, needed_from=LATEST),

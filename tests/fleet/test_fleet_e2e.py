@@ -4,6 +4,7 @@ answers compared with ``cbgp replay`` (the reference) as multisets per query, nu
 from __future__ import annotations
 
 import re
+import shutil
 import time
 import urllib.request
 from collections import Counter
@@ -274,16 +275,19 @@ def test_worker_restarted_after_sigterm_resumes_without_loss_or_duplicates(kafka
         assert_final(kafka_settings, expected)
 
 
+@pytest.mark.parametrize("placement,disk", [("by-centre", "kept"), ("single-owner", "lost")])
 def test_a_worker_killed_mid_stream_restores_its_shards_from_their_checkpoints(
-        kafka_settings: KafkaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        kafka_settings: KafkaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placement: str,
+        disk: str) -> None:
     """Issue 16: a worker checkpointing after every transaction is killed -9 mid-stream; its successor opens the
     shards from their checkpoints (at or behind the committed offsets: the kill may fall between a commit and its
-    checkpoint) and replays only the log after them, and the answers equal the replay.  The queries are those a
-    shard can checkpoint (a multi-centre query's shard is restored from offset 0)."""
+    checkpoint) and replays only the log after them, and the answers equal the replay.  By centre (routed shards)
+    with its disk kept; single owner (whole shards, one per routed partition's owner group) with its disk lost,
+    so the checkpoints come from Kafka."""
     queries = {q: QUERIES[q] for q in ("star", "path", "product", "names", "fof")}
     lines = generate_patch(3000, seed=43)
     expected, partial = replay(tmp_path, lines, queries), replay(tmp_path, lines[:1500], queries)
-    state = ["--state-dir", str(tmp_path / "worker-state"), "--checkpoint-interval", "0"]
+    state = ["--state-dir", str(tmp_path / "worker-state"), "--checkpoint-interval", "0", "--placement", placement]
     # a static member: the successor takes the killed worker's partitions without waiting for its session to end
     monkeypatch.setenv("CBGP_KAFKA_GROUP_INSTANCE_ID", f"{kafka_settings.topic_prefix}w0")
     with Fleet(kafka_settings, tmp_path / "logs") as fleet:
@@ -296,6 +300,8 @@ def test_a_worker_killed_mid_stream_restores_its_shards_from_their_checkpoints(
         wait_answers(kafka_settings, {"star": len(partial["star"]), "path": len(partial["path"])})
         fleet.procs["w0"].kill()  # -9: no clean stop, no last checkpoint
         fleet.procs["w0"].wait(10)
+        if disk == "lost":
+            shutil.rmtree(tmp_path / "worker-state")
         publish_patch(kafka_settings, lines[1500:])
         fleet.start("w0", "worker", "--worker-id", "w0", *state)
         assert_final(kafka_settings, expected)
@@ -303,6 +309,9 @@ def test_a_worker_killed_mid_stream_restores_its_shards_from_their_checkpoints(
         used = [line for line in restored if "checkpoint=used" in line]
         assert used, "no shard was restored from its checkpoint:\n" + "\n".join(restored)
         assert all(int(re.search(r"replayed_from=(\d+)", line).group(1)) > 0 for line in used)
+        kind = "routed" if placement == "by-centre" else "whole"
+        source = "store" if disk == "kept" else "kafka"
+        assert any(f"kind={kind}" in line and f"checkpoint=used-{source}" in line for line in used), "\n".join(used)
 
 
 @pytest.mark.timeout(180)
