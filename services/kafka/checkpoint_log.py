@@ -27,14 +27,13 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from services.kafka.client import end_offsets, make_consumer
+from services.kafka.client import end_offsets
 from services.kafka.config import KafkaSettings
-from services.kafka.replay import read_range
 from services.records import Output, kv
 
 __all__ = ["CHUNK_BYTES", "CheckpointLog", "Saved", "checkpoint_records", "latest", "latest_positions"]
@@ -70,11 +69,52 @@ def checkpoint_records(topic: str, partition: int, key: bytes, blob: bytes, posi
             for i, chunk in enumerate(chunks)]
 
 
-def latest(settings: KafkaSettings, topic: str, partition: int, low: int, high: int) -> Saved | None:
-    """The last whole checkpoint in ``topic[partition]`` between the watermarks ``low`` and ``high``."""
+def _records(consumer: Consumer, topic: str, partition: int, low: int, high: int,
+             timeout: float = 120.0) -> Iterator[Message]:
+    """The committed records of ``topic[partition]`` from ``low`` (or the log start, if trimmed meanwhile) up to
+    ``high``, through ``consumer`` (assigned here, unassigned after): one consumer serves every read of a restore,
+    instead of a connection per shard.  Transaction markers take offsets, so the end is the consumer's position."""
+    if high <= low:
+        return
+    tp = TopicPartition(topic, partition)
+    consumer.assign([TopicPartition(topic, partition, low)])
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            for msg in consumer.consume(500, 0.1):
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(msg.error())
+                if msg.offset() >= high:
+                    return
+                yield msg
+            if consumer.position([tp])[0].offset >= high:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading the checkpoints of {topic}[{partition}] {low}..{high} timed out")
+    finally:
+        consumer.unassign()
+
+
+def _reader(settings: KafkaSettings) -> Consumer:
+    return Consumer(settings.consumer_config(f"{settings.topic_prefix}checkpoints", enable_partition_eof=True,
+                                             fetch_wait_max_ms=20))
+
+
+def latest(settings: KafkaSettings, topic: str, partition: int, low: int, high: int,
+           consumer: Consumer | None = None) -> Saved | None:
+    """The last whole checkpoint in ``topic[partition]`` between the watermarks ``low`` and ``high`` (read
+    through ``consumer``, or one made for this read)."""
+    if consumer is None:
+        consumer = _reader(settings)
+        try:
+            return latest(settings, topic, partition, low, high, consumer)
+        finally:
+            consumer.close()
     found: Saved | None = None
     current, chunks, first = None, [], 0
-    for msg in read_range(settings, topic, partition, low, high):
+    for msg in _records(consumer, topic, partition, low, high):
         headers = dict(msg.headers() or ())
         try:
             checkpoint_id = headers[H_ID].decode()
@@ -106,9 +146,13 @@ def latest_positions(settings: KafkaSettings, topic: str) -> dict[int, Saved | N
     """Per partition of ``topic``, where its last whole checkpoint is and the position it reflects (None: none;
     the blobs are not kept: one partition's at a time is read)."""
     found = {}
-    for p, (low, high) in sorted(end_offsets(settings, topic).items()):
-        saved = latest(settings, topic, p, low, high)
-        found[p] = None if saved is None else Saved(b"", saved.position, saved.first_offset)
+    consumer = _reader(settings)
+    try:
+        for p, (low, high) in sorted(end_offsets(settings, topic).items()):
+            saved = latest(settings, topic, p, low, high, consumer)
+            found[p] = None if saved is None else Saved(b"", saved.position, saved.first_offset)
+    finally:
+        consumer.close()
     return found
 
 
@@ -130,11 +174,13 @@ class CheckpointLog:
         self._consumer: Consumer | None = None  # made on first use: a fleet that never checkpoints has none
         self._admin: AdminClient | None = None
 
-    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+    def _client(self) -> Consumer:
         if self._consumer is None:
-            self._consumer = make_consumer(self.settings, f"{self.settings.topic_prefix}checkpoints",
-                                           enable_partition_eof=False)
-        return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            self._consumer = _reader(self.settings)
+        return self._consumer
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        return self._client().get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
 
     def owns(self, output: Output) -> bool:
         """Whether ``output`` is a checkpoint record of this log."""
@@ -144,7 +190,7 @@ class CheckpointLog:
         topic = self.topics[kind]
         try:
             low, high = self._watermarks(topic, partition)
-            return latest(self.settings, topic, partition, low, high)
+            return latest(self.settings, topic, partition, low, high, self._client())
         except (KafkaException, TimeoutError) as exc:
             log.warning(kv(event="kafka-checkpoint-unreadable", topic=topic, partition=partition, reason=str(exc)))
             return None
