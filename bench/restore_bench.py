@@ -351,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"(logs in memory) source={stream.source}", flush=True)
                 for case, seconds in answers_restores(made, args.runs).items():
                     answers[case][str(length)] = round(seconds, 3)
-                    print(f"answers history={length} restore={'checkpoint+tail' if case == 'checkpoint' else 'offset 0'} "
-                          f"seconds={seconds:.3f} partitions={WORKER_PARTITIONS} (in memory) "
+                    how = "checkpoint+tail" if case == "checkpoint" else "offset 0"
+                    print(f"answers history={length} restore={how} seconds={seconds:.3f} partitions={WORKER_PARTITIONS} "
+                          "(in memory) "
                           f"deltas_records={sum(map(len, made['deltas'].values()))} source={stream.source}", flush=True)
     print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"],
                       "answers": answers["checkpoint"] or None, "restore_entries_per_s": round(entries_per_s),

@@ -3,10 +3,12 @@ any instance restores it -- not only the one whose disk holds it -- and ``cbgp t
 of an input log the fleet no longer needs.
 
 One checkpoint topic per kind of shard (``checkpoints.routed``, ``checkpoints.whole``, ``checkpoints.deltas``),
-with one partition per shard: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its topic, alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
+with one partition per shard: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its topic,
+alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
 transaction, each with three headers: the checkpoint's id, ``i/n`` and the position (the first input offset
-the state does not reflect).  A reader takes the last checkpoint whose ``n`` chunks it saw; a transaction is
-whole or absent for ``read_committed`` readers, so a writer killed mid-way leaves nothing half-read.
+the state does not reflect); the last chunk also carries the blob's HMAC.  A reader takes the last checkpoint
+whose ``n`` chunks it saw; a transaction is whole or absent for ``read_committed`` readers, so a writer killed
+mid-way leaves nothing half-read.
 
 Kafka's compaction would keep only the latest value per key, but a checkpoint is many records, and the
 embedded broker never compacts: so the topic keeps ``cleanup.policy=delete`` and the writer trims it itself,
