@@ -12,7 +12,7 @@ from prometheus_client import Counter, Gauge, Histogram
 __all__ = [
     "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
     "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY", "RESTORE_MISSING_OFFSETS",
-    "BACKGROUND_REFRESHES", "BACKGROUND_VIEW_TRIPLES", "BACKGROUND_ACCURACY",
+    "BACKGROUND_REFRESHES", "BACKGROUND_VIEW_TRIPLES", "BACKGROUND_ACCURACY", "CHECKPOINT_BYTES", "CHECKPOINT_TIME",
 ]
 
 # prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
@@ -34,6 +34,10 @@ RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress 
 RESTORE_MISSING_OFFSETS = Gauge(
     "cbgp_restore_missing_offsets", "Offsets a restore needed that the log no longer has (deleted by retention or "
     "delete_records); the service refused to rebuild its state and stopped.", ["topic", "partition"])
+CHECKPOINT_BYTES = Gauge("cbgp_checkpoint_bytes", "Bytes of the last checkpoint of a shard kind (routed, whole, "
+                         "deltas), summed over the shards it saved.", ["kind"])
+CHECKPOINT_TIME = Gauge("cbgp_checkpoint_last_timestamp_seconds", "Unix time of the last checkpoint of a shard kind "
+                        "(alert on time() minus it, under load, far above --checkpoint-interval).", ["kind"])
 ANSWER_LATENCY = Histogram(
     "cbgp_answer_latency_seconds", "Event (or ingest) time of a change to the emission of the answers it caused.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import logging
 import pickle
+import time
 from typing import Any, Iterable, Protocol
 
+from services.instruments import CHECKPOINT_BYTES, CHECKPOINT_TIME
 from services.records import kv
 from services.state.store import Store, StoreError
 
@@ -59,6 +61,17 @@ def load_shard(blob: bytes) -> dict[str, Any] | None:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         return None
     return state
+
+
+def _measure(shards: list[tuple[str, int, bytes, int]]) -> None:
+    """``cbgp_checkpoint_bytes`` and ``cbgp_checkpoint_last_timestamp_seconds`` per kind of the shards saved."""
+    sizes: dict[str, int] = {}
+    for kind, _partition, blob, _position in shards:
+        sizes[kind] = sizes.get(kind, 0) + len(blob)
+    now = time.time()
+    for kind, size in sizes.items():
+        CHECKPOINT_BYTES.labels(kind).set(size)
+        CHECKPOINT_TIME.labels(kind).set(now)
 
 
 class RemoteCheckpoints(Protocol):
@@ -120,6 +133,7 @@ class ShardCheckpoints:
             self.store.commit(puts, [], {"shards": [key.decode() for key, _blob in puts]})
         if self.remote is not None:
             self.remote.queue(shards)
+        _measure(shards)
         return len(shards)
 
     def save(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int | None:
@@ -135,6 +149,7 @@ class ShardCheckpoints:
             if self.remote is None:
                 return None
             self.remote.queue(shards)
+            _measure(shards)
             return len(shards)
 
     def outputs(self) -> list[Any]:

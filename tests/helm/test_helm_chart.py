@@ -517,7 +517,8 @@ METRICS = [
     "cbgp_updates_in_total", "cbgp_updates_out_total", "cbgp_deltas_emitted_total", "cbgp_state_entries",
     "cbgp_state_bytes", "cbgp_consumer_lag", "cbgp_processing_latency_seconds", "cbgp_rejected_inputs_total",
     "cbgp_restore_progress_ratio", "cbgp_answer_latency_seconds", "cbgp_background_estimated_accuracy",
-    "cbgp_background_refreshes_total", "cbgp_background_view_triples",
+    "cbgp_background_refreshes_total", "cbgp_background_view_triples", "cbgp_checkpoint_bytes",
+    "cbgp_checkpoint_last_timestamp_seconds",
 ]
 
 

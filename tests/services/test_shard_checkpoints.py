@@ -83,3 +83,12 @@ def test_a_transaction_of_checkpoint_records_alone_is_told_apart() -> None:
     assert checkpoints.only_checkpoints([("routed", 0, b"", 1)]) and checkpoints.only_checkpoints([])
     assert not checkpoints.only_checkpoints([("routed", 0, b"", 1), "an answer"])
     assert not ShardCheckpoints(None, None).only_checkpoints([])
+
+
+def test_each_checkpoint_sets_its_kinds_size_and_time_metrics() -> None:
+    from prometheus_client import REGISTRY
+
+    checkpoints = ShardCheckpoints(None, FakeRemote())
+    checkpoints.put([("deltas", 0, b"x" * 100, 3), ("deltas", 1, b"y" * 20, 4)])
+    assert REGISTRY.get_sample_value("cbgp_checkpoint_bytes", {"kind": "deltas"}) == 120
+    assert REGISTRY.get_sample_value("cbgp_checkpoint_last_timestamp_seconds", {"kind": "deltas"}) > 1.7e9
