@@ -33,7 +33,8 @@ and from offset 0, timed, and the restored answer streams checked equal to the l
 
 One line per case, then one JSON line in issue 16's format ("worker", "answers": from the checkpoint, in memory;
 "ingest_from_offset_0" / "worker_from_offset_0" / "answers_from_offset_0": the same without a checkpoint;
-"worker_from_kafka_checkpoint": the worker from the checkpoint read back from Kafka):
+"worker_from_kafka_checkpoint" / "ingest_from_kafka_snapshot": from the checkpoint read back from Kafka, with
+none on disk):
 
     .venv/bin/python bench/restore_bench.py [--data DIR] [--state-triples N] [--rate-triples N] [--tail N] [--runs N]
 """
@@ -55,9 +56,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lsbench import DEFAULT_DATA, build_updates, load_or_generate  # noqa: E402
 
+from services.ingest import KIND as INGEST_KIND  # noqa: E402
 from services.ingest import IngestProcessor, RawRecord, restore, save_checkpoint  # noqa: E402
+from services.kafka.checkpoint_log import CheckpointLog  # noqa: E402
+from services.runtime import commit_transaction  # noqa: E402
 from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics, make_producer  # noqa: E402
-from services.state import Store  # noqa: E402
+from services.state import Store, presence  # noqa: E402
 
 HISTORIES = (20_000, 200_000)
 LINES_PER_RECORD = 1000
@@ -75,9 +79,11 @@ def history(final: list[str], length: int) -> list[str]:
     return lines
 
 
-def write_history(settings: KafkaSettings, lines: list[str], tail: int, store: Store) -> IngestProcessor:
+def write_history(settings: KafkaSettings, lines: list[str], tail: int, store: Store,
+                  remote: CheckpointLog | None = None) -> IngestProcessor:
     """Run ``lines`` through an ingest processor, produce its encoded and dictionary records, and checkpoint its
-    state into ``store`` before the last ``tail`` updates; returns the processor (the state to restore)."""
+    state into ``store`` (and, with ``remote``, as ingest's snapshot in Kafka) before the last ``tail`` updates;
+    returns the processor (the state to restore)."""
     processor = IngestProcessor(settings, settings.partitions, settings.partitions)
     processor.track_changes = True
     wanted = {processor.t_encoded, processor.t_dictionary}
@@ -88,7 +94,13 @@ def write_history(settings: KafkaSettings, lines: list[str], tail: int, store: S
     for start in range(0, len(lines), LINES_PER_RECORD):
         if start == cut - cut % LINES_PER_RECORD:
             assert producer.flush(60) == 0
-            save_checkpoint(processor, store, {t: dict(parts) for t, parts in counts.items()})
+            saved = save_checkpoint(processor, store, {t: dict(parts) for t, parts in counts.items()})
+            if remote is not None:
+                terms = [(i, processor.dictionary.decode(i)) for i in processor.published]
+                remote.queue([(INGEST_KIND, 0, presence.snapshot(processor.present, terms, saved.to_json()),
+                               counts[processor.t_encoded][0])])
+                commit_transaction(make_producer(settings, transactional_id=f"{settings.topic_prefix}snap"),
+                                   remote.take(), [])
         text = ("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode()
         raw = RawRecord(text, {}, settings.topic("updates.raw"), 0, start // LINES_PER_RECORD, 1_700_000_000_000)
         for out in processor.process(raw):
@@ -100,12 +112,13 @@ def write_history(settings: KafkaSettings, lines: list[str], tail: int, store: S
     return processor
 
 
-def timed_restore(settings: KafkaSettings, store_path: Path | None, expected: IngestProcessor) -> float:
+def timed_restore(settings: KafkaSettings, store_path: Path | None, expected: IngestProcessor,
+                  remote: CheckpointLog | None = None) -> float:
     started = time.perf_counter()
     store = Store(store_path) if store_path is not None else None
     try:
         processor = IngestProcessor(settings, settings.partitions, settings.partitions)
-        restore(processor, settings, store)
+        restore(processor, settings, store, remote)
     finally:
         if store is not None:
             store.close()
@@ -309,29 +322,34 @@ def main(argv: list[str] | None = None) -> int:
     stream = build_updates(load_or_generate(args.data))
     inserted = [f"{s} {p} {o}" for sign, s, p, o in stream.updates if sign > 0]
     final = inserted[:args.state_triples]
-    results: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
-    cases = [(length, final, ("checkpoint", "offset0")) for length in HISTORIES]
+    results: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}, "kafka": {}}
+    cases = [(length, final, ("checkpoint", "offset0", "kafka")) for length in HISTORIES]
     cases.append((args.rate_triples + args.tail, inserted[:args.rate_triples], ("checkpoint",)))
     entries_per_s = 0.0
+    how = {"checkpoint": "checkpoint+tail", "offset0": "offset 0", "kafka": "snapshot read from Kafka+tail"}
     with tempfile.TemporaryDirectory(prefix="restore-bench-") as tmp, EmbeddedBroker(Path(tmp) / "broker") as broker:
         for number, (length, state, kinds) in enumerate(cases):
             settings = broker.settings(topic_prefix=f"rb{uuid.uuid4().hex[:8]}.", partitions=4)
             ensure_topics(settings)
             store_path = Path(tmp) / f"state-{number}"
+            remote = (CheckpointLog(settings, {INGEST_KIND: settings.topic("checkpoints.ingest")}, "bench")
+                      if "kafka" in kinds else None)
             with Store(store_path) as store:
-                expected = write_history(settings, history(state, length), args.tail, store)
+                expected = write_history(settings, history(state, length), args.tail, store, remote)
             entries = len(expected.present) + len(expected.published)
             for case in kinds:
                 path = store_path if case == "checkpoint" else None
-                seconds = statistics.median(timed_restore(settings, path, expected) for _ in range(args.runs))
+                seconds = statistics.median(timed_restore(settings, path, expected,
+                                                          remote if case == "kafka" else None)
+                                            for _ in range(args.runs))
                 rate = number == len(cases) - 1
                 if rate:
                     entries_per_s = entries / seconds
                 else:
                     results[case][str(length)] = round(seconds, 3)
-                print(f"ingest history={length} restore={'checkpoint+tail' if path else 'offset 0'} "
+                print(f"ingest history={length} restore={how[case]} "
                       f"seconds={seconds:.3f} state_triples={len(expected.present)} terms={len(expected.published)} "
-                      f"seq={expected.seq} tail_updates={args.tail if path else length}"
+                      f"seq={expected.seq} tail_updates={length if case == 'offset0' else args.tail}"
                       + (f" entries_per_s={entries_per_s:.0f}" if rate else "") + f" source={stream.source}", flush=True)
     workers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}, "kafka": {}}
     answers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
@@ -359,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                       "answers": answers["checkpoint"] or None, "restore_entries_per_s": round(entries_per_s),
                       "ingest_from_offset_0": results["offset0"], "worker_from_offset_0": workers["offset0"] or None,
                       "answers_from_offset_0": answers["offset0"] or None,
-                      "worker_from_kafka_checkpoint": workers["kafka"] or None}))
+                      "worker_from_kafka_checkpoint": workers["kafka"] or None,
+                      "ingest_from_kafka_snapshot": results["kafka"]}))
     return 0
 
 

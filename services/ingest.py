@@ -12,9 +12,11 @@ Topology (``cbgp ingest``)::
 :class:`IngestProcessor` (:mod:`services.ingest_core`, re-exported here) is the whole transform, with no Kafka
 client in it: it maps raw records to output records and updates its state (presence set, next seq, dictionary
 cache).  :class:`IngestService` is its processor for the one runner loop (:mod:`services.runner`).  Its state is a pure function of
-updates.encoded (presence set, seq) and the dictionary topic: the two logs are its changelogs.  A local checkpoint (``--state-dir``, a RocksDB
-store: :mod:`services.state`) saves the state with the positions in those logs that it reflects, so a restore loads
-it and reads only the logs' tails (:func:`restore`); without one it reads them from offset 0.
+updates.encoded (presence set, seq) and the dictionary topic: the two logs are its changelogs.  A local
+checkpoint (``--state-dir``, a RocksDB store: :mod:`services.state`) saves the state with the positions in those
+logs that it reflects, and a snapshot of the whole state goes to ``checkpoints.ingest`` in the next transaction
+(:mod:`services.kafka.checkpoint_log`), so a restore loads the newer of the two and reads only the logs' tails
+(:func:`restore`), on this instance or any other; without either it reads them from offset 0.
 """
 
 from __future__ import annotations
@@ -32,18 +34,24 @@ from services.kafka import KafkaSettings, end_offsets, make_producer
 from services.metrics import record_consumer_lag
 from services.runner import Step, run_processor
 from services.runtime import GroupInput, Output, Stopper, kv, service_command
-from services.state import Checkpoint, Checkpointer, Store, StoreError, presence, recovery
+from services.kafka.checkpoint_log import CheckpointLog
+from services.state import Checkpoint, Checkpointer, Store, StoreError, presence, recovery, unusable
 
 log = logging.getLogger("cbgp.ingest")
+
+KIND = "ingest"  # ingest's snapshots in Kafka: partition 0 of checkpoints.ingest
 
 
 # ---------------------------------------------------------------------------------------- Kafka loop
 
 
-def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | None = None) -> dict[str, dict[int, int]]:
-    """Rebuild the state: from the checkpoint in ``store`` when it can serve (:func:`services.state.unusable`)
-    plus the tails of updates.encoded and dictionary after its positions, else from offset 0 of both logs.
-    Returns the positions the restored state reflects (the logs' ends when the restore began).
+def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | None = None,
+            remote: CheckpointLog | None = None) -> dict[str, dict[int, int]]:
+    """Rebuild the state: from the checkpoint in ``store`` or the snapshot in ``remote`` (``checkpoints.ingest``),
+    the newer of those that can serve (:func:`services.state.unusable`), plus the tails of updates.encoded and
+    dictionary after its positions; else from offset 0 of both logs.  Kafka is not asked when the store's
+    checkpoint is at the logs' ends.  Returns the positions the restored state reflects (the logs' ends when the
+    restore began).
 
     The logs are read from where the state needs them, never from their low watermarks: ``read_range`` refuses a
     log whose needed records were deleted (:class:`LogTruncated`), so with a checkpoint retention may delete what
@@ -56,9 +64,21 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
     ends = {topic: {p: high for p, (_low, high) in parts.items()} for topic, parts in watermarks.items()}
     checkpoint = recovery.saved_checkpoint(store, watermarks, ("seq",)) if store is not None else None
     processor.track_changes = store is not None
-    if checkpoint is not None:
+    snapshot = _snapshot(remote, watermarks) if remote is not None and (
+        checkpoint is None or checkpoint.positions != ends) else None
+    if snapshot is not None and (checkpoint is None or _position(snapshot[0], processor) > _position(checkpoint,
+                                                                                                      processor)):
+        checkpoint, present, terms = snapshot
+        processor.load_state(present, terms, int(checkpoint.facts["seq"]))
+        if store is not None:  # the store held an older state: it is written whole by the next checkpoint
+            recovery.discard(store, "Kafka holds a newer checkpoint")
+            processor.changed, processor.new_terms = dict.fromkeys(present, True), list(terms)
+        source = "kafka"
+    elif checkpoint is not None:
         processor.load_state(presence.load_present(store), presence.load_terms(store), int(checkpoint.facts["seq"]))
-        log.info(kv(event="checkpoint-loaded", seq=processor.seq, present=len(processor.present),
+        source = "store"
+    if checkpoint is not None:
+        log.info(kv(event="checkpoint-loaded", source=source, seq=processor.seq, present=len(processor.present),
                     terms=len(processor.published), positions=checkpoint.describe(),
                     seconds=round(time.monotonic() - started, 2)))
         starts = checkpoint.positions
@@ -81,13 +101,43 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
     try:
         tail = recovery.read_tails(settings, starts, ends, apply, label="0")  # the raw partition whose state it is
     except recovery.ForeignLog as exc:
-        recovery.discard(store, str(exc))  # type: ignore[arg-type]
+        if store is not None:
+            recovery.discard(store, str(exc))
+        else:
+            log.warning(kv(event="checkpoint-discarded", source="kafka", reason=str(exc)))
         processor.__init__(settings, processor.n_routed, processor.n_dictionary)  # type: ignore[misc]
-        return restore(processor, settings, store)  # the store is empty now: from offset 0
+        return restore(processor, settings, store)  # the store is empty now, Kafka's is not asked: from offset 0
     log.info(kv(event="restored", seq=processor.seq, present=len(processor.present), terms=len(processor.published),
                 from_checkpoint=checkpoint is not None, tail_records=tail,
                 seconds=round(time.monotonic() - started, 2)))
     return ends
+
+
+def _position(checkpoint: Checkpoint, processor: IngestProcessor) -> int:
+    return checkpoint.positions[processor.t_encoded][0]
+
+
+def _snapshot(remote: CheckpointLog, watermarks: dict) -> tuple[Checkpoint, set, list] | None:
+    """Ingest's last snapshot in Kafka, if one can serve a restore from logs with these ``watermarks``."""
+    saved = remote.get(KIND, 0)
+    loaded = presence.load_snapshot(saved.blob) if saved is not None else None
+    if loaded is None:
+        return None
+    record, present, terms = loaded
+    try:
+        checkpoint = Checkpoint.from_json(record)
+        reason = unusable(checkpoint, watermarks) or (None if "seq" in checkpoint.facts else "it has no seq")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        reason = f"unreadable checkpoint record ({exc})"
+    if reason is not None:
+        log.warning(kv(event="checkpoint-discarded", source="kafka", reason=reason))
+        return None
+    return checkpoint, present, terms
+
+
+def checkpoint_record(processor: IngestProcessor, ends: dict[str, dict[int, int]]) -> Checkpoint:
+    return Checkpoint(ends, {"seq": processor.seq, "present": len(processor.present),
+                             "terms": len(processor.published)}, int(time.time() * 1000))
 
 
 def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, dict[int, int]]) -> Checkpoint:
@@ -103,8 +153,7 @@ def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, di
        atomic batch: a crash during the write leaves the previous checkpoint with the data it describes;
     3. the changes just saved are forgotten, so the next checkpoint writes only what changes after this one.
     """
-    checkpoint = Checkpoint(ends, {"seq": processor.seq, "present": len(processor.present),
-                                   "terms": len(processor.published)}, int(time.time() * 1000))
+    checkpoint = checkpoint_record(processor, ends)
     puts, deletes = presence.changes(processor.changed, processor.new_terms)
     store.commit(puts, deletes, checkpoint.to_json())
     processor.take_changes()  # only once written: a failed write keeps them for the next attempt
@@ -135,11 +184,14 @@ class IngestService:
         self.consumer: GroupInput | None = None
         self.store = (recovery.open_store(args.state_dir, f"{settings.topic_prefix}{SERVICE}-{args.instance_id}")
                       if args.checkpoint_interval >= 0 else None)
+        # the whole state, in Kafka as well: a standby or rescheduled ingest without this disk restores from it
+        self.remote = (CheckpointLog(settings, {KIND: settings.topic("checkpoints.ingest")}, args.instance_id)
+                       if args.checkpoint_interval >= 0 else None)
         self.checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0))
         self.logs = {self.processor.t_encoded: sorted(end_offsets(settings, self.processor.t_encoded)),
                      self.processor.t_dictionary: list(range(self.partitions[1]))}
         self.watermarks = (Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks"))
-                           if self.store else None)
+                           if self.store or self.remote else None)
         self.positions: dict[int, int] = {}  # next raw offset per partition that the processor's state includes
         self.owned: set[int] = set()  # raw partitions assigned now
 
@@ -154,7 +206,7 @@ class IngestService:
         committed = {tp.partition: tp.offset for tp in assigned}  # GroupInput passes the committed offsets
         if any(self.positions.get(p) != offset for p, offset in committed.items()):
             self.processor = IngestProcessor(self.settings, *self.partitions)
-            ends = restore(self.processor, self.settings, self.store)
+            ends = restore(self.processor, self.settings, self.store, self.remote)
             if self.processor.changed or self.processor.new_terms:
                 self.checkpoint(ends)  # what the tail added: the next restore need not read it again
             self.positions.clear()
@@ -170,7 +222,7 @@ class IngestService:
         return [m for m in self.consumer.poll() if m.error() is None]
 
     def process(self, msgs: list[Message]) -> Step | None:
-        outputs: list[Output] = []
+        outputs: list[Output] = self._checkpoint_records()  # (the last snapshot, to Kafka with this batch)
         offsets: dict[int, int] = {}
         for msg in msgs:
             if msg.partition() not in self.owned:
@@ -182,34 +234,54 @@ class IngestService:
             outputs.extend(self.processor.accept(raw))
             offsets[msg.partition()] = msg.offset() + 1
         if not offsets:
-            return None
+            return Step(outputs) if outputs else None
         outputs.extend(self.processor.flush())
         assert self.consumer is not None
         tps = [TopicPartition(self.raw_topic, p, o) for p, o in offsets.items()]
         return Step(outputs, [(tps, self.consumer.consumer_group_metadata())], len(msgs), offsets)
 
     def committed(self, step: Step) -> None:
-        self.checkpointer.committed()
+        if self.remote is not None:
+            self.remote.committed()  # the snapshot records the step carried: trim the older ones
+        if step.offsets:  # (a transaction of snapshot records alone changed nothing to checkpoint)
+            self.checkpointer.committed()
         if self.checkpointer.due():
             self.checkpoint()
-        self.positions.update(step.detail)
+        if step.detail is not None:
+            self.positions.update(step.detail)
         assert self.consumer is not None
         record_consumer_lag(self.consumer.fetcher.consumer, self.consumer.fetcher.positions)
 
-    def idle(self) -> None:
+    def idle(self) -> Step | None:
         if self.checkpointer.due():
             self.checkpoint()  # idle: save what the last transactions changed
+        records = self._checkpoint_records()
+        return Step(records) if records else None  # (a transaction of their own)
+
+    def _checkpoint_records(self) -> list[Output]:
+        return self.remote.take() if self.remote is not None else []
 
     def checkpoint(self, ends: dict[str, dict[int, int]] | None = None) -> None:
-        if self.store is None:
+        """Save the state as of the logs' ends: the changes since the last checkpoint to the store, and the
+        whole state, as a snapshot for the next transaction, to Kafka."""
+        if self.store is None and self.remote is None:
             return
-        try:
-            saved = save_checkpoint(self.processor, self.store, ends or recovery.log_ends(self.watermarks, self.logs))
-        except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
-            log.warning(kv(event="checkpoints-off", reason=str(exc)))
-            self.store.close()
-            self.store, self.processor.track_changes = None, False
-            self.processor.take_changes()
+        ends = ends or recovery.log_ends(self.watermarks, self.logs)
+        saved = checkpoint_record(self.processor, ends)
+        if self.store is not None:
+            try:
+                saved = save_checkpoint(self.processor, self.store, ends)
+            except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
+                log.warning(kv(event="checkpoints-off", store="disk", reason=str(exc)))
+                self.store.close()
+                self.store, self.processor.track_changes = None, False
+                self.processor.take_changes()
+        if self.remote is not None:
+            processor = self.processor
+            terms = [(term_id, processor.dictionary.decode(term_id)) for term_id in processor.published]
+            blob = presence.snapshot(processor.present, terms, saved.to_json())
+            self.remote.queue([(KIND, 0, blob, ends[processor.t_encoded][0])])
+        elif self.store is None:
             return
         self.checkpointer.saved()
         log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
@@ -225,6 +297,8 @@ class IngestService:
             self.watermarks.close()
         if self.store is not None:
             self.store.close()
+        if self.remote is not None:
+            self.remote.close()
 
 
 def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, ready: list[bool]) -> None:

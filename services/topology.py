@@ -52,6 +52,8 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
                  "at start (restore the dictionary)"),
             Edge("updates.encoded", "none", f"{_ONE} from the checkpoint's position (offset 0 without one), at start "
                  "(restore the presence set and seq)"),
+            Edge("checkpoints.ingest", "kind/partition", f"{_ONE}: the last snapshot, at start, when this "
+                 "instance's disk holds no checkpoint at the logs' ends"),
         ),
         sinks=(
             Edge("updates.encoded", "none", f"{_ONE}: the total order, seq 1, 2, ... (EncodedBatch records)"),
@@ -60,6 +62,8 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
                  "RoutedBatch and Frontier records"),
             Edge("dictionary", "term id", "term id % N, once per new term"),
             Edge("deadletter", "none", f"{_ONE}: a rejected statement"),
+            Edge("checkpoints.ingest", "kind/partition", f"{_ONE}: the whole state, in the transaction after the "
+                 "checkpoint; older snapshots deleted once it committed"),
         ),
         loop=f"{_RUNNER}(services.ingest.IngestService)",
     ),

@@ -2,8 +2,8 @@
 any instance restores it -- not only the one whose disk holds it -- and ``cbgp topics floor`` can tell how much
 of an input log the fleet no longer needs.
 
-One checkpoint topic per kind of shard (``checkpoints.routed``, ``checkpoints.whole``, ``checkpoints.deltas``),
-with one partition per shard: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its topic,
+One checkpoint topic per kind of shard (``checkpoints.routed``, ``checkpoints.whole``, ``checkpoints.deltas``;
+and ingest's ``checkpoints.ingest``), with one partition per shard: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its topic,
 alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
 transaction, each with three headers: the checkpoint's id, ``i/n`` and the position (the first input offset
 the state does not reflect); the last chunk also carries the blob's HMAC.  A reader takes the last checkpoint

@@ -132,6 +132,10 @@ TOPICS: tuple[TopicSpec, ...] = (
               + _REPLAYED.format("answers (numbering, multiplicities)")),
     TopicSpec("answers.current", None, "query id + binding", "Current answers with multiplicity; tombstone on retraction."
               + _COMPACTED, "compact", _COMPACT),
+    TopicSpec("checkpoints.ingest", 1, "kind/partition", "Ingest's last snapshot: presence set, seq and published"
+              " terms, as of its updates.encoded and dictionary positions, in chunks of one transaction. The writer"
+              " deletes the older snapshots itself (delete_records): cleanup.policy=delete, never by age.",
+              needed_from=LATEST),
     TopicSpec("checkpoints.routed", None, "kind/partition", "Each routed shard's last checkpoint (the worker's"
               + _CHECKPOINT, needed_from=LATEST),
     TopicSpec("checkpoints.whole", None, "kind/partition", "Each whole shard's last checkpoint (the worker's"

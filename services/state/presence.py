@@ -7,12 +7,13 @@ term's canonical string in UTF-8, one key per term ingest published.  Term ids a
 
 from __future__ import annotations
 
+import pickle
 import struct
 from typing import Iterable, Iterator, Mapping
 
 from services.state.store import Store
 
-__all__ = ["Quad", "load_present", "load_terms", "changes"]
+__all__ = ["Quad", "load_present", "load_terms", "changes", "snapshot", "load_snapshot"]
 
 Quad = tuple[int, int, int, int]
 
@@ -54,3 +55,25 @@ def changes(changed: Mapping[Quad, bool], new_terms: Iterable[tuple[int, str]]
         else:
             deletes.append(quad_key(quad))
     return puts, deletes
+
+
+SNAPSHOT_FORMAT = 1
+
+
+def snapshot(present: set[Quad], terms: Iterable[tuple[int, str]], record: Mapping) -> bytes:
+    """The whole state as one blob (ingest's checkpoint in Kafka): the checkpoint record, the presence set packed
+    32 bytes a quad, and the published terms."""
+    return pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record),
+                         "present": b"".join(map(_QUAD.pack, *zip(*present))) if present else b"",
+                         "terms": list(terms)}, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_snapshot(blob: bytes) -> tuple[dict, set[Quad], list[tuple[int, str]]] | None:
+    """``(checkpoint record, presence set, terms)`` of a :func:`snapshot` blob; None for one of another format."""
+    try:
+        state = pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - a snapshot of older code: restore from the logs instead
+        return None
+    if not isinstance(state, dict) or state.get("format") != SNAPSHOT_FORMAT:
+        return None
+    return state["checkpoint"], set(_QUAD.iter_unpack(state["present"])), state["terms"]

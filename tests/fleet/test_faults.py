@@ -54,15 +54,15 @@ def test_answers_survive_kill_9_of_each_service_in_rotation_and_rebalances(embed
 def test_records_below_the_floor_deleted_and_every_data_path_service_killed_at_once(
         embedded_broker: EmbeddedBroker, tmp_path: Path) -> None:
     """Issue 16's retention run (``FaultRun.run_below_floor``): half the stream, checkpoints, every record below
-    ``cbgp topics floor`` deleted, ingest, the workers and answers killed -9 at once and restarted -- the workers
-    and answers with their disks lost, as on other machines -- then the rest of the stream: the answers equal
-    the oracle's, answers.current too, numbered 1..N with no gap or duplicate.  The restarted services restore
-    from their checkpoints (the logs record it): ingest from its disk, the workers and answers from Kafka."""
+    ``cbgp topics floor`` deleted, ingest, the workers and answers killed -9 at once and restarted -- with their
+    disks lost, as on other machines -- then the rest of the stream: the answers equal the oracle's,
+    answers.current too, numbered 1..N with no gap or duplicate.  The restarted services restore from their
+    checkpoints in Kafka (the logs record it)."""
     cfg = FaultConfig.from_env(kills=0, broker_restarts=0)
     settings = fresh_settings(embedded_broker)
     ensure_topics(settings)
     run = FaultRun(embedded_broker, settings, tmp_path, cfg, log=lambda s: print(s, file=sys.stderr))
-    deleted = run.run_below_floor(lose_disks=("worker", "answers"))
+    deleted = run.run_below_floor(lose_disks=("ingest", "worker", "answers"))
     report = run.check()
     assert not report.problems, "\n".join(report.problems)
     assert report.answers_lost == 0 and report.duplicates_delivered == 0 and report.answers_extra == 0
@@ -70,7 +70,7 @@ def test_records_below_the_floor_deleted_and_every_data_path_service_killed_at_o
     assert deleted.get(settings.topic("deltas.parts")), "the floor let retention delete checkpointed deltas"
     logs = {name: (tmp_path / "logs" / f"{name}.log").read_text(errors="replace") for name in ("answers", "w0")}
     assert "checkpoint=used-kafka" in logs["answers"] and "checkpoint=used-kafka" in logs["w0"]
-    assert "event=checkpoint-loaded" in (tmp_path / "logs" / "ingest.log").read_text(errors="replace")
+    assert "event=checkpoint-loaded source=kafka" in (tmp_path / "logs" / "ingest.log").read_text(errors="replace")
 
 
 @pytest.mark.timeout(600)

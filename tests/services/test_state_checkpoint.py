@@ -181,3 +181,16 @@ def test_a_store_in_use_elsewhere_turns_checkpoints_off_with_one_line_instead_of
     opened = recovery.open_store(tmp_path, "ingest-i1")
     assert opened is not None
     opened.close()
+
+
+def test_ingests_snapshot_for_kafka_round_trips_its_state_and_refuses_another_format() -> None:
+    import pickle
+
+    present = {(1, 2, 3, 0), (2 ** 62, 5, 6, 7), (9, 9, 9, 9)}
+    terms = [(1, "<http://example.org/a>"), (5, '"five"@en')]
+    blob = presence.snapshot(present, terms, {"format": 1, "positions": {}})
+    assert presence.load_snapshot(blob) == ({"format": 1, "positions": {}}, present, terms)
+    assert len(blob) < 32 * len(present) + 400  # 32 bytes a quad, not a pickled set of tuples
+    assert presence.load_snapshot(presence.snapshot(set(), [], {})) == ({}, set(), [])
+    assert presence.load_snapshot(pickle.dumps({"format": 0})) is None
+    assert presence.load_snapshot(b"not a pickle") is None

@@ -102,7 +102,7 @@ def test_the_embedded_broker_settings_carry_its_join_workaround(tmp_path) -> Non
 def test_catalogue_resolves_prefix_and_partitions() -> None:
     s = KafkaSettings(topic_prefix="z.", partitions=7)
     rows = {r["name"]: r for r in catalogue(s)}
-    assert len(rows) == len(TOPICS) == 14
+    assert len(rows) == len(TOPICS) == 15
     assert rows["z.updates.encoded"]["partitions"] == 1 and rows["z.updates.routed"]["partitions"] == 7
     assert rows["z.answers.current"]["cleanup_policy"] == "compact"
     assert rows["z.dictionary"]["configs"]["cleanup.policy"] == "compact"

@@ -17,7 +17,7 @@ from services.kafka.topics import KEPT, TOPICS, WEEK_MS
 
 REPLAYED = {"updates.encoded", "updates.routed", "answers"}  # a restore reads them from offset 0
 CHECKPOINTED = {"deltas.parts"}  # a restore reads them from its checkpoint's position
-CHECKPOINTS = {"checkpoints.routed", "checkpoints.whole", "checkpoints.deltas"}  # trimmed by their writers
+CHECKPOINTS = {"checkpoints.ingest", "checkpoints.routed", "checkpoints.whole", "checkpoints.deltas"}  # trimmed by their writers
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
 BOUNDED = {"updates.raw", "admin", "queries.status", "deadletter"}
 
