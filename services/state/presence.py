@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import pickle
 import struct
+import sys
+from array import array
+from itertools import chain
 from typing import Iterable, Iterator, Mapping
 
 from services.state.store import Store
@@ -63,8 +66,10 @@ SNAPSHOT_FORMAT = 1
 def snapshot(present: set[Quad], terms: Iterable[tuple[int, str]], record: Mapping) -> bytes:
     """The whole state as one blob (ingest's checkpoint in Kafka): the checkpoint record, the presence set packed
     32 bytes a quad, and the published terms."""
-    return pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record),
-                         "present": b"".join(map(_QUAD.pack, *zip(*present))) if present else b"",
+    packed = array("q", chain.from_iterable(present))  # (0.7 s a million quads; struct.pack per quad: 1.8 s)
+    if sys.byteorder == "little":
+        packed.byteswap()  # big-endian, as the store's keys
+    return pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "present": packed.tobytes(),
                          "terms": list(terms)}, protocol=pickle.HIGHEST_PROTOCOL)
 
 
