@@ -429,9 +429,9 @@ class FaultRun:
         would (``AdminClient.delete_records``), every data-path service (ingest, the workers, answers) killed -9
         at once and started again, the second half published.  Returns the floor it deleted below (topic ->
         partition -> offset, only where it deleted something).  The registry's replies and the dead letters
-        are read before the deletion: their topics' floor is their end.  ``lose_disks``: the services (``worker``,
-        ``answers``) whose local checkpoint stores are deleted while they are down, as if they came back on
-        other machines."""
+        are read before the deletion: their topics' floor is their end.  ``lose_disks``: the services
+        (``ingest``, ``worker``, ``answers``) whose local checkpoint stores are deleted while they are down, as if
+        they came back on other machines."""
         started = time.monotonic()
         self.producer = make_producer(self.settings)
         half = len(self.lines) // 2

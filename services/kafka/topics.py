@@ -184,9 +184,11 @@ def retention_problems(topic: str, spec: TopicSpec, configs: Mapping[str, str | 
                         "(compaction would drop all but the last record of each key)")
     retention = _ms(configs.get("retention.ms"))
     if spec.unbounded:
+        why = ("it holds the last checkpoints, whose writers delete the older ones themselves"
+               if spec.needed_from == LATEST else "a restore reads it from offset 0; checkpoints, issue 16, will let "
+               "it be bounded")
         if "delete" in policy and retention != KEPT:
-            problems.append(f"{topic}: retention.ms={configs.get('retention.ms')}, needs -1 "
-                            "(a restore reads it from offset 0; checkpoints, issue 16, will let it be bounded)")
+            problems.append(f"{topic}: retention.ms={configs.get('retention.ms')}, needs -1 ({why})")
         size = _ms(configs.get("retention.bytes"))
         if "delete" in policy and size is not None and size != -1:
             problems.append(f"{topic}: retention.bytes={size}, needs -1 (a restore reads it from offset 0)")

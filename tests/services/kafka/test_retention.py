@@ -88,3 +88,13 @@ def test_floor_is_zero_for_replayed_and_compacted_logs_the_group_position_for_in
 @pytest.mark.timeout(60)
 def test_floor_leaves_out_topics_not_created_yet(kafka_broker) -> None:  # type: ignore[no-untyped-def]
     assert floor(kafka_broker.settings(topic_prefix="floor-nothing-here.")) == {}
+
+
+def test_a_checkpoint_topic_may_not_lose_its_last_checkpoint_to_age() -> None:
+    from services.kafka.topics import retention_problems, spec
+
+    problems = retention_problems("c", spec("checkpoints.routed"), {"cleanup.policy": "delete", "retention.ms": "1000"})
+    assert problems == ["c: retention.ms=1000, needs -1 (it holds the last checkpoints, whose writers delete the "
+                        "older ones themselves)"]
+    assert retention_problems("d", spec("deltas.parts"), {"cleanup.policy": "delete", "retention.ms": "1000"},
+                              {"retention.ms": "1000"}) == []  # bounded by the answers checkpoints
