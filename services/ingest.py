@@ -35,7 +35,7 @@ from services.metrics import record_consumer_lag
 from services.runner import Step, run_processor
 from services.runtime import GroupInput, Output, Stopper, kv, service_command
 from services.kafka.checkpoint_log import CheckpointLog
-from services.state import Checkpoint, Checkpointer, Store, StoreError, presence, recovery, unusable
+from services.state import Checkpoint, Checkpointer, Store, StoreError, presence, recovery
 
 log = logging.getLogger("cbgp.ingest")
 
@@ -124,12 +124,8 @@ def _snapshot(remote: CheckpointLog, watermarks: dict) -> tuple[Checkpoint, set,
     if loaded is None:
         return None
     record, present, terms = loaded
-    try:
-        checkpoint = Checkpoint.from_json(record)
-        reason = unusable(checkpoint, watermarks) or (None if "seq" in checkpoint.facts else "it has no seq")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        reason = f"unreadable checkpoint record ({exc})"
-    if reason is not None:
+    checkpoint, reason = recovery.serving_checkpoint(record, watermarks, ("seq",))
+    if checkpoint is None:
         log.warning(kv(event="checkpoint-discarded", source="kafka", reason=reason))
         return None
     return checkpoint, present, terms
@@ -140,7 +136,8 @@ def checkpoint_record(processor: IngestProcessor, ends: dict[str, dict[int, int]
                              "terms": len(processor.published)}, int(time.time() * 1000))
 
 
-def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, dict[int, int]]) -> Checkpoint:
+def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, dict[int, int]],
+                    checkpoint: Checkpoint | None = None) -> Checkpoint:
     """Write a checkpoint of ``processor``'s state reflecting the logs up to ``ends``.
 
     Steps, in order (the order is the guarantee):
@@ -153,7 +150,7 @@ def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, di
        atomic batch: a crash during the write leaves the previous checkpoint with the data it describes;
     3. the changes just saved are forgotten, so the next checkpoint writes only what changes after this one.
     """
-    checkpoint = checkpoint_record(processor, ends)
+    checkpoint = checkpoint or checkpoint_record(processor, ends)
     puts, deletes = presence.changes(processor.changed, processor.new_terms)
     store.commit(puts, deletes, checkpoint.to_json())
     processor.take_changes()  # only once written: a failed write keeps them for the next attempt
@@ -270,7 +267,7 @@ class IngestService:
         saved = checkpoint_record(self.processor, ends)
         if self.store is not None:
             try:
-                saved = save_checkpoint(self.processor, self.store, ends)
+                save_checkpoint(self.processor, self.store, ends, saved)
             except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
                 log.warning(kv(event="checkpoints-off", store="disk", reason=str(exc)))
                 self.store.close()
@@ -281,8 +278,8 @@ class IngestService:
             terms = [(term_id, processor.dictionary.decode(term_id)) for term_id in processor.published]
             blob = presence.snapshot(processor.present, terms, saved.to_json())
             self.remote.queue([(KIND, 0, blob, ends[processor.t_encoded][0])])
-        elif self.store is None:
-            return
+        if self.store is None and self.remote is None:
+            return  # (the store failed just now, and there is no other place)
         self.checkpointer.saved()
         log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
                     terms=saved.facts["terms"], positions=saved.describe()))

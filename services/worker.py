@@ -305,14 +305,13 @@ class WorkerService:
         return Step(outputs, self._offsets(), count)
 
     def committed(self, step: Step) -> None:
-        changed = bool(step.inputs or self.dirty)
+        # (a transaction of checkpoint records alone changed nothing to checkpoint)
+        changed = (self.checkpoints is None or step.inputs or self.dirty
+                   or not self.checkpoints.only_checkpoints(step.outputs))
         self.dirty = False
         if self.checkpoints is not None:
             self.checkpoints.committed()  # the checkpoint records the step carried: trim the older ones
-            changed = changed or not self.checkpoints.only_checkpoints(step.outputs)
-        else:
-            changed = True
-        if changed:  # (a transaction of checkpoint records alone changed nothing to checkpoint)
+        if changed:
             self.checkpointer.committed()
         if self.checkpointer.due():
             self.checkpoint()

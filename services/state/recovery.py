@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
@@ -35,8 +35,8 @@ from services.state.checkpointing import Checkpoint, Checkpointer, unusable
 from services.state.shards import ShardCheckpoints
 from services.state.store import Store, StoreError
 
-__all__ = ["ForeignLog", "saved_checkpoint", "read_tails", "log_ends", "open_store", "shard_checkpoints",
-           "add_state_flags"]
+__all__ = ["ForeignLog", "saved_checkpoint", "serving_checkpoint", "read_tails", "log_ends", "open_store",
+           "shard_checkpoints", "add_state_flags"]
 
 log = logging.getLogger("cbgp.state")
 
@@ -54,16 +54,23 @@ def saved_checkpoint(store: Store, watermarks: Mapping[str, Mapping[int, tuple[i
     record = store.checkpoint()
     if record is None:
         return None
+    checkpoint, reason = serving_checkpoint(record, watermarks, facts)
+    if reason is not None:
+        discard(store, reason)
+    return checkpoint
+
+
+def serving_checkpoint(record: Any, watermarks: Mapping[str, Mapping[int, tuple[int, int]]],
+                       facts: Iterable[str] = ()) -> tuple[Checkpoint | None, str | None]:
+    """``(checkpoint, None)`` when the checkpoint ``record`` (from a store or a snapshot in Kafka) can serve a
+    restore from logs with these ``watermarks`` and records every name in ``facts``; else ``(None, why)``."""
     try:
         checkpoint = Checkpoint.from_json(record)
         missing = [name for name in facts if name not in checkpoint.facts]
         reason = unusable(checkpoint, watermarks) or (f"it does not record {', '.join(missing)}" if missing else None)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         reason = f"unreadable checkpoint record ({exc})"
-    if reason is None:
-        return checkpoint
-    discard(store, reason)
-    return None
+    return (checkpoint, None) if reason is None else (None, reason)
 
 
 def discard(store: Store, reason: str) -> None:

@@ -146,11 +146,7 @@ class ShardCheckpoints:
             log.warning(kv(event="checkpoints-off", store="disk", reason=str(exc)))
             self.store.close()
             self.store = None
-            if self.remote is None:
-                return None
-            self.remote.queue(shards)
-            _measure(shards)
-            return len(shards)
+            return self.put(shards) if self.remote is not None else None  # (the remote's part alone)
 
     def outputs(self) -> list[Any]:
         """The remote checkpoint records to produce in the transaction about to begin."""

@@ -275,8 +275,8 @@ class WorkerCore(CoreOutputs):
         why = usable(saved, shard, infos, self.reader)
         return (saved, f"used-{saved['from']}") if why is None else (None, why)
 
-    def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes]]:
-        """``(kind, partition, checkpoint)`` of the ``held`` shards that can be checkpointed and moved since the
+    def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes, int]]:
+        """``(kind, partition, checkpoint, position)`` of the ``held`` shards that can be checkpointed and moved since the
         last call (called once a transaction committed: their state is exactly their log below their position)."""
         blobs = []
         for key in held:
