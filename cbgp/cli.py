@@ -32,7 +32,7 @@ from typing import Callable, TextIO
 
 from cbgp.engine import EngineError
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER, decompose
-from cbgp.sparql import QueryError, parse_query
+from cbgp.sparql import QueryError
 from cbgp.terms import DEFAULT_GRAPH_ID, to_sparql_json
 
 
@@ -51,14 +51,17 @@ def _read_text(path: str) -> str:
 
 def _parse_rspql_file(path: str):  # noqa: ANN202
     """``(ParsedQuery or OperatorQuerySpec of the plain SPARQL, WindowSpec or None)`` of a .rq file, RSP-QL
-    windows allowed (a windowed query must be a BGP: the Spark job evaluates windows)."""
+    windows allowed (the Spark job evaluates them)."""
     from cbgp.algebra import analyse
-    from cbgp.windows import parse_rspql
+    from cbgp.windows import WindowedQuery, parse_rspql
 
     text = _read_text(path)
     try:
         plain, window = parse_rspql(text)
-        return (parse_query(plain) if window is not None else analyse(plain)), window
+        query = analyse(plain)
+        if window is not None:
+            WindowedQuery(plain, window)  # what a window cannot run (a per-event window's limits)
+        return query, window
     except QueryError as exc:  # WindowError included
         where = f":{exc.line}:{exc.column}" if exc.line is not None else ""
         raise CliError(f"{path}{where}: {exc.message}") from None
@@ -226,7 +229,9 @@ OPERATORS_WHERE = {
     SINGLE_OWNER: ("the whole query by its single owner (a BGP leaf with a variable predicate, or one not placed "
                    "by centre): the worker holding routed partition query_partition(id) reads updates.encoded, "
                    "the total order, and runs the BGP leaves and the operators above them; answers numbered by "
-                   "the answers service; ASK answers ?ask true/false, CONSTRUCT ?subject ?predicate ?object")}
+                   "the answers service; ASK answers ?ask true/false, CONSTRUCT ?subject ?predicate ?object"),
+    WINDOWED_PLACEMENT: ("the Spark job runs the BGP leaves and the operators over the window's content at each "
+                         "instant; workers hold nothing; ASK answers ?ask true/false")}
 
 
 def plan_json(query) -> dict:  # noqa: ANN001
@@ -245,12 +250,19 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
         parts = leaf_parts(query)
         placement = BY_CENTRE if parts is not None else SINGLE_OWNER
         gated = {part.leaf for part in parts or () if part.pushed is not None}  # pushed on the workers too
+        if window is not None:
+            placement = WINDOWED_PLACEMENT
         if as_json:
-            json.dump({"form": query.form, "columns": list(query.columns), "placement": placement,
-                       "where": OPERATORS_WHERE[placement],
-                       "operators": operators.root.explain(),
-                       "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves]}, out, indent=2)
+            data = {"form": query.form, "columns": list(query.columns), "placement": placement,
+                    "where": OPERATORS_WHERE[placement], "operators": operators.root.explain(),
+                    "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves]}
+            if window is not None:
+                data["window"] = _window_json(window)
+            json.dump(data, out, indent=2)
             out.write("\n")
+        elif window is not None:
+            out.write(_window_text(window) + "\n" + operators.explain() + "\n")
+            out.write(f"placement in the fleet: {WINDOWED_PLACEMENT} ({OPERATORS_WHERE[placement]})\n")
         else:
             out.write(operators.explain() + "\n")
             for number, leaf in enumerate(operators.engine_leaves):

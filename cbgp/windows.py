@@ -12,7 +12,7 @@ Time windows ("sliding", "tumbling" = sliding with step == range)
     ahead, a re-ADD ("refresh", which the ingest service forwards) extends its
     life, and a DEL ends it.  Expiry is then just a deletion: at each instant the
     quads whose membership changed are deleted from / inserted into one
-    `cbgp.engine.Engine` (deletes first), and the engine's deltas, consolidated
+    `cbgp.algebra.ContinuousEngine` (deletes first), and its deltas, consolidated
     per instant, are the report.  A triple ADDed at t is in the windows of the
     grid instants tau with t < tau <= t + range: it enters at the first instant
     after t and leaves at the first instant after t + range (when t + range is
@@ -25,7 +25,7 @@ Per-event windows ("event", our extension; RSP-QL text `[RANGE r EVENT]`)
     paper 002).  The event at t is in the window at tau iff tau - range <= t <
     tau, and the answer is the multiset union over the events in the window of
     the query evaluated on each event's triples alone (no joins across events).
-    Each event is evaluated once, by its own short-lived Engine, when it enters;
+    Each event is evaluated once, by its own short-lived engine, when it enters;
     its rows are kept to be retracted when it leaves.  GRAPH is rejected in this
     model (an event is a set of triples, not a dataset).
 
@@ -63,12 +63,12 @@ import heapq
 from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
 
-from cbgp.engine import Engine
+from types import SimpleNamespace
+
 from cbgp.plan import decompose
 from cbgp.rspql import _check_event_query, parse_rspql  # noqa: F401 - parse_rspql re-exported
-from cbgp.sparql import is_var, parse_query
+from cbgp.sparql import ParsedQuery, is_var
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 # The spec and the parser are re-exported: callers keep importing them from cbgp.windows.
 from cbgp.window_spec import (KINDS, LATE_POLICIES, WindowError, WindowSpec, parse_duration,  # noqa: F401
@@ -77,9 +77,8 @@ from cbgp.window_spec import (KINDS, LATE_POLICIES, WindowError, WindowSpec, par
 STATE_FORMAT = 1
 
 _QUERY = "q"  # the one query name inside our engines
-# Parsing (rdflib) costs milliseconds and ParsedQuery is immutable: restarts and per-key evaluators reuse it.
-_parse = lru_cache(maxsize=256)(parse_query)
 _ANY_NAMED = -1  # graph slot of a `GRAPH ?g` pattern: any named graph (term ids are > 0, default graph 0)
+_UNKNOWN_GRAPH = -2  # a graph no pattern names: only `GRAPH ?g` reads it
 
 
 # --- evaluation --------------------------------------------------------------------------------------------
@@ -116,7 +115,13 @@ class _Event:
 
 
 class WindowedQuery:
-    """A BGP query (plain SPARQL) evaluated over event-time windows; see the module docstring."""
+    """A query evaluated over event-time windows; see the module docstring.
+
+    A BGP runs on the BGP engine; a query with operators (FILTER, OPTIONAL, UNION, aggregates, ASK, ...:
+    ``cbgp.algebra``) on the same engine under its operators, maintained incrementally as the window's
+    content changes, so an instant's report is still the exact difference of the answers over C(tau).  Answers
+    a query has over no data (an aggregate's 0, VALUES rows) are in the first report of a time window; in a
+    per-event window each event's evaluation includes them (the answer is the union over the events)."""
 
     def __init__(self, sparql: str, spec: WindowSpec, dictionary: TermDictionary | None = None) -> None:
         if not isinstance(spec, WindowSpec):
@@ -124,16 +129,26 @@ class WindowedQuery:
         self.sparql = sparql
         self.spec = spec
         self.dictionary = dictionary if dictionary is not None else TermDictionary(stable=True)
-        self.query = _parse(sparql)
+        from cbgp.algebra import ContinuousEngine, analyse  # (rdflib: imported by those that evaluate windows)
+
+        self.query = analyse(sparql)  # (cached: restarts and per-key evaluators reuse it)
         self._event_model = spec.kind == "event"
+        self._plan: object = decompose(self.query) if isinstance(self.query, ParsedQuery) else self.query
+        self._engine = ContinuousEngine(dictionary=self.dictionary)  # time windows: holds C(last_instant)
+        # the answers over an empty window, owed to the first report (none for a BGP)
+        self._initial: Counter = Counter()
+        for _name, sign, row in self._engine.register(_QUERY, self._plan):
+            self._initial[row] += sign
+        patterns, any_predicate = self._patterns()
         if self._event_model:
-            _check_event_query(self.query)
-        self._plan = decompose(self.query)
-        self._engine = Engine(dictionary=self.dictionary)  # time windows: holds C(last_instant)
-        self._engine.register(_QUERY, self._plan)
+            _check_event_query(SimpleNamespace(patterns=patterns, text=sparql))
+            if self._initial:  # (only the events holding triples it reads are seen; the others would answer too)
+                raise WindowError("a query with answers over no triples (an aggregate without GROUP BY, say) "
+                                  "cannot run in a per-event window: use a time window")
         encode = self.dictionary.encode
-        self._relevant: dict[int, set[int]] = {}  # predicate id -> graph ids its patterns read
-        for pattern in self.query.patterns:
+        # predicate id -> graph ids its patterns read; None: any quad may match (a variable predicate)
+        self._relevant: dict[int, set[int]] | None = None if any_predicate else {}
+        for pattern in patterns if self._relevant is not None else ():
             if pattern.g is None:
                 graph = DEFAULT_GRAPH_ID
             elif is_var(pattern.g):
@@ -151,6 +166,40 @@ class WindowedQuery:
         self._records: dict[tuple[int, int, int, int], _Record] = {}
         self._events: dict[int, _Event] = {}
         self._heap: list[tuple[int, object]] = []  # (instant, quad or event time); stale entries skipped
+
+    @property
+    def initial(self) -> Counter:
+        """The answers over an empty window (an aggregate's 0, VALUES rows; none for a BGP): a time window's
+        first report carries them."""
+        return Counter(self._initial)
+
+    @property
+    def predicates(self) -> frozenset[int] | None:
+        """The predicate ids of the quads the query may read (None: any, a variable predicate)."""
+        return None if self._relevant is None else frozenset(self._relevant)
+
+    @property
+    def form(self) -> str:
+        """SELECT, ASK or CONSTRUCT (an ASK reports one empty row while it holds, as ``cbgp.algebra``)."""
+        return getattr(self.query, "form", "SELECT")
+
+    def _patterns(self) -> tuple[list, bool]:
+        """The triple patterns the query reads, and whether one has a variable predicate (any quad may match)."""
+        if isinstance(self.query, ParsedQuery):
+            return list(self.query.patterns), False
+        operators = self._engine.operator_queries[_QUERY]
+        patterns = [pattern for leaf in operators.engine_leaves for pattern in leaf.query.patterns]
+        # (a variable-predicate BGP's patterns, as far as a GRAPH check needs them: ("default", None) last)
+        patterns += [SimpleNamespace(g=None if spec[-1][0] == "default" else "?g")
+                     for leaf in operators.pattern_leaves for spec in leaf.patterns]
+        return patterns, bool(operators.pattern_leaves)
+
+    def _reads(self, p: int | None, g: int | None) -> bool:
+        """Whether a quad with predicate id ``p`` and graph id ``g`` (None: not in the dictionary) may match."""
+        if self._relevant is None:
+            return True
+        graphs = self._relevant.get(p)  # type: ignore[arg-type]
+        return graphs is not None and (g in graphs or (g != DEFAULT_GRAPH_ID and _ANY_NAMED in graphs))
 
     # -- public properties --
 
@@ -180,9 +229,8 @@ class WindowedQuery:
     def add_terms(self, op: int, s: str, p: str, o: str, g: str | None, event_time_ms: int) -> bool:
         # Relevance is decided on terms already known (the query's), so irrelevant data never enters the dictionary.
         lookup = self.dictionary.lookup
-        graphs = self._relevant.get(lookup(p))  # type: ignore[arg-type]
-        if graphs is None or (g is None and DEFAULT_GRAPH_ID not in graphs) or (
-                g is not None and _ANY_NAMED not in graphs and lookup(g) not in graphs):
+        if self._relevant is not None and not self._reads(lookup(p), DEFAULT_GRAPH_ID if g is None else
+                                                          (lookup(g) or _UNKNOWN_GRAPH)):
             return self._late_check(event_time_ms)
         encode = self.dictionary.encode
         graph = DEFAULT_GRAPH_ID if g is None else encode(g)
@@ -207,8 +255,7 @@ class WindowedQuery:
         t = int(event_time_ms)
         if not self._late_check(t):
             return False
-        graphs = self._relevant.get(p)
-        if graphs is None or not (g in graphs or (g != DEFAULT_GRAPH_ID and _ANY_NAMED in graphs)):
+        if not self._reads(p, g):
             return True
         last = self._last
         if last is not None and t < last + self._step - self._range:
@@ -271,14 +318,19 @@ class WindowedQuery:
             keys = []
             while heap and heap[0][0] == instant:
                 keys.append(heapq.heappop(heap)[1])
+            first = self._last is None
             self._last = instant  # pruning and the next wake-ups are relative to this instant
             if self._event_model:
                 changes = self._process_events(instant, keys)
             else:
                 changes = self._process_quads(instant, keys)
+            if first and not self._event_model:
+                changes.update(self._initial)
             deltas = _consolidate(changes)
             if deltas:
                 reports.append(WindowReport(instant, deltas))
+        if self._last is None and self._initial and not self._event_model:
+            reports.append(WindowReport(target, _consolidate(self._initial)))  # no change came before it
         self._last = target
         if len(heap) > 2 * (len(self._records) + len(self._events)) + 64:
             self._rebuild_heap()
@@ -398,9 +450,10 @@ class WindowedQuery:
                 heapq.heappush(self._heap, (wake, t))
 
     def _evaluate(self, triples: set[tuple[int, int, int, int]]) -> Counter:
-        engine = Engine(dictionary=self.dictionary)
-        engine.register(_QUERY, self._plan)
+        engine = type(self._engine)(dictionary=self.dictionary)  # (a ContinuousEngine)
         rows: Counter = Counter()
+        for _name, sign, row in engine.register(_QUERY, self._plan):
+            rows[row] += sign
         for quad in sorted(triples):
             for _name, sign, row in engine.apply(1, *quad):
                 rows[row] += sign
@@ -490,12 +543,18 @@ class WindowedQuery:
 
 
 def _consolidate(changes: Counter) -> list[tuple[int, tuple[int, ...]]]:
-    """Net changes as signed rows, retractions first, each sorted (identical after a restart)."""
+    """Net changes as signed rows, retractions first, each sorted (identical after a restart; an operator
+    query's unbound variable is None, sorted first)."""
+    ordered = sorted(changes.items(), key=_row_order)
     out: list[tuple[int, tuple[int, ...]]] = []
-    for row, count in sorted(changes.items()):
+    for row, count in ordered:
         if count < 0:
             out.extend([(-1, row)] * -count)
-    for row, count in sorted(changes.items()):
+    for row, count in ordered:
         if count > 0:
             out.extend([(1, row)] * count)
     return out
+
+
+def _row_order(item: tuple[tuple, int]) -> tuple:
+    return tuple(-1 if value is None else value for value in item[0])

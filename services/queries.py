@@ -96,9 +96,8 @@ def read_query(text: str, window: WindowSpec | None) -> tuple[ParsedQuery | None
 
     A BGP ``SELECT`` keeps its parsed form (decomposed and placed as always); any other query the operator
     algebra supports (``cbgp.algebra.analyse``: FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT, ...) is
-    returned as an ``OperatorQuerySpec``, evaluated by its single owner on the total order.  Raises
-    ``QueryError`` naming the construct, line and column of what is out of scope; operators over a window are
-    (not run by the fleet yet)."""
+    returned as an ``OperatorQuerySpec`` (over a window: evaluated by the Spark job, ``cbgp.windows``).  Raises
+    ``QueryError`` naming the construct, line and column of what is out of scope."""
     try:
         return parse_query(text), None
     except QueryError as error:
@@ -113,10 +112,10 @@ def read_query(text: str, window: WindowSpec | None) -> tuple[ParsedQuery | None
         raise
     if isinstance(spec, ParsedQuery):  # (analyse agrees with parse_query; kept for safety)
         return spec, None
-    if window is not None:
-        construct = original.message.split(" is not supported")[0]
-        raise QueryError(f"{construct} over a window is not supported: the fleet runs operators on the total order "
-                         "only (a windowed query must be a BGP)", original.line, original.column)
+    if window is not None:  # the Spark job evaluates it (cbgp.windows): checked here as it will build it
+        from cbgp.windows import WindowedQuery
+
+        WindowedQuery(text, window)  # raises WindowError (a QueryError) for what a per-event window cannot run
     return None, spec
 
 
@@ -184,7 +183,8 @@ def graphs_read(text: str) -> list[GraphRead]:
     return out
 
 
-def read_stream(options: Mapping[str, str], text: str, operators: object | None) -> tuple[str | None, list[str]]:
+def read_stream(options: Mapping[str, str], text: str, operators: object | None,
+                window: WindowSpec | None = None) -> tuple[str | None, list[str]]:
     """``(named graph fed, named graphs read)`` of a registration: ``(None, [])`` without ``stream=``.
 
     Raises ``QueryError`` when the option is given to anything but a CONSTRUCT query, names no absolute IRI, or
@@ -201,6 +201,9 @@ def read_stream(options: Mapping[str, str], text: str, operators: object | None)
         raise QueryError(f"option stream= is only for CONSTRUCT queries (a derived stream of triples), not {form}",
                          line, column)
     graph = stream_iri(value)
+    if window is not None:
+        raise QueryError(f"a windowed query cannot feed a derived stream (stream={graph}): its triples would leave "
+                         "the graph as they leave the window; register the CONSTRUCT without a window")
     reads: list[str] = []
     for read in graphs_read(text):
         if read.variable:

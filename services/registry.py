@@ -135,7 +135,7 @@ _OPERATOR_NAMES = {"Filter": "FILTER", "LeftJoin": "OPTIONAL", "Union": "UNION",
                    "Join": "join", "Ask": "ASK", "Construct": "CONSTRUCT"}
 
 
-def operator_summary(spec: Any, placement: str) -> str:
+def operator_summary(spec: Any, placement: str, windowed: bool = False) -> str:
     """``operators: SELECT with OPTIONAL, FILTER over 2 BGP(s); ...`` (ACCEPTED messages)."""
     from cbgp.algebra import OperatorQuery
     from cbgp.terms import TermDictionary
@@ -146,7 +146,8 @@ def operator_summary(spec: Any, placement: str) -> str:
         name = _OPERATOR_NAMES.get(type(op).__name__)
         if name and name not in names:
             names.append(name)
-    where = ("its BGP leaves by centre value on updates.routed, the operators by the answers service over their "
+    where = ("evaluated over the window's content, the operators after the BGP engine" if windowed else
+             "its BGP leaves by centre value on updates.routed, the operators by the answers service over their "
              "deltas in seq order" if placement == BY_CENTRE else
              "evaluated by its single owner on updates.encoded (the total order), the operators after the BGP engine")
     return (f"{OPERATORS_CLASS}: {spec.form} with {', '.join(names) or 'projection'} over "
@@ -246,7 +247,7 @@ class Registry:
             text, window = read_registration(sparql, stored_options)
             parsed, operators = read_query(text, window)
             plan = decompose(parsed) if parsed is not None else None
-            stream, reads = read_stream(stored_options, text, operators)
+            stream, reads = read_stream(stored_options, text, operators, window)
             if stream is not None:
                 self._check_stream(query_id, stream, reads, text)
         except QueryError as exc:  # WindowError included
@@ -256,7 +257,7 @@ class Registry:
         if plan is None:  # an operator query (issue 18)
             placement = operator_placement(operators, stream is not None)
             plan_json, projected = operator_plan(operators, placement), operator_columns(operators)
-            query_class, summary = OPERATORS_CLASS, operator_summary(operators, placement)
+            query_class, summary = OPERATORS_CLASS, operator_summary(operators, placement, window is not None)
         else:
             plan_json, projected, query_class = plan.to_json(), list(plan.query.projected), plan.query_class
             summary = plan_summary(plan)

@@ -114,7 +114,8 @@ def start_stateful(spark: SparkSession, settings: KafkaSettings, duty: str, chec
     from spark.assembly import start_assembly
     from spark.windows import start_windows
 
-    topics = {name: settings.topic(name) for name in ("updates.encoded", "deltas.parts", "queries.plans")}
+    topics = {name: settings.topic(name)
+              for name in ("updates.encoded", "deltas.parts", "queries.plans", "dictionary")}
     deltas_partitions = len(end_offsets(settings, topics["deltas.parts"]))
     start = start_windows if duty == "windows" else start_assembly
     return start(spark, kafka_options(settings), topics, deltas_partitions, str(checkpoint_dir), interval_s,

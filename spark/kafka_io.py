@@ -24,7 +24,8 @@ offset long, timestamp_ms long``.  Options:
                            with records in the batch (``RANGES_SCHEMA``); the consumer of the batch reads
                            them itself (:func:`read_ranges`: Arrow, in the driver, no JVM round trip).  The
                            offsets still live in Spark's checkpoint, so a re-run batch reads the same ranges.
-``topic``                  writer: target topic (otherwise a ``topic`` column is required).
+``topic``                  writer: target topic (otherwise a ``topic`` column is required; a row's non-null
+                           ``topic`` wins over the option).
 ``kafka.<librdkafka key>`` passed through to every client (``kafka.bootstrap.servers`` is required;
                            SASL/TLS settings such as ``kafka.security.protocol`` go here too).
 
@@ -391,6 +392,7 @@ def write_rows(options: Mapping[str, str], schema: StructType, rows: Iterator[An
     fixed_topic = options.get("topic")
     if fixed_topic is None and "topic" not in names:
         raise KafkaSourceError("set option topic or provide a topic column")
+    by_row = "topic" in names
     producer = Producer(client_config(options, **{"enable.idempotence": True, "acks": "all", "linger.ms": 5}))
     errors: list[str] = []
     acked = 0
@@ -404,7 +406,7 @@ def write_rows(options: Mapping[str, str], schema: StructType, rows: Iterator[An
 
     sent = 0
     for row in rows:
-        topic = fixed_topic or row["topic"]
+        topic = row["topic"] if by_row and row["topic"] else fixed_topic  # (a row's own topic wins)
         kwargs: dict[str, Any] = {"key": _as_bytes(row["key"]) if "key" in names else None,
                                   "value": _as_bytes(row["value"]), "on_delivery": on_delivery}
         if "partition" in names and row["partition"] is not None:

@@ -46,13 +46,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from cbgp.sparql import parse_query
-from cbgp.terms import stable_term_id
-from cbgp.windows import WindowedQuery
+from cbgp.sparql import ParsedQuery
+from cbgp.terms import DEFAULT_GRAPH_ID
+from cbgp.windows import WindowedQuery, WindowReport
 from services import codec
 from services.idempotence import WINDOW_SOURCE_PARTITION
 from services.records import query_partition
+from services.worker_core.engine import ASK_FALSE, ASK_TRUE, ASK_VARIABLE, ask_flip
 from spark import state_log
+from spark.terms import FleetTerms, fleet_terms
 
 __all__ = ["GC_DELAY_MS", "WINDOW_SOURCE_PARTITION", "WindowProcessor", "fan_out", "start_windows", "window_group"]
 
@@ -64,7 +66,7 @@ UPDATE_SCHEMA = ("query_id string, first_offset long, last_offset long, top_seq 
                  "updates binary, wm_ms long")
 _UPDATE_COLUMNS = [c.split()[0] for c in UPDATE_SCHEMA.split(", ")]
 _CHANGE_COLUMNS = ("kafka_offset", "item", "seq", "op", "s", "p", "o", "g", "t")
-OUTPUT_SCHEMA = "key binary, value binary, partition int"
+OUTPUT_SCHEMA = "key binary, value binary, topic string, partition int"  # topic: null for deltas.parts
 META_SCHEMA = ("version long, plan_version int, top_seq long, top_time long, late_dropped long, timer long, "
                "tail_inputs long")
 GC_DELAY_MS = 10 * 60 * 1000  # watermark delay: how far behind the newest chunk a chunk may still come
@@ -73,16 +75,22 @@ MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record
 MIN_TAIL = 20_000  # inputs replayed at most before the base is rewritten (see spark.state_log)
 
 _LIVE: state_log.LiveCache[WindowedQuery] = state_log.LiveCache()  # per Python worker
-_PREDICATES: dict[tuple[str, int], np.ndarray] = {}  # (query id, version) -> predicate ids
+_PREDICATES: dict[tuple[str, int], np.ndarray | None] = {}  # (query id, version) -> predicate ids
 
 
-def _predicates(query_id: str, version: int, sparql: str) -> np.ndarray:
-    """Predicate ids the query's patterns use (predicates are always constants: the parser rejects
-    variables there)."""
+def _predicates(query_id: str, version: int, sparql: str, window: Any) -> np.ndarray | None:
+    """Predicate ids the query's patterns read (None: any, a variable predicate of an operator query)."""
     key = (query_id, version)
     if key not in _PREDICATES:
-        _PREDICATES[key] = np.array(sorted({stable_term_id(t.p) for t in parse_query(sparql).patterns}), dtype=np.int64)
+        read = WindowedQuery(sparql, window).predicates  # (stable ids, as ingest's)
+        _PREDICATES[key] = None if read is None else np.array(sorted(read), dtype=np.int64)
     return _PREDICATES[key]
+
+
+def _analyse(text: str) -> Any:
+    from cbgp.algebra import analyse  # (rdflib: loaded by the Python workers that evaluate windows)
+
+    return analyse(text)
 
 
 def _decode_chunk(values: Any, offsets: Any) -> dict[str, np.ndarray] | None:
@@ -141,9 +149,10 @@ def fan_out(kafka_config: Mapping[str, Any], plans_topic: str):  # noqa: ANN201
             matrix = np.column_stack([chunk[c].astype(np.int64) for c in _CHANGE_COLUMNS])
             ids, blobs = [SENTINEL], [b""]
             for plan in windowed:
-                mask = np.isin(chunk["p"], _predicates(plan.query_id, plan.version, plan.sparql))
+                read = _predicates(plan.query_id, plan.version, plan.sparql, plan.window)
                 ids.append(plan.query_id)
-                blobs.append(np.ascontiguousarray(matrix[mask]).tobytes())
+                blobs.append(np.ascontiguousarray(matrix if read is None else matrix[np.isin(chunk["p"], read)])
+                             .tobytes())
             n = len(ids)
             yield pd.DataFrame({"query_id": ids, "first_offset": [first_offset] * n, "last_offset": [last_offset] * n,
                                 "top_seq": [top_seq] * n, "top_time": [top_time] * n, "updates": blobs,
@@ -177,6 +186,9 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
         top_time = batch_top if top_time is None else max(top_time, batch_top)
     rows = _changes(updates)[:, [3, 4, 5, 6, 7, 8]] if len(updates) else np.zeros((0, 6), dtype=np.int64)
     dropped = 0
+    terms = evaluator.dictionary if isinstance(evaluator.dictionary, FleetTerms) else None
+    if terms is not None and len(rows):  # an operator query reads terms: those of these updates, first
+        terms.wait_for(set(np.unique(rows[:, [1, 2, 3, 4]]).tolist()) - {DEFAULT_GRAPH_ID})
     add = evaluator.add
     for op, s, p, o, g, event_time in rows.tolist():
         if not add(op, s, p, o, g, event_time):
@@ -184,18 +196,27 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
     if top_time is None:
         return top_seq, top_time, dropped, [], (rows, None)
     watermark = top_time - evaluator.spec.lateness_ms
-    out: list[tuple[bytes, bytes, int]] = []
+    out: list[tuple[bytes, bytes, str | None, int]] = []
     pending: list[tuple] = []
     target = query_partition(query_id, deltas_partitions)
     key = query_id.encode()
-    columns = evaluator.columns
+    first = evaluator.last_instant is None
+    reports = evaluator.advance(watermark)
+    if evaluator.form == "ASK":
+        columns: tuple[str, ...] = (ASK_VARIABLE,)
+        reports = _ask_reports(evaluator, reports, first)
+    else:
+        columns = evaluator.columns
+    if terms is not None:  # the terms its answers use that the fleet has not seen (a COUNT...): before them
+        out.extend((str(term_id).encode(), codec.encode("DictionaryEntry", {"id": term_id, "term": term}),
+                    terms.topic, term_id % len(terms.partitions)) for term_id, term in terms.take_made())
 
     def flush() -> None:
         if pending:
-            out.append((key, codec.encode_part_delta_batch(query_id, -1, columns, pending), target))
+            out.append((key, codec.encode_part_delta_batch(query_id, -1, columns, pending), None, target))
             pending.clear()
 
-    for report in evaluator.advance(watermark):
+    for report in reports:
         for index, (sign, row) in enumerate(report.deltas):
             pending.append((top_seq, sign, row, WINDOW_SOURCE_PARTITION, report.instant_ms,
                             index, False, report.instant_ms))
@@ -203,6 +224,20 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
                 flush()
     flush()
     return top_seq, top_time, dropped, out, (rows, watermark)
+
+
+def _ask_reports(evaluator: WindowedQuery, reports: list[WindowReport], first: bool) -> list[WindowReport]:
+    """An ASK's reports as the fleet reports ASK (``?ask`` false from the first instant, then flipped), from
+    the algebra's (one empty row while it holds)."""
+    encode = evaluator.dictionary.encode
+    true, false = (encode(ASK_TRUE),), (encode(ASK_FALSE),)
+    out = [WindowReport(report.instant_ms, ask_flip(report.deltas, true, false)) for report in reports]
+    if first and evaluator.last_instant is not None:  # its first answer (as an aggregate's 0 comes first)
+        if out:  # it came true: "false" was never said
+            out[0] = WindowReport(out[0].instant_ms, [(1, true)])
+        else:
+            out = [WindowReport(evaluator.last_instant, [(1, false)])]
+    return out
 
 
 def replay(evaluator: WindowedQuery, record: Any) -> WindowedQuery:
@@ -222,7 +257,7 @@ def _horizon(evaluator: WindowedQuery) -> int:
 
 
 _EMPTY = pd.DataFrame({"key": pd.Series([], dtype=object), "value": pd.Series([], dtype=object),
-                       "partition": pd.Series([], dtype=np.int32)})
+                       "topic": pd.Series([], dtype=object), "partition": pd.Series([], dtype=np.int32)})
 
 
 class WindowProcessor(state_log.QueryStateProcessor):
@@ -230,10 +265,21 @@ class WindowProcessor(state_log.QueryStateProcessor):
 
     META_SCHEMA = META_SCHEMA
 
+    def __init__(self, kafka_config: Mapping[str, Any], plans_topic: str, deltas_partitions: int,
+                 dictionary_topic: str) -> None:
+        super().__init__(kafka_config, plans_topic, deltas_partitions)
+        self.dictionary_topic = dictionary_topic
+
     def _plans(self):  # noqa: ANN202
         from spark.plans import plan_cache
 
         return plan_cache(self.kafka_config, self.plans_topic)
+
+    def _terms(self, plan: Any) -> FleetTerms | None:
+        """The fleet's dictionary for a query with operators (they read terms and make some); None for a BGP."""
+        if isinstance(_analyse(plan.sparql), ParsedQuery):
+            return None
+        return fleet_terms(self.kafka_config, self.dictionary_topic)
 
     def _forget(self, query_id: str, meta: tuple | None) -> None:
         if meta is not None and meta[5] is not None:
@@ -259,10 +305,13 @@ class WindowProcessor(state_log.QueryStateProcessor):
         token = (plan.version, plan.sparql)
         evaluator = _LIVE.get(query_id, version, token) if meta is not None else None
         if evaluator is None:
-            evaluator = state_log.restore(
-                self.base, self.tail,
-                lambda saved: WindowedQuery(plan.sparql, plan.window) if saved is None
-                else WindowedQuery.from_state(plan.sparql, plan.window, saved), replay)                 if meta is not None else WindowedQuery(plan.sparql, plan.window)
+            terms = self._terms(plan)
+
+            def build(saved: dict | None) -> WindowedQuery:
+                return WindowedQuery(plan.sparql, plan.window, terms) if saved is None else \
+                    WindowedQuery.from_state(plan.sparql, plan.window, saved, terms)
+
+            evaluator = state_log.restore(self.base, self.tail, build, replay) if meta is not None else build(None)
         top_seq, top_time, dropped, out, record = window_group(query_id, updates, evaluator, top_seq, top_time,
                                                                self.deltas_partitions)
         inputs = len(record[0])
@@ -279,8 +328,8 @@ class WindowProcessor(state_log.QueryStateProcessor):
         self.meta.update((version, plan.version, top_seq, top_time, late_dropped + dropped, timer, tail_inputs))
         _LIVE.put(query_id, version, token, evaluator)
         if out:
-            keys, values, partitions = zip(*out)
-            yield pd.DataFrame({"key": list(keys), "value": list(values),
+            keys, values, topics, partitions = zip(*out)
+            yield pd.DataFrame({"key": list(keys), "value": list(values), "topic": list(topics),
                                 "partition": np.array(partitions, dtype=np.int32)})
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
@@ -312,7 +361,7 @@ def start_windows(spark: SparkSession, kafka_options: Mapping[str, str], topics:
             .withColumn("wm_ts", F.timestamp_millis("wm_ms")).drop("wm_ms")
             .withWatermark("wm_ts", f"{GC_DELAY_MS} milliseconds"))
     reports = rows.groupBy("query_id").transformWithStateInPandas(
-        WindowProcessor(dict(kafka_config), topics["queries.plans"], deltas_partitions),
+        WindowProcessor(dict(kafka_config), topics["queries.plans"], deltas_partitions, topics["dictionary"]),
         OUTPUT_SCHEMA, "append", "EventTime")
     writer = (reports.writeStream.queryName("cbgp-windows").format("cbgpkafka").options(**kafka_options)
               .option("topic", topics["deltas.parts"]).option("checkpointLocation", checkpoint_dir))

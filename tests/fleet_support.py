@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Iterable
 
 from cbgp.plan import decompose
-from cbgp.sparql import parse_query
 from cbgp.terms import from_sparql_json
 from confluent_kafka import KafkaException
 
 from services import codec
 from services.codec import canonical_binding, term_from_avro
 from services.kafka import KafkaSettings, end_offsets, make_producer, produce_sync, read_all
-from services.queries import read_registration
+from services.queries import read_query, read_registration
 from services.runtime import query_partition
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,11 +140,18 @@ def publish_plan(settings: KafkaSettings, query_id: str, sparql: str, version: i
             seq = end_offsets(settings, settings.topic("updates.encoded")).get(0, (0, 0))[1]
         except KafkaException:  # not created yet: nothing was ingested
             seq = 0
-    plain, _window = read_registration(sparql, options or {})
-    plan = decompose(parse_query(plain))
-    record = {"query_id": query_id, "sparql": sparql, "options": options or {},
-              "plan_json": json.dumps(plan.to_json()),
-              "projected": list(plan.query.projected), "registered_at_seq": seq, "version": version}
+    plain, window = read_registration(sparql, options or {})
+    parsed, operators = read_query(plain, window)
+    if parsed is None:  # an operator query, as the registry describes it
+        from services.registry import operator_columns, operator_placement, operator_plan
+
+        plan_json, projected = operator_plan(operators, operator_placement(operators, False)), \
+            operator_columns(operators)
+    else:
+        plan = decompose(parsed)
+        plan_json, projected = plan.to_json(), list(plan.query.projected)
+    record = {"query_id": query_id, "sparql": sparql, "options": options or {}, "plan_json": json.dumps(plan_json),
+              "projected": projected, "registered_at_seq": seq, "version": version}
     partition = query_partition(query_id, settings.partitions)
     produce_sync(make_producer(settings), settings.topic("queries.plans"), codec.encode("QueryPlan", record),
                  query_id.encode(), partition=partition)

@@ -22,6 +22,7 @@ from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse
 from cbgp.algebra.operators import MEMO_LIMIT, Delta, add, remapper
 from cbgp.algebra.terms import Terms, expression_variables
 from cbgp.engine import Engine, EngineError
+from cbgp.plan import Plan
 from cbgp.sparql import ParsedQuery
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
@@ -204,13 +205,13 @@ class ContinuousEngine:
         self.operator_queries: dict[str, OperatorQuery] = {}
         self.pushdown = pushdown
 
-    def register(self, name: str, query: str | ParsedQuery | OperatorQuerySpec,
+    def register(self, name: str, query: str | ParsedQuery | Plan | OperatorQuerySpec,
                  initial: Iterable[tuple[int, int, int, int]] | None = None) -> list[Delta3]:
         if name in self.engine.queries or name in self.operator_queries:
             raise EngineError(f"a query named {name!r} is already registered")
         if isinstance(query, str):
             query = analyse(query)
-        if isinstance(query, ParsedQuery):
+        if isinstance(query, (ParsedQuery, Plan)):  # a BGP (or its decomposition): the BGP engine's
             return self.engine.register(name, query, initial)
         op = OperatorQuery(query, self.dictionary, self.pushdown)
         self.operator_queries[name] = op

@@ -662,6 +662,17 @@ def test_explain_names_each_part_placement_and_windowed_queries_are_the_spark_jo
     out = io.StringIO()
     explain(str(windowed), False, out)
     assert f"placement in the fleet: {WINDOWED_PLACEMENT}" in out.getvalue() and BY_CENTRE not in out.getvalue()
+    counted = tmp_path / "count.rq"  # operators over a window: the Spark job too
+    counted.write_text(f"PREFIX : <{EX}>\nSELECT ?b (COUNT(?a) AS ?n) FROM NAMED WINDOW :w ON :s [RANGE PT10S]\n"
+                       "WHERE { WINDOW :w { ?a :knows ?b FILTER(?a != ?b) } } GROUP BY ?b")
+    out = io.StringIO()
+    explain(str(counted), True, out)
+    data = json.loads(out.getvalue())
+    assert data["placement"] == WINDOWED_PLACEMENT and data["window"]["range_ms"] == 10_000
+    out = io.StringIO()
+    explain(str(counted), False, out)
+    assert "event-time window: tumbling" in out.getvalue() and "Aggregate by 1 key(s): COUNT" in out.getvalue()
+    assert f"placement in the fleet: {WINDOWED_PLACEMENT}" in out.getvalue() and BY_CENTRE not in out.getvalue()
 
 
 def test_a_product_part_delta_written_twice_is_multiplied_once() -> None:

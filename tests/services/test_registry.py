@@ -100,13 +100,22 @@ def test_operator_queries_a_worker_must_evaluate_whole_are_single_owner() -> Non
     assert json.loads(derived.plan[1]["plan_json"])["placement"] == "single-owner"
 
 
-def test_operators_over_a_window_are_rejected_with_the_construct_and_its_place() -> None:
+def test_operators_over_a_window_are_accepted_for_the_spark_job_and_what_a_window_cannot_run_is_not() -> None:
     sparql = (f"SELECT ?x FROM NAMED WINDOW <{EX}w> ON <{EX}s> [RANGE PT10S]\n"
               f"WHERE {{ WINDOW <{EX}w> {{ ?x <{EX}p> ?y FILTER(?y > 1) }} }}")
     decision = _register(Registry(), "w", sparql)
+    assert decision.status["status"] == "ACCEPTED", decision.status
+    assert "evaluated over the window's content" in decision.status["message"]
+    assert "(evaluated by the Spark job)" in decision.status["message"]
+    per_event = (f"SELECT (COUNT(*) AS ?n) FROM NAMED WINDOW <{EX}w> ON <{EX}s> [RANGE PT10S STEP PT1S EVENT]\n"
+                 f"WHERE {{ WINDOW <{EX}w> {{ ?x <{EX}p> ?y }} }}")
+    decision = _register(Registry(), "e", per_event)
     assert decision.status["status"] == "REJECTED" and decision.plan is None
-    assert decision.status["message"].startswith("FILTER over a window is not supported")
-    assert (decision.status["line"], decision.status["column"]) == (2, 60)
+    assert "answers over no triples" in decision.status["message"]
+    derived = _register(Registry(), "d", f"CONSTRUCT {{ ?y <{EX}q> ?x }} FROM NAMED WINDOW <{EX}w> ON <{EX}s> "
+                        f"[RANGE PT10S] WHERE {{ WINDOW <{EX}w> {{ ?x <{EX}p> ?y }} }}", stream=f"<{EX}derived>")
+    assert derived.status["status"] == "REJECTED"
+    assert derived.status["message"].startswith("a windowed query cannot feed a derived stream")
 
 
 @pytest.mark.parametrize("bad_id", ["", "has space", "a/b", "x" * 129, None])
