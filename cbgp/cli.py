@@ -275,7 +275,7 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
                 if pushed:
                     text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed) + (
                         "" if placement == SINGLE_OWNER or number in gated else
-                        " by `cbgp replay` and a single owner (by centre this leaf's probes or product keep every "
+                        " by `cbgp replay` and a single owner (by centre this leaf's probes keep every "
                         "match, and the FILTER runs with the operators)")
                 out.write(f"BGP leaf{number}: " + text + "\n")
             out.write(f"placement in the fleet: {placement} ({OPERATORS_WHERE[placement]})\n")

@@ -10,8 +10,9 @@ service releases their deltas in seq order (``services.release``), where :class:
 a multi-part leaf's parts (``cbgp.assembly``) and pushes each update's net leaf deltas through the operators
 (:class:`cbgp.algebra.runtime.OperatorTree`), exactly as the single owner's private engine would.
 
-A FILTER pushed into a whole leaf's pattern (``cbgp.algebra.runtime.FilterGate``) goes with it
-(``LeafPart.pushed``): the shard keeps the changes it rejects out of that leaf's state.  The filters stay in
+A FILTER pushed into a leaf's pattern (``cbgp.algebra.runtime.FilterGate``) goes with it, or with the part of a
+product leaf that holds the pattern (``LeafPart.pushed``): the shard keeps the changes it rejects out of that
+leaf's (part's) state.  The filters stay in
 the tree too, where they decide the answers.  No Kafka here.
 """
 
@@ -37,8 +38,9 @@ class LeafPart:
     leaf: int  # the leaf (OperatorTree's engine leaves, in order)
     part: int  # its index in the leaf's decomposition; -1: the leaf whole (a leaf of one part)
     plan: Plan  # what a routed shard registers: in its engine, or in its evaluator when ``plan.probed``
-    # A whole leaf with FILTERs pushed into its patterns (not probed): the leaf with them, and the query's
-    # prologue (the filters' IRIs), so a shard can keep the changes they reject out of its state.
+    # A leaf (or a product leaf's part) with FILTERs pushed into its patterns, not joined by probes: its query
+    # with them, and the query's prologue (the filters' IRIs), so a shard can keep the changes they reject out
+    # of its state.
     pushed: EngineLeaf | None = None
     prologue: object = None
 
@@ -54,8 +56,25 @@ def _leaf_parts(engine_leaves: list[EngineLeaf], prologue: object = None) -> tup
             out.append(LeafPart(len(out), number, -1, plan, pushed, prologue if pushed else None))
             continue
         for part in split_parts(engine_leaf.query):
-            out.append(LeafPart(len(out), number, part.index, decompose(parse_query(part.sparql))))
+            part_plan = decompose(parse_query(part.sparql))
+            pushed = _part_filters(engine_leaf, plan.parts[part.index].patterns, part_plan)
+            out.append(LeafPart(len(out), number, part.index, part_plan, pushed, prologue if pushed else None))
     return tuple(out)
+
+
+def _part_filters(engine_leaf: EngineLeaf, indices: tuple[int, ...], part_plan: Plan) -> EngineLeaf | None:
+    """The FILTERs pushed into the patterns of one part of a product leaf (leaf pattern ``indices[j]`` is the
+    part's pattern j), as a leaf of the part's own query, or None (none pushed, or a part joined by probes).
+    A pushed filter is a conjunct on one pattern's variables, so a triple it rejects is in no answer of the
+    product either."""
+    if not engine_leaf.pushed or part_plan.probed:
+        return None
+    patterns = part_plan.query.patterns
+    if len(patterns) != len(indices) or any(patterns[j] != engine_leaf.query.patterns[i]
+                                            for j, i in enumerate(indices)):
+        return None  # (the part's text reordered its patterns: kept whole rather than guessed)
+    filters = {j: engine_leaf.pushed[i] for j, i in enumerate(indices) if i in engine_leaf.pushed}
+    return EngineLeaf(engine_leaf.leaf, part_plan.query, filters) if filters else None
 
 
 def leaf_parts(spec: OperatorQuerySpec) -> tuple[LeafPart, ...] | None:

@@ -710,6 +710,8 @@ OPERATOR_QUERIES = {
     "having": f"SELECT ?x (COUNT(?y) AS ?c) WHERE {{ ?x {K} ?y }} GROUP BY ?x HAVING(COUNT(?y) > 1)",
     "topk": f"SELECT ?x ?a WHERE {{ ?x {A} ?a }} ORDER BY DESC(?a) ?x LIMIT 2",
     "triangle_filter": f"SELECT ?a ?b ?c WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?a FILTER(?a != ?b) }}",
+    # a product leaf whose second part has a FILTER pushed into it (behind its gate on the shards)
+    "product_filter": f"SELECT ?x ?y ?a WHERE {{ ?x {T} <{EX}Person> . ?y {A} ?a FILTER(?a > 30) }}",
 }
 
 
@@ -776,3 +778,9 @@ def test_a_leaf_with_a_pushed_filter_keeps_the_changes_it_rejects_out_of_the_sha
     assert got == kept and len(kept) == 19
     assert gated.state_entries() * 2 < plain.state_entries()
     assert gated.operators["leaf"].gated == 21
+    # A product leaf: the filter goes with the part that holds its pattern.
+    _parsed, product = read_query(OPERATOR_QUERIES["product_filter"], None)
+    person, aged = leaf_parts(product)
+    assert (person.part, aged.part) == (0, 1) and person.pushed is None
+    assert aged.pushed is not None and list(aged.pushed.pushed) == [0]
+    assert aged.pushed.query.patterns == aged.plan.query.patterns
