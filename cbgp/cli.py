@@ -249,7 +249,6 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
         operators = OperatorQuery(query, TermDictionary())
         parts = leaf_parts(query)
         placement = BY_CENTRE if parts is not None else SINGLE_OWNER
-        gated = {part.leaf for part in parts or () if part.pushed is not None}  # pushed on the workers too
         if window is not None:
             placement = WINDOWED_PLACEMENT
         if as_json:
@@ -272,11 +271,8 @@ def explain(path: str, as_json: bool, out: TextIO) -> None:
                 else:
                     text = text.replace("placement in the fleet:", "this leaf in the fleet:")
                 pushed = sorted(leaf.pushed)
-                if pushed:
-                    text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed) + (
-                        "" if placement == SINGLE_OWNER or number in gated else
-                        " by `cbgp replay` and a single owner (by centre this leaf's probes keep every "
-                        "match, and the FILTER runs with the operators)")
+                if pushed:  # (by centre too: the shards keep the changes it rejects out of their state)
+                    text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed)
                 out.write(f"BGP leaf{number}: " + text + "\n")
             out.write(f"placement in the fleet: {placement} ({OPERATORS_WHERE[placement]})\n")
         return

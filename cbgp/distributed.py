@@ -130,6 +130,11 @@ class _QueryState:
         self.program = program
         self.roots_after = roots_after  # updates up to this seq start no probes: the snapshot covers them
         self.registration_upto = -1  # updates up to this seq belong to the registration here (flagged snapshot)
+        # FILTERs pushed into the patterns (an object with passes(s, p, o, g); None: none): a change it rejects
+        # takes part in no answer, so it is neither stored nor starts probes (the filters decide the answers
+        # where the operators run).  A function of the change alone, so every owner of the partition agrees.
+        self.gate = None
+        self.gated = 0  # changes kept out by it
         # per pattern, per end: the store (only the ends whose value is a variable)
         self.stores: list[dict[int, PatternStore]] = [{end: PatternStore() for end in spec.ends()}
                                                        for spec in program.patterns]
@@ -156,7 +161,7 @@ class _QueryState:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"gate": None, "gated": 0, **state})  # (a checkpoint from before gates)
         self.project = _projector(self.program.projection)
 
     def _compile(self, steps: tuple) -> tuple[tuple, ...]:
@@ -233,14 +238,17 @@ class PartitionEvaluator:
 
     # -- registration
 
-    def register(self, program: ComponentProgram, roots_after: int = -1, registration_upto: int = -1) -> None:
+    def register(self, program: ComponentProgram, roots_after: int = -1, registration_upto: int = -1,
+                 gate: object | None = None) -> None:
         """Add a query whose answers are enumerated as of ``roots_after`` (:meth:`snapshot`, the same seq on
         every partition) and whose deltas start with the updates after it.  Its state is then brought in with
         :meth:`apply` on this partition's log so far (``only=``); the updates up to ``registration_upto`` (what
         this partition had applied when it registered the query) start probes flagged ``snapshot``: they are
-        the registration's, which :meth:`pending` waits for and :meth:`completed_live` leaves out."""
+        the registration's, which :meth:`pending` waits for and :meth:`completed_live` leaves out.  ``gate``:
+        the FILTERs pushed into its patterns (see ``_QueryState.gate``)."""
         state = self.queries[program.name] = _QueryState(program, roots_after)
         state.registration_upto = registration_upto
+        state.gate = gate
         self._index()
 
     def snapshot(self, name: str) -> Outputs:
@@ -338,6 +346,9 @@ class PartitionEvaluator:
             state = self.queries[only]
             targets = ((only, state, state.hits[p]),) if p in state.hits else ()
         for name, state, hits in targets:
+            if state.gate is not None and not state.gate.passes(s, p, o, g):
+                state.gated += 1
+                continue
             started = None
             for hit in hits:
                 i, spec, subject_store, object_store, start_role = hit
@@ -380,6 +391,11 @@ class PartitionEvaluator:
                               route)
                 self._continue(probe, out, True, binding)
         return out
+
+    def gate_predicates(self) -> frozenset[int]:
+        """The predicates of the changes whose terms the queries' gates read."""
+        return frozenset(p for state in self.queries.values() if state.gate is not None
+                         for p in state.gate.gates)
 
     def advance(self, frontier: int, out: Outputs | None = None) -> Outputs:
         """Every change up to ``frontier`` routed here has been applied (ingest's frontier mark, or the log

@@ -79,6 +79,10 @@ class ProbeRouting:
         self.next_floor = 0.0
         self.sent = 0  # probes written to other partitions (metrics)
         self.received = 0
+        # Passes changes through, the terms of those with the given predicates looked up in the dictionary topic
+        # first (a gate's FILTERs read them; the worker core sets ``services.worker_core.terms.learning``)
+        self.learning: Callable[[Shard, Iterable[Change], frozenset[int]], Iterable[Change]] = \
+            lambda _shard, changes, _predicates: changes
 
     # -- registration
 
@@ -87,7 +91,7 @@ class ProbeRouting:
         multi-centre part) to a routed shard being restored (its log is then replayed into it silently); the
         updates up to seq ``upto`` are its registration's."""
         evaluator = self._evaluator(shard)
-        evaluator.register(compile_component(name, plan, shard.engine.dictionary), 0, upto)
+        evaluator.register(compile_component(name, plan, shard.engine.dictionary), 0, upto, _gate(shard, info, plan))
         shard.probe_queries[name] = info
 
     def register_at(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int,
@@ -103,14 +107,17 @@ class ProbeRouting:
         receivers take one copy.  The registration is recorded in the shard's own log for its restores."""
         here = shard.partition
         program = compile_component(name, plan, shard.engine.dictionary)
+        gate = _gate(shard, info, plan)
+        terms = frozenset(gate.gates) if gate is not None else frozenset()  # (whose terms its FILTERs read)
         scratch = PartitionEvaluator(here, self.n_routed)
         channels: dict = {}
         steps: list[tuple[int, Outputs]] = []
 
         def registration() -> Outputs:
-            scratch.register(program, 0, upto)
+            scratch.register(program, 0, upto, gate)
             made = Outputs()
-            for seq, sign, s, p, o, g, _time, role, _refresh in _changes(self.reader(here, 0, point)):
+            for seq, sign, s, p, o, g, _time, role, _refresh in self.learning(shard, _changes(self.reader(
+                    here, 0, point)), terms):
                 scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
             made.extend(scratch.release_waiting(name))
             return made
@@ -134,7 +141,8 @@ class ProbeRouting:
                         scratch.on_probe(Probe(here, *item), live, made)
             else:
                 last = None
-                for seq, sign, s, p, o, g, _time, role, _refresh in _changes([(offset, value)]):
+                for seq, sign, s, p, o, g, _time, role, _refresh in self.learning(
+                        shard, _changes([(offset, value)]), terms if live else frozenset()):
                     if live:
                         scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
                     last = seq
@@ -409,6 +417,7 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
                     shard.registered_at[name] = upto[name]
     evaluator = shard.evaluator
     if evaluator is not None:
+        terms = evaluator.gate_predicates()
         for offset, value in routing.reader(shard.partition, start, shard.position):
             frontier = codec.frontier_of(value)
             if frontier is not None:
@@ -419,7 +428,8 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
                 routing.on_batch(shard, record, known)  # silently: its outputs were committed before
                 continue
             wanted = evaluator.predicates
-            for seq, sign, s, p, o, g, _time, role, _refresh in _changes([(offset, value)]):
+            for seq, sign, s, p, o, g, _time, role, _refresh in routing.learning(
+                    shard, _changes([(offset, value)]), terms):
                 if p in wanted:
                     evaluator.apply(seq, sign, s, p, o, g, role)
                 evaluator.advance(seq)
@@ -431,6 +441,19 @@ def _probe_batch(value: bytes) -> dict | None:
         return codec.probe_batch_of(value)
     except codec.CodecError:
         return None
+
+
+def _gate(shard: Shard, info: QueryInfo, plan: Any) -> Any:
+    """The gate of the FILTERs pushed into the patterns of ``plan`` when it is a leaf (part) of an operator
+    query placed by centre (``LeafPart.pushed``), over the shard's dictionary; None otherwise."""
+    part = next((p for p in info.operator_parts or () if p.plan is plan and p.pushed is not None), None)
+    if part is None:
+        return None
+    from cbgp.algebra.runtime import FilterGate
+    from cbgp.algebra.terms import Terms
+
+    dictionary = shard.engine.dictionary
+    return FilterGate.of([part.pushed], dictionary, Terms(dictionary, part.prologue))
 
 
 def _changes(records: Iterable[tuple[int, bytes]]) -> Iterable[Change]:

@@ -38,9 +38,9 @@ class LeafPart:
     leaf: int  # the leaf (OperatorTree's engine leaves, in order)
     part: int  # its index in the leaf's decomposition; -1: the leaf whole (a leaf of one part)
     plan: Plan  # what a routed shard registers: in its engine, or in its evaluator when ``plan.probed``
-    # A leaf (or a product leaf's part) with FILTERs pushed into its patterns, not joined by probes: its query
-    # with them, and the query's prologue (the filters' IRIs), so a shard can keep the changes they reject out
-    # of its state.
+    # A leaf (or a product leaf's part) with FILTERs pushed into its patterns: its query with them, and the
+    # query's prologue (the filters' IRIs), so a shard can keep the changes they reject out of its state (its
+    # engine's, or its evaluator's for a leaf joined by probes).
     pushed: EngineLeaf | None = None
     prologue: object = None
 
@@ -52,7 +52,7 @@ def _leaf_parts(engine_leaves: list[EngineLeaf], prologue: object = None) -> tup
         if plan.placement != BY_CENTRE:
             return None
         if len(plan.parts) == 1:
-            pushed = engine_leaf if engine_leaf.pushed and not plan.probed else None
+            pushed = engine_leaf if engine_leaf.pushed else None
             out.append(LeafPart(len(out), number, -1, plan, pushed, prologue if pushed else None))
             continue
         for part in split_parts(engine_leaf.query):
@@ -64,10 +64,10 @@ def _leaf_parts(engine_leaves: list[EngineLeaf], prologue: object = None) -> tup
 
 def _part_filters(engine_leaf: EngineLeaf, indices: tuple[int, ...], part_plan: Plan) -> EngineLeaf | None:
     """The FILTERs pushed into the patterns of one part of a product leaf (leaf pattern ``indices[j]`` is the
-    part's pattern j), as a leaf of the part's own query, or None (none pushed, or a part joined by probes).
+    part's pattern j), as a leaf of the part's own query, or None (none pushed).
     A pushed filter is a conjunct on one pattern's variables, so a triple it rejects is in no answer of the
     product either."""
-    if not engine_leaf.pushed or part_plan.probed:
+    if not engine_leaf.pushed:
         return None
     patterns = part_plan.query.patterns
     if len(patterns) != len(indices) or any(patterns[j] != engine_leaf.query.patterns[i]

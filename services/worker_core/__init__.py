@@ -35,8 +35,9 @@ state needed, also by a next owner that restores from a committed position befor
 
 The package: :class:`WorkerCore` here (plans, shards, the records read), its shards and query descriptions in
 ``services.worker_core.shard``, the shard engine (BGP and operator queries) in ``services.worker_core.engine``,
-and what it writes (batched answer deltas, snapshots, frontiers, derived streams) in
-``services.worker_core.outputs``; every name the services and tests use is importable from here.
+the terms its FILTERs read in ``services.worker_core.terms``, and what it writes (batched answer deltas,
+snapshots, frontiers, derived streams) in ``services.worker_core.outputs``; every name the services and tests
+use is importable from here.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from cbgp.assembly import needs_assembly
 from cbgp.distributed import Outputs as ProbeOutputs
 from cbgp.plan import BY_CENTRE, decompose
 from cbgp.sparql import QueryError
-from cbgp.terms import DEFAULT_GRAPH_ID
 from services import codec, worker_probes
 from services.idempotence import SNAPSHOT_INDEX_BASE
 from services.instruments import RESTORE_PROGRESS
@@ -64,6 +64,7 @@ from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInf
                                         decode_changes, info_mode, shard_label)
 from services.state.shards import ShardCheckpoints
 from services.worker_core.checkpoint import adopt, checkpointable, shard_blob, usable
+from services.worker_core.terms import learn, learning
 from services.worker_probes import ProbeRouting, RecordReader
 
 log = logging.getLogger("cbgp.worker")
@@ -116,6 +117,8 @@ class WorkerCore(CoreOutputs):
         self.derived: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
         self.ended_streams: list[tuple[int, int, str, int, str]] = []
         self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
+        self.probes.learning = lambda shard, changes, predicates: learning(shard, changes, self.term_reader,
+                                                                            predicates)
         self.record_reader = record_reader
         if record_reader is not None:
             self.probes.reader = record_reader
@@ -468,8 +471,8 @@ class WorkerCore(CoreOutputs):
         shard.last_seq = max(shard.last_seq, last)
         shard.last_change = changes[-1]
         evaluator = shard.evaluator if shard.kind == "routed" else None
-        if engine.operators:
-            self._learn(shard, changes)
+        if engine.operators or evaluator is not None:
+            self._learn(shard, changes)  # (what the operators' and the gates' FILTERs read)
         if evaluator is not None:
             # The record's changes into the evaluator, then its frontier once (the log is in seq order; reads are
             # versioned, so a probe held for seq k reads the same as of k - 1 after the whole record), then one
@@ -550,39 +553,11 @@ class WorkerCore(CoreOutputs):
         return [self._dead(topic, shard.partition if shard.kind == "routed" else 0, offset, "schema-mismatch",
                            error, value)]
 
-    def _learn(self, shard: Shard, changes: list[Change]) -> None:
-        """Look up the terms of ``changes`` the shard does not know yet (its operator queries read them)."""
-        dictionary = shard.engine.dictionary
-        known = getattr(dictionary, "knows", None)
-        if known is None or self.term_reader is None:
-            return
-        wanted = shard.engine.term_predicates()  # (a shard with only gated leaves reads their filters' terms)
-        missing = {x for c in changes if wanted is None or c.p in wanted
-                   for x in (c.s, c.p, c.o, c.g) if x != DEFAULT_GRAPH_ID and not known(x)}
-        if not missing:
-            return
-        found = self.term_reader(missing)
-        for term_id, term in found.items():
-            if term_id in missing:
-                dictionary.add(term_id, term)
-        lost = missing - found.keys()
-        if lost:
-            raise LookupError(f"term ids {sorted(lost)[:5]} of updates.encoded are not on the dictionary topic")
+    def _learn(self, shard: Shard, changes: list[Change], predicates: frozenset[int] | None = None) -> None:
+        learn(shard, changes, self.term_reader, predicates)
 
     def _learning(self, shard: Shard, changes: Iterable[Change]) -> Iterator[Change]:
-        """Pass ``changes`` through, their terms learnt (in chunks) when the shard has operator queries."""
-        if not shard.engine.operators or self.term_reader is None:
-            yield from changes
-            return
-        chunk: list[Change] = []
-        for change in changes:
-            chunk.append(change)
-            if len(chunk) >= LEARN_CHUNK:
-                self._learn(shard, chunk)
-                yield from chunk
-                chunk = []
-        self._learn(shard, chunk)
-        yield from chunk
+        return learning(shard, changes, self.term_reader)
 
     def state_by_query(self) -> dict[str, int]:
         totals: dict[str, int] = {}
