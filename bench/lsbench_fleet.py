@@ -329,9 +329,11 @@ def _pct(x: float | None) -> str:
 # ------------------------------------------------------------------------------------------- in memory
 
 
-def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: int = 500) -> tuple[dict, list]:
+def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: int = 500,
+                     terms: dict[int, str] | None = None) -> tuple[dict, list]:
     """The routed records per partition and the updates.encoded records ingest makes of ``updates`` (raw
-    records of ``chunk`` lines, no Kafka)."""
+    records of ``chunk`` lines, no Kafka); ``terms``: filled with the dictionary topic's entries."""
+    from services import codec
     from services.ingest import IngestProcessor, RawRecord
 
     ingest = IngestProcessor(KafkaSettings(topic_prefix="m."), partitions, partitions)
@@ -345,13 +347,18 @@ def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: i
                 routed[out.partition].append(out.value)
             elif out.topic == "m.updates.encoded":
                 encoded.append(out.value)
+            elif out.topic == "m.dictionary" and terms is not None:
+                entry = codec.decode("DictionaryEntry", out.value)
+                terms[entry["id"]] = entry["term"]
     return routed, encoded
 
 
-def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], placement: str) -> dict:
+def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], placement: str,
+                    terms: dict[int, str]) -> dict:
     """The workers' cores (services.worker_core, codec included) with one routed partition each, fed their
     logs round robin (3 records a turn, then a flush: one transaction), probes written back to the logs they
-    go to; the whole shard of each query on its owner (single-owner).  CPU seconds per core (process time)."""
+    go to; the whole shard of each query on its owner (single-owner); ``terms``: the dictionary topic (what
+    FILTERs read).  CPU seconds per core (process time), and the state entries at the end."""
     from cbgp.plan import SINGLE_OWNER
     from services import codec
     from services.records import query_partition
@@ -369,7 +376,8 @@ def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], place
         return list(enumerate(logs[partition][start:end], start))
 
     cores = [WorkerCore(topics, n, 1, 1, reader, assemble_in_spark=False, placement=placement,
-                        record_reader=records) for _ in range(n)]
+                        record_reader=records, term_reader=lambda ids: {i: terms[i] for i in ids if i in terms})
+             for _ in range(n)]
     owners: dict[int, list[int]] = {}
     for offset, (name, path) in enumerate(queries.items()):
         value = codec.encode("QueryPlan", {"query_id": name, "sparql": path.read_text(), "options": {},
@@ -411,7 +419,8 @@ def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], place
                     answers += len(codec.part_delta_columns(out.value).seq)
     probes = sum(c.shards[("routed", p)].evaluator.probes_sent for p, c in enumerate(cores)
                  if c.shards[("routed", p)].evaluator is not None)
-    return {"cpu_s": cpu, "answer_deltas": answers, "probes": probes}
+    state = sum(sum(core.state_by_query().values()) for core in cores)
+    return {"cpu_s": cpu, "answer_deltas": answers, "probes": probes, "state_entries": state}
 
 
 def evaluator_in_memory(updates: list[lsbench.UpdateRow], query: str, partitions: int) -> dict:
@@ -469,15 +478,17 @@ def in_memory(updates: list[lsbench.UpdateRow], workloads: dict, worker_counts: 
 
     results = []
     for n in worker_counts:
-        routed, encoded = ingest_in_memory(updates, n)
+        terms: dict[int, str] = {}
+        routed, encoded = ingest_in_memory(updates, n, terms=terms)
         for w, queries in workloads.items():
             for placement in placements:
-                runs = [cores_in_memory(routed, encoded, queries, placement) for _ in range(repeat)]
+                runs = [cores_in_memory(routed, encoded, queries, placement, terms) for _ in range(repeat)]
                 per_update = [1e6 * sum(r["cpu_s"]) / len(updates) for r in runs]
                 results.append({"mode": "cores", "workload": w, "placement": placement, "partitions": n,
                                 "us_per_update": per_update, "runs": runs})
                 print(f"cores in memory {w:5s} {placement:12s} partitions={n}: workers' CPU {spread(per_update)} "
-                      f"us/update; {runs[0]['answer_deltas']:,} answer deltas, {runs[0]['probes']:,} probes",
+                      f"us/update; {runs[0]['answer_deltas']:,} answer deltas, {runs[0]['probes']:,} probes, "
+                      f"{runs[0]['state_entries']:,} state entries",
                       flush=True)
             if len(queries) == 1:
                 (query,) = [path.read_text() for path in queries.values()]
