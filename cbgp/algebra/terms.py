@@ -190,7 +190,8 @@ def format_double(value: float) -> str:
 
 # --- comparisons -----------------------------------------------------------------------------------
 # rdflib orders literals of unrelated types (a string "greater" than a number) where SPARQL has a type error;
-# `strict_comparisons` makes `<`, `>`, `<=`, `>=` of an algebra raise that error first.
+# `strict_comparisons` makes `<`, `>`, `<=`, `>=` of an algebra raise that error first, and `=`, `!=` of
+# literals outside the value spaces it knows follow RDFterm-equal; STRDT takes simple literals only.
 
 _ORDERED = {XSD + "dateTime": "dateTime", XSD + "date": "date", XSD + "time": "time", XSD + "string": "string"}
 
@@ -211,6 +212,9 @@ def _category(term: Literal) -> tuple | None:
     return (kind,)
 
 
+_BOOLEANS = {"true", "false", "1", "0"}
+
+
 def _strict_relational(e, ctx):  # noqa: ANN001, ANN202
     from rdflib.plugins.sparql.operators import RelationalExpression
 
@@ -220,11 +224,50 @@ def _strict_relational(e, ctx):  # noqa: ANN001, ANN202
             ca, cb = _category(a), _category(b)
             if ca is None or ca != cb:
                 raise SPARQLError(f"cannot compare {a.n3()} and {b.n3()}")
+    elif e.other is not None and e.op in ("=", "!="):
+        # RDFterm-equal where no operator of the value space applies (a datatype we do not know, an ill-typed
+        # value): the same term is equal, two other literals are a type error (rdflib says "not equal").
+        a, b = e.expr, e.other
+        if (isinstance(a, Literal) and isinstance(b, Literal) and not a.language and not b.language
+                and (_unknown(a) or _unknown(b))):  # (a language-tagged string equals no other literal)
+            if _same_term(a, b):
+                return Literal(e.op == "=")
+            raise SPARQLError(f"cannot tell whether {a.n3()} and {b.n3()} are equal")
     return RelationalExpression(e, ctx)
 
 
+def _unknown(term: Literal) -> bool:
+    """A literal no operator's value space covers: a datatype outside XSD, or an ill-typed number or boolean."""
+    if term.datatype is None or term.language:
+        return False
+    datatype = str(term.datatype)
+    if not datatype.startswith(XSD):
+        return True
+    if datatype in _NUMERIC_TYPES:
+        return numeric_value(str(term), datatype) is None
+    return datatype == XSD + "boolean" and str(term) not in _BOOLEANS
+
+
+def _same_term(a: Literal, b: Literal) -> bool:
+    return (str(a) == str(b) and a.datatype == b.datatype
+            and (a.language or "").lower() == (b.language or "").lower())
+
+
+def _strict_strdt(e, ctx):  # noqa: ANN001, ANN202
+    from rdflib.plugins.sparql.operators import Builtin_STRDT
+
+    lexical = e.arg1
+    if not isinstance(lexical, Literal) or lexical.language or (
+            lexical.datatype is not None and str(lexical.datatype) != XSD + "string"):
+        raise SPARQLError(f"STRDT expects a simple literal, not {lexical.n3()}")  # (rdflib takes any)
+    return Builtin_STRDT(e, ctx)
+
+
+_STRICTER = {"RelationalExpression": _strict_relational, "Builtin_STRDT": _strict_strdt}
+
+
 def strict_comparisons(node) -> None:  # noqa: ANN001
-    """Patch every RelationalExpression under `node` (an rdflib algebra) in place; idempotent."""
+    """Patch every RelationalExpression (and STRDT) under `node` (an rdflib algebra) in place; idempotent."""
     from types import MethodType
 
     from rdflib.plugins.sparql.parserutils import CompValue, Expr
@@ -236,8 +279,8 @@ def strict_comparisons(node) -> None:  # noqa: ANN001
             return
         seen.add(id(n))
         if isinstance(n, CompValue):
-            if isinstance(n, Expr) and n.name == "RelationalExpression":
-                n._evalfn = MethodType(_strict_relational, n)
+            if isinstance(n, Expr) and n.name in _STRICTER:
+                n._evalfn = MethodType(_STRICTER[n.name], n)
             for key, value in n.items():
                 if key != "_vars":
                     walk(value)

@@ -19,9 +19,8 @@ KNOWN_FAILURES = {
         "GROUP BY over no solutions gives no group here, as in pyoxigraph (the differential oracle); "
         "the test expects one empty row",
     "exists / Exists within graph pattern": "EXISTS inside GRAPH ?g does not see the graph variable bound",
-    "functions / STRDT()": "rdflib's STRDT accepts a language-tagged argument",
-    "functions / STRDT() TypeErrors": "rdflib's STRDT accepts arguments the spec makes errors",
-    "functions / STRLANG() TypeErrors": "rdflib's STRLANG accepts arguments the spec makes errors",
+    "functions / STRDT() TypeErrors": "RDF 1.1: \"abc\"^^xsd:string is a simple literal, as pyoxigraph has it",
+    "functions / STRLANG() TypeErrors": "RDF 1.1: \"abc\"^^xsd:string is a simple literal, as pyoxigraph has it",
     "project-expression / Reuse a project expression variable in select":
         "expected results written with xsd:decimal lexical forms rdflib's arithmetic does not produce",
     "subquery / sq03 - Subquery within graph pattern, graph variable is not bound":
@@ -30,12 +29,6 @@ KNOWN_FAILURES = {
     "sparql10/distinct / Strings: Distinct": "RDF 1.1: \"abc\" and \"abc\"^^xsd:string are one term",
     "sparql10/distinct / All: Distinct": "RDF 1.1: \"abc\" and \"abc\"^^xsd:string are one term",
     "sparql10/expr-builtin / datatype-2 : Literals with a datatype": "RDF 1.1: simple literals have xsd:string",
-    "sparql10/open-world / open-eq-04": "rdflib's = on literals of unknown datatypes (SPARQL: a type error)",
-    "sparql10/open-world / open-eq-06": "rdflib's != on literals of unknown datatypes",
-    "sparql10/open-world / open-eq-08": "rdflib's != on literals of unknown datatypes",
-    "sparql10/open-world / open-eq-10": "rdflib's != on literals of unknown datatypes",
-    "sparql10/open-world / open-eq-11": "rdflib's != on literals of unknown datatypes",
-    "sparql10/open-world / open-eq-12": "rdflib's != on literals of unknown datatypes",
     "sparql10/open-world / date-1": "rdflib compares xsd:date values with and without a timezone",
     "sparql10/optional-filter / dawg-optional-filter-005-simplified":
         "not approved; its twin -not-simplified (the SPARQL 1.1 scoping) passes",
