@@ -4,9 +4,10 @@ A windowed BGP needs no terms: its rows are term ids.  A windowed query with ope
 literals, an aggregate sums them, and it makes terms of its own (a COUNT, a BIND value, ASK's booleans).  Each
 Python worker process keeps one :class:`FleetTerms` per (brokers, dictionary topic), read on demand like
 ``spark.plans``: ingest commits a term before any update that uses it, so reading the topic to its end finds
-every id of an update already read.  Terms an operator makes are published on the dictionary topic by the
-job's writer, in the batch of the answers that use them (``made``); a term published twice is the same record
-(ids are stable hashes), so a re-run batch is harmless.
+every id of an update already read.  The terms a batch's answers use that the topic does not hold (an
+operator made them) are published on it by the job's writer with those answers, in every batch that uses them
+until this process has read them back: a batch that Spark runs again publishes them again, and a term
+published twice is the same record (ids are stable hashes).
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ _LOCK = threading.Lock()
 
 
 class FleetTerms(TermDictionary):
-    """Stable term ids: decodes an id from the dictionary topic when it is not known here; remembers the ids it
-    encoded that the topic lacks (``made``) until :meth:`take_made`."""
+    """Stable term ids: decodes an id from the dictionary topic when it is not known here, and knows which ids
+    it has read there (:meth:`published`)."""
 
-    __slots__ = ("topic", "partitions", "made", "_consumer", "_positions", "_fleet")
+    __slots__ = ("topic", "partitions", "_consumer", "_positions", "_fleet")
 
     def __init__(self, client_config: Mapping[str, Any], topic: str) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
         super().__init__(stable=True)
         self.topic = topic
-        self.made: set[int] = set()
         self._fleet: set[int] = set()  # ids read from the topic
         self._consumer = Consumer({**client_config, "group.id": "cbgp-spark-terms", "enable.auto.commit": False,
                                    "isolation.level": "read_committed", "enable.partition.eof": False})
@@ -50,11 +50,9 @@ class FleetTerms(TermDictionary):
             plain.add(term_id, term)
         return (_plain, (plain,))
 
-    def encode(self, term: str) -> int:
-        term_id = super().encode(term)
-        if term_id not in self._fleet:
-            self.made.add(term_id)
-        return term_id
+    def published(self, term_id: int) -> bool:
+        """Whether the id was read from the dictionary topic (else an operator made it here)."""
+        return term_id in self._fleet
 
     def decode(self, term_id: int) -> str:
         try:
@@ -76,13 +74,6 @@ class FleetTerms(TermDictionary):
     def lookup_id(self, term_id: int) -> str | None:
         return self._terms.get(term_id)
 
-    def take_made(self) -> list[tuple[int, str]]:
-        """The terms encoded here since the last call that the dictionary topic did not have."""
-        made = [(term_id, self._terms[term_id]) for term_id in sorted(self.made)]
-        self._fleet.update(self.made)
-        self.made.clear()
-        return made
-
     def _read_to_end(self, deadline: float) -> None:
         from confluent_kafka import TopicPartition
 
@@ -99,7 +90,6 @@ class FleetTerms(TermDictionary):
                     continue
                 self.add(entry["id"], entry["term"])
                 self._fleet.add(entry["id"])
-                self.made.discard(entry["id"])
             for p in self.partitions:  # transaction markers leave offset gaps
                 position = self._consumer.position([TopicPartition(self.topic, p)])[0].offset
                 if position >= 0:

@@ -207,9 +207,12 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
         reports = _ask_reports(evaluator, reports, first)
     else:
         columns = evaluator.columns
-    if terms is not None:  # the terms its answers use that the fleet has not seen (a COUNT...): before them
-        out.extend((str(term_id).encode(), codec.encode("DictionaryEntry", {"id": term_id, "term": term}),
-                    terms.topic, term_id % len(terms.partitions)) for term_id, term in terms.take_made())
+    if terms is not None:  # the terms its answers use that the topic lacks (a COUNT...), published with them
+        made = sorted({v for report in reports for _sign, row in report.deltas for v in row
+                       if v is not None and not terms.published(v)})
+        out.extend((str(term_id).encode(), codec.encode("DictionaryEntry", {"id": term_id,
+                                                                            "term": terms.decode(term_id)}),
+                    terms.topic, term_id % len(terms.partitions)) for term_id in made)
 
     def flush() -> None:
         if pending:
