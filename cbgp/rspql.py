@@ -140,17 +140,36 @@ def parse_rspql(text: str) -> tuple[str, WindowSpec | None]:
         raise error(f"WINDOW <{block_name}> names an undeclared window (the declared one is <{name}>)", window_tok)
     if window_tok.depth != 1:
         raise error("the WINDOW block must sit directly in the WHERE clause", window_tok)
-    # Everything else in the WHERE group must be separators: nothing may be evaluated outside the window.
+    # Everything else in the WHERE group must be separators or SERVICE clauses (background data, not windowed:
+    # cbgp.windows): nothing else may be evaluated outside the window.
     where_open = max(k for k in range(tokens.index(window_tok)) if tokens[k].value == "{" and tokens[k].depth == 0)
     window_index = tokens.index(window_tok)
-    for k in range(where_open + 1, len(tokens)):
+    k = where_open + 1
+    while k < len(tokens):
         tok = tokens[k]
         if tok.depth == 0:
             break
         if window_index <= k <= close_index or tok.value == ".":
+            k += 1
             continue
-        raise error(f"patterns outside the WINDOW block are not supported: found {tok.value!r}; "
-                    f"put every pattern inside WINDOW <{name}> {{ ... }}", tok)
+        if tok.word == "SERVICE" and tok.depth == 1:
+            if spec.kind == "event":
+                raise error("SERVICE is not supported in a per-event window (an event is a set of triples)", tok)
+            brace = next((j for j in range(k + 1, len(tokens)) if tokens[j].value == "{"), None)
+            end = None if brace is None else next(
+                (j for j in range(brace + 1, len(tokens)) if tokens[j].value == "}"
+                 and tokens[j].depth == tokens[brace].depth), None)
+            if end is not None:
+                k = end + 1
+                continue
+        if tok.word in ("FILTER", "BIND") and tok.depth == 1 and at(k + 1) is not None and at(k + 1).value != "{":
+            end = _parenthesised_end(tokens, k + 1)  # an expression over the window's and the SERVICE's variables
+            if end is not None:
+                k = end + 1
+                continue
+        raise error(f"patterns outside the WINDOW block are not supported: found {tok.value!r}; put every "
+                    f"pattern inside WINDOW <{name}> {{ ... }} (SERVICE clauses, FILTER and BIND may stay outside)",
+                    tok)
     if spec.kind == "event":
         for tok in tokens[open_index:close_index]:
             if tok.word == "GRAPH":
@@ -167,6 +186,23 @@ def parse_rspql(text: str) -> tuple[str, WindowSpec | None]:
     blank(window_tok.start, tokens[open_index].end)
     blank(tokens[close_index].start, tokens[close_index].end)
     return "".join(chars), spec
+
+
+def _parenthesised_end(tokens: list[_Token], j: int) -> int | None:
+    """The index of the ')' closing the first '(' at or after token ``j`` (a FILTER's or BIND's expression,
+    ``FILTER regex(...)`` included); None when there is none before a brace."""
+    depth = 0
+    for k in range(j, len(tokens)):
+        value = tokens[k].value
+        if value in ("{", "}") and depth == 0:
+            return None
+        if value == "(":
+            depth += 1
+        elif value == ")":
+            depth -= 1
+            if depth == 0:
+                return k
+    return None
 
 
 def _window_bracket(tokens: list[_Token], j: int, error) -> tuple[WindowSpec, int]:  # noqa: ANN001

@@ -19,6 +19,11 @@ Time windows ("sliding", "tumbling" = sliding with step == range)
     itself on the grid the window at t + range still holds it, because the
     interval is closed on the left).
 
+Background graphs.  A graph a SERVICE clause was rewritten to (``GRAPH <urn:cbgp:service-view:...>``, the
+    local view of the remote data, ``cbgp.background.views``) is not windowed: its quads are in C(tau)
+    from their ADD to their DEL (the last update before tau is an ADD, whatever its age), so a
+    windowed stream joins background data that changes only when the view is refreshed (seed paper 003).
+
 Per-event windows ("event", our extension; RSP-QL text `[RANGE r EVENT]`)
     An event is the set of ADDed quads sharing one event time (ms); DELs are
     ignored (events are immutable facts, as in the event-based model of seed
@@ -79,6 +84,9 @@ STATE_FORMAT = 1
 _QUERY = "q"  # the one query name inside our engines
 _ANY_NAMED = -1  # graph slot of a `GRAPH ?g` pattern: any named graph (term ids are > 0, default graph 0)
 _UNKNOWN_GRAPH = -2  # a graph no pattern names: only `GRAPH ?g` reads it
+# A background graph (a SERVICE clause's local view, ``cbgp.background.views``) is not windowed: its quads are
+# in the content from their ADD to their DEL, as if the range were endless.
+BACKGROUND_RANGE = 1 << 62
 
 
 # --- evaluation --------------------------------------------------------------------------------------------
@@ -93,12 +101,13 @@ class WindowReport:
 class _Record:
     """One quad of a time window: its pruned history and whether the engine holds it."""
 
-    __slots__ = ("history", "present", "wake")
+    __slots__ = ("history", "present", "wake", "range_ms")
 
-    def __init__(self) -> None:
+    def __init__(self, range_ms: int) -> None:
         self.history: list[tuple[int, int, int]] = []  # (event time, arrival seq, op), sorted
         self.present = False
         self.wake: int | None = None  # the instant the heap should look at it again
+        self.range_ms = range_ms  # the window's range; BACKGROUND_RANGE for a quad of a background graph
 
 
 class _Event:
@@ -145,7 +154,12 @@ class WindowedQuery:
             if self._initial:  # (only the events holding triples it reads are seen; the others would answer too)
                 raise WindowError("a query with answers over no triples (an aggregate without GROUP BY, say) "
                                   "cannot run in a per-event window: use a time window")
+        from cbgp.background.views import VIEW_PREFIX
+
         encode = self.dictionary.encode
+        # the graphs of SERVICE views the query reads: background data, not windowed (see BACKGROUND_RANGE)
+        self._background = frozenset(encode(p.g) for p in patterns if getattr(p, "g", None)
+                                     and p.g.startswith("<" + VIEW_PREFIX))
         # predicate id -> graph ids its patterns read; None: any quad may match (a variable predicate)
         self._relevant: dict[int, set[int]] | None = None if any_predicate else {}
         for pattern in patterns if self._relevant is not None else ():
@@ -258,7 +272,7 @@ class WindowedQuery:
         if not self._reads(p, g):
             return True
         last = self._last
-        if last is not None and t < last + self._step - self._range:
+        if last is not None and t < last + self._step - self._range and g not in self._background:
             return True  # no future window reaches back to t: no effect
         self._seq += 1
         if self._event_model:
@@ -271,7 +285,7 @@ class WindowedQuery:
     def _add_update(self, quad: tuple[int, int, int, int], update: tuple[int, int, int]) -> None:
         record = self._records.get(quad)
         if record is None:
-            record = self._records[quad] = _Record()
+            record = self._records[quad] = self._record(quad)
         history = record.history
         step = self._step
         cell = update[0] // step
@@ -347,18 +361,22 @@ class WindowedQuery:
 
     # -- time windows --
 
-    def _member(self, history: list[tuple[int, int, int]], instant: int) -> bool:
+    def _record(self, quad: tuple[int, int, int, int]) -> _Record:
+        return _Record(BACKGROUND_RANGE if quad[3] in self._background else self._range)
+
+    @staticmethod
+    def _member(history: list[tuple[int, int, int]], instant: int, range_ms: int) -> bool:
         index = bisect_left(history, (instant,))
         if index == 0:
             return False
         t, _seq, op = history[index - 1]
-        return op > 0 and t >= instant - self._range
+        return op > 0 and t >= instant - range_ms
 
-    def _prune(self, history: list[tuple[int, int, int]]) -> None:
+    def _prune(self, history: list[tuple[int, int, int]], range_ms: int) -> None:
         last = self._last
         if last is None:
             return
-        cut = last + self._step - self._range  # an update before this is in no future window
+        cut = last + self._step - range_ms  # an update before this is in no future window
         old = bisect_left(history, (cut,))
         if old:
             del history[:old]
@@ -375,7 +393,7 @@ class WindowedQuery:
     def _next_change(self, record: _Record) -> int | None:
         history = record.history
         after = self._last
-        range_ms = self._range
+        range_ms = record.range_ms
         candidates = set()
         for t, _seq, op in history:
             candidates.add(self._next_grid(t))
@@ -386,7 +404,7 @@ class WindowedQuery:
             candidates = {c for c in candidates if c > after}
         # Membership is constant between candidates, so the first differing candidate is the next change.
         for instant in sorted(candidates):
-            if self._member(history, instant) != record.present:
+            if self._member(history, instant, range_ms) != record.present:
                 return instant
         if history:  # wake up once the history can all be pruned, so that idle records go away
             cleanup = self._next_grid(history[-1][0] + range_ms - self._step)
@@ -394,7 +412,7 @@ class WindowedQuery:
         return None
 
     def _settle(self, quad: tuple[int, int, int, int], record: _Record) -> None:
-        self._prune(record.history)
+        self._prune(record.history, record.range_ms)
         if not record.history and not record.present:
             del self._records[quad]
             return
@@ -411,7 +429,7 @@ class WindowedQuery:
             if record is None or record.wake != instant:
                 continue  # stale heap entry
             record.wake = None
-            touched.append((quad, record, self._member(record.history, instant)))
+            touched.append((quad, record, self._member(record.history, instant, record.range_ms)))
         changes: Counter = Counter()
         apply = self._engine.apply
         for wanted in (False, True):  # leaving quads first, then entering ones
@@ -533,7 +551,7 @@ class WindowedQuery:
         else:
             for s, p, o, g, present, history in state.get("quads", []):
                 quad = (s, p, o, g)
-                record = self._records[quad] = _Record()
+                record = self._records[quad] = self._record(quad)
                 record.history = [tuple(u) for u in history]
                 record.present = bool(present)
                 if record.present:

@@ -29,6 +29,7 @@ log = logging.getLogger("cbgp.background")
 
 SERVICE = "background"
 UPDATE_CONTENT_TYPE = b"application/sparql-update"
+PATCH_CONTENT_TYPE = b"application/rdf-patch"
 VIEW_HEADER = "cbgp-view"  # the view graph a request maintains (provenance, for `cbgp deadletter`)
 PLANS_POLL_SECONDS = 1.0  # a new SERVICE registration is filled at most about this late
 
@@ -46,7 +47,9 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
 
     def publish_requests(requests: list[tuple[str, str]]) -> None:
         for graph, text in requests:
-            publish(t_raw, text.encode(), [("content-type", UPDATE_CONTENT_TYPE), (VIEW_HEADER, graph.encode())])
+            # (a view's re-added triples are an RDF Patch transaction, ViewGraph.refresh_patch; the rest SPARQL Update)
+            media = PATCH_CONTENT_TYPE if text.startswith("TX .") else UPDATE_CONTENT_TYPE
+            publish(t_raw, text.encode(), [("content-type", media), (VIEW_HEADER, graph.encode())])
 
     try:
         highs = {p: hi for p, (_lo, hi) in end_offsets(settings, t_plans).items()}

@@ -6,7 +6,9 @@ graph equal to P's matches at its endpoint:
 
 1. a view is filled by one bulk query when its first query is registered, and again whenever the service
    starts (it keeps no state: the fill is published as ``DROP SILENT GRAPH`` + ``INSERT DATA`` in one request,
-   which ingest nets to the real changes, so a restart costs no answer);
+   which ingest nets to the real changes, so a restart costs no answer); a windowed query registered when its
+   view is already filled gets the view's triples again as an RDF Patch of re-adds (refreshes: the graph does
+   not change, the Spark job's window for the query starts with them);
 2. every ``service.refresh_ms`` one maintenance round (seed paper 003's ``Maintainer``) refreshes at most
    gamma entries, one remote query per key, elected by the view's policy within the latency budget
    ``service.rho_ms``; a key whose rows changed becomes one ``DELETE DATA`` / ``INSERT DATA`` request;
@@ -32,7 +34,7 @@ from cbgp.background.view import LocalView
 from cbgp.background.views import ServiceView, ViewGraph, fleet_policy
 from cbgp.sparql import QueryError
 from services.instruments import BACKGROUND_ACCURACY, BACKGROUND_REFRESHES, BACKGROUND_VIEW_TRIPLES
-from services.queries import read_views
+from services.queries import read_registration, read_views
 from services.records import kv
 
 log = logging.getLogger("cbgp.background")
@@ -77,9 +79,12 @@ class BackgroundCore:
         ``(view graph, SPARQL Update)`` pairs."""
         out: list[tuple[str, str]] = []
         views: tuple = ()
+        windowed = False
         if record is not None:
             try:
                 views = read_views(record["sparql"], record.get("options") or {})
+                windowed = bool(views) and read_registration(record["sparql"], record.get("options") or {})[1] \
+                    is not None
             except QueryError as exc:  # the registry accepted it: only a newer release could disagree
                 log.warning(kv(event="plan-skipped", query=query_id, reason=exc.message))
             options = ServiceOptions.from_options(record.get("options") or {}) if views else None
@@ -94,6 +99,12 @@ class BackgroundCore:
                 state = self.views[view.graph] = ViewState(view, options, remote, ViewGraph(view))
                 log.info(kv(event="view-added", graph=view.graph, endpoint=view.endpoint, query=query_id))
             state.users.add(query_id)
+            if windowed and state.filled:
+                # A windowed query sees the updates that come after it (the Spark job), and the view is older:
+                # its triples again, as refreshes, so the query's window starts with the view's content.
+                text = state.graph.refresh_patch()
+                if text:
+                    out.append((view.graph, text))
         if views:
             self.uses[query_id] = tuple(v.graph for v in views)
         for graph, state in list(self.views.items()):

@@ -77,9 +77,9 @@ def _with_views(text: str, service_options: Mapping[str, str], window: WindowSpe
         raise QueryError(f"SERVICE: {exc}") from None
     if service_options and not views:
         raise QueryError("service.* options need a SERVICE clause")
-    if views and window is not None:
-        raise QueryError("SERVICE in a windowed query is not run by the fleet yet: the view graph would expire with "
-                         "the window (the library and bench/background_bench.py run it)")
+    if views and window is not None and window.kind == "event":
+        raise QueryError("SERVICE is not supported in a per-event window (an event is a set of triples); use a "
+                         "time window: its view graph is background data, not windowed (cbgp.windows)")
     return rewritten
 
 

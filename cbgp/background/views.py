@@ -189,6 +189,16 @@ class ViewGraph:
             parts.append(f"INSERT DATA {{ GRAPH {graph} {{ {_block(added)} }} }}")
         return " ;\n".join(parts)
 
+    def refresh_patch(self) -> str | None:
+        """Every triple of the graph re-added, as one RDF Patch transaction (None when the graph is empty):
+        ingest forwards a re-added triple as a *refresh*, which a windowed query reads as the triple's ADD
+        (``cbgp.windows``: a view graph is background data), while the graph itself does not change."""
+        if not self.count:
+            return None
+        graph = f"<{self.view.graph}>"
+        lines = [f"A {s} {p} {o} {graph} ." for s, p, o in sorted(self.count)]
+        return "TX .\n" + "\n".join(lines) + "\nTC .\n"
+
     def replace_all(self, rows_by_key: Mapping[str, Iterable[Row]]) -> str:
         """The whole view from a bulk fill, as one request that first empties the graph: after a restart the
         service does not know what the graph holds, and ingest nets the request to its real changes."""

@@ -580,6 +580,7 @@ def position(text: str, marker: str, occurrence: int = 1) -> tuple[int, int]:
     (("WINDOW :w { ?s :p ?o . ?o :q ?z }", "?s :p ?o"), "declared but never used", ("FROM", 1)),
     (("WHERE { WINDOW", "WHERE { ?a :r ?b . WINDOW"), "patterns outside the WINDOW block", ("?a", 1)),
     (("?z } }", "?z } ?z :r ?y }"), "patterns outside the WINDOW block", ("?z :r", 1)),
+    (("?z } }", "?z } FILTER NOT EXISTS { ?z :r ?y } }"), "patterns outside the WINDOW block", ("FILTER", 1)),
     (("PT60S", "60S"), "RANGE: invalid duration '60S'", ("60S", 1)),
     (("PT10S", "PT0S"), "STEP must be a positive duration", ("PT0S", 1)),
     (("PT60S", "PT0S"), "RANGE must be a positive duration", ("PT0S", 1)),
@@ -594,6 +595,19 @@ def test_parse_rspql_errors(change, message, marker):
     with pytest.raises(WindowError, match=message) as info:
         parse_rspql(text)
     assert (info.value.line, info.value.column) == position(text, *marker)
+
+
+def test_parse_rspql_allows_service_filter_and_bind_outside_the_window_block():
+    """A SERVICE clause is background data (not windowed), and a FILTER or BIND over it and the window's
+    variables must sit beside it (seed paper 003's query: a mention stream's users with many followers)."""
+    text = RSPQL.replace("?z } }", "?z } SERVICE <http://e/sparql> { ?z :followers ?n } FILTER(?n > 10) "
+                                   "BIND(?n + 1 AS ?m) }")
+    plain, spec = parse_rspql(text)
+    assert spec == WindowSpec("sliding", 60000, 10000) and "SERVICE <http://e/sparql>" in plain
+    assert len(plain) == len(text)
+    event = text.replace("STEP PT10S", "EVENT")
+    with pytest.raises(WindowError, match="SERVICE is not supported in a per-event window"):
+        parse_rspql(event)
 
 
 def test_parse_rspql_allows_graph_in_a_time_window():

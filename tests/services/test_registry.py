@@ -118,6 +118,21 @@ def test_operators_over_a_window_are_accepted_for_the_spark_job_and_what_a_windo
     assert derived.status["message"].startswith("a windowed query cannot feed a derived stream")
 
 
+def test_a_service_clause_over_a_window_is_accepted_as_background_data() -> None:
+    """Seed paper 003's shape: a mention stream in a window, follower counts from an endpoint (their local
+    view is background data, not windowed), a FILTER on them beside the window block."""
+    sparql = (f"PREFIX : <{EX}>\nSELECT ?u ?n FROM NAMED WINDOW :w ON :s [RANGE PT60S STEP PT10S]\n"
+              "WHERE { WINDOW :w { ?t :mentions ?u } SERVICE <http://127.0.0.1:1/sparql> { ?u :followers ?n } "
+              "FILTER(?n > 10) }")
+    decision = _register(Registry(), "mentions", sparql)
+    assert decision.status["status"] == "ACCEPTED", decision.status
+    assert "window sliding" in decision.status["message"] and "SERVICE" in decision.status["message"]
+    per_event = _register(Registry(), "e", f"SELECT * WHERE {{ ?t <{EX}mentions> ?u SERVICE <http://127.0.0.1:1/"
+                                           f"sparql> {{ ?u <{EX}followers> ?n }} }}", window="event", range="PT10S")
+    assert per_event.status["status"] == "REJECTED"
+    assert per_event.status["message"].startswith("SERVICE is not supported in a per-event window")
+
+
 @pytest.mark.parametrize("bad_id", ["", "has space", "a/b", "x" * 129, None])
 def test_invalid_query_ids_are_rejected(bad_id: Any) -> None:
     decision = Registry().decide({"command": "REGISTER", "query_id": bad_id, "sparql": QUERIES["star"]}, lambda: 0)

@@ -52,7 +52,11 @@ QUERIES = {
                     "WHERE { WINDOW :w { ?x :knows ?y . ?y :knows ?x } }",
     "event_filter": PREFIX + "SELECT ?x ?n FROM NAMED WINDOW :w ON :s [RANGE PT3S STEP PT1S EVENT]\n"
                              "WHERE { WINDOW :w { ?x :name ?n FILTER(isLiteral(?n) && STR(?n) != \"R2\") } }",
+    # background data (issue 19): a SERVICE clause's local view, as the fleet rewrites it, is not windowed
+    "background": PREFIX + "SELECT ?x ?d ?c FROM NAMED WINDOW :w ON :s [RANGE PT4S STEP PT1S]\n"
+                           "WHERE { WINDOW :w { ?x :likes ?d . GRAPH <urn:cbgp:service-view:drinks> { ?d :caffeine ?c } } }",
 }
+VIEW = iri("urn:cbgp:service-view:drinks")
 STARTS_WITH_AN_ANSWER = {"count", "ask"}  # checked from their first report (their answers over no data come there)
 BASE_MS = 1_700_000_000_000
 
@@ -67,9 +71,15 @@ def random_records(rng: random.Random, n: int) -> list[tuple[int, list[tuple[str
     for _ in range(n):
         now += rng.choice([0, 0, 250, 700, 1000, 1500])
         triples = []
+        if rng.random() < 0.15:  # the background view's value for a drink changes (a refresh of the view)
+            drink, level = rng.choice([iri(f"{EX}Tea"), iri(f"{EX}Beer")]), literal(str(rng.randint(0, 2)))
+            view = (drink, iri(f"{EX}caffeine"), level, VIEW)
+            records.append((now, [("D" if view in sent else "A", *view)]))
+            sent = [t for t in sent if t != view] if view in sent else sent + [view]
+            continue
         for _ in range(rng.randint(1, 3)):
             if sent and rng.random() < 0.2:
-                triples.append(("D", *rng.choice(sent)))
+                triples.append(("D", *rng.choice([t for t in sent if len(t) == 3] or [sent[0]])))
                 continue
             predicate, objects = rng.choice(choices)
             triple = (rng.choice(people), predicate, rng.choice(objects))
@@ -79,13 +89,16 @@ def random_records(rng: random.Random, n: int) -> list[tuple[int, list[tuple[str
     return records
 
 
-def content_at(records, instant: int, range_ms: int) -> set[tuple[str, str, str]]:  # noqa: ANN001
-    last: dict[tuple[str, str, str], tuple[str, int]] = {}
+def content_at(records, instant: int, range_ms: int) -> set[tuple]:  # noqa: ANN001
+    """The window's quads at ``instant``: the stream's, and those of the view graph (background data, not
+    windowed: present from their ADD to their DEL)."""
+    last: dict[tuple, tuple[str, int]] = {}
     for time_ms, triples in records:  # in time order, then arrival: the last one wins
         if time_ms < instant:
             for op, *triple in triples:
                 last[tuple(triple)] = (op, time_ms)
-    return {t for t, (op, time_ms) in last.items() if op == "A" and time_ms >= instant - range_ms}
+    return {t for t, (op, time_ms) in last.items()
+            if op == "A" and (time_ms >= instant - range_ms or t[3:] == (VIEW,))}
 
 
 def answers(graph: OracleGraph, query: str) -> Counter:
@@ -99,8 +112,8 @@ def answers(graph: OracleGraph, query: str) -> Counter:
 def oracle_at(records, query: str, kind: str, instant: int, range_ms: int) -> Counter:  # noqa: ANN001
     if kind != "event":
         graph = OracleGraph()
-        for triple in content_at(records, instant, range_ms):
-            graph.apply(1, *triple)
+        for quad in content_at(records, instant, range_ms):
+            graph.apply(1, *quad)
         return answers(graph, query)
     events: dict[int, set] = defaultdict(set)
     for time_ms, triples in records:
@@ -118,7 +131,7 @@ def oracle_at(records, query: str, kind: str, instant: int, range_ms: int) -> Co
 def publish_records(settings: KafkaSettings, ingest: IngestProcessor, records, offset: int) -> int:  # noqa: ANN001
     producer = make_producer(settings)
     for time_ms, triples in records:
-        text = "".join(f"{op} {s} {p} {o} .\n" for op, s, p, o in triples)
+        text = "".join(f"{op} {' '.join(quad)} .\n" for op, *quad in triples)
         for out in ingest.process(RawRecord(text.encode(), offset=offset, timestamp_ms=time_ms)):
             if out.topic == settings.topic("updates.encoded"):
                 producer.produce(out.topic, out.value, partition=0)

@@ -315,8 +315,10 @@ def test_registry_accepts_a_service_query_as_a_view_graph_and_says_how_it_is_kep
     assert bad["status"] == "REJECTED" and "option service.policy" in bad["message"]
     no_service = register("SELECT * WHERE { ?s <http://e/p> ?o }", **{"service.rho_ms": "5"}).status
     assert "need a SERVICE" in no_service["message"]
-    windowed = register(PAPER_QUERY, window="sliding", range="PT10S", step="PT5S").status
-    assert windowed["status"] == "REJECTED" and "windowed" in windowed["message"]
+    windowed = register(PAPER_QUERY, window="sliding", range="PT10S", step="PT5S").status  # the view: background
+    assert windowed["status"] == "ACCEPTED" and "window sliding" in windowed["message"], windowed
+    per_event = register(PAPER_QUERY, window="event", range="PT10S").status
+    assert per_event["status"] == "REJECTED" and "per-event window" in per_event["message"]
 
 
 def test_view_snapshot_restores_values_times_and_learnt_intervals():
