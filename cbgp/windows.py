@@ -149,6 +149,7 @@ class WindowedQuery:
         for _name, sign, row in self._engine.register(_QUERY, self._plan):
             self._initial[row] += sign
         patterns, any_predicate = self._patterns()
+        self.patterns = tuple(patterns)  # the triple patterns it reads (a variable-predicate BGP's: graph only)
         if self._event_model:
             _check_event_query(SimpleNamespace(patterns=patterns, text=sparql))
             if self._initial:  # (only the events holding triples it reads are seen; the others would answer too)

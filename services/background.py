@@ -5,8 +5,10 @@ windows).  Sinks: ``updates.raw`` (SPARQL Update requests on the view graphs, ke
 view's requests stay in order on one partition) and ``queries.status`` (accuracy alerts).  The transform is
 :class:`services.background_core.BackgroundCore`.
 
-Order per round: 1. read new plans; 2. publish the drops they cause; 3. fill and refresh what is due and
-publish it; 4. wait until every request is acknowledged (``flush``) before the next round.  No transaction:
+Order per round: 1. read new plans; 2. publish the drops they cause; 3. read updates.encoded for the join keys
+of windowed queries on window-join (WSJ) views (:class:`StreamKeys`, only while there are such); 4. fill and
+refresh what is due and publish it; 5. wait until every request is acknowledged (``flush``) before the next
+round.  No transaction:
 a request applied twice changes nothing more (set semantics), and a restart re-fills every view.  One
 instance is enough (a Deployment with one replica): two would refresh the same views twice, harmlessly.
 """
@@ -51,6 +53,7 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
             media = PATCH_CONTENT_TYPE if text.startswith("TX .") else UPDATE_CONTENT_TYPE
             publish(t_raw, text.encode(), [("content-type", media), (VIEW_HEADER, graph.encode())])
 
+    stream = StreamKeys(settings)
     try:
         highs = {p: hi for p, (_lo, hi) in end_offsets(settings, t_plans).items()}
         require_from(settings, t_plans, {p: 0 for p, hi in highs.items() if hi > 0})  # every plan is needed
@@ -77,6 +80,7 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
             if now >= next_plans:
                 _apply(core, read_window(plans, t_plans, positions), positions, publish_requests)
                 next_plans = now + PLANS_POLL_SECONDS
+            stream.follow(core)  # (windowed queries on a WSJ view: their windows' join keys)
             publish_requests(core.due())
             for alert in core.alerts:
                 for query_id in alert.query_ids:
@@ -95,7 +99,58 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
     finally:
         ready[0] = False
         plans.close()
+        stream.close()
         producer.flush(5)
+
+
+class StreamKeys:
+    """updates.encoded for the join keys of windowed queries that read a view with a window-join (WSJ) policy
+    (``BackgroundCore.on_changes``): opened when the first such view appears, from the offsets of the records
+    written since the windows' horizon (``offsets_for_times``: no state to restore), then followed in short
+    windows like the plans; closed again when none is left."""
+
+    MAX_RECORDS = 2000  # per read window
+    MAX_WINDOWS = 20  # per round: a backlog is read over several rounds, the refreshes go on meanwhile
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.topic = settings.topic("updates.encoded")
+        self.consumer = None
+        self.positions: dict[int, int] = {}
+
+    def follow(self, core: BackgroundCore) -> None:
+        horizon = core.stream_horizon_ms()
+        if horizon is None:
+            self.close()
+            return
+        if self.consumer is None:
+            self.consumer = make_consumer(self.settings, f"{self.settings.topic_prefix}background.encoded",
+                                          enable_partition_eof=True)
+            since = int(time.time() * 1000 - horizon)
+            highs = end_offsets(self.settings, self.topic)
+            found = self.consumer.offsets_for_times([TopicPartition(self.topic, p, since) for p in highs], 10)
+            self.positions = {tp.partition: tp.offset if tp.offset >= 0 else highs[tp.partition][1] for tp in found}
+            log.info(kv(event="window-keys-followed", topic=self.topic, since_ms=since,
+                        positions=",".join(f"{p}:{o}" for p, o in sorted(self.positions.items()))))
+        for _ in range(self.MAX_WINDOWS):
+            msgs = read_window(self.consumer, self.topic, self.positions, self.MAX_RECORDS)
+            changes: list = []
+            for msg in msgs:
+                if not record_ok(msg, log):
+                    continue
+                self.positions[msg.partition()] = msg.offset() + 1
+                try:
+                    changes.extend(codec.encoded_changes(msg.value()))
+                except codec.CodecError:
+                    continue  # (the workers dead-letter it)
+            core.on_changes(changes)
+            if len(msgs) < self.MAX_RECORDS:
+                break
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
 
 
 def _apply(core: BackgroundCore, msgs: list, positions: dict[int, int], publish_requests) -> None:  # noqa: ANN001

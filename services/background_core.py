@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from cbgp.background.maintenance import Maintainer, WindowShape
 from cbgp.background.query import ServiceOptions
@@ -42,6 +42,65 @@ log = logging.getLogger("cbgp.background")
 RETRY_FILL_MS = 5_000.0  # an endpoint that failed the bulk fill is asked again after this long
 
 
+class WindowKeys:
+    """The join keys of a view in the current windows of the windowed queries that read it (seed paper 003's
+    WSJ proposer refreshes only those; WBM ranks them by their remaining life): for each key, the event time
+    of the newest stream triple binding it.  Fed the changes of updates.encoded (term ids are stable hashes,
+    so the view's key texts are compared by id, no dictionary needed); a triple counts from its ADD to its DEL
+    or until it leaves the window (event time + range)."""
+
+    def __init__(self, range_ms: int, step_ms: int, lateness_ms: int) -> None:
+        self.range_ms, self.step_ms, self.lateness_ms = range_ms, step_ms, lateness_ms
+        self.readers: dict[int, set[str]] = {}  # predicate id -> ends ("s"/"o") where the key variable sits
+        self.triples: dict[tuple[int, int, int, int], float] = {}  # present stream triples -> event time
+        self.keys: dict[int, dict[tuple[int, int, int, int], float]] = {}  # key id -> its triples
+
+    def read(self, patterns: Any, key: str) -> None:
+        """Follow the stream patterns (not in a view graph) with ``?key`` at their subject or object."""
+        from cbgp.background.views import VIEW_PREFIX
+        from cbgp.terms import stable_term_id
+
+        for pattern in patterns:
+            g = getattr(pattern, "g", None)
+            if g is not None and g.startswith("<" + VIEW_PREFIX) or not hasattr(pattern, "p") or \
+                    pattern.p.startswith("?"):
+                continue
+            ends = {end for end, term in (("s", pattern.s), ("o", pattern.o)) if term == "?" + key}
+            if ends:
+                self.readers.setdefault(stable_term_id(pattern.p), set()).update(ends)
+
+    def apply(self, op: int, s: int, p: int, o: int, g: int, event_time: float) -> None:
+        ends = self.readers.get(p)
+        if not ends:
+            return
+        triple = (s, p, o, g)
+        for end in ends:
+            key = s if end == "s" else o
+            if op > 0:
+                self.keys.setdefault(key, {})[triple] = event_time
+            else:
+                held = self.keys.get(key)
+                if held is not None:
+                    held.pop(triple, None)
+                    if not held:
+                        del self.keys[key]
+
+    def window(self, now: float) -> dict[int, float]:
+        """Key id -> t_i (its newest triple's event time) for the keys in the window at ``now``; what has left
+        the window is forgotten."""
+        horizon = now - self.range_ms - self.lateness_ms
+        out: dict[int, float] = {}
+        for key in list(self.keys):
+            held = self.keys[key]
+            for triple in [t for t, at in held.items() if at < horizon]:
+                del held[triple]
+            if not held:
+                del self.keys[key]
+                continue
+            out[key] = max(held.values())
+        return out
+
+
 @dataclass
 class ViewState:
     view: ServiceView
@@ -53,6 +112,7 @@ class ViewState:
     maintainer: Maintainer | None = None
     next_due: float = 0.0  # ms: the next fill attempt (unfilled) or refresh round
     next_discover: float = 0.0  # ms: the next read of the endpoint's key set (filled)
+    window_keys: WindowKeys | None = None  # when windowed queries read it: their windows' join keys
 
     @property
     def filled(self) -> bool:
@@ -79,15 +139,16 @@ class BackgroundCore:
         ``(view graph, SPARQL Update)`` pairs."""
         out: list[tuple[str, str]] = []
         views: tuple = ()
-        windowed = False
+        window = None
         if record is not None:
             try:
                 views = read_views(record["sparql"], record.get("options") or {})
-                windowed = bool(views) and read_registration(record["sparql"], record.get("options") or {})[1] \
-                    is not None
+                text, window = read_registration(record["sparql"], record.get("options") or {}) if views \
+                    else (None, None)
             except QueryError as exc:  # the registry accepted it: only a newer release could disagree
                 log.warning(kv(event="plan-skipped", query=query_id, reason=exc.message))
             options = ServiceOptions.from_options(record.get("options") or {}) if views else None
+        windowed = window is not None
         for graph in self.uses.pop(query_id, ()):  # a new version replaces the old one's uses
             state = self.views.get(graph)
             if state is not None:
@@ -99,6 +160,12 @@ class BackgroundCore:
                 state = self.views[view.graph] = ViewState(view, options, remote, ViewGraph(view))
                 log.info(kv(event="view-added", graph=view.graph, endpoint=view.endpoint, query=query_id))
             state.users.add(query_id)
+            if windowed:
+                if state.window_keys is None:  # (the first windowed query's window shapes the refresh rounds)
+                    state.window_keys = WindowKeys(window.range_ms, window.step_ms, window.lateness_ms)
+                from cbgp.windows import WindowedQuery
+
+                state.window_keys.read(WindowedQuery(text, window).patterns, view.key)
             if windowed and state.filled:
                 # A windowed query sees the updates that come after it (the Spark job), and the view is older:
                 # its triples again, as refreshes, so the query's window starts with the view's content.
@@ -182,17 +249,48 @@ class BackgroundCore:
         options = state.options
         state.local = LocalView(prior_interval=options.prior_interval_ms)
         state.local.fill(rows, now)
-        state.maintainer = Maintainer(state.local, state.remote, fleet_policy(options.policy),
-                                      WindowShape(options.refresh_ms, options.refresh_ms), gamma=options.gamma,
-                                      rho=options.rho_ms / 1000.0, alpha=options.alpha)
-        state.next_due = now + options.refresh_ms
+        keys = state.window_keys
+        # (a windowed view: one maintenance round per window slide, the paper's evaluations)
+        shape = WindowShape(keys.range_ms, keys.step_ms) if keys is not None else \
+            WindowShape(options.refresh_ms, options.refresh_ms)
+        state.maintainer = Maintainer(state.local, state.remote, fleet_policy(options.policy, keys is not None),
+                                      shape, gamma=options.gamma, rho=options.rho_ms / 1000.0, alpha=options.alpha)
+        state.next_due = now + self._round_ms(state)
         state.next_discover = now + options.discover_ms
         log.info(kv(event="view-filled", graph=state.view.graph, keys=len(rows)))
         return state.graph.replace_all(rows)
 
+    @staticmethod
+    def _round_ms(state: ViewState) -> float:
+        return state.window_keys.step_ms if state.window_keys is not None else state.options.refresh_ms
+
+    def on_changes(self, changes: Iterable[tuple]) -> None:
+        """Changes of updates.encoded (``cbgp.change.Change`` rows) for the windows' join keys."""
+        trackers = [state.window_keys for state in self.views.values() if state.window_keys is not None]
+        for seq, op, s, p, o, g, event_time, *_rest in changes:
+            if event_time is not None:
+                for keys in trackers:
+                    keys.apply(op, s, p, o, g, event_time)
+
+    def stream_horizon_ms(self) -> float | None:
+        """How far back (ms before now) updates.encoded must be read for the windows' join keys; None: not read."""
+        horizons = [s.window_keys.range_ms + s.window_keys.lateness_ms for s in self.views.values()
+                    if s.window_keys is not None and s.window_keys.readers and s.options.policy.startswith("WSJ")]
+        return max(horizons) if horizons else None
+
+    def _window(self, state: ViewState, now: float) -> dict[str, float]:
+        """The view's keys in the windows at ``now`` -> t_i (WSJ's candidates), by the view's key texts."""
+        if state.window_keys is None or state.local is None:
+            return {}
+        from cbgp.terms import stable_term_id
+
+        in_window = state.window_keys.window(now)
+        return {key: in_window[stable_term_id(key)] for key in state.local
+                if stable_term_id(key) in in_window}
+
     def _refresh(self, state: ViewState, now: float) -> str | None:
-        evaluation = state.maintainer.evaluate(now, {})
-        state.next_due = now + state.options.refresh_ms
+        evaluation = state.maintainer.evaluate(now, self._window(state, now))
+        state.next_due = now + self._round_ms(state)
         graph = state.view.graph
         BACKGROUND_REFRESHES.labels(graph, "refresh").inc(len(evaluation.refreshed))
         BACKGROUND_REFRESHES.labels(graph, "failed").inc(evaluation.failures)

@@ -270,7 +270,8 @@ class Registry:
         views = read_views(sparql, stored_options)
         if views:
             service = ServiceOptions.from_options(stored_options)
-            summary += "; " + view_summary(views, service.policy, service.refresh_ms)
+            summary += "; " + view_summary(views, service.policy, service.refresh_ms,
+                                           window.step_ms if window is not None else None)
         summary += (f"; window {window_summary(window)}" if window else "") + \
             (f" (version {version}, replaced)" if existing is not None else "")
         entry = Entry(query_id, sparql, query_class, version, stored_options, seq)

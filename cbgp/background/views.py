@@ -223,16 +223,19 @@ def _block(triples: Iterable[Triple]) -> str:
 FLEET_POLICIES = ("GNR-LRU", "GNR-RND", "WST")
 
 
-def fleet_policy(policy: str) -> str:
+def fleet_policy(policy: str, windowed: bool = False) -> str:
     """The policy the background service runs for a registration's ``service.policy``: the whole-view (GNR)
-    ones and WST as asked; a window-join (WSJ) policy becomes GNR-LRU, because the service refreshes a view
-    shared by queries and does not see their current answers (the library and its bench run WSJ)."""
-    return policy if policy in FLEET_POLICIES else "GNR-LRU"
+    ones and WST as asked; a window-join (WSJ) policy as asked when windowed queries read the view (the service
+    follows their windows' join keys), else GNR-LRU (an unwindowed query has no window to join)."""
+    return policy if policy in FLEET_POLICIES or windowed else "GNR-LRU"
 
 
-def view_summary(views: Iterable[ServiceView], policy: str, refresh_ms: float) -> str:
-    """What a registration's status says about its SERVICE clauses."""
+def view_summary(views: Iterable[ServiceView], policy: str, refresh_ms: float, step_ms: int | None = None) -> str:
+    """What a registration's status says about its SERVICE clauses (``step_ms``: a windowed query's slide)."""
     parts = [f"SERVICE <{v.endpoint}> kept as graph <{v.graph}> on ?{v.key}" for v in views]
-    asked = "" if fleet_policy(policy) == policy else f" ({policy} needs the query's window: run by the library)"
-    return (", ".join(parts) + f", refreshed by `cbgp background` every {refresh_ms / 1000:g} s with "
-            f"{fleet_policy(policy)}{asked} within the budget")
+    windowed = step_ms is not None
+    run = fleet_policy(policy, windowed)
+    asked = "" if run == policy else f" ({policy} needs the query's window)"
+    every = f"at every window slide ({step_ms / 1000:g} s)" if windowed else f"every {refresh_ms / 1000:g} s"
+    return (", ".join(parts) + f", refreshed by `cbgp background` {every} with {run}{asked} within the budget"
+            + ("; the window's join keys followed on updates.encoded" if windowed and run.startswith("WSJ") else ""))

@@ -97,3 +97,38 @@ def test_a_windowed_query_registered_on_a_filled_view_gets_its_triples_again_as_
     readded = {(u.s[1:-1], u.p[1:-1], u.o[1:-1]) for u in parse_patch(request[1]) if u.g == f"<{graph}>"}
     assert all(u.op == 1 for u in parse_patch(request[1]))
     assert readded == view_quads(stream, graph) and readded
+
+
+def test_a_window_join_policy_refreshes_only_the_keys_in_the_windows_of_its_windowed_queries() -> None:
+    """WSJ in the fleet (seed paper 003): the service follows updates.encoded for the join keys of the windowed
+    queries that read a view (``?u`` of ``?u ex:posted ?m``) and refreshes only the view's keys in the current
+    windows -- a key whose stream triple was deleted or left the window is not refreshed; GNR would refresh
+    any key."""
+    from cbgp.terms import stable_term_id
+    from tests.cbgp.background.test_service_views import EX
+
+    endpoint = ox.Store()
+    for n in range(1, 9, 2):  # keys n1, n3, n5, n7
+        endpoint.extend([quad("follows", n, n + 1, REMOTE), quad("count", n + 1, n, REMOTE),
+                         quad("name", n, n, REMOTE)])
+    now = [1_000_000.0]
+    core = BackgroundCore(remote_factory=lambda *a, **k: None, clock=lambda: now[0])
+    options = {"service.policy": "WSJ-LRU", "service.rho_ms": "5000", "window": "sliding", "range": "PT10S",
+               "step": "PT2S"}
+    core.on_plan("w", {"sparql": QUERY, "options": options})
+    (graph, state), = core.views.items()
+    assert core.stream_horizon_ms() == 10_000 and state.window_keys is not None
+    fetched: list = []
+    state.remote = remote = StoreRemote(endpoint, state.view)
+    remote.fetch = lambda key, timeout=None: fetched.append(key) or rows_by_key(endpoint, state.view).get(key)
+    core.due()  # the fill
+    assert state.maintainer.policy.name == "WSJ-LRU" and state.next_due == now[0] + 2_000
+    posted, m = stable_term_id(f"<{EX}posted>"), stable_term_id(f"<{EX}m>")
+    user = {n: stable_term_id(f"<{EX}n{n}>") for n in (1, 3, 5, 7)}
+    core.on_changes([(1, 1, user[1], posted, m, 0, now[0] - 9_000, 0, False),  # leaves the window before the round
+                     (2, 1, user[3], posted, m, 0, now[0] - 1_000, 0, False),
+                     (3, 1, user[5], posted, m, 0, now[0] - 500, 0, False),
+                     (4, -1, user[5], posted, m, 0, now[0] - 400, 0, False)])  # deleted again
+    now[0] += 2_000
+    core.due()
+    assert fetched == [f"<{EX}n3>"]

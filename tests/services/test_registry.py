@@ -127,6 +127,9 @@ def test_a_service_clause_over_a_window_is_accepted_as_background_data() -> None
     decision = _register(Registry(), "mentions", sparql)
     assert decision.status["status"] == "ACCEPTED", decision.status
     assert "window sliding" in decision.status["message"] and "SERVICE" in decision.status["message"]
+    # the default policy, a window join (WSJ-WBM), runs as asked: the service follows the window's join keys
+    assert "at every window slide (10 s) with WSJ-WBM within the budget; the window's join keys followed" \
+        in decision.status["message"], decision.status["message"]
     per_event = _register(Registry(), "e", f"SELECT * WHERE {{ ?t <{EX}mentions> ?u SERVICE <http://127.0.0.1:1/"
                                            f"sparql> {{ ?u <{EX}followers> ?n }} }}", window="event", range="PT10S")
     assert per_event.status["status"] == "REJECTED"
