@@ -68,7 +68,6 @@ import heapq
 from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass
-
 from types import SimpleNamespace
 
 from cbgp.plan import decompose
@@ -129,8 +128,8 @@ class WindowedQuery:
     A BGP runs on the BGP engine; a query with operators (FILTER, OPTIONAL, UNION, aggregates, ASK, ...:
     ``cbgp.algebra``) on the same engine under its operators, maintained incrementally as the window's
     content changes, so an instant's report is still the exact difference of the answers over C(tau).  Answers
-    a query has over no data (an aggregate's 0, VALUES rows) are in the first report of a time window; in a
-    per-event window each event's evaluation includes them (the answer is the union over the events)."""
+    a query has over no data (an aggregate's 0) are in the first report of a time window; a per-event window
+    refuses such a query (it would answer for every event, also those with none of its triples)."""
 
     def __init__(self, sparql: str, spec: WindowSpec, dictionary: TermDictionary | None = None) -> None:
         if not isinstance(spec, WindowSpec):

@@ -9,9 +9,11 @@ graph equal to P's matches at its endpoint:
    which ingest nets to the real changes, so a restart costs no answer); a windowed query registered when its
    view is already filled gets the view's triples again as an RDF Patch of re-adds (refreshes: the graph does
    not change, the Spark job's window for the query starts with them);
-2. every ``service.refresh_ms`` one maintenance round (seed paper 003's ``Maintainer``) refreshes at most
-   gamma entries, one remote query per key, elected by the view's policy within the latency budget
-   ``service.rho_ms``; a key whose rows changed becomes one ``DELETE DATA`` / ``INSERT DATA`` request;
+2. every ``service.refresh_ms`` (a view windowed queries read: every window slide) one maintenance round
+   (seed paper 003's ``Maintainer``) refreshes at most gamma entries, one remote query per key, elected by the
+   view's policy within the latency budget ``service.rho_ms`` (a window-join policy among the join keys of the
+   windowed queries' current windows, :class:`WindowKeys`); a key whose rows changed becomes one
+   ``DELETE DATA`` / ``INSERT DATA`` request;
 3. every ``service.discover_ms`` (default 10 min) the bulk query runs again for the endpoint's key set: keys new
    there join the view, keys gone leave it (the known keys' values stay with the policy's budget);
 4. when its last query ends, the graph is dropped.
@@ -52,7 +54,6 @@ class WindowKeys:
     def __init__(self, range_ms: int, step_ms: int, lateness_ms: int) -> None:
         self.range_ms, self.step_ms, self.lateness_ms = range_ms, step_ms, lateness_ms
         self.readers: dict[int, set[str]] = {}  # predicate id -> ends ("s"/"o") where the key variable sits
-        self.triples: dict[tuple[int, int, int, int], float] = {}  # present stream triples -> event time
         self.keys: dict[int, dict[tuple[int, int, int, int], float]] = {}  # key id -> its triples
 
     def read(self, patterns: Any, key: str) -> None:
@@ -62,8 +63,8 @@ class WindowKeys:
 
         for pattern in patterns:
             g = getattr(pattern, "g", None)
-            if g is not None and g.startswith("<" + VIEW_PREFIX) or not hasattr(pattern, "p") or \
-                    pattern.p.startswith("?"):
+            in_view = g is not None and g.startswith("<" + VIEW_PREFIX)
+            if in_view or not hasattr(pattern, "p") or pattern.p.startswith("?"):
                 continue
             ends = {end for end, term in (("s", pattern.s), ("o", pattern.o)) if term == "?" + key}
             if ends:
@@ -113,6 +114,7 @@ class ViewState:
     next_due: float = 0.0  # ms: the next fill attempt (unfilled) or refresh round
     next_discover: float = 0.0  # ms: the next read of the endpoint's key set (filled)
     window_keys: WindowKeys | None = None  # when windowed queries read it: their windows' join keys
+    windowed_users: dict[str, tuple] = field(default_factory=dict)  # query -> (its patterns, its window)
 
     @property
     def filled(self) -> bool:
@@ -153,6 +155,8 @@ class BackgroundCore:
             state = self.views.get(graph)
             if state is not None:
                 state.users.discard(query_id)
+                if state.windowed_users.pop(query_id, None) is not None:
+                    self._rewindow(state)
         for view in views:
             state = self.views.get(view.graph)
             if state is None:
@@ -161,11 +165,10 @@ class BackgroundCore:
                 log.info(kv(event="view-added", graph=view.graph, endpoint=view.endpoint, query=query_id))
             state.users.add(query_id)
             if windowed:
-                if state.window_keys is None:  # (the first windowed query's window shapes the refresh rounds)
-                    state.window_keys = WindowKeys(window.range_ms, window.step_ms, window.lateness_ms)
                 from cbgp.windows import WindowedQuery
 
-                state.window_keys.read(WindowedQuery(text, window).patterns, view.key)
+                state.windowed_users[query_id] = (WindowedQuery(text, window).patterns, window)
+                self._rewindow(state)
             if windowed and state.filled:
                 # A windowed query sees the updates that come after it (the Spark job), and the view is older:
                 # its triples again, as refreshes, so the query's window starts with the view's content.
@@ -249,16 +252,39 @@ class BackgroundCore:
         options = state.options
         state.local = LocalView(prior_interval=options.prior_interval_ms)
         state.local.fill(rows, now)
-        keys = state.window_keys
+        self._maintain(state, now)
+        state.next_discover = now + options.discover_ms
+        log.info(kv(event="view-filled", graph=state.view.graph, keys=len(rows)))
+        return state.graph.replace_all(rows)
+
+    def _rewindow(self, state: ViewState) -> None:
+        """Follow the join keys of the windowed queries that read the view now (the first one's window shapes
+        the rounds); none left: the whole-view policy again.  A filled view's maintainer follows the change
+        (its view R, values and best-before times, is kept)."""
+        windowed = state.windowed_users
+        before = state.window_keys
+        if not windowed:
+            state.window_keys = None
+        else:
+            _patterns, window = next(iter(windowed.values()))
+            keys = WindowKeys(window.range_ms, window.step_ms, window.lateness_ms)
+            if before is not None and (before.range_ms, before.step_ms) == (keys.range_ms, keys.step_ms):
+                keys.keys = before.keys  # (what the stream has shown so far stays)
+            for patterns, _window in windowed.values():
+                keys.read(patterns, state.view.key)
+            state.window_keys = keys
+        if state.filled and (before is None) != (state.window_keys is None):
+            self._maintain(state, self.clock())
+
+    def _maintain(self, state: ViewState, now: float) -> None:
+        """The view's maintainer for its policy (a window-join one while windowed queries read it) and rounds."""
+        options, keys = state.options, state.window_keys
         # (a windowed view: one maintenance round per window slide, the paper's evaluations)
         shape = WindowShape(keys.range_ms, keys.step_ms) if keys is not None else \
             WindowShape(options.refresh_ms, options.refresh_ms)
         state.maintainer = Maintainer(state.local, state.remote, fleet_policy(options.policy, keys is not None),
                                       shape, gamma=options.gamma, rho=options.rho_ms / 1000.0, alpha=options.alpha)
         state.next_due = now + self._round_ms(state)
-        state.next_discover = now + options.discover_ms
-        log.info(kv(event="view-filled", graph=state.view.graph, keys=len(rows)))
-        return state.graph.replace_all(rows)
 
     @staticmethod
     def _round_ms(state: ViewState) -> float:
