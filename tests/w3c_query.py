@@ -141,7 +141,8 @@ def run_case(case: Case, seed: int = 0) -> Outcome:
 
 
 def _run_case(case: Case, seed: int) -> Outcome:
-    text = case.query.read_text(encoding="utf-8")
+    # The query's base IRI is its document's (the suites' convention: `GRAPH <data.ttl>` names a file).
+    text = f"BASE <{case.query.as_uri()}>\n" + case.query.read_text(encoding="utf-8")
     try:
         spec = analyse(text)
     except QueryError as exc:

@@ -18,7 +18,6 @@ KNOWN_FAILURES = {
     "aggregates / agg empty group":
         "GROUP BY over no solutions gives no group here, as in pyoxigraph (the differential oracle); "
         "the test expects one empty row",
-    "exists / Exists within graph pattern": "EXISTS inside GRAPH ?g does not see the graph variable bound",
     "functions / STRDT() TypeErrors": "RDF 1.1: \"abc\"^^xsd:string is a simple literal, as pyoxigraph has it",
     "functions / STRLANG() TypeErrors": "RDF 1.1: \"abc\"^^xsd:string is a simple literal, as pyoxigraph has it",
     "project-expression / Reuse a project expression variable in select":
