@@ -48,6 +48,16 @@ class OperatorQuerySpec:
     prologue: Any = None  # rdflib's Prologue (base IRI and prefixes, for IRI() / STRDT(...))
 
 
+def _subquery_projection(node: Any) -> list[str] | None:
+    """The variables a subquery projects (None: not a subquery, or one with LIMIT/OFFSET, which is not per
+    named graph once a graph variable is projected with it)."""
+    while node is not None and getattr(node, "name", None) in ("Distinct", "Reduced", "OrderBy"):
+        node = _opt(node, "p")
+    if getattr(node, "name", None) != "Project":
+        return None
+    return [str(v) for v in _opt(node, "PV")]
+
+
 @lru_cache(maxsize=512)
 def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
     """A plain BGP SELECT as today (`ParsedQuery`), else a checked operator query; QueryError if neither.
@@ -192,6 +202,7 @@ class Builder:
         self.engine_leaves: list[EngineLeaf] = []
         self.pattern_leaves: list[PatternLeaf] = []
         self.columns: tuple[str, ...] = ()
+        self._graph_vars: list[str] = []  # a subquery's own graph variable, projected with it (see _ToMultiSet)
 
     # -- roots --
 
@@ -360,7 +371,23 @@ class Builder:
         return self.build(_opt(node, "p"), _opt(node, "term"))
 
     def _ToMultiSet(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return self.build(_opt(node, "p"), graph)
+        from rdflib import Variable
+
+        inner = _opt(node, "p")
+        projected = _subquery_projection(inner)
+        if not isinstance(graph, Variable) or projected is None or str(graph) in projected:
+            return self.build(inner, graph)
+        # A subquery inside GRAPH ?g that does not project ?g: its own ?g is another variable (SPARQL's scoping).
+        # It runs over each named graph under a fresh graph variable, projected with it, and that graph binds
+        # the outer ?g.
+        fresh = Variable(f"__graph{len(self._graph_vars)}")
+        self._graph_vars.append(str(fresh))
+        try:
+            body = self.build(inner, fresh)
+        finally:
+            self._graph_vars.pop()
+        body = Extend(body, str(graph), fresh, self.terms, f"?{fresh}")
+        return Project(body, [v for v in body.schema if v != str(fresh)])
 
     def _values(self, node: Any, graph: Any) -> Operator:  # noqa: N802
         from rdflib.term import Identifier
@@ -468,7 +495,8 @@ class Builder:
                     engine_leaf.pushed.setdefault(index, []).append(c)
 
     def _Project(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        return Project(self.build(_opt(node, "p"), graph), [str(v) for v in _opt(node, "PV")])
+        keep = [str(graph)] if self._graph_vars and str(graph) == self._graph_vars[-1] else []
+        return Project(self.build(_opt(node, "p"), graph), [str(v) for v in _opt(node, "PV")] + keep)
 
     def _Distinct(self, node: Any, graph: Any) -> Operator:  # noqa: N802
         return Distinct(self.build(_opt(node, "p"), graph))

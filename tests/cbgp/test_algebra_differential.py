@@ -69,6 +69,10 @@ GROUPS = {
                     "WHERE { ?x :q ?y FILTER(isNumeric(?y)) }",
         "count_optional": "SELECT ?x (COUNT(?z) AS ?c) WHERE { ?x :p ?y OPTIONAL { ?y :q ?z } } GROUP BY ?x",
         "subquery": "SELECT * WHERE { { SELECT ?x (COUNT(*) AS ?c) WHERE { ?x :p ?y } GROUP BY ?x } ?x :q ?z }",
+        # a subquery inside GRAPH ?g: its own ?g (not projected) is another variable (the outer ?g is left out of
+        # the answer: pyoxigraph does not bind it there, where SPARQL's scoping rules say it is in scope)
+        "subquery_graph": "SELECT ?x WHERE { GRAPH ?g { { SELECT DISTINCT ?x WHERE { ?x :p ?g } } } }",
+        "subquery_graph_projected": "SELECT * WHERE { GRAPH ?g { { SELECT ?x ?g WHERE { ?x ?p ?g } } } }",
         "minmax_iri": "SELECT ?y (MIN(?x) AS ?lo) (MAX(?x) AS ?hi) (COUNT(DISTINCT *) AS ?n) "
                       "WHERE { ?x :p ?y FILTER(isIRI(?y)) } GROUP BY ?y",
     },
