@@ -26,7 +26,6 @@ KNOWN_FAILURES = {
     "sparql10/distinct / Strings: Distinct": "RDF 1.1: \"abc\" and \"abc\"^^xsd:string are one term",
     "sparql10/distinct / All: Distinct": "RDF 1.1: \"abc\" and \"abc\"^^xsd:string are one term",
     "sparql10/expr-builtin / datatype-2 : Literals with a datatype": "RDF 1.1: simple literals have xsd:string",
-    "sparql10/open-world / date-1": "rdflib compares xsd:date values with and without a timezone",
     "sparql10/optional-filter / dawg-optional-filter-005-simplified":
         "not approved; its twin -not-simplified (the SPARQL 1.1 scoping) passes",
 }
