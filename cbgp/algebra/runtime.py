@@ -83,7 +83,11 @@ class FilterGate:
     def __init__(self, gates: dict[int, list], terms: Terms) -> None:
         self.gates = gates  # predicate id -> [(s, o, graph, filters, their variables)] of its engine patterns
         self.terms = terms
-        self._memo: dict = {}  # (filters, pattern binding) -> outcome
+        self._memo: dict = {}  # (id of the filters, pattern binding) -> outcome
+
+    def __getstate__(self) -> dict:
+        # (a checkpoint pickles the gate; the memo is keyed by object ids, which mean nothing in the next life)
+        return {**self.__dict__, "_memo": {}}
 
     @classmethod
     def of(cls, engine_leaves: list[EngineLeaf], dictionary: TermDictionary, terms: Terms) -> FilterGate | None:
