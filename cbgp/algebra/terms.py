@@ -11,6 +11,7 @@ a `BIND(?x + 1 AS ?y)` answer is the same term whichever engine computed it.
 
 from __future__ import annotations
 
+import math
 import re
 
 from decimal import Context, Decimal, InvalidOperation
@@ -193,7 +194,8 @@ def format_double(value: float) -> str:
 # --- comparisons -----------------------------------------------------------------------------------
 # rdflib orders literals of unrelated types (a string "greater" than a number) where SPARQL has a type error;
 # `strict_comparisons` makes `<`, `>`, `<=`, `>=` of an algebra raise that error first, and `=`, `!=` of
-# literals outside the value spaces it knows follow RDFterm-equal; STRDT takes simple literals only.
+# literals outside the value spaces it knows follow RDFterm-equal; STRDT takes simple literals only; a product of
+# integers is an integer.
 
 _ORDERED = {XSD + "dateTime": "dateTime", XSD + "date": "date", XSD + "time": "time", XSD + "string": "string"}
 
@@ -298,7 +300,46 @@ def _strict_strdt(e, ctx):  # noqa: ANN001, ANN202
     return Builtin_STRDT(e, ctx)
 
 
-_STRICTER = {"RelationalExpression": _strict_relational, "Builtin_STRDT": _strict_strdt}
+_PROMOTION = ("integer", "decimal", "float", "double")  # XPath's numeric type promotion, narrowest first
+
+
+def _typed_multiplicative(e, ctx):  # noqa: ANN001, ANN202
+    """``*`` and ``/`` with XPath's numeric types: integer * integer is an integer, a double makes a double,
+    integer / integer a decimal (rdflib computes everything in Decimal and answers xsd:decimal)."""
+    if e.other is None:
+        return e.expr
+    operands = [e.expr, *e.other]
+    values, rank = [], 0
+    for x in operands:
+        datatype = str(x.datatype) if isinstance(x, Literal) and x.datatype is not None else None
+        value = numeric_value(str(x), datatype) if datatype in _NUMERIC_TYPES else None
+        if value is None:
+            raise SPARQLError(f"not a number: {x.n3() if hasattr(x, 'n3') else x!r}")
+        kind = "integer" if datatype in _INTEGER_TYPES else datatype[len(XSD):]
+        rank = max(rank, _PROMOTION.index(kind))
+        values.append(value)
+    if rank == 0 and "/" in e.op:
+        rank = 1  # integer division is a decimal
+    kind = _PROMOTION[rank]
+    exact = kind in ("integer", "decimal")
+    result = Decimal(values[0]) if exact else float(values[0])
+    for op, value in zip(e.op, values[1:]):
+        value = Decimal(value) if exact else float(value)
+        if op == "*":
+            result = result * value
+        elif value == 0:
+            if exact:
+                raise SPARQLError("divide by 0")
+            result = float("nan") if result == 0 or result != result else math.copysign(float("inf"), result)
+        else:
+            result = result / value
+    if kind == "integer":
+        return Literal(int(result), datatype=URIRef(XSD + "integer"))
+    return Literal(result, datatype=URIRef(XSD + kind))
+
+
+_STRICTER = {"RelationalExpression": _strict_relational, "Builtin_STRDT": _strict_strdt,
+             "MultiplicativeExpression": _typed_multiplicative}
 
 
 def strict_comparisons(node) -> None:  # noqa: ANN001

@@ -42,7 +42,8 @@ GROUPS = {
         "filter_types": "SELECT * WHERE { ?x ?p ?y FILTER(DATATYPE(?y) IN (xsd:integer, xsd:decimal) "
                         "|| ?y = true || ?y < \"2021-01-01\"^^xsd:date) }",
         "filter_join": "SELECT * WHERE { ?x :p ?y . ?y :q ?z FILTER(?x != ?z && isIRI(?z)) }",
-        "bind": "SELECT * WHERE { ?x :r ?y BIND(STR(?y) AS ?s) BIND(?y + 1 AS ?n) BIND(UCASE(?s) AS ?u) }",
+        "bind": "SELECT * WHERE { ?x :r ?y BIND(STR(?y) AS ?s) BIND(?y + 1 AS ?n) BIND(UCASE(?s) AS ?u) "
+                "BIND(?y * 2 AS ?twice) BIND(?y / 2 AS ?half) }",
         "values": "SELECT * WHERE { VALUES (?x ?k) { (:a 1) (:b UNDEF) (:c 3) } ?x :p ?y }",
     },
     "optional": {

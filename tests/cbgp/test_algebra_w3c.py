@@ -20,8 +20,6 @@ KNOWN_FAILURES = {
         "the test expects one empty row",
     "functions / STRDT() TypeErrors": "RDF 1.1: \"abc\"^^xsd:string is a simple literal, as pyoxigraph has it",
     "functions / STRLANG() TypeErrors": "RDF 1.1: \"abc\"^^xsd:string is a simple literal, as pyoxigraph has it",
-    "project-expression / Reuse a project expression variable in select":
-        "expected results written with xsd:decimal lexical forms rdflib's arithmetic does not produce",
     "sparql10/basic / Basic - Term 6": "the query's decimal '456.' and the data's are different lexical forms",
     "sparql10/distinct / Strings: Distinct": "RDF 1.1: \"abc\" and \"abc\"^^xsd:string are one term",
     "sparql10/distinct / All: Distinct": "RDF 1.1: \"abc\" and \"abc\"^^xsd:string are one term",
