@@ -49,15 +49,28 @@ def _read_text(path: str) -> str:
         raise CliError(f"{path} is not UTF-8 text (byte {exc.start})") from None
 
 
-def _parse_rspql_file(path: str):  # noqa: ANN202
+def _parse_rspql_file(path: str, views: list | None = None):  # noqa: ANN202
     """``(ParsedQuery or OperatorQuerySpec of the plain SPARQL, WindowSpec or None)`` of a .rq file, RSP-QL
-    windows allowed (the Spark job evaluates them)."""
+    windows allowed (the Spark job evaluates them).  ``views``: SERVICE clauses are read as the fleet reads
+    them, as their view graphs (``cbgp.background.views``), and their views appended here; without it a
+    SERVICE is refused (nothing here calls an endpoint)."""
     from cbgp.algebra import analyse
+    from cbgp.background.service import ServiceError
+    from cbgp.background.views import has_service, rewrite_services
     from cbgp.windows import WindowedQuery, parse_rspql
 
     text = _read_text(path)
     try:
         plain, window = parse_rspql(text)
+        if has_service(plain):
+            if views is None:
+                raise CliError(f"{path}: SERVICE calls an endpoint, and `cbgp replay` has none: register the query "
+                               "with the fleet (`cbgp background` keeps the SERVICE's data as a local view)")
+            try:
+                plain, found = rewrite_services(plain)
+            except ServiceError as exc:
+                raise CliError(f"{path}: SERVICE: {exc}") from None
+            views.extend(found)
         query = analyse(plain)
         if window is not None:
             WindowedQuery(plain, window)  # what a window cannot run (a per-event window's limits)
@@ -239,10 +252,30 @@ def plan_json(query) -> dict:  # noqa: ANN001
 
 
 def explain(path: str, as_json: bool, out: TextIO) -> None:
+    """How the query is evaluated (``--json``: as an object); a SERVICE clause as the background data the fleet
+    keeps for it."""
+    import io
+
+    views: list = []
+    text = io.StringIO()
+    _explain(path, as_json, text, views)
+    if views and as_json:
+        data = json.loads(text.getvalue())
+        data["services"] = [{**view.to_json(), "kept_by": "cbgp background"} for view in views]
+        json.dump(data, out, indent=2)
+        out.write("\n")
+        return
+    out.write(text.getvalue())
+    for view in views:
+        out.write(f"SERVICE <{view.endpoint}> on ?{view.key}: background data, kept as graph <{view.graph}> by "
+                  "`cbgp background` (a local view refreshed within a budget; not windowed in a windowed query)\n")
+
+
+def _explain(path: str, as_json: bool, out: TextIO, views: list) -> None:
     from cbgp.algebra import OperatorQuery, OperatorQuerySpec
     from cbgp.terms import TermDictionary
 
-    query, window = _parse_rspql_file(path)
+    query, window = _parse_rspql_file(path, views)
     if isinstance(query, OperatorQuerySpec):
         from cbgp.algebra.by_centre import leaf_parts
 

@@ -83,3 +83,25 @@ def test_out_of_scope_constructs_are_still_rejected_with_line_and_column(files: 
     assert result.returncode == 2
     assert "path.rq:3:14: property paths are not supported" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_explain_reads_a_service_clause_as_the_fleet_does_and_replay_refuses_it(files: Path):
+    """`cbgp explain` shows a SERVICE as the background data the fleet keeps for it (its view graph, kept by
+    `cbgp background`); `cbgp replay` has no endpoint and says so in one line."""
+    (files / "service.rq").write_text(
+        "PREFIX ex: <http://ex/>\nSELECT ?u ?n FROM NAMED WINDOW ex:w ON ex:s [RANGE PT60S STEP PT10S]\n"
+        "WHERE { WINDOW ex:w { ?t ex:mentions ?u } SERVICE <http://127.0.0.1:1/sparql> { ?u ex:followers ?n } "
+        "FILTER(?n > 10) }\n")
+    result = cbgp("explain", "service.rq", cwd=files)
+    assert result.returncode == 0, result.stderr
+    assert "SERVICE <http://127.0.0.1:1/sparql> on ?u: background data, kept as graph <urn:cbgp:service-view:" \
+        in result.stdout and "placement in the fleet: spark-window" in result.stdout
+    data = json.loads(cbgp("explain", "--json", "service.rq", cwd=files).stdout)
+    (service,) = data["services"]
+    assert service["key"] == "u" and service["kept_by"] == "cbgp background" and data["window"]["step_ms"] == 10000
+    (files / "plain_service.rq").write_text(
+        "PREFIX ex: <http://ex/>\nSELECT * WHERE { ?t ex:mentions ?u SERVICE <http://127.0.0.1:1/sparql> "
+        "{ ?u ex:followers ?n } }\n")
+    refused = cbgp("replay", "--patch", "updates.rdfp", "--query", "s=plain_service.rq", cwd=files)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "plain_service.rq: SERVICE calls an endpoint, and `cbgp replay` has none" in refused.stderr
