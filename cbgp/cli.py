@@ -64,8 +64,12 @@ def _parse_rspql_file(path: str, views: list | None = None):  # noqa: ANN202
         plain, window = parse_rspql(text)
         if has_service(plain):
             if views is None:
-                raise CliError(f"{path}: SERVICE calls an endpoint, and `cbgp replay` has none: register the query "
-                               "with the fleet (`cbgp background` keeps the SERVICE's data as a local view)")
+                from cbgp.sparql import _find_keyword
+
+                line, column = _find_keyword(plain, "SERVICE")
+                where = f":{line}:{column}" if line is not None else ""
+                raise CliError(f"{path}{where}: SERVICE is not supported by `cbgp replay`, which has no endpoint: "
+                               "register the query with the fleet (`cbgp background` keeps its data as a local view)")
             try:
                 plain, found = rewrite_services(plain)
             except ServiceError as exc:

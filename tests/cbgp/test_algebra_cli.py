@@ -104,4 +104,4 @@ def test_explain_reads_a_service_clause_as_the_fleet_does_and_replay_refuses_it(
         "{ ?u ex:followers ?n } }\n")
     refused = cbgp("replay", "--patch", "updates.rdfp", "--query", "s=plain_service.rq", cwd=files)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert "plain_service.rq: SERVICE calls an endpoint, and `cbgp replay` has none" in refused.stderr
+    assert "plain_service.rq:2:36: SERVICE is not supported by `cbgp replay`, which has no endpoint" in refused.stderr
