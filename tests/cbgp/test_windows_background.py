@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from cbgp.background.views import VIEW_PREFIX
 from cbgp.windows import WindowedQuery, WindowSpec
-from tests.cbgp.test_windows import time_content
+from tests.cbgp.test_windows import run, time_content
 from tests.cbgp.test_windows_operators import OperatorHarness, OperatorReference, operator_answers
 
 EX = "http://ex.org/"
@@ -72,12 +72,7 @@ def scenarios(draw):
 @given(scenario=scenarios())
 def test_a_view_graph_is_background_data_and_the_stream_is_windowed(scenario):
     spec, actions = scenario
-    harness = BackgroundHarness(spec, QUERIES)
-    for action in actions:
-        if action[0] == "add":
-            harness.add(*action[1:])
-        else:
-            harness.advance(action[1])
+    harness = run(spec, QUERIES, actions, BackgroundHarness)
     for name in QUERIES:  # after the last advance: the view's quads alone (the harness checked every instant)
         assert harness.replayed[name].rows == harness.reference.answers(name, harness.last), name
 

@@ -6,17 +6,16 @@ duplicate inserts, deletes of absent triples, literals, self-loops, late data an
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cbgp.terms import TermDictionary
 from cbgp.windows import WindowedQuery, WindowError, WindowSpec
 from tests.cbgp.test_algebra_differential import expected_answers
 from tests.cbgp.test_engine_differential import EX
-from tests.cbgp.test_windows import Harness, Reference, rows, scenarios
+from tests.cbgp.test_windows import (Harness, Reference, assert_restore_mid_stream_reports_the_same, rows, run,
+                                     scenarios)
 from tests.oracle import OracleGraph
 
 PREFIX = f"PREFIX : <{EX}> PREFIX xsd: <http://www.w3.org/2001/XMLSchema#> "
@@ -53,16 +52,6 @@ class OperatorHarness(Harness):
     reference_class = OperatorReference
 
 
-def run_operators(spec: WindowSpec, queries: dict[str, str], actions) -> Harness:
-    harness = OperatorHarness(spec, queries)
-    for action in actions:
-        if action[0] == "add":
-            harness.add(*action[1:])
-        else:
-            harness.advance(action[1])
-    return harness
-
-
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 
 
@@ -70,7 +59,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(H
 @given(scenario=scenarios(["sliding", "tumbling"]))
 def test_operators_over_time_windows_match_pyoxigraph_at_every_instant(scenario):
     spec, actions = scenario
-    harness = run_operators(spec, QUERIES, actions)
+    harness = run(spec, QUERIES, actions, OperatorHarness)
     for name, w in harness.windows.items():
         assert w.state_entries() == 0, f"{name}: expired history is pruned"
         assert harness.replayed[name].rows == harness.reference.answers(name, harness.last), name
@@ -80,7 +69,7 @@ def test_operators_over_time_windows_match_pyoxigraph_at_every_instant(scenario)
 @given(scenario=scenarios(["event"]))
 def test_operators_over_event_windows_sum_the_per_event_answers(scenario):
     spec, actions = scenario
-    harness = run_operators(spec, EVENT_QUERIES, actions)
+    harness = run(spec, EVENT_QUERIES, actions, OperatorHarness)
     for name in harness.windows:
         assert not harness.replayed[name].rows, name
 
@@ -92,28 +81,7 @@ def test_an_operator_window_restored_mid_stream_reports_the_same(scenario, data)
     cut = data.draw(st.integers(0, len(actions)))
     text = EVENT_QUERIES[data.draw(st.sampled_from(sorted(EVENT_QUERIES)))]
 
-    def feed(w, chunk, out):
-        for action in chunk:
-            if action[0] == "add":
-                out.append(w.add_terms(*action[1:]))
-            else:
-                out.append([(r.instant_ms, r.deltas) for r in w.advance(action[1])])
-
-    straight = WindowedQuery(text, spec)
-    expected: list = []
-    feed(straight, actions, expected)
-    first = WindowedQuery(text, spec)
-    got: list = []
-    feed(first, actions[:cut], got)
-    state = json.loads(json.dumps(first.to_state()))
-    # The state holds term ids; an operator query's expressions need their terms: the restoring process's
-    # dictionary knows them (the Spark job reads the fleet's dictionary topic).
-    known = TermDictionary(stable=True)
-    for term, term_id in first.dictionary.items():
-        known.add(term_id, term)
-    restored = WindowedQuery.from_state(text, spec, state, known)
-    feed(restored, actions[cut:], got)
-    assert got == expected
+    assert_restore_mid_stream_reports_the_same(text, spec, actions, cut)
 
 
 SEC = 1000
