@@ -1,25 +1,21 @@
 """The registered queries as the Spark job's Python workers see them: the compacted ``queries.plans`` topic.
 
-Stateful Spark functions run in Python worker processes that Spark reuses between micro-batches, so each
-process keeps one :class:`PlanCache` (per broker and topic) and reads only what was appended since its last
-look.  A plan is immutable per (query id, version); an unregistration is a tombstone.
+Each Spark Python worker process keeps one :class:`PlanCache` per (brokers, topic), which reads only what was
+appended since its last look (``spark.topic_tail``).  A plan is immutable per (query id, version); an unregistration is a tombstone.
 """
 
 from __future__ import annotations
 
-import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from cbgp.windows import WindowError, WindowSpec
 from services import codec
 from services.queries import read_registration
+from spark.topic_tail import TopicTail, per_process
 
 __all__ = ["PlanCache", "RegisteredPlan", "plan_cache"]
-
-_CACHES: dict[tuple[str, str], "PlanCache"] = {}
-_LOCK = threading.Lock()
-
 
 @dataclass(frozen=True)
 class RegisteredPlan:
@@ -34,38 +30,17 @@ class PlanCache:
     """``query id -> RegisteredPlan`` for every currently registered query, refreshed on demand."""
 
     def __init__(self, client_config: Mapping[str, Any], topic: str) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.topic = topic
         self.plans: dict[str, RegisteredPlan] = {}
         self.invalid: dict[str, str] = {}  # query id -> why its plan cannot be used (the worker dead-letters it)
-        self._consumer = Consumer({**client_config, "group.id": "cbgp-spark-plans", "enable.auto.commit": False,
-                                   "isolation.level": "read_committed", "enable.partition.eof": False})
-        metadata = self._consumer.list_topics(topic, timeout=30).topics[topic]
-        self._partitions = sorted(metadata.partitions)
-        self._positions = {p: 0 for p in self._partitions}
-        self._consumer.assign([TopicPartition(topic, p, 0) for p in self._partitions])
+        self._tail = TopicTail(client_config, topic, "cbgp-spark-plans")
 
     def refresh(self, timeout_s: float = 10.0) -> dict[str, RegisteredPlan]:
         """Read the topic up to its current end; return the registered plans."""
-        import time
-
-        ends = {p: self._consumer.get_watermark_offsets(_tp(self.topic, p), timeout=timeout_s)[1]
-                for p in self._partitions}
-        deadline = time.monotonic() + timeout_s
-        while any(self._positions[p] < ends[p] for p in self._partitions) and time.monotonic() < deadline:
-            for msg in self._consumer.consume(500, timeout=0.2):
-                if msg.error():
-                    continue
-                self._positions[msg.partition()] = msg.offset() + 1
-                self._apply(msg.key(), msg.value())
-            for p in self._partitions:  # transaction markers and compaction leave offset gaps
-                position = self._consumer.position([_tp(self.topic, p)])[0].offset
-                if position >= 0:
-                    self._positions[p] = max(self._positions[p], position)
+        self._tail.read_to_end(self._apply, time.monotonic() + timeout_s, batch=500)
         return self.plans
 
-    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+    def _apply(self, msg: Any) -> None:
+        key, value = msg.key(), msg.value()
         query_id = key.decode("utf-8", "replace") if key else None
         if query_id is None:
             return
@@ -90,17 +65,6 @@ class PlanCache:
         return plan
 
 
-def _tp(topic: str, partition: int) -> Any:
-    from confluent_kafka import TopicPartition
-
-    return TopicPartition(topic, partition)
-
-
 def plan_cache(client_config: Mapping[str, Any], topic: str) -> PlanCache:
     """This process's cache for (brokers, topic)."""
-    key = (str(client_config.get("bootstrap.servers")), topic)
-    with _LOCK:
-        cache = _CACHES.get(key)
-        if cache is None:
-            cache = _CACHES[key] = PlanCache(client_config, topic)
-        return cache
+    return per_process(PlanCache, client_config, topic)

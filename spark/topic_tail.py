@@ -1,0 +1,59 @@
+"""A topic read to its end again and again by one Spark Python worker process (plans, the term dictionary).
+
+Spark reuses its Python worker processes between micro-batches, so each process keeps one reader per
+(brokers, topic) and reads only what was appended since its last look.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Mapping, TypeVar
+
+__all__ = ["TopicTail", "per_process"]
+
+T = TypeVar("T")
+_INSTANCES: dict[tuple[type, str, str], Any] = {}
+_LOCK = threading.Lock()
+
+
+class TopicTail:
+    """Every partition of ``topic``, read from offset 0 up to the end seen at each :meth:`read_to_end`."""
+
+    def __init__(self, client_config: Mapping[str, Any], topic: str, group_id: str) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.topic = topic
+        self._consumer = Consumer({**client_config, "group.id": group_id, "enable.auto.commit": False,
+                                   "isolation.level": "read_committed", "enable.partition.eof": False})
+        metadata = self._consumer.list_topics(topic, timeout=30).topics[topic]
+        self.partitions = sorted(metadata.partitions)
+        self._positions = {p: 0 for p in self.partitions}
+        self._consumer.assign([TopicPartition(topic, p, 0) for p in self.partitions])
+
+    def read_to_end(self, apply: Callable[[Any], None], deadline: float, batch: int = 1000) -> None:
+        """Pass every record up to the current end (or until ``deadline``, a ``time.monotonic()``) to ``apply``."""
+        from confluent_kafka import TopicPartition
+
+        ends = {p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                for p in self.partitions}
+        while any(self._positions[p] < ends[p] for p in self.partitions) and time.monotonic() < deadline:
+            for msg in self._consumer.consume(batch, timeout=0.2):
+                if msg.error():
+                    continue
+                self._positions[msg.partition()] = msg.offset() + 1
+                apply(msg)
+            for p in self.partitions:  # transaction markers and compaction leave offset gaps
+                position = self._consumer.position([TopicPartition(self.topic, p)])[0].offset
+                if position >= 0:
+                    self._positions[p] = max(self._positions[p], position)
+
+
+def per_process(cls: Callable[[Mapping[str, Any], str], T], client_config: Mapping[str, Any], topic: str) -> T:
+    """This process's one ``cls(client_config, topic)`` for (brokers, topic)."""
+    key = (cls, str(client_config.get("bootstrap.servers")), topic)
+    with _LOCK:
+        instance = _INSTANCES.get(key)
+        if instance is None:
+            instance = _INSTANCES[key] = cls(client_config, topic)
+        return instance
