@@ -155,8 +155,8 @@ class BackgroundCore:
             state = self.views.get(graph)
             if state is not None:
                 state.users.discard(query_id)
-                if state.windowed_users.pop(query_id, None) is not None:
-                    self._rewindow(state)
+                state.windowed_users.pop(query_id, None)
+                self._rewindow(state)
         for view in views:
             state = self.views.get(view.graph)
             if state is None:
@@ -168,7 +168,7 @@ class BackgroundCore:
                 from cbgp.windows import WindowedQuery
 
                 state.windowed_users[query_id] = (WindowedQuery(text, window).patterns, window)
-                self._rewindow(state)
+            self._rewindow(state)
             if windowed and state.filled:
                 # A windowed query sees the updates that come after it (the Spark job), and the view is older:
                 # its triples again, as refreshes, so the query's window starts with the view's content.
@@ -259,11 +259,12 @@ class BackgroundCore:
 
     def _rewindow(self, state: ViewState) -> None:
         """Follow the join keys of the windowed queries that read the view now (the first one's window shapes
-        the rounds); none left: the whole-view policy again.  A filled view's maintainer follows the change
-        (its view R, values and best-before times, is kept)."""
+        the rounds).  None left, or a reader without a window (its answers need every key fresh): the whole-view
+        policy.  A filled view's maintainer follows the change (its view R, values and best-before times, is
+        kept)."""
         windowed = state.windowed_users
         before = state.window_keys
-        if not windowed:
+        if not windowed or len(windowed) < len(state.users):
             state.window_keys = None
         else:
             _patterns, window = next(iter(windowed.values()))

@@ -2,8 +2,8 @@
 
 The fleet evaluates every query on one total order of changes, so background data enters it the way any data
 does: as changes.  A registered query's ``SERVICE <e> { P }`` (P a basic graph pattern) is rewritten to
-``GRAPH <urn:cbgp:service-view:H> { P }`` (:func:`rewrite_services`; H hashes the endpoint, prologue and P, so
-every query with the same clause shares one view), and the background service keeps that graph equal to the
+``GRAPH <urn:cbgp:service-view:H> { P }`` (:func:`rewrite_services`; H hashes the endpoint and P's expanded
+patterns, so every query with the same clause shares one view), and the background service keeps that graph equal to the
 triples of P's matches at the endpoint, as of each key's last refresh (:class:`ViewGraph`).
 
 Why this is exact: every triple of the graph is a triple of the endpoint's data that takes part in a match
@@ -53,10 +53,11 @@ class ServiceView:
                 "key": self.key}
 
 
-def view_graph(endpoint: str, prologue: str, pattern: str) -> str:
-    digest = hashlib.sha1("\0".join((endpoint, " ".join(prologue.split()), " ".join(pattern.split())))
-                          .encode()).hexdigest()[:16]
-    return VIEW_PREFIX + digest
+def view_graph(endpoint: str, patterns: Iterable[TriplePattern]) -> str:
+    """The view's graph IRI: a hash of the endpoint and P's triple patterns with their prefixes expanded, so the
+    same clause under other prefix names, comments or layout shares one view."""
+    text = "\0".join([endpoint] + [f"{t.s} {t.p} {t.o}" for t in patterns])
+    return VIEW_PREFIX + hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def has_service(text: str) -> bool:
@@ -114,7 +115,7 @@ def _view(endpoint: str, prologue: str, pattern: str, join_vars: tuple[str, ...]
     patterns = tuple(parsed.patterns)
     if any(is_var(t.p) for t in patterns):
         raise ServiceError("a SERVICE pattern with a variable predicate is not kept as a view")
-    return ServiceView(view_graph(endpoint, prologue, pattern), endpoint, pattern, prologue, join_vars[0], patterns)
+    return ServiceView(view_graph(endpoint, patterns), endpoint, pattern, prologue, join_vars[0], patterns)
 
 
 def instantiate(patterns: Iterable[TriplePattern], key_var: str, key: str, row: Row) -> list[Triple]:

@@ -132,10 +132,12 @@ def test_a_window_join_policy_refreshes_only_the_keys_in_the_windows_of_its_wind
     now[0] += 2_000
     core.due()
     assert fetched == [f"<{EX}n3>"]
-    # An unwindowed query on the same view, then the windowed one goes: the whole-view policy again, every
-    # refresh_ms, and updates.encoded is no longer read.
+    # An unwindowed query on the same view needs every key fresh: the whole-view policy, every refresh_ms, and
+    # updates.encoded is no longer read.  When it goes, the window-join policy again.
     core.on_plan("plain", {"sparql": QUERY, "options": {"service.policy": "WSJ-LRU", "service.refresh_ms": "60000"}})
-    assert state.maintainer.policy.name == "WSJ-LRU"
-    core.on_plan("w", None)
     assert state.window_keys is None and core.stream_horizon_ms() is None
     assert state.maintainer.policy.name == "GNR-LRU" and state.next_due == now[0] + state.options.refresh_ms
+    core.on_plan("plain", None)
+    assert state.maintainer.policy.name == "WSJ-LRU" and core.stream_horizon_ms() == 10_000
+    core.on_plan("w", None)  # the last reader: the view goes
+    assert not core.views and core.stream_horizon_ms() is None

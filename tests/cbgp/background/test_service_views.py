@@ -113,3 +113,19 @@ def test_a_refresh_that_changes_a_shared_triple_keeps_it_for_the_other_key() -> 
     assert (f"<{EX}x>", f"<{EX}count>", '"5"') not in removed
     assert (a, f"<{EX}follows>", f"<{EX}x>") in removed and added == []
     assert graph.update_text([], []) is None
+
+
+def test_the_same_clause_under_other_prefixes_comments_and_layout_shares_one_view() -> None:
+    (view,) = rewrite_services(QUERY)[1]
+    other = f"""# Authors and their counts, written another way
+PREFIX x: <{EX}>
+PREFIX unused: <urn:unused:>
+SELECT * WHERE {{ ?u x:posted ?m .
+  SERVICE <http://endpoint.example/sparql> {{ ?u <{EX}follows> ?x .
+     ?x x:count ?c .   ?u x:name ?n }} }}"""
+    (same,) = rewrite_services(other)[1]
+    assert same.graph == view.graph
+    changed = other.replace("?u x:name ?n", "?u x:name ?m2")  # another variable: another view
+    assert rewrite_services(changed)[1][0].graph != view.graph
+    elsewhere = other.replace("endpoint.example", "other.example")
+    assert rewrite_services(elsewhere)[1][0].graph != view.graph
