@@ -38,7 +38,7 @@ Reporting.  `advance(watermark)` reports, in increasing order, every instant
 tau with last_instant < tau <= watermark at which the answers change, as the
 exact multiset difference from the previous instant (a row whose count rises by
 k appears k times with sign +1; no row has both signs in one report).  Work is
-driven by a heap of the instants at which some quad's (or event's) membership
+driven by a queue of the instants at which some quad's (or event's) membership
 can change, so unchanged instants cost nothing and a watermark jump of 10^12 ms
 is as cheap as the changes it crosses.  Once advance has passed an instant it
 is final: `last_instant` is the last instant passed (reported or not: an
@@ -64,7 +64,6 @@ re-exported here, so `cbgp.windows` stays the one import for windowed queries.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left, insort
 from collections import Counter
 from dataclasses import dataclass
@@ -74,6 +73,7 @@ from cbgp.plan import decompose
 from cbgp.rspql import _check_event_query, parse_rspql  # noqa: F401 - parse_rspql re-exported
 from cbgp.sparql import ParsedQuery, is_var
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
+from cbgp.window_state import Event, Record, WakeQueue
 # The spec and the parser are re-exported: callers keep importing them from cbgp.windows.
 from cbgp.window_spec import (KINDS, LATE_POLICIES, WindowError, WindowSpec, parse_duration,  # noqa: F401
                               window_from_options)
@@ -95,31 +95,6 @@ BACKGROUND_RANGE = 1 << 62
 class WindowReport:
     instant_ms: int
     deltas: list[tuple[int, tuple[int, ...]]]  # (sign, row): the change of the answers since the last report
-
-
-class _Record:
-    """One quad of a time window: its pruned history and whether the engine holds it."""
-
-    __slots__ = ("history", "present", "wake", "range_ms")
-
-    def __init__(self, range_ms: int) -> None:
-        self.history: list[tuple[int, int, int]] = []  # (event time, arrival seq, op), sorted
-        self.present = False
-        self.wake: int | None = None  # the instant the heap should look at it again
-        self.range_ms = range_ms  # the window's range; BACKGROUND_RANGE for a quad of a background graph
-
-
-class _Event:
-    """One event of a per-event window: its triples (while they may be needed) and its current answer rows."""
-
-    __slots__ = ("triples", "entered", "dirty", "rows", "wake")
-
-    def __init__(self) -> None:
-        self.triples: set[tuple[int, int, int, int]] | None = set()
-        self.entered = False
-        self.dirty = False  # a late triple joined it after it was evaluated
-        self.rows: Counter[tuple[int, ...]] = Counter()
-        self.wake: int | None = None
 
 
 class WindowedQuery:
@@ -177,9 +152,9 @@ class WindowedQuery:
         self._max_event: int | None = None
         self._watermark: int | None = None
         self._last: int | None = None
-        self._records: dict[tuple[int, int, int, int], _Record] = {}
-        self._events: dict[int, _Event] = {}
-        self._heap: list[tuple[int, object]] = []  # (instant, quad or event time); stale entries skipped
+        self._records: dict[tuple[int, int, int, int], Record] = {}
+        self._events: dict[int, Event] = {}
+        self._wakes = WakeQueue()  # instant -> the quads (or event times) to look at then; stale ones skipped
 
     @property
     def initial(self) -> Counter:
@@ -302,7 +277,7 @@ class WindowedQuery:
     def _add_event_triple(self, quad: tuple[int, int, int, int], t: int) -> None:
         event = self._events.get(t)
         if event is None:
-            event = self._events[t] = _Event()
+            event = self._events[t] = Event()
         if event.triples is None or quad in event.triples:
             return  # duplicate (triples are freed only once no triple of the event can be admitted)
         event.triples.add(quad)
@@ -326,12 +301,12 @@ class WindowedQuery:
         if self._last is not None and target <= self._last:
             return []
         reports: list[WindowReport] = []
-        heap = self._heap
-        while heap and heap[0][0] <= target:
-            instant = heap[0][0]
-            keys = []
-            while heap and heap[0][0] == instant:
-                keys.append(heapq.heappop(heap)[1])
+        wakes = self._wakes
+        while True:
+            instant = wakes.first()
+            if instant is None or instant > target:
+                break
+            keys = wakes.pop(instant)
             first = self._last is None
             self._last = instant  # pruning and the next wake-ups are relative to this instant
             if self._event_model:
@@ -346,14 +321,17 @@ class WindowedQuery:
         if self._last is None and self._initial and not self._event_model:
             reports.append(WindowReport(target, _consolidate(self._initial)))  # no change came before it
         self._last = target
-        if len(heap) > 2 * (len(self._records) + len(self._events)) + 64:
-            self._rebuild_heap()
+        if len(wakes) > 2 * (len(self._records) + len(self._events)) + 64:
+            self._rebuild_wakes()
         return reports
 
-    def _rebuild_heap(self) -> None:
+    def _rebuild_wakes(self) -> None:
+        """Drop the stale entries (a record whose wake moved leaves its old one behind)."""
         items = self._events.items() if self._event_model else self._records.items()
-        self._heap = [(item.wake, key) for key, item in items if item.wake is not None]
-        heapq.heapify(self._heap)
+        self._wakes = WakeQueue()
+        for key, item in items:
+            if item.wake is not None:
+                self._wakes.push(item.wake, key)
 
     def _next_grid(self, value: int) -> int:
         """The first instant strictly after `value`."""
@@ -361,8 +339,8 @@ class WindowedQuery:
 
     # -- time windows --
 
-    def _record(self, quad: tuple[int, int, int, int]) -> _Record:
-        return _Record(BACKGROUND_RANGE if quad[3] in self._background else self._range)
+    def _record(self, quad: tuple[int, int, int, int]) -> Record:
+        return Record(BACKGROUND_RANGE if quad[3] in self._background else self._range)
 
     @staticmethod
     def _member(history: list[tuple[int, int, int]], instant: int, range_ms: int) -> bool:
@@ -390,28 +368,45 @@ class WindowedQuery:
             else:
                 del history[: before - 1]
 
-    def _next_change(self, record: _Record) -> int | None:
+    def _next_change(self, record: Record) -> int | None:
+        """The first grid instant still to come at which the record's membership differs from what the engine
+        holds (``record.present``); else, for a record with history, when it can all be pruned."""
         history = record.history
-        after = self._last
-        range_ms = record.range_ms
-        candidates = set()
-        for t, _seq, op in history:
-            candidates.add(self._next_grid(t))
-            if op > 0:
-                candidates.add(self._next_grid(t + range_ms))
-        if after is not None:
-            candidates.add(after + self._step)  # a late admitted update may differ from the engine right away
-            candidates = {c for c in candidates if c > after}
-        # Membership is constant between candidates, so the first differing candidate is the next change.
-        for instant in sorted(candidates):
-            if self._member(history, instant, range_ms) != record.present:
-                return instant
-        if history:  # wake up once the history can all be pruned, so that idle records go away
-            cleanup = self._next_grid(history[-1][0] + range_ms - self._step)
-            return cleanup if after is None or cleanup > after else after + self._step
-        return None
+        step, after, range_ms, present = self._step, self._last, record.range_ms, record.present
+        n = len(history)
+        # An instant I sees the last update before it (t < I, i.e. I >= the next grid instant after t): update
+        # i rules the grid instants [enter_i, enter_{i+1}); an ADD is a member there up to t + range.
+        if not n:  # (a record that left the window and has not been removed yet)
+            return after + step if present else None
+        enter = (history[0][0] // step + 1) * step
+        first = after + step if after is not None else enter  # (no instant yet: nothing is present)
+        if present and first < enter:
+            return first
+        for i in range(n):
+            t, _seq, op = history[i]
+            start = (t // step + 1) * step
+            end = (history[i + 1][0] // step + 1) * step if i + 1 < n else None
+            if end is not None and end <= first:
+                continue
+            lo = start if start > first else first
+            if end is not None and lo >= end:
+                continue  # (two updates in one step cell: the later one rules)
+            if op < 0:
+                if present:
+                    return lo
+                continue
+            leave = ((t + range_ms) // step + 1) * step  # the first instant past t + range
+            if present:
+                out = leave if leave > lo else lo
+                if end is None or out < end:
+                    return out
+            elif lo < leave and (end is None or lo < end):
+                return lo
+        # wake up once the history can all be pruned, so that idle records go away
+        cleanup = ((history[-1][0] + range_ms - step) // step + 1) * step
+        return cleanup if after is None or cleanup > after else after + step
 
-    def _settle(self, quad: tuple[int, int, int, int], record: _Record) -> None:
+    def _settle(self, quad: tuple[int, int, int, int], record: Record) -> None:
         self._prune(record.history, record.range_ms)
         if not record.history and not record.present:
             del self._records[quad]
@@ -420,14 +415,14 @@ class WindowedQuery:
         if wake != record.wake:
             record.wake = wake
             if wake is not None:
-                heapq.heappush(self._heap, (wake, quad))
+                self._wakes.push(wake, quad)
 
     def _process_quads(self, instant: int, keys: list) -> Counter:
         touched = []
         for quad in sorted(set(keys)):
             record = self._records.get(quad)
             if record is None or record.wake != instant:
-                continue  # stale heap entry
+                continue  # stale wake-up
             record.wake = None
             touched.append((quad, record, self._member(record.history, instant, record.range_ms)))
         changes: Counter = Counter()
@@ -444,7 +439,7 @@ class WindowedQuery:
 
     # -- per-event windows --
 
-    def _event_wake(self, t: int, event: _Event) -> int | None:
+    def _event_wake(self, t: int, event: Event) -> int | None:
         after = self._last
         soonest = after + self._step if after is not None else None
         if event.dirty:
@@ -457,7 +452,7 @@ class WindowedQuery:
             enter = soonest
         return enter if enter < leave else None
 
-    def _settle_event(self, t: int, event: _Event) -> None:
+    def _settle_event(self, t: int, event: Event) -> None:
         wake = self._event_wake(t, event)
         if wake is None and not event.entered:
             del self._events[t]
@@ -465,7 +460,7 @@ class WindowedQuery:
         if wake != event.wake:
             event.wake = wake
             if wake is not None:
-                heapq.heappush(self._heap, (wake, t))
+                self._wakes.push(wake, t)
 
     def _evaluate(self, triples: set[tuple[int, int, int, int]]) -> Counter:
         engine = type(self._engine)(dictionary=self.dictionary)  # (a ContinuousEngine)
@@ -521,10 +516,8 @@ class WindowedQuery:
                 for t, e in sorted(self._events.items())
             ]
         else:
-            state["quads"] = [
-                [*quad, int(r.present), [list(u) for u in r.history]]
-                for quad, r in sorted(self._records.items())
-            ]
+            state["quads"] = [[*quad, int(r.present), list(map(list, r.history))]
+                              for quad, r in sorted(self._records.items())]
         return state
 
     @classmethod
@@ -542,7 +535,7 @@ class WindowedQuery:
         self._last = state["last_instant"]
         if self._event_model:
             for t, entered, dirty, triples, rows in state.get("events", []):
-                event = self._events[t] = _Event()
+                event = self._events[t] = Event()
                 event.entered = bool(entered)
                 event.dirty = bool(dirty)
                 event.triples = None if triples is None else {tuple(q) for q in triples}
