@@ -189,11 +189,9 @@ class AssemblyProcessor(state_log.QueryStateProcessor):
         else:
             new_sparql = sparql
         if new_sparql is not None and meta is not None and sparql is not None:
-            assembler = _LIVE.get(query_id, version, sparql)
-            if assembler is None:
-                assembler = state_log.restore(
-                    self.base, self.tail,
-                    lambda saved: None if saved is None else Assembler.from_state(sparql, saved), _replayer(sparql))
+            assembler = _LIVE.evaluator(
+                query_id, version, sparql, self.base, self.tail,
+                lambda saved: None if saved is None else Assembler.from_state(sparql, saved), _replayer(sparql))
         assembler, out, groups = assemble_group(query_id, deltas, assembler, new_sparql, self.deltas_partitions)
         if assembler is None:
             state_log.clear_all((self.meta, self.base, self.tail))
@@ -205,7 +203,7 @@ class AssemblyProcessor(state_log.QueryStateProcessor):
                 tail_inputs = 0
             else:
                 inputs = sum(len(g[4]) for g in groups)
-                tail_inputs = state_log.save(self.base, self.tail, tail_inputs, inputs, groups,
+                tail_inputs = state_log.save(self.base, self.tail, tail_inputs, inputs, groups, version + 1,
                                              assembler.state_entries, assembler.to_state, MIN_TAIL)
             version += 1
             self.meta.update((version, new_sparql, tail_inputs))

@@ -10,10 +10,16 @@ pickled value rewritten every batch, so each batch cost as much as the whole sta
   (appended: ``appendList`` of one row, so a batch writes only what it read).
 
 Each Python worker keeps the live evaluator per key with the version it reached (``LiveCache``); a batch
-whose stored ``version`` matches uses it as is, otherwise (another worker ran the last batch, a restart, a
-retried batch) the evaluator is rebuilt from ``base`` plus a replay of ``tail``.  When the tail holds more
-inputs than the evaluator holds entries (and at least ``min_tail``), the base is rewritten and the tail
-cleared, so the replay stays bounded by the state and the rewrite cost is amortised over as many inputs.
+whose stored ``version`` matches uses it as is.  Spark gives a partition's next task to whichever Python
+worker is idle, so two workers take turns on a key: a worker whose live evaluator is older replays only the
+tail rows of the batches it missed (rows carry the version they produced, and a base rewrite keeps the last
+few).  Otherwise (a restart, a retried batch, more missed batches than kept rows) the evaluator is rebuilt
+from ``base`` plus a replay of the ``tail`` rows after it.  When the tail holds more inputs than
+``tail_factor`` times the entries the evaluator holds (and at least ``min_tail``), the base is rewritten and
+the tail cut to its last rows, so a rebuild's replay stays bounded by the state and the rewrite cost is
+amortised over as many inputs.  The factor trades a batch's cost against a rebuild's: windows take 4, since a
+window's state is renewed mostly by its own inputs (a 10 s window at 20k updates/s holds what one 10 s batch
+reads, so a factor of 1 rewrote the base every batch) and a rebuild is rare (a restart, a new worker).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 T = TypeVar("T")
 
 BLOB_SCHEMA = "blob binary"
+_TAGGED = "cbgp-tail-v1"  # a tail row's pickled value: (_TAGGED, version the batch produced, its record)
+KEPT_ROWS = 4  # tail rows kept past a base rewrite, for workers that missed the last batches
 
 
 class QueryStateProcessor(StatefulProcessor):
@@ -61,6 +69,25 @@ class LiveCache(Generic[T]):
             return entry[2]
         return None
 
+    def evaluator(self, key: str, version: int, token: Any, base_state: Any, tail: Any,
+                  build: Callable[[Any], T], replay: Callable[[T, Any], T]) -> T:
+        """The key's evaluator at the stored ``version``: this worker's live one; else its live one of an older
+        version caught up by replaying the tail rows of the batches another worker ran since (Spark gives a
+        partition's next task to any idle worker, so two workers take turns); else rebuilt from the base and
+        the whole tail (:func:`restore`)."""
+        live = self.get(key, version, token)
+        if live is not None:
+            return live
+        entry = self._entries.get(key)
+        if entry is not None and entry[1] == token and entry[0] < version and tail.exists():
+            missed = [row for row in map(_tail_row, tail.get()) if row[0] is not None and row[0] > entry[0]]
+            if [row[0] for row in missed] == list(range(entry[0] + 1, version + 1)):
+                evaluator = entry[2]
+                for _version, record in missed:
+                    evaluator = replay(evaluator, record)
+                return evaluator
+        return restore(base_state, tail, build, replay)
+
     def put(self, key: str, version: int, token: Any, evaluator: T) -> None:
         self._entries[key] = (version, token, evaluator)
 
@@ -73,26 +100,43 @@ def dumps(value: Any) -> bytes:
 
 
 def restore(base_state: Any, tail: Any, build: Callable[[Any], T], replay: Callable[[T, Any], T]) -> T:
-    """``build(base or None)``, then ``evaluator = replay(evaluator, inputs)`` for every tail row in order."""
-    blob = base_state.get()[0] if base_state.exists() else None
-    evaluator = build(pickle.loads(blob) if blob is not None else None)
+    """``build(base or None)``, then ``evaluator = replay(evaluator, inputs)`` for every tail row after the
+    base, in order."""
+    base_version, saved = _tail_row(base_state.get()) if base_state.exists() else (None, None)
+    evaluator = build(saved)
     if tail.exists():
-        for (row_blob,) in tail.get():
-            evaluator = replay(evaluator, pickle.loads(row_blob))
+        for version, record in map(_tail_row, tail.get()):
+            if base_version is None or version is None or version > base_version:
+                evaluator = replay(evaluator, record)
     return evaluator
 
 
-def save(base_state: Any, tail: Any, tail_inputs: int, batch_inputs: int, batch_record: Any,
-         entries: Callable[[], int], snapshot: Callable[[], Any], min_tail: int) -> int:
-    """Persist one batch: append ``batch_record`` (None: nothing to replay) to the tail, or rewrite the base
-    and clear the tail when the tail would outgrow the state.  Returns the tail's input count afterwards."""
+def _tail_row(row: tuple[bytes]) -> tuple[int | None, Any]:
+    """(the version the batch produced, its record), or (the base's version, its snapshot); None for a row or
+    base written before they carried it."""
+    value = pickle.loads(row[0])
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == _TAGGED:
+        return value[1], value[2]
+    return None, value
+
+
+def save(base_state: Any, tail: Any, tail_inputs: int, batch_inputs: int, batch_record: Any, version: int,
+         entries: Callable[[], int], snapshot: Callable[[], Any], min_tail: int, tail_factor: int = 1) -> int:
+    """Persist one batch, which brings the key to ``version``: append ``batch_record`` (None: nothing to
+    replay) to the tail, or rewrite the base when the tail would hold more than ``tail_factor`` times the
+    state's entries in inputs.  A rewrite keeps the last ``KEPT_ROWS`` rows (the base holds them; a worker a
+    few batches behind catches up with them).  Returns the tail's input count after the base."""
     total = tail_inputs + batch_inputs
-    if total >= min_tail and total >= entries():
-        base_state.update((dumps(snapshot()),))
+    row = (dumps((_TAGGED, version, batch_record)),) if batch_record is not None else None
+    if total >= min_tail and total >= tail_factor * entries():
+        base_state.update((dumps((_TAGGED, version, snapshot())),))
+        kept = [r for r in list(tail.get())[-KEPT_ROWS + 1:] if _tail_row(r)[0] is not None] if tail.exists() else []
         tail.clear()
+        if row is not None or kept:
+            tail.put(kept + ([row] if row is not None else []))
         return 0
-    if batch_record is not None:
-        tail.appendList([(dumps(batch_record),)])
+    if row is not None:
+        tail.appendList([row])
     return total
 
 
