@@ -16,6 +16,9 @@ offset long, timestamp_ms long``.  Options:
 ``startingOffsets``        ``earliest`` (default), ``latest``, or JSON ``{"0": 42, ...}``.
 ``endingOffsets``          batch only: ``latest`` (default) or JSON.
 ``maxOffsetsPerTrigger``   streaming only: cap on records per micro-batch, split evenly over partitions.
+``minPartitions``          read a batch in at least this many tasks, splitting large offset ranges (as
+                           Spark's Kafka source does): a one-partition topic is then read, and the stage
+                           after it run, on every core.  A reader must not rely on one task per partition.
 ``commitGroup``            mirror committed offsets to this consumer group, so lag tools see progress
                            (one micro-batch behind: Spark commits a batch when it plans the next one).
 ``readTimeoutMs``          a read task fails if no record arrives for this long (default 30000).
@@ -96,6 +99,22 @@ class KafkaPartition(InputPartition):
     def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def split_ranges(parts: list[KafkaPartition], min_partitions: int) -> list[KafkaPartition]:
+    """``parts`` with each range cut into contiguous pieces, in proportion to its size, so that there are at
+    least ``min_partitions`` of them (where the ranges hold that many offsets); as they are when already
+    enough."""
+    if len(parts) >= min_partitions:
+        return parts
+    total = sum(p.end - p.start for p in parts)
+    out: list[KafkaPartition] = []
+    for part in parts:
+        size = part.end - part.start
+        pieces = max(1, min(size, -(-size * min_partitions // total)))  # ceil, at most one offset a piece
+        bounds = [part.start + size * i // pieces for i in range(pieces)] + [part.end]
+        out.extend(KafkaPartition(part.topic, part.partition, a, b) for a, b in zip(bounds, bounds[1:]))
+    return out
 
 
 def _parse_offsets(spec: str, default: str) -> str | dict[str, int]:
@@ -322,11 +341,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest if self._latest is not None else self.planner.resolve("latest")
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
-        return [
+        return split_ranges([
             KafkaPartition(self.topic, int(p), int(start.get(p, 0)), int(e))
             for p, e in sorted(end.items(), key=lambda kv: int(kv[0]))
             if int(e) > int(start.get(p, 0))
-        ]
+        ], int(self.options.get("minPartitions", "0") or 0))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, KafkaPartition)
@@ -364,7 +383,8 @@ class KafkaBatchReader(DataSourceReader):
             if e > self.start.get(p, 0)
         ]
         # Spark requires at least one partition; an empty range reads nothing.
-        return parts or [KafkaPartition(self.topic, 0, 0, 0)]
+        return split_ranges(parts, int(self.options.get("minPartitions", "0") or 0)) or \
+            [KafkaPartition(self.topic, 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, KafkaPartition)

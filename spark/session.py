@@ -8,9 +8,12 @@ stateful query runs one task per core; C1-only JIT and the serial GC; the UI off
 (``--master``, ``--spark-conf KEY=VALUE`` of ``cbgp spark-job``, or the Helm chart's ``spark.sparkConf``),
 keep the state settings and change these:
 
-- ``spark.sql.shuffle.partitions``: the number of cores given to the job (the state of the windows and
-  assembly queries is split by query id over this many partitions).  It is fixed by a checkpoint's first
-  run: a checkpoint keeps the value it was made with, so choose it before the first start;
+- ``spark.sql.shuffle.partitions``: the number of cores given to the job (the state of the assembly
+  queries is split by query id over this many partitions).  It is fixed by a checkpoint's first run: a
+  checkpoint keeps the value it was made with, so choose it before the first start;
+- ``spark.cbgp.windows.tasks`` (default 1): the same for the windowed queries, which run in one task unless
+  told otherwise (``spark.windows``: Python workers trade the tasks of a batch, and a traded window costs a
+  replay of the batches it missed);
 - ``spark.driver.extraJavaOptions`` / ``spark.executor.extraJavaOptions``: drop the C1/serial-GC flags
   (long-running executors want the full JIT and G1);
 - ``spark.executor.cores`` 2-4 and ``spark.executor.memory`` with ``spark.executor.pyspark.memory``: each

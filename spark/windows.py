@@ -73,6 +73,8 @@ GC_DELAY_MS = 10 * 60 * 1000  # watermark delay: how far behind the newest chunk
 SENTINEL = ""  # the per-chunk row that moves the watermark when no windowed query is registered
 MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record
 MIN_TAIL = 20_000  # inputs replayed at most before the base is rewritten (see spark.state_log)
+TAIL_FACTOR = 4  # ... and at most 4x the window's entries (see spark.state_log)
+TASKS_CONF = "spark.cbgp.windows.tasks"  # Spark conf: tasks (state partitions) the windowed queries run in
 
 _LIVE: state_log.LiveCache[WindowedQuery] = state_log.LiveCache()  # per Python worker
 _PREDICATES: dict[tuple[str, int], np.ndarray | None] = {}  # (query id, version) -> predicate ids
@@ -306,20 +308,19 @@ class WindowProcessor(state_log.QueryStateProcessor):
         version, _pv, top_seq, top_time, late_dropped, timer, tail_inputs = meta or (0, plan.version, 0, None, 0,
                                                                                     None, 0)
         token = (plan.version, plan.sparql)
-        evaluator = _LIVE.get(query_id, version, token) if meta is not None else None
-        if evaluator is None:
+
+        def build(saved: dict | None) -> WindowedQuery:
             terms = self._terms(plan)
+            return WindowedQuery(plan.sparql, plan.window, terms) if saved is None else \
+                WindowedQuery.from_state(plan.sparql, plan.window, saved, terms)
 
-            def build(saved: dict | None) -> WindowedQuery:
-                return WindowedQuery(plan.sparql, plan.window, terms) if saved is None else \
-                    WindowedQuery.from_state(plan.sparql, plan.window, saved, terms)
-
-            evaluator = state_log.restore(self.base, self.tail, build, replay) if meta is not None else build(None)
+        evaluator = _LIVE.evaluator(query_id, version, token, self.base, self.tail, build, replay) \
+            if meta is not None else build(None)
         top_seq, top_time, dropped, out, record = window_group(query_id, updates, evaluator, top_seq, top_time,
                                                                self.deltas_partitions)
         inputs = len(record[0])
-        tail_inputs = state_log.save(self.base, self.tail, tail_inputs, max(inputs, 1), record,
-                                     evaluator.state_entries, evaluator.to_state, MIN_TAIL)
+        tail_inputs = state_log.save(self.base, self.tail, tail_inputs, max(inputs, 1), record, version + 1,
+                                     evaluator.state_entries, evaluator.to_state, MIN_TAIL, TAIL_FACTOR)
         if top_time is not None:
             wanted = top_time + _horizon(evaluator)
             if wanted != timer:
@@ -358,11 +359,20 @@ def start_windows(spark: SparkSession, kafka_options: Mapping[str, str], topics:
                   kafka_config: Mapping[str, Any], commit_group: str) -> StreamingQuery:
     """Start the window query (``interval_s=None``: availableNow, one pass, for tests and cron)."""
     source: DataFrame = (spark.readStream.format("cbgpkafka").options(**kafka_options)
-                         .option("subscribe", topics["updates.encoded"]).option("commitGroup", commit_group).load())
+                         .option("subscribe", topics["updates.encoded"]).option("commitGroup", commit_group)
+                         # (one partition, the total order: read and fanned out on every core, the stateful
+                         # stage puts each query's changes back in offset order)
+                         .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())
     rows = (source.select("value", "offset").mapInPandas(fan_out(dict(kafka_config), topics["queries.plans"]),
                                                           UPDATE_SCHEMA)
             .withColumn("wm_ts", F.timestamp_millis("wm_ms")).drop("wm_ms")
             .withWatermark("wm_ts", f"{GC_DELAY_MS} milliseconds"))
+    # The windowed queries run in TASKS_CONF tasks (default 1).  Spark gives each task to whichever Python
+    # worker is idle, so with several tasks per batch the workers trade queries, and a worker that gets one
+    # back replays the batches it missed (spark.state_log): on two cores that cost more than the one core it
+    # freed.  With one task a single worker keeps every window live.  (The count is fixed by the checkpoint.)
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", spark.conf.get(TASKS_CONF, "1"))
     reports = rows.groupBy("query_id").transformWithStateInPandas(
         WindowProcessor(dict(kafka_config), topics["queries.plans"], deltas_partitions, topics["dictionary"]),
         OUTPUT_SCHEMA, "append", "EventTime")
@@ -370,4 +380,7 @@ def start_windows(spark: SparkSession, kafka_options: Mapping[str, str], topics:
               .option("topic", topics["deltas.parts"]).option("checkpointLocation", checkpoint_dir))
     writer = writer.trigger(availableNow=True) if interval_s is None else \
         writer.trigger(processingTime=f"{interval_s} seconds")
-    return writer.start()
+    try:
+        return writer.start()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)

@@ -135,6 +135,25 @@ def test_transactional_topic_with_aborts_reads_committed_records_only_and_resume
     assert both == expected_rows(kafka_settings, topic)
     offsets = sorted(o for p, o, *_ in both if p == 0)
     assert offsets[-1] - offsets[0] + 1 > len(offsets)  # the topic really has offset gaps
+    # Read in 7 tasks: pieces of a range start and end inside transactions and on markers.
+    split = spark.read.format("cbgpkafka").options(**source_options(kafka_settings, topic), minPartitions="7").load()
+    assert split.rdd.getNumPartitions() >= 7
+    assert rows_of(split) == both
+
+
+def test_split_ranges_cuts_large_ranges_into_contiguous_pieces_in_proportion() -> None:
+    from spark.kafka_io import KafkaPartition, split_ranges
+
+    parts = [KafkaPartition("t", 0, 100, 1100), KafkaPartition("t", 1, 5, 8)]
+    pieces = split_ranges(parts, 4)
+    assert len(pieces) >= 4
+    for partition, (start, end) in ((0, (100, 1100)), (1, (5, 8))):
+        mine = [(p.start, p.end) for p in pieces if p.partition == partition]
+        assert mine[0][0] == start and mine[-1][1] == end
+        assert all(a < b for a, b in mine) and all(x[1] == y[0] for x, y in zip(mine, mine[1:]))
+    assert len([p for p in pieces if p.partition == 0]) >= 3  # the large range takes most pieces
+    assert split_ranges(parts, 2) == parts  # already enough
+    assert len(split_ranges([KafkaPartition("t", 0, 0, 2)], 8)) == 2  # at most one offset a piece
 
 
 def test_max_offsets_per_trigger_splits_the_backlog_into_bounded_batches(
