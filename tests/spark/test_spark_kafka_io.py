@@ -177,7 +177,6 @@ def test_max_offsets_per_trigger_splits_the_backlog_into_bounded_batches(
 def test_write_tasks_of_one_worker_share_a_producer_and_a_failed_one_is_dropped(kafka_settings: KafkaSettings) -> None:
     """A new idempotent producer waits 0.5 s for its producer id before its first delivery: every write task
     paid it, half of the windows' micro-batch latency at 5,000 updates/s."""
-    from confluent_kafka import KafkaException
     from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
     from spark import kafka_io
@@ -186,6 +185,15 @@ def test_write_tasks_of_one_worker_share_a_producer_and_a_failed_one_is_dropped(
     options = {"kafka.bootstrap.servers": kafka_settings.bootstrap_servers, "topic": out}
     schema = StructType([StructField("value", BinaryType()), StructField("partition", IntegerType())])
     kafka_io._PRODUCERS.clear()
+    try:
+        _check_shared_producer(kafka_io, kafka_settings, out, options, schema)
+    finally:
+        kafka_io._PRODUCERS.clear()  # (a cached producer would outlive the test's broker, logging reconnects)
+
+
+def _check_shared_producer(kafka_io, kafka_settings: KafkaSettings, out: str, options: dict, schema) -> None:  # noqa: ANN001
+    from confluent_kafka import KafkaException
+
     for n in (3, 4):
         assert kafka_io.write_rows(options, schema, iter([{"value": b"v", "partition": 0}] * n)).count == n
     (first,) = kafka_io._PRODUCERS.values()
