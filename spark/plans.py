@@ -1,7 +1,8 @@
 """The registered queries as the Spark job's Python workers see them: the compacted ``queries.plans`` topic.
 
 Each Spark Python worker process keeps one :class:`PlanCache` per (brokers, topic), which reads only what was
-appended since its last look (``spark.topic_tail``).  A plan is immutable per (query id, version); an unregistration is a tombstone.
+appended since its last look (``spark.topic_tail``).  A plan is immutable per (query id, version); an
+unregistration is a tombstone.
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ def test_write_tasks_of_one_worker_share_a_producer_and_a_failed_one_is_dropped(
         kafka_io._PRODUCERS.clear()  # (a cached producer would outlive the test's broker, logging reconnects)
 
 
-def _check_shared_producer(kafka_io, kafka_settings: KafkaSettings, out: str, options: dict, schema) -> None:  # noqa: ANN001
+def _check_shared_producer(kafka_io, kafka_settings: KafkaSettings, out: str, options: dict,  # noqa: ANN001
+                           schema) -> None:  # noqa: ANN001
     from confluent_kafka import KafkaException
 
     for n in (3, 4):
