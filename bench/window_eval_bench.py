@@ -29,40 +29,7 @@ from cbgp.windows import WindowedQuery  # noqa: E402
 from spark import state_log  # noqa: E402
 from spark import windows as spark_windows  # noqa: E402
 from spark_stream_bench import WINDOW_QUERIES, Vocabulary  # noqa: E402
-
-
-class Value:  # Spark's ValueState, in memory
-    def __init__(self) -> None:
-        self.value = None
-
-    def exists(self) -> bool:
-        return self.value is not None
-
-    def get(self):  # noqa: ANN201
-        return self.value
-
-    def update(self, value) -> None:  # noqa: ANN001
-        self.value = value
-
-
-class Rows:  # Spark's ListState, in memory
-    def __init__(self) -> None:
-        self.rows: list = []
-
-    def exists(self) -> bool:
-        return bool(self.rows)
-
-    def get(self):  # noqa: ANN201
-        return iter(self.rows)
-
-    def appendList(self, rows) -> None:  # noqa: ANN001, N802 - Spark's name
-        self.rows.extend(rows)
-
-    def put(self, rows) -> None:  # noqa: ANN001
-        self.rows = list(rows)
-
-    def clear(self) -> None:
-        self.rows = []
+from tests.fixtures.memory_state import Rows, Value  # noqa: E402
 
 
 def main() -> None:

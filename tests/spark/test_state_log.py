@@ -6,43 +6,7 @@ from __future__ import annotations
 import pickle
 
 from spark import state_log
-
-
-class Value:  # a ValueState
-    def __init__(self) -> None:
-        self.value = None
-
-    def exists(self) -> bool:
-        return self.value is not None
-
-    def get(self):  # noqa: ANN201
-        return self.value
-
-    def update(self, value) -> None:  # noqa: ANN001
-        self.value = value
-
-    def clear(self) -> None:
-        self.value = None
-
-
-class Rows:  # a ListState
-    def __init__(self) -> None:
-        self.rows: list = []
-
-    def exists(self) -> bool:
-        return bool(self.rows)
-
-    def get(self):  # noqa: ANN201
-        return iter(list(self.rows))
-
-    def appendList(self, rows) -> None:  # noqa: ANN001, N802 - Spark's name
-        self.rows.extend(rows)
-
-    def put(self, rows) -> None:  # noqa: ANN001
-        self.rows = list(rows)
-
-    def clear(self) -> None:
-        self.rows = []
+from tests.fixtures.memory_state import Rows, Value
 
 
 class Worker:
