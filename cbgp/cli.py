@@ -258,21 +258,20 @@ def plan_json(query) -> dict:  # noqa: ANN001
 def explain(path: str, as_json: bool, out: TextIO) -> None:
     """How the query is evaluated (``--json``: as an object); a SERVICE clause as the background data the fleet
     keeps for it."""
-    import io
-
     views: list = []
-    text = io.StringIO()
-    _explain(path, as_json, text, views)
-    if views and as_json:
-        data = json.loads(text.getvalue())
-        data["services"] = [{**view.to_json(), "kept_by": "cbgp background"} for view in views]
-        json.dump(data, out, indent=2)
-        out.write("\n")
+    _explain(path, as_json, out, views)
+    if as_json:
         return
-    out.write(text.getvalue())
     for view in views:
         out.write(f"SERVICE <{view.endpoint}> on ?{view.key}: background data, kept as graph <{view.graph}> by "
                   "`cbgp background` (a local view refreshed within a budget; not windowed in a windowed query)\n")
+
+
+def _write_json(data: dict, views: list, out: TextIO) -> None:
+    if views:
+        data["services"] = [{**view.to_json(), "kept_by": "cbgp background"} for view in views]
+    json.dump(data, out, indent=2)
+    out.write("\n")
 
 
 def _explain(path: str, as_json: bool, out: TextIO, views: list) -> None:
@@ -294,8 +293,7 @@ def _explain(path: str, as_json: bool, out: TextIO, views: list) -> None:
                     "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves]}
             if window is not None:
                 data["window"] = _window_json(window)
-            json.dump(data, out, indent=2)
-            out.write("\n")
+            _write_json(data, views, out)
         elif window is not None:
             out.write(_window_text(window) + "\n" + operators.explain() + "\n")
             out.write(f"placement in the fleet: {WINDOWED_PLACEMENT} ({OPERATORS_WHERE[placement]})\n")
@@ -321,8 +319,7 @@ def _explain(path: str, as_json: bool, out: TextIO, views: list) -> None:
             data["placement"] = WINDOWED_PLACEMENT  # the Spark job holds the window, not the workers
             for part in data["parts"]:
                 part["placement"] = WINDOWED_PLACEMENT
-        json.dump(data, out, indent=2)
-        out.write("\n")
+        _write_json(data, views, out)
     elif window is not None:
         text = plan.explain()
         text = text[:text.index("placement in the fleet:")] + f"placement in the fleet: {WINDOWED_PLACEMENT} " \
