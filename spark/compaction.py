@@ -493,16 +493,15 @@ Publisher = Callable[[pa.Table, Bindings], None]
 def kafka_publisher(kafka_options: Mapping[str, str], topic: str) -> Publisher:
     """A publisher producing ``changed`` rows (``query_id, binding, bidx, multiplicity, last_n, version,
     partition``) to ``topic`` from the driver, waiting for every acknowledgement (raises otherwise)."""
-    from spark.kafka_io import KafkaSourceError, client_config
+    from spark.kafka_io import KafkaSourceError, client_config, reused_producer
+
+    # One producer kept across batches (reused_producer: a new one costs 0.5-1 s before its first ack).  lz4 as the
+    # fleet's producers; delivery reports for failures only (flush() waits for every message either way).
+    config = client_config(kafka_options, **{
+        "enable.idempotence": True, "acks": "all", "linger.ms": 20, "compression.type": "lz4",
+        "queue.buffering.max.messages": 1_000_000, "delivery.report.only.error": True})
 
     def publish(changed: pa.Table, bindings: Bindings) -> None:
-        from confluent_kafka import Producer
-
-        # One producer per batch (batches are seconds apart): nothing left connected between them.  lz4 as the
-        # fleet's producers; delivery reports for failures only (flush() waits for every message either way).
-        p = Producer(client_config(kafka_options, **{
-            "enable.idempotence": True, "acks": "all", "linger.ms": 20, "compression.type": "lz4",
-            "queue.buffering.max.messages": 1_000_000, "delivery.report.only.error": True}))
         keys, values = current_answer_columns(changed, bindings.avro)
         parts = changed.column("partition").to_pylist() if "partition" in changed.column_names else [None] * len(keys)
         errors: list[str] = []
@@ -510,23 +509,24 @@ def kafka_publisher(kafka_options: Mapping[str, str], topic: str) -> Publisher:
         def on_delivery(err: Any, _msg: Any) -> None:
             errors.append(str(err))
 
-        sent = 0
-        produce = p.produce
-        for key, value, partition in zip(keys.to_pylist(), values.to_pylist(), parts):
-            while True:
-                try:
-                    if partition is None:
-                        produce(topic, value, key, on_delivery=on_delivery)
-                    else:
-                        produce(topic, value, key, partition=partition, on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    p.poll(0.1)
-            sent += 1
-        remaining = p.flush(float(kafka_options.get("flushTimeoutS", "60")))
-        if errors or remaining:
-            raise KafkaSourceError(f"Kafka write failed: {sent - remaining - len(errors)}/{sent} acknowledged, "
-                                   f"{remaining} undelivered, errors: {errors[:3]}")
+        with reused_producer(config) as p:
+            sent = 0
+            produce = p.produce
+            for key, value, partition in zip(keys.to_pylist(), values.to_pylist(), parts):
+                while True:
+                    try:
+                        if partition is None:
+                            produce(topic, value, key, on_delivery=on_delivery)
+                        else:
+                            produce(topic, value, key, partition=partition, on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        p.poll(0.1)
+                sent += 1
+            remaining = p.flush(float(kafka_options.get("flushTimeoutS", "60")))
+            if errors or remaining:
+                raise KafkaSourceError(f"Kafka write failed: {sent - remaining - len(errors)}/{sent} acknowledged, "
+                                       f"{remaining} undelivered, errors: {errors[:3]}")
 
     return publish
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from pyspark.sql.datasource import (
@@ -391,7 +392,7 @@ class KafkaBatchReader(DataSourceReader):
         return read_partition(self.options, partition)
 
 
-_PRODUCERS: dict[tuple, Any] = {}  # per Python worker: client config -> producer (see _cached_producer)
+_PRODUCERS: dict[tuple, Any] = {}  # per process: client config -> producer (see reused_producer)
 
 
 class ProducedCount(WriterCommitMessage):
@@ -415,29 +416,34 @@ def write_rows(options: Mapping[str, str], schema: StructType, rows: Iterator[An
         raise KafkaSourceError("set option topic or provide a topic column")
     by_row = "topic" in names
     config = client_config(options, **{"enable.idempotence": True, "acks": "all", "linger.ms": 5})
-    producer = _cached_producer(config)
-    try:
+    with reused_producer(config) as producer:
         return _produce_all(producer, options, names, fixed_topic, by_row, rows)
-    except BaseException:
-        _PRODUCERS.pop(_config_key(config), None)  # a failed producer is not reused (its state is unknown)
-        raise
 
 
-def _config_key(config: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((k, str(v)) for k, v in config.items()))
-
-
-def _cached_producer(config: Mapping[str, Any]) -> Any:
-    """This Python worker's producer for ``config``: a new idempotent producer spends 0.5 s getting its producer
-    id from the broker before its first delivery (measured on noida-db), which every write task paid (Spark's
-    Kafka sink caches its producers the same way)."""
+@contextmanager
+def reused_producer(config: Mapping[str, Any]) -> Iterator[Any]:
+    """This process's producer for ``config``, kept for the next batch: a new idempotent producer spends 0.5-1 s
+    getting its producer id from the broker before its first delivery (measured on noida-db), which every write
+    task and every compaction batch paid (Spark's Kafka sink caches its producers the same way).  A producer
+    whose block raised is dropped, not reused: its state is unknown."""
     from confluent_kafka import Producer
 
-    key = _config_key(config)
+    key = tuple(sorted((k, str(v)) for k, v in config.items()))
     producer = _PRODUCERS.get(key)
     if producer is None:
         producer = _PRODUCERS[key] = Producer(dict(config))
-    return producer
+    try:
+        yield producer
+    except BaseException:
+        _PRODUCERS.pop(key, None)
+        raise
+
+
+def close_producers(timeout_s: float = 10.0) -> None:
+    """Flush and drop this process's kept producers (before their broker goes away: a kept producer would log
+    its reconnects until the process ends)."""
+    while _PRODUCERS:
+        _PRODUCERS.popitem()[1].flush(timeout_s)
 
 
 def _produce_all(producer: Any, options: Mapping[str, str], names: set[str], fixed_topic: str | None, by_row: bool,

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,7 @@ from cbgp.terms import XSD_STRING, from_sparql_json
 from services.codec import decode, encode
 from services.kafka.client import end_offsets, make_producer, read_all
 from services.kafka.config import KafkaSettings
+from spark.answer_columns import Bindings
 from spark.compaction import (SnapshotStore, canonical_binding, compact_batch, current_key, decode_answers,
                               kafka_publisher)
 from spark.job import kafka_options, start_compaction
@@ -260,6 +262,40 @@ def test_kafka_batch_compaction_publishes_current_answers_and_reports_bad_record
     assert report.undecodable == 1 and "CodecError" in report.errors[0]
     assert snapshot_answers(spark, store) == expected_answers(log)
     assert current_topic_answers(kafka_settings) == expected_answers(log)
+
+
+def test_the_publisher_keeps_one_producer_across_batches_and_drops_one_that_failed(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    """A new idempotent producer costs 0.5-1 s before its first ack, so compaction keeps one across batches; after a
+    failed delivery the next batch gets a new one (the failed one's state is unknown)."""
+    from spark import kafka_io
+
+    log = generate_log(random.Random(12), steps=60)
+    options = kafka_options(kafka_settings)
+    publish = kafka_publisher(options, kafka_settings.topic("answers.current"))
+    store = SnapshotStore(tmp_path / "snap")
+
+    def table(part: list[dict[str, Any]]) -> pa.Table:
+        return pa.Table.from_pylist([dict(zip(("query_id", "n", "sign", "binding", "error"), row))
+                                     for row in delta_rows(part)])
+
+    kafka_io._PRODUCERS.clear()
+    try:
+        compact_batch(None, table(log[:30]), store, publish)
+        (first,) = kafka_io._PRODUCERS.values()
+        compact_batch(None, table(log[30:]), store, publish)
+        assert list(kafka_io._PRODUCERS.values()) == [first]
+        assert current_topic_answers(kafka_settings) == expected_answers(log)
+        changed = pa.table({"query_id": ["q0"], "binding": ['{"x":"<http://ex/a>"}'], "multiplicity": [1],
+                            "last_n": [1], "version": [0], "partition": pa.array([99], pa.int32())})
+        with pytest.raises(Exception, match="(?i)partition"):
+            publish(changed, Bindings())  # no partition 99
+        assert not kafka_io._PRODUCERS
+        compact_batch(None, table(log), SnapshotStore(tmp_path / "again"), publish)
+        assert list(kafka_io._PRODUCERS.values()) not in ([], [first])
+    finally:
+        kafka_io._PRODUCERS.clear()  # (a kept producer would outlive the test's broker)
 
 
 def test_streaming_job_resumes_and_keeps_answers_current_exact(
