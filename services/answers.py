@@ -399,12 +399,11 @@ class AnswersService:
         saved = self.checkpoints.get(answers_checkpoint.KIND, partition, committed)
         last = None
         if saved is not None and answers_low <= saved["answers_end"] <= answers_high:
-            end = saved["answers_end"]  # its last Answer: a transaction's marker (or a few) may follow it
-            for start in (end - 4, end - 64, end - 1024):
-                msgs = list(read_range(self.settings, self.t_answers, partition, max(start, answers_low), end))
-                if msgs or start <= answers_low:
-                    last = msgs[-1].value() if msgs else None
-                    break
+            def read(start: int, end: int) -> list[bytes | None]:
+                return [m.value() for m in read_range(self.settings, self.t_answers, partition, start, end)]
+
+            last = answers_checkpoint.last_answer_before(read, saved["answers_end"], answers_low,
+                                                         saved["last_answer"])
         why = answers_checkpoint.unusable(saved, committed, answers_high, last)
         return (saved, f"used-{saved['from']}") if why is None else (None, why)
 
@@ -518,7 +517,8 @@ class AnswersService:
                                                      answers_end, self.last_answers.get(partition),
                                                      warn=partition not in self.unpicklable)
             if blob is not None:
-                blobs.append((answers_checkpoint.KIND, partition, blob, position))
+                needs = {"answers": answers_checkpoint.answers_needed(answers_end)}  # (for `cbgp topics floor`)
+                blobs.append((answers_checkpoint.KIND, partition, blob, position, needs))
             else:
                 self.unpicklable.add(partition)  # (said once)
         saved = self.checkpoints.save(blobs)

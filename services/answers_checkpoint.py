@@ -20,7 +20,7 @@ passes a held delta) to the new ``end``, less what the checkpoint had already re
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from services.records import kv
 from services.release import SeqRelease
@@ -31,6 +31,17 @@ AnswersCore = Any  # services.answers.AnswersCore (the service module imports th
 log = logging.getLogger("cbgp.answers")
 
 KIND = "deltas"  # the ShardCheckpoints kind of a deltas.parts partition
+# How far before a checkpoint's answers end a restore looks for its last Answer (transaction markers follow it), in
+# steps.
+LAST_ANSWER_LOOKBACK = (4, 64, 1024)
+
+
+def answers_needed(answers_end: int) -> int:
+    """The lowest answers offset a restore from a checkpoint ending at ``answers_end`` reads (the checkpoint declares
+    it for ``cbgp topics floor``): the last few records, where its last Answer usually is.  Anything below may go: a
+    restore that finds that Answer deleted trusts the checkpoint (a topic deleted and written again starts at
+    offset 0, where the comparison still runs)."""
+    return max(0, answers_end - LAST_ANSWER_LOOKBACK[0])
 
 
 def partition_blob(core: AnswersCore, release: SeqRelease, partition: int, position: int, metadata: str,
@@ -48,6 +59,19 @@ def partition_blob(core: AnswersCore, release: SeqRelease, partition: int, posit
             log.warning(kv(event="answers-checkpoint-skipped", partition=partition,
                            reason=f"{type(exc).__name__}: {exc}"))
         return None
+
+
+def last_answer_before(read: Callable[[int, int], list[bytes | None]], end: int, low: int,
+                       saved_last: bytes | None) -> bytes | None:
+    """What a restore compares with a checkpoint's last Answer (``unusable``): the last record before ``end``, read
+    with ``read(start, end)`` looking back ``LAST_ANSWER_LOOKBACK`` but not below the log's start ``low``.  When
+    retention deleted it (``low`` past 0) there is nothing to compare: the checkpoint's own is taken."""
+    for back in LAST_ANSWER_LOOKBACK:
+        start = end - back
+        values = read(max(start, low), end)
+        if values or start <= low:
+            return values[-1] if values else saved_last if low > 0 else None
+    return None  # no Answer in the last LAST_ANSWER_LOOKBACK[-1] records: unusable
 
 
 def unusable(saved: dict[str, Any] | None, committed: int, answers_high: int,

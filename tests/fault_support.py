@@ -166,15 +166,21 @@ def oracle_answers(lines: list[str], queries: dict[str, str]) -> dict[str, Count
 # ---------------------------------------------------------------------------------------- topic readers
 
 
-def read_answer_records(settings: KafkaSettings) -> dict[str, list[dict]]:
-    """Every Answer per query in log order, with ``key`` (canonical binding) and ``src`` (idempotence key)."""
+def read_answer_records(settings: KafkaSettings,
+                        earlier: dict[str, list[dict]] | None = None) -> dict[str, list[dict]]:
+    """Every Answer per query in log order, with ``key`` (canonical binding), ``src`` (idempotence key) and ``pos``
+    (partition, offset); with the records an ``earlier`` call read, before records were deleted, as well."""
     out: dict[str, list[dict]] = {}
     for msg in read_all(settings, settings.topic("answers"), timeout=60):
         record = codec.decode("Answer", msg.value())
         record["key"] = canonical_binding({v: term_from_avro(t) for v, t in record["binding"].items()})
         headers = dict(msg.headers() or ())
         record["src"] = (headers.get(SOURCE_HEADER) or b"").decode()
+        record["pos"] = (msg.partition(), msg.offset())
         out.setdefault(record["query_id"], []).append(record)
+    for query, records in (earlier or {}).items():
+        merged = {r["pos"]: r for r in records} | {r["pos"]: r for r in out.get(query, [])}
+        out[query] = [merged[pos] for pos in sorted(merged)]
     return out
 
 
@@ -230,6 +236,7 @@ class FaultRun:
         self.producer = None
         self.early_replies: dict[str, dict] = {}  # replies and dead letters read before a deletion below the floor
         self.early_dead = 0
+        self.early_answers: dict[str, list[dict]] = {}
         # checkpoints every second, so that restarts restore from them (and the tail after them) as well
         self.state_flags = ["--state-dir", str(self.tmp / "state"), "--checkpoint-interval", "1"]
 
@@ -447,6 +454,7 @@ class FaultRun:
             self.settle_on(self.lines[:half])
             time.sleep(3.0)  # a checkpoint every second, idle ones too
             self.early_replies = self.replies()
+            self.early_answers = read_answer_records(self.settings)  # (the floor lets the checkpointed ones go)
             self.early_dead = len(read_all(self.settings, self.settings.topic("deadletter"), timeout=30))
             admin = AdminClient(self.settings.admin_config())
             ends = {}
@@ -502,7 +510,7 @@ class FaultRun:
         expected = oracle_answers(lines, FAULT_QUERIES)
         deadline = time.monotonic() + self.cfg.settle_timeout
         while time.monotonic() < deadline:
-            got = read_answer_records(self.settings)
+            got = read_answer_records(self.settings, self.early_answers)
             if all(fold(dedupe_by_n(got.get(q, []))[0])[0] == expected[q] for q in FAULT_QUERIES):
                 break
             time.sleep(1.0)
@@ -515,7 +523,7 @@ class FaultRun:
         report, problems = self.report, self.report.problems
         expected = oracle_answers(self.lines, FAULT_QUERIES)
         replayed = replay(self.tmp, self.lines, FAULT_QUERIES)
-        got = read_answer_records(self.settings)
+        got = read_answer_records(self.settings, self.early_answers)
         current = read_current(self.settings)
         for query in FAULT_QUERIES:
             if final_answers(replayed[query]) != expected[query]:

@@ -6,7 +6,9 @@ One checkpoint topic per kind of shard (``checkpoints.routed``, ``checkpoints.wh
 and ingest's ``checkpoints.ingest``), with one partition per shard: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its topic,
 alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
 transaction, each with three headers: the checkpoint's id, ``i/n`` and the position (the first input offset
-the state does not reflect); the last chunk also carries the blob's HMAC.  A reader takes the last checkpoint
+the state does not reflect); the last chunk also carries the blob's HMAC and, when the shard's restore reads
+other logs too, what it needs of them (``cbgp-needs``: JSON ``{catalogue topic: offset}``, of the partition with
+the shard's number; the answers service's ``{"answers": ...}``), which ``cbgp topics floor`` reads.  A reader takes the last checkpoint
 whose ``n`` chunks it saw; a transaction is whole or absent for ``read_committed`` readers, so a writer killed
 mid-way leaves nothing half-read.
 
@@ -28,7 +30,8 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -44,6 +47,7 @@ log = logging.getLogger("cbgp.state")
 
 CHUNK_BYTES = 512 * 1024  # well under librdkafka's and Kafka's default 1 MB message size
 H_ID, H_CHUNK, H_POSITION, H_MAC = "cbgp-checkpoint", "cbgp-chunk", "cbgp-position", "cbgp-hmac"
+H_NEEDS = "cbgp-needs"
 
 
 def _mac(blob: bytes) -> bytes:
@@ -58,16 +62,18 @@ class Saved:
     blob: bytes
     position: int
     first_offset: int
+    needs: Mapping[str, int] = field(default_factory=dict)  # what its restore reads of other logs (H_NEEDS)
 
 
 def checkpoint_records(topic: str, partition: int, key: bytes, blob: bytes, position: int,
-                       checkpoint_id: str) -> list[Output]:
-    """``blob`` as the chunk records of one checkpoint in ``topic[partition]`` (to produce in one transaction)."""
+                       checkpoint_id: str, needs: Mapping[str, int] | None = None) -> list[Output]:
+    """``blob`` as the chunk records of one checkpoint in ``topic[partition]`` (to produce in one transaction);
+    ``needs``: what its restore reads of other logs (catalogue topic -> lowest offset), carried by the last chunk."""
     chunks = [blob[i:i + CHUNK_BYTES] for i in range(0, len(blob), CHUNK_BYTES)] or [b""]
-    last = len(chunks) - 1
+    last = [(H_MAC, _mac(blob))] + ([(H_NEEDS, json.dumps(dict(needs), sort_keys=True).encode())] if needs else [])
     return [Output(topic, chunk, key, partition,
                    [(H_ID, checkpoint_id.encode()), (H_CHUNK, f"{i}/{len(chunks)}".encode()),
-                    (H_POSITION, str(position).encode())] + ([(H_MAC, _mac(blob))] if i == last else []))
+                    (H_POSITION, str(position).encode())] + (last if i == len(chunks) - 1 else []))
             for i, chunk in enumerate(chunks)]
 
 
@@ -104,6 +110,14 @@ def _reader(settings: KafkaSettings) -> Consumer:
                                              fetch_wait_max_ms=20))
 
 
+def _needs(header: bytes | None) -> dict[str, int]:
+    try:
+        needs = json.loads(header) if header else {}
+        return {str(topic): int(offset) for topic, offset in needs.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}  # (written by a newer fleet, say): it needs nothing this reader knows of
+
+
 def latest(settings: KafkaSettings, topic: str, partition: int, low: int, high: int,
            consumer: Consumer | None = None) -> Saved | None:
     """The last whole checkpoint in ``topic[partition]`` between the watermarks ``low`` and ``high`` (read
@@ -136,7 +150,7 @@ def latest(settings: KafkaSettings, topic: str, partition: int, low: int, high: 
         if len(chunks) == count:
             blob = b"".join(chunks)
             if hmac.compare_digest(headers.get(H_MAC) or b"", _mac(blob)):
-                found = Saved(blob, position, first)
+                found = Saved(blob, position, first, _needs(headers.get(H_NEEDS)))
             else:
                 log.warning(kv(event="checkpoint-refused", topic=topic, partition=partition, offset=first,
                                reason="its HMAC does not match (CBGP_CHECKPOINT_SECRET differs, or it was altered)"))
@@ -152,7 +166,7 @@ def latest_positions(settings: KafkaSettings, topic: str) -> dict[int, Saved | N
     try:
         for p, (low, high) in sorted(end_offsets(settings, topic).items()):
             saved = latest(settings, topic, p, low, high, consumer)
-            found[p] = None if saved is None else Saved(b"", saved.position, saved.first_offset)
+            found[p] = None if saved is None else Saved(b"", saved.position, saved.first_offset, saved.needs)
     finally:
         consumer.close()
     return found
@@ -197,11 +211,11 @@ class CheckpointLog:
             log.warning(kv(event="kafka-checkpoint-unreadable", topic=topic, partition=partition, reason=str(exc)))
             return None
 
-    def queue(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int:
-        """Queue the ``(kind, partition, blob, position)`` checkpoints for the next transaction."""
+    def queue(self, shards: Iterable[tuple]) -> int:
+        """Queue the ``(kind, partition, blob, position[, needs])`` checkpoints for the next transaction."""
         count = 0
         stamp = f"{self.instance_id}/{int(time.time() * 1000)}/{uuid.uuid4().hex[:8]}"
-        for kind, partition, blob, position in shards:
+        for kind, partition, blob, position, *needs in shards:
             topic = self.topics[kind]
             try:
                 _low, high = self._watermarks(topic, partition)
@@ -212,7 +226,7 @@ class CheckpointLog:
             # drop a checkpoint of the same shard queued earlier and not taken yet: this one is newer
             self._queued = [o for o in self._queued if (o.topic, o.partition) != (topic, partition)]
             self._queued.extend(checkpoint_records(topic, partition, f"{kind}/{partition}".encode(), blob, position,
-                                                   stamp))
+                                                   stamp, needs[0] if needs else None))
             self._queued_trims.setdefault((topic, partition), high)
             count += 1
         return count

@@ -23,7 +23,7 @@ from services.kafka.client import (consume_until, delete_topics, end_offsets, ma
                                    produce_sync, read_all)
 from services.kafka.config import KafkaSettings
 from services.kafka.floor import floor
-from services.kafka.topics import (CHECKPOINTS, FROM_START, TOPICS, TopicSpec, ensure_topics, retention_problems,
+from services.kafka.topics import (TOPICS, TopicSpec, ensure_topics, retention_problems,
                                   wanted_configs)
 from services.kafka.truncation import truncation
 
@@ -233,8 +233,7 @@ def run_doctor(settings: KafkaSettings, timeout: float = TIMEOUT) -> list[Check]
         # Records already deleted that a restore reads (from offset 0, or from its checkpoint's position): the
         # restore would stop on them (LogTruncated).
         try:
-            read = [spec for spec in specs.values() if spec.needed_from == FROM_START
-                    or spec.needed_from.startswith(CHECKPOINTS)]
+            read = [spec for spec in specs.values() if spec.restored_from]
             needed = floor(settings, read, timeout)
             cut = [str(error) for name, parts in needed.items()
                    for p, (low, high) in sorted(end_offsets(settings, name, timeout).items())

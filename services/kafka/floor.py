@@ -12,8 +12,8 @@ from confluent_kafka.admin import AdminClient
 from services.kafka.client import end_offsets, make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import latest_positions
-from services.kafka.topics import (CHECKPOINTS, FROM_START, GROUP, LATEST, NOTHING, TOPICS, BrokerUnreachable,
-                                  TopicSpec)
+from services.kafka.topics import (CHECKPOINTS, FROM_START, GROUP, LATEST, NEEDS, NOTHING, OPTIONAL_GROUP, TOPICS,
+                                  BrokerUnreachable, TopicSpec)
 
 __all__ = ["floor"]
 
@@ -22,12 +22,20 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
           timeout: float = 15.0) -> dict[str, dict[str, int]]:
     """``{topic: {partition: offset}}``: per partition of each existing catalogue topic, the lowest offset the
     fleet still needs.  Records below it may be deleted (``delete_records``, or retention) without changing any
-    answer.  0 for the logs a restore replays and for compacted topics; for a topic read by a consumer group
-    (``updates.raw``: ingest, ``admin``: registry) the group's committed offset (0 before its first commit); the
-    high watermark for a topic no service reads back; for a log whose readers restore from checkpoints
-    (``deltas.parts``), the position of each partition's last checkpoint (0 without one); for a checkpoint
-    topic, the first record of each partition's last checkpoint (its low watermark without one).  Topics not
-    created yet are left out.
+    answer.  Per reader (``TopicSpec.rules``; the floor is the lowest of them):
+
+    - 0 for the logs a restore replays and for compacted topics;
+    - for a topic read by a consumer group (``updates.raw``: ingest, ``admin``: registry) the group's committed
+      offset (0 before its first commit); for an optional duty's group (the Spark job's compaction of
+      ``answers``) the same once it committed, nothing before;
+    - the high watermark for a topic no service reads back;
+    - for a log whose readers restore from checkpoints (``deltas.parts``), the position of each partition's last
+      checkpoint (0 without one); for one those restores read beside their own input (``answers``), what the
+      last checkpoint says it needs of it (0 without one);
+    - for a checkpoint topic, the first record of each partition's last checkpoint (its low watermark without
+      one).
+
+    Topics not created yet are left out.
     """
     admin = AdminClient(settings.admin_config())
     try:
@@ -40,26 +48,40 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
         if name not in existing:
             continue
         partitions = sorted(existing[name].partitions)
-        if t.needed_from == FROM_START:
-            offsets = {p: 0 for p in partitions}
-        elif t.needed_from == NOTHING:
-            offsets = {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
-        elif t.needed_from.startswith(GROUP):
-            group = f"{settings.topic_prefix}{t.needed_from[len(GROUP):]}"
-            consumer = make_consumer(settings, group)
-            try:
-                committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
-            finally:
-                consumer.close()
-            offsets = {tp.partition: max(tp.offset, 0) for tp in committed}  # no commit yet (-1001): from 0
-        elif t.needed_from.startswith(CHECKPOINTS):
-            saved = latest_positions(settings, settings.topic(t.needed_from[len(CHECKPOINTS):]))
-            offsets = {p: saved[p].position if saved.get(p) is not None else 0 for p in partitions}
-        elif t.needed_from == LATEST:
-            saved = latest_positions(settings, name)
-            lows = {p: low for p, (low, _) in end_offsets(settings, name, timeout).items()}
-            offsets = {p: saved[p].first_offset if saved.get(p) is not None else lows[p] for p in partitions}
-        else:
-            raise ValueError(f"{t.name}: unknown needed_from {t.needed_from!r}")
+        offsets: dict[int, int] | None = None
+        for rule in t.rules:
+            needed = _needed(settings, t, rule, name, partitions, timeout)
+            offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
         result[name] = {str(p): offsets[p] for p in partitions}
     return result
+
+
+def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partitions: list[int],
+            timeout: float) -> dict[int, int]:
+    """What one reader (``rule``) still needs of topic ``name``, per partition."""
+    if rule == FROM_START:
+        return {p: 0 for p in partitions}
+    if rule == NOTHING:
+        return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+    if rule.startswith((GROUP, OPTIONAL_GROUP)):
+        optional = rule.startswith(OPTIONAL_GROUP)
+        group = f"{settings.topic_prefix}{rule[len(OPTIONAL_GROUP if optional else GROUP):]}"
+        consumer = make_consumer(settings, group)
+        try:
+            committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
+        finally:
+            consumer.close()
+        if optional and all(tp.offset < 0 for tp in committed):  # never committed: the duty is not deployed
+            return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+        return {tp.partition: max(tp.offset, 0) for tp in committed}  # no commit yet (-1001): from 0
+    if rule.startswith(CHECKPOINTS):
+        saved = latest_positions(settings, settings.topic(rule[len(CHECKPOINTS):]))
+        return {p: saved[p].position if saved.get(p) is not None else 0 for p in partitions}
+    if rule.startswith(NEEDS):
+        saved = latest_positions(settings, settings.topic(rule[len(NEEDS):]))
+        return {p: saved[p].needs.get(t.name, 0) if saved.get(p) is not None else 0 for p in partitions}
+    if rule == LATEST:
+        saved = latest_positions(settings, name)
+        lows = {p: low for p, (low, _) in end_offsets(settings, name, timeout).items()}
+        return {p: saved[p].first_offset if saved.get(p) is not None else lows[p] for p in partitions}
+    raise ValueError(f"{t.name}: unknown needed_from rule {rule!r}")

@@ -61,6 +61,9 @@ NOTHING = "nothing"  # no service reads it back: the floor is the high watermark
 GROUP = "group:"  # GROUP + service: what the consumer group <prefix><service> has not committed yet
 CHECKPOINTS = "checkpoints:"  # CHECKPOINTS + topic: the positions of the last checkpoints in that topic
 LATEST = "latest"  # a checkpoint topic: from the first record of each partition's last whole checkpoint
+NEEDS = "needs:"  # NEEDS + topic: what the last checkpoints in that topic say their restores read of this one
+OPTIONAL_GROUP = "optional-group:"  # as GROUP, for an optional duty's group: nothing until it first committed
+RULES = ","  # several readers: the floor is the lowest of their rules'
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,8 @@ class TopicSpec:
     """One catalogue entry.  ``partitions=None`` means "the configured ``--partitions``".
 
     ``retention_ms`` is set on the topic (``KEPT`` = -1, never deleted by age); ``needed_from`` says which of
-    its records the fleet still needs (``FROM_START``, ``NOTHING`` or ``GROUP + service``), for
-    :func:`services.kafka.floor.floor`.
+    its records the fleet still needs (``FROM_START``, ``NOTHING``, ``GROUP + service``, ...; several readers'
+    rules joined by ``RULES``), for :func:`services.kafka.floor.floor`.
     """
 
     name: str
@@ -80,6 +83,17 @@ class TopicSpec:
     configs: Mapping[str, str] = field(default_factory=dict)
     retention_ms: int = KEPT
     needed_from: str = FROM_START
+
+    @property
+    def rules(self) -> list[str]:
+        """``needed_from`` as one rule per reader."""
+        return self.needed_from.split(RULES)
+
+    @property
+    def restored_from(self) -> bool:
+        """Whether a restore reads it (from offset 0, or from what a checkpoint says): deleted records it needs
+        stop the restore."""
+        return any(rule == FROM_START or rule.startswith((CHECKPOINTS, NEEDS)) for rule in self.rules)
 
     @property
     def unbounded(self) -> bool:
@@ -129,7 +143,11 @@ TOPICS: tuple[TopicSpec, ...] = (
               " checkpoint in checkpoints.deltas and the deltas after it: what lies below may be deleted.",
               needed_from=CHECKPOINTS + "checkpoints.deltas"),
     TopicSpec("answers", None, "query id", "Numbered per-query answer deltas (resume from n, detect gaps)."
-              + _REPLAYED.format("answers (numbering, multiplicities)")),
+              + _WEEK + " The answers service restores each partition from its last checkpoint in checkpoints.deltas"
+              " and the answers after it; the Spark job's compaction folds them into its Parquet snapshot (its group"
+              " commits what it folded); answers.current holds the current answers whatever was deleted.",
+              retention_ms=WEEK_MS, needed_from=NEEDS + "checkpoints.deltas" + RULES + OPTIONAL_GROUP
+              + "spark-compaction"),
     TopicSpec("answers.current", None, "query id + binding", "Current answers with multiplicity; tombstone on retraction."
               + _COMPACTED, "compact", _COMPACT),
     TopicSpec("checkpoints.ingest", 1, "kind/partition", "Ingest's last snapshot: presence set, seq and published"

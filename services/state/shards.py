@@ -63,10 +63,10 @@ def load_shard(blob: bytes) -> dict[str, Any] | None:
     return state
 
 
-def _measure(shards: list[tuple[str, int, bytes, int]]) -> None:
+def _measure(shards: list[tuple]) -> None:
     """``cbgp_checkpoint_bytes`` and ``cbgp_checkpoint_last_timestamp_seconds`` per kind of the shards saved."""
     sizes: dict[str, int] = {}
-    for kind, _partition, blob, _position in shards:
+    for kind, _partition, blob, *_position in shards:
         sizes[kind] = sizes.get(kind, 0) + len(blob)
     now = time.time()
     for kind, size in sizes.items():
@@ -80,7 +80,7 @@ class RemoteCheckpoints(Protocol):
 
     def get(self, kind: str, partition: int) -> Any: ...  # .blob and .position, or None
 
-    def queue(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int: ...
+    def queue(self, shards: Iterable[tuple]) -> int: ...  # (kind, partition, blob, position[, needs])
 
     def take(self) -> list[Any]: ...  # the records for the next transaction
 
@@ -124,19 +124,20 @@ class ShardCheckpoints:
                 return state
         return None
 
-    def put(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int:
-        """Write the ``(kind, partition, blob, position)`` checkpoints: in the store in one atomic batch, and
-        queued for the remote's next transaction; returns how many."""
+    def put(self, shards: Iterable[tuple]) -> int:
+        """Write the ``(kind, partition, blob, position[, needs])`` checkpoints: in the store in one atomic batch,
+        and queued for the remote's next transaction (``needs``: what the shard's restore reads of other logs,
+        catalogue topic -> offset, for ``cbgp topics floor``); returns how many."""
         shards = list(shards)
         if self.store is not None and shards:
-            puts = [(_key(kind, partition), blob) for kind, partition, blob, _position in shards]
+            puts = [(_key(kind, partition), blob) for kind, partition, blob, *_position in shards]
             self.store.commit(puts, [], {"shards": [key.decode() for key, _blob in puts]})
         if self.remote is not None:
             self.remote.queue(shards)
         _measure(shards)
         return len(shards)
 
-    def save(self, shards: Iterable[tuple[str, int, bytes, int]]) -> int | None:
+    def save(self, shards: Iterable[tuple]) -> int | None:
         """:meth:`put`, or None when the store cannot be written (a full or broken disk: one log line, the store
         closed; the service keeps serving, with the remote's checkpoints alone if it has one)."""
         shards = list(shards)

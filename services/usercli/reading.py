@@ -140,8 +140,15 @@ def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, c
             if n < expected:
                 continue  # before --from, or a duplicate left by a restarted producer
             if n > expected:
-                err.write(f"watch: warning: gap in answers of {query_id}: expected n={expected}, got n={n} "
-                          f"({n - expected} missing)\n")
+                low = partitions.get(msg.partition(), (0, 0))[0]
+                if not printed and low > 0:  # the partition's log starts past 0: retention deleted them
+                    err.write(f"watch: answers n={expected}..{n - 1} of {query_id} are no longer on {topic} (its "
+                              f"partition {msg.partition()} now starts at offset {low}: retention deleted the older "
+                              f"records); the current answers they add up to: `cbgp current {query_id}` "
+                              "(answers.current), or the Spark job's compaction snapshot\n")
+                else:
+                    err.write(f"watch: warning: gap in answers of {query_id}: expected n={expected}, got n={n} "
+                              f"({n - expected} missing)\n")
                 err.flush()
             out.write(json.dumps(_answer_json(record)) + "\n")
             out.flush()

@@ -68,6 +68,7 @@ def test_records_below_the_floor_deleted_and_every_data_path_service_killed_at_o
     assert report.answers_lost == 0 and report.duplicates_delivered == 0 and report.answers_extra == 0
     assert deleted.get(settings.topic("updates.raw")), "the floor let retention delete the consumed raw updates"
     assert deleted.get(settings.topic("deltas.parts")), "the floor let retention delete checkpointed deltas"
+    assert deleted.get(settings.topic("answers")), "the floor let retention delete answers the checkpoints cover"
     logs = {name: (tmp_path / "logs" / f"{name}.log").read_text(errors="replace") for name in ("answers", "w0")}
     assert "checkpoint=used-kafka" in logs["answers"] and "checkpoint=used-kafka" in logs["w0"]
     assert "event=checkpoint-loaded source=kafka" in (tmp_path / "logs" / "ingest.log").read_text(errors="replace")

@@ -13,13 +13,13 @@ from services.cli import main
 from services.kafka.client import make_consumer, make_producer
 from services.kafka.config import KafkaSettings
 from services.kafka.floor import floor
-from services.kafka.topics import KEPT, TOPICS, WEEK_MS
+from services.kafka.topics import KEPT, TOPICS, WEEK_MS, spec
 
-REPLAYED = {"updates.encoded", "updates.routed", "answers"}  # a restore reads them from offset 0
+REPLAYED = {"updates.encoded", "updates.routed"}  # a restore reads them from offset 0
 CHECKPOINTED = {"deltas.parts"}  # a restore reads them from its checkpoint's position
 CHECKPOINTS = {"checkpoints.ingest", "checkpoints.routed", "checkpoints.whole", "checkpoints.deltas"}  # trimmed by their writers
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
-BOUNDED = {"updates.raw", "admin", "queries.status", "deadletter"}
+BOUNDED = {"updates.raw", "admin", "queries.status", "deadletter", "answers"}
 
 
 def test_every_topic_has_an_explicit_retention_chosen_for_its_role_and_documented() -> None:
@@ -42,6 +42,7 @@ def test_every_topic_has_an_explicit_retention_chosen_for_its_role_and_documente
         else:
             assert configs == {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS)}, t.name
             assert "7 days" in t.doc, t.name
+        assert t.restored_from == (t.name in REPLAYED | CHECKPOINTED | COMPACTED | {"answers"}), t.name
 
 
 @pytest.mark.slow
@@ -82,6 +83,38 @@ def test_floor_is_zero_for_replayed_and_compacted_logs_the_group_position_for_in
     assert main(["topics", "floor", "--bootstrap-servers", s.bootstrap_servers, "--topic-prefix", s.topic_prefix,
                  "--partitions", str(s.partitions)]) == 0
     assert json.loads(capsys.readouterr().out) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_the_answers_floor_is_what_the_answers_checkpoints_need_and_what_compaction_folded(
+        kafka_settings: KafkaSettings) -> None:
+    """Two readers of answers: the answers service restores a partition from its last checkpoint, which says what
+    it reads of answers (``cbgp-needs``), and the Spark job's compaction, once its group committed (a fleet
+    without the Spark job does not hold the answers back).  Without a checkpoint everything is needed."""
+    from services.kafka.checkpoint_log import checkpoint_records
+
+    s = kafka_settings
+    producer = make_producer(s)
+    for partition in (0, 1):
+        for i in range(30):
+            producer.produce(s.topic("answers"), value=b"a%d" % i, partition=partition)
+    for output in checkpoint_records(s.topic("checkpoints.deltas"), 0, b"deltas/0", b"blob", 7, "c1",
+                                     needs={"answers": 25}):
+        producer.produce(output.topic, value=output.value, key=output.key, partition=output.partition,
+                         headers=output.headers)
+    assert producer.flush(10) == 0
+
+    def answers_floor() -> dict[str, int]:
+        return floor(s, [spec("answers")])[s.topic("answers")]
+
+    assert answers_floor() == {"0": 25, "1": 0, "2": 0, "3": 0}  # partition 1: no checkpoint
+    spark = make_consumer(s, f"{s.topic_prefix}spark-compaction")
+    try:  # the compaction has folded the first 20 answers of partition 0
+        spark.commit(offsets=[TopicPartition(s.topic("answers"), 0, 20)], asynchronous=False)
+    finally:
+        spark.close()
+    assert answers_floor() == {"0": 20, "1": 0, "2": 0, "3": 0}
 
 
 @pytest.mark.slow

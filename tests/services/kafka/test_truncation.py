@@ -94,7 +94,7 @@ def test_run_service_stops_with_one_line_and_exit_code_3_instead_of_restarting(
 # ---------------------------------------------------------------------------------------- topic configs
 
 
-REPLAYED = {"updates.encoded", "updates.routed", "answers"}
+REPLAYED = {"updates.encoded", "updates.routed"}
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
 
 
@@ -131,7 +131,8 @@ def test_topic_config_overrides_come_from_flags_and_env_and_round_trip() -> None
 def test_bounded_topics_take_any_retention_but_a_topic_read_from_offset_0_refuses_one() -> None:
     settings = KafkaSettings(topic_configs={"updates.raw": {"retention.ms": "86400000"}})
     assert wanted_configs(spec("updates.raw"), settings)["retention.ms"] == "86400000"
-    for name, change in (("updates.routed", {"retention.ms": "604800000"}), ("answers", {"retention.bytes": "10"}),
+    for name, change in (("updates.routed", {"retention.ms": "604800000"}),
+                         ("updates.encoded", {"retention.bytes": "10"}),
                          ("queries.plans", {"cleanup.policy": "delete"}),
                          ("dictionary", {"cleanup.policy": "compact,delete", "retention.ms": "1000"})):
         with pytest.raises(TopicError, match=f"would lose records a restore needs: {name}: "):
@@ -178,14 +179,14 @@ def test_existing_topics_with_a_finite_retention_on_a_replayed_log_refuse_the_st
     assert check_existing_configs(_Admin(fine), s, specs) == []
 
     # A topic created by hand (or by auto-creation) with the broker's defaults: 7 days.
-    broken = {**fine, "p.updates.routed": KAFKA_DEFAULT, "p.answers": {**KAFKA_DEFAULT, "retention.ms": "-1",
+    broken = {**fine, "p.updates.routed": KAFKA_DEFAULT, "p.updates.encoded": {**KAFKA_DEFAULT, "retention.ms": "-1",
                                                                        "retention.bytes": "1073741824"}}
     with pytest.raises(TopicError) as caught:
         check_existing_configs(_Admin(broken), s, specs)
     message = str(caught.value)
     assert "\n" not in message and message.startswith("refusing to start")
     assert "p.updates.routed: retention.ms=604800000, needs -1" in message
-    assert "p.answers: retention.bytes=1073741824, needs -1" in message
+    assert "p.updates.encoded: retention.bytes=1073741824, needs -1" in message
 
     # A bounded topic below its retention is a warning, not a refusal.
     short = {**fine, "p.updates.raw": {**KAFKA_DEFAULT, "retention.ms": "3600000"}}

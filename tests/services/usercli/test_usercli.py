@@ -223,6 +223,30 @@ def test_watch_starts_at_n_drops_duplicates_and_warns_on_gaps(kafka_settings: Ka
     assert "expected n=4, got n=6 (2 missing)" in err.getvalue()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_watch_from_answers_retention_deleted_says_where_they_went(kafka_settings: KafkaSettings) -> None:
+    """Issue 16: ``cbgp watch --from N`` below what retention left says so, and where the answers they add up to
+    are -- instead of the warning for a gap a producer left."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    producer = make_producer(kafka_settings)
+    topic = kafka_settings.topic("answers")
+    for n in range(1, 6):
+        produce_sync(producer, topic, _answer("q", n), key="q", partition=2)
+    admin = AdminClient(kafka_settings.admin_config())
+    for future in admin.delete_records([TopicPartition(topic, 2, 3)], request_timeout=10).values():
+        future.result(10)  # as retention would: n = 1..3 are gone
+    import io
+    out, err = io.StringIO(), io.StringIO()
+    assert watch_answers(kafka_settings, "q", 1, count=2, out=out, err=err) == 2
+    assert [json.loads(line)["n"] for line in out.getvalue().splitlines()] == [4, 5]
+    assert err.getvalue().count("\n") == 1 and "gap" not in err.getvalue()
+    assert (f"answers n=1..3 of q are no longer on {topic} (its partition 2 now starts at offset 3: retention "
+            "deleted the older records); the current answers they add up to: `cbgp current q`") in err.getvalue()
+
+
 def put_plan(settings: KafkaSettings, query_id: str, projected: list[str], sparql: str = "") -> None:
     """The ``QueryPlan`` the registry would publish for ``query_id`` (watch and current look it up)."""
     plan = {"query_id": query_id, "sparql": sparql or f"SELECT * WHERE {{ ?x <{EX}p> <{EX}o> }}", "options": {},
