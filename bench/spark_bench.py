@@ -132,7 +132,8 @@ def bench_kafka(spark: SparkSession, args: argparse.Namespace, work: Path, rows:
         print(f"  produced {args.kafka_deltas} Avro answers in {time.perf_counter() - started:.1f} s", flush=True)
 
         def run() -> str:
-            query = start_compaction(spark, settings, work / "ksnap", work / "kck", interval_s=None)
+            query = start_compaction(spark, settings, work / "ksnap", work / "kck", interval_s=None,
+                                     publish_current=True)
             query.awaitTermination(600)
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()))

@@ -427,7 +427,7 @@ def run_compaction(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # 
     started = time.perf_counter()
     try:
         query = start_compaction(spark, settings, work / "snap", work / "cp-compaction", interval_s=None,
-                                 max_offsets_per_trigger=args.compaction_batch)
+                                 max_offsets_per_trigger=args.compaction_batch, publish_current=True)
         query.awaitTermination(1800)
     finally:
         close_producers()  # (the publisher's, kept across batches, before the broker stops)

@@ -61,13 +61,15 @@ def start_compaction(
     *,
     max_offsets_per_trigger: int | None = None,
     extra_source_options: Mapping[str, str] | None = None,
-    publish_current: bool = True,
+    publish_current: bool = False,
 ) -> StreamingQuery:
     """Start the compaction query; ``interval_s=None`` means availableNow (one pass over what exists).
 
-    ``publish_current=False`` only maintains the snapshot, for deployments where the answers service
-    already keeps answers.current up to date live (both write the same key/value pairs, so running both
-    is correct, just redundant).
+    ``publish_current=True`` also writes each folded answer's current value to answers.current: only for a
+    deployment without the answers service, which keeps that topic up to date live, or to rebuild the topic
+    while it is stopped.  Next to a running answers service it would be a second writer a fold behind: a key
+    whose answer changed after the fold's last delta would get its older value back, and keep it until the
+    next fold (the topic keeps the latest record per key).
     """
     options = kafka_options(settings)
     store = SnapshotStore(snapshot_dir)
@@ -269,8 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint-dir", type=Path, help="Structured Streaming checkpoint (source offsets)")
     parser.add_argument("--max-offsets-per-trigger", type=int, metavar="N",
                         help="cap on deltas per compaction batch (default: everything available)")
-    parser.add_argument("--no-publish-current", action="store_true",
-                        help="only write snapshots; leave answers.current to the answers service")
+    parser.add_argument("--publish-current", action="store_true",
+                        help="also write answers.current (only without a running answers service, which keeps it "
+                        "live: default off)")
     parser.add_argument("--trigger-interval", type=float, default=1.0, metavar="SECONDS",
                         help="micro-batch interval of the window and assembly queries (default 1)")
     parser.add_argument("--only", action="append", choices=DUTIES, metavar="DUTY",
@@ -334,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             return lambda: start_compaction(spark, settings, snapshot_dir, checkpoint_dir,
                                             None if args.once else args.compact_interval,
                                             max_offsets_per_trigger=args.max_offsets_per_trigger,
-                                            publish_current=not args.no_publish_current)
+                                            publish_current=args.publish_current)
         return lambda: start_stateful(spark, settings, duty, checkpoints[duty], interval)
 
     def before_restart(duty: str) -> None:

@@ -309,7 +309,8 @@ def test_streaming_job_resumes_and_keeps_answers_current_exact(
     for part in (first, rest):
         if part is rest:
             produce_answers(kafka_settings, rest + rng.sample(first, 10))  # late duplicates of folded deltas
-        query = start_compaction(spark, kafka_settings, tmp_path / "snap", tmp_path / "ck", interval_s=None)
+        query = start_compaction(spark, kafka_settings, tmp_path / "snap", tmp_path / "ck", interval_s=None,
+                                 publish_current=True)
         query.awaitTermination(240)
         assert query.exception() is None
     store = SnapshotStore(tmp_path / "snap")

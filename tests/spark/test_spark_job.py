@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from services.codec import encode
-from services.kafka.client import make_producer
+from services.kafka.client import make_producer, read_all
 from services.kafka.config import KafkaSettings
 from spark.job import build_parser
 
@@ -70,6 +70,8 @@ def test_job_compacts_periodically_and_exits_cleanly_on_sigterm(kafka_settings: 
         assert producer.flush(10) == 0
         wait_for(lambda: json.loads(manifest.read_text())["queries"].get("q1") == 4, 60,
                  "second compaction did not happen")
+        # answers.current belongs to the answers service: the job's folds (a fold behind it) leave it alone
+        assert read_all(kafka_settings, kafka_settings.topic("answers.current"), timeout=10) == []
         children = psutil.Process(proc.pid).children(recursive=True)
         assert any("java" in c.name() for c in children)
         proc.send_signal(signal.SIGTERM)
