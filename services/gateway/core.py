@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 __all__ = ["Answer", "Hub", "QueryInfo", "Stream", "Subscriber", "Tokens", "TokenError", "READ", "READ_WRITE",
@@ -50,6 +50,7 @@ class Answer:
     version: int
     query_id: str
     text: str = ""
+    folded: bool = True  # False: already in the stream's seed (answers.current), history only
 
     def to_json(self) -> dict[str, Any]:
         return {"query": self.query_id, "version": self.version, "n": self.n, "seq": self.seq, "sign": self.sign,
@@ -84,8 +85,10 @@ class Stream:
         if answer.n > self.next_n:
             self.gaps += 1
             if not self.answers:
-                self.base = answer.n  # started after a trimmed past (should not happen: we read from offset 0)
+                self.base = answer.n  # started after a trimmed past: retention deleted the older answers
         self.answers.append(answer)
+        if not answer.folded:
+            return True
         key = binding_key(answer.binding)
         entry = self.current.get(key)
         if answer.sign == "+":
@@ -187,6 +190,16 @@ class Hub:
             sub.wake()
         for listener in self.plan_listeners:
             listener(query_id)
+
+    def seed(self, current: dict[tuple[str, int], list[tuple[dict[str, Any], int]]]) -> None:
+        """Start registrations from their current answers (``(query, version) -> [(binding, multiplicity)]``, read
+        from answers.current) where retention deleted the older answers: the answers read after that are then
+        numbered history, folded only from where the seed ends (``Answer.folded``)."""
+        for (query_id, version), rows in current.items():
+            stream = self._stream_for(query_id, version)
+            if stream is not None:
+                for binding, multiplicity in rows:
+                    stream.current[binding_key(binding)] = [binding, multiplicity]
 
     def apply_answers(self, answers: Iterable[Answer]) -> None:
         touched: set[str] = set()

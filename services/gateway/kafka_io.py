@@ -2,9 +2,12 @@
 for ``POST /query``) and what it writes (``updates.raw`` for ``POST /update``, ``admin`` for register/unregister).
 
 - :class:`Follower`: a thread with one assign-only :class:`services.runtime.Fetcher` on every partition of
-  ``queries.plans`` and ``answers`` from offset 0 (no consumer group, nothing committed: the gateway is
+  ``queries.plans`` and ``answers`` from their start (no consumer group, nothing committed: the gateway is
   checkpoint-free), decoding records into :class:`services.gateway.core.Answer` objects and plans, handed to the
-  event loop in batches.  Ready once it has read every partition to the end offset it saw at start.
+  event loop in batches.  Ready once it has read every partition to the end offset it saw at start.  Where
+  retention deleted the oldest answers (an ``answers`` partition starting past 0) their fold cannot be rebuilt
+  from the log, so those partitions' current answers are seeded from ``answers.current`` (:func:`current_seed`)
+  and the answers read below the seed's cut are history only.
 - :class:`GraphSource`: the current graph as a pyoxigraph store for ``POST /query``, built on the first query
   from ``dictionary`` and ``updates.encoded`` (the fleet's durable copy of the graph, what ingest restores its
   presence set from) and brought up to date before each query by reading what was appended since.  Its cost:
@@ -27,7 +30,7 @@ from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary, to_oxigraph
 from services import codec
 from services.codec import sparql_json_term
 from services.gateway.core import Answer
-from services.kafka import KafkaSettings, end_offsets, make_producer
+from services.kafka import KafkaSettings, end_offsets, make_producer, read_all
 from services.runtime import Fetcher
 
 __all__ = ["FleetSampler", "Follower", "GraphSource", "Publisher"]
@@ -60,11 +63,19 @@ class Follower(threading.Thread):
         settings = self.settings
         t_plans, t_answers = settings.topic("queries.plans"), settings.topic("answers")
         targets: dict[tuple[str, int], int] = {}
+        starts: dict[tuple[str, int], int] = {}
         for topic in (t_plans, t_answers):
-            for partition, (_low, high) in end_offsets(settings, topic).items():
-                targets[(topic, partition)] = high
+            for partition, (low, high) in end_offsets(settings, topic).items():
+                targets[(topic, partition)], starts[(topic, partition)] = high, low
+        truncated = sorted(p for (topic, p), low in starts.items() if topic == t_answers and low > 0)
+        seeded_below: dict[int, int] = {}  # answers partition -> offset below which answers are in the seed
+        if truncated:
+            seed, seeded_below = current_seed(settings, truncated)
+            self.deliver([("seed", seed)])
+            log.info("gateway: answers partitions %s start past offset 0 (retention): current answers of %d "
+                     "registrations seeded from answers.current", truncated, len(seed))
         fetcher = Fetcher(settings, "gateway", 5000)
-        fetcher.set_positions({key: OFFSET_BEGINNING for key in targets})
+        fetcher.set_positions(starts)  # (where each log starts now: answers may have been cut by retention)
         try:
             while not self.stopping:
                 msgs = fetcher.poll()
@@ -81,7 +92,9 @@ class Follower(threading.Thread):
                             batch.append(("plan", (key, None if msg.value() is None
                                                    else codec.decode("QueryPlan", msg.value()))))
                         elif msg.value() is not None:
-                            batch.append(("answer", decode_answer(msg.value())))
+                            answer = decode_answer(msg.value())
+                            answer.folded = msg.offset() >= seeded_below.get(msg.partition(), 0)
+                            batch.append(("answer", answer))
                     except (codec.CodecError, UnicodeDecodeError) as exc:
                         self.undecodable += 1
                         log.warning("gateway: undecodable record at %s[%d]@%d: %s", msg.topic(), msg.partition(),
@@ -99,6 +112,41 @@ class Follower(threading.Thread):
             fetcher.close()
 
     failed = False
+
+
+def current_seed(settings: KafkaSettings, partitions: list[int], tries: int = 5
+                 ) -> tuple[dict[tuple[str, int], list[tuple[dict[str, Any], int]]], dict[int, int]]:
+    """The current answers of the queries on ``partitions`` from answers.current, per (query, version), and the
+    answers offsets they reflect: the answers service writes an answer and its answers.current record in one
+    transaction, so when the answers partitions' ends did not move while answers.current was read, the seed is
+    exactly the fold of the answers below those ends.  (After ``tries`` reads under a steady stream it is taken
+    as it is, with one log line: a registration may then be off by the answers of one transaction until they
+    change again.)"""
+    t_answers, t_current = settings.topic("answers"), settings.topic("answers.current")
+    wanted = set(partitions)
+    for attempt in range(1, tries + 1):
+        before = {p: high for p, (_low, high) in end_offsets(settings, t_answers).items() if p in wanted}
+        latest = {msg.key(): msg.value() for msg in read_all(settings, t_current, timeout=60)
+                  if msg.partition() in wanted}
+        after = {p: high for p, (_low, high) in end_offsets(settings, t_answers).items() if p in wanted}
+        if after == before:
+            break
+        if attempt == tries:
+            log.warning("gateway: answers kept arriving while answers.current was read (%d tries): the seed may "
+                        "miss the last transaction's answers", tries)
+    seed: dict[tuple[str, int], list[tuple[dict[str, Any], int]]] = {}
+    for value in latest.values():
+        if value is None:
+            continue  # a tombstone: not current
+        try:
+            record = codec.decode("CurrentAnswer", value)
+        except codec.CodecError as exc:
+            log.warning("gateway: undecodable answers.current record: %s", exc)
+            continue
+        if record["multiplicity"] > 0:
+            binding = {v: sparql_json_term(t) for v, t in record["binding"].items()}
+            seed.setdefault((record["query_id"], record["version"]), []).append((binding, record["multiplicity"]))
+    return seed, before
 
 
 class Publisher:

@@ -69,6 +69,8 @@ class Gateway:
                 answers = []
             if kind == "plan":
                 self.hub.apply_plan(*item)
+            elif kind == "seed":
+                self.hub.seed(item)
             elif kind == "ready":
                 self.ready = True
                 log.info("event=ready queries=%d answers=%d", len(self.hub.plans), self.hub.answers_read)

@@ -33,6 +33,24 @@ def test_stream_keeps_the_last_history_answers() -> None:
     assert len(s.rows()) == 7  # the fold keeps every answer, trimmed or not
 
 
+def test_a_seeded_stream_folds_only_the_answers_past_its_seed() -> None:
+    """Retention deleted answers 1-2 (+a, +b); the seed (answers.current) is the fold as of the cut after answer 3
+    (+c): answer 3 is read as history but not folded again; the answers past the cut are."""
+    def x(value: str) -> dict:
+        return {"x": {"type": "uri", "value": value}}
+
+    hub = Hub()
+    hub.seed({("q", 1): [(x("a"), 1), (x("b"), 1), (x("c"), 1)]})
+    below_cut = ans(3, "+", "c")
+    below_cut.folded = False
+    hub.apply_answers([below_cut])
+    stream = hub.stream("q")
+    assert stream.base == 3 and [a.n for a in stream.since(1)] == [3]  # the history starts where the log does
+    assert stream.rows() == [x("a"), x("b"), x("c")]  # c once: answer 3 is in the seed
+    hub.apply_answers([ans(4, "-", "a"), ans(5, "+", "d")])
+    assert stream.rows() == [x("b"), x("c"), x("d")]
+
+
 def test_net_change_cancels_within_a_notification() -> None:
     added, removed = net_change([ans(1, "+", "a"), ans(2, "-", "a"), ans(3, "+", "b"), ans(4, "-", "c")])
     assert added == [{"x": {"type": "uri", "value": "b"}}]
