@@ -207,7 +207,9 @@ class LiveView:
         self._summary_counts: dict[str, int] = {}
         self._reported: set[str] = set()
         self.answers_topic, self.encoded_topic = settings.topic("answers"), settings.topic("updates.encoded")
-        positions = {(self.answers_topic, p): OFFSET_BEGINNING for p in end_offsets(settings, self.answers_topic)}
+        # From where each log starts now: a view, not a restore (retention may have cut answers: 7 days).
+        positions = {(self.answers_topic, p): low
+                     for p, (low, _high) in end_offsets(settings, self.answers_topic).items()}
         positions[(self.encoded_topic, 0)] = OFFSET_BEGINNING
         self.fetcher = Fetcher(settings, "run-view", 5000)
         self.fetcher.set_positions(positions)

@@ -157,6 +157,30 @@ def test_live_view_prints_terms_in_ntriples_form_and_counts_changes_not_records(
 
 
 @pytest.mark.slow
+def test_the_view_reads_an_answers_log_cut_by_retention(kafka_settings, tmp_path: Path) -> None:  # noqa: ANN001
+    """answers keeps 7 days: the view (not a restore) starts where each log starts now instead of refusing."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from services.kafka import make_producer
+
+    _publish_view_inputs(kafka_settings)
+    producer = make_producer(kafka_settings)
+    producer.produce(kafka_settings.topic("answers"), key=b"people", partition=0, value=_answer(2, {
+        "p": {"type": "uri", "value": "http://example.org/eve", "datatype": None, "lang": None}}))
+    assert producer.flush(10) == 0
+    admin = AdminClient(kafka_settings.admin_config())
+    for future in admin.delete_records([TopicPartition(kafka_settings.topic("answers"), 0, 1)],
+                                       request_timeout=10).values():
+        future.result(10)  # the first answer is gone
+    view = _view(kafka_settings, io.StringIO(), tmp_path)
+    try:
+        assert view.total == 1 and view.changes == 2
+    finally:
+        view.close()
+
+
+@pytest.mark.slow
 def test_without_a_terminal_the_view_prints_a_line_only_when_something_changed(kafka_settings, tmp_path: Path) -> None:
     _publish_view_inputs(kafka_settings)
     out = io.StringIO()
