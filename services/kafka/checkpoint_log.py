@@ -8,9 +8,9 @@ alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK
 transaction, each with three headers: the checkpoint's id, ``i/n`` and the position (the first input offset
 the state does not reflect); the last chunk also carries the blob's HMAC and, when the shard's restore reads
 other logs too, what it needs of them (``cbgp-needs``: JSON ``{catalogue topic: offset}``, of the partition with
-the shard's number; the answers service's ``{"answers": ...}``), which ``cbgp topics floor`` reads.  A reader takes the last checkpoint
-whose ``n`` chunks it saw; a transaction is whole or absent for ``read_committed`` readers, so a writer killed
-mid-way leaves nothing half-read.
+the shard's number; the answers service's ``{"answers": ...}``), which ``cbgp topics floor`` reads.  A reader
+takes the last checkpoint whose ``n`` chunks it saw; a transaction is whole or absent for ``read_committed``
+readers, so a writer killed mid-way leaves nothing half-read.
 
 Kafka's compaction would keep only the latest value per key, but a checkpoint is many records, and the
 embedded broker never compacts: so the topic keeps ``cleanup.policy=delete`` and the writer trims it itself,
