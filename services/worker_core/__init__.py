@@ -272,7 +272,7 @@ class WorkerCore(CoreOutputs):
             return None, "a snapshot is owed"
         if self.checkpoints is None:
             return None, "checkpoints off"
-        if not checkpointable(shard, infos):
+        if not checkpointable(shard):
             return None, "not checkpointable"
         saved = self.checkpoints.get(shard.kind, shard.partition, shard.position)
         why = usable(saved, shard, infos, self.reader)
@@ -294,7 +294,7 @@ class WorkerCore(CoreOutputs):
             if blob is not None:
                 blobs.append((*key, blob, shard.position))
                 self._checkpointed[key] = (shard.position, versions)
-            elif checkpointable(shard, infos):
+            elif checkpointable(shard):
                 self._unpicklable.add((key, versions))  # (logged once: an operator query's closures, say)
         return blobs
 

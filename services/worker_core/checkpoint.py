@@ -17,18 +17,19 @@ def query_set(infos: Iterable[QueryInfo]) -> list[list]:
     return sorted([info.query_id, info.version] for info in infos)
 
 
-def checkpointable(shard: Shard, infos: list[QueryInfo]) -> bool:
+def checkpointable(shard: Shard) -> bool:
     """A shard whose whole state is its own: its engine, and for multi-centre queries its evaluator (versioned
     stores, probes waiting, live counts) and probe bookkeeping; not one with a registration waiting for its
-    point, nor one feeding a derived stream (whose output state is the core's)."""
-    return not shard.pending and not any(i.stream for i in infos)
+    point.  (A shard feeding a derived stream is one too: what it writes to updates.raw is made from its engine's
+    deltas, in the transaction that commits them.)"""
+    return not shard.pending
 
 
 def shard_blob(shard: Shard, infos: list[QueryInfo], floors: dict[int, tuple] | None = None) -> bytes | None:
     """The checkpoint of ``shard`` holding ``infos`` as of its position, or None when it cannot be taken.
     ``floors``: the other partitions' probe floors the worker has read (some from this shard's log before its
     position, which the restore does not read again)."""
-    if not checkpointable(shard, infos):
+    if not checkpointable(shard):
         return None
     try:
         return dump_shard({"position": shard.position, "last_seq": shard.last_seq, "last_change": shard.last_change,
