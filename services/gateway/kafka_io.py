@@ -30,7 +30,7 @@ from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary, to_oxigraph
 from services import codec
 from services.codec import sparql_json_term
 from services.gateway.core import Answer
-from services.kafka import KafkaSettings, end_offsets, make_producer, read_all
+from services.kafka import KafkaSettings, end_offsets, make_producer
 from services.runtime import Fetcher
 
 __all__ = ["FleetSampler", "Follower", "GraphSource", "Publisher"]
@@ -122,12 +122,14 @@ def current_seed(settings: KafkaSettings, partitions: list[int], tries: int = 5
     exactly the fold of the answers below those ends.  (After ``tries`` reads under a steady stream it is taken
     as it is, with one log line: a registration may then be off by the answers of one transaction until they
     change again.)"""
-    t_answers, t_current = settings.topic("answers"), settings.topic("answers.current")
+    from services.usercli.reading import current_records
+
+    t_answers = settings.topic("answers")
     wanted = set(partitions)
     for attempt in range(1, tries + 1):
         before = {p: high for p, (_low, high) in end_offsets(settings, t_answers).items() if p in wanted}
-        latest = {msg.key(): msg.value() for msg in read_all(settings, t_current, timeout=60)
-                  if msg.partition() in wanted}
+        records = current_records(settings, lambda msg: msg.partition() in wanted,
+                                  lambda exc: log.warning("gateway: undecodable answers.current record: %s", exc))
         after = {p: high for p, (_low, high) in end_offsets(settings, t_answers).items() if p in wanted}
         if after == before:
             break
@@ -135,14 +137,7 @@ def current_seed(settings: KafkaSettings, partitions: list[int], tries: int = 5
             log.warning("gateway: answers kept arriving while answers.current was read (%d tries): the seed may "
                         "miss the last transaction's answers", tries)
     seed: dict[tuple[str, int], list[tuple[dict[str, Any], int]]] = {}
-    for value in latest.values():
-        if value is None:
-            continue  # a tombstone: not current
-        try:
-            record = codec.decode("CurrentAnswer", value)
-        except codec.CodecError as exc:
-            log.warning("gateway: undecodable answers.current record: %s", exc)
-            continue
+    for record in records:
         if record["multiplicity"] > 0:
             binding = {v: sparql_json_term(t) for v, t in record["binding"].items()}
             seed.setdefault((record["query_id"], record["version"]), []).append((binding, record["multiplicity"]))

@@ -159,31 +159,35 @@ def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, c
         consumer.close()
 
 
+def current_records(settings: KafkaSettings, keep: Callable[[Any], bool] = lambda _msg: True,
+                    on_error: Callable[[CodecError], None] = lambda _exc: None) -> list[dict[str, Any]]:
+    """The ``CurrentAnswer`` records ``answers.current`` holds now, of the messages ``keep`` selects: the latest
+    value of each key (a tombstone removes its key), decoded; an undecodable one is left out (``on_error``)."""
+    latest: dict[bytes, bytes | None] = {}
+    for msg in read_all(settings, settings.topic("answers.current"), timeout=60):
+        if keep(msg):
+            latest[msg.key() or b""] = msg.value()
+    records = []
+    for value in latest.values():
+        if value is not None:
+            try:
+                records.append(decode("CurrentAnswer", value))
+            except CodecError as exc:
+                on_error(exc)
+    return records
+
+
 def current_answers(settings: KafkaSettings, query_id: str, version: int | None = None) -> list[tuple[dict[str, Any], int]]:
     """``[(binding, multiplicity)]`` of the query now, from ``answers.current`` (latest value per key wins);
     with ``version``, only that registration's answers (an older one's not yet retracted are not current)."""
-    latest: dict[bytes, dict[str, Any] | None] = {}
-    for msg in read_all(settings, settings.topic("answers.current"), timeout=60):
-        key = msg.key() or b""
+    def owned(msg: Any) -> bool:
         try:
-            owner = json.loads(key)[0]
+            return json.loads(msg.key() or b"")[0] == query_id
         except (ValueError, IndexError, KeyError, TypeError):
-            continue  # not a key this fleet writes
-        if owner != query_id:
-            continue
-        if msg.value() is None:
-            latest[key] = None
-            continue
-        try:
-            latest[key] = decode("CurrentAnswer", msg.value())
-        except CodecError:
-            continue
-    rows = []
-    for record in latest.values():
-        if record is not None and version is not None and record["version"] not in (0, version):
-            continue
-        if record is not None and record["multiplicity"] > 0:
-            rows.append((_binding_json(record["binding"]), record["multiplicity"]))
+            return False  # not a key this fleet writes
+
+    rows = [(_binding_json(record["binding"]), record["multiplicity"]) for record in current_records(settings, owned)
+            if record["multiplicity"] > 0 and (version is None or record["version"] in (0, version))]
     rows.sort(key=lambda row: json.dumps(row[0], sort_keys=True))
     return rows
 
