@@ -31,7 +31,7 @@ from services.kafka import KafkaSettings, end_offsets, make_consumer, make_produ
 from services.metrics import STATE_BYTES, STATE_ENTRIES, record_consumer_lag
 from services.runner import Step, run_processor
 from services.state import recovery
-from services.runtime import (LISTEN_SECONDS, WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv,
+from services.runtime import (WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv,
                               origin_ms, read_range, read_window, record_ok, require_from, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
 from services import codec
@@ -352,7 +352,7 @@ class WorkerService:
         routed = routed_fetcher.take()
         encoded = self.encoded_reader.take()
         if not (routed or encoded):
-            routed = routed_fetcher.wait(LISTEN_SECONDS)
+            routed = routed_fetcher.wait(routed_fetcher.listen)  # (longer after a wait that ran out mid-fetch)
             encoded = self.encoded_reader.take()
         if routed or encoded:
             # An input with nothing fetched is caught up: park it too while the batch is processed.

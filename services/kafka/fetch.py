@@ -22,7 +22,7 @@ from services.kafka.truncation import require_log_start
 from services.metrics import record_consumer_lag
 from services.records import kv
 
-__all__ = ["LISTEN_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS", "Fetcher", "first_record",
+__all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS", "Fetcher", "first_record",
            "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok", "idle_pause", "GroupInput"]
 
 log = logging.getLogger("cbgp.runtime")
@@ -47,7 +47,13 @@ log = logging.getLogger("cbgp.runtime")
 # when noida-db is slow to report an idle partition's end, which an idle fleet pays for: 0.1 s cost it a third
 # more CPU (0.071 -> 0.09-0.106 core); 0.03 s reads the 77 records in 0.02-0.03 s (20 of 20 tries) at an idle
 # 0.075-0.078 core (bench/idle_bench.py, median of 3, twice).
+# A wait that runs out while a partition has not reported its end had a fetch in flight: parking would drop it,
+# and the next one would be dropped the same way.  So the next wait listens twice as long, up to
+# LISTEN_MAX_SECONDS, until records or every partition's end arrive.  Without it, a backlog of 256 such records
+# (the first 600,000 LSBench updates through `cbgp publish`, with noida-db rewriting its snapshot of them) stalled
+# ingest for good: 51 records read, then none in 60 s (bench/lsbench_fleet.py --updates 600000).
 LISTEN_SECONDS = 0.03
+LISTEN_MAX_SECONDS = 2.0
 IDLE_PAUSE_SECONDS = 0.015
 IDLE_PAUSE_MAX_SECONDS = 0.06
 
@@ -70,6 +76,7 @@ class Fetcher:
         self.parked = False
         self.epoch = 0
         self.idle_streak = 0  # consecutive idle pauses with nothing read
+        self.listen = LISTEN_SECONDS  # how long poll() waits (see LISTEN_MAX_SECONDS)
         self.lag_fresh: set[tuple[str, int]] = set()  # partitions whose lag gauge was set at their end since a record
 
     def set_positions(self, positions: dict[tuple[str, int], int]) -> None:
@@ -99,7 +106,15 @@ class Fetcher:
         if not self.positions:
             return []
         self.unpark()
-        first = first_record(self.consumer, self.positions, timeout, on_end=self._at_end)
+        ended: set[tuple[str, int]] = set()
+
+        def on_end(eof: Message) -> None:
+            ended.add((eof.topic(), eof.partition()))
+            self._at_end(eof)
+
+        first = first_record(self.consumer, self.positions, timeout, on_end=on_end)
+        in_flight = first is None and len(ended) < len(self.positions)  # ran out before every partition's end
+        self.listen = min(2 * self.listen, LISTEN_MAX_SECONDS) if in_flight else LISTEN_SECONDS
         if first is None:
             return []
         return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
@@ -152,8 +167,8 @@ class Fetcher:
             self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.positions.items()])
 
     def poll(self) -> list[Message]:
-        """Everything fetched, else what arrives within LISTEN_SECONDS, else [] after an idle pause."""
-        msgs = self.take() or self.wait(LISTEN_SECONDS)
+        """Everything fetched, else what arrives within ``listen``, else [] after an idle pause."""
+        msgs = self.take() or self.wait(self.listen)
         if not msgs:
             idle_pause([self])
         return msgs
