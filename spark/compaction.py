@@ -3,7 +3,8 @@
 Every query's answers topic is a log of numbered deltas ``(query_id, n, sign, binding)``; replaying it from
 n=1 gives the current answer set.  Compaction keeps that replay short:
 
-- a **snapshot** (Parquet, partitioned by ``query_id``, one directory per version) of rows
+- a **snapshot** (Parquet, partitioned by ``query_id``, one directory per version; ``spark.snapshot_store``,
+  seeded from ``answers.current`` when the log's start was deleted first: ``spark.compaction_seed``) of rows
   ``(query_id, binding, multiplicity, last_n)``, where ``binding`` is canonical JSON
   ``{"var": "<canonical N-Triples term>", ...}`` with sorted keys, so equal bindings are equal strings;
 - a **manifest** (``manifest.json``) naming the current version and, per query, the highest ``n`` folded;
@@ -32,38 +33,25 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from services import codec
 from spark.answer_columns import Bindings, canonical_binding, current_answer_columns, decode_answer_values
+from spark.snapshot_store import MAX_GAP_RANGES, SNAPSHOT_SCHEMA, CompactionError, SnapshotStore
 
 log = logging.getLogger(__name__)
 
 DELTA_SCHEMA = "query_id string, n long, sign int, binding string, error string, version int"
-SNAPSHOT_SCHEMA = "query_id string, binding string, multiplicity long, last_n long"
-MANIFEST_NAME = "manifest.json"
-MAX_GAP_RANGES = 10
-_KEEP_VERSIONS = 2  # the current one and its predecessor, which a slow reader may still be scanning
-_FILE_SCHEMA = pa.schema([("binding", pa.string()), ("multiplicity", pa.int64()), ("last_n", pa.int64())])
 
 __all__ = ["DELTA_SCHEMA", "SNAPSHOT_SCHEMA", "CompactionError", "FoldReport", "SnapshotStore", "canonical_binding",
            "binding_terms", "current_key", "decode_answers", "compact_batch", "kafka_publisher", "delta_table"]
-
-
-class CompactionError(RuntimeError):
-    """The snapshot directory is unusable (corrupt manifest, missing version); the message says which."""
 
 
 def binding_terms(binding_json: str) -> dict[str, dict[str, Any]]:
@@ -153,6 +141,9 @@ class FoldReport:
     # query -> how many numbers are missing in all (a broken producer must not bloat logs or the manifest).
     gaps: dict[str, list[list[int]]] = field(default_factory=dict)
     missing: dict[str, int] = field(default_factory=dict)
+    # Queries whose folded n is only a lower bound (a snapshot seeded from answers.current, spark.compaction_seed):
+    # their first new delta is not checked for a gap; those left after this fold.
+    lower_bound: list[str] = field(default_factory=list)
     negative: int = 0  # bindings whose multiplicity went below 0: a "-" for an absent answer
     folded_n: dict[str, int] = field(default_factory=dict)  # query -> highest n after this fold
     # query -> the registration version folded (n counts within it); a newer version replaces the query's rows
@@ -177,9 +168,12 @@ class Fold:
     bindings: Bindings
 
 
-def fold(batch: DeltaTable, folded_n: Mapping[str, int], versions: Mapping[str, int] | None = None) -> Fold:
+def fold(batch: DeltaTable, folded_n: Mapping[str, int], versions: Mapping[str, int] | None = None,
+         lower_bound: Iterable[str] = ()) -> Fold:
     """Fold ``batch`` given the manifest's ``folded_n`` and ``versions``: which deltas are new, the report's
-    counts and gaps, and the per-binding sums, all by vectorised group-bys.
+    counts and gaps, and the per-binding sums, all by vectorised group-bys.  ``lower_bound``: queries whose
+    ``folded_n`` may be below the n they really reached (a seeded snapshot): their first new delta counts as
+    the next one, not as a gap after ``folded_n``.
 
     Registration versions: each query's stream is that of its latest version (the manifest's, or a newer one
     in the batch); deltas of older versions are dropped (``stale``).  A newer version than the manifest's
@@ -231,20 +225,25 @@ def fold(batch: DeltaTable, folded_n: Mapping[str, int], versions: Mapping[str, 
     first[1:] = (qn[1:] != qn[:-1]) | (nn[1:] != nn[:-1])
     qn, nn, sn, bn = qn[first], nn[first], sn[first], bn[first]
     report.duplicates = new_count - len(qn)
+    loose = set(lower_bound) - set(reset)
+    report.lower_bound = sorted(loose - {queries[q] for q in np.unique(qn)})
     if len(qn):
         starts = np.flatnonzero(np.r_[True, qn[1:] != qn[:-1]])
+        # where each query's numbers go on from: its folded n, or just below its first new one when that is a
+        # lower bound
+        first_base = np.array([nn[s] - 1 if queries[qn[s]] in loose else base_n[qn[s]] for s in starts], np.int64)
         max_n = np.maximum.reduceat(nn, starts)
         unique = np.diff(np.r_[starts, len(qn)])
         for k, s in enumerate(starts):
             q = queries[qn[s]]
             report.folded_n[q] = int(max_n[k])
-            missing = int(max_n[k]) - int(base_n[qn[s]]) - int(unique[k])
+            missing = int(max_n[k]) - int(first_base[k]) - int(unique[k])
             if missing:
                 report.missing[q] = missing
         if report.missing:  # gaps: consecutive unique n of a query more than 1 apart (the first from base_n)
             prev = np.empty_like(nn)
             prev[1:] = nn[:-1]
-            prev[starts] = base_n[qn[starts]]
+            prev[starts] = first_base
             gap = nn - prev > 1
             for i in np.flatnonzero(gap):
                 ranges = report.gaps.setdefault(queries[qn[i]], [])
@@ -269,219 +268,6 @@ def fold(batch: DeltaTable, folded_n: Mapping[str, int], versions: Mapping[str, 
         "query_id": pa.array(queries, pa.string()).take(pa.array(kq)) if nq else pa.array([], pa.string()),
         "bidx": pa.array(kb.astype(np.int32)), "delta": pa.array(delta), "delta_n": pa.array(delta_n)})
     return Fold(report, delta_agg, reset, partitions, batch.bindings)
-
-
-# ---------------------------------------------------------------- snapshot store
-
-# Spark's escaping of partition values in directory names (ExternalCatalogUtils.escapePathName), so that
-# Spark reads the files written here with the right query_id, and files Spark wrote are found here.
-_ESCAPED = set(map(chr, range(1, 0x20))) | set('"#%\'*/:=?\\\x7f{[]^')
-_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-
-
-def partition_dir_name(query_id: str) -> str:
-    if not query_id:
-        return "query_id=" + _NULL_PARTITION
-    return "query_id=" + "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in query_id)
-
-
-def query_of_dir(name: str) -> str | None:
-    """The query id of a partition directory name (None: not one)."""
-    if not name.startswith("query_id="):
-        return None
-    value = name[len("query_id="):]
-    if value == _NULL_PARTITION:
-        return ""
-    out, i = [], 0
-    while i < len(value):
-        code = value[i + 1: i + 3]
-        if value[i] == "%" and len(code) == 2 and all(c in "0123456789abcdefABCDEF" for c in code):
-            out.append(chr(int(code, 16)))
-            i += 3
-        else:
-            out.append(value[i])
-            i += 1
-    return "".join(out)
-
-
-def _data_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
-
-
-class SnapshotStore:
-    """Versioned snapshot directories plus an atomically replaced manifest.
-
-    Layout: ``<root>/v000001/query_id=<q>/part-*.parquet`` and ``<root>/manifest.json``.  A version
-    directory is complete before the manifest names it, so readers never see a half-written snapshot.
-    Files of queries a version did not change are hard links to the previous version's.
-    """
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-
-    def manifest(self) -> dict[str, Any]:
-        path = self.root / MANIFEST_NAME
-        if not path.exists():
-            return {"version": 0, "queries": {}, "gaps": {}, "missing": {}}
-        try:
-            return json.loads(path.read_text())
-        except ValueError as exc:
-            raise CompactionError(f"{path} is not valid JSON ({exc}); restore it or delete the snapshot dir") from exc
-
-    def folded_n(self) -> dict[str, int]:
-        return {q: int(n) for q, n in self.manifest()["queries"].items()}
-
-    def versions(self) -> dict[str, int]:
-        """Query -> the registration version its folded n belongs to (absent: 0, before versions)."""
-        return {q: int(v) for q, v in self.manifest().get("versions", {}).items()}
-
-    def version_dir(self, version: int) -> Path:
-        return self.root / f"v{version:06d}"
-
-    def read(self, spark: SparkSession) -> DataFrame | None:
-        version = int(self.manifest()["version"])
-        if version == 0:
-            return None
-        path = self.version_dir(version)
-        if not path.exists():
-            raise CompactionError(f"manifest names {path}, which is missing; the snapshot dir was damaged")
-        # An explicit schema keeps query_id a string (partition inference would turn "1" into an int).
-        return spark.read.schema(SNAPSHOT_SCHEMA).parquet(str(path))
-
-    def read_table(self) -> pa.Table:
-        """The current snapshot as one Arrow table (``SNAPSHOT_SCHEMA``), without Spark."""
-        version = int(self.manifest()["version"])
-        parts = []
-        if version:
-            for d in sorted(self.version_dir(version).iterdir()):
-                q = query_of_dir(d.name) if d.is_dir() else None
-                if q is not None:
-                    parts.append(_with_query(_read_query(d), q))
-        return pa.concat_tables(parts) if parts else _empty_snapshot()
-
-    def write_fold(self, result: Fold) -> tuple[int, pa.Table, dict[str, list[int]]]:
-        """Write the snapshot after ``result`` as the next version directory (not yet current).
-
-        Returns the version, the changed answers (``query_id, binding, bidx, multiplicity, last_n``: the
-        touched bindings' new multiplicity, 0 for a binding no longer an answer) and per query ``[rows,
-        negative rows]`` of the new version."""
-        manifest = self.manifest()
-        old = int(manifest["version"])
-        version = old + 1
-        target = self.version_dir(version)
-        shutil.rmtree(target, ignore_errors=True)  # a half-written one from a crash
-        target.mkdir(parents=True)
-        counts: dict[str, list[int]] = {q: list(c) for q, c in manifest.get("rows", {}).items()}
-        touched = set(result.delta_agg.column("query_id").to_pylist()) | set(result.reset)
-        old_dirs: dict[str, Path] = {}
-        if old:
-            source = self.version_dir(old)
-            if not source.exists():
-                raise CompactionError(f"manifest names {source}, which is missing; the snapshot dir was damaged")
-            for d in source.iterdir():
-                q = query_of_dir(d.name) if d.is_dir() else None
-                if q is not None:
-                    old_dirs[q] = d
-        for q, d in old_dirs.items():
-            if q in touched:
-                continue
-            (target / d.name).mkdir()
-            for f in _data_files(d):
-                _link(f, target / d.name / f.name)
-            if q not in counts:  # a manifest from before row counts: count once
-                mult = _read_query(d).column("multiplicity").to_numpy()
-                counts[q] = [len(mult), int((mult < 0).sum())]
-        for q in list(counts):
-            if q not in old_dirs or q in touched:
-                del counts[q]
-        reset = set(result.reset)
-        olds = [_with_query(_read_query(old_dirs[q]), q) for q in sorted(touched) if q in old_dirs]
-        old_rows = pa.concat_tables(olds) if olds else _empty_snapshot()
-        ended = old_rows.filter(pc.is_in(old_rows.column("query_id"), pa.array(sorted(reset), pa.string()))) \
-            if reset else old_rows.slice(0, 0)
-        kept = old_rows.filter(pc.invert(pc.is_in(old_rows.column("query_id"), pa.array(sorted(reset), pa.string())))) \
-            if reset else old_rows
-        canonical = pa.array(result.bindings.canonical, pa.string())
-        agg = result.delta_agg
-        fresh = pa.table({
-            "query_id": agg.column("query_id"),
-            "binding": canonical.take(agg.column("bidx")) if len(canonical) else pa.array([], pa.string()),
-            "multiplicity": agg.column("delta"), "last_n": agg.column("delta_n"),
-            "bidx": agg.column("bidx"), "touched": pa.array(np.ones(agg.num_rows, np.int8))})
-        kept = kept.append_column("bidx", pa.nulls(kept.num_rows, pa.int32())).append_column(
-            "touched", pa.array(np.zeros(kept.num_rows, np.int8)))
-        merged = pa.concat_tables([kept, fresh]).group_by(["query_id", "binding"], use_threads=False).aggregate(
-            [("multiplicity", "sum"), ("last_n", "max"), ("bidx", "max"), ("touched", "max")])
-        merged = merged.rename_columns(["query_id", "binding", "multiplicity", "last_n", "bidx", "touched"])
-        rows = merged.filter(pc.not_equal(merged.column("multiplicity"), 0))
-        rows = rows.sort_by([("query_id", "ascending"), ("binding", "ascending")])
-        qcol = rows.column("query_id").to_numpy(zero_copy_only=False)
-        mult = rows.column("multiplicity").to_numpy()
-        bounds = np.flatnonzero(np.r_[True, qcol[1:] != qcol[:-1], True]) if len(qcol) else np.array([0])
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            q = qcol[a]
-            d = target / partition_dir_name(q)
-            d.mkdir()
-            pq.write_table(rows.slice(a, b - a).select(["binding", "multiplicity", "last_n"]).cast(_FILE_SCHEMA),
-                           d / "part-00000.parquet")
-            counts[q] = [int(b - a), int((mult[a:b] < 0).sum())]
-        (target / "_SUCCESS").touch()
-        changed = merged.filter(pc.equal(merged.column("touched"), 1)).select(
-            ["query_id", "binding", "bidx", "multiplicity", "last_n"])
-        if ended.num_rows:  # rows of a replaced registration that the new one does not have: tombstones
-            gone = ended.join(changed.select(["query_id", "binding"]), ["query_id", "binding"], join_type="left anti")
-            changed = pa.concat_tables([changed, pa.table({
-                "query_id": gone.column("query_id"), "binding": gone.column("binding"),
-                "bidx": pa.nulls(gone.num_rows, pa.int32()),
-                "multiplicity": pa.array(np.zeros(gone.num_rows, np.int64)), "last_n": gone.column("last_n")})])
-        return version, changed, counts
-
-    def commit(self, version: int, report: FoldReport, counts: Mapping[str, list[int]] | None = None) -> None:
-        """Make ``version`` current (atomic rename), then delete versions no reader needs any more."""
-        old = self.manifest()
-        gaps = {q: list(g) for q, g in old.get("gaps", {}).items()}
-        for q, g in report.gaps.items():
-            gaps[q] = (gaps.get(q, []) + g)[-MAX_GAP_RANGES:]  # the most recent ones: what an operator chases
-        missing = dict(old.get("missing", {}))
-        for q, count in report.missing.items():
-            missing[q] = missing.get(q, 0) + count
-        manifest = {"version": version, "queries": report.folded_n, "gaps": gaps, "missing": missing,
-                    "versions": {**old.get("versions", {}), **report.versions},
-                    "updated_at_ms": int(time.time() * 1000)}
-        if counts is not None:
-            manifest["rows"] = dict(counts)  # query -> [rows, negative rows] of this version
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".manifest-")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(manifest, fh, sort_keys=True, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.root / MANIFEST_NAME)
-        for path in self.root.glob("v[0-9]*"):
-            if int(path.name[1:]) <= version - _KEEP_VERSIONS:
-                shutil.rmtree(path, ignore_errors=True)
-
-
-def _empty_snapshot() -> pa.Table:
-    return pa.table({"query_id": pa.array([], pa.string()), "binding": pa.array([], pa.string()),
-                     "multiplicity": pa.array([], pa.int64()), "last_n": pa.array([], pa.int64())})
-
-
-def _read_query(directory: Path) -> pa.Table:
-    files = _data_files(directory)
-    tables = [pq.read_table(f, columns=["binding", "multiplicity", "last_n"]).cast(_FILE_SCHEMA) for f in files]
-    return pa.concat_tables(tables) if tables else _FILE_SCHEMA.empty_table()
-
-
-def _with_query(table: pa.Table, query_id: str) -> pa.Table:
-    return table.add_column(0, "query_id", pa.array([query_id] * table.num_rows, pa.string()))
-
-
-def _link(source: Path, target: Path) -> None:
-    try:
-        os.link(source, target)
-    except OSError:  # a file system without hard links
-        shutil.copyfile(source, target)
 
 
 # ---------------------------------------------------------------- answers.current records
@@ -556,7 +342,7 @@ def compact_batch(spark: SparkSession | None, deltas: DataFrame | pa.Table, stor
 
     batch = delta_table(deltas)
     lap("read")
-    result = fold(batch, store.folded_n(), store.versions())  # 1.
+    result = fold(batch, store.folded_n(), store.versions(), store.lower_bound())  # 1.
     report = result.report
     report.stages = stages
     lap("fold")

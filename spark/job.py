@@ -42,6 +42,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from services.kafka.config import KafkaConfigError, KafkaSettings, add_kafka_flags
 from spark.compaction import SnapshotStore, compact_batch, kafka_publisher
+from spark.compaction_seed import needs_seed, seed_from_current
 from spark.kafka_io import read_ranges
 
 log = logging.getLogger("cbgp.spark.job")
@@ -70,9 +71,14 @@ def start_compaction(
     while it is stopped.  Next to a running answers service it would be a second writer a fold behind: a key
     whose answer changed after the fold's last delta would get its older value back, and keep it until the
     next fold (the topic keeps the latest record per key).
+
+    A first start (no snapshot, no checkpoint) on an answers log whose start retention deleted seeds the
+    snapshot from answers.current at a consistent cut and reads the log from there (``spark.compaction_seed``).
     """
     options = kafka_options(settings)
     store = SnapshotStore(snapshot_dir)
+    # A first start on a log whose beginning retention deleted starts from answers.current, at a cut.
+    cut = seed_from_current(settings, options, store) if needs_seed(store, checkpoint_dir) else None
     publish = kafka_publisher(options, settings.topic("answers.current")) if publish_current else None
 
     topic = settings.topic("answers")
@@ -93,6 +99,8 @@ def start_compaction(
 
     reader = spark.readStream.format("cbgpkafka").options(**options).option("subscribe", topic).option("ranges", "true")
     reader = reader.option("commitGroup", f"{settings.topic_prefix}spark-compaction")
+    if cut is not None:
+        reader = reader.option("startingOffsets", json.dumps({str(p): offset for p, offset in cut.items()}))
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     if extra_source_options:

@@ -114,34 +114,20 @@ class Follower(threading.Thread):
     failed = False
 
 
-def current_seed(settings: KafkaSettings, partitions: list[int], tries: int = 5
+def current_seed(settings: KafkaSettings, partitions: list[int]
                  ) -> tuple[dict[tuple[str, int], list[tuple[dict[str, Any], int]]], dict[int, int]]:
     """The current answers of the queries on ``partitions`` from answers.current, per (query, version), and the
-    answers offsets they reflect: the answers service writes an answer and its answers.current record in one
-    transaction, so when the answers partitions' ends did not move while answers.current was read, the seed is
-    exactly the fold of the answers below those ends.  (After ``tries`` reads under a steady stream it is taken
-    as it is, with one log line: a registration may then be off by the answers of one transaction until they
-    change again.)"""
-    from services.usercli.reading import current_records
+    answers offsets they reflect (a consistent cut: ``services.usercli.reading.current_at_cut``)."""
+    from services.usercli.reading import current_at_cut
 
-    t_answers = settings.topic("answers")
-    wanted = set(partitions)
-    for attempt in range(1, tries + 1):
-        before = {p: high for p, (_low, high) in end_offsets(settings, t_answers).items() if p in wanted}
-        records = current_records(settings, lambda msg: msg.partition() in wanted,
-                                  lambda exc: log.warning("gateway: undecodable answers.current record: %s", exc))
-        after = {p: high for p, (_low, high) in end_offsets(settings, t_answers).items() if p in wanted}
-        if after == before:
-            break
-        if attempt == tries:
-            log.warning("gateway: answers kept arriving while answers.current was read (%d tries): the seed may "
-                        "miss the last transaction's answers", tries)
+    records, ends = current_at_cut(settings, set(partitions), who="gateway", on_error=lambda exc: log.warning(
+        "gateway: undecodable answers.current record: %s", exc))
     seed: dict[tuple[str, int], list[tuple[dict[str, Any], int]]] = {}
     for record in records:
         if record["multiplicity"] > 0:
             binding = {v: sparql_json_term(t) for v, t in record["binding"].items()}
             seed.setdefault((record["query_id"], record["version"]), []).append((binding, record["multiplicity"]))
-    return seed, before
+    return seed, {p: high for p, (_low, high) in ends.items()}
 
 
 class Publisher:

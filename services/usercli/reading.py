@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 import uuid
@@ -14,6 +15,8 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from services.codec import CodecError, decode, sparql_json_term
 from services.kafka import KafkaSettings, end_offsets, make_consumer, read_all
+
+log = logging.getLogger("cbgp.usercli")
 
 def _excerpt(original: bytes, line: int | None, limit: int = 80) -> str:
     """The rejected line of ``original`` (or its start), as a short quoted string."""
@@ -175,6 +178,33 @@ def current_records(settings: KafkaSettings, keep: Callable[[Any], bool] = lambd
             except CodecError as exc:
                 on_error(exc)
     return records
+
+
+def current_at_cut(settings: KafkaSettings, partitions: set[int] | None = None, tries: int = 5,
+                   on_error: Callable[[CodecError], None] = lambda _exc: None, who: str = "cbgp"
+                   ) -> tuple[list[dict[str, Any]], dict[int, tuple[int, int]]]:
+    """``answers.current`` read at a consistent cut of ``answers``: the records of the answers partitions
+    ``partitions`` (None: all) and those partitions' ``(low, high)`` watermarks they reflect.  The answers
+    service writes an answer and its answers.current record in one transaction, so when the answers partitions'
+    ends did not move while answers.current was read, the records are exactly the fold of the answers below
+    those ends.  (After ``tries`` reads under a steady stream they are taken as they are, with one log line:
+    they may then be off by the answers of one transaction until those answers change again.)"""
+    t_answers = settings.topic("answers")
+
+    def ends() -> dict[int, tuple[int, int]]:
+        return {p: marks for p, marks in end_offsets(settings, t_answers).items()
+                if partitions is None or p in partitions}
+
+    for attempt in range(1, tries + 1):
+        before = ends()
+        records = current_records(settings, lambda msg: partitions is None or msg.partition() in partitions,
+                                  on_error)
+        if {p: high for p, (_low, high) in ends().items()} == {p: high for p, (_low, high) in before.items()}:
+            break
+        if attempt == tries:
+            log.warning("%s: answers kept arriving while answers.current was read (%d tries): the records may miss "
+                        "the last transaction's answers", who, tries)
+    return records, before
 
 
 def current_answers(settings: KafkaSettings, query_id: str, version: int | None = None) -> list[tuple[dict[str, Any], int]]:

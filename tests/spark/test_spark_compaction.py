@@ -27,8 +27,8 @@ from services.codec import decode, encode
 from services.kafka.client import end_offsets, make_producer, read_all
 from services.kafka.config import KafkaSettings
 from spark.answer_columns import Bindings
-from spark.compaction import (SnapshotStore, canonical_binding, compact_batch, current_key, decode_answers,
-                              kafka_publisher)
+from spark.compaction import (SnapshotStore, canonical_binding, compact_batch, current_key, decode_answers, delta_table,
+                              fold, kafka_publisher)
 from spark.job import kafka_options, start_compaction
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -432,3 +432,77 @@ def test_a_version_rewrites_only_touched_queries_and_spark_reads_every_query_id(
     assert len(kept) == 2 and all(p.stat().st_nlink == 2 for p in kept)  # shared with version 1
     assert all((old / p.relative_to(new)).samefile(p) for p in kept)
     assert store.manifest()["rows"] == {"a/b=c%d": [1, 0], "é ?#": [1, 0], "plain": [1, 0]}
+
+
+def test_a_first_compaction_on_a_log_whose_start_was_deleted_seeds_itself_from_answers_current(
+    spark: SparkSession, kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    """Issue 16: answers is bounded, so a compaction first started after retention deleted the log's start (a
+    Spark job deployed later, or one that lost its state dir) must not fold only what is left.  It seeds its
+    snapshot from answers.current at a consistent cut and folds from there: its answers equal the whole log's,
+    its n each query's highest, and no gap is reported -- also for a query with no delta left below the cut,
+    whose n then comes from its current answers (``late``: +b1 +b2 -b1 deleted, +b3 after)."""
+    from confluent_kafka.admin import AdminClient
+
+    rng = random.Random(21)
+    log = generate_log(rng, queries=4, steps=240)
+    log = [rec for i, rec in enumerate(log) if (rec["query_id"], rec["n"]) not in
+           {(r["query_id"], r["n"]) for r in log[:i]} or i < 140]  # the answers service writes exactly once
+    first, rest = log[:140], log[140:]
+    b = [{"x": TERMS[i]} for i in range(3)]
+    late = [{"query_id": "late", "n": n, "seq": n, "sign": sign, "binding": binding, "snapshot": False,
+             "produced_at_ms": 1_700_000_000_000}
+            for n, sign, binding in ((1, "+", b[0]), (2, "+", b[1]), (3, "-", b[0]))]
+    late_after = [{**late[0], "n": 4, "binding": b[2]}]
+    topic = kafka_settings.topic("answers")
+    produce_answers(kafka_settings, late + first)
+    # The answers service keeps answers.current equal to the fold of the log; a compaction publishing it stands in.
+    stand_in = start_compaction(spark, kafka_settings, tmp_path / "stand-in", tmp_path / "stand-in-ck", interval_s=None,
+                                publish_current=True)
+    stand_in.awaitTermination(240)
+    assert stand_in.exception() is None
+    admin = AdminClient(kafka_settings.admin_config())
+    (late_partition,) = {msg.partition() for msg in read_all(kafka_settings, topic) if msg.key() == b"late"}
+    cut = {p: high if p == late_partition else high * 3 // 4
+           for p, (_low, high) in end_offsets(kafka_settings, topic).items()}
+    deleting = admin.delete_records([TopicPartition(topic, p, o) for p, o in cut.items()], request_timeout=10)
+    for future in deleting.values():
+        future.result(10)  # as retention would
+    left = [decode("Answer", msg.value()) for msg in read_all(kafka_settings, topic)]
+    assert expected_answers(left) != expected_answers(late + first), "the deletion must matter"
+    assert not any(rec["query_id"] == "late" for rec in left)
+
+    def compaction() -> SnapshotStore:
+        query = start_compaction(spark, kafka_settings, tmp_path / "snap", tmp_path / "ck", interval_s=None)
+        query.awaitTermination(240)
+        assert query.exception() is None
+        return SnapshotStore(tmp_path / "snap")
+
+    store = compaction()
+    assert snapshot_answers(spark, store) == expected_answers(late + first)
+    assert store.manifest()["seeded"]["log_start"] == {str(p): o for p, o in cut.items()}
+    assert store.lower_bound() == ["late"] and store.folded_n()["late"] == 2  # its -b1 (n = 3) was deleted
+    produce_answers(kafka_settings, rest + late_after)
+    store = compaction()  # resumes from its checkpoint: no second seed
+    whole = late + first + rest + late_after
+    assert snapshot_answers(spark, store) == expected_answers(whole)
+    assert store.folded_n() == {q: max(r["n"] for r in whole if r["query_id"] == q)
+                                for q in {r["query_id"] for r in whole}}
+    manifest = store.manifest()
+    assert manifest["gaps"] == {} and manifest["missing"] == {}
+    assert store.lower_bound() == []  # "late" took its next delta (n = 4) and is exact again
+
+
+def test_a_lower_bound_n_takes_the_next_delta_as_the_next_number_and_then_checks_gaps_again() -> None:
+    """A seeded query's folded n may be below the n it reached (its last deltas were deleted): its first new
+    delta is not a gap after it; the numbers after that are checked as ever."""
+    def batch(ns: list[int]) -> pa.Table:
+        return pa.Table.from_pylist([{"query_id": "q", "n": n, "sign": 1, "error": None,
+                                      "binding": canonical_binding({"x": TERMS[n % 3]})} for n in ns])
+
+    store_n = {"q": 2}
+    strict = fold(delta_table(batch([5, 6, 9])), store_n, {})
+    assert strict.report.gaps == {"q": [[3, 4], [7, 8]]} and strict.report.lower_bound == []
+    loose = fold(delta_table(batch([5, 6, 9])), store_n, {}, lower_bound=["q", "other"])
+    assert loose.report.gaps == {"q": [[7, 8]]} and loose.report.missing == {"q": 2}
+    assert loose.report.folded_n == {"q": 9} and loose.report.lower_bound == ["other"]
