@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -40,13 +41,14 @@ from services.state import Checkpoint, Checkpointer, Store, StoreError, presence
 log = logging.getLogger("cbgp.ingest")
 
 KIND = "ingest"  # ingest's snapshots in Kafka: partition 0 of checkpoints.ingest
+SPILL_CHANGES = 200_000  # --state-on-disk: a restore writes what its tail changed this often
 
 
 # ---------------------------------------------------------------------------------------- Kafka loop
 
 
 def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | None = None,
-            remote: CheckpointLog | None = None) -> dict[str, dict[int, int]]:
+            remote: CheckpointLog | None = None, on_disk: bool = False) -> dict[str, dict[int, int]]:
     """Rebuild the state: from the checkpoint in ``store`` or the snapshot in ``remote`` (``checkpoints.ingest``),
     the newer of those that can serve (:func:`services.state.unusable`), plus the tails of updates.encoded and
     dictionary after its positions; else from offset 0 of both logs.  Kafka is not asked when the store's
@@ -58,12 +60,21 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
     lies below its positions, and without one nothing may be deleted.  A checkpoint that cannot belong to these
     logs (beyond their ends, other topics, or a tail whose first seq does not follow it) is discarded with one
     log line and the restore starts again from offset 0 (:mod:`services.state.recovery`).
+
+    ``on_disk`` (``--state-on-disk``, a ``store`` required): the state stays in the store, nothing is loaded;
+    the tails' changes are written to it every ``SPILL_CHANGES`` (data ahead of its checkpoint record is
+    harmless: replaying the log from the record's positions sets every quad and term as its last change says).
     """
     started = time.monotonic()
     watermarks = {topic: end_offsets(settings, topic) for topic in (processor.t_encoded, processor.t_dictionary)}
     ends = {topic: {p: high for p, (_low, high) in parts.items()} for topic, parts in watermarks.items()}
     checkpoint = recovery.saved_checkpoint(store, watermarks, ("seq",)) if store is not None else None
     processor.track_changes = store is not None
+    if on_disk:
+        assert store is not None and remote is None
+        facts = checkpoint.facts if checkpoint is not None else {}
+        processor.use_disk(store, int(facts.get("present", 0)), int(facts.get("terms", 0)))
+        processor.seq = int(facts.get("seq", 0))
     snapshot = _snapshot(remote, watermarks) if remote is not None and (
         checkpoint is None or checkpoint.positions != ends) else None
     if snapshot is not None and (checkpoint is None or _position(snapshot[0], processor) > _position(checkpoint,
@@ -75,7 +86,8 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
             processor.changed, processor.new_terms = dict.fromkeys(present, True), list(terms)
         source = "kafka"
     elif checkpoint is not None:
-        processor.load_state(presence.load_present(store), presence.load_terms(store), int(checkpoint.facts["seq"]))
+        if not on_disk:  # (on disk: nothing to load, the store is the state)
+            processor.load_state(presence.load_present(store), presence.load_terms(store), int(checkpoint.facts["seq"]))
         source = "store"
     if checkpoint is not None:
         log.info(kv(event="checkpoint-loaded", source=source, seq=processor.seq, present=len(processor.present),
@@ -97,6 +109,9 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
                                               f"record after the checkpoint, which ends at seq {saved_seq}")
         elif msg.value() is not None:
             processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
+        if on_disk:
+            assert store is not None
+            spill(processor, store)
 
     try:
         tail = recovery.read_tails(settings, starts, ends, apply, label="0")  # the raw partition whose state it is
@@ -106,11 +121,19 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
         else:
             log.warning(kv(event="checkpoint-discarded", source="kafka", reason=str(exc)))
         processor.__init__(settings, processor.n_routed, processor.n_dictionary)  # type: ignore[misc]
-        return restore(processor, settings, store)  # the store is empty now, Kafka's is not asked: from offset 0
+        return restore(processor, settings, store, on_disk=on_disk)  # the store is empty now: from offset 0
     log.info(kv(event="restored", seq=processor.seq, present=len(processor.present), terms=len(processor.published),
                 from_checkpoint=checkpoint is not None, tail_records=tail,
                 seconds=round(time.monotonic() - started, 2)))
     return ends
+
+
+def spill(processor: IngestProcessor, store: Store, limit: int = SPILL_CHANGES) -> None:
+    """With the state on disk, a restore's changes go to the store once ``limit`` of them are held, ahead of the
+    checkpoint record (see :func:`restore`): memory stays bounded whatever the tail."""
+    if len(processor.unsaved()[0]) >= limit:
+        store.put_data(*presence.changes(*processor.unsaved()))
+        processor.saved()
 
 
 def _position(checkpoint: Checkpoint, processor: IngestProcessor) -> int:
@@ -151,9 +174,9 @@ def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, di
     3. the changes just saved are forgotten, so the next checkpoint writes only what changes after this one.
     """
     checkpoint = checkpoint or checkpoint_record(processor, ends)
-    puts, deletes = presence.changes(processor.changed, processor.new_terms)
+    puts, deletes = presence.changes(*processor.unsaved())
     store.commit(puts, deletes, checkpoint.to_json())
-    processor.take_changes()  # only once written: a failed write keeps them for the next attempt
+    processor.saved()  # only once written: a failed write keeps them for the next attempt
     return checkpoint
 
 
@@ -179,11 +202,19 @@ class IngestService:
         self.group = args.group or f"{settings.topic_prefix}ingest"
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.consumer: GroupInput | None = None
+        self.on_disk = bool(getattr(args, "state_on_disk", False))
+        if self.on_disk and (args.checkpoint_interval < 0 or not args.state_dir):
+            raise SystemExit("ingest: --state-on-disk keeps the state in the store under --state-dir: give a state "
+                             "dir and a --checkpoint-interval of 0 or more")
         self.store = (recovery.open_store(args.state_dir, f"{settings.topic_prefix}{SERVICE}-{args.instance_id}")
                       if args.checkpoint_interval >= 0 else None)
+        if self.on_disk and self.store is None:
+            raise SystemExit(f"ingest: --state-on-disk: the state store under {args.state_dir} does not open (see "
+                             "the line above)")
         # the whole state, in Kafka as well: a standby or rescheduled ingest without this disk restores from it
+        # (not with the state on disk: a snapshot of it would have to fit in memory)
         self.remote = (CheckpointLog(settings, {KIND: settings.topic("checkpoints.ingest")}, args.instance_id)
-                       if args.checkpoint_interval >= 0 else None)
+                       if args.checkpoint_interval >= 0 and not self.on_disk else None)
         self.checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0))
         self.logs = {self.processor.t_encoded: sorted(end_offsets(settings, self.processor.t_encoded)),
                      self.processor.t_dictionary: list(range(self.partitions[1]))}
@@ -203,8 +234,8 @@ class IngestService:
         committed = {tp.partition: tp.offset for tp in assigned}  # GroupInput passes the committed offsets
         if any(self.positions.get(p) != offset for p, offset in committed.items()):
             self.processor = IngestProcessor(self.settings, *self.partitions)
-            ends = restore(self.processor, self.settings, self.store, self.remote)
-            if self.processor.changed or self.processor.new_terms:
+            ends = restore(self.processor, self.settings, self.store, self.remote, self.on_disk)
+            if any(self.processor.unsaved()):
                 self.checkpoint(ends)  # what the tail added: the next restore need not read it again
             self.positions.clear()
             self.positions.update(committed)
@@ -269,6 +300,8 @@ class IngestService:
             try:
                 save_checkpoint(self.processor, self.store, ends, saved)
             except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
+                if self.on_disk:
+                    raise  # (the state is there: no serving without it)
                 log.warning(kv(event="checkpoints-off", store="disk", reason=str(exc)))
                 self.store.close()
                 self.store, self.processor.track_changes = None, False
@@ -305,6 +338,11 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
 
 def _configure(parser: argparse.ArgumentParser) -> None:
     recovery.add_state_flags(parser, SERVICE, "the state (presence set, seq, published terms)")
+    parser.add_argument("--state-on-disk", action="store_true",
+                        default=os.environ.get("CBGP_INGEST_STATE_ON_DISK", "") not in ("", "0", "false"),
+                        help="keep the presence set and the published terms in the store under --state-dir, not "
+                             "in memory: the graph may be larger than memory, each change costs a store lookup, "
+                             "and no snapshot goes to checkpoints.ingest (default $CBGP_INGEST_STATE_ON_DISK)")
 
 
 def register(commands: argparse._SubParsersAction) -> dict:

@@ -22,6 +22,8 @@ from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, Ter
 from services import codec
 from services.kafka.config import KafkaSettings
 from services.records import ORIGIN_HEADER, Output, dead_letter, routes
+from services.state.ondisk import DiskPresence, DiskPublished, DiskTerms
+from services.state.store import Store
 
 SERVICE = "ingest"
 # Inserts of present quads and deletes of absent ones: not errors (users send them), but worth watching.
@@ -121,6 +123,39 @@ class IngestProcessor:
         self.track_changes = False
         self.changed: dict[tuple[int, int, int, int], bool] = {}
         self.new_terms: list[tuple[int, str]] = []
+        self.disk_terms: DiskTerms | None = None  # --state-on-disk (use_disk): the state in the store
+
+    def use_disk(self, store: Store, present: int, terms: int) -> None:
+        """Keep the presence set and the published terms in ``store`` (holding ``present`` quads and ``terms``
+        terms as of its checkpoint), not in memory: see :mod:`services.state.ondisk`."""
+        self.present = DiskPresence(store, present)  # type: ignore[assignment]
+        self.disk_terms = DiskTerms(store, terms)
+        self.dictionary = self.graph.dictionary = self.disk_terms  # type: ignore[assignment]
+        self.known = self.disk_terms.ids
+        self.published = DiskPublished(self.disk_terms)  # type: ignore[assignment]
+        self.track_changes = False  # what changed is the overlay itself
+
+    def unsaved(self) -> tuple[dict[tuple[int, int, int, int], bool], list[tuple[int, str]]]:
+        """What changed since the last checkpoint: quads -> present now, and the terms published."""
+        if self.disk_terms is not None:
+            return self.present.overlay, list(self.disk_terms.pending.items())  # type: ignore[attr-defined]
+        return self.changed, self.new_terms
+
+    def saved(self) -> None:
+        """What :meth:`unsaved` returned is in the store now: forget it."""
+        if self.disk_terms is not None:
+            self.present.saved()  # type: ignore[attr-defined]
+            self.disk_terms.saved()
+        else:
+            self.take_changes()
+
+    def _published_now(self, term_id: int, term: str) -> None:
+        if self.disk_terms is None:
+            self.published.add(term_id)
+        else:
+            self.disk_terms.publish(term_id, term)
+        if self.track_changes:
+            self.new_terms.append((term_id, term))
 
     # -- restore
 
@@ -147,9 +182,7 @@ class IngestProcessor:
     def restore_dictionary(self, record: dict) -> None:
         self.dictionary.add(record["id"], record["term"])
         if record["id"] not in self.published:
-            self.published.add(record["id"])
-            if self.track_changes:
-                self.new_terms.append((record["id"], record["term"]))
+            self._published_now(record["id"], record["term"])
 
     def load_state(self, present: set[tuple[int, int, int, int]], terms: Iterable[tuple[int, str]], seq: int) -> None:
         """Start from a checkpoint's state (nothing of it counts as changed)."""
@@ -237,9 +270,10 @@ class IngestProcessor:
         except UpdateRequestError as exc:
             self._dead(out, raw, "invalid-update", str(exc), None)
             return
-        for s, p, o, g in delta.deleted:
+        # (in quad order: the same request on the same graph gives the same seqs, however the mirror was built)
+        for s, p, o, g in sorted(delta.deleted, key=_quad_order):
             self._change(out, raw, origin, -1, s, p, o, g, None, None, mirrored=True)
-        for s, p, o, g in delta.inserted:
+        for s, p, o, g in sorted(delta.inserted, key=_quad_order):
             self._change(out, raw, origin, 1, s, p, o, g, None, None, mirrored=True)
 
     def _format(self, raw: RawRecord) -> str | None:
@@ -344,9 +378,7 @@ class IngestProcessor:
     def _encode(self, out: list[Output], term: str) -> int:
         term_id = self.dictionary.encode(term)
         if term_id not in self.published:
-            self.published.add(term_id)
-            if self.track_changes:
-                self.new_terms.append((term_id, term))
+            self._published_now(term_id, term)
             out.append(Output(self.t_dictionary, codec.encode("DictionaryEntry", {"id": term_id, "term": term}),
                               str(term_id).encode(), term_id % self.n_dictionary))
         return term_id
@@ -358,6 +390,10 @@ class IngestProcessor:
 
 
 MAX_BATCH_CHANGES = 2000  # changes per batch record (~80 KB): far below Kafka's 1 MB default record limit
+
+
+def _quad_order(quad: tuple[str, str, str, str | None]) -> tuple[str, str, str, str]:
+    return quad[0], quad[1], quad[2], quad[3] or ""
 
 
 def _chunks(rows: list) -> Iterator[list]:

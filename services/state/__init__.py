@@ -5,6 +5,8 @@
 - :mod:`services.state.checkpointing`: what a checkpoint records (the input positions the state reflects),
   when one is due, and whether a saved one can serve a restore against the logs as they are now;
 - :mod:`services.state.presence`: ingest's state (presence set, published terms) as store keys;
+- :mod:`services.state.ondisk`: that state read and written in the store instead of held in memory
+  (``cbgp ingest --state-on-disk``: state larger than memory);
 - :mod:`services.state.shards`: the workers' shard and the answers service's partition checkpoints, on the
   instance's disk and (through ``services.kafka.checkpoint_log``) in Kafka, the newer taken on restore;
 - :mod:`services.state.recovery`: the Kafka side, not imported here: the restore from a checkpoint plus the

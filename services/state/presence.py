@@ -30,6 +30,11 @@ def quad_key(quad: Quad) -> bytes:
     return QUAD_PREFIX + _QUAD.pack(*quad)
 
 
+def quad_of_key(key: bytes) -> Quad:
+    """The quad of a :func:`quad_key`."""
+    return _QUAD_KEY.unpack(key)
+
+
 def term_key(term_id: int) -> bytes:
     return TERM_PREFIX + _TERM_ID.pack(term_id)
 

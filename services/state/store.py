@@ -63,6 +63,23 @@ class Store:
         raw = self._db.get(_CHECKPOINT_KEY)
         return None if raw is None else json.loads(raw)
 
+    def get(self, key: bytes) -> bytes | None:
+        """The value of one data key (None: absent)."""
+        return self._db.get(key)
+
+    def put_data(self, puts: Iterable[tuple[bytes, bytes]], deletes: Iterable[bytes]) -> None:
+        """Write data keys as one atomic batch, leaving the checkpoint record as it is: only for data whose
+        re-derivation from the checkpoint's positions gives the same values (an idempotent replay runs ahead)."""
+        batch = WriteBatch(raw_mode=True)
+        for key, value in puts:
+            batch.put(key, value)
+        for key in deletes:
+            batch.delete(key)
+        try:
+            self._db.write(batch)
+        except Exception as exc:  # noqa: BLE001
+            raise StoreError(f"cannot write the state store {self.path}: {exc}") from None
+
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """``(key, value)`` of every key starting with ``prefix``, in key order."""
         if not prefix or prefix[:1] == b"\x00":

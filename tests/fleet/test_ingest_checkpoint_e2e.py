@@ -69,8 +69,12 @@ def _rows(messages: list) -> list[tuple]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("on_disk", [False, True], ids=["in-memory", "state-on-disk"])
 def test_ingest_restores_from_a_stale_checkpoint_after_the_log_below_it_was_deleted(
-        kafka_broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+        kafka_broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+        on_disk: bool) -> None:
+    """(``state-on-disk``: the presence set and the terms stay in the store, issue 16 item 2; no snapshot goes to
+    Kafka, each life opens the store.)"""
     s = fresh_settings(kafka_broker, partitions=4)
     ensure_topics(s)
     # A SIGKILLed member is never expired by noida-db: a static member id lets the next life replace it at once.
@@ -78,7 +82,7 @@ def test_ingest_restores_from_a_stale_checkpoint_after_the_log_below_it_was_dele
     lines = generate_patch(1800, seed=5)
     parts = [lines[:600], lines[600:1200], lines[1200:]]
     encoded = s.topic("updates.encoded")
-    state = ["--instance-id", "ckpt", "--state-dir", str(tmp_path / "state")]
+    state = ["--instance-id", "ckpt", "--state-dir", str(tmp_path / "state")] + (["--state-on-disk"] if on_disk else [])
 
     # What one processor that never stops makes of the same raw records (event times aside).
     reference = IngestProcessor(s, 4, 4)
@@ -128,6 +132,9 @@ def test_ingest_restores_from_a_stale_checkpoint_after_the_log_below_it_was_dele
         restored = re.search(r"event=restored seq=(\d+) .*from_checkpoint=True tail_records=(\d+)", third_life)
         assert restored and int(restored.group(2)) > 0, third_life[-3000:]
         assert "checkpoint-discarded" not in fleet.log_text("ingest") and "Traceback" not in fleet.log_text("ingest")
+        if on_disk:
+            assert "source=store" in third_life
+            assert end_offsets(s, s.topic("checkpoints.ingest"))[0][1] == 0  # no snapshot of it in Kafka
         after = read_all(s, encoded, timeout=30)
 
     last_before = max(m.offset() for m in before)

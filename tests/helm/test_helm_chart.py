@@ -40,6 +40,7 @@ VARIANTS = {
     "sparkApplication": SPARK_APP,
     "sparkApplication+production": ["-f", str(PRODUCTION), *SPARK_APP],
     "chart-created-secret": SASL_CREATED,
+    "ingest-state-on-disk": ["--set", "ingest.stateOnDisk=true", "--set", "ingest.persistence.enabled=true"],
 }
 
 
@@ -468,6 +469,24 @@ def test_without_spark_the_workers_multiply_multi_part_queries_themselves() -> N
     assert "rel-cbgp-spark" not in {d["metadata"]["name"] for d in by_kind(docs, "Deployment")}
     worker = one(docs, "Deployment", "rel-cbgp-worker")["spec"]["template"]["spec"]["containers"][0]
     assert worker["args"] == ["worker", "--assembly", "worker"]
+
+
+def test_ingest_state_on_disk_runs_with_the_flag_on_a_persistent_claim_replaced_not_rolled(rendered) -> None:
+    """``ingest.stateOnDisk``: the state is in the store only (no snapshot in Kafka), so its dir wants a
+    persistent volume: one ReadWriteOnce claim, kept on uninstall, which the old pod releases before the new one
+    starts (Recreate).  By default neither: an emptyDir and a rolling update, as before."""
+    docs = rendered["ingest-state-on-disk"]
+    ingest = one(docs, "Deployment", "rel-cbgp-ingest")
+    pod = ingest["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"] == ["ingest", "--state-on-disk"]
+    assert ingest["spec"]["strategy"] == {"type": "Recreate"}
+    claim = one(docs, "PersistentVolumeClaim", "rel-cbgp-ingest")
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert {"name": "state", "persistentVolumeClaim": {"claimName": "rel-cbgp-ingest"}} in pod["volumes"]
+    default = one(rendered["default"], "Deployment", "rel-cbgp-ingest")
+    assert default["spec"]["template"]["spec"]["containers"][0]["args"] == ["ingest"]
+    assert default["spec"].get("strategy", {}).get("type") != "Recreate"
+    assert not [d for d in by_kind(rendered["default"], "PersistentVolumeClaim") if "ingest" in d["metadata"]["name"]]
 
 
 def test_spark_application_mode_renders_an_operator_app_instead_of_a_deployment(rendered) -> None:

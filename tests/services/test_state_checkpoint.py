@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services import codec
-from services.ingest import IngestProcessor, RawRecord, save_checkpoint
+from services.ingest import IngestProcessor, RawRecord, save_checkpoint, spill
 from services.kafka import KafkaSettings
 from services.state import Checkpoint, Checkpointer, Store, unusable
 from services.state import presence
@@ -194,3 +194,55 @@ def test_ingests_snapshot_for_kafka_round_trips_its_state_and_refuses_another_fo
     assert presence.load_snapshot(presence.snapshot(set(), [], {})) == ({}, set(), [])
     assert presence.load_snapshot(pickle.dumps({"format": 0})) is None
     assert presence.load_snapshot(b"not a pickle") is None
+
+
+def test_with_the_state_on_disk_ingest_writes_the_same_logs_and_restores_by_opening_the_store(tmp_path: Path) -> None:
+    """Issue 16 item 2 (``--state-on-disk``): presence set and published terms in the store, memory holding only
+    what changed since the last checkpoint.  The encoded rows and dictionary entries equal the in-memory run's
+    (set semantics, refreshes, term publication), across checkpoints and a restore that loads nothing and reads
+    the tail; SPARQL Update requests (whose WHERE reads the whole graph) too; a term cache smaller than the
+    terms (evictions) changes nothing."""
+    from services.state.ondisk import DiskPresence
+
+    lines = generate_patch(3000, seed=17)  # inserts, deletes of present and absent triples, duplicates
+    update = ('DELETE { ?s ?p ?o } INSERT { ?s <http://example.org/seen> "yes" } WHERE { ?s ?p ?o '
+              'FILTER(?p = <http://example.org/knows>) }')
+    records = _records(lines)
+    cut = len(records) // 2
+    sparql = RawRecord(update.encode(), {"cbgp-format": b"application/sparql-update"}, S.topic("updates.raw"), 0, 999,
+                       5000)
+
+    uninterrupted, reference = IngestProcessor(S, 4, 4), _Logs()
+    reference.run(uninterrupted, records[:cut] + [sparql] + records[cut:])
+
+    logs = _Logs()
+    with Store(tmp_path / "store") as store:
+        live = IngestProcessor(S, 4, 4)
+        live.use_disk(store, 0, 0)
+        live.disk_terms.cache = 50  # far fewer than the terms: the cache is cleared again and again
+        logs.run(live, records[: cut // 2])
+        save_checkpoint(live, store, logs.ends())
+        assert isinstance(live.present, DiskPresence) and not live.present.overlay  # in the store now
+        logs.run(live, records[cut // 2: cut])
+        checkpoint = save_checkpoint(live, store, logs.ends())
+        logs.run(live, [sparql] + records[cut: cut + 5])  # committed, never checkpointed: the tail
+
+    with Store(tmp_path / "store") as store:  # a new life: nothing loaded, the tail read
+        saved = Checkpoint.from_json(store.checkpoint())
+        restored = IngestProcessor(S, 4, 4)
+        restored.use_disk(store, saved.facts["present"], saved.facts["terms"])
+        restored.seq = saved.facts["seq"]
+        assert not restored.present.overlay and not restored.known
+        logs.restore_tail(restored, saved.positions)
+        logs.run(restored, records[cut + 5:])
+        assert restored.present.overlay
+        spill(restored, store, limit=1)  # a long tail's changes written ahead of the checkpoint record
+        assert not restored.present.overlay and Checkpoint.from_json(store.checkpoint()) == saved
+        assert set(restored.present) == uninterrupted.present and len(restored.present) == len(uninterrupted.present)
+        assert restored.seq == uninterrupted.seq
+        assert set(restored.published) == uninterrupted.published
+    assert 0 < checkpoint.facts["present"] and 0 < checkpoint.facts["terms"]
+    assert any(row[3] == uninterrupted.known["<http://example.org/seen>"] for row in _rows(reference.encoded))
+    assert _rows(logs.encoded) == _rows(reference.encoded)
+    assert sorted(v for values in logs.dictionary.values() for v in values) == sorted(
+        v for values in reference.dictionary.values() for v in values)
