@@ -9,8 +9,9 @@ for ``POST /query``) and what it writes (``updates.raw`` for ``POST /update``, `
   from the log, so those partitions' current answers are seeded from ``answers.current`` (:func:`current_seed`)
   and the answers read below the seed's cut are history only.
 - :class:`GraphSource`: the current graph as a pyoxigraph store for ``POST /query``, built on the first query
-  from ``dictionary`` and ``updates.encoded`` (the fleet's durable copy of the graph, what ingest restores its
-  presence set from) and brought up to date before each query by reading what was appended since.  Its cost:
+  from ingest's last snapshot in Kafka (``checkpoints.ingest``: presence set, terms, log positions) plus
+  ``dictionary`` and ``updates.encoded`` after it (from offset 0 without a snapshot), and brought up to date
+  before each query by reading what was appended since.  Its cost:
   the whole graph in the gateway's memory (pyoxigraph's in-memory store) and a read of everything since the last
   query; a gateway that never answers ``/query`` pays nothing.
 - :class:`FleetSampler`: end offsets of the fleet's topics and the committed offsets of ingest's group every few
@@ -222,6 +223,7 @@ class GraphSource:
 
         if self.store is None:
             self.store = ox.Store()
+            self._seed()
         changes = []
         for msg in self._drain(self.settings.topic("updates.encoded")):
             if msg.value() is not None:
@@ -242,6 +244,48 @@ class GraphSource:
                 self.store.remove(quad)
                 self.quads -= 1
         return self.seq
+
+    def _seed(self) -> None:
+        """Start from ingest's last snapshot in Kafka (``checkpoints.ingest``: its presence set, terms and the log
+        positions they reflect), so the first query reads only the logs after it, not their whole history (nor
+        records retention may have deleted below it).  Without one that serves these logs (ingest with its state
+        on disk or checkpoints off, another ``CBGP_CHECKPOINT_SECRET``), the logs are read from offset 0."""
+        import pyoxigraph as ox
+
+        from services.kafka.checkpoint_log import CheckpointLog
+        from services.state import presence, recovery
+
+        t_encoded, t_dictionary = self.settings.topic("updates.encoded"), self.settings.topic("dictionary")
+        started = time.monotonic()
+        remote = CheckpointLog(self.settings, {"ingest": self.settings.topic("checkpoints.ingest")}, "gateway")
+        try:
+            saved = remote.get("ingest", 0)
+        except KafkaException as exc:
+            log.warning("gateway: ingest's snapshot is not readable (%s): /query reads the logs from offset 0", exc)
+            return
+        finally:
+            remote.close()
+        loaded = presence.load_snapshot(saved.blob) if saved is not None else None
+        if loaded is None:
+            log.info("gateway: no snapshot of ingest's state in Kafka: /query reads the logs from offset 0")
+            return
+        record, present, terms = loaded
+        watermarks = {t: end_offsets(self.settings, t) for t in (t_encoded, t_dictionary)}
+        checkpoint, why = recovery.serving_checkpoint(record, watermarks, ("seq",))
+        if checkpoint is None:
+            log.warning("gateway: ingest's snapshot cannot serve these logs (%s): /query reads them from offset 0",
+                        why)
+            return
+        for term_id, term in terms:
+            self.dictionary.add(term_id, term)
+        default = ox.DefaultGraph()
+        self.store.bulk_extend(ox.Quad(self._term(s), self._term(p), self._term(o),
+                                       default if g == DEFAULT_GRAPH_ID else self._term(g)) for s, p, o, g in present)
+        self.quads, self.seq = len(present), int(checkpoint.facts["seq"])
+        self.positions.update({(topic, partition): offset for topic, parts in checkpoint.positions.items()
+                               for partition, offset in parts.items()})
+        log.info("gateway: /query graph seeded from ingest's snapshot: %d triples, %d terms, seq %d, in %.2f s",
+                 self.quads, len(terms), self.seq, time.monotonic() - started)
 
     def _add_term(self, record: dict[str, Any]) -> None:
         if record["id"] not in self._terms:

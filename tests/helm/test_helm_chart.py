@@ -313,14 +313,17 @@ def test_gateway_serves_http_and_takes_its_tokens_from_a_secret(tmp_path: Path) 
     assert not [d for d in render("--set", "gateway.enabled=false") if "gateway" in d["metadata"]["name"]]
 
 
-def test_ingest_workers_and_answers_take_the_checkpoint_hmac_key_from_a_secret() -> None:
+def test_ingest_workers_answers_and_the_gateway_take_the_checkpoint_hmac_key_from_a_secret() -> None:
+    """(The gateway verifies ingest's snapshot, which seeds its /query graph.)"""
+    services = ("ingest", "worker", "answers", "gateway")
+
     def envs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         return {name: {e["name"]: e for e in one(docs, "Deployment", f"rel-cbgp-{name}")["spec"]["template"]["spec"]
-                       ["containers"][0].get("env", [])} for name in ("ingest", "worker", "answers")}
+                       ["containers"][0].get("env", [])} for name in services}
 
     assert not any("CBGP_CHECKPOINT_SECRET" in env for env in envs(render()).values())  # default: no key
     got = envs(render("--set", "checkpoints.existingSecret=ckpt", "--set", "checkpoints.secretKey=k"))
-    for name in ("ingest", "worker", "answers"):
+    for name in services:
         assert got[name]["CBGP_CHECKPOINT_SECRET"] == {
             "name": "CBGP_CHECKPOINT_SECRET", "valueFrom": {"secretKeyRef": {"name": "ckpt", "key": "k"}}}, name
 
