@@ -15,8 +15,9 @@ import difflib
 import json
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
+from cbgp.change import Change
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER
 from cbgp.sparql import ParsedQuery, QueryError, parse_query
 from cbgp.windows import WindowError, WindowSpec, parse_rspql, window_from_options
@@ -36,6 +37,20 @@ def check_option_keys(keys: object, known: tuple[str, ...] = REGISTER_OPTIONS) -
             close = difflib.get_close_matches(str(key), REGISTER_OPTIONS, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise WindowError(f"unknown option {key!r}{hint}: the options are {', '.join(REGISTER_OPTIONS)}")
+
+
+def change_seq_before(changes_in: Callable[[int, int], Iterable[Change]], end: int) -> int:
+    """The seq of the last change in updates.encoded below offset ``end`` (0 when none): what a registration made
+    when the log ended there answers as of.  ``changes_in(start, end)`` gives the changes of the records in
+    ``[start, end)``; the last record usually has one, so it is read alone first, then ever longer stretches
+    before it (transaction markers and refresh-only records hold none).  The registry writes it into the plan
+    (``registered_at_change_seq``); workers read it for plans written before that field."""
+    seq, chunk = 0, 1
+    while end > 0 and not seq:
+        start = max(0, end - chunk)
+        seq = max((change.seq for change in changes_in(start, end)), default=0)
+        end, chunk = start, min(chunk * 8, 512)
+    return seq
 
 
 def recorded_placement(plan_json: str) -> str | None:

@@ -197,10 +197,12 @@ class Registry:
 
     # ------------------------------------------------------------------ decisions
 
-    def decide(self, command: dict[str, Any], encoded_end: Callable[[], int]) -> Decision:
+    def decide(self, command: dict[str, Any], encoded_end: Callable[[], int],
+               change_seq_before: Callable[[int], int] | None = None) -> Decision:
         """The decision for one decoded ``AdminCommand``; ``encoded_end()`` gives the end offset of
-        ``updates.encoded`` (only called when a plan is published).  Does not change the registry: apply
-        the decision with :meth:`commit` once its plan is durable."""
+        ``updates.encoded`` (only called when a plan is published) and ``change_seq_before(offset)`` the seq of
+        the last change below it (``services.queries.change_seq_before``; None: the plan leaves it to its readers,
+        -1).  Does not change the registry: apply the decision with :meth:`commit` once its plan is durable."""
         kind = command.get("command")
         request_id = command.get("request_id")
         if kind == "LIST":
@@ -221,12 +223,12 @@ class Registry:
                             plan=(query_id, None), removed=query_id)
         if kind == "REGISTER":
             return self._register(query_id, command.get("sparql"), dict(command.get("options") or {}), request_id,
-                                  encoded_end)
+                                  encoded_end, change_seq_before)
         return Decision(self._status(query_id, "ERROR", f"unknown command {kind!r}: expected REGISTER, UNREGISTER or LIST",
                                      request_id))
 
     def _register(self, query_id: str, sparql: Any, options: dict[str, str], request_id: str | None,
-                  encoded_end: Callable[[], int]) -> Decision:
+                  encoded_end: Callable[[], int], change_seq_before: Callable[[int], int] | None) -> Decision:
         if not isinstance(sparql, str) or not sparql.strip():
             return Decision(self._status(query_id, "REJECTED", "REGISTER needs the SPARQL text of the query",
                                          request_id))
@@ -263,7 +265,8 @@ class Registry:
             summary = plan_summary(plan)
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
                   "plan_json": json.dumps(plan_json, separators=(",", ":")),
-                  "projected": projected, "registered_at_seq": seq, "version": version}
+                  "projected": projected, "registered_at_seq": seq, "version": version,
+                  "registered_at_change_seq": change_seq_before(seq) if change_seq_before is not None else -1}
         if stream is not None:
             summary += (f"; derived stream: its triples are inserted into and deleted from graph {stream} on "
                         "updates.raw" + (f" (reads {', '.join(reads)})" if reads else ""))

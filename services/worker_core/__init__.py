@@ -54,7 +54,7 @@ from cbgp.sparql import QueryError
 from services import codec, worker_probes
 from services.idempotence import SNAPSHOT_INDEX_BASE
 from services.instruments import RESTORE_PROGRESS
-from services.queries import read_query, read_registration, recorded_placement, stream_iri
+from services.queries import change_seq_before, read_query, read_registration, recorded_placement, stream_iri
 from services.records import Output, kv, query_partition
 from services.worker_core.engine import (ASK_FALSE, ASK_TRUE, ASK_VARIABLE, FleetOperatorQuery, ShardDictionary,
                                          WorkerEngine, is_operator_spec)
@@ -168,7 +168,8 @@ class WorkerCore(CoreOutputs):
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
                          window, plan is not None and self.assemble_in_spark and window is None
                          and needs_assembly(plan.query), self.single_owner, operators,
-                         stream if operators is not None else None, placement)
+                         stream if operators is not None else None, placement,
+                         registered_at_change_seq=record.get("registered_at_change_seq", -1))
         problem = info.placement_problem()
         if problem is not None:
             out.append(self._dead("queries.plans", partition, offset, "invalid-plan", problem, value))
@@ -313,14 +314,12 @@ class WorkerCore(CoreOutputs):
         So two workers that both hold a partition for a moment during a rebalance (a broker that does not
         fence the old owner) send the same snapshot and the same deltas with the same keys, and the answers
         service reads them once."""
+        if info.registered_at_change_seq >= 0:
+            return info.registered_at_change_seq  # (the registry wrote it into the plan)
         key = (info.query_id, info.version)
         seq = self._registration_seqs.get(key)
-        if seq is None:
-            seq, end, chunk = 0, info.registered_at_seq, 1  # the last record usually has it: read it alone
-            while end > 0 and not seq:
-                start = max(0, end - chunk)
-                seq = max((change.seq for change in self.reader("whole", 0, start, end)), default=0)
-                end, chunk = start, min(chunk * 8, 512)
+        if seq is None:  # a plan written before that field: read it in the log, next to registered_at_seq
+            seq = change_seq_before(lambda start, end: self.reader("whole", 0, start, end), info.registered_at_seq)
             self._registration_seqs[key] = seq
         return seq
 

@@ -60,6 +60,9 @@ class QueryInfo:
     # decides, so workers of another version place a query as the registry announced it (None: a record
     # without one, from an older registry: decided here).
     recorded_placement: str | None = None
+    # The seq of the last change below registered_at_seq, as the registry wrote it into the plan (-1: a plan
+    # written before that field; WorkerCore.registration_seq reads it in the log then).
+    registered_at_change_seq: int = -1
 
     @property
     def placement(self) -> str:

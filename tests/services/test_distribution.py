@@ -24,6 +24,7 @@ from services.answers import AnswersCore
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.release import SeqRelease
+from services.queries import change_seq_before
 from services.state.shards import load_shard
 from services.worker_core import WorkerCore, decode_changes
 from tests.fleet_support import EX, generate_patch
@@ -177,9 +178,11 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     plan_log: list[tuple[int, bytes, bytes]] = []  # queries.plans partition 0: (offset, key, value)
 
     def register(names, seq):
-        for name in names:
+        for number, name in enumerate(names):
             plan = {"query_id": name, "sparql": queries[name], "options": {}, "plan_json": "{}", "projected": [],
                     "registered_at_seq": seq, "version": 1}
+            if number % 2:  # as the registry writes it now; the others as older plans, found by the workers
+                plan["registered_at_change_seq"] = change_seq_before(lambda a, b: reader("whole", 0, a, b), seq)
             plan_log.append((len(plan_log), name.encode(), codec.encode("QueryPlan", plan)))
             for core in workers:
                 send(core.on_plan(0, *plan_log[-1], [core_p(core)])[0])
@@ -828,3 +831,22 @@ def test_a_leaf_with_a_pushed_filter_keeps_the_changes_it_rejects_out_of_the_sha
     assert (person.part, aged.part) == (0, 1) and person.pushed is None
     assert aged.pushed is not None and list(aged.pushed.pushed) == [0]
     assert aged.pushed.query.patterns == aged.plan.query.patterns
+
+
+def test_a_plan_carrying_its_change_seq_spares_the_worker_reading_the_log_next_to_it() -> None:
+    """The registry writes ``registered_at_change_seq``: a worker takes it as the seq the registration answers as of
+    and reads nothing of updates.encoded for it (an older plan, without it, is looked up there)."""
+    reads: list[tuple] = []
+
+    def reader(kind, partition, start, end):
+        reads.append((kind, start, end))
+        return []
+
+    core = WorkerCore({"deltas.parts": "d", "deadletter": "x"}, 4, 1, 4, reader, assemble_in_spark=False)
+    plan = {"query_id": "q", "sparql": f"SELECT ?x WHERE {{ ?x <{EX}p> ?y }}", "options": {}, "plan_json": "{}",
+            "projected": [], "registered_at_seq": 50, "version": 1, "registered_at_change_seq": 7}
+    core.on_plan(0, 0, b"q", codec.encode("QueryPlan", plan), [])
+    assert core.registration_seq(core.plans["q"]) == 7 and reads == []
+    older = {key: value for key, value in plan.items() if key != "registered_at_change_seq"}
+    core.on_plan(0, 1, b"q", codec.encode("QueryPlan", {**older, "version": 2}), [])
+    assert core.registration_seq(core.plans["q"]) == 0 and reads  # (read in the log: here, no change there)
