@@ -62,8 +62,7 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
     log line and the restore starts again from offset 0 (:mod:`services.state.recovery`).
 
     ``on_disk`` (``--state-on-disk``, a ``store`` required): the state stays in the store, nothing is loaded;
-    the tails' changes are written to it every ``SPILL_CHANGES`` (data ahead of its checkpoint record is
-    harmless: replaying the log from the record's positions sets every quad and term as its last change says).
+    a long tail is checkpointed every ``SPILL_CHANGES`` changes as it is read (:func:`spill`).
     """
     started = time.monotonic()
     watermarks = {topic: end_offsets(settings, topic) for topic in (processor.t_encoded, processor.t_dictionary)}
@@ -97,6 +96,7 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
     else:
         starts = {topic: {p: 0 for p in parts} for topic, parts in ends.items()}
     follows = [checkpoint is not None]  # the first encoded change read must follow the checkpoint's seq
+    read = {topic: dict(parts) for topic, parts in starts.items()}  # how far the state reflects the logs now
 
     def apply(topic: str, partition: int, msg: Message) -> None:
         if topic == processor.t_encoded:
@@ -109,9 +109,10 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
                                               f"record after the checkpoint, which ends at seq {saved_seq}")
         elif msg.value() is not None:
             processor.restore_dictionary(codec.decode("DictionaryEntry", msg.value()))
+        read[topic][partition] = msg.offset() + 1
         if on_disk:
             assert store is not None
-            spill(processor, store)
+            spill(processor, store, read)
 
     try:
         tail = recovery.read_tails(settings, starts, ends, apply, label="0")  # the raw partition whose state it is
@@ -128,12 +129,13 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
     return ends
 
 
-def spill(processor: IngestProcessor, store: Store, limit: int = SPILL_CHANGES) -> None:
-    """With the state on disk, a restore's changes go to the store once ``limit`` of them are held, ahead of the
-    checkpoint record (see :func:`restore`): memory stays bounded whatever the tail."""
+def spill(processor: IngestProcessor, store: Store, read: dict[str, dict[int, int]],
+          limit: int = SPILL_CHANGES) -> None:
+    """With the state on disk, a restore checkpoints once ``limit`` changes are held (``read``: how far its state
+    reflects the logs now; the logs are read one after the other, so a partition not reached yet is still at its
+    start), so memory stays bounded whatever the tail, and a restore cut short goes on from there."""
     if len(processor.unsaved()[0]) >= limit:
-        store.put_data(*presence.changes(*processor.unsaved()))
-        processor.saved()
+        save_checkpoint(processor, store, {topic: dict(parts) for topic, parts in read.items()})
 
 
 def _position(checkpoint: Checkpoint, processor: IngestProcessor) -> int:
