@@ -30,6 +30,7 @@ import shutil
 import signal
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -196,9 +197,13 @@ class LiveView:
         self.summary_every = summary_every
         self.spark_status_path = spark_status_path
         self.counts: dict[str, int] = {}
-        self.last: dict[str, list[str]] = {}
         self.total = 0
-        self.changes = 0  # graph changes (rows of the EncodedBatch records, refreshes not counted)
+        # Records are decoded when drawn, not when read (the view must cost little beside the fleet it shows):
+        # answers are counted by their key (the query id), the last `keep` of each query kept undecoded; graph
+        # changes are the highest seq of the newest encoded records (seqs number the changes, refreshes aside).
+        self._raw_last: dict[str, deque[bytes]] = {}
+        self._encoded_tail: deque[bytes] = deque(maxlen=64)
+        self._changes = 0
         self._prev = (0, 0, time.monotonic())  # changes, answers, time of the last drawn frame / summary
         self._drawn = 0
         self._frame_key: Any = None
@@ -237,21 +242,51 @@ class LiveView:
         if msg.value() is None:
             return
         if msg.topic() == self.encoded_topic:
+            self._encoded_tail.append(msg.value())
+            return
+        key = msg.key()
+        if key:
+            query = key.decode("utf-8", "replace")
+        else:  # (not the answers service's: it keys by query id)
             try:
-                self.changes += sum(1 for change in encoded_changes(msg.value()) if not change.refresh)
-            except (CodecError, ValueError, IndexError):
-                pass
-            return
-        try:
-            answer = decode("Answer", msg.value())
-        except CodecError:
-            return
-        query = answer["query_id"]
+                query = decode("Answer", msg.value())["query_id"]
+            except CodecError:
+                return
         self.counts[query] = self.counts.get(query, 0) + 1
         self.total += 1
-        binding = " ".join(f"?{k}={_term(v)}" for k, v in sorted(answer["binding"].items()))
-        self.last.setdefault(query, []).append(f"{answer['sign']} #{answer['n']} {binding}")
-        del self.last[query][:-self.keep]
+        kept = self._raw_last.get(query)
+        if kept is None:
+            kept = self._raw_last[query] = deque(maxlen=self.keep)
+        kept.append(msg.value())
+
+    @property
+    def changes(self) -> int:
+        """Graph changes so far: the highest seq of a change (not a refresh) in the newest encoded records."""
+        while self._encoded_tail:
+            try:
+                seqs = [change.seq for change in encoded_changes(self._encoded_tail.pop()) if not change.refresh]
+            except (CodecError, ValueError, IndexError):
+                continue
+            if seqs:
+                self._changes = max(self._changes, max(seqs))
+                self._encoded_tail.clear()
+        return self._changes
+
+    @property
+    def last(self) -> dict[str, list[str]]:
+        """The last ``keep`` deltas of each query, as lines (decoded now)."""
+        lines: dict[str, list[str]] = {}
+        for query, values in self._raw_last.items():
+            shown = lines[query] = []
+            for value in values:
+                try:
+                    answer = decode("Answer", value)
+                except CodecError:
+                    shown.append("(an undecodable answer)")
+                    continue
+                binding = " ".join(f"?{k}={_term(v)}" for k, v in sorted(answer["binding"].items()))
+                shown.append(f"{answer['sign']} #{answer['n']} {binding}")
+        return lines
 
     def _rates(self) -> tuple[float, float]:
         changes, total, then = self._prev
@@ -287,9 +322,10 @@ class LiveView:
         if spark:
             lines.append(f"  spark: {spark}")
         lines += [f"  !! {d}" for d in dead + problems]
+        last = self.last
         for query in sorted(self.counts):
             lines.append(f"  {query}: {self.counts[query]:,} deltas")
-            lines += [f"      {delta[:160]}" for delta in self.last[query]]
+            lines += [f"      {delta[:160]}" for delta in last[query]]
         if self._drawn:
             self.out.write(f"\x1b[{self._drawn}F\x1b[J")  # redraw in place
         self.out.write("\n".join(lines) + "\n")
@@ -313,9 +349,10 @@ class LiveView:
                        f"{self.total:,} ({rate_out:,.0f}/s), children {alive}/{len(children)} alive"
                        + (f", spark: {spark}" if spark else "") + (f"; deltas per query: {queries}" if queries else "")
                        + "\n")
+        last = self.last
         for query, count in sorted(self.counts.items()):  # the newest delta of each query that moved
             if self._summary_counts.get(query) != count:
-                self.out.write(f"  {query}: {self.last[query][-1][:160]}\n")
+                self.out.write(f"  {query}: {last[query][-1][:160]}\n")
         self._summary_counts = dict(self.counts)
 
     def close(self) -> None:

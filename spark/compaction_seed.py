@@ -26,6 +26,7 @@ from typing import Mapping
 
 import pyarrow as pa
 
+from services.kafka import end_offsets
 from services.kafka.config import KafkaSettings
 from services.usercli.reading import current_at_cut
 from spark.answer_columns import canonical_binding
@@ -51,6 +52,8 @@ def seed_from_current(settings: KafkaSettings, options: Mapping[str, str],
     module doc); returns the cut, the offsets the stream starts at, or None when the whole log is there (the
     fold starts from offset 0, as ever)."""
     topic = settings.topic("answers")
+    if not any(low for low, _high in end_offsets(settings, topic).values()):
+        return None  # (the usual first start: nothing deleted, answers.current not even read)
     records, marks = current_at_cut(settings, who="spark compaction", on_error=lambda exc: log.warning(
         "compaction seed: undecodable answers.current record left out: %s", exc))
     lows = {p: low for p, (low, _high) in marks.items()}
