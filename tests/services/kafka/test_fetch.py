@@ -1,0 +1,68 @@
+"""How long a short read of a rarely written topic listens (``services.kafka.fetch.read_window``), on a consumer
+that stands for a slow broker: a window that runs out while a fetch is in flight makes the next one longer, up
+to LISTEN_MAX_SECONDS, so a fetch slower than the window is not dropped again and again (it was: the answers
+service never read queries.plans after three broker restarts in a loaded CI run); a window that ends with a
+record or every partition's end sets it back to WINDOW_LISTEN_SECONDS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+from services.kafka import fetch
+
+
+class _Eof:
+    def __init__(self, topic: str, partition: int) -> None:
+        self._topic, self._partition = topic, partition
+
+    def error(self) -> Any:
+        return KafkaError(KafkaError._PARTITION_EOF)
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+
+class _SlowBroker:
+    """Answers a fetch only after ``delay`` seconds of listening (what the window waits in ``poll``)."""
+
+    def __init__(self, delay: float, partitions: int) -> None:
+        self.delay, self.partitions = delay, partitions
+        self.windows: list[float] = []
+        self._pending: list[Any] = []
+
+    def assign(self, _tps: Any) -> None:
+        self._waited = 0.0
+
+    def unassign(self) -> None:
+        pass
+
+    def poll(self, timeout: float) -> Any:
+        if not self._pending:
+            self.windows.append(round(timeout, 3))  # (first_record passes what is left of the window)
+            if timeout < self.delay:
+                return None  # the fetch is still in flight when the window ends (and unassign drops it)
+            self._pending = [_Eof("plans", p) for p in range(self.partitions)]
+        return self._pending.pop(0)
+
+    def consume(self, _n: int, _timeout: float) -> list:
+        return []
+
+
+def test_a_window_that_runs_out_mid_fetch_listens_longer_next_time_and_then_starts_short_again() -> None:
+    broker = _SlowBroker(delay=0.05, partitions=4)
+    positions = {p: 0 for p in range(4)}
+    for _ in range(6):
+        assert fetch.read_window(broker, "plans", positions) == []
+    windows = broker.windows
+    assert windows[0] == fetch.WINDOW_LISTEN_SECONDS
+    assert windows[1:4] == [0.02, 0.04, 0.08]  # doubled until the fetch fits in the window
+    assert windows[4] == fetch.WINDOW_LISTEN_SECONDS  # every partition's end came: short again
+    broker.delay = 100.0  # a broker that answers nothing: bounded
+    for _ in range(12):
+        fetch.read_window(broker, "plans", positions)
+    assert max(broker.windows) == fetch.LISTEN_MAX_SECONDS
