@@ -260,7 +260,7 @@ class GraphSource:
         remote = CheckpointLog(self.settings, {"ingest": self.settings.topic("checkpoints.ingest")}, "gateway")
         try:
             saved = remote.get("ingest", 0)
-        except KafkaException as exc:
+        except (KafkaException, TimeoutError) as exc:
             log.warning("gateway: ingest's snapshot is not readable (%s): /query reads the logs from offset 0", exc)
             return
         finally:
