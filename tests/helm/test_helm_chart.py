@@ -603,3 +603,7 @@ def test_cross_field_rules_fail_rendering(tmp_path: Path) -> None:
     assert result.returncode != 0 and message in result.stderr
     result = _run_helm("lint", "--strict", str(CHART), "-f", str(values))
     assert message in result.stdout + result.stderr
+    ingest = tmp_path / "ingest-values.yaml"
+    ingest.write_text("ingest:\n  replicas: 2\n  persistence:\n    enabled: true\n")
+    result = _run_helm("template", "rel", str(CHART), "-f", str(ingest))
+    assert result.returncode != 0 and "ingest.replicas (2) must be 0 or 1" in result.stderr

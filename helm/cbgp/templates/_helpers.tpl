@@ -164,6 +164,9 @@ CBGP_TOPIC_CONFIG: {{ join ";" $entries | quote }}
 {{- else if gt (int $w.replicas) $p }}
 {{- fail (printf "worker.replicas (%d) must not exceed kafka.partitions (%d): extra workers would own no partition and sit idle" (int $w.replicas) $p) }}
 {{- end }}
+{{- if and .Values.ingest.persistence.enabled (gt (int .Values.ingest.replicas) 1) }}
+{{- fail (printf "ingest.persistence.enabled gives ingest one ReadWriteOnce claim: ingest.replicas (%d) must be 0 or 1 (standby replicas restore from the snapshot in Kafka, which ingest.stateOnDisk does not write)" (int .Values.ingest.replicas)) }}
+{{- end }}
 {{- if lt (int .Values.kafka.replicationFactor) (int .Values.kafka.minInsyncReplicas) }}
 {{- fail (printf "kafka.minInsyncReplicas (%d) must not exceed kafka.replicationFactor (%d): no produce with acks=all could ever succeed" (int .Values.kafka.minInsyncReplicas) (int .Values.kafka.replicationFactor)) }}
 {{- end }}
