@@ -69,19 +69,22 @@ def seed_from_current(settings: KafkaSettings, options: Mapping[str, str],
     for record in records:
         versions[record["query_id"]] = max(versions.get(record["query_id"], 0), record["version"])
     rows: dict[str, list] = {"query_id": [], "binding": [], "multiplicity": [], "last_n": []}
+    current_n: dict[str, int] = {}  # each query's highest last_n among its current answers
     for record in records:
-        if record["multiplicity"] and record["version"] in (0, versions[record["query_id"]]):
-            rows["query_id"].append(record["query_id"])
+        q = record["query_id"]
+        if record["multiplicity"] and record["version"] in (0, versions[q]):
+            rows["query_id"].append(q)
             rows["binding"].append(canonical_binding(record["binding"]))
             rows["multiplicity"].append(record["multiplicity"])
             rows["last_n"].append(record["last_n"])
+            current_n[q] = max(current_n.get(q, 0), record["last_n"])
     folded_n: dict[str, int] = {}
     lower_bound = []
     for q, version in versions.items():
         if q in left_n and left_versions.get(q, 0) == version:
             folded_n[q] = left_n[q]
         else:
-            folded_n[q] = max((n for rq, n in zip(rows["query_id"], rows["last_n"]) if rq == q), default=0)
+            folded_n[q] = current_n.get(q, 0)
             lower_bound.append(q)
     table = pa.table({"query_id": pa.array(rows["query_id"], pa.string()),
                       "binding": pa.array(rows["binding"], pa.string()),

@@ -116,18 +116,8 @@ class SnapshotStore:
         target = self.version_dir(version)
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
-        rows = rows.filter(pc.not_equal(rows.column("multiplicity"), 0)).sort_by(
-            [("query_id", "ascending"), ("binding", "ascending")])
-        counts = {}
-        for q in sorted(set(rows.column("query_id").to_pylist())):
-            part = rows.filter(pc.equal(rows.column("query_id"), q))
-            d = target / partition_dir_name(q)
-            d.mkdir()
-            pq.write_table(part.select(["binding", "multiplicity", "last_n"]).cast(_FILE_SCHEMA),
-                           d / "part-00000.parquet")
-            mult = part.column("multiplicity").to_numpy()
-            counts[q] = [len(mult), int((mult < 0).sum())]
-        (target / "_SUCCESS").touch()
+        counts: dict[str, list[int]] = {}
+        _write_queries(target, rows, counts)
         self._write_manifest({"version": version, "queries": dict(folded_n), "gaps": {}, "missing": {},
                               "versions": dict(versions), "rows": counts, "lower_bound": sorted(lower_bound),
                               "seeded": dict(seeded), "updated_at_ms": int(time.time() * 1000)})
@@ -212,19 +202,7 @@ class SnapshotStore:
         merged = pa.concat_tables([kept, fresh]).group_by(["query_id", "binding"], use_threads=False).aggregate(
             [("multiplicity", "sum"), ("last_n", "max"), ("bidx", "max"), ("touched", "max")])
         merged = merged.rename_columns(["query_id", "binding", "multiplicity", "last_n", "bidx", "touched"])
-        rows = merged.filter(pc.not_equal(merged.column("multiplicity"), 0))
-        rows = rows.sort_by([("query_id", "ascending"), ("binding", "ascending")])
-        qcol = rows.column("query_id").to_numpy(zero_copy_only=False)
-        mult = rows.column("multiplicity").to_numpy()
-        bounds = np.flatnonzero(np.r_[True, qcol[1:] != qcol[:-1], True]) if len(qcol) else np.array([0])
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            q = qcol[a]
-            d = target / partition_dir_name(q)
-            d.mkdir()
-            pq.write_table(rows.slice(a, b - a).select(["binding", "multiplicity", "last_n"]).cast(_FILE_SCHEMA),
-                           d / "part-00000.parquet")
-            counts[q] = [int(b - a), int((mult[a:b] < 0).sum())]
-        (target / "_SUCCESS").touch()
+        _write_queries(target, merged, counts)
         changed = merged.filter(pc.equal(merged.column("touched"), 1)).select(
             ["query_id", "binding", "bidx", "multiplicity", "last_n"])
         if ended.num_rows:  # rows of a replaced registration that the new one does not have: tombstones
@@ -267,6 +245,25 @@ class SnapshotStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.root / MANIFEST_NAME)
+
+
+def _write_queries(target: Path, rows: pa.Table, counts: dict[str, list[int]]) -> None:
+    """Write the rows of ``rows`` (``query_id, binding, multiplicity, last_n``, ...) whose multiplicity is not 0
+    into version directory ``target``, one Parquet file per query, set each written query's ``[rows, negative
+    rows]`` in ``counts``, and mark the directory complete."""
+    rows = rows.filter(pc.not_equal(rows.column("multiplicity"), 0))
+    rows = rows.sort_by([("query_id", "ascending"), ("binding", "ascending")])
+    qcol = rows.column("query_id").to_numpy(zero_copy_only=False)
+    mult = rows.column("multiplicity").to_numpy()
+    bounds = np.flatnonzero(np.r_[True, qcol[1:] != qcol[:-1], True]) if len(qcol) else np.array([0])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        q = qcol[a]
+        d = target / partition_dir_name(q)
+        d.mkdir()
+        pq.write_table(rows.slice(a, b - a).select(["binding", "multiplicity", "last_n"]).cast(_FILE_SCHEMA),
+                       d / "part-00000.parquet")
+        counts[q] = [int(b - a), int((mult[a:b] < 0).sum())]
+    (target / "_SUCCESS").touch()
 
 
 def _empty_snapshot() -> pa.Table:
