@@ -22,8 +22,8 @@ from services.kafka.truncation import require_log_start
 from services.metrics import record_consumer_lag
 from services.records import kv
 
-__all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS", "Fetcher", "first_record",
-           "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok", "idle_pause", "GroupInput"]
+__all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS", "Fetcher",
+           "first_record", "next_listen", "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok", "idle_pause", "GroupInput"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -113,8 +113,7 @@ class Fetcher:
             self._at_end(eof)
 
         first = first_record(self.consumer, self.positions, timeout, on_end=on_end)
-        in_flight = first is None and len(ended) < len(self.positions)  # ran out before every partition's end
-        self.listen = min(2 * self.listen, LISTEN_MAX_SECONDS) if in_flight else LISTEN_SECONDS
+        self.listen = next_listen(self.listen, LISTEN_SECONDS, first, len(ended), len(self.positions))
         if first is None:
             return []
         return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
@@ -177,6 +176,14 @@ class Fetcher:
         self.consumer.close()
 
 
+def next_listen(listen: float, short: float, first: Message | None, ended: int, partitions: int) -> float:
+    """How long the next wait listens after one of ``listen`` seconds that got ``first`` and ``ended`` of its
+    ``partitions``' ends: twice as long, up to LISTEN_MAX_SECONDS, when it ran out before every end (a fetch in
+    flight, which stopping drops); else ``short`` again."""
+    in_flight = first is None and ended < partitions
+    return min(2 * listen, LISTEN_MAX_SECONDS) if in_flight else short
+
+
 def first_record(consumer: Consumer, partitions: Iterable[tuple[str, int]], timeout: float, *,
                  on_end: Callable[[Message], None] | None = None) -> Message | None:
     """The first record (or error) ``consumer`` delivers within ``timeout``; None at the timeout or as soon as
@@ -221,9 +228,9 @@ def read_window(consumer: Consumer, topic: str, positions: dict[int, int], max_r
     try:
         first = first_record(consumer, [(topic, p) for p in positions], listen,
                              on_end=lambda eof: ended.add((eof.topic(), eof.partition())))
-        in_flight = first is None and len(ended) < len(positions)
-        if in_flight:
-            _WINDOW_LISTEN[key] = min(2 * listen, LISTEN_MAX_SECONDS)
+        listen = next_listen(listen, WINDOW_LISTEN_SECONDS, first, len(ended), len(positions))
+        if listen > WINDOW_LISTEN_SECONDS:
+            _WINDOW_LISTEN[key] = listen
         else:
             _WINDOW_LISTEN.pop(key, None)
         return [] if first is None else [first] + consumer.consume(max_records, 0)
