@@ -14,7 +14,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from cbgp.plan import decompose
 from cbgp.terms import from_sparql_json
@@ -29,6 +29,17 @@ from services.runtime import query_partition
 ROOT = Path(__file__).resolve().parents[1]
 CBGP = str(ROOT / ".venv" / "bin" / "cbgp")
 EX = "http://example.org/"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """``predicate()``'s first truthy value, polled every 0.1 s; TimeoutError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} not reached in {timeout} s")
 
 QUERIES = {
     # single star: by centre value over updates.routed

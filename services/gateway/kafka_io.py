@@ -178,6 +178,12 @@ class GraphSource:
             found = self._terms[term_id] = to_oxigraph(self.dictionary.decode(term_id))
         return found
 
+    def _quad(self, s: int, p: int, o: int, g: int) -> Any:
+        import pyoxigraph as ox
+
+        graph = ox.DefaultGraph() if g == DEFAULT_GRAPH_ID else self._term(g)
+        return ox.Quad(self._term(s), self._term(p), self._term(o), graph)
+
     def _drain(self, topic: str) -> list[Any]:
         """The records of every partition of ``topic`` from where the last call stopped to the end (partition-EOF:
         for this read_committed consumer, the last committed record), with one long-lived assign-only consumer."""
@@ -235,8 +241,7 @@ class GraphSource:
             self.seq = max(self.seq, seq)
             if refresh:
                 continue
-            graph = ox.DefaultGraph() if g == DEFAULT_GRAPH_ID else self._term(g)
-            quad = ox.Quad(self._term(s), self._term(p), self._term(o), graph)
+            quad = self._quad(s, p, o, g)
             if sign > 0:
                 self.store.add(quad)
                 self.quads += 1
@@ -250,8 +255,6 @@ class GraphSource:
         positions they reflect), so the first query reads only the logs after it, not their whole history (nor
         records retention may have deleted below it).  Without one that serves these logs (ingest with its state
         on disk or checkpoints off, another ``CBGP_CHECKPOINT_SECRET``), the logs are read from offset 0."""
-        import pyoxigraph as ox
-
         from services.kafka.checkpoint_log import CheckpointLog
         from services.state import presence, recovery
 
@@ -278,9 +281,7 @@ class GraphSource:
             return
         for term_id, term in terms:
             self.dictionary.add(term_id, term)
-        default = ox.DefaultGraph()
-        self.store.bulk_extend(ox.Quad(self._term(s), self._term(p), self._term(o),
-                                       default if g == DEFAULT_GRAPH_ID else self._term(g)) for s, p, o, g in present)
+        self.store.bulk_extend(self._quad(*quad) for quad in present)
         self.quads, self.seq = len(present), int(checkpoint.facts["seq"])
         self.positions.update({(topic, partition): offset for topic, parts in checkpoint.positions.items()
                                for partition, offset in parts.items()})

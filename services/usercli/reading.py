@@ -18,6 +18,7 @@ from services.kafka import KafkaSettings, end_offsets, make_consumer, read_all
 
 log = logging.getLogger("cbgp.usercli")
 
+
 def _excerpt(original: bytes, line: int | None, limit: int = 80) -> str:
     """The rejected line of ``original`` (or its start), as a short quoted string."""
     text = original

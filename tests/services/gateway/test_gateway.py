@@ -31,7 +31,7 @@ import requests
 from services.kafka import ensure_topics
 from services.kafka.broker import free_port
 from tests.fixtures.broker import fresh_settings
-from tests.fleet_support import Fleet
+from tests.fleet_support import Fleet, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -97,16 +97,6 @@ def gw(kafka_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 break
         assert reply.status_code == 201, reply.text
         yield g
-
-
-def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} not reached in {timeout} s")
 
 
 def uri(name: str) -> dict[str, str]:

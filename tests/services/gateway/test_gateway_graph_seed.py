@@ -10,7 +10,6 @@ the snapshot's triples and the tail's.  Read from offset 0 instead, the deleted 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from services.kafka import end_offsets, ensure_topics
 from services.kafka.checkpoint_log import CheckpointLog
 from tests.fixtures.broker import fresh_settings
-from tests.fleet_support import Fleet
+from tests.fleet_support import Fleet, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -31,21 +30,12 @@ EX = "http://example.org/"
 TOKEN = "seed-rw"
 
 
-def _wait(predicate: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not reached in {timeout} s")
-
-
 def _gateway(fleet: Fleet, name: str, tokens: Path) -> str:
     fleet.start(name, "gateway", "--port", "0", "--host", "127.0.0.1", "--tokens-file", str(tokens))
-    port = _wait(lambda: re.search(r"event=started port=(\d+)", fleet.log_text(name)), f"{name} started").group(1)
+    started = wait_for(lambda: re.search(r"event=started port=(\d+)", fleet.log_text(name)), 60.0, f"{name} started")
+    port = started.group(1)
     url = f"http://127.0.0.1:{port}"
-    _wait(lambda: requests.get(url + "/readyz", timeout=5).status_code == 200, f"{name} ready")
+    wait_for(lambda: requests.get(url + "/readyz", timeout=5).status_code == 200, 60.0, f"{name} ready")
     return url
 
 
@@ -80,7 +70,7 @@ def test_a_gateway_answers_query_from_ingests_snapshot_after_the_log_below_it_wa
             high = end_offsets(settings, encoded)[0][1]
             return saved.position if saved is not None and saved.position == high and high > 0 else None
 
-        position = _wait(snapshot_at_end, "ingest's snapshot of every change")
+        position = wait_for(snapshot_at_end, 60.0, "ingest's snapshot of every change")
         admin = AdminClient(settings.admin_config())
         for future in admin.delete_records([TopicPartition(encoded, 0, position)], request_timeout=10).values():
             future.result(10)
@@ -89,7 +79,7 @@ def test_a_gateway_answers_query_from_ingests_snapshot_after_the_log_below_it_wa
         assert requests.post(first + "/update", data=tail.encode(), timeout=30,
                              headers={**auth, "Content-Type": "application/sparql-update"}).status_code == 200
         oracle.update(tail)
-        _wait(lambda: end_offsets(settings, encoded)[0][1] > position, "the tail's change in updates.encoded")
+        wait_for(lambda: end_offsets(settings, encoded)[0][1] > position, 60.0, "the tail's change in updates.encoded")
 
         second = _gateway(fleet, "gateway-2", tokens)
         text = "SELECT ?s ?p ?o WHERE { ?s ?p ?o }"
