@@ -5,14 +5,15 @@ the whole log.  No Kafka here.
 A shard's engine state is a function of the records of its log below its position and of the queries registered
 in it (a query registered late replays the history, so its state ends as if it had been there from the start).
 So a checkpoint taken once a transaction committed -- the engine, the position, the seq of the last change it
-applied and the (query, version) pairs it holds -- can serve any later restore of that shard with the same queries
-at a committed offset at or past its position, on whichever worker, as long as its log is the same log: the seq
-of the change before the position is checked (``WorkerCore.open_shard``).
+applied and the (query, version) pairs it holds -- can serve any later restore of that shard at a committed
+offset at or past its position, on whichever worker, as long as its log is the same log: the change before the
+position is checked.  The restore frees the queries the plans no longer name and catches up those the checkpoint
+lacks (``WorkerCore.open_shard``).
 
 A routed shard holding multi-centre queries saves their evaluator too (versioned stores, probes waiting, live
 counts, the probe segments taken per sender), and the probe floors read so far.  What is not checkpointed (the
-shard is then restored from offset 0, as before): a shard feeding a derived stream, a shard that still owes a
-snapshot or waits for a registration's point, and an engine pickle cannot serialise.
+shard is then restored from its previous checkpoint or from offset 0): a shard that waits for a registration's
+point, and an engine pickle cannot serialise.
 
 Checkpoints are kept in two places: the instance's own disk (``--state-dir``: the fastest restore, when the
 shard comes back to the same instance) and a checkpoint topic (``remote``: any instance, after a disk is lost or

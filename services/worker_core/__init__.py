@@ -7,13 +7,15 @@ A *shard* is one engine fed by one input log:
   (``owner(q) = query_partition(q, N)``), evaluated with ROLE_BOTH.
 
 Every shard's state is a function of (its queries, its log up to its position), so it is *restored* by
-replaying the log without emitting -- from its checkpoint when one serves (``services.state.shards``), else from
-offset 0 -- and a query new to a shard gets its state the same way (from offset 0),
+replaying the log without emitting -- from its checkpoint when one serves (``services.state.shards``; whatever
+queries it holds: those the plans dropped are freed, those it lacks caught up as below), else from offset 0 --
+and a query new to a shard gets its state the same way (from offset 0),
 its replayed deltas netted into a snapshot (``snapshot=True``).  Which queries a shard had already
 snapshotted is stored with its committed offset as commit metadata (the queries.plans positions applied),
 so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A by-centre query new to a
 routed shard applies at one record of its log, the first past the seq it registered at
-(:meth:`WorkerCore.registration_seq`), whenever the plan is read: every owner sends the same snapshot and deltas.
+(:meth:`WorkerCore.registration_seq`, ``services.worker_core.points``), whenever the plan is read: every owner
+sends the same snapshot and deltas.
 A multi-centre query (or a product's multi-centre part) is registered in the shard's evaluator at that point
 too, its history replayed as the registration's probes up to that seq (``services.worker_probes``).
 
@@ -58,12 +60,13 @@ from services.queries import change_seq_before, read_query, read_registration, r
 from services.records import Output, kv, query_partition
 from services.worker_core.engine import (ASK_FALSE, ASK_TRUE, ASK_VARIABLE, FleetOperatorQuery, ShardDictionary,
                                          WorkerEngine, is_operator_spec)
+from services.worker_core.points import log_tail, passed, point_of
 from services.worker_core.outputs import DERIVED_HEADER, MAX_BATCH_DELTAS, MAX_DERIVED_BYTES, CoreOutputs
 from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInfo, Shard, TermReader,
                                         _parse_metadata, _tracking_seq, _with_progress, changes_of,
                                         decode_changes, info_mode, shard_label)
 from services.state.shards import ShardCheckpoints
-from services.worker_core.checkpoint import adopt, checkpointable, shard_blob, usable
+from services.worker_core.checkpoint import adopt, checkpointable, shard_blob, stale, usable
 from services.worker_core.terms import learn, learning
 from services.worker_probes import ProbeRouting, RecordReader
 
@@ -194,15 +197,24 @@ class WorkerCore(CoreOutputs):
 
     def _drop_everywhere(self, query_id: str) -> None:
         for shard in self.shards.values():
-            for name in [n for n, i in shard.probe_queries.items() if i.query_id == query_id]:
-                self.probes.unregister(shard, name)
-                shard.outputs.pop(name, None)
-            shard.pending = [(info, seq) for info, seq in shard.pending if info.query_id != query_id]
-            if query_id in shard.versions:
-                for name in [n for n, (q, _part) in shard.outputs.items() if q == query_id]:
-                    shard.engine.unregister(name)
-                    del shard.outputs[name]
-                del shard.versions[query_id]
+            self._drop(shard, query_id)
+
+    def _drop(self, shard: Shard, query_id: str) -> None:
+        """Free what ``shard`` holds of ``query_id``: its engine queries, its evaluator queries (their waiting
+        probes die), a registration waiting for its point."""
+        probe_names = {name for name, info in shard.probe_queries.items() if info.query_id == query_id}
+        for name, (owner, _part) in list(shard.outputs.items()):
+            if owner != query_id:
+                continue
+            if shard.evaluator is not None and name in shard.evaluator.queries:
+                probe_names.add(name)
+            elif name in shard.engine.queries or name in shard.engine.operators:
+                shard.engine.unregister(name)
+            del shard.outputs[name]
+        for name in sorted(probe_names):
+            self.probes.unregister(shard, name)
+        shard.pending = [(info, seq) for info, seq in shard.pending if info.query_id != query_id]
+        shard.versions.pop(query_id, None)
 
     def _add_queries(self, shard: Shard, infos: list[QueryInfo]) -> list[Output]:
         """Register ``infos`` in a live shard: a routed one at their point of its log (``_place``: the snapshot
@@ -228,27 +240,53 @@ class WorkerCore(CoreOutputs):
         infos = self.wanted(kind, partition)
         owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
         placed: list[QueryInfo] = []  # by-centre registrations applied at their point of the log (see _place)
-        if self._placed_by_log(shard) and infos:
-            last_change, last_mark = self._log_tail(partition, shard.position)
-            placed = [i for i in infos if i in owed or not self._passed(self.registration_seq(i), last_change,
-                                                                          last_mark)]
+        last_mark = -1
+        if self._placed_by_log(shard):
+            last_change, last_mark = log_tail(self.record_reader, partition, shard.position)
+            placed = [i for i in infos if i in owed or not passed(self.registration_seq(i), last_change, last_mark)]
             infos = [i for i in infos if i not in placed]
             owed = [i for i in owed if i not in placed]
         started = time.monotonic()
-        # From the shard's checkpoint when one serves (see services.state.shards), else from offset 0.
-        saved, why = self._saved_state(shard, infos, bool(owed or placed))
+        # From the shard's checkpoint when one serves (see services.state.shards), whatever queries it holds,
+        # else from offset 0.
+        saved, why = self._saved_state(shard)
+        late = infos  # registrations the state does not hold yet: registered now, caught up below
         if saved is not None:
             start = adopt(shard, saved, infos)
             for partition_, floor in saved["floors"].items():  # (those read in its log before `start`)
                 self.probes.floors.setdefault(partition_, floor)
+            dropped = stale(shard, [i for i in infos if i not in owed])
+            for query_id in dropped:
+                self._drop(shard, query_id)
+            late = [i for i in infos if shard.versions.get(i.query_id) != i.version]
+            if late or dropped:
+                why += f", {len(dropped)} dropped, {len(late)} caught up"
+            if late and self._placed_by_log(shard):
+                # Applied at their point of the log, as when they were first read: the same snapshot, deltas and
+                # probes with the same keys, which the answers service and the receivers take once.
+                placed += late
+                infos = [i for i in infos if i not in late]
+                late = []
         else:
             start = 0
-            for info in infos:
-                shard.register(info)
+        for info in late:
+            shard.register(info)
+        owed_names = {name for i in owed for name, _p, _q in i.engine_queries()}
+        net: dict = {}
+        if start and late:  # the registrations it lacks replay the log below it alone (silently, but the owed)
+            late_names = {name for i in late for name, _p, _q in i.engine_queries()}
+            caught_up = shard.engine.replay(self._learning(shard, self.reader(kind, partition, 0, start)),
+                                            late_names, only=True)
+            net = {name: rows for name, rows in caught_up.items() if name in owed_names}
         label = shard_label(kind, partition)
         changes = _with_progress(_tracking_seq(shard, self._learning(
             shard, self.reader(kind, partition, start, shard.position))), shard.position - start, label)
-        net = shard.engine.replay(changes, {name for i in owed for name, _p, _q in i.engine_queries()}, only=False)
+        for name, rows in shard.engine.replay(changes, owed_names, only=False).items():
+            if name in net:
+                for row, count in rows.items():
+                    net[name][row] += count
+            else:
+                net[name] = rows
         if kind == "routed":
             for info in infos:
                 for name, part, _plan in info.probe_programs():
@@ -259,6 +297,8 @@ class WorkerCore(CoreOutputs):
             shard.pending = [(i, -1) for i in placed if i.uses_probes]
             worker_probes.restore(self.probes, shard, infos, lambda name: self._known(shard, name), start)
             shard.pending = []
+            # (the Frontier marks replayed: with no evaluator they move nothing else, and a checkpoint's is older)
+            shard.frontier = max(shard.frontier, last_mark)
         RESTORE_PROGRESS.labels(label).set(1.0)
         log.info(kv(event="shard-restored", kind=kind, partition=partition, position=shard.position,
                     replayed_from=start, checkpoint=why,
@@ -266,17 +306,14 @@ class WorkerCore(CoreOutputs):
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
         return drops + self._snapshot(shard, owed, net) + self._place(shard, placed)
 
-    def _saved_state(self, shard: Shard, infos: list[QueryInfo], owes: bool) -> tuple[dict | None, str]:
-        """The checkpoint that restores ``shard`` holding ``infos``, and why there is none ("used" when there
-        is).  A shard owing a snapshot replays from 0: the snapshot is the net of its whole log."""
-        if owes:
-            return None, "a snapshot is owed"
+    def _saved_state(self, shard: Shard) -> tuple[dict | None, str]:
+        """The checkpoint that restores ``shard``, and why there is none ("used" when there is)."""
         if self.checkpoints is None:
             return None, "checkpoints off"
         if not checkpointable(shard):
             return None, "not checkpointable"
         saved = self.checkpoints.get(shard.kind, shard.partition, shard.position)
-        why = usable(saved, shard, infos, self.reader)
+        why = usable(saved, shard, self.reader)
         return (saved, f"used-{saved['from']}") if why is None else (None, why)
 
     def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes, int]]:
@@ -290,8 +327,7 @@ class WorkerCore(CoreOutputs):
             versions = tuple(shard.versions.items())
             if self._checkpointed.get(key) == (shard.position, versions) or (key, versions) in self._unpicklable:
                 continue
-            infos = self.wanted(*key)
-            blob = shard_blob(shard, infos, self.probes.floors if shard.evaluator is not None else {})
+            blob = shard_blob(shard, self.probes.floors if shard.evaluator is not None else {})
             if blob is not None:
                 blobs.append((*key, blob, shard.position))
                 self._checkpointed[key] = (shard.position, versions)
@@ -309,7 +345,7 @@ class WorkerCore(CoreOutputs):
         offset the registry read when it registered the query (``registered_at_seq``).
 
         Every owner of a routed partition applies the registration at the same record of its log, the first
-        past that seq (:meth:`_point`), whenever it reads the plan: a worker that reads it later rewinds (the
+        past that seq (``services.worker_core.points.point_of``), whenever it reads the plan: a worker that reads it later rewinds (the
         snapshot of the log before that record, then the records after it replayed to the new query alone).
         So two workers that both hold a partition for a moment during a rebalance (a broker that does not
         fence the old owner) send the same snapshot and the same deltas with the same keys, and the answers
@@ -323,63 +359,13 @@ class WorkerCore(CoreOutputs):
             self._registration_seqs[key] = seq
         return seq
 
-    @staticmethod
-    def _passed(seq: int, last_change: int, last_mark: int) -> bool:
-        """Whether a log whose last change and last Frontier mark have these seqs holds the point of a
-        registration as of ``seq``."""
-        return last_change > seq or last_mark >= seq
-
-    def _log_tail(self, partition: int, end: int) -> tuple[int, int]:
-        """The seq of the last change and of the last Frontier mark in routed log ``partition`` before
-        ``end`` (-1 when none), read backwards in chunks from ``end``."""
-        last_change = last_mark = -1
-        chunk = 4  # a transaction's records end with its marks: the last few usually hold both
-        while end > 0 and (last_change < 0 or last_mark < 0):
-            start = max(0, end - chunk)
-            for _offset, kind, seq in self._log_marks(partition, start, end):
-                if kind == "mark":
-                    last_mark = max(last_mark, seq)
-                else:
-                    last_change = max(last_change, seq)
-            end, chunk = start, min(chunk * 8, 512)
-        return last_change, last_mark
-
-    def _log_marks(self, partition: int, start: int, end: int) -> Iterator[tuple[int, str, int]]:
-        """Per record of routed log ``partition`` in [start, end): (offset, "mark", its Frontier seq for the
-        partition) or (offset, "changes", its highest change seq); other records are left out."""
-        for offset, value in self.record_reader(partition, start, end):
-            try:
-                frontier = codec.frontier_of(value)
-                if frontier is not None:
-                    yield offset, "mark", frontier.get(partition, -1)
-                    continue
-                changes = codec.routed_changes(value)  # none in probes
-                if changes:
-                    yield offset, "changes", max(change.seq for change in changes)
-            except codec.CodecError:
-                continue
-
-    def _point(self, partition: int, seq: int, end: int) -> int | None:
-        """The offset of routed log ``partition`` at which a registration as of ``seq`` applies, if it is at
-        or before ``end``: just after the first Frontier mark that reaches ``seq``, or at the first record
-        with a change past it (ingest writes a transaction's changes before its marks, so no change at or
-        below ``seq`` comes later).  That record may also hold changes at or below ``seq`` (the registry
-        read updates.encoded mid-transaction, whose records are chunked): their deltas are live deltas the
-        release's gate nets into the snapshot as of ``seq``, like every gated delta up to it."""
-        for offset, kind, record_seq in self._log_marks(partition, 0, end):
-            if kind == "mark" and record_seq >= seq:
-                return offset + 1
-            if kind == "changes" and record_seq > seq:
-                return offset
-        return None
-
     def _place(self, shard: Shard, infos: list[QueryInfo]) -> list[Output]:
         """Apply by-centre registrations at their point of the shard's log if it has passed it, else keep
         them pending until it does (``on_record``, ``on_frontier``)."""
         out: list[Output] = []
         for info in infos:
             seq = self.registration_seq(info)
-            point = self._point(shard.partition, seq, shard.position)
+            point = point_of(self.record_reader, shard.partition, seq, shard.position)
             if point is None:
                 shard.pending.append((info, seq))
             else:

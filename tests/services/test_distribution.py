@@ -109,8 +109,8 @@ def test_placement_is_by_centre_for_stars_and_single_centre_components() -> None
 def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_deltas: int, rng: random.Random,
                     late: set[str] = frozenset(), crash_rate: float = 0.0,
                     worker_crash_rate: float = 0.0, two_owners: bool = False,
-                    registered: dict | None = None, checkpoint_rate: float = 0.0, stats: dict | None = None
-                    ) -> dict[str, list[tuple[int, str, tuple]]]:
+                    registered: dict | None = None, checkpoint_rate: float = 0.0, stats: dict | None = None,
+                    checkpoints_until_late: bool = False) -> dict[str, list[tuple[int, str, tuple]]]:
     """The fleet's cores in memory, each routed partition its own worker, processed in a random order;
     ``late`` queries are registered halfway; with ``worker_crash_rate`` a worker dies after a commit now and
     then and a new one restores its shard from the log at the committed offset, as the service does.
@@ -121,7 +121,9 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     ``checkpoint_rate``: after a commit, a worker checkpoints the shards that moved with this probability (a
     checkpoint store shared by every worker, as the one on a pod's volume serves its next instance), and a
     restore starts from the checkpoint where one serves (``stats["restores"]`` / ``["from_checkpoint"]`` count
-    the workers' restores after a crash, and those that used a checkpoint).
+    the workers' restores after a crash, and those that used a checkpoint; ``["other_queries"]`` those whose
+    checkpoint held other queries than the plans); ``checkpoints_until_late``: none is taken after the late
+    registration (a long checkpoint interval), so the restores after it adopt checkpoints saved before it.
     Returns per query the answers (seq, sign, sorted binding) in answer order; ``registered["seq"]`` is set to
     the seq the late queries are registered at (the last change of updates.encoded before their offset)."""
     ingest = IngestProcessor(SETTINGS, n_routed, n_deltas)
@@ -204,6 +206,9 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
             used = checkpoints is not None and checkpoints.loaded is not checkpoints_before \
                 and core.shards[("routed", p)].engine is checkpoints.loaded["engine"]
             stats["from_checkpoint"] = stats.get("from_checkpoint", 0) + used
+            # (one saved with other queries than the plans name now: adopted, the difference caught up)
+            stats["other_queries"] = stats.get("other_queries", 0) + (
+                used and checkpoints.loaded_versions != core.shards[("routed", p)].versions)
 
     register([q for q in queries if q not in late], 0)
     # Interleave: each step, one partition's worker applies its next record (a transaction) and flushes.
@@ -262,7 +267,7 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
             cursors[p] += 1
         send(core.flush_batches())
         commit()
-        if checkpoints is not None and rng.random() < checkpoint_rate:  # (once the transaction committed)
+        if checkpoints is not None and rng.random() < checkpoint_rate and not (checkpoints_until_late and late_done):
             checkpoints.put(core.checkpoint_blobs([("routed", p)]))
         if worker_crash_rate and rng.random() < worker_crash_rate:
             restart(p, cursors[p])
@@ -285,6 +290,7 @@ class MemoryCheckpoints:
         self.loaded = None if blob is None else load_shard(blob)
         if self.loaded is not None:
             self.loaded["from"] = "memory"
+            self.loaded_versions = dict(self.loaded["versions"])  # (before the restore changes them)
         return self.loaded
 
     def put(self, shards: list[tuple[str, int, bytes, int]]) -> int:
@@ -441,7 +447,7 @@ def test_workers_and_answers_restored_from_checkpoints_answer_exactly(seed: int)
     waiting probes and live counts with them) plus the log after them; so does the answers service, from its
     partition checkpoints (answer streams, DISTINCT counts, product assemblers, gates opened) plus the answers
     and deltas after them; half the seeds register the queries halfway: per update one engine's deltas, and
-    many restores used a checkpoint."""
+    many restores used a checkpoint, some saved before the late registrations."""
     rng = random.Random(seed)
     lines = generate_patch(300, seed=seed, subjects=6)
     late = set(BY_CENTRE_QUERIES) if seed % 2 else set()
@@ -449,9 +455,11 @@ def test_workers_and_answers_restored_from_checkpoints_answer_exactly(seed: int)
     stats: dict = {}
     got = run_distributed(lines, BY_CENTRE_QUERIES, 1 + seed % 4, 1 + seed % 2, rng, late=late,
                           worker_crash_rate=0.2, crash_rate=0.15, checkpoint_rate=0.6, registered=registered,
-                          stats=stats)
+                          stats=stats, checkpoints_until_late=seed % 4 == 1)
     assert_exact(got, run_whole(lines, BY_CENTRE_QUERIES), BY_CENTRE_QUERIES, registered["seq"] if late else None)
     assert stats["restores"] >= 5 and stats["from_checkpoint"] >= stats["restores"] // 3, stats
+    if late and seed % 4 == 1:  # (checkpoints stopped at the registration: restores adopt older ones)
+        assert stats["other_queries"] > 0, stats
     assert stats.get("answers_from_checkpoint", 0) >= 3, stats
 
 

@@ -5,7 +5,9 @@ are ingest's own records, the store is RocksDB in a temporary directory.
   byte for byte the outputs a restore from offset 0 makes, for every query class the engine keeps, and for
   multi-centre queries (the evaluator, its probes waiting and its live counts) -- the probes a shard's log
   holds are the ones this worker made for its other shards;
-- a checkpoint that cannot belong (other queries, past the committed offset, another log) is not used.
+- a checkpoint saved with other queries than the plans now name is adopted all the same: what the plans dropped
+  is freed, what they added is caught up, and the outputs are those of a restore from offset 0;
+- a checkpoint that cannot belong (past the committed offset, another log) is not used.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ class Worker:
                     "registered_at_seq": 0, "version": 1}
             self.core.on_plan(i % N, i, name.encode(), codec.encode("QueryPlan", plan), range(N))
 
+    def plan(self, offset: int, name: str, text: str | None, version: int = 1) -> list:
+        """Apply a queries.plans record (partition 0) of a query registered once data has arrived (None: its
+        unregistration); its outputs."""
+        value = None if text is None else codec.encode("QueryPlan", {
+            "query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
+            "registered_at_seq": len(self.logs[("whole", 0)]) // 2, "version": version})
+        return self.core.on_plan(0, offset, name.encode(), value, range(N))[0]
+
     def reader(self, kind: str, partition: int, start: int, end: int) -> list:
         records = self.logs[(kind, partition if kind == "routed" else 0)][start:end]
         self.read += len(records)
@@ -83,11 +93,29 @@ class Worker:
                     out += self.core.on_routed(shard, offset, log[offset], None)[0]
                 else:
                     out += self.core.on_record(shard, offset, decode_changes(kind, log[offset]))
-        out += self.core.flush_batches()
+        return self.flush(out)
+
+    def flush(self, out: list) -> list:
+        """``out`` and what the core batched, as one transaction: the probes it sends join their logs."""
+        out = out + self.core.flush_batches()
         for o in out:
             if o.topic == TOPICS["updates.routed"]:
                 self.logs[("routed", o.partition)].append(o.value)
         return out
+
+
+def keyed(outputs: list) -> set[tuple]:
+    """The answer deltas of ``outputs`` with their idempotence keys (what the answers service takes once)."""
+    found = set()
+    for o in outputs:
+        if (o.topic != TOPICS["deltas.parts"] or codec.frontier_of(o.value) is not None
+                or codec.probe_ready_of(o.value) is not None):
+            continue
+        batch = codec.part_delta_columns(o.value)
+        for i in range(len(batch)):
+            found.add((batch.query_id, batch.version, batch.part, batch.source_partition[i], batch.source_offset[i],
+                       batch.index[i], batch.seq[i], batch.diff[i], tuple(sorted(batch.binding(i).items()))))
+    return found
 
 
 def without_ready(values: list[tuple]) -> list[tuple]:
@@ -132,26 +160,65 @@ def test_a_restart_replays_only_the_log_after_each_checkpoint_and_makes_the_same
     store.close()
 
 
+# Between a checkpoint and a crash: one query unregistered, one replaced by a new version, three registered (a
+# multi-centre one, a star and a whole query).
+PLAN_CHANGES = [("triangle", None, 1), ("path", QUERIES["path"], 2), ("late_path3", QUERIES["path3"], 1),
+                ("late_star", QUERIES["star"], 1), ("late_product", QUERIES["product"], 1)]
+
+
+def test_a_checkpoint_of_other_queries_is_adopted_and_the_difference_caught_up(tmp_path: Path) -> None:
+    """A checkpoint saved before the plans changed still serves: the restore frees what was dropped and gives the
+    new registrations their state (a by-centre one at its point of the log, as when it was first read, so what
+    it sends again carries the keys sent then; a whole one silently).  From then on the outputs are those of a
+    restore from offset 0."""
+    logs = ingest_logs(generate_patch(2400, seed=5))
+    store = Store(tmp_path / "worker")
+    checkpoints = ShardCheckpoints(store)
+    first = Worker(logs, checkpoints)
+    first.open({}, None)
+    sent = first.run(0.5)
+    checkpoints.put(first.core.checkpoint_blobs(first.shards()))
+    for offset, (name, text, version) in enumerate(PLAN_CHANGES, 100):
+        sent += first.plan(offset, name, text, version)
+    sent += first.run(0.75)
+    committed = {key: shard.position for key, shard in first.core.shards.items()}
+    metadata = first.core.metadata()
+
+    def restored(saved: ShardCheckpoints | None) -> tuple[Worker, list]:
+        worker = Worker(copied(logs), saved)
+        for offset, (name, text, version) in enumerate(PLAN_CHANGES, 100):
+            assert worker.plan(offset, name, text, version) == []  # (no shard open yet)
+        return worker, worker.flush(worker.open(committed, metadata))
+
+    from_checkpoint, again = restored(checkpoints)
+    from_zero, nothing = restored(None)
+    assert keyed(nothing) == set() and keyed(again), "the by-centre registrations were applied again at their point"
+    assert keyed(again) <= keyed(sent), "with the keys of what was sent then"
+    for key in from_checkpoint.shards():
+        assert from_checkpoint.core.shards[key].versions == from_zero.core.shards[key].versions, key
+    probed = {name for shard in from_checkpoint.core.shards.values() if shard.evaluator is not None
+              for name in shard.evaluator.queries}
+    assert "late_path3@1" in probed and not any(name.startswith("triangle@") for name in probed)
+    live = from_checkpoint.run(1.0)
+    assert keyed(live) and keyed(live) == keyed(from_zero.run(1.0))
+    store.close()
+
+
 def test_a_checkpoint_that_cannot_belong_is_not_used(tmp_path: Path) -> None:
     logs = ingest_logs(generate_patch(600, seed=3))
     worker = Worker(logs, None)
     worker.open({}, None)
     worker.run(0.5)
     shard = worker.core.shards[("routed", 0)]
-    infos = worker.core.wanted("routed", 0)
-    assert infos
     # a position just after a record of changes (not a Frontier mark), as a checkpoint taken there records it
     position = max(p for p in range(1, shard.position + 1) if worker.reader("routed", 0, p - 1, p))
     last = worker.reader("routed", 0, position - 1, position)[-1]
-    good = {"position": position, "last_seq": last.seq, "last_change": last,
-            "queries": sorted([i.query_id, i.version] for i in infos)}
-    assert usable(good, shard, infos, worker.reader) is None
-    assert usable({**good, "queries": good["queries"][1:]}, shard, infos, worker.reader) == "other queries"
-    assert "past the committed offset" in usable({**good, "position": shard.position + 1}, shard, infos,
-                                                 worker.reader)
+    good = {"position": position, "last_seq": last.seq, "last_change": last}
+    assert usable(good, shard, worker.reader) is None
+    assert "past the committed offset" in usable({**good, "position": shard.position + 1}, shard, worker.reader)
     other = last._replace(o=last.o + 1)  # another log, with the same offsets and seqs
-    assert "not " + str(other) in usable({**good, "last_change": other}, shard, infos, worker.reader)
-    assert usable(None, shard, infos, worker.reader) == "no checkpoint"
+    assert "not " + str(other) in usable({**good, "last_change": other}, shard, worker.reader)
+    assert usable(None, shard, worker.reader) == "no checkpoint"
 
 
 def test_an_operator_shard_is_checkpointed_and_one_pickle_refuses_is_skipped_once(tmp_path: Path, caplog) -> None:  # noqa: ANN001

@@ -1,0 +1,62 @@
+"""Where a by-centre registration applies in a routed partition's log (``WorkerCore._place``): the first record
+past the seq it answers as of, found from the log's changes and ingest's Frontier marks.  No Kafka here."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from services import codec
+from services.worker_probes import RecordReader
+
+
+def passed(seq: int, last_change: int, last_mark: int) -> bool:
+    """Whether a log whose last change and last Frontier mark have these seqs holds the point of a registration
+    as of ``seq``."""
+    return last_change > seq or last_mark >= seq
+
+
+def log_tail(records: RecordReader, partition: int, end: int) -> tuple[int, int]:
+    """The seq of the last change and of the last Frontier mark in routed log ``partition`` before ``end`` (-1
+    when none), read backwards in chunks from ``end``."""
+    last_change = last_mark = -1
+    chunk = 4  # a transaction's records end with its marks: the last few usually hold both
+    while end > 0 and (last_change < 0 or last_mark < 0):
+        start = max(0, end - chunk)
+        for _offset, kind, seq in log_marks(records, partition, start, end):
+            if kind == "mark":
+                last_mark = max(last_mark, seq)
+            else:
+                last_change = max(last_change, seq)
+        end, chunk = start, min(chunk * 8, 512)
+    return last_change, last_mark
+
+
+def log_marks(records: RecordReader, partition: int, start: int, end: int) -> Iterator[tuple[int, str, int]]:
+    """Per record of routed log ``partition`` in [start, end): (offset, "mark", its Frontier seq for the
+    partition) or (offset, "changes", its highest change seq); other records are left out."""
+    for offset, value in records(partition, start, end):
+        try:
+            frontier = codec.frontier_of(value)
+            if frontier is not None:
+                yield offset, "mark", frontier.get(partition, -1)
+                continue
+            changes = codec.routed_changes(value)  # none in probes
+            if changes:
+                yield offset, "changes", max(change.seq for change in changes)
+        except codec.CodecError:
+            continue
+
+
+def point_of(records: RecordReader, partition: int, seq: int, end: int) -> int | None:
+    """The offset of routed log ``partition`` at which a registration as of ``seq`` applies, if it is at or
+    before ``end``: just after the first Frontier mark that reaches ``seq``, or at the first record with a change
+    past it (ingest writes a transaction's changes before its marks, so no change at or below ``seq`` comes
+    later).  That record may also hold changes at or below ``seq`` (the registry read updates.encoded
+    mid-transaction, whose records are chunked): their deltas are live deltas the release's gate nets into the
+    snapshot as of ``seq``, like every gated delta up to it."""
+    for offset, kind, record_seq in log_marks(records, partition, 0, end):
+        if kind == "mark" and record_seq >= seq:
+            return offset + 1
+        if kind == "changes" and record_seq > seq:
+            return offset
+    return None
