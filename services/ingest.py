@@ -82,7 +82,7 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
         processor.load_state(present, terms, int(checkpoint.facts["seq"]))
         if store is not None:  # the store held an older state: it is written whole by the next checkpoint
             recovery.discard(store, "Kafka holds a newer checkpoint")
-            processor.changed, processor.new_terms = dict.fromkeys(present, True), list(terms)
+            processor.changed, processor.new_terms = dict(present), list(terms)
         source = "kafka"
     elif checkpoint is not None:
         if not on_disk:  # (on disk: nothing to load, the store is the state)
@@ -310,6 +310,11 @@ class IngestService:
                 self.processor.take_changes()
         if self.remote is not None:
             processor = self.processor
+            # Where updates.routed stands (no transaction of ingest is open): below each end, every change up to
+            # the snapshot's seq; above it, none. So the snapshot is each routed partition's graph at that offset,
+            # a base a worker can move along the partition's log (docs/design-bounded-input-logs.md).
+            routed = recovery.log_ends(self.watermarks, {processor.t_routed: range(processor.n_routed)})
+            saved.facts["routed_ends"] = {str(p): end for p, end in routed[processor.t_routed].items()}
             terms = [(term_id, processor.dictionary.decode(term_id)) for term_id in processor.published]
             blob = presence.snapshot(processor.present, terms, saved.to_json())
             self.remote.queue([(KIND, 0, blob, ends[processor.t_encoded][0])])

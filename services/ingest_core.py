@@ -23,6 +23,7 @@ from services import codec
 from services.kafka.config import KafkaSettings
 from services.records import ORIGIN_HEADER, Output, dead_letter, routes
 from services.state.ondisk import DiskPresence, DiskPublished, DiskTerms
+from services.state.presence import Presence
 from services.state.store import Store
 
 SERVICE = "ingest"
@@ -75,7 +76,7 @@ class GraphMirror:
     def active(self) -> bool:
         return self.store is not None
 
-    def build(self, present: set[tuple[int, int, int, int]]) -> None:
+    def build(self, present: Iterable[tuple[int, int, int, int]]) -> None:
         import pyoxigraph as ox
 
         self.store = ox.Store()
@@ -100,7 +101,7 @@ class IngestProcessor:
         self.settings = settings
         self.n_routed = routed_partitions
         self.n_dictionary = dictionary_partitions
-        self.present: set[tuple[int, int, int, int]] = set()
+        self.present: Presence = {}  # each present quad -> the seq of the insert that made it present
         self.dictionary = TermDictionary(stable=True)
         self.known = self.dictionary.ids  # every term in it is published (_encode publishes it at once)
         self.published: set[int] = set()  # ids already on the dictionary topic
@@ -117,11 +118,12 @@ class IngestProcessor:
         self.pending_sources: list[tuple[int, int]] = []  # (raw partition, offset) of each pending_encoded change
         # per routed partition: its changes (the encoded Change objects themselves) and each one's role there
         self.pending_routed: dict[int, tuple[list[Change], list[int]]] = {}
+        self.pending_deleted: dict[int, int] = {}  # seq of each pending delete -> the seq of the insert it undoes
         self.pending_origin: int | None = None
         # What changed since the last checkpoint (kept only when a store is used: ``track_changes``): each quad
-        # whose presence changed -> present now, and the terms published.
+        # whose presence changed -> the seq of its insert, or None when absent now, and the terms published.
         self.track_changes = False
-        self.changed: dict[tuple[int, int, int, int], bool] = {}
+        self.changed: dict[tuple[int, int, int, int], int | None] = {}
         self.new_terms: list[tuple[int, str]] = []
         self.disk_terms: DiskTerms | None = None  # --state-on-disk (use_disk): the state in the store
 
@@ -135,8 +137,8 @@ class IngestProcessor:
         self.published = DiskPublished(self.disk_terms)  # type: ignore[assignment]
         self.track_changes = False  # what changed is the overlay itself
 
-    def unsaved(self) -> tuple[dict[tuple[int, int, int, int], bool], list[tuple[int, str]]]:
-        """What changed since the last checkpoint: quads -> present now, and the terms published."""
+    def unsaved(self) -> tuple[dict[tuple[int, int, int, int], int | None], list[tuple[int, str]]]:
+        """What changed since the last checkpoint: quads -> insert seq or None, and the terms published."""
         if self.disk_terms is not None:
             return self.present.overlay, list(self.disk_terms.pending.items())  # type: ignore[attr-defined]
         return self.changed, self.new_terms
@@ -171,11 +173,11 @@ class IngestProcessor:
                 continue  # a repeated insert of a present quad: no change to the set
             quad = (s, p, o, g)
             if diff > 0:
-                self.present.add(quad)
+                self.present[quad] = seq
             else:
-                self.present.discard(quad)
+                self.present.pop(quad, None)
             if changed is not None:
-                changed[quad] = diff > 0
+                changed[quad] = seq if diff > 0 else None
             self.seq = max(self.seq, seq)
         return changes[0].seq if changes else -1
 
@@ -184,7 +186,7 @@ class IngestProcessor:
         if record["id"] not in self.published:
             self._published_now(record["id"], record["term"])
 
-    def load_state(self, present: set[tuple[int, int, int, int]], terms: Iterable[tuple[int, str]], seq: int) -> None:
+    def load_state(self, present: Presence, terms: Iterable[tuple[int, str]], seq: int) -> None:
         """Start from a checkpoint's state (nothing of it counts as changed)."""
         self.present = present
         for term_id, term in terms:
@@ -192,7 +194,7 @@ class IngestProcessor:
             self.published.add(term_id)
         self.seq = seq
 
-    def take_changes(self) -> tuple[dict[tuple[int, int, int, int], bool], list[tuple[int, str]]]:
+    def take_changes(self) -> tuple[dict[tuple[int, int, int, int], int | None], list[tuple[int, str]]]:
         """The changes since the last call (for a checkpoint), forgotten here."""
         changed, new_terms = self.changed, self.new_terms
         self.changed, self.new_terms = {}, []
@@ -212,12 +214,19 @@ class IngestProcessor:
             changed = self.changed
             for change in self.pending_encoded:
                 if not change.refresh:  # a refresh changes nothing
-                    changed[change[2:6]] = change.diff > 0
+                    changed[change[2:6]] = change.seq if change.diff > 0 else None
         headers = [(ORIGIN_HEADER, str(self.pending_origin).encode())] if self.pending_origin is not None else []
-        out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, sources, self.t_raw), None, 0, headers)
+        deleted = self.pending_deleted
+
+        def inserted_at(rows: list[Change]) -> list[int]:  # (see the schemas' inserted_at; none: no delete)
+            return [0 if change.diff > 0 else deleted[change.seq] for change in rows] if deleted else []
+
+        out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, sources, self.t_raw, inserted_at(rows)), None,
+                      0, headers)
                for rows, sources in zip(_chunks(self.pending_encoded), _chunks(self.pending_sources))]
         for partition, (routed, roles) in sorted(self.pending_routed.items()):
-            out.extend(Output(self.t_routed, codec.encode_routed_batch(rows, chunk), None, partition, headers)
+            out.extend(Output(self.t_routed, codec.encode_routed_batch(rows, chunk, inserted_at(rows)), None, partition,
+                              headers)
                        for rows, chunk in zip(_chunks(routed), _chunks(roles)))
         if self.seq > self.frontier_sent:
             # Every routed partition, with changes or not, learns that it holds all changes up to self.seq:
@@ -226,6 +235,7 @@ class IngestProcessor:
                        for partition in range(self.n_routed))
             self.frontier_sent = self.seq
         self.pending_encoded, self.pending_sources, self.pending_routed, self.pending_origin = [], [], {}, None
+        self.pending_deleted = {}
         return out
 
     def accept(self, raw: RawRecord) -> list[Output]:
@@ -349,12 +359,13 @@ class IngestProcessor:
                 self.pending_encoded.append(change_of((self.seq, INSERT, *quad, event_time_ms, ROLE_BOTH, True)))
                 self.pending_sources.append((raw.partition, raw.offset))
                 return
-            self.present.add(quad)
+            self.present[quad] = self.seq + 1  # (its seq, given below)
         else:
-            if quad not in self.present:
+            inserted = self.present.pop(quad, None)
+            if inserted is None:
                 NOOP_DEL.inc()
                 return
-            self.present.discard(quad)
+            self.pending_deleted[self.seq + 1] = inserted
         if self.graph.active and not mirrored:
             self.graph.apply(op, quad)
         self.seq += 1

@@ -29,7 +29,7 @@ from services.codec.answers import (BindingWriter, answer_binding, canonical_bin
                                     encode_answer_record, encode_current_answer, encode_current_answer_record,
                                     json_string, sparql_json_term, term_from_avro, term_to_avro)
 from services.codec.changes import (decode_encoded, decode_routed, encode_encoded, encode_encoded_batch,
-                                    encode_routed, encode_routed_batch, encoded_changes, encoded_columns,
+                                    encode_routed, encode_routed_batch, encoded_changes, encoded_columns, inserted_at,
                                     encoded_records, routed_changes)
 from services.codec.control import (encode_frontier, encode_probe_batch, encode_probe_ready, frontier_of,
                                     probe_batch_of, probe_ready_of)
@@ -45,7 +45,7 @@ from services.codec.registry import _reg, _writer_name  # noqa: F401
 __all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "fingerprint", "record_names",
            "crc64_avro", "MAGIC", "encode_routed", "encode_encoded", "decode_routed", "decode_encoded",
            "decode_part_delta", "encode_part_delta", "encode_answer", "encode_current_answer",
-           "encode_routed_batch", "encode_encoded_batch", "routed_changes", "encoded_changes", "encoded_columns",
+           "encode_routed_batch", "encode_encoded_batch", "inserted_at", "routed_changes", "encoded_changes", "encoded_columns",
            "encoded_records",
            "encode_part_delta_batch", "part_deltas", "part_delta_columns", "PartDeltaColumns",
            "answer_binding", "BindingWriter", "json_string", "encode_answer_record", "encode_current_answer_record"]

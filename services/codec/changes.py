@@ -15,7 +15,7 @@ from cbgp.change import ROLE_BOTH, ROLE_NAMES, Change, change_of
 
 from services.codec.binary import _fast, _header, _long, _optional, _optional_long, _string, _text, _varint
 from services.codec.generic import _columns, decode, encode
-from services.codec.registry import HEADER_LEN, _writer_name
+from services.codec.registry import HEADER_LEN, CodecError, _writer_name
 
 _OP = {"ADD": b"\x00", "DEL": b"\x02"}
 _ROLE = {"SUBJECT": b"\x00", "OBJECT": b"\x02", "BOTH": b"\x04"}
@@ -111,22 +111,41 @@ _OP_NAME = {1: "ADD", -1: "DEL"}
 _SIGN = {"ADD": 1, "DEL": -1}
 
 
-def encode_routed_batch(changes: Sequence[Change], roles: Sequence[int] | None = None) -> bytes:
+def encode_routed_batch(changes: Sequence[Change], roles: Sequence[int] | None = None,
+                        inserted_at: Sequence[int] = ()) -> bytes:
     """One RoutedBatch of ``changes`` with ``roles``, each one's role at the partition it goes to (default: the
-    changes' own; ingest passes them beside its one Change object per change)."""
+    changes' own; ingest passes them beside its one Change object per change); ``inserted_at``: per change, a
+    delete's insert seq, 0 for an insert (see the schema; empty: not known)."""
     seq, diff, s, p, o, g, event_time, own, _refresh = zip(*changes)
     return encode("RoutedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in diff], "s": s, "p": p, "o": o, "g": g,
-                                  "event_time_ms": event_time, "role": [ROLE_NAMES[r] for r in roles or own]})
+                                  "event_time_ms": event_time, "role": [ROLE_NAMES[r] for r in roles or own],
+                                  "inserted_at": inserted_at})
 
 
-def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int, int]], source_topic: str) -> bytes:
+def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int, int]], source_topic: str,
+                         inserted_at: Sequence[int] = ()) -> bytes:
     """One EncodedBatch of ``changes`` whose raw updates were read from ``source_topic`` at ``sources``
-    (``(partition, offset)`` per change)."""
+    (``(partition, offset)`` per change); ``inserted_at`` as in :func:`encode_routed_batch`."""
     seq, diff, s, p, o, g, event_time, _role, refresh = zip(*changes)
     partition, offset = zip(*sources)
     return encode("EncodedBatch", {"seq": seq, "op": [_OP_NAME[x] for x in diff], "s": s, "p": p, "o": o, "g": g,
                                    "event_time_ms": event_time, "source_topic": source_topic,
-                                   "source_partition": partition, "source_offset": offset, "refresh": refresh})
+                                   "source_partition": partition, "source_offset": offset, "refresh": refresh,
+                                   "inserted_at": inserted_at})
+
+
+def inserted_at(data: bytes) -> list[int]:
+    """Per change of a RoutedBatch or EncodedBatch record, the seq of the insert a delete undoes (0 for an
+    insert, -1 unknown); empty for a record with no delete, one written before ingest kept them, or of another
+    kind.  Raises :class:`CodecError`."""
+    name = _writer_name(data)
+    if name not in ("RoutedBatch", "EncodedBatch"):
+        return []
+    record = decode(name, data)
+    seqs = record["inserted_at"]
+    if seqs and len(seqs) != len(record["seq"]):
+        raise CodecError(f"corrupt {name}: {len(seqs)} inserted_at for {len(record['seq'])} changes")
+    return list(seqs)
 
 
 def routed_changes(data: bytes) -> list[Change]:

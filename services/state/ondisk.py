@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from cbgp.terms import TermCollisionError, stable_term_id
-from services.state.presence import QUAD_PREFIX, Quad, load_terms, quad_key, quad_of_key, term_key
+from services.state.presence import QUAD_PREFIX, Quad, load_terms, quad_key, quad_of_key, seq_of_value, term_key
 from services.state.store import Store
 
 __all__ = ["DiskPresence", "DiskTerms", "DiskPublished", "TERM_CACHE"]
@@ -24,29 +24,37 @@ TERM_CACHE = 1 << 20  # known terms cached in memory (term -> id); beyond, the c
 
 
 class DiskPresence:
-    """The set of present quads: the overlay (quads whose presence changed since the last checkpoint -> present
-    now) over the store's ``q`` keys.  ``size`` starts at the checkpoint's count."""
+    """The present quads, each with the seq of its insert: the overlay (quads whose presence changed since the
+    last checkpoint -> that seq, or None when absent now) over the store's ``q`` keys.  ``size`` starts at the
+    checkpoint's count.  Offers the part of a dict the ingest transform uses."""
 
     def __init__(self, store: Store, size: int) -> None:
         self.store = store
-        self.overlay: dict[Quad, bool] = {}
+        self.overlay: dict[Quad, int | None] = {}
         self.size = size
 
-    def __contains__(self, quad: Quad) -> bool:
-        found = self.overlay.get(quad)
-        if found is not None:
-            return found
-        return self.store.get(quad_key(quad)) is not None
+    def get(self, quad: Quad) -> int | None:
+        """The seq of the insert that made ``quad`` present, or None when it is absent."""
+        if quad in self.overlay:
+            return self.overlay[quad]
+        value = self.store.get(quad_key(quad))
+        return None if value is None else seq_of_value(value)
 
-    def add(self, quad: Quad) -> None:
+    def __contains__(self, quad: Quad) -> bool:
+        return self.get(quad) is not None
+
+    def __setitem__(self, quad: Quad, seq: int) -> None:
         if quad not in self:
             self.size += 1
-            self.overlay[quad] = True
+        self.overlay[quad] = seq
 
-    def discard(self, quad: Quad) -> None:
-        if quad in self:
-            self.size -= 1
-            self.overlay[quad] = False
+    def pop(self, quad: Quad, default: int | None = None) -> int | None:
+        seq = self.get(quad)
+        if seq is None:
+            return default
+        self.size -= 1
+        self.overlay[quad] = None
+        return seq
 
     def __len__(self) -> int:
         return self.size
@@ -56,10 +64,10 @@ class DiskPresence:
         overlay = self.overlay
         for key in self.store.keys(QUAD_PREFIX):
             quad = quad_of_key(key)
-            if overlay.get(quad, True):
+            if overlay.get(quad, 0) is not None:
                 yield quad
-        for quad, present in list(overlay.items()):
-            if present and self.store.get(quad_key(quad)) is None:
+        for quad, seq in list(overlay.items()):
+            if seq is not None and self.store.get(quad_key(quad)) is None:
                 yield quad
 
     def saved(self) -> None:

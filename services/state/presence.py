@@ -1,8 +1,14 @@
-"""Ingest's state as store keys: the presence set (quads of term ids) and the published dictionary (id -> term).
+"""Ingest's state as store keys: the presence set (quads of term ids, each with the seq of the insert that made it
+present) and the published dictionary (id -> term).
 
-``q`` + four big-endian int64 (s, p, o, g) -> empty value, one key per present quad; ``t`` + int64 id -> the
-term's canonical string in UTF-8, one key per term ingest published.  Term ids are 63-bit and non-negative
-(``cbgp.terms.stable_term_id``; the default graph is 0), so the keys sort like the ids.
+``q`` + four big-endian int64 (s, p, o, g) -> the insert's seq, big-endian int64 (empty in stores written before
+seqs were kept: read as -1, unknown), one key per present quad; ``t`` + int64 id -> the term's canonical string in
+UTF-8, one key per term ingest published.  Term ids are 63-bit and non-negative (``cbgp.terms.stable_term_id``;
+the default graph is 0), so the keys sort like the ids.
+
+Why the insert seq: the presence set is the graph as of one seq, a *base* a worker can move to any other seq
+along the change log, and a registration replayed from a base must see each quad inserted when it really was
+(``docs/design-bounded-input-logs.md``).
 """
 
 from __future__ import annotations
@@ -16,14 +22,18 @@ from typing import Iterable, Iterator, Mapping
 
 from services.state.store import Store
 
-__all__ = ["Quad", "load_present", "load_terms", "changes", "snapshot", "load_snapshot"]
+__all__ = ["Quad", "Presence", "UNKNOWN_SEQ", "load_present", "load_terms", "changes", "snapshot", "load_snapshot"]
 
 Quad = tuple[int, int, int, int]
+Presence = dict[Quad, int]  # each present quad -> the seq of the insert that made it present
+UNKNOWN_SEQ = -1  # a quad saved before insert seqs were kept
 
 QUAD_PREFIX, TERM_PREFIX = b"q", b"t"
 _QUAD = struct.Struct(">qqqq")
+_QUAD_SEQ = struct.Struct(">qqqqq")  # a quad and its insert seq, as the snapshot packs them
 _QUAD_KEY = struct.Struct(">xqqqq")  # a quad key with its prefix byte skipped
 _TERM_ID = struct.Struct(">q")
+_SEQ = struct.Struct(">q")
 
 
 def quad_key(quad: Quad) -> bytes:
@@ -39,9 +49,19 @@ def term_key(term_id: int) -> bytes:
     return TERM_PREFIX + _TERM_ID.pack(term_id)
 
 
-def load_present(store: Store) -> set[Quad]:
-    """The saved presence set (one pass over the ``q`` keys; unpacked in bulk)."""
-    return set(_QUAD_KEY.iter_unpack(b"".join(store.keys(QUAD_PREFIX))))
+def seq_value(seq: int) -> bytes:
+    """A quad key's value: the seq of its insert."""
+    return _SEQ.pack(seq)
+
+
+def seq_of_value(value: bytes) -> int:
+    return _SEQ.unpack(value)[0] if value else UNKNOWN_SEQ
+
+
+def load_present(store: Store) -> Presence:
+    """The saved presence set with each quad's insert seq (one pass over the ``q`` keys)."""
+    unpack = _QUAD_KEY.unpack
+    return {unpack(key): seq_of_value(value) for key, value in store.scan(QUAD_PREFIX)}
 
 
 def load_terms(store: Store) -> Iterator[tuple[int, str]]:
@@ -51,39 +71,44 @@ def load_terms(store: Store) -> Iterator[tuple[int, str]]:
         yield unpack(key, 1)[0], value.decode("utf-8")
 
 
-def changes(changed: Mapping[Quad, bool], new_terms: Iterable[tuple[int, str]]
+def changes(changed: Mapping[Quad, int | None], new_terms: Iterable[tuple[int, str]]
             ) -> tuple[list[tuple[bytes, bytes]], list[bytes]]:
     """``(puts, deletes)`` that bring a saved state up to date: ``changed`` maps each quad whose presence changed
-    since the last save to whether it is present now; ``new_terms`` are the terms published since."""
+    since the last save to the seq of the insert that made it present, or None when it is absent now;
+    ``new_terms`` are the terms published since."""
     puts = [(term_key(term_id), term.encode("utf-8")) for term_id, term in new_terms]
     deletes = []
-    for quad, present in changed.items():
-        if present:
-            puts.append((quad_key(quad), b""))
+    for quad, seq in changed.items():
+        if seq is not None:
+            puts.append((quad_key(quad), seq_value(seq)))
         else:
             deletes.append(quad_key(quad))
     return puts, deletes
 
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2  # 1: quads without their insert seqs (loaded with UNKNOWN_SEQ)
 
 
-def snapshot(present: set[Quad], terms: Iterable[tuple[int, str]], record: Mapping) -> bytes:
+def snapshot(present: Presence, terms: Iterable[tuple[int, str]], record: Mapping) -> bytes:
     """The whole state as one blob (ingest's checkpoint in Kafka): the checkpoint record, the presence set packed
-    32 bytes a quad, and the published terms."""
-    packed = array("q", chain.from_iterable(present))  # (0.7 s a million quads; struct.pack per quad: 1.8 s)
+    40 bytes a quad (its four ids, then its insert seq), and the published terms."""
+    packed = array("q", chain.from_iterable((*quad, seq) for quad, seq in present.items()))
     if sys.byteorder == "little":
         packed.byteswap()  # big-endian, as the store's keys
     return pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "present": packed.tobytes(),
                          "terms": list(terms)}, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def load_snapshot(blob: bytes) -> tuple[dict, set[Quad], list[tuple[int, str]]] | None:
+def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] | None:
     """``(checkpoint record, presence set, terms)`` of a :func:`snapshot` blob; None for one of another format."""
     try:
         state = pickle.loads(blob)
     except Exception:  # noqa: BLE001 - a snapshot of older code: restore from the logs instead
         return None
-    if not isinstance(state, dict) or state.get("format") != SNAPSHOT_FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in (1, SNAPSHOT_FORMAT):
         return None
-    return state["checkpoint"], set(_QUAD.iter_unpack(state["present"])), state["terms"]
+    if state["format"] == 1:
+        present = dict.fromkeys(_QUAD.iter_unpack(state["present"]), UNKNOWN_SEQ)
+    else:
+        present = {(s, p, o, g): seq for s, p, o, g, seq in _QUAD_SEQ.iter_unpack(state["present"])}
+    return state["checkpoint"], present, state["terms"]

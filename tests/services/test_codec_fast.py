@@ -288,3 +288,17 @@ def test_routed_batches_take_the_roles_beside_the_changes() -> None:
     data = codec.encode_routed_batch(changes, [ROLE_SUBJECT, ROLE_OBJECT])
     assert codec.routed_changes(data) == [changes[0]._replace(role=ROLE_SUBJECT),
                                           changes[1]._replace(role=ROLE_OBJECT)]
+
+
+def test_change_batches_say_what_each_delete_undoes_and_older_ones_say_nothing() -> None:
+    """``inserted_at``: per change, the seq of the insert a delete undoes (0 for an insert), in both logs; a batch
+    written without it (an older ingest) reads as empty, not as zeros; a column of another length is corrupt."""
+    changes = [Change(3, 1, 2, 3, 4, 0), Change(4, -1, 5, 3, 2, 0, 7)]
+    routed = codec.encode_routed_batch(changes, None, [0, 1])
+    encoded = codec.encode_encoded_batch(changes, [(0, 5), (0, 6)], "t.updates.raw", [0, 1])
+    assert codec.inserted_at(routed) == codec.inserted_at(encoded) == [0, 1]
+    assert codec.routed_changes(routed) == changes and codec.encoded_changes(encoded) == changes
+    assert codec.inserted_at(codec.encode_routed_batch(changes)) == []
+    assert codec.inserted_at(codec.encode_frontier({0: 4})) == []
+    with pytest.raises(codec.CodecError, match="corrupt RoutedBatch"):
+        codec.inserted_at(codec.encode_routed_batch(changes, None, [0]))

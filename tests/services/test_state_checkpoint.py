@@ -57,6 +57,24 @@ def _rows(values: list[bytes]) -> list[tuple]:
             for seq, sign, s, p, o, g, _t, _role, refresh in codec.encoded_changes(value)]
 
 
+def _insert_seqs(values: list[bytes]) -> dict[tuple, int]:
+    """The presence set an encoded log leaves, each quad with the seq of the insert that made it present; checks
+    on the way that each delete carries that seq (``inserted_at``)."""
+    present: dict[tuple, int] = {}
+    for value in values:
+        changes = codec.encoded_changes(value)
+        for change, inserted in zip(changes, codec.inserted_at(value) or [0] * len(changes), strict=True):
+            quad = (change.s, change.p, change.o, change.g)
+            if change.refresh:
+                assert inserted == 0
+            elif change.diff > 0:
+                assert inserted == 0
+                present[quad] = change.seq
+            else:
+                assert present.pop(quad) == inserted, "a delete carries the seq of the insert it undoes"
+    return present
+
+
 def _tracking() -> IngestProcessor:
     processor = IngestProcessor(S, 4, 4)
     processor.track_changes = True
@@ -71,6 +89,7 @@ def test_a_checkpoint_plus_the_tail_restores_the_state_of_an_uninterrupted_run(t
     uninterrupted = IngestProcessor(S, 4, 4)
     reference = _Logs()
     reference.run(uninterrupted, records)
+    assert uninterrupted.present == _insert_seqs(reference.encoded)  # each quad with its insert's seq
 
     live, logs = _tracking(), _Logs()
     with Store(tmp_path / "store") as store:
@@ -185,13 +204,19 @@ def test_a_store_in_use_elsewhere_turns_checkpoints_off_with_one_line_instead_of
 
 def test_ingests_snapshot_for_kafka_round_trips_its_state_and_refuses_another_format() -> None:
     import pickle
+    from array import array
 
-    present = {(1, 2, 3, 0), (2 ** 62, 5, 6, 7), (9, 9, 9, 9)}
+    present = {(1, 2, 3, 0): 4, (2 ** 62, 5, 6, 7): 2 ** 40, (9, 9, 9, 9): 1}  # quad -> the seq of its insert
     terms = [(1, "<http://example.org/a>"), (5, '"five"@en')]
     blob = presence.snapshot(present, terms, {"format": 1, "positions": {}})
     assert presence.load_snapshot(blob) == ({"format": 1, "positions": {}}, present, terms)
-    assert len(blob) < 32 * len(present) + 400  # 32 bytes a quad, not a pickled set of tuples
-    assert presence.load_snapshot(presence.snapshot(set(), [], {})) == ({}, set(), [])
+    assert len(blob) < 40 * len(present) + 400  # 40 bytes a quad, not a pickled dict of tuples
+    assert presence.load_snapshot(presence.snapshot({}, [], {})) == ({}, {}, [])
+    # a snapshot of the format before insert seqs were kept: its quads, their seqs unknown
+    packed = array("q", [q for quad in present for q in quad])
+    packed.byteswap()
+    older = pickle.dumps({"format": 1, "checkpoint": {}, "present": packed.tobytes(), "terms": terms})
+    assert presence.load_snapshot(older) == ({}, dict.fromkeys(present, presence.UNKNOWN_SEQ), terms)
     assert presence.load_snapshot(pickle.dumps({"format": 0})) is None
     assert presence.load_snapshot(b"not a pickle") is None
 
@@ -240,7 +265,8 @@ def test_with_the_state_on_disk_ingest_writes_the_same_logs_and_restores_by_open
         assert not restored.present.overlay
         spilled = Checkpoint.from_json(store.checkpoint())
         assert spilled.positions == logs.ends() and spilled.facts["present"] == len(uninterrupted.present)
-        assert set(restored.present) == uninterrupted.present and len(restored.present) == len(uninterrupted.present)
+        assert {quad: restored.present.get(quad) for quad in restored.present} == uninterrupted.present
+        assert len(restored.present) == len(uninterrupted.present)
         assert restored.seq == uninterrupted.seq
         assert set(restored.published) == uninterrupted.published
     assert 0 < checkpoint.facts["present"] and 0 < checkpoint.facts["terms"]
