@@ -132,18 +132,23 @@ WORKER_PARTITIONS = 4
 # The bench queries answer little over the first (static) LSBench triples; these answer a lot there, so that
 # the answers log and the release's DISTINCT counts grow with history as in a real run.
 KNOWS = "<http://xmlns.com/foaf/0.1/knows>"
+SIB = "http://www.ins.cwi.nl/sib/vocabulary/"
+LATE = (f"SELECT * WHERE {{ ?post <http://www.w3.org/1999/02/22-rdf-syntax-ns#type> <{SIB}Post> . "
+        f"?post <{SIB}hashtag> ?tag }}")  # a star registered after the checkpoint (``registered_after``)
 ANSWERING = {"friends_of_friends": f"SELECT * WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}",
              "distinct_fof": f"SELECT DISTINCT ?a ?c WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}"}
 
 
 def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = None,
-                    kafka: KafkaSettings | None = None) -> dict[str, float]:
+                    kafka: KafkaSettings | None = None, registered_after: bool = False) -> dict[str, float]:
     """Seconds (median of ``runs``) to open every shard of a worker at its committed offset after ``lines``, from
     the checkpoint taken ``tail`` updates before the end and from offset 0 (see the module docstring); with
     ``kafka``, also from the same checkpoint written to and read back from its checkpoint topics
     (``"kafka"``: what a worker without the checkpoint on its disk does).
     ``made``: filled with what the answers service reads (``deltas``: deltas.parts records per partition,
-    ``cut``: how many each had at the checkpoint, ``terms``, ``queries``)."""
+    ``cut``: how many each had at the checkpoint, ``terms``, ``queries``).  ``registered_after``: one more query
+    (``LATE``, a star) is registered after the checkpoint, so the checkpoints lack it: the restore adopts them and
+    catches that query up (before, it replayed every shard holding it from offset 0)."""
     from services import codec
     from services.kafka.checkpoint_log import CheckpointLog
     from services.runtime import commit_transaction
@@ -170,7 +175,7 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
                 logs[(kind, out.partition if kind == "routed" else 0)].append(out.value)
     shards = [("routed", p) for p in range(n)] + [("whole", p) for p in range(n)]
 
-    def core(checkpoints: ShardCheckpoints | None) -> WorkerCore:
+    def core(checkpoints: ShardCheckpoints | None, late: bool = registered_after) -> WorkerCore:
         made = WorkerCore({"deltas.parts": "m.deltas.parts", "deadletter": "m.deadletter",
                            "updates.routed": "m.updates.routed"}, n, n, n,
                           lambda kind, p, start, end: [c for v in logs[(kind, p if kind == "routed" else 0)][start:end]
@@ -181,7 +186,14 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
             plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
                     "registered_at_seq": 0, "version": 1}
             made.on_plan(i % n, i, name.encode(), codec.encode("QueryPlan", plan), range(n))
+        if late:
+            register_late(made)
         return made
+
+    def register_late(worker: WorkerCore) -> None:
+        plan = {"query_id": "late", "sparql": LATE, "options": {}, "plan_json": "{}", "projected": [],
+                "registered_at_seq": cut[("whole", 0)], "version": 1}
+        worker.on_plan(0, len(queries), b"late", codec.encode("QueryPlan", plan), range(n))
 
     def apply(worker: WorkerCore, upto: dict[tuple[str, int], int] | None) -> None:
         """Every shard's log up to ``upto`` (None: to its end, and again while probes keep coming); the probes
@@ -209,12 +221,14 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
     live = None
     with tempfile.TemporaryDirectory(prefix="worker-restore-") as tmp, Store(Path(tmp) / "w") as store:
         checkpoints = ShardCheckpoints(store)
-        live = core(checkpoints)
+        live = core(checkpoints, late=False)
         for key in shards:
             live.open_shard(*key, 0, None)
         apply(live, cut)
         blobs = live.checkpoint_blobs(shards)
         checkpoints.put(blobs)
+        if registered_after:
+            register_late(live)
         cases: list[tuple[str, ShardCheckpoints | None]] = [("checkpoint", checkpoints), ("offset0", None)]
         if kafka is not None:
             remote = CheckpointLog(kafka, {"routed": kafka.topic("checkpoints.routed"),
@@ -353,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                       + (f" entries_per_s={entries_per_s:.0f}" if rate else "") + f" source={stream.source}", flush=True)
     workers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}, "kafka": {}}
     answers: dict[str, dict[str, float]] = {"checkpoint": {}, "offset0": {}}
+    after: dict[str, float] = {}  # a query registered after the checkpoint
     if args.worker:
         with tempfile.TemporaryDirectory(prefix="restore-bench-") as tmp, \
                 EmbeddedBroker(Path(tmp) / "broker") as broker:
@@ -373,12 +388,21 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"answers history={length} restore={how} seconds={seconds:.3f} partitions={WORKER_PARTITIONS} "
                           "(in memory) "
                           f"deltas_records={sum(map(len, made['deltas'].values()))} source={stream.source}", flush=True)
+            # One more query registered after the checkpoint: adopted and caught up, or (before) from offset 0.
+            length = HISTORIES[-1]
+            for case, seconds in worker_restores(history(final, length), args.tail, args.runs,
+                                                 registered_after=True).items():
+                after[case] = round(seconds, 3)
+                how = "checkpoint+tail+catch-up" if case == "checkpoint" else "offset 0"
+                print(f"worker history={length} restore={how} seconds={seconds:.3f} shards={2 * WORKER_PARTITIONS} "
+                      f"(a query registered after the checkpoint; logs in memory) source={stream.source}", flush=True)
     print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"],
                       "answers": answers["checkpoint"] or None, "restore_entries_per_s": round(entries_per_s),
                       "ingest_from_offset_0": results["offset0"], "worker_from_offset_0": workers["offset0"] or None,
                       "answers_from_offset_0": answers["offset0"] or None,
                       "worker_from_kafka_checkpoint": workers["kafka"] or None,
-                      "ingest_from_kafka_snapshot": results["kafka"]}))
+                      "ingest_from_kafka_snapshot": results["kafka"],
+                      "worker_after_registration": after or None}))
     return 0
 
 

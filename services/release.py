@@ -30,9 +30,9 @@ retracts from another.  So, per deltas.parts partition:
 5. **One copy per key.**  During a rebalance two workers may both hold a routed partition for a moment (a
    broker that does not fence the old owner, like the embedded one).  Both then send the same deltas with the
    same idempotence keys: a registration applies at one record of each routed log whichever worker reads its
-   plan (``services.worker_core.points.point_of``), and deltas are numbered per query.  The deltas the release counts, nets or
-   multiplies (a product's parts, DISTINCT rows, a gate's) are released once per key (``_first_release``);
-   plain deltas' repeated keys are dropped by the answers core.
+   plan (``services.worker_core.points.point_of``), and deltas are numbered per query.  The deltas the release
+   counts, nets or multiplies (a product's parts, DISTINCT rows, a gate's) are released once per key
+   (``_first_release``); plain deltas' repeated keys are dropped by the answers core.
 
 6. **Products and operators.**  A product's part deltas are multiplied per seq (``cbgp.assembly``); an
    operator query's leaves' part deltas go through its operators (``services.release_operators``), whose

@@ -45,7 +45,7 @@ from services.codec.registry import _reg, _writer_name  # noqa: F401
 __all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "fingerprint", "record_names",
            "crc64_avro", "MAGIC", "encode_routed", "encode_encoded", "decode_routed", "decode_encoded",
            "decode_part_delta", "encode_part_delta", "encode_answer", "encode_current_answer",
-           "encode_routed_batch", "encode_encoded_batch", "inserted_at", "routed_changes", "encoded_changes", "encoded_columns",
-           "encoded_records",
+           "encode_routed_batch", "encode_encoded_batch", "inserted_at", "routed_changes", "encoded_changes",
+           "encoded_columns", "encoded_records",
            "encode_part_delta_batch", "part_deltas", "part_delta_columns", "PartDeltaColumns",
            "answer_binding", "BindingWriter", "json_string", "encode_answer_record", "encode_current_answer_record"]

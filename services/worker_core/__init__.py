@@ -345,8 +345,9 @@ class WorkerCore(CoreOutputs):
         offset the registry read when it registered the query (``registered_at_seq``).
 
         Every owner of a routed partition applies the registration at the same record of its log, the first
-        past that seq (``services.worker_core.points.point_of``), whenever it reads the plan: a worker that reads it later rewinds (the
-        snapshot of the log before that record, then the records after it replayed to the new query alone).
+        past that seq (``services.worker_core.points.point_of``), whenever it reads the plan: a worker that
+        reads it later rewinds (the snapshot of the log before that record, then the records after it replayed
+        to the new query alone).
         So two workers that both hold a partition for a moment during a rebalance (a broker that does not
         fence the old owner) send the same snapshot and the same deltas with the same keys, and the answers
         service reads them once."""
