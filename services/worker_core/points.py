@@ -47,16 +47,45 @@ def log_marks(records: RecordReader, partition: int, start: int, end: int) -> It
             continue
 
 
-def point_of(records: RecordReader, partition: int, seq: int, end: int) -> int | None:
+def point_of(records: RecordReader, partition: int, seq: int, end: int, start: int = 0) -> int | None:
     """The offset of routed log ``partition`` at which a registration as of ``seq`` applies, if it is at or
     before ``end``: just after the first Frontier mark that reaches ``seq``, or at the first record with a change
     past it (ingest writes a transaction's changes before its marks, so no change at or below ``seq`` comes
     later).  That record may also hold changes at or below ``seq`` (the registry read updates.encoded
     mid-transaction, whose records are chunked): their deltas are live deltas the release's gate nets into the
-    snapshot as of ``seq``, like every gated delta up to it."""
-    for offset, kind, record_seq in log_marks(records, partition, 0, end):
-        if kind == "mark" and record_seq >= seq:
-            return offset + 1
-        if kind == "changes" and record_seq > seq:
-            return offset
+    snapshot as of ``seq``, like every gated delta up to it.
+
+    Found by bisection over ``[start, end)``: along the log, the changes' seqs and the partition's marks only
+    grow (probe records, which carry neither, are stepped over), so whether a record is past the point is
+    monotone.  It reads a few records at about log2(end - start) places, never the log below the point's
+    neighbourhood: a registration's point is found without reading from offset 0."""
+    found = None
+    low, high = start, end
+    while low < high:
+        middle = (low + high) // 2
+        first = _first_mark_or_change(records, partition, middle, high)
+        if first is None:  # nothing that says where the log stands in [middle, high)
+            high = middle
+            continue
+        offset, kind, record_seq = first
+        if (kind == "mark" and record_seq >= seq) or (kind == "changes" and record_seq > seq):
+            found, high = first, middle  # past the point: the first such record is this one or before it
+        else:
+            low = offset + 1
+    if found is None:
+        return None
+    offset, kind, _record_seq = found
+    return offset + 1 if kind == "mark" else offset
+
+
+def _first_mark_or_change(records: RecordReader, partition: int, start: int, end: int) -> tuple[int, str, int] | None:
+    """The first record in [start, end) that is this partition's Frontier mark or holds changes, read in
+    growing windows (a probe record between them is skipped)."""
+    window = 8
+    while start < end:
+        stop = min(end, start + window)
+        for offset, kind, record_seq in log_marks(records, partition, start, stop):
+            if kind == "changes" or record_seq >= 0:  # (a mark of no seq for this partition says nothing)
+                return offset, kind, record_seq
+        start, window = stop, window * 8
     return None
