@@ -41,6 +41,20 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
         time.sleep(0.1)
     raise TimeoutError(f"{what} not reached in {timeout} s")
 
+
+def ingest_snapshot_at_end(settings: KafkaSettings) -> Any:
+    """Ingest's last snapshot in Kafka (a ``CheckpointLog`` record) if it reflects every record of updates.encoded,
+    which is not empty; else None (for ``wait_for``)."""
+    from services.kafka.checkpoint_log import CheckpointLog
+
+    remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, "test")
+    try:
+        saved = remote.get("ingest", 0)
+    finally:
+        remote.close()
+    high = end_offsets(settings, settings.topic("updates.encoded"))[0][1]
+    return saved if saved is not None and saved.position == high and high > 0 else None
+
 QUERIES = {
     # single star: by centre value over updates.routed
     "star": f"SELECT ?x WHERE {{ ?x <{EX}type> <{EX}Person> . ?x <{EX}likes> <{EX}Pizza> }}",

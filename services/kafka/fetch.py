@@ -23,7 +23,8 @@ from services.metrics import record_consumer_lag
 from services.records import kv
 
 __all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS", "Fetcher",
-           "first_record", "next_listen", "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok", "idle_pause", "GroupInput"]
+           "first_record", "next_listen", "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok",
+           "idle_pause", "GroupInput"]
 
 log = logging.getLogger("cbgp.runtime")
 

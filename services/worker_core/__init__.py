@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from typing import Iterable, Iterator
 
 from cbgp.assembly import needs_assembly
@@ -282,11 +283,7 @@ class WorkerCore(CoreOutputs):
         changes = _with_progress(_tracking_seq(shard, self._learning(
             shard, self.reader(kind, partition, start, shard.position))), shard.position - start, label)
         for name, rows in shard.engine.replay(changes, owed_names, only=False).items():
-            if name in net:
-                for row, count in rows.items():
-                    net[name][row] += count
-            else:
-                net[name] = rows
+            net.setdefault(name, Counter()).update(rows)  # (added to what the catch-up made, if any)
         if kind == "routed":
             for info in infos:
                 for name, part, _plan in info.probe_programs():

@@ -19,12 +19,11 @@ import pytest
 
 from cbgp.change import routes
 from services import codec
-from services.kafka import end_offsets, read_all
-from services.kafka.checkpoint_log import CheckpointLog
+from services.kafka import read_all
 from services.kafka.topics import ensure_topics
 from services.state import presence
 from tests.fixtures.broker import fresh_settings
-from tests.fleet_support import Fleet, generate_patch, publish_patch, wait_for
+from tests.fleet_support import Fleet, generate_patch, ingest_snapshot_at_end, publish_patch, wait_for
 
 N = 4
 
@@ -39,15 +38,8 @@ def test_ingests_snapshot_holds_each_quads_insert_seq_and_where_each_routed_part
     encoded_topic = settings.topic("updates.encoded")
 
     def snapshot_at_end() -> tuple | None:
-        remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, "test")
-        try:
-            saved = remote.get("ingest", 0)
-        finally:
-            remote.close()
-        high = end_offsets(settings, encoded_topic)[0][1]
-        if saved is None or saved.position != high or high == 0:
-            return None
-        return presence.load_snapshot(saved.blob)
+        saved = ingest_snapshot_at_end(settings)
+        return presence.load_snapshot(saved.blob) if saved is not None else None
 
     with Fleet(settings, tmp_path / "logs") as fleet:
         fleet.start("ingest", "ingest", "--instance-id", "i1", "--checkpoint-interval", "0",

@@ -20,9 +20,8 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services.kafka import end_offsets, ensure_topics
-from services.kafka.checkpoint_log import CheckpointLog
 from tests.fixtures.broker import fresh_settings
-from tests.fleet_support import Fleet, wait_for
+from tests.fleet_support import Fleet, ingest_snapshot_at_end, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -61,16 +60,7 @@ def test_a_gateway_answers_query_from_ingests_snapshot_after_the_log_below_it_wa
             assert reply.status_code == 200, reply.text
             oracle.update(update)
 
-        def snapshot_at_end() -> int | None:
-            remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, "test")
-            try:
-                saved = remote.get("ingest", 0)
-            finally:
-                remote.close()
-            high = end_offsets(settings, encoded)[0][1]
-            return saved.position if saved is not None and saved.position == high and high > 0 else None
-
-        position = wait_for(snapshot_at_end, 60.0, "ingest's snapshot of every change")
+        position = wait_for(lambda: ingest_snapshot_at_end(settings), 60.0, "ingest's snapshot of every change").position
         admin = AdminClient(settings.admin_config())
         for future in admin.delete_records([TopicPartition(encoded, 0, position)], request_timeout=10).values():
             future.result(10)
