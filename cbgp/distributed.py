@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from cbgp.change import ROLE_OBJECT, ROLE_SUBJECT, partition_of
 from cbgp.distributed_program import ComponentProgram, PatternSpec, compile_component, probe_route
@@ -130,6 +130,7 @@ class _QueryState:
         self.program = program
         self.roots_after = roots_after  # updates up to this seq start no probes: the snapshot covers them
         self.registration_upto = -1  # updates up to this seq belong to the registration here (flagged snapshot)
+        self.history_upto = -1  # changes up to this seq came in the registration's history: the log's are skipped
         # FILTERs pushed into the patterns (an object with passes(s, p, o, g); None: none): a change it rejects
         # takes part in no answer, so it is neither stored nor starts probes (the filters decide the answers
         # where the operators run).  A function of the change alone, so every owner of the partition agrees.
@@ -161,7 +162,7 @@ class _QueryState:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update({"gate": None, "gated": 0, **state})  # (a checkpoint from before gates)
+        self.__dict__.update({"gate": None, "gated": 0, "history_upto": -1, **state})  # (older checkpoints)
         self.project = _projector(self.program.projection)
 
     def _compile(self, steps: tuple) -> tuple[tuple, ...]:
@@ -242,14 +243,28 @@ class PartitionEvaluator:
                  gate: object | None = None) -> None:
         """Add a query whose answers are enumerated as of ``roots_after`` (:meth:`snapshot`, the same seq on
         every partition) and whose deltas start with the updates after it.  Its state is then brought in with
-        :meth:`apply` on this partition's log so far (``only=``); the updates up to ``registration_upto`` (what
-        this partition had applied when it registered the query) start probes flagged ``snapshot``: they are
-        the registration's, which :meth:`pending` waits for and :meth:`completed_live` leaves out.  ``gate``:
-        the FILTERs pushed into its patterns (see ``_QueryState.gate``)."""
+        :meth:`replay_history` (or, in tests, :meth:`apply` on this partition's log so far, ``only=``); the
+        updates up to ``registration_upto`` (the seq the registration answers as of) start probes flagged
+        ``snapshot``: they are the registration's, which :meth:`pending` waits for and :meth:`completed_live`
+        leaves out.  ``gate``: the FILTERs pushed into its patterns (see ``_QueryState.gate``)."""
         state = self.queries[program.name] = _QueryState(program, roots_after)
         state.registration_upto = registration_upto
         state.gate = gate
         self._index()
+
+    def replay_history(self, name: str, history: Iterable[tuple], out: Outputs) -> Outputs:
+        """Bring a just-registered query's state in from its registration's history: this partition's graph as
+        of ``registration_upto`` as an insert-only history, each quad at its last insert's seq, in seq order
+        (``distributed_state.insert_history``).  That history is a function of the seq alone, so every
+        partition replays the same timeline of each triple, whether it read its log from offset 0 or moved a
+        base to the point: the delta rule's sum telescopes over one timeline only (a triple present in
+        ``[5, 8)`` at one partition and not at the other counts some pairs twice).  The log's changes up to
+        that seq are skipped for this query from now on: they are in the history."""
+        state = self.queries[name]
+        for seq, sign, s, p, o, g, _time, role, *_refresh in history:
+            self.apply(seq, sign, s, p, o, g, role, only=name, out=out)
+        state.history_upto = state.registration_upto
+        return out
 
     def snapshot(self, name: str) -> Outputs:
         """Start the enumeration of the query's answers as of its ``roots_after`` from this partition: every
@@ -346,6 +361,8 @@ class PartitionEvaluator:
             state = self.queries[only]
             targets = ((only, state, state.hits[p]),) if p in state.hits else ()
         for name, state, hits in targets:
+            if seq <= state.history_upto:
+                continue  # (in the registration's history already: replay_history)
             if state.gate is not None and not state.gate.passes(s, p, o, g):
                 state.gated += 1
                 continue

@@ -69,6 +69,10 @@ class ComponentProgram:
         """Pattern ``j``'s routes, indexed as probes name them (the first: ``plans[j]``)."""
         return self.variants[j] if self.variants else (self.plans[j],)
 
+    def predicates(self) -> frozenset[int]:
+        """The predicates of its patterns: the changes it reads."""
+        return frozenset(spec.predicate for spec in self.patterns)
+
     def start_end(self, j: int) -> int:
         """Which end of pattern ``j``'s triple starts its probes (its triple is routed to both)."""
         return self.starts[j] if self.starts else self.patterns[j].ends()[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from operator import itemgetter
+from typing import Iterable
 
 SKETCH_SIZE, MIN_KEYS = 64, 16  # distinct keys by the k smallest key hashes; fewer keys: the default fan-out
 _GOLDEN, _HASH_MASK, _HASH_RANGE = 0x9E3779B97F4A7C15, (1 << 64) - 1, float(1 << 64)  # Fibonacci hashing
@@ -15,6 +17,32 @@ def present_at(history: list[int], as_of: int) -> bool:
     flipped, oldest first, with a leading -1 when it was present before the first recorded flip (changes
     alternate: ingest drops duplicate inserts and deletes of absent triples)."""
     return bisect.bisect_right(history, as_of) % 2 == 1
+
+
+Quad = tuple[int, int, int, int]
+
+
+def fold(graph: dict[Quad, tuple], changes: Iterable[tuple], upto: int,
+         predicates: frozenset[int] | None = None) -> dict[Quad, tuple]:
+    """Move ``graph`` (each present quad -> the change that inserted it) along ``changes``
+    (``cbgp.change.Change`` tuples) whose seq is at most ``upto``; ``predicates``: those of the others only."""
+    for change in changes:
+        seq, diff, s, p, o, g = change[:6]
+        if seq > upto or (predicates is not None and p not in predicates):
+            continue
+        if diff > 0:
+            graph[(s, p, o, g)] = change
+        else:
+            graph.pop((s, p, o, g), None)
+    return graph
+
+
+def insert_history(graph: dict[Quad, tuple]) -> list[tuple]:
+    """A graph (as :func:`fold` keeps it) as an insert-only history: each quad inserted at the seq of its last
+    insert, in seq order.  For the graph as of seq S this is a function of the global history and S alone,
+    whatever base or log it was folded from: the history a multi-centre registration replays
+    (``PartitionEvaluator.replay_history``)."""
+    return sorted(graph.values(), key=itemgetter(0))
 
 
 class PatternStore:
@@ -167,4 +195,4 @@ class LiveCounts:
             per_seq[seq] = n + delta
 
 
-__all__ = ["MIN_KEYS", "SKETCH_SIZE", "LiveCounts", "PatternStore", "present_at"]
+__all__ = ["MIN_KEYS", "SKETCH_SIZE", "LiveCounts", "PatternStore", "Quad", "fold", "insert_history", "present_at"]

@@ -30,11 +30,21 @@ with one owner.  A registration applies at one point of the log whichever owner 
 step, so its segments (the registration's under the record before the point) and delta keys are the other
 owner's; deltas are numbered per query for the same reason.
 
+**One history per registration.**  A registration as of seq S replays the partition's graph at S as an
+insert-only history, each quad at its last insert's seq (``PartitionEvaluator.replay_history``), never the
+inserts and deletes that led there; the log's changes up to S (the point's record may hold some) are skipped for
+it.  That history is a function of S alone, so every partition and every owner replays the same timeline of each
+triple, which the delta rule needs, whether it read the log from offset 0 or (once the log is cut below a floor)
+moved a base to the point.  Workers from before this rule build the true history: they must not share a fleet
+with these while a registration's probes are in flight (once every partition has answered them, the states agree
+as of S and after).
+
 Restore (:func:`restore`): the shard's whole routed log is replayed silently into the evaluators -- changes,
-frontier marks, probes and acks, in log order -- which rebuilds the versioned state, the probes that were
-waiting and the live counts exactly (every step is a function of the log; versions make reads independent of
-timing).  A first pass reads this partition's own registration records, so that the updates of a
-registration are flagged as they were.  The committed offset is the shard's position, as for every shard.
+frontier marks, probes and acks, in log order, each registration applied at its point of it with its history,
+as ``register_at`` applied it -- which rebuilds the versioned state, the probes that were waiting and the live
+counts exactly (every step is a function of the log; versions make reads independent of timing).  A first pass
+reads this partition's own registration records for their seqs.  The committed offset is the shard's position,
+as for every shard.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from typing import Any, Callable, Iterable
 
 from cbgp.change import Change
 from cbgp.distributed import Ack, Outputs, PartitionEvaluator, Probe, compile_component
+from cbgp.distributed_state import fold, insert_history
 from services import codec
 from services.records import Output, kv, query_partition
 
@@ -86,39 +97,46 @@ class ProbeRouting:
 
     # -- registration
 
-    def register(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int) -> None:
+    def register(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int, history: list[Change],
+                 out: Outputs) -> None:
         """Add one of ``info``'s evaluator queries (``QueryInfo.probe_programs``: the query, or a product's
-        multi-centre part) to a routed shard being restored (its log is then replayed into it silently); the
-        updates up to seq ``upto`` are its registration's."""
+        multi-centre part) to a routed shard being restored, at its point of the log (:func:`restore`), with its
+        registration's history (the partition's graph as of seq ``upto`` as an insert-only history,
+        ``PartitionEvaluator.replay_history``)."""
         evaluator = self._evaluator(shard)
-        evaluator.register(compile_component(name, plan, shard.engine.dictionary), 0, upto, _gate(shard, info, plan))
+        gate = _gate(shard, info, plan)
+        evaluator.register(compile_component(name, plan, shard.engine.dictionary), 0, upto, gate)
+        evaluator.replay_history(name, self.learning(shard, history, _terms(gate)), out)
+        out.extend(evaluator.release_waiting(name))
         shard.probe_queries[name] = info
 
     def register_at(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int,
-                    point: int) -> list[tuple[int, Outputs]]:
+                    point: int, point_changes: Iterable[Change] = ()) -> list[tuple[int, Outputs]]:
         """Apply a registration at offset ``point`` of a serving shard's log, however far past it the shard
         is: a scratch evaluator reads the log for this query alone -- the records before ``point`` (the
-        query's probes that came early wait), then the registration (its history replayed, the updates up to
-        ``upto`` starting probes flagged as the registration's, the early probes answered), then every record
-        from ``point`` to the shard's position as the shard would have processed it -- and the query's state
-        moves into the shard's evaluator.  Returns what each step made, ``(cause, outputs)``, the
+        query's probes that came early wait), then the registration (the partition's graph as of seq ``upto``
+        replayed as its history, ``PartitionEvaluator.replay_history``, starting probes flagged as the
+        registration's; the early probes answered), then every record from ``point`` to the shard's position
+        as the shard would have processed it -- and the query's state moves into the shard's evaluator.
+        ``point_changes``: the changes of the record at ``point`` when the shard has not passed it (its
+        changes up to ``upto`` are in the history).  Returns what each step made, ``(cause, outputs)``, the
         registration's under cause ``point - 1``: a function of the log alone, so an owner that reads the plan
         late makes what one that applied it at the point made, with the same segments and delta keys, and the
         receivers take one copy.  The registration is recorded in the shard's own log for its restores."""
         here = shard.partition
         program = compile_component(name, plan, shard.engine.dictionary)
         gate = _gate(shard, info, plan)
-        terms = frozenset(gate.gates) if gate is not None else frozenset()  # (whose terms its FILTERs read)
+        terms = _terms(gate)  # (whose terms its FILTERs read)
+        predicates = program.predicates()
         scratch = PartitionEvaluator(here, self.n_routed)
         channels: dict = {}
         steps: list[tuple[int, Outputs]] = []
+        graph: dict = {}  # this partition's graph before the point, folded as the records come
 
-        def registration() -> Outputs:
+        def registration(tail: Iterable[Change]) -> Outputs:
             scratch.register(program, 0, upto, gate)
-            made = Outputs()
-            for seq, sign, s, p, o, g, _time, role, _refresh in self.learning(shard, _changes(self.reader(
-                    here, 0, point)), terms):
-                scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
+            history = insert_history(fold(graph, tail, upto, predicates))
+            made = scratch.replay_history(name, self.learning(shard, history, terms), Outputs())
             made.extend(scratch.release_waiting(name))
             return made
 
@@ -126,7 +144,7 @@ class ProbeRouting:
         for offset, value in self.reader(here, 0, shard.position):
             live = offset >= point
             if live and not registered:  # (the point may be a transaction marker's offset: no record has it)
-                steps.append((point - 1, registration()))
+                steps.append((point - 1, registration(_changes([(offset, value)]) if offset == point else ())))
                 registered = True
             made = Outputs()
             frontier = codec.frontier_of(value)
@@ -140,18 +158,18 @@ class ProbeRouting:
                     for item in probes:
                         scratch.on_probe(Probe(here, *item), live, made)
             else:
-                last = None
-                for seq, sign, s, p, o, g, _time, role, _refresh in self.learning(
-                        shard, _changes([(offset, value)]), terms if live else frozenset()):
-                    if live:
+                changes = list(_changes([(offset, value)]))
+                if live:
+                    for seq, sign, s, p, o, g, _time, role, _refresh in self.learning(shard, changes, terms):
                         scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
-                    last = seq
-                if last is not None:
-                    scratch.advance(last, made)
+                else:
+                    fold(graph, changes, upto, predicates)
+                if changes:
+                    scratch.advance(changes[-1].seq, made)
             if live and (made.deltas or made.probes or made.acks):
                 steps.append((offset, made))
         if not registered:
-            steps.append((point - 1, registration()))
+            steps.append((point - 1, registration(point_changes)))
         self._evaluator(shard).adopt(scratch, name)
         shard.probe_channels.update({key: taken for key, taken in channels.items() if key[1] == name})
         shard.probe_queries[name] = info
@@ -404,6 +422,8 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
         if record is not None:
             for item in record["registered"]:
                 upto[item["query"]] = item["as_of"]
+    # name -> (info, plan, seq, predicates): registered at their point of the replayed log, as register_at did
+    waiting: dict[str, tuple[QueryInfo, Any, int, frozenset[int]]] = {}
     if start:
         shard.registered_at.update((name, seq) for name, seq in upto.items() if name in shard.probe_queries)
     else:
@@ -412,28 +432,54 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
         shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
         for info in probed:
             for name, _part, plan in info.probe_programs():
-                routing.register(shard, info, name, plan, upto.get(name, -1))
-                if name in upto:
-                    shard.registered_at[name] = upto[name]
+                predicates = compile_component(name, plan, shard.engine.dictionary).predicates()
+                waiting[name] = (info, plan, upto.get(name, -1), predicates)
     evaluator = shard.evaluator
-    if evaluator is not None:
-        terms = evaluator.gate_predicates()
-        for offset, value in routing.reader(shard.partition, start, shard.position):
-            frontier = codec.frontier_of(value)
-            if frontier is not None:
-                evaluator.advance(frontier.get(shard.partition, -1))
-                continue
-            record = _probe_batch(value)
-            if record is not None:
-                routing.on_batch(shard, record, known)  # silently: its outputs were committed before
-                continue
-            wanted = evaluator.predicates
-            for seq, sign, s, p, o, g, _time, role, _refresh in routing.learning(
-                    shard, _changes([(offset, value)]), terms):
-                if p in wanted:
-                    evaluator.apply(seq, sign, s, p, o, g, role)
-                evaluator.advance(seq)
-        shard.frontier = max(shard.frontier, evaluator.applied)
+    if evaluator is None:
+        return
+    graph: dict = {}  # the partition's graph so far (the waiting registrations' predicates), for their history
+
+    def due(names: list[str], tail: list[Change]) -> None:
+        for name in names:
+            info, plan, seq, predicates = waiting.pop(name)
+            history = insert_history(fold({q: c for q, c in graph.items() if q[1] in predicates}, tail, seq))
+            routing.register(shard, info, name, plan, seq, history, Outputs())  # (silently, as below)
+            if name in upto:
+                shard.registered_at[name] = seq
+
+    terms = evaluator.gate_predicates().union(*(_terms(_gate(shard, info, plan)) for info, plan, _s, _p
+                                                in waiting.values()))
+    folded = frozenset().union(*(predicates for _i, _p, _s, predicates in waiting.values()))
+    for offset, value in routing.reader(shard.partition, start, shard.position):
+        frontier = codec.frontier_of(value)
+        if frontier is not None:
+            mark = frontier.get(shard.partition, -1)
+            evaluator.advance(mark)
+            if waiting and mark >= 0:  # (a registration's point: just after the first mark that reaches its seq)
+                due([name for name, item in waiting.items() if mark >= item[2]], [])
+            continue
+        record = _probe_batch(value)
+        if record is not None:  # silently: its outputs were committed before
+            routing.on_batch(shard, record, lambda name: None if name in waiting else known(name))
+            continue
+        changes = list(routing.learning(shard, _changes([(offset, value)]), terms))
+        if not changes:
+            continue
+        if waiting:  # (or at the first record with a change past its seq)
+            due([name for name, item in waiting.items() if changes[-1].seq > item[2]], changes)
+            fold(graph, changes, changes[-1].seq, folded)
+        wanted = evaluator.predicates
+        for seq, sign, s, p, o, g, _time, role, _refresh in changes:
+            if p in wanted:
+                evaluator.apply(seq, sign, s, p, o, g, role)
+            evaluator.advance(seq)
+    due(list(waiting), [])
+    shard.frontier = max(shard.frontier, evaluator.applied)
+
+
+def _terms(gate: Any) -> frozenset[int]:
+    """The predicates of the changes whose terms a gate's FILTERs read (none without a gate)."""
+    return frozenset(gate.gates) if gate is not None else frozenset()
 
 
 def _probe_batch(value: bytes) -> dict | None:

@@ -370,20 +370,23 @@ class WorkerCore(CoreOutputs):
                 out += self._apply_at(shard, [(info, seq)], point)
         return out
 
-    def _due(self, shard: Shard, point: int, past: int = -1, mark: int = -1) -> list[Output]:
+    def _due(self, shard: Shard, point: int, past: int = -1, mark: int = -1,
+             changes: list[Change] | None = None) -> list[Output]:
         """Apply the pending registrations whose point ``point`` is: a record with a change at seq ``past``
-        comes, or a Frontier mark of seq ``mark`` was read."""
+        comes (``changes``: its changes), or a Frontier mark of seq ``mark`` was read."""
         due = [(info, seq) for info, seq in shard.pending if past > seq or mark >= seq]
         if not due:
             return []
         shard.pending = [item for item in shard.pending if item not in due]
-        return self._apply_at(shard, due, point)
+        return self._apply_at(shard, due, point, changes or [])
 
-    def _apply_at(self, shard: Shard, registrations: list[tuple[QueryInfo, int]], point: int) -> list[Output]:
+    def _apply_at(self, shard: Shard, registrations: list[tuple[QueryInfo, int]], point: int,
+                  point_changes: list[Change] | None = None) -> list[Output]:
         """Register queries in a routed shard as of log offset ``point`` (at most its position): the snapshot
         of the log before it, keyed by ``point - 1`` and labelled with the registration's seq, then the records
         from ``point`` to the shard's position replayed to these queries alone, as the live deltas any owner
-        sends for them."""
+        sends for them.  ``point_changes``: the changes of the record at ``point`` when it is the one the shard
+        is reading now (a multi-centre registration's history takes those up to its seq)."""
         names = {name for info, _seq in registrations for name in shard.register(info)}
         out: list[Output] = []
         changes = self._learning(shard, self.reader("routed", shard.partition, 0, point))
@@ -393,11 +396,11 @@ class WorkerCore(CoreOutputs):
         out += self._replay_from(shard, names, point)
         for info, seq in registrations:
             # A multi-centre query or a product's multi-centre parts: registered in the evaluator as of the
-            # same seq at the same point (their history replayed as the registration's probes; its ProbeReady,
-            # once they are all in, opens the gate), then what the records since the point made for them.
+            # same seq at the same point (the graph as of that seq replayed as the registration's probes; its
+            # ProbeReady, once they are all in, opens the gate), then what the records since the point made.
             for name, part, plan in info.probe_programs():
                 shard.outputs[name] = (info.query_id, part)
-                for cause, made in self.probes.register_at(shard, info, name, plan, seq, point):
+                for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes or ()):
                     self._probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
         return out
 
@@ -443,7 +446,8 @@ class WorkerCore(CoreOutputs):
         epoch ms, for latency); each engine query's deltas are numbered
         0, 1, ... across the record, the ``index`` of the idempotence key ``(source partition, offset, index)``
         (a multi-centre query's probe deltas are numbered apart)."""
-        out: list[Output] = self._due(shard, offset, past=changes[-1].seq) if shard.pending and changes else []
+        out: list[Output] = self._due(shard, offset, past=changes[-1].seq, changes=changes) \
+            if shard.pending and changes else []
         shard.position = offset + 1
         engine = shard.engine
         # (a routed shard holding only multi-centre queries has an idle engine: nothing to call per change)

@@ -1,0 +1,162 @@
+"""A multi-centre registration replays the graph as of its seq, not the history that led there (issue 16).
+
+Once the routed logs are cut below a floor, a partition that applies a registration (late, or again after a
+restore) can only move a base (ingest's snapshot) to the registration's point: it knows the graph there, each
+quad with the seq of its insert, not the inserts and deletes that came and went.  Every partition, and every
+owner of one, must then replay that same history, or the delta rule counts a pair twice (a triple present in
+``[5, 8)`` at one partition and never at the other).  So what a registration sends is a function of its seq
+alone: here two logs that agree on the graph as of that seq and on everything after it, one with the
+deletions that led there and one without, make the same probes, acks and deltas under the same keys; and a
+restore from offset 0 rebuilds the evaluator a live registration built.
+"""
+
+from __future__ import annotations
+
+from cbgp.terms import iri, stable_term_id
+from services import codec
+from services.ingest import IngestProcessor, RawRecord
+from services.kafka import KafkaSettings
+from services.worker_core import WorkerCore, decode_changes
+from tests.fleet_support import EX, QUERIES, generate_patch
+
+SETTINGS = KafkaSettings(topic_prefix="u.")
+TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updates.routed": "u.updates.routed"}
+N = 4
+UNREAD = 987_654_321  # a predicate id no query reads
+
+
+def ingest_logs(lines: list[str], per_record: int = 40) -> dict[tuple[str, int], list[bytes]]:
+    ingest = IngestProcessor(SETTINGS, N, N)
+    logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
+    for start in range(0, len(lines), per_record):
+        for out in ingest.process(RawRecord(("\n".join(lines[start:start + per_record]) + "\n").encode())):
+            if out.topic == "u.updates.routed":
+                logs[("routed", out.partition)].append(out.value)
+            elif out.topic == "u.updates.encoded":
+                logs[("whole", 0)].append(out.value)
+    return logs
+
+
+def graph_as_of(logs: dict, upto: int) -> dict[tuple[int, int, int, int], int]:
+    """Each quad present at seq ``upto`` -> the seq of its insert."""
+    present: dict[tuple[int, int, int, int], int] = {}
+    for value in logs[("whole", 0)]:
+        for change in decode_changes("whole", value):
+            if change.seq <= upto and not change.refresh:
+                if change.diff > 0:
+                    present[change[2:6]] = change.seq
+                else:
+                    present.pop(change[2:6], None)
+    return present
+
+
+def compacted(logs: dict, upto: int) -> dict:
+    """The logs with their changes up to seq ``upto`` made an insert-only history of the graph then: the
+    inserts of the quads present at ``upto`` are kept, every other change up to it becomes an insert of a quad
+    no query reads, at its seq (every record keeps its offset, its seqs and so its frontier)."""
+    kept = set(graph_as_of(logs, upto).values())
+    out = {key: list(values) for key, values in logs.items()}
+    for p in range(N):
+        records = out[("routed", p)]
+        for offset, value in enumerate(records):
+            changes = codec.routed_changes(value)
+            if changes:
+                records[offset] = codec.encode_routed_batch(
+                    [c if c.seq > upto or c.seq in kept else c._replace(diff=1, s=c.seq, p=UNREAD, o=c.seq)
+                     for c in changes])
+    return out
+
+
+class Worker:
+    """A WorkerCore holding every routed partition of ``logs``; the probes it sends join their logs."""
+
+    def __init__(self, logs: dict) -> None:
+        self.logs = logs
+        self.core = WorkerCore(TOPICS, N, N, N, self.reader, assemble_in_spark=False, record_reader=self.records)
+
+    def reader(self, kind: str, partition: int, start: int, end: int) -> list:
+        records = self.logs[(kind, partition if kind == "routed" else 0)][start:end]
+        return [change for value in records for change in decode_changes(kind, value)]
+
+    def records(self, partition: int, start: int, end: int | None) -> list:
+        return list(enumerate(self.logs[("routed", partition)][start:end], start))
+
+    def register(self, offset: int, name: str, seq: int) -> list:
+        plan = {"query_id": name, "sparql": QUERIES[name], "options": {}, "plan_json": "{}", "projected": [],
+                "registered_at_seq": 0, "registered_at_change_seq": seq, "version": 1}
+        return self.flush(self.core.on_plan(0, offset, name.encode(), codec.encode("QueryPlan", plan), range(N))[0])
+
+    def open(self, positions: dict[int, int], metadata: str | None = None) -> list:
+        return self.flush([o for p in range(N) for o in self.core.open_shard("routed", p, positions.get(p, 0),
+                                                                               metadata)])
+
+    def run(self, ends: dict[int, int]) -> list:
+        """Every routed shard's log up to ``ends`` (partition -> offset), in turns of a few records, as a worker
+        alternates between its partitions; the probes it sends are read in later turns."""
+        out: list = []
+        moved = True
+        while moved:
+            moved = False
+            turn: list = []
+            for p in range(N):
+                shard = self.core.shards[("routed", p)]
+                log = self.logs[("routed", p)]
+                for offset in range(shard.position, min(ends.get(p, len(log)), shard.position + 8)):
+                    turn += self.core.on_routed(shard, offset, log[offset], None)[0]
+                    moved = True
+            out += self.flush(turn)
+        return out
+
+    def flush(self, out: list) -> list:
+        out = out + self.core.flush_batches()
+        for o in out:
+            if o.topic == TOPICS["updates.routed"]:
+                self.logs[("routed", o.partition)].append(o.value)
+        return out
+
+
+def sent(outputs: list) -> list[tuple]:
+    return [(o.topic, o.partition, o.key, o.value) for o in outputs]
+
+
+def registered_late(logs: dict, seq: int, ahead: int) -> tuple[Worker, list, list]:
+    """A worker that reads its logs ``ahead`` records past the middle, then the plan of ``path3`` as of
+    ``seq``, then the rest: (the worker, what the registration sent, what the rest sent)."""
+    worker = Worker({key: list(values) for key, values in logs.items()})
+    worker.open({})
+    worker.run({p: len(logs[("routed", p)]) // 2 + ahead for p in range(N)})
+    at_plan = worker.register(0, "path3", seq)
+    return worker, at_plan, worker.run({})
+
+
+def test_a_registration_sends_what_the_graph_as_of_its_seq_determines() -> None:
+    logs = ingest_logs(generate_patch(1600, seed=21))
+    seqs = [c.seq for value in logs[("whole", 0)] for c in decode_changes("whole", value)]
+    seq = seqs[len(seqs) // 2] + 7  # (mid-record: the point's record holds changes on both sides of it)
+    read = {stable_term_id(iri(f"{EX}{name}")) for name in ("knows", "likes")}  # (path3's predicates)
+    assert any(c.seq <= seq and c.diff < 0 and c.p in read for value in logs[("whole", 0)]
+               for c in decode_changes("whole", value)), "the history up to the registration has deletions"
+    same = compacted(logs, seq)
+    for ahead in (0, 5):  # the plan read at the point, or after the worker passed it
+        worker, at_plan, rest = registered_late(logs, seq, ahead)
+        _twin, at_plan_same, rest_same = registered_late(same, seq, ahead)
+        assert any(o.topic == TOPICS["updates.routed"] for o in at_plan + rest), "probes crossed partitions"
+        assert any(o.topic == TOPICS["deltas.parts"] for o in at_plan + rest)
+        assert sent(at_plan) == sent(at_plan_same), ahead
+        assert sent(rest) == sent(rest_same), ahead
+    # A restore from offset 0 applies the registration at its point of the replayed log with the same history,
+    # and ends with the evaluator the live registration left (stores, probes held or waiting, live counts).
+    positions = {p: shard.position for (_kind, p), shard in worker.core.shards.items()}
+    restored = Worker({key: list(values) for key, values in worker.logs.items()})
+    restored.register(0, "path3", seq)
+    assert [o for o in restored.open(positions, worker.core.metadata()) if o.topic == TOPICS["deltas.parts"]
+            and codec.probe_ready_of(o.value) is None and codec.frontier_of(o.value) is None] == [], "silently"
+    for p in range(N):
+        live, again = worker.core.shards[("routed", p)].evaluator, restored.core.shards[("routed", p)].evaluator
+        assert again.queries.keys() == live.queries.keys() == {"path3@1"}
+        stores = [[{end: store.table for end, store in ends.items()} for ends in state.stores]
+                  for state in (live.queries["path3@1"], again.queries["path3@1"])]
+        assert stores[0] == stores[1], p
+        assert sorted(again.held) == sorted(live.held) and again.unknown == live.unknown
+        assert dict(again.live.counts) == dict(live.live.counts)
+        assert again.applied == live.applied
