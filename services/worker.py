@@ -119,7 +119,8 @@ class WorkerService:
                                assemble_in_spark=getattr(args, "assembly", "spark") == "spark",
                                placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records,
                                term_reader=self.terms.lookup, dictionary_partitions=len(self.terms.start),
-                               checkpoints=self.checkpoints)
+                               checkpoints=self.checkpoints, base_source=self._ingest_base,
+                               log_start=lambda partition: end_offsets(settings, self.t_routed)[partition][0])
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -148,6 +149,21 @@ class WorkerService:
         if end is None:
             end = end_offsets(self.settings, self.t_routed)[partition][1]
         return ((m.offset(), m.value()) for m in read_range(self.settings, self.t_routed, partition, start, end))
+
+    def _ingest_base(self) -> tuple[dict, dict[int, int]] | None:
+        """Ingest's latest snapshot as the routed partitions' base (``WorkerCore(base_source=)``): its presence
+        set and the routed offsets it matches, if it serves the logs as they are; None (read from 0) otherwise."""
+        loaded, why = recovery.ingest_snapshot(self.settings, SERVICE, ("updates.encoded",))
+        ends = {int(p): end for p, end in loaded[0].facts.get("routed_ends", {}).items()} if loaded else {}
+        highs = end_offsets(self.settings, self.t_routed)
+        if loaded is not None and not ends:
+            why = "ingest's snapshot does not record the routed offsets it matches (an older ingest)"
+        elif any(end > highs[p][1] for p, end in ends.items() if p in highs):
+            why = "ingest's snapshot is ahead of updates.routed (another log)"
+        if why:
+            log.info(kv(event="no-base", why=why))
+            return None
+        return loaded[1], ends
 
     # -- plans
 
@@ -300,6 +316,7 @@ class WorkerService:
         count = self._process(routed, outputs)
         count += self._process_whole(encoded, outputs)
         outputs.extend(self.core.flush_batches())
+        self.core.forget_bases()  # (loaded, if at all, for this poll's registrations and restores)
         if not (count or outputs or self.dirty):
             return None
         return Step(outputs, self._offsets(), count)

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from cbgp.change import Change
 from cbgp.distributed import Ack, Outputs, PartitionEvaluator, Probe, compile_component
@@ -71,6 +71,15 @@ MAX_PER_RECORD = 2000  # probes and acks per ProbeBatch record (a probe is 20-60
 # Reads the raw records of a routed partition: (partition, start, end) -> (offset, value) in offset order
 # (end None: to the partition's end).
 RecordReader = Callable[[int, int, "int | None"], Iterable[tuple[int, bytes]]]
+
+
+class Before(NamedTuple):
+    """What a registration at a point of a routed log needs of the records below it, given by a base instead
+    (``services.worker_core.base``): the partition's graph there, quad -> the change that inserted it, and the
+    highest seq of a change or Frontier mark below it (the frontier the partition had applied)."""
+
+    graph: dict
+    applied: int
 
 
 class ProbeRouting:
@@ -111,7 +120,8 @@ class ProbeRouting:
         shard.probe_queries[name] = info
 
     def register_at(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int,
-                    point: int, point_changes: Iterable[Change] = ()) -> list[tuple[int, Outputs]]:
+                    point: int, point_changes: Iterable[Change] = (),
+                    before: Before | None = None) -> list[tuple[int, Outputs]]:
         """Apply a registration at offset ``point`` of a serving shard's log, however far past it the shard
         is: a scratch evaluator reads the log for this query alone -- the records before ``point`` (the
         query's probes that came early wait), then the registration (the partition's graph as of seq ``upto``
@@ -119,7 +129,10 @@ class ProbeRouting:
         registration's; the early probes answered), then every record from ``point`` to the shard's position
         as the shard would have processed it -- and the query's state moves into the shard's evaluator.
         ``point_changes``: the changes of the record at ``point`` when the shard has not passed it (its
-        changes up to ``upto`` are in the history).  Returns what each step made, ``(cause, outputs)``, the
+        changes up to ``upto`` are in the history).  ``before``: the log below the point as a base gave it; the
+        scratch then reads from the point only (the query's probes are all above it: each was sent after the
+        registration was published, when ingest had committed the transaction holding its seq, this
+        partition's Frontier mark of it included).  Returns what each step made, ``(cause, outputs)``, the
         registration's under cause ``point - 1``: a function of the log alone, so an owner that reads the plan
         late makes what one that applied it at the point made, with the same segments and delta keys, and the
         receivers take one copy.  The registration is recorded in the shard's own log for its restores."""
@@ -132,6 +145,10 @@ class ProbeRouting:
         channels: dict = {}
         steps: list[tuple[int, Outputs]] = []
         graph: dict = {}  # this partition's graph before the point, folded as the records come
+        start = 0
+        if before is not None:
+            graph = {quad: change for quad, change in before.graph.items() if quad[1] in predicates}
+            scratch.applied, start = before.applied, point
 
         def registration(tail: Iterable[Change]) -> Outputs:
             scratch.register(program, 0, upto, gate)
@@ -141,7 +158,7 @@ class ProbeRouting:
             return made
 
         registered = False
-        for offset, value in self.reader(here, 0, shard.position):
+        for offset, value in self.reader(here, start, shard.position):
             live = offset >= point
             if live and not registered:  # (the point may be a transaction marker's offset: no record has it)
                 steps.append((point - 1, registration(_changes([(offset, value)]) if offset == point else ())))

@@ -255,30 +255,14 @@ class GraphSource:
         positions they reflect), so the first query reads only the logs after it, not their whole history (nor
         records retention may have deleted below it).  Without one that serves these logs (ingest with its state
         on disk or checkpoints off, another ``CBGP_CHECKPOINT_SECRET``), the logs are read from offset 0."""
-        from services.kafka.checkpoint_log import CheckpointLog
-        from services.state import presence, recovery
+        from services.state import recovery
 
-        t_encoded, t_dictionary = self.settings.topic("updates.encoded"), self.settings.topic("dictionary")
         started = time.monotonic()
-        remote = CheckpointLog(self.settings, {"ingest": self.settings.topic("checkpoints.ingest")}, "gateway")
-        try:
-            saved = remote.get("ingest", 0)
-        except (KafkaException, TimeoutError) as exc:
-            log.warning("gateway: ingest's snapshot is not readable (%s): /query reads the logs from offset 0", exc)
-            return
-        finally:
-            remote.close()
-        loaded = presence.load_snapshot(saved.blob) if saved is not None else None
+        loaded, why = recovery.ingest_snapshot(self.settings, "gateway", ("updates.encoded", "dictionary"))
         if loaded is None:
-            log.info("gateway: no snapshot of ingest's state in Kafka: /query reads the logs from offset 0")
+            log.info("gateway: %s: /query reads the logs from offset 0", why)
             return
-        record, present, terms = loaded
-        watermarks = {t: end_offsets(self.settings, t) for t in (t_encoded, t_dictionary)}
-        checkpoint, why = recovery.serving_checkpoint(record, watermarks, ("seq",))
-        if checkpoint is None:
-            log.warning("gateway: ingest's snapshot cannot serve these logs (%s): /query reads them from offset 0",
-                        why)
-            return
+        checkpoint, present, terms = loaded
         for term_id, term in terms:
             self.dictionary.add(term_id, term)
         self.store.bulk_extend(self._quad(*quad) for quad in present)

@@ -36,7 +36,7 @@ from services.state.shards import ShardCheckpoints
 from services.state.store import Store, StoreError
 
 __all__ = ["ForeignLog", "saved_checkpoint", "serving_checkpoint", "read_tails", "log_ends", "open_store",
-           "shard_checkpoints", "add_state_flags"]
+           "shard_checkpoints", "add_state_flags", "ingest_snapshot"]
 
 log = logging.getLogger("cbgp.state")
 
@@ -71,6 +71,35 @@ def serving_checkpoint(record: Any, watermarks: Mapping[str, Mapping[int, tuple[
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         reason = f"unreadable checkpoint record ({exc})"
     return (checkpoint, None) if reason is None else (None, reason)
+
+
+def ingest_snapshot(settings: KafkaSettings, reader: str, logs: Iterable[str]
+                    ) -> tuple[tuple[Checkpoint, dict, list[tuple[int, str]]] | None, str]:
+    """Ingest's latest snapshot in Kafka (``checkpoints.ingest``: its presence set with insert seqs, its terms
+    and the positions they reflect) if it can serve a reader of ``logs`` (catalogue names) as they are now:
+    ``((checkpoint, presence, terms), "")``, else ``(None, why)``.  For the readers that start from ingest's
+    state rather than from offset 0: the gateway's /query graph, a worker's routed bases."""
+    from confluent_kafka import KafkaException
+
+    from services.kafka import end_offsets
+    from services.state import presence
+
+    remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, reader)
+    try:
+        saved = remote.get("ingest", 0)
+    except (KafkaException, TimeoutError) as exc:
+        return None, f"ingest's snapshot is not readable ({exc})"
+    finally:
+        remote.close()
+    loaded = presence.load_snapshot(saved.blob) if saved is not None else None
+    if loaded is None:
+        return None, "no snapshot of ingest's state in Kafka"
+    record, present, terms = loaded
+    watermarks = {settings.topic(name): end_offsets(settings, settings.topic(name)) for name in logs}
+    checkpoint, why = serving_checkpoint(record, watermarks, ("seq",))
+    if checkpoint is None:
+        return None, f"ingest's snapshot cannot serve these logs ({why})"
+    return (checkpoint, present, terms), ""
 
 
 def discard(store: Store, reason: str) -> None:

@@ -48,7 +48,7 @@ import json
 import logging
 import time
 from collections import Counter
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from cbgp.assembly import needs_assembly
 from cbgp.distributed import Outputs as ProbeOutputs
@@ -61,6 +61,7 @@ from services.queries import change_seq_before, read_query, read_registration, r
 from services.records import Output, kv, query_partition
 from services.worker_core.engine import (ASK_FALSE, ASK_TRUE, ASK_VARIABLE, FleetOperatorQuery, ShardDictionary,
                                          WorkerEngine, is_operator_spec)
+from services.worker_core.base import BaseSource, RoutedBase
 from services.worker_core.points import log_tail, passed, point_of
 from services.worker_core.outputs import DERIVED_HEADER, MAX_BATCH_DELTAS, MAX_DERIVED_BYTES, CoreOutputs
 from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInfo, Shard, TermReader,
@@ -69,7 +70,7 @@ from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInf
 from services.state.shards import ShardCheckpoints
 from services.worker_core.checkpoint import adopt, checkpointable, shard_blob, stale, usable
 from services.worker_core.terms import learn, learning
-from services.worker_probes import ProbeRouting, RecordReader
+from services.worker_probes import Before, ProbeRouting, RecordReader
 
 log = logging.getLogger("cbgp.worker")
 
@@ -81,13 +82,17 @@ class WorkerCore(CoreOutputs):
                  deltas_partitions: int, reader: LogReader, assemble_in_spark: bool = True,
                  placement: str = BY_CENTRE, record_reader: RecordReader | None = None,
                  term_reader: TermReader | None = None, dictionary_partitions: int | None = None,
-                 checkpoints: ShardCheckpoints | None = None) -> None:
+                 checkpoints: ShardCheckpoints | None = None, base_source: BaseSource | None = None,
+                 log_start: Callable[[int], int] | None = None) -> None:
         """``placement``: ``by-centre`` (the default: stars and single-centre components keyed by centre value
         over the routed partitions) or ``single-owner`` (every query whole on one worker, for comparison).
         Every worker of a fleet must use the same.  ``term_reader``: the dictionary topic, for operator queries
         (their shard learns the terms of the changes it applies; terms an operator makes are published to
         ``topics["dictionary"]``, ``dictionary_partitions`` partitions, as ingest does).  ``checkpoints``: saved
-        shard states a restore starts from (``services.state.shards``; None: every restore reads its log from 0)."""
+        shard states a restore starts from (``services.state.shards``; None: every restore reads its log from 0).
+        ``base_source``: ingest's latest snapshot, ``(presence, routed end offsets)`` or None, from which a routed
+        registration's state is moved to its point rather than read from offset 0 (``services.worker_core.base``);
+        ``log_start``: the first offset of a routed partition's log (records below it may have been deleted)."""
         self.checkpoints = checkpoints
         self._checkpointed: dict[tuple[str, int], tuple] = {}  # shard -> (position, versions) last checkpointed
         self._unpicklable: set[tuple[tuple[str, int], tuple]] = set()  # (shard, versions) pickle refused
@@ -127,6 +132,10 @@ class WorkerCore(CoreOutputs):
         if record_reader is not None:
             self.probes.reader = record_reader
         self._registration_seqs: dict[tuple[str, int], int] = {}
+        self.base_source = base_source
+        self.log_start = log_start or (lambda _partition: 0)
+        self._bases: dict[int, RoutedBase | None] | None = None  # loaded once per burst (forget_bases)
+        self._base_snapshot: tuple | None = None
 
     # -- ownership
 
@@ -363,7 +372,8 @@ class WorkerCore(CoreOutputs):
         out: list[Output] = []
         for info in infos:
             seq = self.registration_seq(info)
-            point = point_of(self.record_reader, shard.partition, seq, shard.position)
+            point = point_of(self.record_reader, shard.partition, seq, shard.position,
+                             start=self.log_start(shard.partition))
             if point is None:
                 shard.pending.append((info, seq))
             else:
@@ -389,8 +399,10 @@ class WorkerCore(CoreOutputs):
         is reading now (a multi-centre registration's history takes those up to its seq)."""
         names = {name for info, _seq in registrations for name in shard.register(info)}
         out: list[Output] = []
-        changes = self._learning(shard, self.reader("routed", shard.partition, 0, point))
-        net = shard.engine.replay(changes, names, only=True)
+        base = self._base(shard.partition)
+        graph = base.before(self.record_reader, point, seqs=False) if base is not None else None
+        changes = self.reader("routed", shard.partition, 0, point) if graph is None else graph.values()
+        net = shard.engine.replay(self._learning(shard, changes), names, only=True)
         for info, seq in registrations:
             out += self._snapshot(shard, [info], net, offset=point - 1, as_of=seq)
         out += self._replay_from(shard, names, point)
@@ -400,9 +412,37 @@ class WorkerCore(CoreOutputs):
             # ProbeReady, once they are all in, opens the gate), then what the records since the point made.
             for name, part, plan in info.probe_programs():
                 shard.outputs[name] = (info.query_id, part)
-                for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes or ()):
+                for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes or (),
+                                                           self._before(shard, base, graph, point)):
                     self._probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
         return out
+
+    def _base(self, partition: int) -> RoutedBase | None:
+        """Routed partition ``partition``'s part of ingest's latest snapshot (None: none serves), loaded once until
+        :meth:`forget_bases`."""
+        if self.base_source is None or self.record_reader is None:
+            return None
+        if self._bases is None:
+            self._bases = {}
+            self._base_snapshot = self.base_source()
+        if partition not in self._bases:
+            snapshot = self._base_snapshot
+            self._bases[partition] = None if snapshot is None or partition not in snapshot[1] else \
+                RoutedBase.of(snapshot[0], snapshot[1], partition, self.n_routed)
+        return self._bases[partition]
+
+    def forget_bases(self) -> None:
+        """Drop the base loaded for a burst of registrations (it holds a copy of the partitions' graphs)."""
+        self._bases = self._base_snapshot = None
+
+    def _before(self, shard: Shard, base: RoutedBase | None, graph: dict | None, point: int) -> Before | None:
+        """What a multi-centre registration at ``point`` needs of the log before it, from the base: the graph
+        there with its insert seqs, and the seq the partition had applied (None: no base with insert seqs)."""
+        if base is None or graph is None or not base.seqs_known:
+            return None
+        last_change, last_mark = log_tail(self.record_reader, shard.partition, point,
+                                          start=self.log_start(shard.partition))
+        return Before(graph, max(last_change, last_mark))
 
     def _replay_from(self, shard: Shard, names: set[str], point: int) -> list[Output]:
         """The live deltas of engine queries ``names`` over the shard's log records from ``point`` to its

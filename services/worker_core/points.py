@@ -15,13 +15,14 @@ def passed(seq: int, last_change: int, last_mark: int) -> bool:
     return last_change > seq or last_mark >= seq
 
 
-def log_tail(records: RecordReader, partition: int, end: int) -> tuple[int, int]:
-    """The seq of the last change and of the last Frontier mark in routed log ``partition`` before ``end`` (-1
+def log_tail(records: RecordReader, partition: int, end: int, start: int = 0) -> tuple[int, int]:
+    """The seq of the last change and of the last Frontier mark in routed log ``partition`` in [start, end) (-1
     when none), read backwards in chunks from ``end``."""
     last_change = last_mark = -1
     chunk = 4  # a transaction's records end with its marks: the last few usually hold both
-    while end > 0 and (last_change < 0 or last_mark < 0):
-        start = max(0, end - chunk)
+    floor = start
+    while end > floor and (last_change < 0 or last_mark < 0):
+        start = max(floor, end - chunk)
         for _offset, kind, seq in log_marks(records, partition, start, end):
             if kind == "mark":
                 last_mark = max(last_mark, seq)

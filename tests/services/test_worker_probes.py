@@ -17,6 +17,7 @@ from services import codec
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.worker_core import WorkerCore, decode_changes
+from services.worker_core.points import log_marks, point_of
 from tests.fleet_support import EX, QUERIES, generate_patch
 
 SETTINGS = KafkaSettings(topic_prefix="u.")
@@ -25,7 +26,10 @@ N = 4
 UNREAD = 987_654_321  # a predicate id no query reads
 
 
-def ingest_logs(lines: list[str], per_record: int = 40) -> dict[tuple[str, int], list[bytes]]:
+def ingest_logs(lines: list[str], per_record: int = 40, snapshots: list | None = None
+                ) -> dict[tuple[str, int], list[bytes]]:
+    """The logs ingest writes for ``lines``; ``snapshots``: appended after each batch, ingest's snapshot then
+    (presence with insert seqs, routed end offsets)."""
     ingest = IngestProcessor(SETTINGS, N, N)
     logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
     for start in range(0, len(lines), per_record):
@@ -34,6 +38,8 @@ def ingest_logs(lines: list[str], per_record: int = 40) -> dict[tuple[str, int],
                 logs[("routed", out.partition)].append(out.value)
             elif out.topic == "u.updates.encoded":
                 logs[("whole", 0)].append(out.value)
+        if snapshots is not None:
+            snapshots.append((dict(ingest.present), {p: len(logs[("routed", p)]) for p in range(N)}))
     return logs
 
 
@@ -68,17 +74,24 @@ def compacted(logs: dict, upto: int) -> dict:
 
 
 class Worker:
-    """A WorkerCore holding every routed partition of ``logs``; the probes it sends join their logs."""
+    """A WorkerCore holding every routed partition of ``logs``; the probes it sends join their logs.  With a
+    ``base`` (ingest's snapshot) and ``cut`` (partition -> offset), the routed logs below the cut are refused, as
+    if retention had deleted them."""
 
-    def __init__(self, logs: dict) -> None:
+    def __init__(self, logs: dict, base: tuple | None = None, cut: dict[int, int] | None = None) -> None:
         self.logs = logs
-        self.core = WorkerCore(TOPICS, N, N, N, self.reader, assemble_in_spark=False, record_reader=self.records)
+        self.cut = cut or {}
+        self.core = WorkerCore(TOPICS, N, N, N, self.reader, assemble_in_spark=False, record_reader=self.records,
+                               base_source=None if base is None else lambda: base,
+                               log_start=lambda partition: self.cut.get(partition, 0))
 
     def reader(self, kind: str, partition: int, start: int, end: int) -> list:
+        assert kind == "whole" or start >= self.cut.get(partition, 0) or start == end, f"routed {partition} from {start}"
         records = self.logs[(kind, partition if kind == "routed" else 0)][start:end]
         return [change for value in records for change in decode_changes(kind, value)]
 
     def records(self, partition: int, start: int, end: int | None) -> list:
+        assert start >= self.cut.get(partition, 0) or start == end, f"routed {partition} read from {start}"
         return list(enumerate(self.logs[("routed", partition)][start:end], start))
 
     def register(self, offset: int, name: str, seq: int) -> list:
@@ -119,13 +132,14 @@ def sent(outputs: list) -> list[tuple]:
     return [(o.topic, o.partition, o.key, o.value) for o in outputs]
 
 
-def registered_late(logs: dict, seq: int, ahead: int) -> tuple[Worker, list, list]:
-    """A worker that reads its logs ``ahead`` records past the middle, then the plan of ``path3`` as of
-    ``seq``, then the rest: (the worker, what the registration sent, what the rest sent)."""
-    worker = Worker({key: list(values) for key, values in logs.items()})
+def registered_late(logs: dict, seq: int, ahead: int, names: tuple[str, ...] = ("path3",),
+                    worker: Worker | None = None) -> tuple[Worker, list, list]:
+    """A worker that reads its logs ``ahead`` records past the middle, then the plans of ``names`` as of
+    ``seq``, then the rest: (the worker, what the registrations sent, what the rest sent)."""
+    worker = worker or Worker({key: list(values) for key, values in logs.items()})
     worker.open({})
     worker.run({p: len(logs[("routed", p)]) // 2 + ahead for p in range(N)})
-    at_plan = worker.register(0, "path3", seq)
+    at_plan = [o for offset, name in enumerate(names) for o in worker.register(offset, name, seq)]
     return worker, at_plan, worker.run({})
 
 
@@ -160,3 +174,32 @@ def test_a_registration_sends_what_the_graph_as_of_its_seq_determines() -> None:
         assert sorted(again.held) == sorted(live.held) and again.unknown == live.unknown
         assert dict(again.live.counts) == dict(live.live.counts)
         assert again.applied == live.applied
+
+
+def test_a_registration_from_a_base_sends_what_one_from_offset_0_sends() -> None:
+    """Ingest's snapshot, taken before or after the registration's point, moved to the point: the registration
+    reads no routed record below the lower of the two (but for the last Frontier mark before the point) and
+    sends byte for byte what one that read its logs from offset 0 sends -- stars and single-centre paths (the
+    engine's snapshot), a multi-centre path (its history), a product with a multi-centre part."""
+    snapshots: list = []
+    logs = ingest_logs(generate_patch(1600, seed=23), snapshots=snapshots)
+    seqs = [c.seq for value in logs[("whole", 0)] for c in decode_changes("whole", value)]
+    seq = seqs[len(seqs) // 2] + 5
+    names = ("path3", "star", "fof", "names")
+
+    def full(partition: int, start: int, end: int | None) -> list:
+        return list(enumerate(logs[("routed", partition)][start:end], start))
+
+    points = {p: point_of(full, p, seq, len(logs[("routed", p)])) for p in range(N)}
+    for ahead in (0, 5):
+        _zero, at_plan, rest = registered_late(logs, seq, ahead, names)
+        assert any(o.topic == TOPICS["updates.routed"] for o in at_plan + rest)
+        for base in (snapshots[len(snapshots) // 4], snapshots[-1]):  # below every point, above every point
+            present, ends = base
+            cut = {p: min(ends[p], max(offset for offset, kind, _seq in log_marks(full, p, 0, points[p])
+                                       if kind == "mark")) for p in range(N)}
+            assert any(cut[p] > 0 for p in range(N))
+            based = Worker({key: list(values) for key, values in logs.items()}, base, cut)
+            _based, at_plan_based, rest_based = registered_late(logs, seq, ahead, names, based)
+            assert sent(at_plan_based) == sent(at_plan), (ahead, ends)
+            assert sent(rest_based) == sent(rest), (ahead, ends)

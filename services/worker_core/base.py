@@ -1,0 +1,99 @@
+"""A routed partition's graph at a registration's point, from a base rather than from offset 0 (issue 16, step 4
+of ``docs/design-bounded-input-logs.md``).  No Kafka here.
+
+The base is ingest's snapshot (its presence set: each quad with its insert seq, and the routed end offsets it
+matches) filtered to one partition.  Both logs are set-semantics change logs, so the graph just before a
+registration's point follows from it by reading only the records between the base's offset and the point:
+
+- forwards, when the base is below the point: the changes of the records from the base to the point;
+- backwards, when it is above: the changes of the records from the point to the base, undone newest first;
+  undoing a delete needs the seq of the insert it removed, which the record carries (``inserted_at``).
+
+Each quad keeps the seq of its insert either way, so the graph is the same whichever base (or offset 0) it was
+moved from: what a multi-centre registration replays as its history (``PartitionEvaluator.replay_history``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from cbgp.change import Change, change_of, routes
+from cbgp.distributed_state import fold
+from services import codec
+from services.worker_probes import RecordReader
+
+Quad = tuple[int, int, int, int]
+# Ingest's latest snapshot: () -> (presence: quad -> insert seq, routed partition -> the offset it matches), or
+# None when none serves the logs as they are.
+BaseSource = Callable[[], "tuple[Mapping[Quad, int], Mapping[int, int]] | None"]
+FOREVER = 1 << 62  # (a seq past every change)
+
+
+class BaseUnusable(Exception):
+    """The base cannot give the graph asked for (a quad's insert seq is unknown); read the log from 0."""
+
+
+@dataclass
+class RoutedBase:
+    """One routed partition's graph at ``offset`` of its log (every change below it, none at or above it):
+    quad -> the insert that made it present, as a Change with the quad's role at this partition."""
+
+    partition: int
+    offset: int
+    graph: dict[Quad, Change]
+    seqs_known: bool = True  # False: from an older snapshot (insert seqs unknown, -1): no history from it
+
+    @classmethod
+    def of(cls, present: Mapping[Quad, int], routed_ends: Mapping[int, int], partition: int,
+           partitions: int) -> RoutedBase:
+        """Partition ``partition``'s part of ingest's snapshot (``present``: quad -> insert seq, -1 unknown;
+        ``routed_ends``: the routed offsets it matches)."""
+        graph: dict[Quad, Change] = {}
+        known = True
+        for quad, seq in present.items():
+            s, p, o, g = quad
+            for routed, role in routes(s, o, partitions):
+                if routed == partition:
+                    graph[quad] = change_of((seq, 1, s, p, o, g, None, role, False))
+                    known = known and seq >= 0
+        return cls(partition, routed_ends[partition], graph, known)
+
+    def before(self, records: RecordReader, point: int, predicates: frozenset[int] | None = None,
+               seqs: bool = True) -> dict[Quad, Change]:
+        """The partition's graph just before offset ``point`` of its log (every change of the records below it),
+        each quad -> the change that inserted it; ``predicates``: those quads only.  ``seqs``: the insert seqs
+        must be known (a registration's history); raises :class:`BaseUnusable` when they are not."""
+        if seqs and not self.seqs_known:
+            raise BaseUnusable("ingest's snapshot is older than insert seqs")
+        graph = {quad: change for quad, change in self.graph.items()
+                 if predicates is None or quad[1] in predicates}
+        if self.offset <= point:
+            for _offset, value in records(self.partition, self.offset, point):
+                fold(graph, _changes(value), FOREVER, predicates)
+            return graph
+        for _offset, value in reversed(list(records(self.partition, point, self.offset))):
+            changes = _changes(value)
+            inserted = codec.inserted_at(value) if changes else []
+            for i in range(len(changes) - 1, -1, -1):
+                seq, diff, s, p, o, g, _time, role, _refresh = changes[i]
+                if predicates is not None and p not in predicates:
+                    continue
+                if diff > 0:
+                    graph.pop((s, p, o, g), None)
+                    continue
+                insert = inserted[i] if inserted else -1
+                if insert < 0 and seqs:
+                    raise BaseUnusable(f"the delete at seq {seq} does not say when its quad was inserted")
+                graph[(s, p, o, g)] = change_of((insert, 1, s, p, o, g, None, role, False))
+        return graph
+
+
+def _changes(value: bytes) -> list[Change]:
+    try:
+        return codec.routed_changes(value)
+    except codec.CodecError:
+        return []  # (dead-lettered when it was read)
+
+
+__all__ = ["FOREVER", "BaseSource", "BaseUnusable", "RoutedBase"]

@@ -1,0 +1,76 @@
+"""A routed partition's graph before a registration's point, moved from a base (ingest's snapshot) instead of
+read from offset 0 (``services.worker_core.base``, issue 16 step 4): forwards or backwards along the log, it is
+the graph the log from 0 gives, each quad with the seq of its insert, and it reads only the records between the
+base and the point."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cbgp.distributed_state import fold
+from services import codec
+from services.ingest import IngestProcessor, RawRecord
+from services.kafka import KafkaSettings
+from services.worker_core.base import FOREVER, BaseUnusable, RoutedBase
+from tests.fleet_support import generate_patch
+
+N = 4
+
+
+def logs_and_snapshots(lines: list[str], per_record: int = 30) -> tuple[dict[int, list[bytes]], list]:
+    """The routed logs, and after each ingest batch (a transaction) its snapshot: (presence, routed ends)."""
+    ingest = IngestProcessor(KafkaSettings(topic_prefix="u."), N, N)
+    logs: dict[int, list[bytes]] = {p: [] for p in range(N)}
+    snapshots = [({}, {p: 0 for p in range(N)})]
+    for start in range(0, len(lines), per_record):
+        for out in ingest.process(RawRecord(("\n".join(lines[start:start + per_record]) + "\n").encode())):
+            if out.topic == "u.updates.routed":
+                logs[out.partition].append(out.value)
+        snapshots.append((dict(ingest.present), {p: len(logs[p]) for p in range(N)}))
+    return logs, snapshots
+
+
+def from_zero(log: list[bytes], point: int) -> dict:
+    graph: dict = {}
+    for value in log[:point]:
+        fold(graph, codec.routed_changes(value), FOREVER)
+    return {quad: (change.seq, change.role) for quad, change in graph.items()}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_base_moved_to_a_point_is_the_graph_the_log_from_0_gives(seed: int) -> None:
+    rng = random.Random(seed)
+    logs, snapshots = logs_and_snapshots(generate_patch(1500, seed=seed))
+    backwards = forwards = 0
+    for _ in range(60):
+        present, ends = rng.choice(snapshots)
+        p = rng.randrange(N)
+        point = rng.randrange(len(logs[p]) + 1)
+        base = RoutedBase.of(present, ends, p, N)
+        low, high = min(base.offset, point), max(base.offset, point)
+
+        def records(partition: int, start: int, end: int | None) -> list:
+            assert partition == p and low <= start and end is not None and end <= high, (start, end, low, high)
+            return list(enumerate(logs[p][start:end], start))
+
+        graph = base.before(records, point)
+        assert {quad: (change.seq, change.role) for quad, change in graph.items()} == from_zero(logs[p], point)
+        backwards += base.offset > point
+        forwards += base.offset < point
+    assert backwards and forwards
+
+
+def test_a_base_without_insert_seqs_serves_a_snapshot_but_no_history() -> None:
+    logs, snapshots = logs_and_snapshots(generate_patch(600, seed=3))
+    present, ends = snapshots[len(snapshots) // 2]
+    older = RoutedBase.of(dict.fromkeys(present, -1), ends, 1, N)  # (an ingest snapshot of format 1)
+
+    def records(partition: int, start: int, end: int | None) -> list:
+        return list(enumerate(logs[partition][start:end], start))
+
+    with pytest.raises(BaseUnusable):
+        older.before(records, len(logs[1]))
+    graph = older.before(records, len(logs[1]), seqs=False)
+    assert set(graph) == set(from_zero(logs[1], len(logs[1])))
