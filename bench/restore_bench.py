@@ -162,9 +162,11 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
     ingest = IngestProcessor(settings, n, n)
     logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(n)}}
     cut = {}
+    base = None  # ingest's snapshot at the checkpoint: presence with insert seqs, routed ends
     for start in range(0, len(lines), LINES_PER_RECORD):
         if start == (len(lines) - tail) - (len(lines) - tail) % LINES_PER_RECORD:
             cut = {key: len(log) for key, log in logs.items()}
+            base = (dict(ingest.present), {p: cut[("routed", p)] for p in range(n)})
         raw = RawRecord(("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode())
         for out in ingest.process(raw):
             if out.topic == "m.dictionary" and made is not None:
@@ -175,13 +177,14 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
                 logs[(kind, out.partition if kind == "routed" else 0)].append(out.value)
     shards = [("routed", p) for p in range(n)] + [("whole", p) for p in range(n)]
 
-    def core(checkpoints: ShardCheckpoints | None, late: bool = registered_after) -> WorkerCore:
+    def core(checkpoints: ShardCheckpoints | None, late: bool = registered_after, based: bool = False) -> WorkerCore:
         made = WorkerCore({"deltas.parts": "m.deltas.parts", "deadletter": "m.deadletter",
                            "updates.routed": "m.updates.routed"}, n, n, n,
                           lambda kind, p, start, end: [c for v in logs[(kind, p if kind == "routed" else 0)][start:end]
                                                        for c in decode_changes(kind, v)],
                           assemble_in_spark=False, checkpoints=checkpoints,
-                          record_reader=lambda p, start, end: list(enumerate(logs[("routed", p)][start:end], start)))
+                          record_reader=lambda p, start, end: list(enumerate(logs[("routed", p)][start:end], start)),
+                          base_source=(lambda: base) if based else None)
         for i, (name, text) in enumerate(sorted(queries.items())):
             plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
                     "registered_at_seq": 0, "version": 1}
@@ -230,13 +233,15 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
         if registered_after:
             register_late(live)
         cases: list[tuple[str, ShardCheckpoints | None]] = [("checkpoint", checkpoints), ("offset0", None)]
+        if registered_after:  # the catch-up from ingest's snapshot at the checkpoint, not the log from 0
+            cases.append(("base", checkpoints))
         if kafka is not None:
             remote = CheckpointLog(kafka, {"routed": kafka.topic("checkpoints.routed"),
                                            "whole": kafka.topic("checkpoints.whole")}, "bench")
             remote.queue(blobs)
             commit_transaction(make_producer(kafka, transactional_id=f"{kafka.topic_prefix}bench"), remote.take(), [])
             cases.append(("kafka", ShardCheckpoints(None, remote)))
-            print(f"worker checkpoint in Kafka: {sum(len(blob) for _k, _p, blob, _o in blobs) / 1e6:.1f} MB in "
+            print(f"worker checkpoint in Kafka: {sum(len(blob) for _k, _p, blob, *_o in blobs) / 1e6:.1f} MB in "
                   f"{len(blobs)} shards", flush=True)
         if made is not None:
             made.update(deltas=deltas, cut={p: len(records) for p, records in deltas.items()}, queries=queries)
@@ -246,7 +251,7 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
         follow = {}
         for _ in range(runs):
             for case, source in cases:
-                worker = core(source)
+                worker = core(source, based=case == "base")
                 started = time.perf_counter()
                 for key in shards:
                     worker.open_shard(*key, committed[key], metadata)
@@ -393,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
             for case, seconds in worker_restores(history(final, length), args.tail, args.runs,
                                                  registered_after=True).items():
                 after[case] = round(seconds, 3)
-                how = "checkpoint+tail+catch-up" if case == "checkpoint" else "offset 0"
+                how = {"checkpoint": "checkpoint+tail+catch-up", "offset0": "offset 0",
+                       "base": "checkpoint+tail+catch-up from ingest's snapshot"}[case]
                 print(f"worker history={length} restore={how} seconds={seconds:.3f} shards={2 * WORKER_PARTITIONS} "
                       f"(a query registered after the checkpoint; logs in memory) source={stream.source}", flush=True)
     print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"],

@@ -153,7 +153,7 @@ class WorkerService:
     def _ingest_base(self) -> tuple[dict, dict[int, int]] | None:
         """Ingest's latest snapshot as the routed partitions' base (``WorkerCore(base_source=)``): its presence
         set and the routed offsets it matches, if it serves the logs as they are; None (read from 0) otherwise."""
-        loaded, why = recovery.ingest_snapshot(self.settings, SERVICE, ("updates.encoded",))
+        loaded, why = recovery.ingest_snapshot(self.settings, SERVICE, ("updates.encoded", "dictionary"))
         ends = {int(p): end for p, end in loaded[0].facts.get("routed_ends", {}).items()} if loaded else {}
         highs = end_offsets(self.settings, self.t_routed)
         if loaded is not None and not ends:

@@ -430,7 +430,7 @@ class FaultRun:
         self.report.seconds = time.monotonic() - started
         return self.report
 
-    def run_below_floor(self, lose_disks: tuple[str, ...] = ()) -> dict[str, dict[str, int]]:
+    def run_below_floor(self, lose_disks: tuple[str, ...] = (), late: tuple[str, ...] = ()) -> dict[str, dict[str, int]]:
         """Issue 16's retention run: every query registered, the first half of the stream published and answered,
         checkpoints taken (every second), then every record below ``cbgp topics floor`` deleted as retention
         would (``AdminClient.delete_records``), every data-path service (ingest, the workers, answers) killed -9
@@ -438,7 +438,8 @@ class FaultRun:
         partition -> offset, only where it deleted something).  The registry's replies and the dead letters
         are read before the deletion: their topics' floor is their end.  ``lose_disks``: the services
         (``ingest``, ``worker``, ``answers``) whose local checkpoint stores are deleted while they are down, as if
-        they came back on other machines."""
+        they came back on other machines.  ``late``: queries registered only once the services are back (their
+        state comes from ingest's snapshot moved to their point, the log below the floor being gone)."""
         started = time.monotonic()
         self.producer = make_producer(self.settings)
         half = len(self.lines) // 2
@@ -448,9 +449,13 @@ class FaultRun:
                 self.start(name)
             for _ in range(2):
                 self.add_worker()
+            self.pending_queries = [name for name in self.pending_queries if name not in late]
             while self.pending_queries:
                 self.register_next()
-            self.publish(self.lines[:half])
+            quarter = half // 2  # (in two parts, so two of ingest's transactions at least: a routed log's last
+            self.publish(self.lines[:quarter])  # changes are then above its first records)
+            self.settle_on(self.lines[:quarter])
+            self.publish(self.lines[quarter:half])
             self.settle_on(self.lines[:half])
             time.sleep(3.0)  # a checkpoint every second, idle ones too
             self.early_replies = self.replies()
@@ -481,6 +486,9 @@ class FaultRun:
                     self.log(f"lost the disk of {store.name}")
             for name in names:
                 self.start(name)
+            self.pending_queries = list(late)
+            while self.pending_queries:
+                self.register_next()
             self.publish(self.lines[half:])
             self.settle()
             self.report.survivors = {"registry": self.fleet.procs["registry"].poll() is None}
@@ -511,7 +519,7 @@ class FaultRun:
         deadline = time.monotonic() + self.cfg.settle_timeout
         while time.monotonic() < deadline:
             got = read_answer_records(self.settings, self.early_answers)
-            if all(fold(dedupe_by_n(got.get(q, []))[0])[0] == expected[q] for q in FAULT_QUERIES):
+            if all(fold(dedupe_by_n(got.get(q, []))[0])[0] == expected[q] for q in self.registered):
                 break
             time.sleep(1.0)
         time.sleep(2.0)

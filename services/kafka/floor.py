@@ -12,8 +12,9 @@ from confluent_kafka.admin import AdminClient
 from services.kafka.client import end_offsets, make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import latest_positions
-from services.kafka.topics import (CHECKPOINTS, FROM_START, GROUP, LATEST, NEEDS, NOTHING, OPTIONAL_GROUP, TOPICS,
-                                  BrokerUnreachable, TopicSpec)
+from services.kafka.replay import read_range
+from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LATEST, NEEDS, NOTHING, OPTIONAL_GROUP,
+                                  REGISTRATIONS, TOPICS, BrokerUnreachable, TopicSpec)
 
 __all__ = ["floor"]
 
@@ -33,7 +34,11 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
       checkpoint (0 without one); for one those restores read beside their own input (``answers``), what the
       last checkpoint says it needs of it (0 without one);
     - for a checkpoint topic, the first record of each partition's last checkpoint (its low watermark without
-      one).
+      one);
+    - for ``updates.routed``, besides what the workers' checkpoints say their restores read of it: the offsets
+      ingest's snapshot matches (a registration moves it to its point; 0 without one: registrations read the
+      log from 0), and, for each registration the last checkpoint of a partition may lack (published at or past
+      the queries.plans offsets it reflects), its point in that partition and the Frontier mark before it.
 
     Topics not created yet are left out.
     """
@@ -84,4 +89,69 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
         saved = latest_positions(settings, name)
         lows = {p: low for p, (low, _) in end_offsets(settings, name, timeout).items()}
         return {p: saved[p].first_offset if saved.get(p) is not None else lows[p] for p in partitions}
+    if rule.startswith(REGISTRATIONS):
+        return _registrations(settings, settings.topic(rule[len(REGISTRATIONS):]), name, partitions)
+    if rule == BASE:
+        return _base(settings, name, partitions)
     raise ValueError(f"{t.name}: unknown needed_from rule {rule!r}")
+
+
+def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
+    """The routed offsets ingest's latest snapshot matches (0 without one that records them, or one of another
+    log: a worker then reads registrations' state from offset 0)."""
+    from services.kafka.checkpoint_log import CheckpointLog
+    from services.state import presence
+
+    remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, "floor")
+    try:
+        saved = remote.get("ingest", 0)
+    finally:
+        remote.close()
+    loaded = presence.load_snapshot(saved.blob) if saved is not None else None
+    ends = {int(p): int(end) for p, end in (loaded[0].get("facts", {}).get("routed_ends", {}) if loaded else {}).items()}
+    highs = end_offsets(settings, name)
+    if any(end > highs[p][1] for p, end in ends.items() if p in highs):
+        return {p: 0 for p in partitions}
+    return {p: ends.get(p, 0) for p in partitions}
+
+
+def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partitions: list[int]) -> dict[int, int]:
+    """Per routed partition, the lowest offset the registrations its last checkpoint may lack read when they are
+    caught up: their point (``services.worker_core.points.point_of``) and the last Frontier mark before it."""
+    from services.codec import CodecError, decode
+    from services.worker_core.points import log_tail, point_of
+
+    saved = latest_positions(settings, checkpoints)
+    t_plans = settings.topic("queries.plans")
+    plans = []  # (plans partition, offset, the seq it answers as of)
+    for p, (_low, high) in sorted(end_offsets(settings, t_plans).items()):
+        for msg in read_range(settings, t_plans, p, 0, high):
+            try:
+                plan = decode("QueryPlan", msg.value()) if msg.value() else None
+            except CodecError:
+                continue
+            if plan is not None:
+                plans.append((p, msg.offset(), plan["registered_at_change_seq"]))
+    watermarks = end_offsets(settings, name)
+
+    def records(partition: int, start: int, end: int | None) -> list[tuple[int, bytes]]:
+        return [(m.offset(), m.value()) for m in read_range(settings, name, partition, start, end)]
+
+    needed = {}
+    for p in partitions:
+        low, high = watermarks[p]
+        checkpoint = saved.get(p)
+        if checkpoint is None:
+            needed[p] = 0  # (its restore reads the log from 0)
+            continue
+        reflected = {int(key.rpartition("/")[2]): offset for key, offset in checkpoint.needs.items()
+                     if key.startswith("queries.plans/")}
+        lacking = [seq for plans_p, offset, seq in plans if offset >= reflected.get(plans_p, 0)]
+        needed[p] = high
+        for seq in lacking:
+            point = point_of(records, p, seq, high, start=low) if seq >= 0 else low  # (-1: an older plan)
+            if point is None:
+                continue  # its point is still to come: above every record now
+            mark = log_tail(records, p, point, start=low).mark_offset
+            needed[p] = min(needed[p], point, mark if mark >= 0 else point)
+    return needed

@@ -8,8 +8,8 @@ noida-db, which would silently break key->partition co-partitioning between serv
 Retention is explicit on every topic (``retention.ms``), chosen for its role, because a broker's default (7 days
 on Apache Kafka) would silently delete history the restores replay:
 
-- **kept** (``retention.ms=-1``): the logs a restore replays from offset 0 (``updates.encoded``,
-  ``updates.routed``, ``deltas.parts``, ``answers``), until checkpointed state (issue 16) lets them be bounded;
+- **kept** (``retention.ms=-1``): the logs a restore replays (``updates.encoded`` from offset 0;
+  ``updates.routed`` and ``deltas.parts`` from their checkpoints, so records below the floor may be deleted);
 - **compacted** (``cleanup.policy=compact``, ``retention.ms=-1``): the latest value per key, read from offset 0;
 - **bounded** (7 days): the inputs whose consumers restore from elsewhere and need only what their group has not
   committed yet (``updates.raw``, ``admin``), and what no service reads back (``queries.status``, ``deadletter``).
@@ -63,6 +63,9 @@ CHECKPOINTS = "checkpoints:"  # CHECKPOINTS + topic: the positions of the last c
 LATEST = "latest"  # a checkpoint topic: from the first record of each partition's last whole checkpoint
 NEEDS = "needs:"  # NEEDS + topic: what the last checkpoints in that topic say their restores read of this one
 OPTIONAL_GROUP = "optional-group:"  # as GROUP, for an optional duty's group: nothing until it first committed
+# REGISTRATIONS + checkpoint topic: where the registrations those checkpoints may lack apply in this log (routed)
+REGISTRATIONS = "registrations:"
+BASE = "base"  # the routed offsets ingest's snapshot matches: registrations move it to their point (routed)
 RULES = ","  # several readers: the floor is the lowest of their rules'
 
 
@@ -127,7 +130,10 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("updates.encoded", 1, "none", "Dictionary-encoded, deduplicated changes with their 1-based seq: the total-order change log."
               + _REPLAYED.format("ingest (presence set, seq) and every worker")),
     TopicSpec("updates.routed", None, "centre term id", "Each change routed to the star-state partition(s) of its subject and/or object."
-              + _REPLAYED.format("each worker (its shards' star state)")),
+              " Kept (retention.ms=-1): a worker restores a shard from its checkpoint and the log after it, and a"
+              " registration moves ingest's snapshot to its point of the log; the floor (cbgp topics floor) is the"
+              " lowest of what those read.",
+              needed_from=RULES.join((NEEDS + "checkpoints.routed", REGISTRATIONS + "checkpoints.routed", BASE))),
     TopicSpec("dictionary", None, "term id", "Term id -> N-Triples term; rebuilt by ingest on restart." + _COMPACTED,
               "compact", _COMPACT),
     TopicSpec("admin", 1, "none", "REGISTER / UNREGISTER / LIST commands, in the order users sent them." + _WEEK

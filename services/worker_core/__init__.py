@@ -61,8 +61,8 @@ from services.queries import change_seq_before, read_query, read_registration, r
 from services.records import Output, kv, query_partition
 from services.worker_core.engine import (ASK_FALSE, ASK_TRUE, ASK_VARIABLE, FleetOperatorQuery, ShardDictionary,
                                          WorkerEngine, is_operator_spec)
-from services.worker_core.base import BaseSource, RoutedBase
-from services.worker_core.points import log_tail, passed, point_of
+from services.worker_core.base import Bases, BaseSource
+from services.worker_core.points import Tail, log_tail, needed_below, passed, point_of
 from services.worker_core.outputs import DERIVED_HEADER, MAX_BATCH_DELTAS, MAX_DERIVED_BYTES, CoreOutputs
 from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInfo, Shard, TermReader,
                                         _parse_metadata, _tracking_seq, _with_progress, changes_of,
@@ -70,7 +70,7 @@ from services.worker_core.shard import (LEARN_CHUNK, Change, LogReader, QueryInf
 from services.state.shards import ShardCheckpoints
 from services.worker_core.checkpoint import adopt, checkpointable, shard_blob, stale, usable
 from services.worker_core.terms import learn, learning
-from services.worker_probes import Before, ProbeRouting, RecordReader
+from services.worker_probes import ProbeRouting, RecordReader
 
 log = logging.getLogger("cbgp.worker")
 
@@ -132,10 +132,9 @@ class WorkerCore(CoreOutputs):
         if record_reader is not None:
             self.probes.reader = record_reader
         self._registration_seqs: dict[tuple[str, int], int] = {}
-        self.base_source = base_source
         self.log_start = log_start or (lambda _partition: 0)
-        self._bases: dict[int, RoutedBase | None] | None = None  # loaded once per burst (forget_bases)
-        self._base_snapshot: tuple | None = None
+        self.bases = Bases(base_source if record_reader is not None else None, record_reader, self.log_start,
+                           routed_partitions)
 
     # -- ownership
 
@@ -252,7 +251,9 @@ class WorkerCore(CoreOutputs):
         placed: list[QueryInfo] = []  # by-centre registrations applied at their point of the log (see _place)
         last_mark = -1
         if self._placed_by_log(shard):
-            last_change, last_mark = log_tail(self.record_reader, partition, shard.position)
+            tail = log_tail(self.record_reader, partition, shard.position, start=self.log_start(partition))
+            shard.change_offset, shard.mark_offset = tail.change_offset, tail.mark_offset
+            last_change, last_mark = tail.change_seq, tail.mark_seq
             placed = [i for i in infos if i in owed or not passed(self.registration_seq(i), last_change, last_mark)]
             infos = [i for i in infos if i not in placed]
             owed = [i for i in owed if i not in placed]
@@ -319,12 +320,13 @@ class WorkerCore(CoreOutputs):
         if not checkpointable(shard):
             return None, "not checkpointable"
         saved = self.checkpoints.get(shard.kind, shard.partition, shard.position)
-        why = usable(saved, shard, self.reader)
+        why = usable(saved, shard, self.reader, self.log_start(shard.partition) if shard.kind == "routed" else 0)
         return (saved, f"used-{saved['from']}") if why is None else (None, why)
 
-    def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes, int]]:
-        """``(kind, partition, checkpoint, position)`` of the ``held`` shards that can be checkpointed and moved since the
-        last call (called once a transaction committed: their state is exactly their log below their position)."""
+    def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes, int, dict[str, int]]]:
+        """``(kind, partition, checkpoint, position, needs)`` of the ``held`` shards that can be checkpointed and
+        moved since the last call (called once a transaction committed: their state is exactly their log below
+        their position; ``needs``: what a restore from it reads of other logs, :meth:`_needs`)."""
         blobs = []
         for key in held:
             shard = self.shards.get(key)
@@ -335,11 +337,22 @@ class WorkerCore(CoreOutputs):
                 continue
             blob = shard_blob(shard, self.probes.floors if shard.evaluator is not None else {})
             if blob is not None:
-                blobs.append((*key, blob, shard.position))
+                blobs.append((*key, blob, shard.position, self._needs(shard)))
                 self._checkpointed[key] = (shard.position, versions)
             elif checkpointable(shard):
                 self._unpicklable.add((key, versions))  # (logged once: an operator query's closures, say)
         return blobs
+
+    def _needs(self, shard: Shard) -> dict[str, int]:
+        """What a restore from ``shard``'s checkpoint reads below its position (``cbgp topics floor``, the
+        checkpoint's ``needs``): of a routed log, the records of its last change and last mark; and the
+        queries.plans offsets it reflects (``queries.plans/<partition>``): the registrations from there on may
+        be missing from it, and are caught up at their point of the log."""
+        if shard.kind != "routed":
+            return {}
+        tail = Tail(change_offset=shard.change_offset, mark_offset=shard.mark_offset)
+        return {"updates.routed": needed_below(tail, shard.position),
+                **{f"queries.plans/{p}": offset for p, offset in enumerate(self.plan_positions)}}
 
     # -- by-centre registrations at one point of each routed log
 
@@ -399,7 +412,7 @@ class WorkerCore(CoreOutputs):
         is reading now (a multi-centre registration's history takes those up to its seq)."""
         names = {name for info, _seq in registrations for name in shard.register(info)}
         out: list[Output] = []
-        base = self._base(shard.partition)
+        base = self.bases.get(shard.partition)
         graph = base.before(self.record_reader, point, seqs=False) if base is not None else None
         changes = self.reader("routed", shard.partition, 0, point) if graph is None else graph.values()
         net = shard.engine.replay(self._learning(shard, changes), names, only=True)
@@ -413,36 +426,13 @@ class WorkerCore(CoreOutputs):
             for name, part, plan in info.probe_programs():
                 shard.outputs[name] = (info.query_id, part)
                 for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes or (),
-                                                           self._before(shard, base, graph, point)):
+                                                           self.bases.history(base, graph, point)):
                     self._probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
         return out
 
-    def _base(self, partition: int) -> RoutedBase | None:
-        """Routed partition ``partition``'s part of ingest's latest snapshot (None: none serves), loaded once until
-        :meth:`forget_bases`."""
-        if self.base_source is None or self.record_reader is None:
-            return None
-        if self._bases is None:
-            self._bases = {}
-            self._base_snapshot = self.base_source()
-        if partition not in self._bases:
-            snapshot = self._base_snapshot
-            self._bases[partition] = None if snapshot is None or partition not in snapshot[1] else \
-                RoutedBase.of(snapshot[0], snapshot[1], partition, self.n_routed)
-        return self._bases[partition]
-
     def forget_bases(self) -> None:
         """Drop the base loaded for a burst of registrations (it holds a copy of the partitions' graphs)."""
-        self._bases = self._base_snapshot = None
-
-    def _before(self, shard: Shard, base: RoutedBase | None, graph: dict | None, point: int) -> Before | None:
-        """What a multi-centre registration at ``point`` needs of the log before it, from the base: the graph
-        there with its insert seqs, and the seq the partition had applied (None: no base with insert seqs)."""
-        if base is None or graph is None or not base.seqs_known:
-            return None
-        last_change, last_mark = log_tail(self.record_reader, shard.partition, point,
-                                          start=self.log_start(shard.partition))
-        return Before(graph, max(last_change, last_mark))
+        self.bases.forget()
 
     def _replay_from(self, shard: Shard, names: set[str], point: int) -> list[Output]:
         """The live deltas of engine queries ``names`` over the shard's log records from ``point`` to its
@@ -489,6 +479,8 @@ class WorkerCore(CoreOutputs):
         out: list[Output] = self._due(shard, offset, past=changes[-1].seq, changes=changes) \
             if shard.pending and changes else []
         shard.position = offset + 1
+        if changes:
+            shard.change_offset = offset
         engine = shard.engine
         # (a routed shard holding only multi-centre queries has an idle engine: nothing to call per change)
         apply = engine.apply if engine.queries or engine.operators or engine.graph is not None else None
@@ -535,6 +527,7 @@ class WorkerCore(CoreOutputs):
         """Ingest's Frontier record at ``offset`` of a routed shard: every change up to its seq is applied
         (probes that waited for it are answered)."""
         shard.position = offset + 1
+        shard.mark_offset = offset
         shard.frontier = max(shard.frontier, frontiers.get(shard.partition, -1))
         out: list[Output] = self._due(shard, offset + 1, mark=shard.frontier) if shard.pending else []
         if shard.evaluator is not None:

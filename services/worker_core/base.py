@@ -15,13 +15,18 @@ moved from: what a multi-centre registration replays as its history (``Partition
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from cbgp.change import Change, change_of, routes
 from cbgp.distributed_state import fold
 from services import codec
-from services.worker_probes import RecordReader
+from services.records import kv
+from services.worker_core.points import log_tail
+from services.worker_probes import Before, RecordReader
+
+log = logging.getLogger("cbgp.worker")
 
 Quad = tuple[int, int, int, int]
 # Ingest's latest snapshot: () -> (presence: quad -> insert seq, routed partition -> the offset it matches), or
@@ -89,6 +94,48 @@ class RoutedBase:
         return graph
 
 
+class Bases:
+    """A worker's routed bases: ingest's snapshot, loaded on the first registration that needs it and kept
+    until :meth:`forget` (the end of the poll: a burst of registrations or restores reads it once)."""
+
+    def __init__(self, source: BaseSource | None, records: RecordReader | None, log_start: Callable[[int], int],
+                 partitions: int) -> None:
+        self.source = source
+        self.records = records
+        self.log_start = log_start
+        self.partitions = partitions
+        self.loaded: dict[int, RoutedBase | None] | None = None
+        self.snapshot: tuple | None = None
+
+    def get(self, partition: int) -> RoutedBase | None:
+        """Routed partition ``partition``'s base (None: no snapshot serves)."""
+        if self.source is None:
+            return None
+        if self.loaded is None:
+            self.loaded, self.snapshot = {}, self.source()
+        if partition not in self.loaded:
+            snapshot = self.snapshot
+            base = None if snapshot is None or partition not in snapshot[1] else \
+                RoutedBase.of(snapshot[0], snapshot[1], partition, self.partitions)
+            if base is not None:
+                log.info(kv(event="base-loaded", partition=partition, offset=base.offset, quads=len(base.graph),
+                            insert_seqs="known" if base.seqs_known else "unknown"))
+            self.loaded[partition] = base
+        return self.loaded[partition]
+
+    def forget(self) -> None:
+        self.loaded = self.snapshot = None
+
+    def history(self, base: RoutedBase | None, graph: dict | None, point: int) -> Before | None:
+        """What a multi-centre registration at ``point`` needs of the log before it, from ``base`` moved there
+        (``graph``): the graph with its insert seqs and the seq the partition had applied (None: no base, or
+        one without insert seqs: the registration reads the log from 0)."""
+        if base is None or graph is None or not base.seqs_known:
+            return None
+        tail = log_tail(self.records, base.partition, point, start=self.log_start(base.partition))
+        return Before(graph, tail.applied)
+
+
 def _changes(value: bytes) -> list[Change]:
     try:
         return codec.routed_changes(value)
@@ -96,4 +143,4 @@ def _changes(value: bytes) -> list[Change]:
         return []  # (dead-lettered when it was read)
 
 
-__all__ = ["FOREVER", "BaseSource", "BaseUnusable", "RoutedBase"]
+__all__ = ["FOREVER", "BaseSource", "BaseUnusable", "Bases", "RoutedBase"]

@@ -47,7 +47,7 @@ def shard_blob(shard: Shard, floors: dict[int, tuple] | None = None) -> bytes | 
         return None
 
 
-def usable(saved: dict[str, Any] | None, shard: Shard, reader: LogReader) -> str | None:
+def usable(saved: dict[str, Any] | None, shard: Shard, reader: LogReader, start: int = 0) -> str | None:
     """Why ``saved`` cannot restore ``shard`` (committed at ``shard.position``), or None when it can: a position
     at or below the committed one, and the same log (the last change before its position, term ids and all, is
     the one it recorded: topics deleted and written again with other data do not pass, even where their seqs
@@ -57,18 +57,19 @@ def usable(saved: dict[str, Any] | None, shard: Shard, reader: LogReader) -> str
     position = saved["position"]
     if position > shard.position:
         return f"position {position} is past the committed offset {shard.position}"
-    last = _last_change(reader, shard, position)
+    last = _last_change(reader, shard, position, start)
     if last != saved["last_change"]:
         return f"the last change before position {position} is {last}, not {saved['last_change']}"
     return None
 
 
-def _last_change(reader: LogReader, shard: Shard, position: int, within: int = 256) -> Any:
-    """The last change of ``shard``'s log before ``position`` (records without changes, as Frontier marks,
+def _last_change(reader: LogReader, shard: Shard, position: int, start: int = 0, within: int = 256) -> Any:
+    """The last change of ``shard``'s log in [start, position) (records without changes, as Frontier marks,
     skipped; None when none is found within ``within`` records)."""
+    floor = start
     end, chunk = position, 4
-    while end > max(0, position - within):
-        start = max(0, end - chunk)
+    while end > max(floor, position - within):
+        start = max(floor, end - chunk)
         changes = list(reader(shard.kind, shard.partition, start, end))
         if changes:
             return changes[-1]

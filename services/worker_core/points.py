@@ -3,7 +3,7 @@ past the seq it answers as of, found from the log's changes and ingest's Frontie
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from services import codec
 from services.worker_probes import RecordReader
@@ -15,21 +15,43 @@ def passed(seq: int, last_change: int, last_mark: int) -> bool:
     return last_change > seq or last_mark >= seq
 
 
-def log_tail(records: RecordReader, partition: int, end: int, start: int = 0) -> tuple[int, int]:
-    """The seq of the last change and of the last Frontier mark in routed log ``partition`` in [start, end) (-1
-    when none), read backwards in chunks from ``end``."""
-    last_change = last_mark = -1
+class Tail(NamedTuple):
+    """The last change and the last Frontier mark of a routed log before some offset: their seqs and the
+    offsets of their records (-1 when none)."""
+
+    change_seq: int = -1
+    mark_seq: int = -1
+    change_offset: int = -1
+    mark_offset: int = -1
+
+    @property
+    def applied(self) -> int:
+        """The seq every change up to which the partition had applied there (a mark follows its changes)."""
+        return max(self.change_seq, self.mark_seq)
+
+
+def log_tail(records: RecordReader, partition: int, end: int, start: int = 0) -> Tail:
+    """The last change and the last Frontier mark in routed log ``partition`` in [start, end), read backwards in
+    chunks from ``end``."""
+    tail = Tail()
     chunk = 4  # a transaction's records end with its marks: the last few usually hold both
     floor = start
-    while end > floor and (last_change < 0 or last_mark < 0):
+    while end > floor and (tail.change_offset < 0 or tail.mark_offset < 0):
         start = max(floor, end - chunk)
-        for _offset, kind, seq in log_marks(records, partition, start, end):
-            if kind == "mark":
-                last_mark = max(last_mark, seq)
-            else:
-                last_change = max(last_change, seq)
+        for offset, kind, seq in log_marks(records, partition, start, end):
+            if kind == "mark" and seq >= tail.mark_seq:
+                tail = tail._replace(mark_seq=seq, mark_offset=offset)
+            elif kind == "changes" and seq >= tail.change_seq:
+                tail = tail._replace(change_seq=seq, change_offset=offset)
         end, chunk = start, min(chunk * 8, 512)
-    return last_change, last_mark
+    return tail
+
+
+def needed_below(tail: Tail, end: int) -> int:
+    """The lowest offset a reader of the log before ``end`` (with this tail) reads: the records of its last
+    change and its last mark (a checkpoint's restore checks the one, a registration's frontier is the other)."""
+    found = [offset for offset in (tail.change_offset, tail.mark_offset) if offset >= 0]
+    return min(found) if found else end
 
 
 def log_marks(records: RecordReader, partition: int, start: int, end: int) -> Iterator[tuple[int, str, int]]:

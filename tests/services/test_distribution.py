@@ -294,7 +294,7 @@ class MemoryCheckpoints:
         return self.loaded
 
     def put(self, shards: list[tuple[str, int, bytes, int]]) -> int:
-        for kind, partition, blob, _position in shards:
+        for kind, partition, blob, *_position in shards:
             self.blobs[(kind, partition)] = blob
         return len(shards)
 

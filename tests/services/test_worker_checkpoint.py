@@ -232,7 +232,7 @@ def test_an_operator_shard_is_checkpointed_and_one_pickle_refuses_is_skipped_onc
     worker.core.on_plan(0, 99, b"counted", codec.encode("QueryPlan", plan), range(N))
     worker.open({}, None)
     owner = next(key for key in worker.shards() if key[0] == "whole" and "counted" in worker.core.shards[key].versions)
-    blobs = {(kind, p): blob for kind, p, blob, _position in worker.core.checkpoint_blobs(worker.shards())}
+    blobs = {(kind, p): blob for kind, p, blob, *_position in worker.core.checkpoint_blobs(worker.shards())}
     assert owner in blobs, "the operator query's shard is checkpointed"
     assert load_shard(blobs[owner])["engine"].operators, "with its operator tree"
 
@@ -243,5 +243,5 @@ def test_an_operator_shard_is_checkpointed_and_one_pickle_refuses_is_skipped_onc
     with caplog.at_level("WARNING"):
         first = refusing.core.checkpoint_blobs(refusing.shards())
         again = refusing.core.checkpoint_blobs(refusing.shards())
-    assert owner not in {(kind, p) for kind, p, _blob, _position in first} and again == []
+    assert owner not in {(kind, p) for kind, p, *_checkpoint in first} and again == []
     assert sum("shard-checkpoint-skipped" in r.getMessage() for r in caplog.records) == 1

@@ -96,9 +96,9 @@ def test_compaction_must_match_the_role() -> None:
     assert retention_problems("d", dictionary, {"cleanup.policy": "compact", "retention.ms": "1000"}) == []
     assert retention_problems("a", answers, {"cleanup.policy": "compact", "retention.ms": "-1"}) == [
         "a: cleanup.policy=compact, needs delete (compaction would drop all but the last record of each key)"]
-    assert retention_problems("r", spec("updates.routed"), {"cleanup.policy": "delete", "retention.ms": "-1",
-                                                           "retention.bytes": "1073741824"}) == [
-        "r: retention.bytes=1073741824, needs -1 (a restore reads it from offset 0)"]
+    assert retention_problems("e", spec("updates.encoded"), {"cleanup.policy": "delete", "retention.ms": "-1",
+                                                            "retention.bytes": "1073741824"}) == [
+        "e: retention.bytes=1073741824, needs -1 (a restore reads it from offset 0)"]
 
 
 @pytest.mark.slow

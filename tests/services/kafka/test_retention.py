@@ -15,8 +15,8 @@ from services.kafka.config import KafkaSettings
 from services.kafka.floor import floor
 from services.kafka.topics import KEPT, TOPICS, WEEK_MS, spec
 
-REPLAYED = {"updates.encoded", "updates.routed"}  # a restore reads them from offset 0
-CHECKPOINTED = {"deltas.parts"}  # a restore reads them from its checkpoint's position
+REPLAYED = {"updates.encoded"}  # a restore reads it from offset 0
+CHECKPOINTED = {"deltas.parts", "updates.routed"}  # a restore reads them from its checkpoint's position
 CHECKPOINTS = {"checkpoints.ingest", "checkpoints.routed", "checkpoints.whole", "checkpoints.deltas"}  # trimmed by their writers
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
 BOUNDED = {"updates.raw", "admin", "queries.status", "deadletter", "answers"}
@@ -115,6 +115,69 @@ def test_the_answers_floor_is_what_the_answers_checkpoints_need_and_what_compact
     finally:
         spark.close()
     assert answers_floor() == {"0": 20, "1": 0, "2": 0, "3": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_lack_read(
+        kafka_settings: KafkaSettings) -> None:
+    """Three readers of updates.routed below the workers' positions: a restore from a shard's checkpoint (what
+    its ``needs`` say), a registration moving ingest's snapshot to its point (the routed offsets the snapshot
+    matches), and a registration the checkpoint lacks, caught up at its point (the point and the Frontier mark
+    before it).  A registration the checkpoint holds (a plan below the queries.plans offset it reflects) holds
+    nothing back; without a checkpoint or a snapshot, everything is needed."""
+    from services import codec
+    from services.kafka.checkpoint_log import checkpoint_records
+    from services.state import presence
+    from services.worker_core.points import log_tail, point_of
+    from tests.services.test_worker_probes import N, decode_changes, generate_patch, ingest_logs
+
+    s = kafka_settings
+    snapshots: list = []
+    logs = ingest_logs(generate_patch(800, seed=4), snapshots=snapshots)
+    producer = make_producer(s)
+    for p in range(N):
+        for value in logs[("routed", p)]:
+            producer.produce(s.topic("updates.routed"), value=value, partition=p)
+    seqs = [c.seq for value in logs[("whole", 0)] for c in decode_changes("whole", value)]
+
+    def plan(name: str, seq: int) -> bytes:
+        return codec.encode("QueryPlan", {"query_id": name, "sparql": "SELECT * WHERE { ?s ?p ?o }", "options": {},
+                                          "plan_json": "{}", "projected": [], "registered_at_seq": 0,
+                                          "registered_at_change_seq": seq, "version": 1})
+
+    early, late = seqs[len(seqs) // 5], seqs[len(seqs) // 2]
+    for name, seq in (("held", early), ("lacking", late)):  # queries.plans offsets 0 and 1 of partition 0
+        producer.produce(s.topic("queries.plans"), value=plan(name, seq), key=name.encode(), partition=0)
+    high = {p: len(logs[("routed", p)]) for p in range(N)}
+    for p in range(3):  # partition 3: no checkpoint
+        needs = {"updates.routed": high[p] - 2, "queries.plans/0": 1, "queries.plans/1": 0}
+        for output in checkpoint_records(s.topic("checkpoints.routed"), p, b"routed/%d" % p, b"blob", high[p], "c",
+                                         needs=needs):
+            producer.produce(output.topic, value=output.value, key=output.key, partition=output.partition,
+                             headers=output.headers)
+    assert producer.flush(10) == 0
+
+    def routed_floor() -> dict[int, int]:
+        return {int(p): offset for p, offset in floor(s, [spec("updates.routed")])[s.topic("updates.routed")].items()}
+
+    assert routed_floor() == {p: 0 for p in range(N)}, "no snapshot of ingest: registrations read from offset 0"
+    present, ends = snapshots[-2]
+    blob = presence.snapshot(present, [], {"format": 1, "facts": {"routed_ends": {str(p): e for p, e in ends.items()}}})
+    for output in checkpoint_records(s.topic("checkpoints.ingest"), 0, b"ingest/0", blob, 0, "i"):
+        producer.produce(output.topic, value=output.value, key=output.key, partition=output.partition,
+                         headers=output.headers)
+    assert producer.flush(10) == 0
+
+    def records(partition: int, start: int, end: int | None) -> list:
+        return list(enumerate(logs[("routed", partition)][start:end], start))
+
+    expected = {3: 0}
+    for p in range(3):
+        point = point_of(records, p, late, high[p])
+        expected[p] = min(high[p] - 2, ends[p], point, log_tail(records, p, point).mark_offset)
+    assert routed_floor() == expected
+    assert all(expected[p] > 0 for p in range(3))
 
 
 @pytest.mark.slow

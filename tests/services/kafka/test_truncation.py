@@ -94,7 +94,7 @@ def test_run_service_stops_with_one_line_and_exit_code_3_instead_of_restarting(
 # ---------------------------------------------------------------------------------------- topic configs
 
 
-REPLAYED = {"updates.encoded", "updates.routed"}
+REPLAYED = {"updates.encoded"}
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
 
 
@@ -108,6 +108,8 @@ def test_topics_read_from_offset_0_are_never_deleted_by_age_or_size() -> None:
             assert t.unbounded and configs["retention.ms"] == "-1" and configs["retention.bytes"] == "-1", t.name
         elif t.name == "deltas.parts":  # kept by default; bounded by the answers service's checkpoints
             assert t.needed_from.startswith("checkpoints:") and configs["retention.ms"] == "-1", t.name
+        elif t.name == "updates.routed":  # kept by default; bounded by the workers' checkpoints and ingest's
+            assert t.needed_from.startswith("needs:") and configs["retention.ms"] == "-1", t.name
         else:
             assert t.needed_from != FROM_START and int(configs["retention.ms"]) > 0, t.name
 
@@ -131,7 +133,7 @@ def test_topic_config_overrides_come_from_flags_and_env_and_round_trip() -> None
 def test_bounded_topics_take_any_retention_but_a_topic_read_from_offset_0_refuses_one() -> None:
     settings = KafkaSettings(topic_configs={"updates.raw": {"retention.ms": "86400000"}})
     assert wanted_configs(spec("updates.raw"), settings)["retention.ms"] == "86400000"
-    for name, change in (("updates.routed", {"retention.ms": "604800000"}),
+    for name, change in (("updates.encoded", {"retention.ms": "604800000"}),
                          ("updates.encoded", {"retention.bytes": "10"}),
                          ("queries.plans", {"cleanup.policy": "delete"}),
                          ("dictionary", {"cleanup.policy": "compact,delete", "retention.ms": "1000"})):
@@ -179,13 +181,12 @@ def test_existing_topics_with_a_finite_retention_on_a_replayed_log_refuse_the_st
     assert check_existing_configs(_Admin(fine), s, specs) == []
 
     # A topic created by hand (or by auto-creation) with the broker's defaults: 7 days.
-    broken = {**fine, "p.updates.routed": KAFKA_DEFAULT, "p.updates.encoded": {**KAFKA_DEFAULT, "retention.ms": "-1",
-                                                                       "retention.bytes": "1073741824"}}
+    broken = {**fine, "p.updates.encoded": {**KAFKA_DEFAULT, "retention.bytes": "1073741824"}}
     with pytest.raises(TopicError) as caught:
         check_existing_configs(_Admin(broken), s, specs)
     message = str(caught.value)
     assert "\n" not in message and message.startswith("refusing to start")
-    assert "p.updates.routed: retention.ms=604800000, needs -1" in message
+    assert "p.updates.encoded: retention.ms=604800000, needs -1" in message
     assert "p.updates.encoded: retention.bytes=1073741824, needs -1" in message
 
     # A bounded topic below its retention is a warning, not a refusal.
@@ -231,14 +232,14 @@ def test_the_services_startup_check_refuses_an_existing_replayed_log_with_a_fini
         kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
     s = kafka_settings
     assert ensure_topics(s) == []  # the catalogue as created passes its own check
-    _set_config(s, s.topic("updates.routed"), "retention.ms", "3600000")
-    with pytest.raises(TopicError, match=f"{s.topic('updates.routed')}: retention.ms=3600000, needs -1"):
+    _set_config(s, s.topic("updates.encoded"), "retention.ms", "3600000")
+    with pytest.raises(TopicError, match=f"{s.topic('updates.encoded')}: retention.ms=3600000, needs -1"):
         ensure_topics(s)
     flags = ["--bootstrap-servers", s.bootstrap_servers, "--topic-prefix", s.topic_prefix, "--partitions",
              str(s.partitions)]
     assert main(["topics", "create", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "refusing to start" in err[0] and "updates.routed" in err[0]
+    assert len(err) == 1 and "refusing to start" in err[0] and "updates.encoded" in err[0]
 
 
 @pytest.mark.slow
