@@ -459,7 +459,8 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
     def due(names: list[str], tail: list[Change]) -> None:
         for name in names:
             info, plan, seq, predicates = waiting.pop(name)
-            history = insert_history(fold({q: c for q, c in graph.items() if q[1] in predicates}, tail, seq))
+            history = insert_history(fold({q: c for q, c in graph.items() if q[1] in predicates}, tail, seq,
+                                          predicates))
             routing.register(shard, info, name, plan, seq, history, Outputs())  # (silently, as below)
             if name in upto:
                 shard.registered_at[name] = seq

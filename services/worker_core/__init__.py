@@ -9,8 +9,8 @@ A *shard* is one engine fed by one input log:
 Every shard's state is a function of (its queries, its log up to its position), so it is *restored* by
 replaying the log without emitting -- from its checkpoint when one serves (``services.state.shards``; whatever
 queries it holds: those the plans dropped are freed, those it lacks caught up as below), else from offset 0 --
-and a query new to a shard gets its state the same way (from offset 0),
-its replayed deltas netted into a snapshot (``snapshot=True``).  Which queries a shard had already
+and a query new to a shard gets its state the same way (from offset 0; a by-centre one from ingest's snapshot
+moved to its point when one serves, ``services.worker_core.base``), netted into a snapshot (``snapshot=True``).  Which queries a shard had already
 snapshotted is stored with its committed offset as commit metadata (the queries.plans positions applied),
 so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A by-centre query new to a
 routed shard applies at one record of its log, the first past the seq it registered at
