@@ -11,25 +11,17 @@ import pytest
 
 from cbgp.distributed_state import fold
 from services import codec
-from services.ingest import IngestProcessor, RawRecord
-from services.kafka import KafkaSettings
 from services.worker_core.base import FOREVER, BaseUnusable, RoutedBase
 from tests.fleet_support import generate_patch
+from tests.worker_support import N, ingest_logs
 
-N = 4
 
-
-def logs_and_snapshots(lines: list[str], per_record: int = 30) -> tuple[dict[int, list[bytes]], list]:
-    """The routed logs, and after each ingest batch (a transaction) its snapshot: (presence, routed ends)."""
-    ingest = IngestProcessor(KafkaSettings(topic_prefix="u."), N, N)
-    logs: dict[int, list[bytes]] = {p: [] for p in range(N)}
-    snapshots = [({}, {p: 0 for p in range(N)})]
-    for start in range(0, len(lines), per_record):
-        for out in ingest.process(RawRecord(("\n".join(lines[start:start + per_record]) + "\n").encode())):
-            if out.topic == "u.updates.routed":
-                logs[out.partition].append(out.value)
-        snapshots.append((dict(ingest.present), {p: len(logs[p]) for p in range(N)}))
-    return logs, snapshots
+def logs_and_snapshots(lines: list[str]) -> tuple[dict[int, list[bytes]], list]:
+    """The routed logs, and ingest's snapshot before and after each raw record (a transaction): (presence,
+    routed ends)."""
+    snapshots: list = [({}, {p: 0 for p in range(N)})]
+    logs = ingest_logs(lines, per_record=30, snapshots=snapshots)
+    return {p: logs[("routed", p)] for p in range(N)}, snapshots
 
 
 def from_zero(log: list[bytes], point: int) -> dict:

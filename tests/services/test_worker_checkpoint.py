@@ -15,39 +15,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from services import codec
-from services.ingest import IngestProcessor, RawRecord
-from services.kafka import KafkaSettings
 from services.state import Store
 from services.state.shards import ShardCheckpoints, load_shard
 from services.worker_core import WorkerCore, decode_changes
 from services.worker_core.checkpoint import usable
 from tests.fleet_support import QUERIES, generate_patch
+from tests.worker_support import N, TOPICS, InMemoryWorker, ingest_logs
 
 
-SETTINGS = KafkaSettings(topic_prefix="u.")
-TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updates.routed": "u.updates.routed"}
-N = 4
-
-
-def ingest_logs(lines: list[str], per_record: int = 40) -> dict[tuple[str, int], list]:
-    """updates.routed per partition and updates.encoded: their records' values."""
-    ingest = IngestProcessor(SETTINGS, N, N)
-    logs: dict[tuple[str, int], list] = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
-    for start in range(0, len(lines), per_record):
-        for out in ingest.process(RawRecord(("\n".join(lines[start:start + per_record]) + "\n").encode())):
-            if out.topic in ("u.updates.routed", "u.updates.encoded"):
-                kind = "routed" if out.topic == "u.updates.routed" else "whole"
-                logs[(kind, out.partition if kind == "routed" else 0)].append(out.value)
-    return logs
-
-
-class Worker:
+class Worker(InMemoryWorker):
     """A WorkerCore over ``logs`` that counts the records its restores read; the probes it writes to routed
     partitions are appended to their logs (it holds them all)."""
 
     def __init__(self, logs: dict, checkpoints: ShardCheckpoints | None) -> None:
-        self.logs = logs
-        self.read = 0
+        super().__init__(logs)
         self.core = WorkerCore(TOPICS, N, N, N, self.reader, assemble_in_spark=False, checkpoints=checkpoints,
                                record_reader=self.records)
         for i, (name, text) in enumerate(sorted(QUERIES.items())):
@@ -62,16 +43,6 @@ class Worker:
             "query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
             "registered_at_seq": len(self.logs[("whole", 0)]) // 2, "version": version})
         return self.core.on_plan(0, offset, name.encode(), value, range(N))[0]
-
-    def reader(self, kind: str, partition: int, start: int, end: int) -> list:
-        records = self.logs[(kind, partition if kind == "routed" else 0)][start:end]
-        self.read += len(records)
-        return [change for value in records for change in decode_changes(kind, value)]
-
-    def records(self, partition: int, start: int, end: int | None) -> list:
-        records = self.logs[("routed", partition)][start:end]
-        self.read += len(records)
-        return list(enumerate(records, start))
 
     def shards(self) -> list[tuple[str, int]]:
         return [("routed", p) for p in range(N)] + [("whole", p) for p in range(N)]
@@ -94,14 +65,6 @@ class Worker:
                 else:
                     out += self.core.on_record(shard, offset, decode_changes(kind, log[offset]))
         return self.flush(out)
-
-    def flush(self, out: list) -> list:
-        """``out`` and what the core batched, as one transaction: the probes it sends join their logs."""
-        out = out + self.core.flush_batches()
-        for o in out:
-            if o.topic == TOPICS["updates.routed"]:
-                self.logs[("routed", o.partition)].append(o.value)
-        return out
 
 
 def keyed(outputs: list) -> set[tuple]:

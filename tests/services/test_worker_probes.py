@@ -14,33 +14,12 @@ from __future__ import annotations
 
 from cbgp.terms import iri, stable_term_id
 from services import codec
-from services.ingest import IngestProcessor, RawRecord
-from services.kafka import KafkaSettings
 from services.worker_core import WorkerCore, decode_changes
 from services.worker_core.points import log_marks, point_of
 from tests.fleet_support import EX, QUERIES, generate_patch
+from tests.worker_support import N, TOPICS, InMemoryWorker, ingest_logs
 
-SETTINGS = KafkaSettings(topic_prefix="u.")
-TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updates.routed": "u.updates.routed"}
-N = 4
 UNREAD = 987_654_321  # a predicate id no query reads
-
-
-def ingest_logs(lines: list[str], per_record: int = 40, snapshots: list | None = None
-                ) -> dict[tuple[str, int], list[bytes]]:
-    """The logs ingest writes for ``lines``; ``snapshots``: appended after each batch, ingest's snapshot then
-    (presence with insert seqs, routed end offsets)."""
-    ingest = IngestProcessor(SETTINGS, N, N)
-    logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
-    for start in range(0, len(lines), per_record):
-        for out in ingest.process(RawRecord(("\n".join(lines[start:start + per_record]) + "\n").encode())):
-            if out.topic == "u.updates.routed":
-                logs[("routed", out.partition)].append(out.value)
-            elif out.topic == "u.updates.encoded":
-                logs[("whole", 0)].append(out.value)
-        if snapshots is not None:
-            snapshots.append((dict(ingest.present), {p: len(logs[("routed", p)]) for p in range(N)}))
-    return logs
 
 
 def graph_as_of(logs: dict, upto: int) -> dict[tuple[int, int, int, int], int]:
@@ -73,26 +52,15 @@ def compacted(logs: dict, upto: int) -> dict:
     return out
 
 
-class Worker:
-    """A WorkerCore holding every routed partition of ``logs``; the probes it sends join their logs.  With a
-    ``base`` (ingest's snapshot) and ``cut`` (partition -> offset), the routed logs below the cut are refused, as
-    if retention had deleted them."""
+class Worker(InMemoryWorker):
+    """A WorkerCore holding every routed partition of ``logs``.  With a ``base`` (ingest's snapshot) and ``cut``,
+    the routed logs below the cut are refused, as if retention had deleted them."""
 
     def __init__(self, logs: dict, base: tuple | None = None, cut: dict[int, int] | None = None) -> None:
-        self.logs = logs
-        self.cut = cut or {}
+        super().__init__(logs, cut)
         self.core = WorkerCore(TOPICS, N, N, N, self.reader, assemble_in_spark=False, record_reader=self.records,
                                base_source=None if base is None else lambda: base,
                                log_start=lambda partition: self.cut.get(partition, 0))
-
-    def reader(self, kind: str, partition: int, start: int, end: int) -> list:
-        assert kind == "whole" or start >= self.cut.get(partition, 0) or start == end, f"routed {partition} from {start}"
-        records = self.logs[(kind, partition if kind == "routed" else 0)][start:end]
-        return [change for value in records for change in decode_changes(kind, value)]
-
-    def records(self, partition: int, start: int, end: int | None) -> list:
-        assert start >= self.cut.get(partition, 0) or start == end, f"routed {partition} read from {start}"
-        return list(enumerate(self.logs[("routed", partition)][start:end], start))
 
     def register(self, offset: int, name: str, seq: int) -> list:
         plan = {"query_id": name, "sparql": QUERIES[name], "options": {}, "plan_json": "{}", "projected": [],
@@ -118,13 +86,6 @@ class Worker:
                     turn += self.core.on_routed(shard, offset, log[offset], None)[0]
                     moved = True
             out += self.flush(turn)
-        return out
-
-    def flush(self, out: list) -> list:
-        out = out + self.core.flush_batches()
-        for o in out:
-            if o.topic == TOPICS["updates.routed"]:
-                self.logs[("routed", o.partition)].append(o.value)
         return out
 
 

@@ -130,7 +130,9 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
     from services.kafka.checkpoint_log import checkpoint_records
     from services.state import presence
     from services.worker_core.points import log_tail, point_of
-    from tests.services.test_worker_probes import N, decode_changes, generate_patch, ingest_logs
+    from services.worker_core import decode_changes
+    from tests.fleet_support import generate_patch
+    from tests.worker_support import N, ingest_logs
 
     s = kafka_settings
     snapshots: list = []
