@@ -108,7 +108,8 @@ def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int
     finally:
         remote.close()
     loaded = presence.load_snapshot(saved.blob) if saved is not None else None
-    ends = {int(p): int(end) for p, end in (loaded[0].get("facts", {}).get("routed_ends", {}) if loaded else {}).items()}
+    recorded = loaded[0].get("facts", {}).get("routed_ends", {}) if loaded is not None else {}
+    ends = {int(p): int(end) for p, end in recorded.items()}
     highs = end_offsets(settings, name)
     if any(end > highs[p][1] for p, end in ends.items() if p in highs):
         return {p: 0 for p in partitions}
