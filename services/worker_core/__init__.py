@@ -413,8 +413,8 @@ class WorkerCore(CoreOutputs):
         names = {name for info, _seq in registrations for name in shard.register(info)}
         out: list[Output] = []
         base = self.bases.get(shard.partition)
-        graph = base.before(self.record_reader, point, seqs=False) if base is not None else None
-        changes = self.reader("routed", shard.partition, 0, point) if graph is None else graph.values()
+        moved = base.before(self.record_reader, point) if base is not None else None
+        changes = self.reader("routed", shard.partition, 0, point) if moved is None else moved[0].values()
         net = shard.engine.replay(self._learning(shard, changes), names, only=True)
         for info, seq in registrations:
             out += self._snapshot(shard, [info], net, offset=point - 1, as_of=seq)
@@ -426,7 +426,7 @@ class WorkerCore(CoreOutputs):
             for name, part, plan in info.probe_programs():
                 shard.outputs[name] = (info.query_id, part)
                 for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes or (),
-                                                           self.bases.history(base, graph, point)):
+                                                           self.bases.history(base, moved, point)):
                     self._probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
         return out
 

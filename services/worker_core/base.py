@@ -35,10 +35,6 @@ BaseSource = Callable[[], "tuple[Mapping[Quad, int], Mapping[int, int]] | None"]
 FOREVER = 1 << 62  # (a seq past every change)
 
 
-class BaseUnusable(Exception):
-    """The base cannot give the graph asked for (a quad's insert seq is unknown); read the log from 0."""
-
-
 @dataclass
 class RoutedBase:
     """One routed partition's graph at ``offset`` of its log (every change below it, none at or above it):
@@ -64,34 +60,33 @@ class RoutedBase:
                     known = known and seq >= 0
         return cls(partition, routed_ends[partition], graph, known)
 
-    def before(self, records: RecordReader, point: int, predicates: frozenset[int] | None = None,
-               seqs: bool = True) -> dict[Quad, Change]:
+    def before(self, records: RecordReader, point: int, predicates: frozenset[int] | None = None
+               ) -> tuple[dict[Quad, Change], bool]:
         """The partition's graph just before offset ``point`` of its log (every change of the records below it),
-        each quad -> the change that inserted it; ``predicates``: those quads only.  ``seqs``: the insert seqs
-        must be known (a registration's history); raises :class:`BaseUnusable` when they are not."""
-        if seqs and not self.seqs_known:
-            raise BaseUnusable("ingest's snapshot is older than insert seqs")
+        each quad -> the change that inserted it, ``predicates``: those quads only; and whether every insert seq
+        in it is known (an older snapshot's are not, nor a quad restored by undoing a delete from before ingest
+        kept them): a registration's history needs them, an engine's snapshot does not."""
         graph = {quad: change for quad, change in self.graph.items()
                  if predicates is None or quad[1] in predicates}
+        known = self.seqs_known
         if self.offset <= point:
             for _offset, value in records(self.partition, self.offset, point):
                 fold(graph, _changes(value), FOREVER, predicates)
-            return graph
+            return graph, known
         for _offset, value in reversed(list(records(self.partition, point, self.offset))):
             changes = _changes(value)
             inserted = codec.inserted_at(value) if changes else []
             for i in range(len(changes) - 1, -1, -1):
-                seq, diff, s, p, o, g, _time, role, _refresh = changes[i]
+                _seq, diff, s, p, o, g, _time, role, _refresh = changes[i]
                 if predicates is not None and p not in predicates:
                     continue
                 if diff > 0:
                     graph.pop((s, p, o, g), None)
                     continue
                 insert = inserted[i] if inserted else -1
-                if insert < 0 and seqs:
-                    raise BaseUnusable(f"the delete at seq {seq} does not say when its quad was inserted")
+                known = known and insert >= 0
                 graph[(s, p, o, g)] = change_of((insert, 1, s, p, o, g, None, role, False))
-        return graph
+        return graph, known
 
 
 class Bases:
@@ -126,12 +121,13 @@ class Bases:
     def forget(self) -> None:
         self.loaded = self.snapshot = None
 
-    def history(self, base: RoutedBase | None, graph: dict | None, point: int) -> Before | None:
+    def history(self, base: RoutedBase | None, moved: tuple[dict, bool] | None, point: int) -> Before | None:
         """What a multi-centre registration at ``point`` needs of the log before it, from ``base`` moved there
-        (``graph``): the graph with its insert seqs and the seq the partition had applied (None: no base, or
-        one without insert seqs: the registration reads the log from 0)."""
-        if base is None or graph is None or not base.seqs_known:
+        (``moved``, :meth:`RoutedBase.before`): the graph with its insert seqs and the seq the partition had
+        applied (None: no base, or insert seqs unknown: the registration reads the log from 0)."""
+        if base is None or moved is None or not moved[1]:
             return None
+        graph = moved[0]
         tail = log_tail(self.records, base.partition, point, start=self.log_start(base.partition))
         return Before(graph, tail.applied)
 
@@ -143,4 +139,4 @@ def _changes(value: bytes) -> list[Change]:
         return []  # (dead-lettered when it was read)
 
 
-__all__ = ["FOREVER", "BaseSource", "BaseUnusable", "Bases", "RoutedBase"]
+__all__ = ["FOREVER", "BaseSource", "Bases", "RoutedBase"]

@@ -11,7 +11,7 @@ import pytest
 
 from cbgp.distributed_state import fold
 from services import codec
-from services.worker_core.base import FOREVER, BaseUnusable, RoutedBase
+from services.worker_core.base import FOREVER, RoutedBase
 from tests.fleet_support import generate_patch
 from tests.worker_support import N, ingest_logs
 
@@ -47,7 +47,8 @@ def test_a_base_moved_to_a_point_is_the_graph_the_log_from_0_gives(seed: int) ->
             assert partition == p and low <= start and end is not None and end <= high, (start, end, low, high)
             return list(enumerate(logs[p][start:end], start))
 
-        graph = base.before(records, point)
+        graph, known = base.before(records, point)
+        assert known
         assert {quad: (change.seq, change.role) for quad, change in graph.items()} == from_zero(logs[p], point)
         backwards += base.offset > point
         forwards += base.offset < point
@@ -55,14 +56,21 @@ def test_a_base_moved_to_a_point_is_the_graph_the_log_from_0_gives(seed: int) ->
 
 
 def test_a_base_without_insert_seqs_serves_a_snapshot_but_no_history() -> None:
+    """An older ingest's snapshot (insert seqs unknown), or a delete from before ingest kept the seq of the insert
+    it undoes, moved backwards over: the graph is right, and it says its insert seqs are not all known."""
     logs, snapshots = logs_and_snapshots(generate_patch(600, seed=3))
     present, ends = snapshots[len(snapshots) // 2]
-    older = RoutedBase.of(dict.fromkeys(present, -1), ends, 1, N)  # (an ingest snapshot of format 1)
 
     def records(partition: int, start: int, end: int | None) -> list:
         return list(enumerate(logs[partition][start:end], start))
 
-    with pytest.raises(BaseUnusable):
-        older.before(records, len(logs[1]))
-    graph = older.before(records, len(logs[1]), seqs=False)
-    assert set(graph) == set(from_zero(logs[1], len(logs[1])))
+    older = RoutedBase.of(dict.fromkeys(present, -1), ends, 1, N)  # (an ingest snapshot of format 1)
+    graph, known = older.before(records, len(logs[1]))
+    assert not known and set(graph) == set(from_zero(logs[1], len(logs[1])))
+
+    last = RoutedBase.of(*snapshots[-1], 1, N)
+    assert last.before(records, ends[1])[1], "every delete says which insert it undoes"
+    stripped = {1: [codec.encode_routed_batch(codec.routed_changes(value)) if codec.routed_changes(value) else value
+                    for value in logs[1]]}  # (records written before inserted_at)
+    graph, known = last.before(lambda _p, start, end: list(enumerate(stripped[1][start:end], start)), ends[1])
+    assert not known and set(graph) == set(from_zero(logs[1], ends[1]))
