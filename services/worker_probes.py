@@ -54,7 +54,7 @@ import time
 from typing import Any, Callable, Iterable, NamedTuple
 
 from cbgp.change import Change
-from cbgp.distributed import Ack, Outputs, PartitionEvaluator, Probe, compile_component
+from cbgp.distributed import Ack, ComponentProgram, Outputs, PartitionEvaluator, Probe, compile_component
 from cbgp.distributed_state import fold, insert_history
 from services import codec
 from services.records import Output, kv, query_partition
@@ -106,18 +106,23 @@ class ProbeRouting:
 
     # -- registration
 
-    def register(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int, history: list[Change],
-                 out: Outputs) -> None:
+    def register(self, shard: Shard, info: QueryInfo, program: ComponentProgram, plan: Any, upto: int,
+                 history: list[Change]) -> None:
         """Add one of ``info``'s evaluator queries (``QueryInfo.probe_programs``: the query, or a product's
-        multi-centre part) to a routed shard being restored, at its point of the log (:func:`restore`), with its
-        registration's history (the partition's graph as of seq ``upto`` as an insert-only history,
-        ``PartitionEvaluator.replay_history``)."""
-        evaluator = self._evaluator(shard)
-        gate = _gate(shard, info, plan)
-        evaluator.register(compile_component(name, plan, shard.engine.dictionary), 0, upto, gate)
-        evaluator.replay_history(name, self.learning(shard, history, _terms(gate)), out)
-        out.extend(evaluator.release_waiting(name))
-        shard.probe_queries[name] = info
+        multi-centre part; ``program``: compiled) to a routed shard being restored, at its point of the log
+        (:func:`restore`, silently), with its registration's history."""
+        self._registered(self._evaluator(shard), shard, program, _gate(shard, info, plan), upto, history)
+        shard.probe_queries[program.name] = info
+
+    def _registered(self, evaluator: PartitionEvaluator, shard: Shard, program: ComponentProgram, gate: Any,
+                    upto: int, history: Iterable[Change]) -> Outputs:
+        """Register ``program`` in ``evaluator`` as of seq ``upto`` with its history (the partition's graph then,
+        as an insert-only history: ``PartitionEvaluator.replay_history``), then answer the probes that came
+        before it; what that made."""
+        evaluator.register(program, 0, upto, gate)
+        made = evaluator.replay_history(program.name, self.learning(shard, history, _terms(gate)), Outputs())
+        made.extend(evaluator.release_waiting(program.name))
+        return made
 
     def register_at(self, shard: Shard, info: QueryInfo, name: str, plan: Any, upto: int,
                     point: int, point_changes: Iterable[Change] = (),
@@ -151,17 +156,14 @@ class ProbeRouting:
             scratch.applied, start = before.applied, point
 
         def registration(tail: Iterable[Change]) -> Outputs:
-            scratch.register(program, 0, upto, gate)
             history = insert_history(fold(graph, tail, upto, predicates))
-            made = scratch.replay_history(name, self.learning(shard, history, terms), Outputs())
-            made.extend(scratch.release_waiting(name))
-            return made
+            return self._registered(scratch, shard, program, gate, upto, history)
 
         registered = False
         for offset, value in self.reader(here, start, shard.position):
             live = offset >= point
             if live and not registered:  # (the point may be a transaction marker's offset: no record has it)
-                steps.append((point - 1, registration(_changes([(offset, value)]) if offset == point else ())))
+                steps.append((point - 1, registration(record_changes(value) if offset == point else ())))
                 registered = True
             made = Outputs()
             frontier = codec.frontier_of(value)
@@ -175,7 +177,7 @@ class ProbeRouting:
                     for item in probes:
                         scratch.on_probe(Probe(here, *item), live, made)
             else:
-                changes = list(_changes([(offset, value)]))
+                changes = record_changes(value)
                 if live:
                     for seq, sign, s, p, o, g, _time, role, _refresh in self.learning(shard, changes, terms):
                         scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
@@ -439,8 +441,8 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
         if record is not None:
             for item in record["registered"]:
                 upto[item["query"]] = item["as_of"]
-    # name -> (info, plan, seq, predicates): registered at their point of the replayed log, as register_at did
-    waiting: dict[str, tuple[QueryInfo, Any, int, frozenset[int]]] = {}
+    # name -> (info, plan, seq, program): registered at their point of the replayed log, as register_at did
+    waiting: dict[str, tuple[QueryInfo, Any, int, ComponentProgram]] = {}
     if start:
         shard.registered_at.update((name, seq) for name, seq in upto.items() if name in shard.probe_queries)
     else:
@@ -449,8 +451,8 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
         shard.evaluator = PartitionEvaluator(shard.partition, routing.n_routed)
         for info in probed:
             for name, _part, plan in info.probe_programs():
-                predicates = compile_component(name, plan, shard.engine.dictionary).predicates()
-                waiting[name] = (info, plan, upto.get(name, -1), predicates)
+                program = compile_component(name, plan, shard.engine.dictionary)
+                waiting[name] = (info, plan, upto.get(name, -1), program)
     evaluator = shard.evaluator
     if evaluator is None:
         return
@@ -458,16 +460,17 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
 
     def due(names: list[str], tail: list[Change]) -> None:
         for name in names:
-            info, plan, seq, predicates = waiting.pop(name)
+            info, plan, seq, program = waiting.pop(name)
+            predicates = program.predicates()
             history = insert_history(fold({q: c for q, c in graph.items() if q[1] in predicates}, tail, seq,
                                           predicates))
-            routing.register(shard, info, name, plan, seq, history, Outputs())  # (silently, as below)
+            routing.register(shard, info, program, plan, seq, history)
             if name in upto:
                 shard.registered_at[name] = seq
 
     terms = evaluator.gate_predicates().union(*(_terms(_gate(shard, info, plan)) for info, plan, _s, _p
                                                 in waiting.values()))
-    folded = frozenset().union(*(predicates for _i, _p, _s, predicates in waiting.values()))
+    folded = frozenset().union(*(program.predicates() for _i, _p, _s, program in waiting.values()))
     for offset, value in routing.reader(shard.partition, start, shard.position):
         frontier = codec.frontier_of(value)
         if frontier is not None:
@@ -480,7 +483,7 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
         if record is not None:  # silently: its outputs were committed before
             routing.on_batch(shard, record, lambda name: None if name in waiting else known(name))
             continue
-        changes = list(routing.learning(shard, _changes([(offset, value)]), terms))
+        changes = list(routing.learning(shard, record_changes(value), terms))
         if not changes:
             continue
         if waiting:  # (or at the first record with a change past its seq)
@@ -520,10 +523,10 @@ def _gate(shard: Shard, info: QueryInfo, plan: Any) -> Any:
     return FilterGate.of([part.pushed], dictionary, Terms(dictionary, part.prologue))
 
 
-def _changes(records: Iterable[tuple[int, bytes]]) -> Iterable[Change]:
-    """The changes of routed records; other records skipped."""
-    for _offset, value in records:
-        try:
-            yield from codec.routed_changes(value)
-        except codec.CodecError:
-            continue
+def record_changes(value: bytes) -> list[Change]:
+    """The changes of a routed record (none in a mark or a probe record, nor in one that cannot be decoded: it
+    was dead-lettered when it was read)."""
+    try:
+        return codec.routed_changes(value)
+    except codec.CodecError:
+        return []

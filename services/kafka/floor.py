@@ -99,15 +99,9 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
 def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
     """The routed offsets ingest's latest snapshot matches (0 without one that records them, or one of another
     log: a worker then reads registrations' state from offset 0)."""
-    from services.kafka.checkpoint_log import CheckpointLog
-    from services.state import presence
+    from services.kafka.checkpoint_log import load_ingest_snapshot
 
-    remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, "floor")
-    try:
-        saved = remote.get("ingest", 0)
-    finally:
-        remote.close()
-    loaded = presence.load_snapshot(saved.blob) if saved is not None else None
+    loaded = load_ingest_snapshot(settings, "floor")
     recorded = loaded[0].get("facts", {}).get("routed_ends", {}) if loaded is not None else {}
     ends = {int(p): int(end) for p, end in recorded.items()}
     highs = end_offsets(settings, name)

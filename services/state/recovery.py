@@ -79,21 +79,12 @@ def ingest_snapshot(settings: KafkaSettings, reader: str, logs: Iterable[str]
     and the positions they reflect) if it can serve a reader of ``logs`` (catalogue names) as they are now:
     ``((checkpoint, presence, terms), "")``, else ``(None, why)``.  For the readers that start from ingest's
     state rather than from offset 0: the gateway's /query graph, a worker's routed bases."""
-    from confluent_kafka import KafkaException
-
     from services.kafka import end_offsets
-    from services.state import presence
+    from services.kafka.checkpoint_log import load_ingest_snapshot
 
-    remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, reader)
-    try:
-        saved = remote.get("ingest", 0)
-    except (KafkaException, TimeoutError) as exc:
-        return None, f"ingest's snapshot is not readable ({exc})"
-    finally:
-        remote.close()
-    loaded = presence.load_snapshot(saved.blob) if saved is not None else None
+    loaded = load_ingest_snapshot(settings, reader)
     if loaded is None:
-        return None, "no snapshot of ingest's state in Kafka"
+        return None, "no readable snapshot of ingest's state in Kafka"
     record, present, terms = loaded
     watermarks = {settings.topic(name): end_offsets(settings, settings.topic(name)) for name in logs}
     checkpoint, why = serving_checkpoint(record, watermarks, ("seq",))

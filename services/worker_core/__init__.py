@@ -394,17 +394,17 @@ class WorkerCore(CoreOutputs):
         return out
 
     def _due(self, shard: Shard, point: int, past: int = -1, mark: int = -1,
-             changes: list[Change] | None = None) -> list[Output]:
+             changes: Iterable[Change] = ()) -> list[Output]:
         """Apply the pending registrations whose point ``point`` is: a record with a change at seq ``past``
         comes (``changes``: its changes), or a Frontier mark of seq ``mark`` was read."""
         due = [(info, seq) for info, seq in shard.pending if past > seq or mark >= seq]
         if not due:
             return []
         shard.pending = [item for item in shard.pending if item not in due]
-        return self._apply_at(shard, due, point, changes or [])
+        return self._apply_at(shard, due, point, changes)
 
     def _apply_at(self, shard: Shard, registrations: list[tuple[QueryInfo, int]], point: int,
-                  point_changes: list[Change] | None = None) -> list[Output]:
+                  point_changes: Iterable[Change] = ()) -> list[Output]:
         """Register queries in a routed shard as of log offset ``point`` (at most its position): the snapshot
         of the log before it, keyed by ``point - 1`` and labelled with the registration's seq, then the records
         from ``point`` to the shard's position replayed to these queries alone, as the live deltas any owner
@@ -425,7 +425,7 @@ class WorkerCore(CoreOutputs):
             # ProbeReady, once they are all in, opens the gate), then what the records since the point made.
             for name, part, plan in info.probe_programs():
                 shard.outputs[name] = (info.query_id, part)
-                for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes or (),
+                for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes,
                                                            self.bases.history(base, moved, point)):
                     self._probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
         return out

@@ -24,7 +24,7 @@ from cbgp.distributed_state import fold
 from services import codec
 from services.records import kv
 from services.worker_core.points import log_tail
-from services.worker_probes import Before, RecordReader
+from services.worker_probes import Before, RecordReader, record_changes
 
 log = logging.getLogger("cbgp.worker")
 
@@ -71,10 +71,10 @@ class RoutedBase:
         known = self.seqs_known
         if self.offset <= point:
             for _offset, value in records(self.partition, self.offset, point):
-                fold(graph, _changes(value), FOREVER, predicates)
+                fold(graph, record_changes(value), FOREVER, predicates)
             return graph, known
         for _offset, value in reversed(list(records(self.partition, point, self.offset))):
-            changes = _changes(value)
+            changes = record_changes(value)
             inserted = codec.inserted_at(value) if changes else []
             for i in range(len(changes) - 1, -1, -1):
                 _seq, diff, s, p, o, g, _time, role, _refresh = changes[i]
@@ -130,13 +130,6 @@ class Bases:
         graph = moved[0]
         tail = log_tail(self.records, base.partition, point, start=self.log_start(base.partition))
         return Before(graph, tail.applied)
-
-
-def _changes(value: bytes) -> list[Change]:
-    try:
-        return codec.routed_changes(value)
-    except codec.CodecError:
-        return []  # (dead-lettered when it was read)
 
 
 __all__ = ["FOREVER", "BaseSource", "Bases", "RoutedBase"]

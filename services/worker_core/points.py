@@ -75,8 +75,9 @@ def point_of(records: RecordReader, partition: int, seq: int, end: int, start: i
     before ``end``: just after the first Frontier mark that reaches ``seq``, or at the first record with a change
     past it (ingest writes a transaction's changes before its marks, so no change at or below ``seq`` comes
     later).  That record may also hold changes at or below ``seq`` (the registry read updates.encoded
-    mid-transaction, whose records are chunked): their deltas are live deltas the release's gate nets into the
-    snapshot as of ``seq``, like every gated delta up to it.
+    mid-transaction, whose records are chunked): for an engine query their deltas are live deltas the release's
+    gate nets into the snapshot as of ``seq``, like every gated delta up to it; a multi-centre registration takes
+    them into its history (``ProbeRouting.register_at``).
 
     Found by bisection over ``[start, end)``: along the log, the changes' seqs and the partition's marks only
     grow (probe records, which carry neither, are stepped over), so whether a record is past the point is
