@@ -34,6 +34,7 @@ from services.state import recovery
 from services.runtime import (WINDOW_POLL_SECONDS, Fetcher, GroupInput, Output, idle_pause, kv,
                               origin_ms, read_range, read_window, record_ok, require_from, service_command)
 from services.worker_core import Change, Shard, WorkerCore, changes_of, decode_changes, shard_label
+from services.worker_core.base import IngestSnapshot
 from services import codec
 from cbgp.plan import BY_CENTRE, SINGLE_OWNER
 
@@ -120,7 +121,8 @@ class WorkerService:
                                placement=getattr(args, "placement", BY_CENTRE), record_reader=self._read_records,
                                term_reader=self.terms.lookup, dictionary_partitions=len(self.terms.start),
                                checkpoints=self.checkpoints, base_source=self._ingest_base,
-                               log_start=lambda partition: end_offsets(settings, self.t_routed)[partition][0])
+                               log_start=lambda partition: end_offsets(settings, self.t_routed)[partition][0],
+                               encoded_start=lambda: end_offsets(settings, self.t_encoded)[0][0])
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -150,20 +152,25 @@ class WorkerService:
             end = end_offsets(self.settings, self.t_routed)[partition][1]
         return ((m.offset(), m.value()) for m in read_range(self.settings, self.t_routed, partition, start, end))
 
-    def _ingest_base(self) -> tuple[dict, dict[int, int]] | None:
-        """Ingest's latest snapshot as the routed partitions' base (``WorkerCore(base_source=)``): its presence
-        set and the routed offsets it matches, if it serves the logs as they are; None (read from 0) otherwise."""
+    def _ingest_base(self) -> IngestSnapshot | None:
+        """Ingest's latest snapshot as the shards' base (``WorkerCore(base_source=)``): its presence set, the
+        updates.encoded offset and seq it reflects and the routed offsets it matches, if it serves the logs as they
+        are; None (read from 0) otherwise.  Without routed offsets (an older ingest's, or ahead of updates.routed)
+        it is the whole shards' base alone."""
         loaded, why = recovery.ingest_snapshot(self.settings, SERVICE, ("updates.encoded", "dictionary"))
-        ends = {int(p): end for p, end in loaded[0].facts.get("routed_ends", {}).items()} if loaded else {}
-        highs = end_offsets(self.settings, self.t_routed)
-        if loaded is not None and not ends:
-            why = "ingest's snapshot does not record the routed offsets it matches (an older ingest)"
-        elif any(end > highs[p][1] for p, end in ends.items() if p in highs):
-            why = "ingest's snapshot is ahead of updates.routed (another log)"
-        if why:
+        if loaded is None:
             log.info(kv(event="no-base", why=why))
             return None
-        return loaded[1], ends
+        checkpoint, present, _terms = loaded
+        ends = {int(p): end for p, end in checkpoint.facts.get("routed_ends", {}).items()}
+        highs = end_offsets(self.settings, self.t_routed)
+        why = "it does not record the routed offsets it matches (an older ingest)" if not ends else \
+            "it is ahead of updates.routed (another log)" if any(end > highs[p][1] for p, end in ends.items()
+                                                                 if p in highs) else ""
+        if why:
+            log.info(kv(event="no-base", log="updates.routed", why=why))
+            ends = {}
+        return IngestSnapshot(present, ends, checkpoint.positions[self.t_encoded][0], int(checkpoint.facts["seq"]))
 
     # -- plans
 

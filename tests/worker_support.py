@@ -6,6 +6,7 @@ from __future__ import annotations
 from services.ingest import IngestProcessor, RawRecord
 from services.kafka import KafkaSettings
 from services.worker_core import decode_changes
+from services.worker_core.base import IngestSnapshot
 
 SETTINGS = KafkaSettings(topic_prefix="u.")
 TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updates.routed": "u.updates.routed"}
@@ -16,7 +17,7 @@ def ingest_logs(lines: list[str], per_record: int = 40, snapshots: list | None =
                 ) -> dict[tuple[str, int], list[bytes]]:
     """updates.routed per partition and updates.encoded (``("whole", 0)``) as ingest writes them for ``lines``,
     ``per_record`` lines a raw record; ``snapshots``: appended after each raw record, ingest's snapshot then
-    (presence with insert seqs, routed end offsets)."""
+    (an ``IngestSnapshot``: presence with insert seqs, routed end offsets, updates.encoded offset, seq)."""
     ingest = IngestProcessor(SETTINGS, N, N)
     logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
     for start in range(0, len(lines), per_record):
@@ -26,7 +27,8 @@ def ingest_logs(lines: list[str], per_record: int = 40, snapshots: list | None =
             elif out.topic == "u.updates.encoded":
                 logs[("whole", 0)].append(out.value)
         if snapshots is not None:
-            snapshots.append((dict(ingest.present), {p: len(logs[("routed", p)]) for p in range(N)}))
+            snapshots.append(IngestSnapshot(dict(ingest.present), {p: len(logs[("routed", p)]) for p in range(N)},
+                                            len(logs[("whole", 0)]), ingest.seq))
     return logs
 
 

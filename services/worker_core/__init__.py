@@ -25,15 +25,7 @@ whole queries: their owner's whole shard evaluates them with ``cbgp.algebra`` in
 the shard learns the terms of the changes it applies from the dictionary topic (``term_reader``), and publishes
 the terms an operator makes (a COUNT, a BIND value, ASK's booleans) before the answers that use them.
 
-Derived streams (issue 18 item 3: a CONSTRUCT registered with ``stream=<iri>``, ``QueryInfo.stream``): the owner
-also writes the query's triple deltas to updates.raw, in the same transaction as its answers and offsets (exactly
-once), as RDF Patch ``A``/``D`` lines of named graph ``<iri>`` -- one record per input record, snapshot included --
-so every query can read them back through ingest (``GRAPH <iri> { ... }``).  A CONSTRUCT's answers are a set, so
-with ingest's set semantics graph ``<iri>`` is always the CONSTRUCT of the base graph as of the input record the
-owner last applied.  When the registration ends (unregistered or replaced) the owner of its routed partition writes
-``DROP SILENT GRAPH <iri>`` (a SPARQL Update ingest applies atomically): the derived graph is retracted with no
-state needed, also by a next owner that restores from a committed position before the ending plan record
-(``ended_streams``, owed like snapshots by the commit metadata).
+Derived streams (a CONSTRUCT registered with ``stream=<iri>``): see ``services.worker_core.outputs``.
 
 The package: :class:`WorkerCore` here (plans, shards, the records read), its shards and query descriptions in
 ``services.worker_core.shard``, the shard engine (BGP and operator queries) in ``services.worker_core.engine``,
@@ -48,6 +40,7 @@ import json
 import logging
 import time
 from collections import Counter
+from itertools import chain
 from typing import Callable, Iterable, Iterator
 
 from cbgp.assembly import needs_assembly
@@ -83,16 +76,18 @@ class WorkerCore(CoreOutputs):
                  placement: str = BY_CENTRE, record_reader: RecordReader | None = None,
                  term_reader: TermReader | None = None, dictionary_partitions: int | None = None,
                  checkpoints: ShardCheckpoints | None = None, base_source: BaseSource | None = None,
-                 log_start: Callable[[int], int] | None = None) -> None:
+                 log_start: Callable[[int], int] | None = None, encoded_start: Callable[[], int] | None = None
+                 ) -> None:
         """``placement``: ``by-centre`` (the default: stars and single-centre components keyed by centre value
         over the routed partitions) or ``single-owner`` (every query whole on one worker, for comparison).
         Every worker of a fleet must use the same.  ``term_reader``: the dictionary topic, for operator queries
         (their shard learns the terms of the changes it applies; terms an operator makes are published to
         ``topics["dictionary"]``, ``dictionary_partitions`` partitions, as ingest does).  ``checkpoints``: saved
         shard states a restore starts from (``services.state.shards``; None: every restore reads its log from 0).
-        ``base_source``: ingest's latest snapshot, ``(presence, routed end offsets)`` or None, from which a routed
-        registration's state is moved to its point rather than read from offset 0 (``services.worker_core.base``);
-        ``log_start``: the first offset of a routed partition's log (records below it may have been deleted)."""
+        ``base_source``: ingest's latest snapshot (``services.worker_core.base.IngestSnapshot``) or None, from which
+        a routed registration's state is moved to its point, and a whole shard's graph to its position, rather than
+        read from offset 0 (``services.worker_core.base``); ``log_start`` / ``encoded_start``: the first offset of a
+        routed partition's log / of updates.encoded (records below it may have been deleted)."""
         self.checkpoints = checkpoints
         self._checkpointed: dict[tuple[str, int], tuple] = {}  # shard -> (position, versions) last checkpointed
         self._unpicklable: set[tuple[tuple[str, int], tuple]] = set()  # (shard, versions) pickle refused
@@ -102,6 +97,7 @@ class WorkerCore(CoreOutputs):
         self.n_routed = routed_partitions
         self.n_deltas = deltas_partitions
         self.reader = reader
+        self.encoded_changes = lambda start, end: reader("whole", 0, start, end)
         self.plans: dict[str, QueryInfo] = {}
         self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
         self.shards: dict[tuple[str, int], Shard] = {}
@@ -133,8 +129,8 @@ class WorkerCore(CoreOutputs):
             self.probes.reader = record_reader
         self._registration_seqs: dict[tuple[str, int], int] = {}
         self.log_start = log_start or (lambda _partition: 0)
-        self.bases = Bases(base_source if record_reader is not None else None, record_reader, self.log_start,
-                           routed_partitions)
+        self.encoded_start = encoded_start or (lambda: 0)
+        self.bases = Bases(base_source, record_reader, self.log_start, routed_partitions)
 
     # -- ownership
 
@@ -232,7 +228,7 @@ class WorkerCore(CoreOutputs):
         if self._placed_by_log(shard):
             return self._place(shard, infos)
         names = {name for info in infos for name in shard.register(info)}
-        changes = self._learning(shard, self.reader(shard.kind, shard.partition, 0, shard.position))
+        changes = self._learning(shard, self.bases.whole_below(self.encoded_changes, shard.position))
         net = shard.engine.replay(changes, names, only=True)
         return self._snapshot(shard, infos, net)
 
@@ -253,8 +249,8 @@ class WorkerCore(CoreOutputs):
         if self._placed_by_log(shard):
             tail = log_tail(self.record_reader, partition, shard.position, start=self.log_start(partition))
             shard.change_offset, shard.mark_offset = tail.change_offset, tail.mark_offset
-            last_change, last_mark = tail.change_seq, tail.mark_seq
-            placed = [i for i in infos if i in owed or not passed(self.registration_seq(i), last_change, last_mark)]
+            last_mark = tail.mark_seq
+            placed = [i for i in infos if i in owed or not passed(self.registration_seq(i), tail.change_seq, last_mark)]
             infos = [i for i in infos if i not in placed]
             owed = [i for i in owed if i not in placed]
         started = time.monotonic()
@@ -280,18 +276,24 @@ class WorkerCore(CoreOutputs):
                 late = []
         else:
             start = 0
+        below: Iterable[Change] = ()  # a whole shard with no checkpoint: its graph at its position, from a base
+        base = self.bases.whole() if start == 0 and kind == "whole" and shard.position > 0 else None
+        if base is not None:
+            below, shard.last_seq, shard.last_change = base.at(self.encoded_changes, shard.position)
+            start = shard.position
+            why += f", base at {base.offset}"
         for info in late:
             shard.register(info)
         owed_names = {name for i in owed for name, _p, _q in i.engine_queries()}
         net: dict = {}
         if start and late:  # the registrations it lacks replay the log below it alone (silently, but the owed)
             late_names = {name for i in late for name, _p, _q in i.engine_queries()}
-            caught_up = shard.engine.replay(self._learning(shard, self.reader(kind, partition, 0, start)),
-                                            late_names, only=True)
+            below_start = self.bases.whole_below(self.encoded_changes, start) if kind == "whole" else self.reader(kind, partition, 0, start)
+            caught_up = shard.engine.replay(self._learning(shard, below_start), late_names, only=True)
             net = {name: rows for name, rows in caught_up.items() if name in owed_names}
         label = shard_label(kind, partition)
-        changes = _with_progress(_tracking_seq(shard, self._learning(
-            shard, self.reader(kind, partition, start, shard.position))), shard.position - start, label)
+        changes = _with_progress(chain(self._learning(shard, below), _tracking_seq(shard, self._learning(
+            shard, self.reader(kind, partition, start, shard.position)))), shard.position - start, label)
         for name, rows in shard.engine.replay(changes, owed_names, only=False).items():
             net.setdefault(name, Counter()).update(rows)  # (added to what the catch-up made, if any)
         if kind == "routed":
@@ -320,7 +322,8 @@ class WorkerCore(CoreOutputs):
         if not checkpointable(shard):
             return None, "not checkpointable"
         saved = self.checkpoints.get(shard.kind, shard.partition, shard.position)
-        why = usable(saved, shard, self.reader, self.log_start(shard.partition) if shard.kind == "routed" else 0)
+        why = usable(saved, shard, self.reader,
+                     self.log_start(shard.partition) if shard.kind == "routed" else self.encoded_start())
         return (saved, f"used-{saved['from']}") if why is None else (None, why)
 
     def checkpoint_blobs(self, held: Iterable[tuple[str, int]]) -> list[tuple[str, int, bytes, int, dict[str, int]]]:
@@ -348,8 +351,8 @@ class WorkerCore(CoreOutputs):
         checkpoint's ``needs``): of a routed log, the records of its last change and last mark; and the
         queries.plans offsets it reflects (``queries.plans/<partition>``): the registrations from there on may
         be missing from it, and are caught up at their point of the log."""
-        if shard.kind != "routed":
-            return {}
+        if shard.kind != "routed":  # (the record of its last change: `usable` reads it)
+            return {"updates.encoded": shard.change_offset if shard.change_offset >= 0 else max(shard.position - 1, 0)}
         tail = Tail(change_offset=shard.change_offset, mark_offset=shard.mark_offset)
         return {"updates.routed": needed_below(tail, shard.position),
                 **{f"queries.plans/{p}": offset for p, offset in enumerate(self.plan_positions)}}

@@ -1,5 +1,5 @@
-"""A routed partition's graph at a registration's point, from a base rather than from offset 0 (issue 16, step 4
-of ``docs/design-bounded-input-logs.md``).  No Kafka here.
+"""A shard's graph at an offset of its log, from a base rather than from offset 0 (issue 16, steps 4 and 5 of
+``docs/design-bounded-input-logs.md``).  No Kafka here.
 
 The base is ingest's snapshot (its presence set: each quad with its insert seq, and the routed end offsets it
 matches) filtered to one partition.  Both logs are set-semantics change logs, so the graph just before a
@@ -11,15 +11,18 @@ registration's point follows from it by reading only the records between the bas
 
 Each quad keeps the seq of its insert either way, so the graph is the same whichever base (or offset 0) it was
 moved from: what a multi-centre registration replays as its history (``PartitionEvaluator.replay_history``).
+
+A whole shard (``updates.encoded``) moves the unfiltered snapshot the same way (:class:`WholeBase`): its engines
+need the graph at an offset, never a history (no probes), so undoing a delete needs no insert seq.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping, NamedTuple
 
-from cbgp.change import Change, change_of, routes
+from cbgp.change import ROLE_BOTH, Change, change_of, routes
 from cbgp.distributed_state import fold
 from services import codec
 from services.records import kv
@@ -29,10 +32,23 @@ from services.worker_probes import Before, RecordReader, record_changes
 log = logging.getLogger("cbgp.worker")
 
 Quad = tuple[int, int, int, int]
-# Ingest's latest snapshot: () -> (presence: quad -> insert seq, routed partition -> the offset it matches), or
-# None when none serves the logs as they are.
-BaseSource = Callable[[], "tuple[Mapping[Quad, int], Mapping[int, int]] | None"]
 FOREVER = 1 << 62  # (a seq past every change)
+
+
+class IngestSnapshot(NamedTuple):
+    """Ingest's latest snapshot as a base: its presence set (quad -> insert seq, -1 unknown), the routed end
+    offsets it matches ({}: not recorded, an older ingest), the updates.encoded offset it matches (None: not
+    known) and the last seq it reflects."""
+
+    present: Mapping[Quad, int]
+    routed_ends: Mapping[int, int]
+    encoded_offset: int | None = None
+    seq: int = -1
+
+
+# () -> ingest's latest snapshot (an IngestSnapshot, or a (presence, routed ends) pair), or None when none serves
+# the logs as they are.
+BaseSource = Callable[[], "IngestSnapshot | tuple | None"]
 
 
 @dataclass
@@ -89,29 +105,92 @@ class RoutedBase:
         return graph, known
 
 
+@dataclass
+class WholeBase:
+    """updates.encoded's graph at ``offset`` (every change below it, none at or above it): quad -> the insert
+    that made it present, role ``ROLE_BOTH``, as a whole shard's engines see it; ``seq``: the snapshot's last."""
+
+    offset: int
+    graph: dict[Quad, Change]
+    seq: int
+
+    @classmethod
+    def of(cls, snapshot: IngestSnapshot) -> WholeBase:
+        graph = {quad: change_of((seq, 1, *quad, None, ROLE_BOTH, False)) for quad, seq in snapshot.present.items()}
+        return cls(int(snapshot.encoded_offset or 0), graph, snapshot.seq)
+
+    def at(self, changes_in: Callable[[int, int], Iterable[Change]], point: int
+           ) -> tuple[list[Change], int, Change | None]:
+        """The graph just before offset ``point`` of updates.encoded, as the inserts of its quads: the base moved
+        forwards over the changes of the records in ``[offset, point)``, or backwards over those of ``[point,
+        offset)`` undone newest first (``changes_in(start, end)``; refreshes left out).  Only those records are
+        read.  Also the seq of the last change below ``point`` and that change (None when it was not read: a
+        change's seq follows the one before, so the seq is known all the same), as a replay from 0 leaves them."""
+        graph = dict(self.graph)
+        if self.offset <= point:
+            last = None
+            for change in changes_in(self.offset, point):
+                last = change
+                fold(graph, (change,), FOREVER)
+            return list(graph.values()), last.seq if last is not None else self.seq, last
+        undone = list(changes_in(point, self.offset))
+        for change in reversed(undone):
+            quad = (change.s, change.p, change.o, change.g)
+            if change.diff > 0:
+                graph.pop(quad, None)
+            else:  # (the seq of the insert it undid is not needed: an engine's snapshot, no history)
+                graph[quad] = change._replace(diff=1, event_time_ms=None, role=ROLE_BOTH, refresh=False)
+        return list(graph.values()), undone[0].seq - 1 if undone else self.seq, None
+
+
 class Bases:
-    """A worker's routed bases: ingest's snapshot, loaded on the first registration that needs it and kept
+    """A worker's bases: ingest's snapshot, loaded on the first registration or restore that needs it and kept
     until :meth:`forget` (the end of the poll: a burst of registrations or restores reads it once)."""
 
     def __init__(self, source: BaseSource | None, records: RecordReader | None, log_start: Callable[[int], int],
                  partitions: int) -> None:
         self.source = source
-        self.records = records
+        self.records = records  # (None: routed bases are not used, as without routed record reads)
         self.log_start = log_start
         self.partitions = partitions
         self.loaded: dict[int, RoutedBase | None] | None = None
-        self.snapshot: tuple | None = None
+        self.snapshot: IngestSnapshot | None = None
+        self.whole_base: WholeBase | None = None
+
+    def _load(self) -> IngestSnapshot | None:
+        if self.loaded is None:
+            loaded = self.source() if self.source is not None else None
+            self.loaded, self.snapshot = {}, None if loaded is None else IngestSnapshot(*loaded)
+        return self.snapshot
+
+    def whole(self) -> WholeBase | None:
+        """updates.encoded's base for whole shards (None: no snapshot serves, or it does not say its offset)."""
+        snapshot = self._load()
+        if snapshot is None or snapshot.encoded_offset is None:
+            return None
+        if self.whole_base is None:
+            self.whole_base = WholeBase.of(snapshot)
+            log.info(kv(event="base-loaded", log="updates.encoded", offset=self.whole_base.offset,
+                        quads=len(self.whole_base.graph)))
+        return self.whole_base
+
+    def whole_below(self, changes_in: Callable[[int, int], Iterable[Change]], point: int) -> Iterable[Change]:
+        """updates.encoded's changes below ``point`` for a whole shard's queries: the graph there as inserts, moved
+        from ingest's snapshot (step 5 of ``docs/design-bounded-input-logs.md``), else the log from offset 0
+        (``changes_in(start, end)``)."""
+        base = self.whole() if point > 0 else None
+        return changes_in(0, point) if base is None else base.at(changes_in, point)[0]
 
     def get(self, partition: int) -> RoutedBase | None:
         """Routed partition ``partition``'s base (None: no snapshot serves)."""
-        if self.source is None:
+        if self.source is None or self.records is None:
             return None
-        if self.loaded is None:
-            self.loaded, self.snapshot = {}, self.source()
+        self._load()
+        assert self.loaded is not None
         if partition not in self.loaded:
             snapshot = self.snapshot
-            base = None if snapshot is None or partition not in snapshot[1] else \
-                RoutedBase.of(snapshot[0], snapshot[1], partition, self.partitions)
+            base = None if snapshot is None or partition not in snapshot.routed_ends else \
+                RoutedBase.of(snapshot.present, snapshot.routed_ends, partition, self.partitions)
             if base is not None:
                 log.info(kv(event="base-loaded", partition=partition, offset=base.offset, quads=len(base.graph),
                             insert_seqs="known" if base.seqs_known else "unknown"))
@@ -119,7 +198,7 @@ class Bases:
         return self.loaded[partition]
 
     def forget(self) -> None:
-        self.loaded = self.snapshot = None
+        self.loaded = self.snapshot = self.whole_base = None
 
     def history(self, base: RoutedBase | None, moved: tuple[dict, bool] | None, point: int) -> Before | None:
         """What a multi-centre registration at ``point`` needs of the log before it, from ``base`` moved there
@@ -132,4 +211,4 @@ class Bases:
         return Before(graph, tail.applied)
 
 
-__all__ = ["FOREVER", "BaseSource", "Bases", "RoutedBase"]
+__all__ = ["FOREVER", "BaseSource", "Bases", "IngestSnapshot", "RoutedBase", "WholeBase"]

@@ -1,7 +1,17 @@
 """What a worker core writes (``services.worker_core``), as a mixin of :class:`~services.worker_core.WorkerCore`
 (it reads the core's ``topics``, ``plans``, ``shards``, ``probes`` and output queues): answer deltas batched into
 PartDeltaBatch records per transaction, a registration's netted snapshot, the Frontier marks after them,
-derived streams' RDF Patch records and their retraction, and dead letters.  No Kafka here."""
+derived streams' RDF Patch records and their retraction, and dead letters.  No Kafka here.
+
+Derived streams (issue 18 item 3: a CONSTRUCT registered with ``stream=<iri>``, ``QueryInfo.stream``): the owner
+also writes the query's triple deltas to updates.raw, in the same transaction as its answers and offsets (exactly
+once), as RDF Patch ``A``/``D`` lines of named graph ``<iri>`` -- one record per input record, snapshot included --
+so every query can read them back through ingest (``GRAPH <iri> { ... }``).  A CONSTRUCT's answers are a set, so
+with ingest's set semantics graph ``<iri>`` is always the CONSTRUCT of the base graph as of the input record the
+owner last applied.  When the registration ends (unregistered or replaced) the owner of its routed partition writes
+``DROP SILENT GRAPH <iri>`` (a SPARQL Update ingest applies atomically): the derived graph is retracted with no
+state needed, also by a next owner that restores from a committed position before the ending plan record
+(``ended_streams``, owed like snapshots by the commit metadata)."""
 
 from __future__ import annotations
 

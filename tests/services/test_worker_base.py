@@ -11,7 +11,7 @@ import pytest
 
 from cbgp.distributed_state import fold
 from services import codec
-from services.worker_core.base import FOREVER, RoutedBase
+from services.worker_core.base import FOREVER, IngestSnapshot, RoutedBase
 from tests.fleet_support import generate_patch
 from tests.worker_support import N, ingest_logs
 
@@ -19,7 +19,7 @@ from tests.worker_support import N, ingest_logs
 def logs_and_snapshots(lines: list[str]) -> tuple[dict[int, list[bytes]], list]:
     """The routed logs, and ingest's snapshot before and after each raw record (a transaction): (presence,
     routed ends)."""
-    snapshots: list = [({}, {p: 0 for p in range(N)})]
+    snapshots: list = [IngestSnapshot({}, {p: 0 for p in range(N)}, 0, 0)]
     logs = ingest_logs(lines, per_record=30, snapshots=snapshots)
     return {p: logs[("routed", p)] for p in range(N)}, snapshots
 
@@ -37,7 +37,7 @@ def test_a_base_moved_to_a_point_is_the_graph_the_log_from_0_gives(seed: int) ->
     logs, snapshots = logs_and_snapshots(generate_patch(1500, seed=seed))
     backwards = forwards = 0
     for _ in range(60):
-        present, ends = rng.choice(snapshots)
+        present, ends, _encoded, _seq = rng.choice(snapshots)
         p = rng.randrange(N)
         point = rng.randrange(len(logs[p]) + 1)
         base = RoutedBase.of(present, ends, p, N)
@@ -59,7 +59,7 @@ def test_a_base_without_insert_seqs_serves_a_snapshot_but_no_history() -> None:
     """An older ingest's snapshot (insert seqs unknown), or a delete from before ingest kept the seq of the insert
     it undoes, moved backwards over: the graph is right, and it says its insert seqs are not all known."""
     logs, snapshots = logs_and_snapshots(generate_patch(600, seed=3))
-    present, ends = snapshots[len(snapshots) // 2]
+    present, ends, _encoded, _seq = snapshots[len(snapshots) // 2]
 
     def records(partition: int, start: int, end: int | None) -> list:
         return list(enumerate(logs[partition][start:end], start))
@@ -68,7 +68,7 @@ def test_a_base_without_insert_seqs_serves_a_snapshot_but_no_history() -> None:
     graph, known = older.before(records, len(logs[1]))
     assert not known and set(graph) == set(from_zero(logs[1], len(logs[1])))
 
-    last = RoutedBase.of(*snapshots[-1], 1, N)
+    last = RoutedBase.of(*snapshots[-1][:2], 1, N)
     assert last.before(records, ends[1])[1], "every delete says which insert it undoes"
     stripped = {1: [codec.encode_routed_batch(codec.routed_changes(value)) if codec.routed_changes(value) else value
                     for value in logs[1]]}  # (records written before inserted_at)

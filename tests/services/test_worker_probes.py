@@ -156,7 +156,7 @@ def test_a_registration_from_a_base_sends_what_one_from_offset_0_sends() -> None
         _zero, at_plan, rest = registered_late(logs, seq, ahead, names)
         assert any(o.topic == TOPICS["updates.routed"] for o in at_plan + rest)
         for base in (snapshots[len(snapshots) // 4], snapshots[-1]):  # below every point, above every point
-            present, ends = base
+            ends = base.routed_ends
             cut = {p: min(ends[p], max(offset for offset, kind, _seq in log_marks(full, p, 0, points[p])
                                        if kind == "mark")) for p in range(N)}
             assert any(cut[p] > 0 for p in range(N))
