@@ -135,6 +135,8 @@ KNOWS = "<http://xmlns.com/foaf/0.1/knows>"
 SIB = "http://www.ins.cwi.nl/sib/vocabulary/"
 LATE = (f"SELECT * WHERE {{ ?post <http://www.w3.org/1999/02/22-rdf-syntax-ns#type> <{SIB}Post> . "
         f"?post <{SIB}hashtag> ?tag }}")  # a star registered after the checkpoint (``registered_after``)
+# ... and a whole query (a variable predicate under a FILTER: its single owner evaluates it on updates.encoded)
+LATE_WHOLE = f"SELECT ?post ?p WHERE {{ ?post ?p ?tag FILTER(?p = <{SIB}hashtag>) }}"
 ANSWERING = {"friends_of_friends": f"SELECT * WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}",
              "distinct_fof": f"SELECT DISTINCT ?a ?c WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}"}
 
@@ -146,14 +148,16 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
     ``kafka``, also from the same checkpoint written to and read back from its checkpoint topics
     (``"kafka"``: what a worker without the checkpoint on its disk does).
     ``made``: filled with what the answers service reads (``deltas``: deltas.parts records per partition,
-    ``cut``: how many each had at the checkpoint, ``terms``, ``queries``).  ``registered_after``: one more query
-    (``LATE``, a star) is registered after the checkpoint, so the checkpoints lack it: the restore adopts them and
-    catches that query up (before, it replayed every shard holding it from offset 0)."""
+    ``cut``: how many each had at the checkpoint, ``terms``, ``queries``).  ``registered_after``: two more queries
+    (``LATE``, a star, and ``LATE_WHOLE``, a whole query) are registered after the checkpoint, so the checkpoints
+    lack them: the restore adopts them and catches those queries up (before, it replayed every shard holding them
+    from offset 0), from the logs below the checkpoint or (case ``base``) from ingest's snapshot moved there."""
     from services import codec
     from services.kafka.checkpoint_log import CheckpointLog
     from services.runtime import commit_transaction
     from services.state.shards import ShardCheckpoints
     from services.worker_core import WorkerCore, decode_changes
+    from services.worker_core.base import IngestSnapshot
 
     n = WORKER_PARTITIONS
     queries = {p.stem: p.read_text() for p in sorted((Path(__file__).parent / "queries").glob("*.rq"))}
@@ -162,11 +166,12 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
     ingest = IngestProcessor(settings, n, n)
     logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(n)}}
     cut = {}
-    base = None  # ingest's snapshot at the checkpoint: presence with insert seqs, routed ends
+    base = None  # ingest's snapshot at the checkpoint: presence with insert seqs, routed ends, encoded offset, seq
     for start in range(0, len(lines), LINES_PER_RECORD):
         if start == (len(lines) - tail) - (len(lines) - tail) % LINES_PER_RECORD:
             cut = {key: len(log) for key, log in logs.items()}
-            base = (dict(ingest.present), {p: cut[("routed", p)] for p in range(n)})
+            base = IngestSnapshot(dict(ingest.present), {p: cut[("routed", p)] for p in range(n)},
+                                  cut[("whole", 0)], ingest.seq)
         raw = RawRecord(("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode())
         for out in ingest.process(raw):
             if out.topic == "m.dictionary" and made is not None:
@@ -194,9 +199,10 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
         return made
 
     def register_late(worker: WorkerCore) -> None:
-        plan = {"query_id": "late", "sparql": LATE, "options": {}, "plan_json": "{}", "projected": [],
-                "registered_at_seq": cut[("whole", 0)], "version": 1}
-        worker.on_plan(0, len(queries), b"late", codec.encode("QueryPlan", plan), range(n))
+        for i, (name, text) in enumerate((("late", LATE), ("late_whole", LATE_WHOLE))):
+            plan = {"query_id": name, "sparql": text, "options": {}, "plan_json": "{}", "projected": [],
+                    "registered_at_seq": cut[("whole", 0)], "version": 1}
+            worker.on_plan(0, len(queries) + i, name.encode(), codec.encode("QueryPlan", plan), range(n))
 
     def apply(worker: WorkerCore, upto: dict[tuple[str, int], int] | None) -> None:
         """Every shard's log up to ``upto`` (None: to its end, and again while probes keep coming); the probes
@@ -401,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                 how = {"checkpoint": "checkpoint+tail+catch-up", "offset0": "offset 0",
                        "base": "checkpoint+tail+catch-up from ingest's snapshot"}[case]
                 print(f"worker history={length} restore={how} seconds={seconds:.3f} shards={2 * WORKER_PARTITIONS} "
-                      f"(a query registered after the checkpoint; logs in memory) source={stream.source}", flush=True)
+                      f"(a star and a whole query registered after the checkpoint; logs in memory) "
+                      f"source={stream.source}", flush=True)
     print(json.dumps({"worker": workers["checkpoint"] or None, "ingest": results["checkpoint"],
                       "answers": answers["checkpoint"] or None, "restore_entries_per_s": round(entries_per_s),
                       "ingest_from_offset_0": results["offset0"], "worker_from_offset_0": workers["offset0"] or None,

@@ -39,15 +39,16 @@ def check_option_keys(keys: object, known: tuple[str, ...] = REGISTER_OPTIONS) -
             raise WindowError(f"unknown option {key!r}{hint}: the options are {', '.join(REGISTER_OPTIONS)}")
 
 
-def change_seq_before(changes_in: Callable[[int, int], Iterable[Change]], end: int) -> int:
+def change_seq_before(changes_in: Callable[[int, int], Iterable[Change]], end: int, log_start: int = 0) -> int:
     """The seq of the last change in updates.encoded below offset ``end`` (0 when none): what a registration made
     when the log ended there answers as of.  ``changes_in(start, end)`` gives the changes of the records in
     ``[start, end)``; the last record usually has one, so it is read alone first, then ever longer stretches
-    before it (transaction markers and refresh-only records hold none).  The registry writes it into the plan
+    before it (transaction markers and refresh-only records hold none), never below ``log_start`` (the floor
+    keeps the record of the last change, ``cbgp topics floor``).  The registry writes it into the plan
     (``registered_at_change_seq``); workers read it for plans written before that field."""
     seq, chunk = 0, 1
-    while end > 0 and not seq:
-        start = max(0, end - chunk)
+    while end > log_start and not seq:
+        start = max(log_start, end - chunk)
         seq = max((change.seq for change in changes_in(start, end)), default=0)
         end, chunk = start, min(chunk * 8, 512)
     return seq

@@ -37,7 +37,7 @@ import faust
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from services.codec import CodecError, decode, encode, encoded_changes
-from services.kafka import KafkaSettings, ensure_topics, make_consumer, make_producer, read_all
+from services.kafka import KafkaSettings, end_offsets, ensure_topics, make_consumer, make_producer, read_all
 from services.metrics import UPDATES_IN, UPDATES_OUT, start_metrics_server
 from services.records import dead_letter
 from services.queries import change_seq_before
@@ -132,7 +132,7 @@ class RegistryService:
             return changes
 
         try:
-            return change_seq_before(changes_in, end)
+            return change_seq_before(changes_in, end, end_offsets(self.settings, topic)[0][0])
         except LogTruncated as exc:  # (deleted up to the end: the plan leaves it to its readers)
             log.warning("registered_at_change_seq left unknown: %s", exc)
             return -1

@@ -76,6 +76,8 @@ FAULT_QUERIES = {
     "optional": f"SELECT ?x ?n WHERE {{ ?x <{EX}type> <{EX}Person> OPTIONAL {{ ?x <{EX}name> ?n }} }}",
     "counted": (f"SELECT ?x (COUNT(?y) AS ?c) WHERE {{ ?x <{EX}knows> ?y . ?y <{EX}knows> ?z }} GROUP BY ?x "
                 f"HAVING (COUNT(?y) > 1)"),
+    # a whole query (a variable-predicate leaf: its single owner evaluates it on updates.encoded)
+    "likers": f"SELECT ?x ?p WHERE {{ ?x ?p <{EX}Pizza> FILTER(?p != <{EX}type>) }}",
 }
 KILL_ROTATION = ("ingest", "worker", "answers", "registry")
 
@@ -439,7 +441,7 @@ class FaultRun:
         are read before the deletion: their topics' floor is their end.  ``lose_disks``: the services
         (``ingest``, ``worker``, ``answers``) whose local checkpoint stores are deleted while they are down, as if
         they came back on other machines.  ``late``: queries registered only once the services are back (their
-        state comes from ingest's snapshot moved to their point, the log below the floor being gone)."""
+        state comes from ingest's snapshot moved to their point or position, the logs below the floor being gone)."""
         started = time.monotonic()
         self.producer = make_producer(self.settings)
         half = len(self.lines) // 2

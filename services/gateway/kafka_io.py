@@ -227,11 +227,17 @@ class GraphSource:
         the same ingest transactions, so reading the dictionary to its end afterwards covers them."""
         import pyoxigraph as ox
 
+        t_encoded = self.settings.topic("updates.encoded")
+        if self.store is not None and self.positions.get((t_encoded, 0), 0) < self._log_start(t_encoded):
+            # Deleted below where the graph stands (retention up to `cbgp topics floor`): seeded again, as at start.
+            log.info("gateway: updates.encoded was deleted below the /query graph's position: seeding it again")
+            self.store, self.seq, self.quads = None, 0, 0
+            self.positions.clear()
         if self.store is None:
             self.store = ox.Store()
             self._seed()
         changes = []
-        for msg in self._drain(self.settings.topic("updates.encoded")):
+        for msg in self._drain(t_encoded):
             if msg.value() is not None:
                 changes.extend(codec.encoded_changes(msg.value()))
         for msg in self._drain(self.settings.topic("dictionary")):
@@ -249,6 +255,11 @@ class GraphSource:
                 self.store.remove(quad)
                 self.quads -= 1
         return self.seq
+
+    def _log_start(self, topic: str) -> int:
+        if self.consumer is None:
+            return 0  # (nothing read yet)
+        return self.consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0]
 
     def _seed(self) -> None:
         """Start from ingest's last snapshot in Kafka (``checkpoints.ingest``: its presence set, terms and the log

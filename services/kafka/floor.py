@@ -13,8 +13,8 @@ from services.kafka.client import end_offsets, make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import latest_positions
 from services.kafka.replay import read_range
-from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LATEST, NEEDS, NOTHING, OPTIONAL_GROUP,
-                                  REGISTRATIONS, TOPICS, BrokerUnreachable, TopicSpec)
+from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LAST_CHANGE, LATEST, NEEDS, NOTHING,
+                                  OPTIONAL_GROUP, REGISTRATIONS, TOPICS, WHOLE_SHARDS, BrokerUnreachable, TopicSpec)
 
 __all__ = ["floor"]
 
@@ -38,7 +38,11 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     - for ``updates.routed``, besides what the workers' checkpoints say their restores read of it: the offsets
       ingest's snapshot matches (a registration moves it to its point; 0 without one: registrations read the
       log from 0), and, for each registration the last checkpoint of a partition may lack (published at or past
-      the queries.plans offsets it reflects), its point in that partition and the Frontier mark before it.
+      the queries.plans offsets it reflects), its point in that partition and the Frontier mark before it;
+    - for ``updates.encoded``: the offset ingest's snapshot reflects (ingest restores from it, whole shards move it
+      to their position; 0 without one), each whole shard's restore (the record of its last checkpoint's last
+      change, else its committed offset, else where its queries were registered), the Spark windows' group and the
+      record of the log's last change (the seq a registration answers as of).
 
     Topics not created yet are left out.
     """
@@ -93,16 +97,24 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
         return _registrations(settings, settings.topic(rule[len(REGISTRATIONS):]), name, partitions)
     if rule == BASE:
         return _base(settings, name, partitions)
+    if rule == WHOLE_SHARDS:
+        return _whole_shards(settings, name, partitions)
+    if rule == LAST_CHANGE:
+        return _last_change(settings, name, timeout)
     raise ValueError(f"{t.name}: unknown needed_from rule {rule!r}")
 
 
 def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
-    """The routed offsets ingest's latest snapshot matches (0 without one that records them, or one of another
-    log: a worker then reads registrations' state from offset 0)."""
+    """The offsets of ``name`` ingest's latest snapshot matches (updates.encoded: its position; updates.routed:
+    the routed ends it records); 0 without one that records them, or one of another log: its readers then read
+    from offset 0."""
     from services.kafka.checkpoint_log import load_ingest_snapshot
 
     loaded = load_ingest_snapshot(settings, "floor")
-    recorded = loaded[0].get("facts", {}).get("routed_ends", {}) if loaded is not None else {}
+    if name == settings.topic("updates.encoded"):
+        recorded = loaded[0].get("positions", {}).get(name, {}) if loaded is not None else {}
+    else:
+        recorded = loaded[0].get("facts", {}).get("routed_ends", {}) if loaded is not None else {}
     ends = {int(p): int(end) for p, end in recorded.items()}
     highs = end_offsets(settings, name)
     if any(end > highs[p][1] for p, end in ends.items() if p in highs):
@@ -149,4 +161,85 @@ def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partiti
                 continue  # its point is still to come: above every record now
             mark = log_tail(records, p, point, start=low).mark_offset
             needed[p] = min(needed[p], point, mark if mark >= 0 else point)
+    return needed
+
+
+def _plans(settings: KafkaSettings) -> dict[str, tuple[int, dict]]:
+    """The registered queries' current plans: query id -> (queries.plans partition, QueryPlan record)."""
+    from services.codec import CodecError, decode
+
+    t_plans = settings.topic("queries.plans")
+    plans: dict[str, tuple[int, dict]] = {}
+    for p, (_low, high) in sorted(end_offsets(settings, t_plans).items()):
+        for msg in read_range(settings, t_plans, p, 0, high):
+            key = msg.key().decode("utf-8", "replace") if msg.key() else None
+            if key is None:
+                continue
+            try:
+                plans[key] = (p, decode("QueryPlan", msg.value())) if msg.value() else None
+            except CodecError:
+                continue
+    return {key: plan for key, plan in plans.items() if plan is not None}
+
+
+def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
+    """The lowest offset of updates.encoded a whole shard's restore reads.  A whole shard P (the routed partition
+    that owns its queries) restores from its last checkpoint (``checkpoints.whole``; its ``needs``: the record of
+    its last change, which the restore checks) and the log after it, else from ingest's snapshot moved to its
+    committed offset (group ``<prefix>workers.encoded.P``), else, never committed, from the offset its queries
+    were registered at.  Counted: the shards owning a non-windowed query (with ``--placement single-owner`` every
+    such query is whole); of those owning no whole query by its plan, only those that committed an offset."""
+    from cbgp.plan import SINGLE_OWNER
+    from services.queries import read_registration, recorded_placement
+    from services.records import query_partition
+
+    n_routed = len(end_offsets(settings, settings.topic("updates.routed")))
+    owners: dict[int, tuple[int, bool]] = {}  # P -> (lowest registered_at_seq, whether a plan says whole)
+    for query_id, (_p, plan) in _plans(settings).items():
+        try:
+            _text, window = read_registration(plan["sparql"], plan["options"])
+            whole = recorded_placement(plan["plan_json"]) in (None, SINGLE_OWNER)
+        except Exception:  # noqa: BLE001 - a plan the workers dead-letter holds nothing
+            continue
+        if window is None:
+            owner = query_partition(query_id, n_routed)
+            low, any_whole = owners.get(owner, (plan["registered_at_seq"], False))
+            owners[owner] = (min(low, plan["registered_at_seq"]), any_whole or whole)
+    saved = latest_positions(settings, settings.topic("checkpoints.whole"))
+    needed = min((high for _low, high in end_offsets(settings, name).values()), default=0)
+    for owner, (registered, whole) in sorted(owners.items()):
+        checkpoint = saved.get(owner)
+        if checkpoint is not None:
+            needed = min(needed, checkpoint.needs.get("updates.encoded", checkpoint.position))
+            continue
+        consumer = make_consumer(settings, f"{settings.topic_prefix}workers.encoded.{owner}")
+        try:
+            committed = consumer.committed([TopicPartition(name, 0)], timeout=15)[0].offset
+        finally:
+            consumer.close()
+        if committed >= 0:
+            needed = min(needed, committed)
+        elif whole:
+            needed = min(needed, registered)
+    return {p: needed for p in partitions}
+
+
+def _last_change(settings: KafkaSettings, name: str, timeout: float) -> dict[int, int]:
+    """Per partition, the offset of the last record holding a change (its end when none is left): a registration
+    reads it for the seq it answers as of (``services.queries.change_seq_before``)."""
+    from services.codec import CodecError, encoded_changes
+
+    needed = {}
+    for p, (low, high) in end_offsets(settings, name, timeout).items():
+        end, chunk, found = high, 1, None
+        while end > low and found is None:
+            start = max(low, end - chunk)
+            for msg in read_range(settings, name, p, start, end):
+                try:
+                    if msg.value() and encoded_changes(msg.value()):
+                        found = msg.offset()
+                except CodecError:
+                    continue
+            end, chunk = start, min(chunk * 8, 512)
+        needed[p] = found if found is not None else high
     return needed

@@ -65,7 +65,11 @@ NEEDS = "needs:"  # NEEDS + topic: what the last checkpoints in that topic say t
 OPTIONAL_GROUP = "optional-group:"  # as GROUP, for an optional duty's group: nothing until it first committed
 # REGISTRATIONS + checkpoint topic: where the registrations those checkpoints may lack apply in this log (routed)
 REGISTRATIONS = "registrations:"
-BASE = "base"  # the routed offsets ingest's snapshot matches: registrations move it to their point (routed)
+# the offsets ingest's snapshot matches (routed: registrations move it to their point; encoded: ingest restores
+# from it, whole shards move it to their position)
+BASE = "base"
+WHOLE_SHARDS = "whole-shards"  # what each whole shard's restore reads (encoded): checkpoint, committed offset
+LAST_CHANGE = "last-change"  # the record of the log's last change: the seq a registration answers as of (encoded)
 RULES = ","  # several readers: the floor is the lowest of their rules'
 
 
@@ -96,7 +100,8 @@ class TopicSpec:
     def restored_from(self) -> bool:
         """Whether a restore reads it (from offset 0, or from what a checkpoint says): deleted records it needs
         stop the restore."""
-        return any(rule == FROM_START or rule.startswith((CHECKPOINTS, NEEDS)) for rule in self.rules)
+        return any(rule in (FROM_START, BASE, WHOLE_SHARDS) or rule.startswith((CHECKPOINTS, NEEDS))
+                   for rule in self.rules)
 
     @property
     def unbounded(self) -> bool:
@@ -117,7 +122,6 @@ class TopicSpec:
 # Compacted topics keep the latest value per key forever; a small dirty ratio keeps them compact-ish.
 _COMPACT = {"min.cleanable.dirty.ratio": "0.1"}
 
-_REPLAYED = " Kept (retention.ms=-1, retention.bytes=-1): {} replays it from offset 0; checkpoints (issue 16) will let it be bounded."
 _COMPACTED = " Compacted, retention.ms=-1, retention.bytes=-1: read from offset 0, the latest value per key is kept."
 _CHECKPOINT = (" state as of an input position, in chunks of one transaction): partition p holds shard p's. The"
                " writer deletes the older checkpoints itself (delete_records): cleanup.policy=delete, never by age.")
@@ -128,7 +132,10 @@ TOPICS: tuple[TopicSpec, ...] = (
               + _WEEK + " Ingest restores from updates.encoded, not from here: it needs only what its group "
               "has not committed.", retention_ms=WEEK_MS, needed_from=GROUP + "ingest"),
     TopicSpec("updates.encoded", 1, "none", "Dictionary-encoded, deduplicated changes with their 1-based seq: the total-order change log."
-              + _REPLAYED.format("ingest (presence set, seq) and every worker")),
+              " Kept (retention.ms=-1): ingest restores from its snapshot and the log after it, a whole shard from"
+              " its checkpoint (or that snapshot moved to its position) and the log after it, the Spark windows"
+              " from their group's offsets; the floor (cbgp topics floor) is the lowest of what those read.",
+              needed_from=RULES.join((BASE, WHOLE_SHARDS, OPTIONAL_GROUP + "spark-windows", LAST_CHANGE))),
     TopicSpec("updates.routed", None, "centre term id", "Each change routed to the star-state partition(s) of its subject and/or object."
               " Kept (retention.ms=-1): a worker restores a shard from its checkpoint and the log after it, and a"
               " registration moves ingest's snapshot to its point of the log; the floor (cbgp topics floor) is the"
@@ -209,8 +216,7 @@ def retention_problems(topic: str, spec: TopicSpec, configs: Mapping[str, str | 
     retention = _ms(configs.get("retention.ms"))
     if spec.unbounded:
         why = ("it holds the last checkpoints, whose writers delete the older ones themselves"
-               if spec.needed_from == LATEST else "a restore reads it from offset 0; checkpoints, issue 16, will let "
-               "it be bounded")
+               if spec.needed_from == LATEST else "a restore reads it from offset 0")
         if "delete" in policy and retention != KEPT:
             problems.append(f"{topic}: retention.ms={configs.get('retention.ms')}, needs -1 ({why})")
         size = _ms(configs.get("retention.bytes"))

@@ -378,7 +378,7 @@ class WorkerCore(CoreOutputs):
         key = (info.query_id, info.version)
         seq = self._registration_seqs.get(key)
         if seq is None:  # a plan written before that field: read it in the log, next to registered_at_seq
-            seq = change_seq_before(lambda start, end: self.reader("whole", 0, start, end), info.registered_at_seq)
+            seq = change_seq_before(self.encoded_changes, info.registered_at_seq, self.encoded_start())
             self._registration_seqs[key] = seq
         return seq
 

@@ -54,9 +54,10 @@ def test_answers_survive_kill_9_of_each_service_in_rotation_and_rebalances(embed
 def test_records_below_the_floor_deleted_and_every_data_path_service_killed_at_once(
         embedded_broker: EmbeddedBroker, tmp_path: Path) -> None:
     """Issue 16's retention run (``FaultRun.run_below_floor``): half the stream, checkpoints, every record below
-    ``cbgp topics floor`` deleted (updates.routed included), ingest, the workers and answers killed -9 at once
-    and restarted -- with their disks lost, as on other machines -- then a late registration of each placement
-    (a star, a single-centre path, a multi-centre path, a whole product, an operator query), then the rest of the
+    ``cbgp topics floor`` deleted (updates.routed and updates.encoded included), ingest, the workers and answers
+    killed -9 at once and restarted -- with their disks lost, as on other machines -- then a late registration of
+    each placement (a star, a single-centre path, a multi-centre path, a product, an operator query by centre, a
+    whole operator query), then the rest of the
     stream: the answers equal the oracle's, answers.current too, numbered 1..N with no gap or duplicate.  The
     restarted services restore from their checkpoints in Kafka, and the late registrations from ingest's
     snapshot (the logs record both)."""
@@ -65,7 +66,7 @@ def test_records_below_the_floor_deleted_and_every_data_path_service_killed_at_o
     ensure_topics(settings)
     run = FaultRun(embedded_broker, settings, tmp_path, cfg, log=lambda s: print(s, file=sys.stderr))
     deleted = run.run_below_floor(lose_disks=("ingest", "worker", "answers"),
-                                  late=("star", "path", "path3", "product", "optional"))
+                                  late=("star", "path", "path3", "product", "optional", "likers"))
     report = run.check()
     assert not report.problems, "\n".join(report.problems)
     assert report.answers_lost == 0 and report.duplicates_delivered == 0 and report.answers_extra == 0
@@ -73,9 +74,11 @@ def test_records_below_the_floor_deleted_and_every_data_path_service_killed_at_o
     assert deleted.get(settings.topic("deltas.parts")), "the floor let retention delete checkpointed deltas"
     assert deleted.get(settings.topic("answers")), "the floor let retention delete answers the checkpoints cover"
     assert deleted.get(settings.topic("updates.routed")), "the floor let retention delete routed changes"
-    logs = {name: (tmp_path / "logs" / f"{name}.log").read_text(errors="replace") for name in ("answers", "w0")}
+    assert deleted.get(settings.topic("updates.encoded")), "the floor let retention delete encoded changes"
+    logs = {name: (tmp_path / "logs" / f"{name}.log").read_text(errors="replace") for name in ("answers", "w0", "w1")}
     assert "checkpoint=used-kafka" in logs["answers"] and "checkpoint=used-kafka" in logs["w0"]
-    assert "event=base-loaded" in logs["w0"], "a late registration moved ingest's snapshot to its point"
+    assert "event=base-loaded partition=" in logs["w0"], "a late registration moved ingest's snapshot to its point"
+    assert "event=base-loaded log=updates.encoded" in logs["w0"] + logs["w1"], "and a whole one to its position"
     assert "event=checkpoint-loaded source=kafka" in (tmp_path / "logs" / "ingest.log").read_text(errors="replace")
 
 

@@ -78,8 +78,10 @@ def test_catalogue_configs_have_no_retention_problem_and_broker_defaults_do() ->
         assert retention_problems(t.name, t, t.topic_configs()) == [], t.name
     kafka_default = {"cleanup.policy": "delete", "retention.ms": str(WEEK_MS), "retention.bytes": "-1"}
     assert retention_problems("updates.encoded", spec("updates.encoded"), kafka_default) == [
-        "updates.encoded: retention.ms=604800000, needs -1 (a restore reads it from offset 0; checkpoints, "
-        "issue 16, will let it be bounded)"]
+        "updates.encoded: retention.ms=604800000, needs -1"]  # (bounded by its floor: a warning, not a refusal)
+    assert retention_problems("checkpoints.ingest", spec("checkpoints.ingest"), kafka_default) == [
+        "checkpoints.ingest: retention.ms=604800000, needs -1 (it holds the last checkpoints, whose writers delete "
+        "the older ones themselves)"]
     assert retention_problems("updates.raw", spec("updates.raw"), kafka_default) == []
     assert retention_problems("deadletter", spec("deadletter"), {**kafka_default, "retention.ms": "3600000"}) == [
         f"deadletter: retention.ms=3600000, needs at least {WEEK_MS}"]
@@ -96,9 +98,9 @@ def test_compaction_must_match_the_role() -> None:
     assert retention_problems("d", dictionary, {"cleanup.policy": "compact", "retention.ms": "1000"}) == []
     assert retention_problems("a", answers, {"cleanup.policy": "compact", "retention.ms": "-1"}) == [
         "a: cleanup.policy=compact, needs delete (compaction would drop all but the last record of each key)"]
-    assert retention_problems("e", spec("updates.encoded"), {"cleanup.policy": "delete", "retention.ms": "-1",
-                                                            "retention.bytes": "1073741824"}) == [
-        "e: retention.bytes=1073741824, needs -1 (a restore reads it from offset 0)"]
+    assert retention_problems("d", dictionary, {"cleanup.policy": "compact,delete", "retention.ms": "-1",
+                                                "retention.bytes": "1073741824"}) == [
+        "d: retention.bytes=1073741824, needs -1 (a restore reads it from offset 0)"]
 
 
 @pytest.mark.slow
@@ -111,19 +113,18 @@ def test_fleet_topics_with_broker_default_retention_are_reported_one_line_each(k
     for future in admin.create_topics(wrong, request_timeout=10).values():
         future.result(10)
     try:
-        # A service starting now refuses, in one line naming both topics ...
-        with pytest.raises(TopicError, match="^refusing to start: .*doctorret.updates.encoded: retention.ms="
-                           "604800000, needs -1.*doctorret.dictionary: cleanup.policy=delete, needs compact"):
+        # A service starting now refuses, in one line naming the compacted topic (the log bounded by its floor only
+        # warns) ...
+        with pytest.raises(TopicError, match="^refusing to start: .*doctorret.dictionary: cleanup.policy=delete, "
+                           "needs compact"):
             ensure_topics(settings)
         ensure_topics(settings, check_configs=False)  # ... so create the rest as the catalogue says without it
         checks = [c for c in run_doctor(settings) if c.name == "topic retention and cleanup.policy"]
         assert [c.detail for c in checks] == [
-            "doctorret.updates.encoded: retention.ms=604800000, needs -1 (a restore reads it from offset 0; "
-            "checkpoints, issue 16, will let it be bounded)",
+            "doctorret.updates.encoded: retention.ms=604800000, needs -1",
             "doctorret.dictionary: cleanup.policy=delete, needs compact (the latest value of every key is read "
             "from offset 0)",
-            "doctorret.dictionary: retention.ms=604800000, needs -1 (a restore reads it from offset 0; "
-            "checkpoints, issue 16, will let it be bounded)",
+            "doctorret.dictionary: retention.ms=604800000, needs -1 (a restore reads it from offset 0)",
         ]
         assert all(not c.ok and "kafka-configs.sh --alter" in c.remedy for c in checks)
     finally:

@@ -15,8 +15,9 @@ from services.kafka.config import KafkaSettings
 from services.kafka.floor import floor
 from services.kafka.topics import KEPT, TOPICS, WEEK_MS, spec
 
-REPLAYED = {"updates.encoded"}  # a restore reads it from offset 0
-CHECKPOINTED = {"deltas.parts", "updates.routed"}  # a restore reads them from its checkpoint's position
+REPLAYED: set[str] = set()  # a restore reads it from offset 0 (none left: issue 16)
+# a restore reads them from its checkpoint's position (or from ingest's snapshot's)
+CHECKPOINTED = {"deltas.parts", "updates.routed", "updates.encoded"}
 CHECKPOINTS = {"checkpoints.ingest", "checkpoints.routed", "checkpoints.whole", "checkpoints.deltas"}  # trimmed by their writers
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
 BOUNDED = {"updates.raw", "admin", "queries.status", "deadletter", "answers"}
@@ -164,7 +165,7 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
         return {int(p): offset for p, offset in floor(s, [spec("updates.routed")])[s.topic("updates.routed")].items()}
 
     assert routed_floor() == {p: 0 for p in range(N)}, "no snapshot of ingest: registrations read from offset 0"
-    present, ends = snapshots[-2]
+    present, ends = snapshots[-2][:2]
     blob = presence.snapshot(present, [], {"format": 1, "facts": {"routed_ends": {str(p): e for p, e in ends.items()}}})
     for output in checkpoint_records(s.topic("checkpoints.ingest"), 0, b"ingest/0", blob, 0, "i"):
         producer.produce(output.topic, value=output.value, key=output.key, partition=output.partition,
@@ -180,6 +181,73 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
         expected[p] = min(high[p] - 2, ends[p], point, log_tail(records, p, point).mark_offset)
     assert routed_floor() == expected
     assert all(expected[p] > 0 for p in range(3))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_encoded_floor_keeps_what_ingest_whole_shards_spark_windows_and_registrations_read(
+        kafka_settings: KafkaSettings) -> None:
+    """The readers of updates.encoded below its end: ingest's restore and a whole shard moved from ingest's
+    snapshot (the offset it reflects), a whole shard's restore (its checkpoint's needs, else its committed offset,
+    else, never committed, where its queries were registered), the Spark windows (their group's offset) and a
+    registration (the record of the last change).  Without a snapshot, everything is needed."""
+    from services import codec
+    from services.kafka.checkpoint_log import checkpoint_records
+    from services.records import query_partition
+    from services.state import presence
+    from tests.fleet_support import generate_patch
+    from tests.worker_support import N, ingest_logs
+
+    s = kafka_settings
+    snapshots: list = []
+    logs = ingest_logs(generate_patch(600, seed=6), snapshots=snapshots)
+    producer = make_producer(s)
+    t_encoded = s.topic("updates.encoded")
+    for value in logs[("whole", 0)]:
+        producer.produce(t_encoded, value=value, partition=0)
+    high = len(logs[("whole", 0)])
+    assert producer.flush(10) == 0
+
+    def encoded_floor() -> int:
+        return floor(s, [spec("updates.encoded")])[t_encoded]["0"]
+
+    def publish(outputs: list) -> None:
+        for output in outputs:
+            producer.produce(output.topic, value=output.value, key=output.key, partition=output.partition,
+                             headers=output.headers)
+        assert producer.flush(10) == 0
+
+    def commit(group: str, offset: int) -> None:
+        consumer = make_consumer(s, f"{s.topic_prefix}{group}")
+        try:
+            consumer.commit(offsets=[TopicPartition(t_encoded, 0, offset)], asynchronous=False)
+        finally:
+            consumer.close()
+
+    assert encoded_floor() == 0, "no snapshot of ingest: ingest and the whole shards read from offset 0"
+    snapshot = snapshots[-3]
+    blob = presence.snapshot(snapshot.present, [], {"format": 1, "facts": {"seq": snapshot.seq},
+                                                    "positions": {t_encoded: {"0": snapshot.encoded_offset}}})
+    publish(checkpoint_records(s.topic("checkpoints.ingest"), 0, b"ingest/0", blob, 0, "i"))
+    assert 0 < snapshot.encoded_offset < high - 1
+    assert encoded_floor() == snapshot.encoded_offset, "nothing else reads below the snapshot"
+
+    # A whole query (its plan says single-owner) whose shard never committed: from where it was registered on.
+    query, registered = "whole-one", snapshot.encoded_offset - 6
+    owner = query_partition(query, N)
+    producer.produce(s.topic("queries.plans"), key=query.encode(), partition=0, value=codec.encode("QueryPlan", {
+        "query_id": query, "sparql": "SELECT * WHERE { ?s ?p ?o }", "options": {},
+        "plan_json": '{"placement":"single-owner"}', "projected": [], "registered_at_seq": registered,
+        "registered_at_change_seq": -1, "version": 1}))
+    assert producer.flush(10) == 0
+    assert encoded_floor() == registered
+    commit(f"workers.encoded.{owner}", high)  # its shard committed: from ingest's snapshot moved there
+    assert encoded_floor() == snapshot.encoded_offset
+    publish(checkpoint_records(s.topic("checkpoints.whole"), owner, b"whole/%d" % owner, b"blob", high - 3, "w",
+                               needs={"updates.encoded": snapshot.encoded_offset - 2}))
+    assert encoded_floor() == snapshot.encoded_offset - 2, "its checkpoint's restore checks its last change's record"
+    commit("spark-windows", 4)
+    assert encoded_floor() == 4, "the Spark windows read from their group's offset"
 
 
 @pytest.mark.slow

@@ -94,22 +94,21 @@ def test_run_service_stops_with_one_line_and_exit_code_3_instead_of_restarting(
 # ---------------------------------------------------------------------------------------- topic configs
 
 
-REPLAYED = {"updates.encoded"}
 COMPACTED = {"dictionary", "queries.plans", "answers.current"}
 
 
 def test_topics_read_from_offset_0_are_never_deleted_by_age_or_size() -> None:
     for t in TOPICS:
         configs = t.topic_configs()
-        if t.name in REPLAYED | COMPACTED:
+        if t.name in COMPACTED:
             assert t.needed_from == FROM_START
             assert configs["retention.ms"] == "-1" and configs["retention.bytes"] == "-1", t.name
         elif t.name.startswith("checkpoints."):  # the writer deletes its older checkpoints, nothing else may
             assert t.unbounded and configs["retention.ms"] == "-1" and configs["retention.bytes"] == "-1", t.name
         elif t.name == "deltas.parts":  # kept by default; bounded by the answers service's checkpoints
             assert t.needed_from.startswith("checkpoints:") and configs["retention.ms"] == "-1", t.name
-        elif t.name == "updates.routed":  # kept by default; bounded by the workers' checkpoints and ingest's
-            assert t.needed_from.startswith("needs:") and configs["retention.ms"] == "-1", t.name
+        elif t.name in ("updates.routed", "updates.encoded"):  # kept by default; bounded by the checkpoints'
+            assert t.needed_from != FROM_START and configs["retention.ms"] == "-1", t.name  # (and ingest's) floor
         else:
             assert t.needed_from != FROM_START and int(configs["retention.ms"]) > 0, t.name
 
@@ -133,8 +132,10 @@ def test_topic_config_overrides_come_from_flags_and_env_and_round_trip() -> None
 def test_bounded_topics_take_any_retention_but_a_topic_read_from_offset_0_refuses_one() -> None:
     settings = KafkaSettings(topic_configs={"updates.raw": {"retention.ms": "86400000"}})
     assert wanted_configs(spec("updates.raw"), settings)["retention.ms"] == "86400000"
-    for name, change in (("updates.encoded", {"retention.ms": "604800000"}),
-                         ("updates.encoded", {"retention.bytes": "10"}),
+    assert wanted_configs(spec("updates.encoded"), KafkaSettings(
+        topic_configs={"updates.encoded": {"retention.ms": "604800000"}}))["retention.ms"] == "604800000"
+    for name, change in (("checkpoints.ingest", {"retention.ms": "604800000"}),
+                         ("queries.plans", {"cleanup.policy": "compact,delete", "retention.bytes": "10"}),
                          ("queries.plans", {"cleanup.policy": "delete"}),
                          ("dictionary", {"cleanup.policy": "compact,delete", "retention.ms": "1000"})):
         with pytest.raises(TopicError, match=f"would lose records a restore needs: {name}: "):
@@ -181,13 +182,14 @@ def test_existing_topics_with_a_finite_retention_on_a_replayed_log_refuse_the_st
     assert check_existing_configs(_Admin(fine), s, specs) == []
 
     # A topic created by hand (or by auto-creation) with the broker's defaults: 7 days.
-    broken = {**fine, "p.updates.encoded": {**KAFKA_DEFAULT, "retention.bytes": "1073741824"}}
+    broken = {**fine, "p.queries.plans": {**KAFKA_DEFAULT, "cleanup.policy": "compact,delete",
+                                          "retention.bytes": "1073741824"}}
     with pytest.raises(TopicError) as caught:
         check_existing_configs(_Admin(broken), s, specs)
     message = str(caught.value)
     assert "\n" not in message and message.startswith("refusing to start")
-    assert "p.updates.encoded: retention.ms=604800000, needs -1" in message
-    assert "p.updates.encoded: retention.bytes=1073741824, needs -1" in message
+    assert "p.queries.plans: retention.ms=604800000, needs -1" in message
+    assert "p.queries.plans: retention.bytes=1073741824, needs -1" in message
 
     # A bounded topic below its retention is a warning, not a refusal.
     short = {**fine, "p.updates.raw": {**KAFKA_DEFAULT, "retention.ms": "3600000"}}
@@ -232,14 +234,14 @@ def test_the_services_startup_check_refuses_an_existing_replayed_log_with_a_fini
         kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]) -> None:
     s = kafka_settings
     assert ensure_topics(s) == []  # the catalogue as created passes its own check
-    _set_config(s, s.topic("updates.encoded"), "retention.ms", "3600000")
-    with pytest.raises(TopicError, match=f"{s.topic('updates.encoded')}: retention.ms=3600000, needs -1"):
+    _set_config(s, s.topic("checkpoints.ingest"), "retention.ms", "3600000")
+    with pytest.raises(TopicError, match=f"{s.topic('checkpoints.ingest')}: retention.ms=3600000, needs -1"):
         ensure_topics(s)
     flags = ["--bootstrap-servers", s.bootstrap_servers, "--topic-prefix", s.topic_prefix, "--partitions",
              str(s.partitions)]
     assert main(["topics", "create", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "refusing to start" in err[0] and "updates.encoded" in err[0]
+    assert len(err) == 1 and "refusing to start" in err[0] and "checkpoints.ingest" in err[0]
 
 
 @pytest.mark.slow
