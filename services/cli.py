@@ -24,11 +24,14 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
     doctor = commands.add_parser("doctor", help="check that a Kafka broker has what the fleet needs")
     add_kafka_flags(doctor)
     topics = commands.add_parser(
-        "topics", help="create or list the fleet's topics, or print the lowest offsets the fleet still needs",
+        "topics", help="create or list the fleet's topics, print the lowest offsets the fleet still needs, or "
+        "delete what lies below them",
         description="create: the missing catalogue topics (partitions, cleanup.policy, retention.ms); list: the "
         "catalogue (no broker needed); floor: JSON {topic: {partition: offset}}, per partition the lowest offset "
-        "the fleet still needs (records below it may be deleted without changing any answer)")
-    topics.add_argument("action", choices=["create", "list", "floor"])
+        "the fleet still needs (records below it may be deleted without changing any answer); trim: delete the "
+        "records below the floor (delete_records) and print what was deleted, as JSON")
+    topics.add_argument("action", choices=["create", "list", "floor", "trim"])
+    topics.add_argument("--dry-run", action="store_true", help="trim: print what would be deleted, delete nothing")
     add_kafka_flags(topics)
 
     def run_doctor_command(args: argparse.Namespace) -> int:
@@ -51,6 +54,13 @@ def _broker_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]
 
             require_broker(settings)
             print(json.dumps(floor(settings)))
+        elif args.action == "trim":
+            import json
+
+            from services.kafka.floor import trim
+
+            require_broker(settings)
+            print(json.dumps(trim(settings, dry_run=args.dry_run)))
         elif args.action == "create":
             require_broker(settings)  # `topics list` shows the catalogue without a broker
             created = ensure_topics(settings)

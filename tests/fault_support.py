@@ -58,12 +58,10 @@ from cbgp.inputs import Update, parse_input
 from services import codec
 from services.answers import SOURCE_HEADER
 from services.codec import canonical_binding, term_from_avro
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
-from services.kafka import KafkaSettings, end_offsets, make_producer, produce_sync, read_all
+from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
 from services.kafka.broker import EmbeddedBroker, free_port
-from services.kafka.floor import floor
+from services.kafka.floor import trim
 from tests.fleet_support import CBGP, EX, QUERIES, Fleet, final_answers, generate_patch, read_current, replay
 from tests.oracle import OracleGraph
 
@@ -463,16 +461,7 @@ class FaultRun:
             self.early_replies = self.replies()
             self.early_answers = read_answer_records(self.settings)  # (the floor lets the checkpointed ones go)
             self.early_dead = len(read_all(self.settings, self.settings.topic("deadletter"), timeout=30))
-            admin = AdminClient(self.settings.admin_config())
-            ends = {}
-            for topic, parts in floor(self.settings).items():
-                for partition, offset in parts.items():
-                    low, _high = ends.setdefault(topic, end_offsets(self.settings, topic))[int(partition)]
-                    if offset > low:
-                        for future in admin.delete_records([TopicPartition(topic, int(partition), offset)],
-                                                           request_timeout=10).values():
-                            future.result(10)
-                        deleted.setdefault(topic, {})[partition] = offset
+            deleted = trim(self.settings)  # (what `cbgp topics trim` does)
             self.log(f"deleted below the floor: {deleted}")
             names = ["ingest", "answers", *self.workers]
             for name in names:  # all at once: none restores while another still runs

@@ -16,7 +16,7 @@ from services.kafka.replay import read_range
 from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LAST_CHANGE, LATEST, NEEDS, NOTHING,
                                   OPTIONAL_GROUP, REGISTRATIONS, TOPICS, WHOLE_SHARDS, BrokerUnreachable, TopicSpec)
 
-__all__ = ["floor"]
+__all__ = ["floor", "trim"]
 
 
 def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec] = TOPICS,
@@ -63,6 +63,24 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
             offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
         result[name] = {str(p): offsets[p] for p in partitions}
     return result
+
+
+def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0) -> dict[str, dict[str, int]]:
+    """``cbgp topics trim``: delete every record below :func:`floor` (``AdminClient.delete_records``), the safe form
+    of retention for the logs kept by default; returns ``{topic: {partition: offset}}`` of the partitions whose log
+    now starts there (would, with ``dry_run``).  Safe at any time: a floor only rises, and what is registered or
+    restored after it was computed needs nothing below it."""
+    admin = AdminClient(settings.admin_config())
+    trimmed: dict[str, dict[str, int]] = {}
+    for topic, parts in floor(settings, timeout=timeout).items():
+        lows = {p: low for p, (low, _high) in end_offsets(settings, topic, timeout).items()}
+        wanted = [TopicPartition(topic, int(p), offset) for p, offset in parts.items() if offset > lows[int(p)]]
+        if wanted and not dry_run:
+            for future in admin.delete_records(wanted, request_timeout=timeout).values():
+                future.result(timeout)
+        if wanted:
+            trimmed[topic] = {str(tp.partition): tp.offset for tp in wanted}
+    return trimmed
 
 
 def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partitions: list[int],

@@ -80,6 +80,8 @@ def pod_specs(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]
     for d in docs:
         if d["kind"] in ("Deployment", "Job"):
             yield f'{d["kind"]}/{d["metadata"]["name"]}', d["spec"]["template"]["spec"]
+        elif d["kind"] == "CronJob":
+            yield f'CronJob/{d["metadata"]["name"]}', d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
 
 
 def config(docs: list[dict[str, Any]]) -> dict[str, str]:
@@ -398,6 +400,22 @@ def test_topics_job_is_a_pre_install_and_pre_upgrade_hook(variant: str, rendered
     for secret in by_kind(docs, "Secret"):
         assert "pre-install" in secret["metadata"]["annotations"]["helm.sh/hook"]
         assert int(secret["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(ann.get("helm.sh/hook-weight", 0))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_cronjob_deletes_what_lies_below_the_floor(variant: str, rendered) -> None:
+    """Retention that looks at what the fleet needs: `cbgp topics trim` hourly, one run at a time, with the
+    services' settings (and the checkpoints' HMAC key, to read ingest's snapshot, when one is set)."""
+    job = one(rendered[variant], "CronJob", "rel-cbgp-topics-trim")
+    assert job["spec"]["schedule"] == "17 * * * *" and job["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["args"] == ["topics", "trim"]
+    assert container["envFrom"] == [{"configMapRef": {"name": "rel-cbgp"}}]
+    assert not by_kind(render("--set", "topicsTrim.enabled=false"), "CronJob")
+    keyed = one(render("--set", "checkpoints.existingSecret=ckpt", "--set", "checkpoints.secretKey=k"), "CronJob",
+                "rel-cbgp-topics-trim")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(keyed)["CBGP_CHECKPOINT_SECRET"]["valueFrom"] == {"secretKeyRef": {"name": "ckpt", "key": "k"}}
 
 
 def test_production_values_configure_a_replicated_authenticated_cluster(rendered) -> None:

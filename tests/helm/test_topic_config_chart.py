@@ -1,6 +1,6 @@
 """The Helm chart passes the topic configs (``kafka.topicConfig``) to every service and to the topics Job as
-``CBGP_TOPIC_CONFIG``; the values it ships keep what restores need, and a value that would let a replayed log
-lose records is refused by the services (and the Job) in one line."""
+``CBGP_TOPIC_CONFIG``; the values it ships keep what restores need, and a value that would let a checkpoint or
+compacted topic lose records is refused by the services (and the Job) in one line."""
 
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ def test_the_chart_sets_the_bounded_topics_retention_explicitly_and_the_services
         assert entries[f"cbgp.{t.name}"]["configs"] == t.topic_configs()
 
 
-def test_a_chart_value_that_bounds_a_replayed_log_is_refused_by_the_services_in_one_line() -> None:
+def test_a_chart_value_that_lets_a_compacted_topic_lose_records_is_refused_by_the_services_in_one_line() -> None:
     docs = render("--set", "kafka.topicConfig.updates\\.raw.retention\\.ms=86400000",
-                  "--set", "kafka.topicConfig.updates\\.encoded.retention\\.ms=604800000")
+                  "--set", "kafka.topicConfig.dictionary.cleanup\\.policy=delete")
     raw = _config(docs)["CBGP_TOPIC_CONFIG"]
-    assert "updates.raw:retention.ms=86400000" in raw and "updates.encoded:retention.ms=604800000" in raw  # not 8.64e+07
+    assert "updates.raw:retention.ms=86400000" in raw and "dictionary:cleanup.policy=delete" in raw  # not 8.64e+07
     settings = KafkaSettings.from_env({"CBGP_TOPIC_CONFIG": raw, "CBGP_BOOTSTRAP_SERVERS": "127.0.0.1:1"})
     with pytest.raises(TopicError) as caught:
         ensure_topics(settings)  # refused before any broker round trip
     assert "\n" not in str(caught.value)
-    assert "updates.encoded: retention.ms=604800000, needs -1" in str(caught.value)
+    assert "dictionary: cleanup.policy=delete, needs compact" in str(caught.value)

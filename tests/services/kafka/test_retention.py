@@ -10,7 +10,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from services.cli import main
-from services.kafka.client import make_consumer, make_producer
+from services.kafka.client import end_offsets, make_consumer, make_producer
 from services.kafka.config import KafkaSettings
 from services.kafka.floor import floor
 from services.kafka.topics import KEPT, TOPICS, WEEK_MS, spec
@@ -81,9 +81,22 @@ def test_floor_is_zero_for_replayed_and_compacted_logs_the_group_position_for_in
     assert floor(s) == expected
     assert list(expected[s.topic("updates.routed")]) == ["0", "1", "2", "3"]
 
-    assert main(["topics", "floor", "--bootstrap-servers", s.bootstrap_servers, "--topic-prefix", s.topic_prefix,
-                 "--partitions", str(s.partitions)]) == 0
+    flags = ["--bootstrap-servers", s.bootstrap_servers, "--topic-prefix", s.topic_prefix,
+             "--partitions", str(s.partitions)]
+    assert main(["topics", "floor", *flags]) == 0
     assert json.loads(capsys.readouterr().out) == expected
+
+    # `cbgp topics trim` deletes what lies below the floor (--dry-run: says what it would), and only that.
+    below = {topic: parts for topic, parts in expected.items() if any(parts.values())}
+    assert main(["topics", "trim", "--dry-run", *flags]) == 0
+    assert json.loads(capsys.readouterr().out) == below
+    assert all(low == 0 for t in below for low, _high in end_offsets(s, t).values())
+    assert main(["topics", "trim", *flags]) == 0
+    assert json.loads(capsys.readouterr().out) == below
+    assert {t: {str(p): low for p, (low, _high) in end_offsets(s, t).items()} for t in below} == below
+    assert floor(s) == expected, "the floor stays where it was"
+    assert main(["topics", "trim", *flags]) == 0
+    assert json.loads(capsys.readouterr().out) == {}, "nothing left to delete"
 
 
 @pytest.mark.slow
