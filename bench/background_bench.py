@@ -5,7 +5,7 @@ Usage:
                                              [--users 400] [--omega 10] [--candidates 33] [--rho-ms 100]
                                              [--seed 1] [--repeats 1] [--alpha 0.75]
                                              [--changes poisson|periodic] [--popularity-mix 0]
-                                             [--spare likely|none] [--renew paper|now] [--tiebreak random|stale]
+                                             [--spare likely|none] [--renew restart|paper|now] [--tiebreak random|stale]
                                              [--rates learned|given]
 
 (``make virtuoso`` installs the endpoint; without it ``auto`` falls back to the pyoxigraph endpoint.)
@@ -328,8 +328,9 @@ def main(argv=None) -> int:
                         help="initial change-interval guess (minutes), before any refresh is observed")
     parser.add_argument("--spare", default="likely", choices=("none", "likely"),
                         help="WBM's spare budget when fewer than gamma entries are possibly stale")
-    parser.add_argument("--renew", default="paper", choices=("paper", "now"),
-                        help="renewed best-before: tau + k*I (Eq. 4, the paper) or t + I (from the refresh)")
+    parser.add_argument("--renew", default="restart", choices=("restart", "paper", "now"),
+                        help="renewed best-before: tau + I (Eq. 4) while after t, else t + I (restart, the "
+                             "default); tau + k*I, keeping an overdue entry's phase (paper); t + I (now)")
     parser.add_argument("--tiebreak", default="random", choices=("random", "stale"),
                         help="WBM's order among equal scores: random (the paper) or longest overdue first")
     parser.add_argument("--stale-probability", type=float, default=None,

@@ -78,7 +78,9 @@ def test_formulas():
     assert remaining_life(5, 8, SHAPE) == 1 and remaining_life(None, 8, SHAPE) == 0
     assert remaining_life(0, 8, SHAPE) == 0  # already left the window
     assert renewed_best_before(6, 5, 8) == 11  # the paper's Eq. 4
-    assert renewed_best_before(1, 2, 8) == 9  # catch-up: tau + I = 3 would be in the past
+    assert renewed_best_before(1, 2, 8) == 10  # tau + I = 3 would be in the past: from the refresh (analysis 2.3)
+    assert renewed_best_before(1, 2, 8, "paper") == 9  # ... or keeping its phase, tau + k * I
+    assert renewed_best_before(6, 5, 8, "now") == 13
     assert renewed_best_before(8, 1, 8) == 9
     assert refresh_budget(rho=0.1, query_time=0.01, refresh_time=0.03) == 3
     assert refresh_budget(rho=0.01, query_time=0.02, refresh_time=0.03) == 0
