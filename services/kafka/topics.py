@@ -8,14 +8,15 @@ noida-db, which would silently break key->partition co-partitioning between serv
 Retention is explicit on every topic (``retention.ms``), chosen for its role, because a broker's default (7 days
 on Apache Kafka) would silently delete history the restores replay:
 
-- **kept** (``retention.ms=-1``): the logs a restore replays (``updates.encoded`` from offset 0;
-  ``updates.routed`` and ``deltas.parts`` from their checkpoints, so records below the floor may be deleted);
+- **kept** (``retention.ms=-1``): the logs restores read from a checkpoint or ingest's snapshot on
+  (``updates.encoded``, ``updates.routed``, ``deltas.parts``): records below the floor may be deleted, and
+  ``cbgp topics trim`` deletes them;
 - **compacted** (``cleanup.policy=compact``, ``retention.ms=-1``): the latest value per key, read from offset 0;
 - **bounded** (7 days): the inputs whose consumers restore from elsewhere and need only what their group has not
   committed yet (``updates.raw``, ``admin``), and what no service reads back (``queries.status``, ``deadletter``).
 
-The kept and compacted topics also set ``retention.bytes=-1``: a broker-wide size limit would delete history just
-as an age limit does.  Every value can be changed per topic (``--topic-config TOPIC:KEY=VALUE``, env
+The compacted and checkpoint topics also set ``retention.bytes=-1``: a broker-wide size limit would delete what
+they hold just as an age limit does.  Every value can be changed per topic (``--topic-config TOPIC:KEY=VALUE``, env
 ``CBGP_TOPIC_CONFIG``, Helm ``kafka.topicConfig``), but :func:`wanted_configs` refuses a change that would let a
 topic a restore reads from offset 0 lose records, and :func:`ensure_topics` (run by every service at start) refuses
 to start, in one line, when such a topic already exists on the broker with a finite retention or the wrong
@@ -23,7 +24,8 @@ cleanup policy (a bounded topic below its retention only gets a warning line).  
 gone anyway (``delete_records``, a retention changed later) are caught when the log is read:
 :mod:`services.kafka.truncation`.
 
-:func:`services.kafka.floor.floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``).
+:func:`services.kafka.floor.floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``);
+:func:`services.kafka.floor.trim` deletes what lies below it (``cbgp topics trim``).
 """
 
 from __future__ import annotations
