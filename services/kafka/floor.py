@@ -6,6 +6,8 @@ itself imports the topics module.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -143,20 +145,11 @@ def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int
 def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partitions: list[int]) -> dict[int, int]:
     """Per routed partition, the lowest offset the registrations its last checkpoint may lack read when they are
     caught up: their point (``services.worker_core.points.point_of``) and the last Frontier mark before it."""
-    from services.codec import CodecError, decode
     from services.worker_core.points import log_tail, point_of
 
     saved = latest_positions(settings, checkpoints)
-    t_plans = settings.topic("queries.plans")
-    plans = []  # (plans partition, offset, the seq it answers as of)
-    for p, (_low, high) in sorted(end_offsets(settings, t_plans).items()):
-        for msg in read_range(settings, t_plans, p, 0, high):
-            try:
-                plan = decode("QueryPlan", msg.value()) if msg.value() else None
-            except CodecError:
-                continue
-            if plan is not None:
-                plans.append((p, msg.offset(), plan["registered_at_change_seq"]))
+    plans = [(p, offset, plan["registered_at_change_seq"])  # (plans partition, offset, the seq it answers as of)
+             for p, offset, _key, plan in _plan_records(settings) if plan is not None]
     watermarks = end_offsets(settings, name)
 
     def records(partition: int, start: int, end: int | None) -> list[tuple[int, bytes]]:
@@ -182,21 +175,27 @@ def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partiti
     return needed
 
 
-def _plans(settings: KafkaSettings) -> dict[str, tuple[int, dict]]:
-    """The registered queries' current plans: query id -> (queries.plans partition, QueryPlan record)."""
+def _plan_records(settings: KafkaSettings) -> Iterator[tuple[int, int, str | None, dict | None]]:
+    """Every record of queries.plans: (partition, offset, query id, QueryPlan; None for a tombstone); records
+    that cannot be decoded are left out (the workers dead-letter them)."""
     from services.codec import CodecError, decode
 
     t_plans = settings.topic("queries.plans")
-    plans: dict[str, tuple[int, dict]] = {}
     for p, (_low, high) in sorted(end_offsets(settings, t_plans).items()):
         for msg in read_range(settings, t_plans, p, 0, high):
-            key = msg.key().decode("utf-8", "replace") if msg.key() else None
-            if key is None:
-                continue
             try:
-                plans[key] = (p, decode("QueryPlan", msg.value())) if msg.value() else None
+                plan = decode("QueryPlan", msg.value()) if msg.value() else None
             except CodecError:
                 continue
+            yield p, msg.offset(), msg.key().decode("utf-8", "replace") if msg.key() else None, plan
+
+
+def _plans(settings: KafkaSettings) -> dict[str, tuple[int, dict]]:
+    """The registered queries' current plans: query id -> (queries.plans partition, QueryPlan record)."""
+    plans: dict[str, tuple[int, dict] | None] = {}
+    for p, _offset, key, plan in _plan_records(settings):
+        if key is not None:
+            plans[key] = (p, plan) if plan is not None else None
     return {key: plan for key, plan in plans.items() if plan is not None}
 
 

@@ -107,8 +107,8 @@ class TopicSpec:
 
     @property
     def unbounded(self) -> bool:
-        """Whether no record may be deleted by age or size: a log read from offset 0, or a checkpoint topic
-        (whose writer deletes its older checkpoints itself)."""
+        """Whether no record may be deleted by age or size: a topic read from offset 0 (the compacted ones), or a
+        checkpoint topic (whose writer deletes its older checkpoints itself)."""
         return self.needed_from in (FROM_START, LATEST)
 
     def partitions_for(self, settings: KafkaSettings) -> int:
@@ -201,7 +201,7 @@ def retention_problems(topic: str, spec: TopicSpec, configs: Mapping[str, str | 
                        wanted: Mapping[str, str] | None = None) -> list[str]:
     """What in ``topic``'s configs (``describe_configs`` values) keeps less than the fleet needs, one line each.
 
-    A topic read from offset 0 (``spec.needed_from == FROM_START``: the kept logs and the compacted topics) must
+    A topic read from offset 0 (``spec.needed_from == FROM_START``: the compacted topics) or a checkpoint topic must
     never lose records by age or size; a bounded one must keep them at least as long as ``wanted`` (its
     :func:`wanted_configs`, by default the catalogue's) says.  A compacted topic must be compacted (and not also
     deleted by age), a log must not be compacted (compaction would drop all but the last record per key).
@@ -235,8 +235,8 @@ def retention_problems(topic: str, spec: TopicSpec, configs: Mapping[str, str | 
 
 def wanted_configs(spec: TopicSpec, settings: KafkaSettings) -> dict[str, str]:
     """``spec``'s configs with the settings' ``--topic-config`` changes for it.  Raises :class:`TopicError` for a
-    change that would let a topic read from offset 0 lose records (a finite ``retention.ms`` or
-    ``retention.bytes``, another ``cleanup.policy``): until checkpoints exist (issue 16), nothing may bound them."""
+    change that would let a compacted or checkpoint topic lose records (a finite ``retention.ms`` or
+    ``retention.bytes``, another ``cleanup.policy``): nothing but their own writers may bound them."""
     configs = {**spec.topic_configs(), **settings.topic_configs.get(spec.name, {})}
     if spec.unbounded:
         problems = retention_problems(spec.name, spec, configs)
@@ -278,8 +278,8 @@ def check_existing_configs(admin: Any, settings: KafkaSettings, specs: Mapping[s
     """Read the configs of the existing topics ``specs`` (prefixed name -> spec) with ``describe_configs`` and
     compare them with what the fleet needs (:func:`retention_problems` against :func:`wanted_configs`).
 
-    Raises :class:`TopicError`, one line naming every problem, when a topic read from offset 0 would lose records
-    (a restore from it would come back with silently wrong state).  Problems of bounded topics are logged as a
+    Raises :class:`TopicError`, one line naming every problem, when a compacted or checkpoint topic would lose
+    records (a restore from it would come back with silently wrong state).  Problems of bounded topics are logged as a
     warning and returned.  A broker or client that cannot describe configs (no DescribeConfigs support or ACL)
     is logged in one line and the check is skipped: truncation is still caught when a restore reads the log
     (:mod:`services.kafka.truncation`).

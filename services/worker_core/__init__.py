@@ -8,12 +8,13 @@ A *shard* is one engine fed by one input log:
 
 Every shard's state is a function of (its queries, its log up to its position), so it is *restored* by
 replaying the log without emitting -- from its checkpoint when one serves (``services.state.shards``; whatever
-queries it holds: those the plans dropped are freed, those it lacks caught up as below), else from offset 0 --
-and a query new to a shard gets its state the same way (from offset 0; a by-centre one from ingest's snapshot
-moved to its point when one serves, ``services.worker_core.base``), netted into a snapshot (``snapshot=True``).  Which queries a shard had already
-snapshotted is stored with its committed offset as commit metadata (the queries.plans positions applied),
-so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A by-centre query new to a
-routed shard applies at one record of its log, the first past the seq it registered at
+queries it holds: those the plans dropped are freed, those it lacks caught up as below), else from offset 0 (a
+whole shard: from ingest's snapshot moved to its position when one serves) -- and a query new to a shard gets its
+state the same way (from ingest's snapshot moved to its point or position when one serves,
+``services.worker_core.base``; else from offset 0), netted into a snapshot (``snapshot=True``).  Which queries
+a shard had already snapshotted is stored with its committed offset as commit metadata (the queries.plans
+positions applied), so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A
+by-centre query new to a routed shard applies at one record of its log, the first past the seq it registered at
 (:meth:`WorkerCore.registration_seq`, ``services.worker_core.points``), whenever the plan is read: every owner
 sends the same snapshot and deltas.
 A multi-centre query (or a product's multi-centre part) is registered in the shard's evaluator at that point
@@ -288,7 +289,8 @@ class WorkerCore(CoreOutputs):
         net: dict = {}
         if start and late:  # the registrations it lacks replay the log below it alone (silently, but the owed)
             late_names = {name for i in late for name, _p, _q in i.engine_queries()}
-            below_start = self.bases.whole_below(self.encoded_changes, start) if kind == "whole" else self.reader(kind, partition, 0, start)
+            below_start = self.bases.whole_below(self.encoded_changes, start) if kind == "whole" \
+                else self.reader(kind, partition, 0, start)
             caught_up = shard.engine.replay(self._learning(shard, below_start), late_names, only=True)
             net = {name: rows for name, rows in caught_up.items() if name in owed_names}
         label = shard_label(kind, partition)

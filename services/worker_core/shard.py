@@ -246,7 +246,7 @@ class Shard:
     # By-centre registrations waiting for this routed partition's log to reach the seq they answer as of
     # (``WorkerCore.registration_seq``): (info, seq), applied at the first record past it.
     pending: list[tuple[QueryInfo, int]] = field(default_factory=list)
-    # Routed shards: the offsets of the last change record and the last Frontier mark below the position (-1:
+    # The offsets of the last change record and (routed shards) the last Frontier mark below the position (-1:
     # none seen), the records of its log below the position its checkpoint's restore reads.
     change_offset: int = -1
     mark_offset: int = -1
