@@ -31,7 +31,7 @@ virtuoso:
 
 ## Run the whole product locally: embedded broker, services, demo data, example queries, live answers.
 run: setup
-	$(PY) -m services.run
+	$(PY) -m services.commands.run
 
 ## Everything CI checks: unit, property, end-to-end (embedded broker), Spark, Helm/Docker validation.
 test: setup tools chromium virtuoso

@@ -11,7 +11,7 @@ embedded noida-db broker, and the bench feeds it rounds of input, one round at a
   window [RANGE PT20S STEP PT5S], so every round both fills and expires answers.
 
 The expected number of answer deltas per round comes from running the same pure-Python core locally
-(``cbgp.assembly.Assembler`` / ``cbgp.windows.WindowedQuery``); a round ends when that many ``part = -1``
+(``cbgp.engine.assembly.Assembler`` / ``cbgp.windows.windowed.WindowedQuery``); a round ends when that many ``part = -1``
 records are on deltas.parts.  Per round it prints input records, answer deltas out, and the latency from
 the round's last produce to its last answer on the topic; the summary gives medians and throughput
 (input records / latency).  The first round pays for Python worker start-up and is reported apart.
@@ -30,14 +30,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cbgp.assembly import Assembler, split_parts  # noqa: E402
-from cbgp.engine import Engine  # noqa: E402
+from cbgp.engine.assembly import Assembler, split_parts  # noqa: E402
+from cbgp.engine.engine import Engine  # noqa: E402
 from cbgp.terms import TermDictionary, iri  # noqa: E402
-from cbgp.windows import WindowedQuery  # noqa: E402
+from cbgp.windows.windowed import WindowedQuery  # noqa: E402
 from services import codec  # noqa: E402
-from services.kafka import EmbeddedBroker, KafkaSettings, end_offsets, ensure_topics, make_producer  # noqa: E402
-from services.queries import read_registration  # noqa: E402
-from services.runtime import query_partition  # noqa: E402
+from services.kafka.broker import EmbeddedBroker
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets, make_producer
+from services.kafka.topics import ensure_topics  # noqa: E402
+from services.wire.registrations import read_registration  # noqa: E402
+from services.wire.records import query_partition  # noqa: E402
 from tests.fleet_support import publish_plan  # noqa: E402
 
 EX = "http://example.org/"

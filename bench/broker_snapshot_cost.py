@@ -21,7 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.kafka import EmbeddedBroker, ensure_topics, make_producer  # noqa: E402
+from services.kafka.broker import EmbeddedBroker
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer  # noqa: E402
 
 TRICKLE_SECONDS = 5.0
 TRICKLE_RATE = 200  # records/s

@@ -9,7 +9,7 @@ deterministic generator; the static graph, then the post/photo/like streams with
 triples deleted after their insertion) against the queries of `bench/queries/*.rq`, grouped by
 class (file-name prefix: star, path, cycle, snowflake, loose) and all at once (mix), on:
 
-1. cbgp.engine.Engine, terms pre-encoded to ids (parse + encode measured separately):
+1. cbgp.engine.engine.Engine, terms pre-encoded to ids (parse + encode measured separately):
    updates/s (best of --repeat runs, with the spread), peak RSS of the worker process, and state
    bytes per relevant triple (tracemalloc around replaying the stream into a fresh engine, in a
    separate untimed pass, divided by the triples present at the end that match some pattern of
@@ -103,7 +103,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(HERE))
     import lsbench
-    from cbgp.inputs import InputError, parse_ntriples
+    from cbgp.inputs.formats import InputError, parse_ntriples
     from cbgp.terms import TermDictionary
 
     start = time.perf_counter()
@@ -213,7 +213,7 @@ def worker_engine(workdir: Path, query_paths: list[Path], repeat: int) -> None:
     sys.path.insert(0, str(ROOT))
     import tracemalloc
 
-    from cbgp.engine import Engine
+    from cbgp.engine.engine import Engine
 
     ups, _meta = read_stream(workdir)
     dictionary = load_dictionary(workdir)
@@ -275,7 +275,7 @@ def worker_profile(workdir: Path, query_paths: list[Path], top: int) -> None:
     import cProfile
     import pstats
 
-    from cbgp.engine import Engine
+    from cbgp.engine.engine import Engine
 
     ups, _meta = read_stream(workdir)
     engine = Engine(load_dictionary(workdir))
@@ -295,8 +295,8 @@ def worker_oxigraph(workdir: Path, query_paths: list[Path], budget: float) -> No
     sys.path.insert(0, str(ROOT))
     import pyoxigraph as ox
 
-    from cbgp.engine import Engine
-    from cbgp.sparql import parse_query
+    from cbgp.engine.engine import Engine
+    from cbgp.query.sparql import parse_query
     from cbgp.terms import to_oxigraph
 
     ups, meta = read_stream(workdir)
@@ -440,7 +440,7 @@ def worker_pathway(workdir: Path, job_path: Path) -> None:
 
 def pathway_job(name: str, query_paths: list[Path], workdir: Path, batch: int, dictionary) -> Path:  # noqa: ANN001
     """Queries as id patterns for the pathway worker (it cannot import cbgp)."""
-    from cbgp.sparql import parse_query
+    from cbgp.query.sparql import parse_query
 
     queries = {}
     for path in query_paths:
@@ -549,8 +549,8 @@ def main() -> None:
               f"({st['duplicates_dropped']:,} duplicate inserts dropped), {st['deletes']:,} deleted "
               f"({st['deletes'] / st['inserts']:.0%}) -> {n:,} updates, {meta['n_terms']:,} terms")
         if meta["turtle_parse_seconds"]:
-            print(f"  loading the LSBench Turtle files (cbgp.inputs.parse_turtle): {meta['turtle_parse_seconds']:.1f} s")
-        print(f"  parse (cbgp.inputs.parse_ntriples, first {meta['parse_updates']:,} updates): "
+            print(f"  loading the LSBench Turtle files (cbgp.inputs.formats.parse_turtle): {meta['turtle_parse_seconds']:.1f} s")
+        print(f"  parse (cbgp.inputs.formats.parse_ntriples, first {meta['parse_updates']:,} updates): "
               f"{meta['parse_updates'] / meta['parse_seconds']:,.0f} updates/s; "
               f"encode (TermDictionary): {n / meta['encode_seconds']:,.0f} updates/s "
               f"(both excluded from the engine figures below)")

@@ -63,7 +63,7 @@ def broker_sigkill(args: argparse.Namespace, tmp: Path) -> int:
         settings = fresh_settings(broker)
         ensure_topics(settings)
         run = FaultRun(broker, settings, tmp, cfg, log=lambda s: print(time.strftime("%H:%M:%S"), s, flush=True))
-        from services.kafka import end_offsets, make_producer, read_all
+        from services.kafka.client import end_offsets, make_producer, read_all
 
         with run.fleet:
             run.producer = make_producer(settings)
@@ -100,7 +100,8 @@ def broker_sigkill(args: argparse.Namespace, tmp: Path) -> int:
 
 NOIDA_EXPIRY = r'''
 import os, sys, time
-from services.kafka import KafkaSettings, make_consumer
+from services.kafka.client import make_consumer
+from services.kafka.config import KafkaSettings
 s = KafkaSettings(bootstrap_servers=sys.argv[1], topic_prefix=sys.argv[2], partitions=4,
                   rebalance_timeout_ms=int(sys.argv[3]))
 c = make_consumer(s, "g1", [s.topic("updates.routed")])
@@ -112,7 +113,7 @@ os._exit(9)  # like kill -9: no LeaveGroup, no more heartbeats
 
 def noida_expiry(args: argparse.Namespace, tmp: Path) -> int:
     """A group member that dies without leaving is never expired by noida-db 0.2.3 (Kafka: session.timeout.ms)."""
-    from services.kafka import make_consumer
+    from services.kafka.client import make_consumer
 
     with EmbeddedBroker(tmp / "broker") as broker:
         settings = fresh_settings(broker)

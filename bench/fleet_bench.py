@@ -4,7 +4,7 @@
                                           [--repeat 3]
 
 For each worker count, ``--repeat`` times, a fresh fleet started as ``make run`` starts it, without the demo:
-``python -m services.run --no-demo --run-dir <tmp> --workers W`` (embedded noida-db broker with 4 partitions
+``python -m services.commands.run --no-demo --run-dir <tmp> --workers W`` (embedded noida-db broker with 4 partitions
 per topic, ingest, registry, W workers, answers, the Spark job, and the supervisor with its live view; the
 start-up and the process grouping are bench/lsbench_fleet.py's and bench/idle_bench.py's).  Once every
 service is ready, three queries (a star, a path, a DISTINCT component) are registered with ``cbgp register``
@@ -50,8 +50,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from services import codec  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Producer  # noqa: E402
 
-from services.kafka import KafkaSettings, end_offsets, make_producer  # noqa: E402
-from services.runtime import ORIGIN_HEADER, Fetcher, read_range  # noqa: E402
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets, make_producer  # noqa: E402
+from services.wire.records import ORIGIN_HEADER
+from services.kafka.fetch import Fetcher
+from services.kafka.replay import read_range  # noqa: E402
 from tests.fleet_support import QUERIES, generate_patch, replay  # noqa: E402
 # the fleet as make run starts it, its process groups and its /metrics: the LSBench and idle benches' helpers
 from idle_bench import _group, _service_of  # noqa: E402
@@ -229,7 +232,7 @@ def run(workers: int, updates: int, rate: float, warmup: int, tmp: Path, ready_t
     n_total = answer_count(tmp, lines)
     proc, fleet = start_fleet(tmp, workers, "by-centre", ready_timeout)  # by-centre: the workers' default
     try:
-        settings = KafkaSettings(bootstrap_servers=fleet["broker"])  # services.run's topics: prefix cbgp., 4 partitions
+        settings = KafkaSettings(bootstrap_servers=fleet["broker"])  # services.commands.run's topics: prefix cbgp., 4 partitions
         register(tmp, fleet["broker"])
         time.sleep(SETTLE_SECONDS)
         root = psutil.Process(proc.pid)

@@ -43,11 +43,13 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from cbgp.plan import decompose  # noqa: E402
-from cbgp.sparql import parse_query  # noqa: E402
+from cbgp.query.plan import decompose  # noqa: E402
+from cbgp.query.sparql import parse_query  # noqa: E402
 from services import codec  # noqa: E402
-from services.kafka import EmbeddedBroker, ensure_topics, make_producer, produce_sync  # noqa: E402
-from services.runtime import query_partition  # noqa: E402
+from services.kafka.broker import EmbeddedBroker
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer, produce_sync  # noqa: E402
+from services.wire.records import query_partition  # noqa: E402
 
 EX = "http://example.org/"
 

@@ -30,10 +30,12 @@ import lsbench  # noqa: E402
 from lsbench_fleet import patch_lines  # noqa: E402
 from restore_bench import write_history  # noqa: E402
 from services.gateway.kafka_io import GraphSource  # noqa: E402
-from services.ingest import KIND as INGEST_KIND  # noqa: E402
-from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics  # noqa: E402
+from services.ingest.service import KIND as INGEST_KIND  # noqa: E402
+from services.kafka.broker import EmbeddedBroker
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics  # noqa: E402
 from services.kafka.checkpoint_log import CheckpointLog  # noqa: E402
-from services.state import Store  # noqa: E402
+from services.state.store import Store  # noqa: E402
 
 COUNT = "SELECT (COUNT(*) AS ?n) WHERE { ?s ?p ?o }"
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/idle_bench.py [--repeat 3] [--seconds 10] [--settle 20]
 
-Each run starts ``python -m services.run --no-demo --run-dir <tmp>`` (the embedded broker, ingest, the
+Each run starts ``python -m services.commands.run --no-demo --run-dir <tmp>`` (the embedded broker, ingest, the
 registry, 2 workers, answers, the Spark job, and the supervisor with its live view), waits until every
 service is ready (the registry answers /readyz, the Spark job logs that its queries run) and then ``--settle``
 seconds more, and measures each process's CPU (user + system, psutil over the whole process tree, so the Spark
@@ -60,8 +60,8 @@ def _service_of(children: list[psutil.Process]) -> dict[int, str]:
             continue
         if "noida-db" in " ".join(cmd[:1]) or any("noida" in c for c in cmd[:1]):
             names[child.pid] = "broker"
-        elif "services.cli" in cmd:
-            sub = cmd[cmd.index("services.cli") + 1] if cmd.index("services.cli") + 1 < len(cmd) else "?"
+        elif "services.commands.main" in cmd:
+            sub = cmd[cmd.index("services.commands.main") + 1] if cmd.index("services.commands.main") + 1 < len(cmd) else "?"
             if sub == "worker" and "--worker-id" in cmd:
                 sub = f"worker-{cmd[cmd.index('--worker-id') + 1].lstrip('w')}"
             names[child.pid] = sub
@@ -84,7 +84,7 @@ def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool
     env = {k: v for k, v in os.environ.items() if not k.startswith("CBGP_")}  # its own embedded broker
     stderr_path = run_dir / "run.stderr"
     with open(stderr_path, "w") as err:
-        run = subprocess.Popen([sys.executable, "-m", "services.run", "--no-demo", "--run-dir", str(run_dir / "run")],
+        run = subprocess.Popen([sys.executable, "-m", "services.commands.run", "--no-demo", "--run-dir", str(run_dir / "run")],
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
     try:
         deadline = time.monotonic() + ready_timeout
@@ -95,7 +95,7 @@ def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool
             if "run: started" in text and spark_ready:
                 break
             if run.poll() is not None:
-                raise RuntimeError(f"services.run exited with {run.returncode}:\n{text[-2000:]}")
+                raise RuntimeError(f"services.commands.run exited with {run.returncode}:\n{text[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"fleet not ready after {ready_timeout:.0f} s:\n{text[-2000:]}")
             time.sleep(1.0)

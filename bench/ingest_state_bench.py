@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/ingest_state_bench.py [--updates 600000] [--repeat 3] [--data DIR]
 
-Runs ingest's transform (``services.ingest_core.IngestProcessor``, the code the service runs per raw record) over
+Runs ingest's transform (``services.ingest.core.IngestProcessor``, the code the service runs per raw record) over
 the first ``--updates`` LSBench updates (RDF Patch, 500 per raw record, as ``cbgp publish`` writes them), in
 memory and with the state in a RocksDB store, checkpointing every 20,000 updates as the service does every
 ``--checkpoint-interval`` under load (the checkpoint's time is counted).  Side by side in one process, each
@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lsbench  # noqa: E402
 from lsbench_fleet import patch_lines  # noqa: E402
-from services.ingest import save_checkpoint  # noqa: E402
-from services.ingest_core import IngestProcessor, RawRecord  # noqa: E402
-from services.kafka import KafkaSettings  # noqa: E402
-from services.state import Store  # noqa: E402
+from services.ingest.service import save_checkpoint  # noqa: E402
+from services.ingest.core import IngestProcessor, RawRecord  # noqa: E402
+from services.kafka.config import KafkaSettings  # noqa: E402
+from services.state.store import Store  # noqa: E402
 
 S = KafkaSettings(topic_prefix="bench.")
 PER_RECORD = 500

@@ -1,4 +1,4 @@
-"""Parse throughput of `cbgp.inputs` on generated inputs (updates per second).
+"""Parse throughput of `cbgp.inputs.formats` on generated inputs (updates per second).
 
 Usage: .venv/bin/python bench/inputs_bench.py [--lines 200000] [--repeat 1]
 
@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cbgp.inputs import InputError, parse_json_lines, parse_ntriples, parse_patch  # noqa: E402
+from cbgp.inputs.formats import InputError, parse_json_lines, parse_ntriples, parse_patch  # noqa: E402
 
 
 def _objects(rng: random.Random) -> str:

@@ -5,7 +5,7 @@ streams, over the LSBench "SIB" vocabulary):
 
 - `load_dir(path)`: the LSBench generator's output (`mr0_sibdataset<N>.nt.gz`,
   `rdf{Post,Photo,PostLike,PhotoLike}Stream<N>.nt.gz`).  Despite the `.nt` name the files are
-  Turtle (they start with `@prefix` lines), so they go through `cbgp.inputs.parse_turtle`,
+  Turtle (they start with `@prefix` lines), so they go through `cbgp.inputs.formats.parse_turtle`,
   the product's own parser, whose cost the benchmark reports.
 - `generate(users, seed)`: a deterministic stand-in used when the data is absent (CI, a fresh
   machine).  Same predicates and classes, and degrees tuned to the 1000-user LSBench output:
@@ -108,7 +108,7 @@ def find_files(data_dir: Path) -> dict[str, Path] | None:
 
 
 def load_dir(data_dir: Path) -> Dataset:
-    from cbgp.inputs import InputError, parse_turtle  # the product's parser: its cost is reported
+    from cbgp.inputs.formats import InputError, parse_turtle  # the product's parser: its cost is reported
 
     files = find_files(data_dir)
     if files is None:

@@ -9,17 +9,17 @@ Data: the first ``--updates`` updates of the LSBench stream (bench/lsbench.py: t
 then the post/photo/like streams with 20% deletions), written as one RDF Patch file.
 
 Per configuration (workload x placement x workers x repeat), a fresh fleet started as ``make run`` starts it,
-without the demo: ``python -m services.run --no-demo --run-dir <tmp> --workers W`` (embedded broker, ingest,
+without the demo: ``python -m services.commands.run --no-demo --run-dir <tmp> --workers W`` (embedded broker, ingest,
 registry, W workers, answers, Spark job, the supervisor with its live view), with ``CBGP_PLACEMENT`` set for the
 workers.  Once every service is ready, the queries are registered with ``cbgp register`` and the whole file is
-published with one ``cbgp publish`` (the real CLI, against the broker services.run started).
+published with one ``cbgp publish`` (the real CLI, against the broker services.commands.run started).
 
 Measured:
 - end-to-end updates/s: updates / (time the answers service's ``cbgp_deltas_emitted_total`` first equals the
   expected count - time ``cbgp publish`` was started); the expected count is ``cbgp replay``'s number of
   deltas on the same file and queries; the counter must then stay there for 3 s (else "MISMATCH");
 - CPU seconds (user+system, psutil, sampled every second so short-lived Spark Python workers count) of every
-  process of the fleet from just before the publish to the end, grouped: broker, supervisor (services.run and
+  process of the fleet from just before the publish to the end, grouped: broker, supervisor (services.commands.run and
   its live view), ingest, registry, worker-i, answers, spark-jvm, spark-python-workers; and us of CPU per
   update; the ``cbgp publish`` client's CPU is reported apart (``publish-cli``), not in the fleet total;
 - per worker: its share of the state entries (``cbgp_query_state_entries`` summed over queries, and
@@ -38,9 +38,9 @@ answers service).
 
 In memory (``--in-memory``: no fleet, no Kafka, for profiling the workers' CPU per update): ingest's records
 made in memory, then per partition count in ``--workers`` (one routed partition per worker core) the workers'
-cores (services.worker_core with the codec) fed their logs round robin, probes written back to the logs they go
+cores (services.worker.core with the codec) fed their logs round robin, probes written back to the logs they go
 to, CPU per update summed over the cores (by-centre vs single-owner: the whole shard on its owner); and, for a
-one-query workload, cbgp.distributed's evaluators alone (probes handed over as objects) against one engine.
+one-query workload, cbgp.distributed.evaluator's evaluators alone (probes handed over as objects) against one engine.
 
 Output: one line per configuration (with ``--repeat N``: median [min-max]; each run's line goes to stderr), then
 as the last line one JSON object with every figure.  The bench itself only polls /metrics every 0.2 s.
@@ -71,10 +71,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import lsbench  # noqa: E402
-from services.kafka import KafkaSettings, make_producer  # noqa: E402
+from services.kafka.config import KafkaSettings
+from services.kafka.client import make_producer  # noqa: E402
 from idle_bench import _group, _service_of  # noqa: E402 - the same process grouping as the idle bench
 
-CBGP = [sys.executable, "-m", "services.cli"]
+CBGP = [sys.executable, "-m", "services.commands.main"]
 QUERY_DIR = ROOT / "bench" / "queries"
 OPERATOR_QUERY_DIR = ROOT / "bench" / "queries_operators"  # OPTIONAL, GROUP BY/HAVING, FILTERs, NOT EXISTS
 HEAVY_DEFAULT = """# 2-hop path over the like stream (var-connected, single centre ?b): friends of someone, what they like
@@ -126,7 +127,7 @@ def expected_counts(patch: Path, queries: dict[str, Path]) -> tuple[dict[str, in
 
 
 class CpuTracker:
-    """CPU seconds per process group of the fleet (the tree under services.run), sampled every second, so that
+    """CPU seconds per process group of the fleet (the tree under services.commands.run), sampled every second, so that
     processes that start and end during the run (Spark's Python workers) are counted up to their last sample."""
 
     def __init__(self, root_pid: int) -> None:
@@ -179,15 +180,15 @@ PROFILE_DIR: list[str | None] = [None]  # --profile
 
 
 def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> tuple[subprocess.Popen, dict]:
-    """services.run as make run starts it (no demo); returns (process, {broker, metrics urls})."""
+    """services.commands.run as make run starts it (no demo); returns (process, {broker, metrics urls})."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CBGP_")}  # its own embedded broker
-    env["CBGP_PLACEMENT"] = placement  # read by every worker (services/worker.py --placement default)
+    env["CBGP_PLACEMENT"] = placement  # read by every worker (services/worker/service.py --placement default)
     if PROFILE_DIR[0]:
         env["CBGP_PROFILE"] = PROFILE_DIR[0]  # every service's cProfile stats, written when it stops
     run_dir.mkdir(parents=True, exist_ok=True)
     err_path = run_dir / "run.stderr"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "services.run", "--no-demo", "--run-dir", str(run_dir / "run"),
+        proc = subprocess.Popen([sys.executable, "-m", "services.commands.run", "--no-demo", "--run-dir", str(run_dir / "run"),
                                  "--workers", str(workers)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err,
                                 start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -195,7 +196,7 @@ def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> 
     while True:
         text = err_path.read_text(errors="replace")
         if proc.poll() is not None:
-            raise RuntimeError(f"services.run exited with {proc.returncode}:\n{text[-2000:]}")
+            raise RuntimeError(f"services.commands.run exited with {proc.returncode}:\n{text[-2000:]}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"fleet not ready after {timeout:.0f} s:\n{text[-2000:]}")
         broker = re.search(r"run: embedded broker at (\S+)", text)
@@ -238,7 +239,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             subprocess.run([*CBGP, "register", name, str(path), *bootstrap], cwd=ROOT, check=True,
                            capture_output=True, text=True, timeout=120)
         time.sleep(3.0)  # the plans reach every worker (registered before any data: nothing to snapshot)
-        settings = KafkaSettings(bootstrap_servers=fleet["broker"])  # services.run's topics
+        settings = KafkaSettings(bootstrap_servers=fleet["broker"])  # services.commands.run's topics
         producer = make_producer(settings, linger_ms=1) if args.paced else None
         cpu = CpuTracker(proc.pid)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -334,7 +335,7 @@ def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: i
     """The routed records per partition and the updates.encoded records ingest makes of ``updates`` (raw
     records of ``chunk`` lines, no Kafka); ``terms``: filled with the dictionary topic's entries."""
     from services import codec
-    from services.ingest import IngestProcessor, RawRecord
+    from services.ingest.core import IngestProcessor, RawRecord
 
     ingest = IngestProcessor(KafkaSettings(topic_prefix="m."), partitions, partitions)
     lines = patch_lines(updates)
@@ -355,14 +356,15 @@ def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: i
 
 def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], placement: str,
                     terms: dict[int, str]) -> dict:
-    """The workers' cores (services.worker_core, codec included) with one routed partition each, fed their
+    """The workers' cores (services.worker.core, codec included) with one routed partition each, fed their
     logs round robin (3 records a turn, then a flush: one transaction), probes written back to the logs they
     go to; the whole shard of each query on its owner (single-owner); ``terms``: the dictionary topic (what
     FILTERs read).  CPU seconds per core (process time), and the state entries at the end."""
-    from cbgp.plan import SINGLE_OWNER
+    from cbgp.query.plan import SINGLE_OWNER
     from services import codec
-    from services.records import query_partition
-    from services.worker_core import WorkerCore, decode_changes
+    from services.wire.records import query_partition
+    from services.worker.core import WorkerCore
+    from services.worker.shard import decode_changes
 
     n = len(routed)
     logs = {p: list(records) for p, records in routed.items()}
@@ -424,16 +426,17 @@ def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], place
 
 
 def evaluator_in_memory(updates: list[lsbench.UpdateRow], query: str, partitions: int) -> dict:
-    """cbgp.distributed alone: every change to the PartitionEvaluator of its subject's and object's partitions
+    """cbgp.distributed.evaluator alone: every change to the PartitionEvaluator of its subject's and object's partitions
     (in seq order, each advancing its frontier; every partition's frontier moved every 500 changes, as ingest's
     marks do), probes and acks handed over as objects until none is left;
     against one plain Engine applying the same changes.  CPU seconds (process time) of each."""
-    from cbgp.distributed import PartitionEvaluator, compile_component
-    from cbgp.engine import Engine
-    from cbgp.plan import decompose
-    from cbgp.sparql import parse_query
+    from cbgp.distributed.evaluator import PartitionEvaluator
+    from cbgp.distributed.program import compile_component
+    from cbgp.engine.engine import Engine
+    from cbgp.query.plan import decompose
+    from cbgp.query.sparql import parse_query
     from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
-    from services.records import routes
+    from cbgp.change import routes
 
     dictionary = TermDictionary(stable=True)
     encode = dictionary.encode

@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 import lsbench  # noqa: E402
 
 from cbgp.algebra import OperatorQuery, OperatorQuerySpec, analyse  # noqa: E402
-from cbgp.engine import Engine  # noqa: E402
+from cbgp.engine.engine import Engine  # noqa: E402
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary  # noqa: E402
 
 PREFIXES = """PREFIX rdf: <http://www.w3.org/1999/02/22-rdf-syntax-ns#>

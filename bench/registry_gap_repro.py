@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services import codec  # noqa: E402
-from services.kafka import ensure_topics, make_producer, produce_sync, read_all  # noqa: E402
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer, produce_sync, read_all  # noqa: E402
 from services.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from tests.fleet_support import QUERIES, Fleet  # noqa: E402
 

@@ -7,7 +7,7 @@ final state), then the rest of the history deletes and re-inserts them (churn th
 dictionary as they were).  Each history is written to fresh topics as ingest writes it (the Kafka-free
 ``IngestProcessor`` over raw records of 1,000 lines, its updates.encoded and dictionary outputs produced), and
 its checkpoint is saved where a running ingest would have made its last one: before the last 2,000 updates
-(the same tail for both histories).  Then the restore (``services.ingest.restore``: open the store, load the
+(the same tail for both histories).  Then the restore (``services.ingest.service.restore``: open the store, load the
 checkpoint, read the logs from its positions, or everything from offset 0 without one) is timed, median of
 three runs, and checked against the processor's final state.  The restore rate (state entries, triples plus
 terms, per second of the checkpoint restore) is measured on a larger state: ``--rate-triples`` (100,000) triples
@@ -21,13 +21,13 @@ routed logs) and two friend-of-friend queries (plain and DISTINCT, which answer 
 them over 4 routed partitions, checkpoints every shard into a RocksDB store before the last
 ``--tail`` updates and applies the rest; then every shard is opened again at its committed offset, from the
 checkpoint and from offset 0 (what a restarted worker does), timed, and the restored states are checked equal
-(``tests/services/test_worker_checkpoint.py`` checks the outputs after such restores byte for byte).  The
+(``tests/services/worker/test_worker_checkpoint.py`` checks the outputs after such restores byte for byte).  The
 broker's fetch of the logs' tails is not in these figures (ingest's restore above has it); a third case,
 "from Kafka", writes the same checkpoint to the embedded broker's checkpoint topics and restores with no
 checkpoint on disk, so it reads them back first (what a worker that takes over a partition does).
 
 The answers service's partitions likewise: the worker's deltas.parts records go through the release and the
-answers core over 4 partitions, each checkpointed (``services.answers_checkpoint``) where the worker's
+answers core over 4 partitions, each checkpointed (``services.answers.checkpoint``) where the worker's
 checkpoint was taken; then every partition is restored from its checkpoint plus the answers and deltas after it,
 and from offset 0, timed, and the restored answer streams checked equal to the live ones.
 
@@ -56,12 +56,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lsbench import DEFAULT_DATA, build_updates, load_or_generate  # noqa: E402
 
-from services.ingest import KIND as INGEST_KIND  # noqa: E402
-from services.ingest import IngestProcessor, RawRecord, restore, save_checkpoint  # noqa: E402
+from services.ingest.service import KIND as INGEST_KIND  # noqa: E402
+from services.ingest.core import IngestProcessor, RawRecord
+from services.ingest.service import restore, save_checkpoint  # noqa: E402
 from services.kafka.checkpoint_log import CheckpointLog  # noqa: E402
-from services.runtime import commit_transaction  # noqa: E402
-from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics, make_producer  # noqa: E402
-from services.state import Store, presence  # noqa: E402
+from services.runtime.life import commit_transaction  # noqa: E402
+from services.kafka.broker import EmbeddedBroker
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer  # noqa: E402
+from services.state.store import Store
+from services.state import presence  # noqa: E402
 
 HISTORIES = (20_000, 200_000)
 LINES_PER_RECORD = 1000
@@ -154,10 +159,11 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
     from offset 0), from the logs below the checkpoint or (case ``base``) from ingest's snapshot moved there."""
     from services import codec
     from services.kafka.checkpoint_log import CheckpointLog
-    from services.runtime import commit_transaction
+    from services.runtime.life import commit_transaction
     from services.state.shards import ShardCheckpoints
-    from services.worker_core import WorkerCore, decode_changes
-    from services.worker_core.base import IngestSnapshot
+    from services.worker.core import WorkerCore
+    from services.worker.shard import decode_changes
+    from services.worker.snapshots import IngestSnapshot
 
     n = WORKER_PARTITIONS
     queries = {p.stem: p.read_text() for p in sorted((Path(__file__).parent / "queries").glob("*.rq"))}
@@ -263,7 +269,7 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
                     worker.open_shard(*key, committed[key], metadata)
                 times[case].append(time.perf_counter() - started)
                 follow[case] = worker
-        # (tests/services/test_worker_checkpoint.py checks the outputs after such restores byte for byte)
+        # (tests/services/worker/test_worker_checkpoint.py checks the outputs after such restores byte for byte)
         for case in follow:
             assert {k: s.state_entries() for k, s in follow[case].shards.items()} == \
                 {k: s.state_entries() for k, s in follow["offset0"].shards.items()}, f"restored states differ ({case})"
@@ -272,12 +278,12 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
 
 def answers_restores(made: dict, runs: int) -> dict[str, float]:
     """Seconds (median of ``runs``) to restore every deltas.parts partition of the answers service after the
-    records ``made`` holds, from its checkpoint taken at ``made["cut"]`` (``services.answers_checkpoint``) and from
+    records ``made`` holds, from its checkpoint taken at ``made["cut"]`` (``services.answers.checkpoint``) and from
     offset 0, in memory; the restored states are checked equal."""
     from services import codec
-    from services.answers import AnswersCore
-    from services.answers_checkpoint import adopt, partition_blob
-    from services.release import SeqRelease
+    from services.answers.core import AnswersCore
+    from services.answers.checkpoint import adopt, partition_blob
+    from services.answers.release import SeqRelease
     from services.state.shards import load_shard
 
     deltas, terms, queries = made["deltas"], made["terms"], made["queries"]

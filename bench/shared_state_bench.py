@@ -64,7 +64,7 @@ def run_case(repo: Path, patch: Path, tags: list[str], n: int, work: Path) -> di
         args += ["--query", f"q{i}={q}"]
     out = work / f"deltas-{n}.jsonl"
     env = dict(os.environ, PYTHONPATH=str(repo))
-    command = [sys.executable, "-m", "services.cli", "replay", "--patch", str(patch), "--out", str(out), *args]
+    command = [sys.executable, "-m", "services.commands.main", "replay", "--patch", str(patch), "--out", str(out), *args]
     start = time.perf_counter()
     child = subprocess.Popen(command, env=env, cwd=str(repo), stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(child.pid, 0)

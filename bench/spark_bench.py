@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from spark.compaction import DELTA_SCHEMA, SnapshotStore, compact_batch  # noqa: E402
+from spark.compaction import DELTA_SCHEMA, compact_batch
+from spark.snapshot_store import SnapshotStore  # noqa: E402
 from spark.session import build_session  # noqa: E402
 
 
@@ -118,7 +119,6 @@ def produce_answer_log(producer, settings, deltas: int, queries: int, pool: int,
 def bench_kafka(spark: SparkSession, args: argparse.Namespace, work: Path, rows: list) -> None:
     from services.kafka.broker import EmbeddedBroker
     from services.kafka.client import make_producer
-    from services.kafka.config import KafkaSettings
     from services.kafka.topics import ensure_topics
     from spark.job import start_compaction
 

@@ -17,7 +17,7 @@ start, first batches):
   the trigger), the definition of ``bench/assembly_bench.py``.  p50 and p99 over the measured interval;
 - ``assembly``: part deltas of two multi-part queries (a two-star product and a gated star), one Kafka
   transaction per 50 updates, as a state worker writes them; generated and multiplied locally *before* the
-  run (``cbgp.assembly.Assembler``) so every transaction's answer count is known, then paced so that the
+  run (``cbgp.engine.assembly.Assembler``) so every transaction's answer count is known, then paced so that the
   answers they cause arrive at ``--assembly-rate`` answer deltas/s.  Sustained rate = answer deltas of the
   transactions the query finished within the interval / its length.  Afterwards the answer deltas on
   deltas.parts are counted and must equal the local count for everything finished;
@@ -51,12 +51,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cbgp.change import Change  # noqa: E402
-from cbgp.assembly import Assembler, split_parts  # noqa: E402
-from cbgp.engine import Engine  # noqa: E402
+from cbgp.engine.assembly import Assembler, split_parts  # noqa: E402
+from cbgp.engine.engine import Engine  # noqa: E402
 from cbgp.terms import TermDictionary, iri, literal  # noqa: E402
 from services import codec  # noqa: E402
-from services.kafka import EmbeddedBroker, KafkaSettings, ensure_topics, make_producer, read_all  # noqa: E402
-from services.runtime import query_partition  # noqa: E402
+from services.kafka.broker import EmbeddedBroker
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer, read_all  # noqa: E402
+from services.wire.records import query_partition  # noqa: E402
 from tests.fleet_support import publish_plan  # noqa: E402
 
 from spark_bench import produce_answer_log  # noqa: E402
@@ -393,7 +396,7 @@ def run_assembly(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # no
 
 
 def run_compaction(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # noqa: ANN001
-    from spark.compaction import SnapshotStore
+    from spark.snapshot_store import SnapshotStore
     from spark.job import start_compaction
     from spark.kafka_io import close_producers
 

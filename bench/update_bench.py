@@ -1,4 +1,4 @@
-"""Throughput of SPARQL Update delta extraction (`cbgp.update`) on a ~100k-quad store.
+"""Throughput of SPARQL Update delta extraction (`cbgp.inputs.sparql_update`) on a ~100k-quad store.
 
 Usage: .venv/bin/python bench/update_bench.py [--quads 100000] [--requests 2000]
 
@@ -24,7 +24,7 @@ import pyoxigraph as ox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cbgp.update import UpdateExtractor  # noqa: E402
+from cbgp.inputs.sparql_update import UpdateExtractor  # noqa: E402
 
 EX = "http://example.org/"
 GRAPHS = 10

@@ -1,5 +1,5 @@
 """The window evaluator alone, in-process: the stream and query of ``bench/spark_stream_bench.py``'s windows phase
-fed to ``spark.windows.window_group`` and persisted with ``spark.state_log.save`` (over in-memory stand-ins of
+fed to ``spark.window_stream.window_group`` and persisted with ``spark.state_log.save`` (over in-memory stand-ins of
 Spark's state) batch by batch, without Spark, Kafka or Arrow.  What the Spark job's stateful stage can do at
 best on one core.
 
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from cbgp.rspql import parse_rspql  # noqa: E402
-from cbgp.windows import WindowedQuery  # noqa: E402
+from cbgp.windows.rspql import parse_rspql  # noqa: E402
+from cbgp.windows.windowed import WindowedQuery  # noqa: E402
 from spark import state_log  # noqa: E402
-from spark import windows as spark_windows  # noqa: E402
+from spark import window_stream as spark_windows  # noqa: E402
 from spark_stream_bench import WINDOW_QUERIES, Vocabulary  # noqa: E402
 from tests.fixtures.memory_state import Rows, Value  # noqa: E402
 

@@ -6,7 +6,7 @@ console script itself cannot be the SparkApplication's mainApplicationFile.
 
 import sys
 
-from services.cli import main  # the installed `cbgp` entry point (engine + fleet commands)
+from services.commands.main import main  # the installed `cbgp` entry point (engine + fleet commands)
 
 if __name__ == "__main__":
     sys.argv = ["cbgp", "spark-job", *sys.argv[1:]]

@@ -2,5 +2,5 @@
 
 Everything that talks to a broker lives under this package; the algorithm (``cbgp``) never imports it.
 Shared plumbing: ``services.kafka`` (configuration, topics, clients, embedded broker, doctor),
-``services.codec`` (Avro single-object encoding) and ``services.metrics`` (Prometheus endpoints).
+``services.codec`` (Avro single-object encoding) and ``services.metrics.exposition`` (Prometheus endpoints).
 """

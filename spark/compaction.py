@@ -43,14 +43,14 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from services import codec
-from spark.answer_columns import Bindings, canonical_binding, current_answer_columns, decode_answer_values
-from spark.snapshot_store import MAX_GAP_RANGES, SNAPSHOT_SCHEMA, CompactionError, SnapshotStore
+from spark.answer_columns import Bindings, current_answer_columns, decode_answer_values
+from spark.snapshot_store import MAX_GAP_RANGES, SnapshotStore
 
 log = logging.getLogger(__name__)
 
 DELTA_SCHEMA = "query_id string, n long, sign int, binding string, error string, version int"
 
-__all__ = ["DELTA_SCHEMA", "SNAPSHOT_SCHEMA", "CompactionError", "FoldReport", "SnapshotStore", "canonical_binding",
+__all__ = ["DELTA_SCHEMA", "FoldReport", "SnapshotStore",
            "binding_terms", "current_key", "decode_answers", "compact_batch", "kafka_publisher", "delta_table"]
 
 

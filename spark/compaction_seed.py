@@ -7,7 +7,7 @@ whose deltas were deleted.  So a compaction with an empty snapshot and no stream
 start is gone, starts from ``answers.current`` instead -- which the answers service keeps equal to the fold of
 the whole log, in the same transactions as the answers:
 
-1. read ``answers.current`` at a consistent cut of ``answers`` (``services.usercli.reading.current_at_cut``: the
+1. read ``answers.current`` at a consistent cut of ``answers`` (``services.client.reading.current_at_cut``: the
    answers partitions' ends did not move during the read);
 2. fold what is left of the log below the cut, for each query's highest n and registration version there;
 3. write the current answers as the snapshot's first version, with those n (a query with no delta left below
@@ -26,9 +26,9 @@ from typing import Mapping
 
 import pyarrow as pa
 
-from services.kafka import end_offsets
+from services.kafka.client import end_offsets
 from services.kafka.config import KafkaSettings
-from services.usercli.reading import current_at_cut
+from services.client.reading import current_at_cut
 from spark.answer_columns import canonical_binding
 from spark.compaction import delta_table, fold
 from spark.kafka_io import read_ranges

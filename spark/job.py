@@ -15,8 +15,8 @@ restart is harmless for the reason above).
 
 Next to it, in the same session, two stateful streaming queries (``--trigger-interval``, default 1 s):
 
-- ``spark.windows``: event-time windows with expiry for windowed queries (updates.encoded in);
-- ``spark.assembly``: cartesian-product assembly of multi-part queries (part deltas of deltas.parts in);
+- ``spark.window_stream``: event-time windows with expiry for windowed queries (updates.encoded in);
+- ``spark.assembly_stream``: cartesian-product assembly of multi-part queries (part deltas of deltas.parts in);
 
 both write ``part = -1`` deltas to deltas.parts, numbered by the answers service like every other query's.
 ``--only`` picks a subset.  ``main`` waits on all of them and stops them all on SIGTERM; a query that fails
@@ -41,7 +41,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from services.kafka.config import KafkaConfigError, KafkaSettings, add_kafka_flags
-from spark.compaction import SnapshotStore, compact_batch, kafka_publisher
+from spark.snapshot_store import SnapshotStore
+from spark.compaction import compact_batch, kafka_publisher
 from spark.compaction_seed import needs_seed, seed_from_current
 from spark.kafka_io import read_ranges
 
@@ -119,10 +120,10 @@ DUTIES = ("windows", "assembly", "compaction")  # start order: the answer paths 
 
 def start_stateful(spark: SparkSession, settings: KafkaSettings, duty: str, checkpoint_dir: str | Path,
                    interval_s: float | None) -> StreamingQuery:
-    """Start ``spark.windows`` or ``spark.assembly`` against the fleet's topics."""
-    from services.kafka import end_offsets
-    from spark.assembly import start_assembly
-    from spark.windows import start_windows
+    """Start ``spark.window_stream`` or ``spark.assembly_stream`` against the fleet's topics."""
+    from services.kafka.client import end_offsets
+    from spark.assembly_stream import start_assembly
+    from spark.window_stream import start_windows
 
     topics = {name: settings.topic(name)
               for name in ("updates.encoded", "deltas.parts", "queries.plans", "dictionary")}
@@ -159,7 +160,7 @@ def cluster_identity(settings: KafkaSettings, timeout: float = 30.0) -> str:
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from services.kafka import make_consumer, make_producer
+    from services.kafka.client import make_consumer, make_producer
 
     topic = settings.topic(MARKER_TOPIC)
     admin = AdminClient(settings.admin_config())
@@ -210,7 +211,7 @@ def _checkpoint_offsets(checkpoint_dir: Path) -> dict[str, int] | None:
 
 def offsets_mismatch(settings: KafkaSettings, duty: str, checkpoint_dir: Path) -> str | None:
     """Why ``checkpoint_dir`` cannot belong to this cluster's source topic of ``duty`` (None if it can)."""
-    from services.kafka import end_offsets
+    from services.kafka.client import end_offsets
 
     offsets = _checkpoint_offsets(checkpoint_dir)
     if not offsets:

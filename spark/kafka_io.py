@@ -129,7 +129,7 @@ def _parse_offsets(spec: str, default: str) -> str | dict[str, int]:
         raise KafkaSourceError(f"offsets must be earliest, latest or JSON {{partition: offset}}, got {spec!r}") from exc
 
 
-class _OffsetPlanner:
+class OffsetPlanner:
     """Driver-side: one cached consumer answering watermark queries for the topic."""
 
     # A streaming query asks for the latest offsets at every trigger (every second, data or not): the topic's
@@ -310,7 +310,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = options
-        self.planner = _OffsetPlanner(options)
+        self.planner = OffsetPlanner(options)
         self.topic = self.planner.topic
         self.max_per_trigger = int(options.get("maxOffsetsPerTrigger", "0")) or None
         self._available_now_target: dict[str, int] | None = None
@@ -369,7 +369,7 @@ class KafkaBatchReader(DataSourceReader):
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = options
-        planner = _OffsetPlanner(options)
+        planner = OffsetPlanner(options)
         try:
             self.topic = planner.topic
             self.start = planner.resolve(_parse_offsets(options.get("startingOffsets", ""), "earliest"))
@@ -392,7 +392,7 @@ class KafkaBatchReader(DataSourceReader):
         return read_partition(self.options, partition)
 
 
-_PRODUCERS: dict[tuple, Any] = {}  # per process: client config -> producer (see reused_producer)
+PRODUCERS: dict[tuple, Any] = {}  # per process: client config -> producer (see reused_producer)
 
 
 class ProducedCount(WriterCommitMessage):
@@ -429,21 +429,21 @@ def reused_producer(config: Mapping[str, Any]) -> Iterator[Any]:
     from confluent_kafka import Producer
 
     key = tuple(sorted((k, str(v)) for k, v in config.items()))
-    producer = _PRODUCERS.get(key)
+    producer = PRODUCERS.get(key)
     if producer is None:
-        producer = _PRODUCERS[key] = Producer(dict(config))
+        producer = PRODUCERS[key] = Producer(dict(config))
     try:
         yield producer
     except BaseException:
-        _PRODUCERS.pop(key, None)
+        PRODUCERS.pop(key, None)
         raise
 
 
 def close_producers(timeout_s: float = 10.0) -> None:
     """Flush and drop this process's kept producers (before their broker goes away: a kept producer would log
     its reconnects until the process ends)."""
-    while _PRODUCERS:
-        _PRODUCERS.popitem()[1].flush(timeout_s)
+    while PRODUCERS:
+        PRODUCERS.popitem()[1].flush(timeout_s)
 
 
 def _produce_all(producer: Any, options: Mapping[str, str], names: set[str], fixed_topic: str | None, by_row: bool,

@@ -12,7 +12,7 @@ keep the state settings and change these:
   queries is split by query id over this many partitions).  It is fixed by a checkpoint's first run: a
   checkpoint keeps the value it was made with, so choose it before the first start;
 - ``spark.cbgp.windows.tasks`` (default 1): the same for the windowed queries, which run in one task unless
-  told otherwise (``spark.windows``: Python workers trade the tasks of a batch, and a traded window costs a
+  told otherwise (``spark.window_stream``: Python workers trade the tasks of a batch, and a traded window costs a
   replay of the batches it missed);
 - ``spark.driver.extraJavaOptions`` / ``spark.executor.extraJavaOptions``: drop the C1/serial-GC flags
   (long-running executors want the full JIT and G1);
@@ -61,7 +61,7 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.python.authenticate.socketTimeout": "120s",
     # Streaming queries here are small and frequent: don't keep 100 batches of metadata around.
     "spark.sql.streaming.minBatchesToRetain": "10",
-    # RocksDB state (transformWithStateInPandas, spark.windows / spark.assembly): a batch's commit writes a
+    # RocksDB state (transformWithStateInPandas, spark.window_stream / spark.assembly_stream): a batch's commit writes a
     # changelog of what it changed instead of a snapshot of every file, and writes do not read the old
     # value back just to keep a row count, so a commit costs what the batch changed, not the state size.
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",

@@ -1,6 +1,6 @@
 """Keyed state whose per-batch cost follows the batch, for ``transformWithStateInPandas`` processors.
 
-A query's evaluator (``cbgp.windows.WindowedQuery``, ``cbgp.assembly.Assembler``) is a Python object whose
+A query's evaluator (``cbgp.windows.windowed.WindowedQuery``, ``cbgp.engine.assembly.Assembler``) is a Python object whose
 state can be large (a window's content, a part's answers).  ``applyInPandasWithState`` stored it as one
 pickled value rewritten every batch, so each batch cost as much as the whole state.  Here a key's state is
 

@@ -11,7 +11,7 @@ import pyoxigraph as ox
 
 from cbgp.terms import from_oxigraph, to_oxigraph
 from services.codec import canonical_binding
-from services.registry import Registry
+from services.registry.core import Registry
 from tests.fleet_support import EX
 
 DERIVED = f"<{EX}adults>"  # the stream's named graph

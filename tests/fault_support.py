@@ -54,14 +54,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from cbgp.inputs import Update, parse_input
+from cbgp.inputs.formats import Update, parse_input
 from services import codec
-from services.answers import SOURCE_HEADER
+from services.answers.core import SOURCE_HEADER
 from services.codec import canonical_binding, term_from_avro
 
-from services.kafka import KafkaSettings, make_producer, produce_sync, read_all
+from services.kafka.config import KafkaSettings
+from services.kafka.client import make_producer, produce_sync, read_all
 from services.kafka.broker import EmbeddedBroker, free_port
-from services.kafka.floor import trim
+from services.commands.floor import trim
 from tests.fleet_support import CBGP, EX, QUERIES, Fleet, final_answers, generate_patch, read_current, replay
 from tests.oracle import OracleGraph
 

@@ -16,15 +16,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from cbgp.plan import decompose
+from cbgp.query.plan import decompose
 from cbgp.terms import from_sparql_json
 from confluent_kafka import KafkaException
 
 from services import codec
 from services.codec import canonical_binding, term_from_avro
-from services.kafka import KafkaSettings, end_offsets, make_producer, produce_sync, read_all
-from services.queries import read_query, read_registration
-from services.runtime import query_partition
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets, make_producer, produce_sync, read_all
+from services.wire.registrations import read_query, read_registration
+from services.wire.records import query_partition
 
 ROOT = Path(__file__).resolve().parents[1]
 CBGP = str(ROOT / ".venv" / "bin" / "cbgp")
@@ -168,7 +169,7 @@ def publish_plan(settings: KafkaSettings, query_id: str, sparql: str, version: i
     plain, window = read_registration(sparql, options or {})
     parsed, operators = read_query(plain, window)
     if parsed is None:  # an operator query, as the registry describes it
-        from services.registry import operator_columns, operator_placement, operator_plan
+        from services.registry.core import operator_columns, operator_placement, operator_plan
 
         plan_json, projected = operator_plan(operators, operator_placement(operators, False)), \
             operator_columns(operators)

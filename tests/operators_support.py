@@ -10,7 +10,7 @@ import pyoxigraph as ox
 
 from cbgp.terms import DEFAULT_GRAPH_ID, from_oxigraph, to_oxigraph
 from services.codec import canonical_binding
-from services.registry import Registry
+from services.registry.core import Registry
 from tests.fleet_support import EX
 
 XSD_BOOLEAN = "<http://www.w3.org/2001/XMLSchema#boolean>"

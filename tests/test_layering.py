@@ -1,18 +1,13 @@
-"""The package layers hold (issue 15): no import cycle, no upward import, no Kafka in the algorithm.
+"""The package layers hold: no import cycle, no upward import, no Kafka in the algorithm or the service cores,
+no private names or re-export shims across modules, and no module over 800 lines.
 
 Every module of ``cbgp/``, ``services/`` and ``spark/`` is read with :mod:`ast`; every ``import`` counts, at
-the top of a module and inside functions alike (a function-level import that closes a cycle is still a cycle:
-it only moves the failure from import time to call time).  No module is imported, so the test needs neither
-a broker nor Spark.
+the top of a module and inside functions alike (a function-level import that closes a cycle is still a cycle).
+No module is imported, so the test needs neither a broker nor Spark.
 
-Two graphs are built from the same imports:
-
-- **direct**: module -> the product module it names (``from a.b import c`` names ``a.b.c`` when that is a
-  module, else ``a.b``).  Cycles are looked for here: a submodule naming its own package's ``__init__`` while
-  the ``__init__`` re-exports it is how packages are built, so parent packages are not added.
-- **executed**: direct, plus the ``__init__`` of every package above each named module, since Python runs
-  those first.  What a Kafka-free module drags in is computed here: ``from services.kafka.topics import X``
-  runs ``services/kafka/__init__.py``, which imports confluent_kafka.
+Two graphs are built from the same imports: **direct** (module -> the product module it names; cycles are looked
+for here) and **executed** (direct, plus the ``__init__`` of every package above each named module, since Python
+runs those first; what a Kafka-free module drags in is computed here).
 """
 
 from __future__ import annotations
@@ -26,28 +21,40 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("cbgp", "services", "spark")
 KAFKA_SIDE = ("confluent_kafka", "faust", "aiokafka", "pyspark")
-# Modules documented as holding no Kafka code (their docstrings say so); cbgp/ as a whole is added below.
-KAFKA_FREE = ("services.worker_core", "services.release", "services.release_operators", "services.records",
-              "services.instruments",
-              "services.idempotence", "services.topology", "services.codec", "services.queries", "services.registry",
-              "services.worker_probes", "services.state", "services.background_core")
+
+# One folder per service: a Kafka-free core (``core.py`` and the modules beside it) and a Kafka side (these
+# basenames: the loop and wiring, and the gateway's topic and HTTP sides).
+SERVICE_FOLDERS = ("ingest", "worker", "answers", "registry", "background", "gateway")
+SERVICE_SIDE = ("service", "side_inputs", "kafka_io", "app", "server", "command")
+
+
+def _service_modules(kafka_side: bool) -> tuple[str, ...]:
+    found = []
+    for folder in SERVICE_FOLDERS:
+        for path in sorted((REPO / "services" / folder).glob("*.py")):
+            if path.stem != "__init__" and (path.stem in SERVICE_SIDE) == kafka_side:
+                found.append(f"services.{folder}.{path.stem}")
+    return tuple(found)
+
+
+CORES = _service_modules(kafka_side=False)
+# Kafka-free: the algorithm (added below), what travels between services, state, metric objects, service cores.
+KAFKA_FREE = ("services.wire", "services.codec", "services.state", "services.metrics.instruments") + CORES
 
 # The layers, lowest first: a module may import its own layer and those below, never one above.
 LAYERS = (
     ("algorithm", ("cbgp",)),
-    ("Kafka-free transforms, records and wire format",
-     ("services.records", "services.instruments", "services.idempotence", "services.topology", "services.codec",
-      "services.queries", "services.registry", "services.worker_probes", "services.worker_core",
-      "services.release", "services.release_operators", "services.answers_checkpoint", "services.state",
-      "services.background_core")),
+    ("records, wire format, state and metric objects", ("services.wire", "services.codec", "services.state",
+                                                        "services.metrics.instruments")),
+    ("service cores", CORES),
     ("Kafka plumbing", ("services.kafka", "services.metrics")),
-    ("service runtime", ("services.runtime", "services.runner", "services.state.recovery")),
-    ("services and the Spark job", ("services.ingest", "services.ingest_core", "services.worker", "services.answers",
-                                    "services.answers_inputs",
-                                    "services.background", "services.registry_faust",
-                                    "services.usercli", "services.gateway", "spark")),
-    ("command line and local runner", ("services.cli", "services.run", "services.supervise", "services.demo")),
+    ("service runtime and client", ("services.runtime", "services.client")),
+    ("services and the Spark job", _service_modules(kafka_side=True) + ("spark",)),
+    ("commands", ("services.commands",)),
 )
+# Packages whose __init__ is their public API (names listed in __all__); every other __init__ holds a docstring.
+API_PACKAGES = ("services.codec", "cbgp.algebra", "cbgp.background")
+MAX_MODULE_LINES = 800
 
 
 def _module_name(path: Path) -> str:
@@ -191,7 +198,7 @@ def kafka_side_imports(module: str) -> list[str]:
 
 def test_every_product_module_is_read() -> None:
     modules = product_modules()
-    assert {"cbgp.engine", "services.worker_core", "services.runtime", "spark.job"} <= set(modules)
+    assert {"cbgp.engine.engine", "services.worker.core", "services.runtime.life", "spark.job"} <= set(modules)
     assert "services.kafka" in modules and "services.kafka.client" in modules
 
 
@@ -241,13 +248,16 @@ def test_the_algorithm_package_imports_nothing_above_it() -> None:
 def test_spark_does_not_import_the_kafka_services_runtime() -> None:
     direct, _executed, _external = graphs()
     upward = [f"{m} imports {t}" for m in sorted(direct) if m.startswith("spark")
-              for t in sorted(direct[m]) if t in ("services.runtime", "services.cli", "services.run")]
+              for t in sorted(direct[m]) if t in ("services.runtime.life", "services.commands.main", "services.commands.run")]
     assert not upward, "\n  ".join(upward)
 
 
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
 def _kafka_free_modules() -> list[str]:
-    modules = product_modules()
-    return sorted({m for m in modules if m.split(".")[0] == "cbgp"} | set(KAFKA_FREE))
+    return sorted(m for m in product_modules() if m.split(".")[0] == "cbgp" or _within(m, KAFKA_FREE))
 
 
 @pytest.mark.parametrize("module", _kafka_free_modules())
@@ -258,24 +268,26 @@ def test_kafka_free_modules_import_no_kafka_or_spark_client(module: str) -> None
 
 def test_the_documented_kafka_free_modules_exist() -> None:
     assert set(KAFKA_FREE) <= set(product_modules())
+    assert {"services.ingest.core", "services.worker.core", "services.answers.core", "services.registry.core",
+            "services.background.core", "services.gateway.core"} <= set(CORES)
 
 
 def test_the_checks_see_what_they_look_for() -> None:
     """The graph sees function-level imports and package ``__init__``s (else the tests above prove nothing)."""
     direct, executed, external = graphs()
-    assert "spark.job" in direct["services.cli"] or any("spark.job" in direct[m] for m in direct)
+    assert "spark.job" in direct["services.commands.main"] or any("spark.job" in direct[m] for m in direct)
     assert "confluent_kafka" in external["services.kafka.client"]
     assert "services.kafka" in executed["services.kafka.topics"] or "services.kafka.topics" not in direct
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
-# One of each (issue 15 item 4): the names below are defined (assigned or def'd) in exactly one module.
+# One of each: the names below are defined (assigned or def'd) in exactly one module.
 ONE_HOME = {
-    "SNAPSHOT_INDEX_BASE": "services.idempotence", "WHOLE_SOURCE_PARTITION": "services.idempotence",
-    "WINDOW_SOURCE_PARTITION": "services.idempotence", "ASSEMBLY_SOURCE_BASE": "services.idempotence",
-    "ORDERED_SOURCE_BELOW": "services.idempotence", "WHOLE_QUERY_PART": "services.records",
-    "ORIGIN_HEADER": "services.records", "query_partition": "services.records", "dead_letter": "services.records",
-    # One representation of a change (issue 15 item 1) and the one routing function, in the algorithm package.
+    "SNAPSHOT_INDEX_BASE": "services.wire.idempotence", "WHOLE_SOURCE_PARTITION": "services.wire.idempotence",
+    "WINDOW_SOURCE_PARTITION": "services.wire.idempotence", "ASSEMBLY_SOURCE_BASE": "services.wire.idempotence",
+    "ORDERED_SOURCE_BELOW": "services.wire.idempotence", "WHOLE_QUERY_PART": "services.wire.records",
+    "ORIGIN_HEADER": "services.wire.records", "query_partition": "services.wire.records", "dead_letter": "services.wire.records",
+    # One representation of a change and the one routing function, in the algorithm package.
     "Change": "cbgp.change", "change_of": "cbgp.change", "routes": "cbgp.change", "partition_of": "cbgp.change", "ROLE_SUBJECT": "cbgp.change",
     "ROLE_OBJECT": "cbgp.change", "ROLE_BOTH": "cbgp.change",
 }
@@ -300,45 +312,18 @@ def test_keys_routing_and_dead_letters_have_one_home() -> None:
     for module, path in product_modules().items():
         text = path.read_text()
         for name in sorted(_definitions(path) & set(ONE_HOME)):
-            if module != ONE_HOME[name] and not (module == "services.ingest_core" and name == "routes"):
+            if module != ONE_HOME[name] and not (module == "services.ingest.core" and name == "routes"):
                 misplaced.append(f"{module} defines {name} (its home is {ONE_HOME[name]})")
-        if module != "services.records" and ('"DeadLetter", {' in text or '"DeadLetter", record' in text):
-            misplaced.append(f"{module} builds a DeadLetter record itself (use services.records.dead_letter)")
+        if module != "services.wire.records" and ('"DeadLetter", {' in text or '"DeadLetter", record' in text):
+            misplaced.append(f"{module} builds a DeadLetter record itself (use services.wire.records.dead_letter)")
     assert not misplaced, "\n  ".join(misplaced)
 
 
-# No module over 600 lines (issue 15): a module that long mixes jobs, so split it by job (re-exporting from the
-# old address keeps its importers unchanged).  The allow-list holds the modules still over the limit, each with
-# the reason; an entry whose module has come under the limit fails too, so the list shows exactly what is left.
-MAX_MODULE_LINES = 600
-OVER_THE_LIMIT: dict[str, str] = {
-    # empty: every module is under the limit (the last, cbgp.distributed, was split in c57229d)
-}
-
-
-def _module_lines() -> dict[str, int]:
-    return {module: len(path.read_text().splitlines()) for module, path in product_modules().items()}
-
-
-def test_no_product_module_is_over_600_lines() -> None:
-    over = sorted(f"{module} ({lines} lines)" for module, lines in _module_lines().items()
-                  if lines > MAX_MODULE_LINES and module not in OVER_THE_LIMIT)
-    assert not over, (f"modules over {MAX_MODULE_LINES} lines (split them by job, or add them to OVER_THE_LIMIT "
-                      "with the reason):\n  " + "\n  ".join(over))
-
-
-def test_the_size_allow_list_names_only_modules_still_over_the_limit() -> None:
-    lines = _module_lines()
-    stale = sorted(f"{module} ({lines.get(module, 0)} lines)" for module in OVER_THE_LIMIT
-                   if lines.get(module, 0) <= MAX_MODULE_LINES)
-    assert not stale, "no longer over the limit: remove from OVER_THE_LIMIT:\n  " + "\n  ".join(stale)
-
-
-# Tests mirror the tree (issue 15): a test module sits in the folder of what it tests -- tests/cbgp/... for the
+# Tests mirror the tree: a test module sits in the folder of what it tests -- tests/cbgp/... for the
 # algorithm, tests/services/... (kafka, gateway, usercli) for the services, tests/spark, tests/helm, tests/docker,
 # tests/schemas for the design card's folders -- or in tests/fleet when it runs the fleet end to end.  Shared
 # helpers (fixtures, oracles, fleet support) stay at the top of tests/, with this test, which covers every package.
-TEST_HOMES = {"cbgp", "services", "spark", "helm", "docker", "schemas", "fleet"}
+TEST_HOMES = {"cbgp", "services", "spark", "helm", "docker", "schemas", "fleet", "docs"}
 
 
 def test_tests_mirror_the_package_tree() -> None:
@@ -352,6 +337,153 @@ def test_tests_mirror_the_package_tree() -> None:
         home = parts[0]
         if home not in TEST_HOMES:
             misplaced.append(f"{path.relative_to(REPO)}: tests/{home} mirrors no folder of the product")
-        elif home not in ("fleet", "helm", "docker", "schemas") and not (REPO.joinpath(*parts[:-1])).is_dir():
+        elif home not in ("fleet", "helm", "docker", "schemas", "docs") and not (REPO.joinpath(*parts[:-1])).is_dir():
             misplaced.append(f"{path.relative_to(REPO)}: {'/'.join(parts[:-1])} is not a package of the product")
     assert not misplaced, "\n  ".join(misplaced)
+
+
+def test_services_are_folders_and_every_service_has_its_core_and_service() -> None:
+    loose = sorted(p.name for p in (REPO / "services").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"services/ holds folders only (one per service or plumbing concept): {loose}"
+    missing = [f"services/{folder}/{name}.py" for folder in SERVICE_FOLDERS for name in ("core", "service")
+               if not (REPO / "services" / folder / f"{name}.py").exists()]
+    assert not missing, f"every service folder has a Kafka-free core.py and a service.py: {missing}"
+
+
+def test_service_cores_and_kafka_free_layers_import_nothing_of_kafka() -> None:
+    """A core takes topic names and positions as values: it imports nothing of ``services.kafka`` (not even its
+    settings), so it is tested as plain calls."""
+    direct, _executed, _external = graphs()
+    found = [f"{m} imports {t}" for m in _kafka_free_modules() for t in sorted(direct[m])
+             if _within(t, ("services.kafka",))]
+    assert not found, "\n  ".join(found)
+
+
+def test_the_kafka_package_imports_nothing_of_the_services() -> None:
+    direct, _executed, _external = graphs()
+    allowed = ("services.kafka", "services.metrics", "services.wire", "services.codec")
+    found = [f"{m} imports {t}" for m in sorted(direct) if _within(m, ("services.kafka",))
+             for t in sorted(direct[m]) if t != "services" and not _within(t, allowed)]
+    assert not found, "services/kafka wraps the client and nothing else:\n  " + "\n  ".join(found)
+
+
+def _private_imports(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """``from a.b import _c`` of a product module, and ``module._c`` through a name bound to a product module."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and _resolve(node.module or "", modules):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in modules:
+                    bound[alias.asname or alias.name] = full
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{name} imports {node.module}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules and alias.asname:
+                    bound[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{name} uses {bound[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    """A name used elsewhere is public where it lives (tests count too: they are callers like any other)."""
+    modules = product_modules()
+    found = []
+    for name, path in modules.items():
+        found += _private_imports(name, path, modules)
+    for path in sorted((REPO / "tests").rglob("*.py")) + sorted((REPO / "bench").glob("*.py")):
+        found += _private_imports(str(path.relative_to(REPO)), path, modules)
+    assert not found, "\n  ".join(sorted(set(found)))
+
+
+def _unused_imports(path: Path, api: bool = False) -> list[str]:
+    """Product names ``path`` imports and never uses (in an API package's ``__init__``, those not in ``__all__``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    exported: set[str] = set()
+    for node in tree.body if api else ():
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            exported = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}  # type: ignore[attr-defined]
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            names += [a.asname or a.name for a in node.names]
+    return [n for n in names if n not in used and n not in exported and n != "*"]
+
+
+def test_no_module_re_exports_what_it_imports() -> None:
+    """No shims: a module imports what it uses.  Only the packages named in API_PACKAGES have an ``__init__`` that
+    gathers their public names (in ``__all__``); every other ``__init__`` holds a docstring and nothing else."""
+    problems = []
+    for name, path in product_modules().items():
+        text = path.read_text()
+        if "noqa: F401" in text:
+            problems.append(f"{name}: 'noqa: F401' (an import kept for its importers)")
+        unused = _unused_imports(path, api=name in API_PACKAGES)
+        if unused:
+            problems.append(f"{name} imports names it does not use: {', '.join(unused)}")
+        if path.name == "__init__.py" and name not in API_PACKAGES:
+            body = ast.parse(text).body
+            if any(not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) for node in body):
+                problems.append(f"{name}/__init__.py holds more than its docstring")
+    assert not problems, "\n  ".join(problems)
+
+
+def test_no_product_module_is_over_800_lines() -> None:
+    """A generous guard, a smell detector only: a module's size follows its concept."""
+    over = sorted(f"{m} ({n} lines)" for m, path in product_modules().items()
+                  if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES)
+    assert not over, "\n  ".join(over)
+
+
+# Basenames that are the same role in parallel folders (one per service, or the package marker).
+SHARED_BASENAMES = {"__init__", "core", "service", "checkpoint", "kafka_io"}
+
+
+def test_no_two_modules_share_a_basename_unless_they_are_the_same_role() -> None:
+    seen: dict[str, list[str]] = {}
+    for name, path in product_modules().items():
+        seen.setdefault(path.stem, []).append(name)
+    clashes = sorted(f"{stem}: {', '.join(names)}" for stem, names in seen.items()
+                     if len(names) > 1 and stem not in SHARED_BASENAMES)
+    assert not clashes, "\n  ".join(clashes)
+
+
+def _defined_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def test_every_name_is_imported_from_where_it_is_defined() -> None:
+    """``from a import X`` names the module that defines X (or a package's API, or a submodule): nothing passes
+    through a module that only imports it, so moving a name breaks its importers loudly instead of a shim."""
+    modules = product_modules()
+    defined = {name: _defined_names(path) for name, path in modules.items()}
+    found = []
+    paths = list(modules.items()) + [(str(p.relative_to(REPO)), p) for p in sorted((REPO / "tests").rglob("*.py"))]
+    paths += [(str(p.relative_to(REPO)), p) for p in sorted((REPO / "bench").glob("*.py"))]
+    for name, path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules):
+                continue
+            if node.module in API_PACKAGES:
+                continue
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in modules or alias.name in defined[node.module]:
+                    continue
+                found.append(f"{name} imports {alias.name} from {node.module}, which does not define it")
+    assert not found, "\n  ".join(sorted(set(found)))

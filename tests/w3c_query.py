@@ -26,7 +26,7 @@ from rdflib import Graph, Namespace
 from rdflib.collection import Collection
 
 from cbgp.algebra import ContinuousEngine, OperatorQuerySpec, analyse
-from cbgp.sparql import QueryError
+from cbgp.query.sparql import QueryError
 from cbgp.terms import from_rdflib
 
 ROOT = Path(__file__).parent / "data" / "w3c-query"
@@ -188,7 +188,7 @@ def _run_case(case: Case, seed: int) -> Outcome:
             return Outcome(case, "out-of-scope", "graph result for a non-CONSTRUCT query")
         from rdflib.compare import isomorphic
 
-        from cbgp.algebra.terms import to_rdflib
+        from cbgp.algebra.expressions import to_rdflib
 
         mine = Graph()
         for row in got:
@@ -208,13 +208,13 @@ def _run_case(case: Case, seed: int) -> Outcome:
 
 
 def _by_value(rows: Counter) -> Counter:
-    from cbgp.algebra.terms import _NUMERIC_TYPES, numeric_value
+    from cbgp.algebra.expressions import NUMERIC_TYPES, numeric_value
     from cbgp.terms import split_literal
 
     def norm(term: str) -> str:
         if term.startswith('"') and term.endswith(">"):
             lexical, _, datatype = split_literal(term)
-            if datatype in _NUMERIC_TYPES:
+            if datatype in NUMERIC_TYPES:
                 value = numeric_value(lexical, datatype)
                 if value is not None:
                     return f"{float(value)!r}^^{datatype}"

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from services.ingest import IngestProcessor, RawRecord
-from services.kafka import KafkaSettings
-from services.worker_core import decode_changes
-from services.worker_core.base import IngestSnapshot
+from services.ingest.core import IngestProcessor, RawRecord
+from services.kafka.config import KafkaSettings
+from services.worker.shard import decode_changes
+from services.worker.snapshots import IngestSnapshot
 
 SETTINGS = KafkaSettings(topic_prefix="u.")
 TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updates.routed": "u.updates.routed"}

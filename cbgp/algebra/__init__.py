@@ -17,8 +17,10 @@ DESCRIBE, RAND/NOW/UUID/STRUUID/BNODE (their answers could not be retracted), EX
 or with FILTER/BIND/OPTIONAL/MINUS/EXISTS/aggregates inside it.
 """
 
-from cbgp.algebra import pickling  # noqa: F401 - registers how rdflib's expression nodes pickle
+from cbgp.algebra.pickling import register as register_pickling
 from cbgp.algebra.compile import OperatorQuerySpec, analyse
-from cbgp.algebra.runtime import ContinuousEngine, OperatorQuery
+from cbgp.algebra.continuous import ContinuousEngine, OperatorQuery
 
 __all__ = ["ContinuousEngine", "OperatorQuery", "OperatorQuerySpec", "analyse"]
+
+register_pickling()  # operator trees hold rdflib expression nodes, and checkpoints pickle them

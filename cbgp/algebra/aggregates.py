@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from cbgp.algebra.operators import Delta, Operator, Row, add
-from cbgp.algebra.terms import XSD, Terms, format_decimal, format_double
+from cbgp.algebra.expressions import XSD, Terms, format_decimal, format_double
 from cbgp.terms import literal, split_literal
 
 

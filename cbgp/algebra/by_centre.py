@@ -3,14 +3,14 @@ live, the operators applied where the leaves' deltas are released in seq order.
 
 An operator query (FILTER, OPTIONAL, UNION, aggregates, ...) is a tree over BGP *leaves*
 (``cbgp.algebra.compile``).  Each leaf is a plain BGP, so it is placed like any BGP query
-(``cbgp.plan.Plan.placement``): a star or a single-centre component in the routed partitions' engines, a
+(``cbgp.query.plan.Plan.placement``): a star or a single-centre component in the routed partitions' engines, a
 multi-centre component by probes, a product's parts each by centre.  :func:`leaf_parts` numbers every part of
 every leaf once (``LeafPart.index``, the fleet's ``PartDelta.part``); the workers evaluate them and the answers
-service releases their deltas in seq order (``services.release``), where :class:`OperatorAssembler` multiplies
-a multi-part leaf's parts (``cbgp.assembly``) and pushes each update's net leaf deltas through the operators
-(:class:`cbgp.algebra.runtime.OperatorTree`), exactly as the single owner's private engine would.
+service releases their deltas in seq order (``services.answers.release``), where :class:`OperatorAssembler` multiplies
+a multi-part leaf's parts (``cbgp.engine.assembly``) and pushes each update's net leaf deltas through the operators
+(:class:`cbgp.algebra.continuous.OperatorTree`), exactly as the single owner's private engine would.
 
-A FILTER pushed into a leaf's pattern (``cbgp.algebra.runtime.FilterGate``) goes with it, or with the part of a
+A FILTER pushed into a leaf's pattern (``cbgp.algebra.continuous.FilterGate``) goes with it, or with the part of a
 product leaf that holds the pattern (``LeafPart.pushed``): the shard keeps the changes it rejects out of that
 leaf's (part's) state.  The filters stay in
 the tree too, where they decide the answers.  No Kafka here.
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec
 from cbgp.algebra.operators import Delta, add, remapper
-from cbgp.algebra.runtime import OperatorTree
-from cbgp.algebra.terms import Terms
-from cbgp.assembly import assembler_for, split_parts
-from cbgp.plan import BY_CENTRE, Plan, decompose
-from cbgp.sparql import parse_query
+from cbgp.algebra.continuous import OperatorTree
+from cbgp.algebra.expressions import Terms
+from cbgp.engine.assembly import assembler_for, split_parts
+from cbgp.query.plan import BY_CENTRE, Plan, decompose
+from cbgp.query.sparql import parse_query
 from cbgp.terms import TermDictionary
 
 

@@ -5,7 +5,7 @@ from a query that needs operators (`OperatorQuerySpec`), and rejects what is
 still out of scope with one `QueryError` naming the construct, its line and
 column.  `Builder` turns the algebra into operators against a term dictionary;
 the BGP leaves it collects are registered in an `Engine` by the runtime
-(`cbgp.algebra.runtime`), or evaluated by `PatternLeaf` when a pattern has a
+(`cbgp.algebra.continuous`), or evaluated by `PatternLeaf` when a pattern has a
 variable predicate.
 
 Filter push-down: a FILTER directly over a BGP has its conjuncts on the
@@ -26,9 +26,9 @@ from cbgp.algebra.forms import Ask, Construct, TopK
 from cbgp.algebra.leaf import PatternLeaf
 from cbgp.algebra.operators import (Constant, Distinct, Extend, Filter, Join, Leaf, LeftJoin, Minus, Operator,
                                     Project, Union)
-from cbgp.algebra.terms import Terms, expression_variables, strict_comparisons
-from cbgp.sparql import (BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, _check_prefixes,
-                         _find_keyword, _translate_in_source_order, parse_query)
+from cbgp.algebra.expressions import Terms, expression_variables, strict_comparisons
+from cbgp.query.sparql import (BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, check_prefixes,
+                         find_keyword, translate_in_source_order, parse_query)
 from cbgp.terms import TermError, from_rdflib
 
 _NONDETERMINISTIC = {"Builtin_RAND": "RAND()", "Builtin_NOW": "NOW()", "Builtin_UUID": "UUID()",
@@ -75,18 +75,18 @@ def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
         parsed = parseQuery(text)
     except Exception:  # noqa: BLE001 - parse_query already said why, with its position
         raise original from None
-    _check_prefixes(text)
+    check_prefixes(text)
     try:
-        algebra = _translate_in_source_order(translateQuery, parsed)
+        algebra = translate_in_source_order(translateQuery, parsed)
     except Exception:  # noqa: BLE001
         raise original from None
     form = {"SelectQuery": "SELECT", "AskQuery": "ASK", "ConstructQuery": "CONSTRUCT"}.get(algebra.name)
     if form is None:
         keyword = "DESCRIBE" if algebra.name == "DescribeQuery" else algebra.name
-        line, column = _find_keyword(text, keyword)
+        line, column = find_keyword(text, keyword)
         raise QueryError(f"{keyword} queries are not supported: only SELECT, ASK and CONSTRUCT", line, column)
     if _opt(algebra, "datasetClause"):
-        line, column = _find_keyword(text, "FROM")
+        line, column = find_keyword(text, "FROM")
         raise QueryError("FROM / FROM NAMED dataset clauses are not supported", line, column)
     strict_comparisons(algebra)
     spec = OperatorQuerySpec(text, form, algebra)
@@ -127,7 +127,7 @@ def _scratch_dictionary():  # noqa: ANN202
 
 
 def _reject(text: str, construct: str, *keywords: str, why: str = "") -> QueryError:
-    line, column = _find_keyword(text, *keywords) if keywords else (None, None)
+    line, column = find_keyword(text, *keywords) if keywords else (None, None)
     return QueryError(f"{construct} is not supported{': ' + why if why else ' in continuous queries'}",
                       line, column)
 
@@ -288,9 +288,9 @@ class Builder:
         predicate_var = False
         for s, p, o in triples:
             if isinstance(p, Path):
-                from cbgp.sparql import _find_path_operator
+                from cbgp.query.sparql import find_path_operator
 
-                line, column = _find_path_operator(self.text)
+                line, column = find_path_operator(self.text)
                 raise QueryError("property paths are not supported: use a single IRI or a variable as predicate",
                                  line, column)
             if isinstance(s, Literal):

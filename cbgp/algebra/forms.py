@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 
 from cbgp.algebra.operators import Delta, Operator, Row, add
-from cbgp.algebra.terms import Terms
+from cbgp.algebra.expressions import Terms
 
 
 # --- ORDER BY + LIMIT/OFFSET ---------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable, Iterable
 
-from cbgp.algebra.terms import Terms, expression_variables
+from cbgp.algebra.expressions import Terms, expression_variables
 
 Row = tuple
 Delta = dict

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from rdflib.plugins.sparql.operators import TrueFilter
 from rdflib.plugins.sparql.parserutils import CompValue, Expr
 
-__all__: list[str] = []
+__all__ = ["register"]
 
 
 def _reduce(node: CompValue) -> tuple:
@@ -46,5 +46,7 @@ def _true_filter() -> Expr:
     return TrueFilter
 
 
-copyreg.pickle(CompValue, _reduce)
-copyreg.pickle(Expr, _reduce)
+def register() -> None:
+    """Make every pickle of the process use the reducer for rdflib's expression nodes (idempotent)."""
+    copyreg.pickle(CompValue, _reduce)
+    copyreg.pickle(Expr, _reduce)

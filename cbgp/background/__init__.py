@@ -9,7 +9,7 @@
 Pure Python: no Kafka here (the algorithm layer, tests/test_layering.py).
 """
 
-from .maintenance import (
+from cbgp.background.maintenance import (
     POLICIES,
     Alert,
     Election,
@@ -27,7 +27,7 @@ from .maintenance import (
     validity,
     wbm_scores,
 )
-from .view import ViewChange, Entry, LocalView, estimate_rate
+from cbgp.background.view import ViewChange, Entry, LocalView, estimate_rate
 
 __all__ = [
     "POLICIES", "Alert", "ViewChange", "Election", "Entry", "Evaluation", "LocalView", "Maintainer", "Policy", "Score",

@@ -60,7 +60,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from .view import ViewChange, Key, LocalView
+from cbgp.background.view import ViewChange, Key, LocalView
 
 PROPOSERS = ("WSJ", "GNR", "WST", "BST")
 RANKERS = ("RND", "LRU", "WBM", "WBM*", "WBMP")

@@ -17,7 +17,7 @@ import re
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
-from .view import Key
+from cbgp.background.view import Key
 
 Row = tuple[tuple[str, str], ...]
 

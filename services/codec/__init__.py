@@ -37,15 +37,17 @@ from services.codec.deltas import (PartDeltaColumns, decode_part_delta, encode_p
                                    part_delta_columns, part_deltas)
 from services.codec.generic import decode, decode_any, encode
 from services.codec.registry import (HEADER_LEN, MAGIC, NAMESPACE, SCHEMA_DIR, CodecError, crc64_avro, fingerprint,
-                                     record_names, schema)
-# Two private helpers the Spark jobs use (spark/windows.py: the cheap header check; spark/assembly.py: the
-# fingerprints of the schema history); they keep their old address ``codec._writer_name`` / ``codec._reg``.
-from services.codec.registry import _reg, _writer_name  # noqa: F401
+                                     record_names, reg, schema, writer_name)
+# Two private helpers the Spark jobs use (spark/window_stream.py: the cheap header check; spark/assembly_stream.py: the
+# fingerprints of the schema history); they keep their old address ``codec.writer_name`` / ``codec.reg``.
 
-__all__ = ["CodecError", "SCHEMA_DIR", "encode", "decode", "decode_any", "fingerprint", "record_names",
-           "crc64_avro", "MAGIC", "encode_routed", "encode_encoded", "decode_routed", "decode_encoded",
-           "decode_part_delta", "encode_part_delta", "encode_answer", "encode_current_answer",
-           "encode_routed_batch", "encode_encoded_batch", "inserted_at", "routed_changes", "encoded_changes",
-           "encoded_columns", "encoded_records",
-           "encode_part_delta_batch", "part_deltas", "part_delta_columns", "PartDeltaColumns",
-           "answer_binding", "BindingWriter", "json_string", "encode_answer_record", "encode_current_answer_record"]
+__all__ = [
+    "BindingWriter", "answer_binding", "canonical_binding", "current_key", "encode_answer", "encode_answer_record",
+    "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
+    "term_to_avro", "decode_encoded", "decode_routed", "encode_encoded", "encode_encoded_batch", "encode_routed",
+    "encode_routed_batch", "encoded_changes", "encoded_columns", "inserted_at", "encoded_records", "routed_changes",
+    "encode_frontier", "encode_probe_batch", "encode_probe_ready", "frontier_of", "probe_batch_of",
+    "probe_ready_of", "PartDeltaColumns", "decode_part_delta", "encode_part_delta", "encode_part_delta_batch",
+    "part_delta_columns", "part_deltas", "decode", "decode_any", "encode", "HEADER_LEN", "MAGIC", "NAMESPACE",
+    "SCHEMA_DIR", "CodecError", "crc64_avro", "fingerprint", "record_names", "reg", "schema", "writer_name"
+]

@@ -8,7 +8,7 @@ import functools
 import json
 from typing import Any, Mapping, Sequence
 
-from services.codec.binary import _cached_string, _header, _long, _string
+from services.codec.binary import cached_string, header, write_long, write_string
 
 # ---------------------------------------------------------------- SparqlTerm records and answer keys
 # Answers carry terms as Avro SparqlTerm records; inside the fleet a term is its canonical N-Triples string
@@ -67,15 +67,15 @@ _TERM_TYPE = {"uri": b"\x00", "literal": b"\x02", "bnode": b"\x04"}
 def _sparql_term(term: str) -> bytes:
     """The Avro SparqlTerm body of a canonical term string (cached: answers repeat terms)."""
     avro = term_to_avro(term)
-    return b"".join((_TERM_TYPE[avro["type"]], _string(avro["value"]),
-                     b"\x00" if avro["datatype"] is None else b"\x02" + _string(avro["datatype"]),
-                     b"\x00" if avro["lang"] is None else b"\x02" + _string(avro["lang"])))
+    return b"".join((_TERM_TYPE[avro["type"]], write_string(avro["value"]),
+                     b"\x00" if avro["datatype"] is None else b"\x02" + write_string(avro["datatype"]),
+                     b"\x00" if avro["lang"] is None else b"\x02" + write_string(avro["lang"])))
 
 
 def _binding_map(terms: Mapping[str, str]) -> list[bytes]:
-    items = [_long(len(terms))] if terms else []
+    items = [write_long(len(terms))] if terms else []
     for var, term in terms.items():
-        items.append(_cached_string(var))
+        items.append(cached_string(var))
         items.append(_sparql_term(term))
     items.append(b"\x00")
     return items
@@ -93,8 +93,8 @@ class BindingWriter:
     term_body = staticmethod(_sparql_term)  # a term's SparqlTerm body (cached)
 
     def __init__(self, variables: Sequence[str]) -> None:
-        self._prefix = _long(len(variables)) if variables else b""
-        self._keys = [_cached_string(var) for var in variables]
+        self._prefix = write_long(len(variables)) if variables else b""
+        self._keys = [cached_string(var) for var in variables]
 
     def write(self, bodies: Sequence[bytes]) -> bytes:
         """The map binding variable j to the term whose body is ``bodies[j]``."""
@@ -104,15 +104,15 @@ class BindingWriter:
 def encode_answer_record(query_id: str, n: int, seq: int, sign: str, binding: bytes, snapshot: bool,
                          produced_at_ms: int, version: int = 0) -> bytes:
     """An Answer whose binding map is already encoded (:func:`answer_binding`, :class:`BindingWriter`)."""
-    return b"".join((_header("Answer"), _cached_string(query_id), _long(n), _long(seq), _cached_string(sign),
-                     binding, b"\x01" if snapshot else b"\x00", _long(produced_at_ms), _long(version)))
+    return b"".join((header("Answer"), cached_string(query_id), write_long(n), write_long(seq), cached_string(sign),
+                     binding, b"\x01" if snapshot else b"\x00", write_long(produced_at_ms), write_long(version)))
 
 
 def encode_current_answer_record(query_id: str, binding: bytes, multiplicity: int, last_n: int,
                                  version: int = 0) -> bytes:
     """A CurrentAnswer whose binding map is already encoded."""
-    return b"".join((_header("CurrentAnswer"), _cached_string(query_id), binding, _long(multiplicity),
-                     _long(last_n), _long(version)))
+    return b"".join((header("CurrentAnswer"), cached_string(query_id), binding, write_long(multiplicity),
+                     write_long(last_n), write_long(version)))
 
 
 def encode_answer(query_id: str, n: int, seq: int, sign: str, terms: Mapping[str, str], snapshot: bool,

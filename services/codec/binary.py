@@ -1,7 +1,7 @@
 """Avro's binary primitives for the hot-path writers and readers (zig-zag varints, strings, unions, headers).
 
 The fixed-layout codecs of :mod:`services.codec.changes`, :mod:`services.codec.deltas` and
-:mod:`services.codec.answers` are built from these; :func:`_fast` runs a fixed-layout reader and falls back
+:mod:`services.codec.answers` are built from these; :func:`read_current` runs a fixed-layout reader and falls back
 to the generic :func:`services.codec.generic.decode` for anything not written with the current schema.
 """
 
@@ -22,7 +22,7 @@ _VARINT_CACHE: dict[int, bytes] = {}
 _VARINT_CACHE_MAX = 1 << 20
 
 
-def _long(n: int) -> bytes:
+def write_long(n: int) -> bytes:
     """Avro ``long``: zig-zag, then base-128 varint (term ids repeat, so their encodings are cached)."""
     found = _VARINT_CACHE.get(n)
     if found is not None:
@@ -39,17 +39,17 @@ def _long(n: int) -> bytes:
     return data
 
 
-def _string(text: str) -> bytes:
+def write_string(text: str) -> bytes:
     data = text.encode("utf-8")
-    return _long(len(data)) + data
+    return write_long(len(data)) + data
 
 
-def _optional_long(n: int | None) -> bytes:
-    return b"\x00" if n is None else b"\x02" + _long(n)
+def optional_long(n: int | None) -> bytes:
+    return b"\x00" if n is None else b"\x02" + write_long(n)
 
 
 @functools.cache
-def _header(record_name: str) -> bytes:
+def header(record_name: str) -> bytes:
     return MAGIC + fingerprint(record_name)
 
 
@@ -58,10 +58,10 @@ def _header(record_name: str) -> bytes:
 # The same idea for reading: a record written with the *current* schema has a fixed layout, read here
 # field by field (~4x faster than fastavro's generic reader).  Anything else -- an older writer schema,
 # or bytes that are not a current record -- goes through :func:`decode`, which resolves or reports it, so
-# these are exact drop-ins.  tests/services/test_codec_fast.py checks them against :func:`decode` on random records.
+# these are exact drop-ins.  tests/services/codec/test_codec_fast.py checks them against :func:`decode` on random records.
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_long(data: bytes, pos: int) -> tuple[int, int]:
     """Avro ``long`` at ``pos``: ``(value, next pos)``; IndexError when the bytes end inside it."""
     byte = data[pos]
     pos += 1
@@ -75,26 +75,26 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     return (z >> 1) ^ -(z & 1), pos
 
 
-def _text(data: bytes, pos: int) -> tuple[str, int]:
-    size, pos = _varint(data, pos)
+def read_string(data: bytes, pos: int) -> tuple[str, int]:
+    size, pos = read_long(data, pos)
     end = pos + size
     if size < 0 or end > len(data):
         raise IndexError("string runs past the end")
     return data[pos:end].decode("utf-8"), end
 
 
-def _optional(data: bytes, pos: int) -> tuple[int | None, int]:
-    branch, pos = _varint(data, pos)
+def optional(data: bytes, pos: int) -> tuple[int | None, int]:
+    branch, pos = read_long(data, pos)
     if branch == 0:
         return None, pos
     if branch != 1:
         raise IndexError(f"union branch {branch}")
-    return _varint(data, pos)
+    return read_long(data, pos)
 
 
-def _fast(record_name: str, data: bytes, read):  # noqa: ANN001, ANN202 - internal dispatch
+def read_current(record_name: str, data: bytes, read):  # noqa: ANN001, ANN202 - internal dispatch
     """``read(data)`` when ``data`` is a current-schema ``record_name``; else None (use the generic path)."""
-    if data[:HEADER_LEN] != _header(record_name):
+    if data[:HEADER_LEN] != header(record_name):
         return None
     try:
         value, end = read(data)
@@ -104,6 +104,6 @@ def _fast(record_name: str, data: bytes, read):  # noqa: ANN001, ANN202 - intern
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _cached_string(text: str) -> bytes:
-    """:func:`_string` for query ids and variable names, which repeat on every record."""
-    return _string(text)
+def cached_string(text: str) -> bytes:
+    """:func:`write_string` for query ids and variable names, which repeat on every record."""
+    return write_string(text)

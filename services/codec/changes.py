@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 from cbgp.change import ROLE_BOTH, ROLE_NAMES, Change, change_of
 
-from services.codec.binary import _fast, _header, _long, _optional, _optional_long, _string, _text, _varint
-from services.codec.generic import _columns, decode, encode
-from services.codec.registry import HEADER_LEN, CodecError, _writer_name
+from services.codec.binary import read_current, header, write_long, optional, optional_long, write_string, read_string, read_long
+from services.codec.generic import record_columns, decode, encode
+from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
 _OP = {"ADD": b"\x00", "DEL": b"\x02"}
 _ROLE = {"SUBJECT": b"\x00", "OBJECT": b"\x02", "BOTH": b"\x04"}
@@ -23,15 +23,15 @@ _ROLE = {"SUBJECT": b"\x00", "OBJECT": b"\x02", "BOTH": b"\x04"}
 
 def encode_routed(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None, role: str) -> bytes:
     """``encode("RoutedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
-    return b"".join((_header("RoutedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
-                     _long(g), _optional_long(event_time_ms), _ROLE[role]))
+    return b"".join((header("RoutedUpdate"), write_long(seq), _OP[op], write_long(s), write_long(p), write_long(o),
+                     write_long(g), optional_long(event_time_ms), _ROLE[role]))
 
 
 def encode_encoded(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None,
                    topic: str, partition: int, offset: int, refresh: bool = False) -> bytes:
     """``encode("EncodedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
-    return b"".join((_header("EncodedUpdate"), _long(seq), _OP[op], _long(s), _long(p), _long(o),
-                     _long(g), _optional_long(event_time_ms), _string(topic), _long(partition), _long(offset),
+    return b"".join((header("EncodedUpdate"), write_long(seq), _OP[op], write_long(s), write_long(p), write_long(o),
+                     write_long(g), optional_long(event_time_ms), write_string(topic), write_long(partition), write_long(offset),
                      b"\x01" if refresh else b"\x00"))
 
 
@@ -41,7 +41,7 @@ _ROLE_OF_INDEX = tuple(_ROLE_OF_NAME[name] for name in ("SUBJECT", "OBJECT", "BO
 
 
 def _op_sign(data: bytes, pos: int) -> tuple[int, int]:
-    index, pos = _varint(data, pos)
+    index, pos = read_long(data, pos)
     if not 0 <= index < 2:
         raise IndexError(f"Op index {index}")
     return _SIGN_OF_OP[index], pos
@@ -50,19 +50,19 @@ def _op_sign(data: bytes, pos: int) -> tuple[int, int]:
 def _read_change(data: bytes) -> tuple[tuple, int]:
     """The fields RoutedUpdate and EncodedUpdate start with: ``(seq, sign, s, p, o, g, event_time_ms)``."""
     pos = HEADER_LEN
-    seq, pos = _varint(data, pos)
+    seq, pos = read_long(data, pos)
     sign, pos = _op_sign(data, pos)
-    s, pos = _varint(data, pos)
-    p, pos = _varint(data, pos)
-    o, pos = _varint(data, pos)
-    g, pos = _varint(data, pos)
-    event_time_ms, pos = _optional(data, pos)
+    s, pos = read_long(data, pos)
+    p, pos = read_long(data, pos)
+    o, pos = read_long(data, pos)
+    g, pos = read_long(data, pos)
+    event_time_ms, pos = optional(data, pos)
     return (seq, sign, s, p, o, g, event_time_ms), pos
 
 
 def _read_routed(data: bytes) -> tuple[Change, int]:
     change, pos = _read_change(data)
-    role, pos = _varint(data, pos)
+    role, pos = read_long(data, pos)
     if not 0 <= role < 3:
         raise IndexError(f"Role index {role}")
     return Change(*change, _ROLE_OF_INDEX[role]), pos
@@ -70,7 +70,7 @@ def _read_routed(data: bytes) -> tuple[Change, int]:
 
 def decode_routed(data: bytes) -> Change:
     """A RoutedUpdate as a :class:`Change`."""
-    found = _fast("RoutedUpdate", data, _read_routed)
+    found = read_current("RoutedUpdate", data, _read_routed)
     if found is not None:
         return found
     r = decode("RoutedUpdate", data)
@@ -80,9 +80,9 @@ def decode_routed(data: bytes) -> Change:
 
 def _read_encoded(data: bytes) -> tuple[tuple, int]:
     change, pos = _read_change(data)
-    _topic, pos = _text(data, pos)
-    _partition, pos = _varint(data, pos)
-    _offset, pos = _varint(data, pos)
+    _topic, pos = read_string(data, pos)
+    _partition, pos = read_long(data, pos)
+    _offset, pos = read_long(data, pos)
     refresh = data[pos]
     if refresh > 1:
         raise IndexError(f"boolean byte {refresh}")
@@ -92,7 +92,7 @@ def _read_encoded(data: bytes) -> tuple[tuple, int]:
 def decode_encoded(data: bytes) -> Change:
     """An EncodedUpdate as a :class:`Change` (its source is not needed on the data path: :func:`decode`
     returns it)."""
-    found = _fast("EncodedUpdate", data, _read_encoded)
+    found = read_current("EncodedUpdate", data, _read_encoded)
     if found is not None:
         return found
     r = decode("EncodedUpdate", data)
@@ -138,7 +138,7 @@ def inserted_at(data: bytes) -> list[int]:
     """Per change of a RoutedBatch or EncodedBatch record, the seq of the insert a delete undoes (0 for an
     insert, -1 unknown); empty for a record with no delete, one written before ingest kept them, or of another
     kind.  Raises :class:`CodecError`."""
-    name = _writer_name(data)
+    name = writer_name(data)
     if name not in ("RoutedBatch", "EncodedBatch"):
         return []
     record = decode(name, data)
@@ -151,11 +151,11 @@ def inserted_at(data: bytes) -> list[int]:
 def routed_changes(data: bytes) -> list[Change]:
     """The changes of an updates.routed record (a RoutedBatch, or a format-1 RoutedUpdate), each with its
     role (none for a Frontier mark or a ProbeBatch); raises :class:`CodecError`."""
-    if _writer_name(data) in ("Frontier", "ProbeBatch"):
+    if writer_name(data) in ("Frontier", "ProbeBatch"):
         return []
-    if _writer_name(data) != "RoutedBatch":
+    if writer_name(data) != "RoutedBatch":
         return [decode_routed(data)]
-    seq, op, s, p, o, g, event_time, role = _columns("RoutedBatch", decode("RoutedBatch", data), (
+    seq, op, s, p, o, g, event_time, role = record_columns("RoutedBatch", decode("RoutedBatch", data), (
         "seq", "op", "s", "p", "o", "g", "event_time_ms", "role"))
     return list(map(change_of, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time,
                                    map(_ROLE_OF_NAME.__getitem__, role), repeat(False))))
@@ -164,9 +164,9 @@ def routed_changes(data: bytes) -> list[Change]:
 def encoded_changes(data: bytes) -> list[Change]:
     """The changes of an updates.encoded record (an EncodedBatch, or a format-1 EncodedUpdate), refreshes
     included (role ``ROLE_BOTH``); raises :class:`CodecError`."""
-    if _writer_name(data) != "EncodedBatch":
+    if writer_name(data) != "EncodedBatch":
         return [decode_encoded(data)]
-    seq, op, s, p, o, g, event_time, refresh = _columns("EncodedBatch", decode("EncodedBatch", data), (
+    seq, op, s, p, o, g, event_time, refresh = record_columns("EncodedBatch", decode("EncodedBatch", data), (
         "seq", "op", "s", "p", "o", "g", "event_time_ms", "refresh"))
     return list(map(change_of, zip(seq, map(_SIGN.__getitem__, op), s, p, o, g, event_time, repeat(ROLE_BOTH),
                                    refresh)))
@@ -175,9 +175,9 @@ def encoded_changes(data: bytes) -> list[Change]:
 def encoded_columns(data: bytes) -> tuple[list, ...] | None:
     """An EncodedBatch's ``(seq, diff, s, p, o, g, event_time_ms)`` columns, for vectorised readers (the Spark
     job's windows); None for a record of another kind; raises :class:`CodecError` on a corrupt batch."""
-    if _writer_name(data) != "EncodedBatch":
+    if writer_name(data) != "EncodedBatch":
         return None
-    seq, op, s, p, o, g, event_time = _columns("EncodedBatch", decode("EncodedBatch", data), (
+    seq, op, s, p, o, g, event_time = record_columns("EncodedBatch", decode("EncodedBatch", data), (
         "seq", "op", "s", "p", "o", "g", "event_time_ms"))
     return seq, [_SIGN[x] for x in op], s, p, o, g, event_time
 
@@ -185,11 +185,11 @@ def encoded_columns(data: bytes) -> tuple[list, ...] | None:
 def encoded_records(data: bytes) -> list[dict[str, Any]]:
     """The changes of an updates.encoded record as EncodedUpdate dicts (with ``source``), for tools, tests
     and restores that want every field; raises :class:`CodecError`."""
-    if _writer_name(data) != "EncodedBatch":
+    if writer_name(data) != "EncodedBatch":
         return [decode("EncodedUpdate", data)]
     record = decode("EncodedBatch", data)
     fields = ("seq", "op", "s", "p", "o", "g", "event_time_ms", "source_partition", "source_offset", "refresh")
     topic = record["source_topic"]
     return [{"seq": seq, "op": op, "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
              "source": {"topic": topic, "partition": partition, "offset": offset}, "refresh": refresh}
-            for seq, op, s, p, o, g, t, partition, offset, refresh in zip(*_columns("EncodedBatch", record, fields))]
+            for seq, op, s, p, o, g, t, partition, offset, refresh in zip(*record_columns("EncodedBatch", record, fields))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from services.codec.generic import decode, encode
-from services.codec.registry import CodecError, _writer_name
+from services.codec.registry import CodecError, writer_name
 
 def encode_frontier(frontiers: Mapping[int, int]) -> bytes:
     """One Frontier record: routed partition -> the highest seq it has completed (see schemas/Frontier.avsc)."""
@@ -20,7 +20,7 @@ def encode_frontier(frontiers: Mapping[int, int]) -> bytes:
 
 def frontier_of(data: bytes) -> dict[int, int] | None:
     """The frontiers of a Frontier record, or None when ``data`` is another record (cheap: the header only)."""
-    if _writer_name(data) != "Frontier":
+    if writer_name(data) != "Frontier":
         return None
     record = decode("Frontier", data)
     if len(record["partition"]) != len(record["seq"]):
@@ -36,7 +36,7 @@ _ACK_COLUMNS = ("ack_query", "ack_seq", "ack_delta", "ack_snapshot")
 def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
                        registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = (),
                        segments: Sequence[tuple] | None = None) -> bytes:
-    """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed`` probes and acks (written column
+    """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed.evaluator`` probes and acks (written column
     by column), ``(query, as_of)`` registrations, ``(partition, floor, queries)`` floors and
     ``(sender, cause, chunk, acks, probes[, query])`` segments (how the columns divide into what each step
     made, per query)."""
@@ -67,11 +67,11 @@ def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
 def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     """A ProbeBatch record decoded, or None when ``data`` is another record (cheap: the header only).
     ``probes`` are ``(query, seq, sign, triple, pattern, step, binding, origin, snapshot, born_ms, route)`` tuples
-    (the fields of ``cbgp.distributed.Probe`` after ``dest``) and ``acks``
+    (the fields of ``cbgp.distributed.evaluator.Probe`` after ``dest``) and ``acks``
     ``(query, seq, delta, snapshot)`` tuples, in their order; ``segments`` ``(sender, cause, chunk, acks,
     probes, query)`` tuples (query None: written before segments were per query), or None for a record written
     before segments."""
-    if _writer_name(data) != "ProbeBatch":
+    if writer_name(data) != "ProbeBatch":
         return None
     record = decode("ProbeBatch", data)
     queries = record["queries"]
@@ -114,6 +114,6 @@ def encode_probe_ready(query_id: str, version: int, partition: int, as_of: int) 
 
 def probe_ready_of(data: bytes | None) -> dict[str, Any] | None:
     """A ProbeReady record decoded, or None when ``data`` is another record."""
-    if data is None or _writer_name(data) != "ProbeReady":
+    if data is None or writer_name(data) != "ProbeReady":
         return None
     return decode("ProbeReady", data)

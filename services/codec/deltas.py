@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from services.codec.binary import (_cached_string, _fast, _header, _long, _optional, _optional_long, _text,
-                                   _varint)
-from services.codec.generic import _columns, decode, encode
-from services.codec.registry import HEADER_LEN, CodecError, _writer_name
+from services.codec.binary import (cached_string, read_current, header, write_long, optional, optional_long, read_string,
+                                   read_long)
+from services.codec.generic import record_columns, decode, encode
+from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
 _SIGN_NAME = {1: "PLUS", -1: "MINUS"}  # the Avro Sign enum
 _DIFF = {"PLUS": 1, "MINUS": -1}
@@ -66,13 +66,13 @@ def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], 
 
 def part_delta_columns(data: bytes) -> PartDeltaColumns:
     """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta); raises :class:`CodecError`."""
-    if _writer_name(data) != "PartDeltaBatch":
+    if writer_name(data) != "PartDeltaBatch":
         one = decode_part_delta(data)
         return PartDeltaColumns(one["query_id"], one["part"], list(one["binding"]), [one["seq"]],
                                 [_DIFF[one["sign"]]], list(one["binding"].values()), [one["source_partition"]],
                                 [one["source_offset"]], [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
     record = decode("PartDeltaBatch", data)
-    seq, sign, src, offset, index, snapshot, event_time = _columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
+    seq, sign, src, offset, index, snapshot, event_time = record_columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
     variables, values = record["variables"], record["values"]
     if len(values) != len(seq) * len(variables):
         raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
@@ -94,30 +94,30 @@ def part_deltas(data: bytes) -> list[dict[str, Any]]:
 
 def _read_part_delta(data: bytes) -> tuple[dict, int]:
     pos = HEADER_LEN
-    query_id, pos = _text(data, pos)
-    part, pos = _varint(data, pos)
-    seq, pos = _varint(data, pos)
-    sign, pos = _varint(data, pos)
+    query_id, pos = read_string(data, pos)
+    part, pos = read_long(data, pos)
+    seq, pos = read_long(data, pos)
+    sign, pos = read_long(data, pos)
     if not 0 <= sign < 2:
         raise IndexError(f"Sign index {sign}")
     binding: dict[str, int] = {}
     while True:
-        count, pos = _varint(data, pos)
+        count, pos = read_long(data, pos)
         if count == 0:
             break
         if count < 0:  # a block with its byte size (legal Avro, not what our writers produce)
             count = -count
-            _size, pos = _varint(data, pos)
+            _size, pos = read_long(data, pos)
         for _ in range(count):
-            var, pos = _text(data, pos)
-            binding[var], pos = _varint(data, pos)
-    source_partition, pos = _varint(data, pos)
-    source_offset, pos = _varint(data, pos)
-    index, pos = _varint(data, pos)
+            var, pos = read_string(data, pos)
+            binding[var], pos = read_long(data, pos)
+    source_partition, pos = read_long(data, pos)
+    source_offset, pos = read_long(data, pos)
+    index, pos = read_long(data, pos)
     snapshot = data[pos]
     if snapshot > 1:
         raise IndexError(f"boolean byte {snapshot}")
-    event_time_ms, pos = _optional(data, pos + 1)
+    event_time_ms, pos = optional(data, pos + 1)
     return {"query_id": query_id, "part": part, "seq": seq, "sign": ("PLUS", "MINUS")[sign], "binding": binding,
             "source_partition": source_partition, "source_offset": source_offset, "index": index,
             "snapshot": bool(snapshot), "event_time_ms": event_time_ms}, pos
@@ -125,7 +125,7 @@ def _read_part_delta(data: bytes) -> tuple[dict, int]:
 
 def decode_part_delta(data: bytes) -> dict[str, Any]:
     """``decode("PartDelta", data)``, fast for records of the current schema."""
-    found = _fast("PartDelta", data, _read_part_delta)
+    found = read_current("PartDelta", data, _read_part_delta)
     return found if found is not None else decode("PartDelta", data)
 
 
@@ -133,11 +133,11 @@ def encode_part_delta(query_id: str, part: int, seq: int, diff: int, binding: Ma
                       source_partition: int, source_offset: int, index: int, snapshot: bool,
                       event_time_ms: int | None) -> bytes:
     """``encode("PartDelta", {...})`` for the data path (same bytes; ``diff`` +1 is PLUS, -1 MINUS)."""
-    items = [_long(len(binding))] if binding else []
+    items = [write_long(len(binding))] if binding else []
     for var, term_id in binding.items():
-        items.append(_cached_string(var))
-        items.append(_long(term_id))
-    return b"".join((_header("PartDelta"), _cached_string(query_id), _long(part), _long(seq),
-                     b"\x00" if diff > 0 else b"\x02", *items, b"\x00", _long(source_partition),
-                     _long(source_offset), _long(index), b"\x01" if snapshot else b"\x00",
-                     _optional_long(event_time_ms)))
+        items.append(cached_string(var))
+        items.append(write_long(term_id))
+    return b"".join((header("PartDelta"), cached_string(query_id), write_long(part), write_long(seq),
+                     b"\x00" if diff > 0 else b"\x02", *items, b"\x00", write_long(source_partition),
+                     write_long(source_offset), write_long(index), b"\x01" if snapshot else b"\x00",
+                     optional_long(event_time_ms)))

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.validation import ValidationError, validate
 
-from services.codec.registry import HEADER_LEN, MAGIC, CodecError, _current, _reg, _Writer
+from services.codec.registry import HEADER_LEN, MAGIC, CodecError, current_writer, reg, Writer
 
 # ---------------------------------------------------------------------------------------- encode / decode
 
@@ -24,7 +24,7 @@ def encode(record_name: str, record: dict[str, Any]) -> bytes:
 
     Raises :class:`CodecError` naming the record type if a field is missing or has the wrong type.
     """
-    writer = _current(record_name)
+    writer = current_writer(record_name)
     buf = BytesIO()
     buf.write(MAGIC)
     buf.write(writer.fingerprint)
@@ -35,7 +35,7 @@ def encode(record_name: str, record: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def _explain(writer: _Writer, record: Any, exc: Exception) -> str:
+def _explain(writer: Writer, record: Any, exc: Exception) -> str:
     """A field-level reason for a failed write (only on the error path: validation costs as much as writing)."""
     try:
         validate(record, writer.parsed, raise_errors=True)
@@ -61,21 +61,21 @@ def _describe(schema: Any) -> str:
     return f"{schema}"
 
 
-def _split(data: bytes) -> tuple[_Writer, BytesIO]:
+def _split(data: bytes) -> tuple[Writer, BytesIO]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CodecError(f"expected bytes, got {type(data).__name__}")
     if len(data) < HEADER_LEN:
         raise CodecError(f"truncated message: {len(data)} bytes, an Avro single-object header needs {HEADER_LEN}")
     if data[:2] != MAGIC:
         raise CodecError(f"not Avro single-object encoding: starts with {bytes(data[:2]).hex()}, expected c301")
-    writer = _reg().by_fingerprint.get(bytes(data[2:HEADER_LEN]))
+    writer = reg().by_fingerprint.get(bytes(data[2:HEADER_LEN]))
     if writer is None:
         raise CodecError(f"unknown writer schema fingerprint {bytes(data[2:HEADER_LEN]).hex()} "
                          "(written by a newer or foreign schema: add it to schemas/history/)")
     return writer, BytesIO(data[HEADER_LEN:])
 
 
-def _read(writer: _Writer, reader: _Writer, body: BytesIO, size: int) -> dict[str, Any]:
+def _read(writer: Writer, reader: Writer, body: BytesIO, size: int) -> dict[str, Any]:
     try:
         if writer is reader:
             record = schemaless_reader(body, writer.parsed, None)
@@ -94,7 +94,7 @@ def decode(record_name: str, data: bytes) -> dict[str, Any]:
     Raises :class:`CodecError` if the bytes are truncated, not single-object encoded, written by an unknown
     schema, written for another record type, or do not parse.
     """
-    reader = _current(record_name)
+    reader = current_writer(record_name)
     writer, body = _split(data)
     if writer.name != reader.name:
         raise CodecError(f"expected {reader.name} but the message was written as {writer.name}")
@@ -104,10 +104,10 @@ def decode(record_name: str, data: bytes) -> dict[str, Any]:
 def decode_any(data: bytes) -> tuple[str, dict[str, Any]]:
     """``(record_name, record)`` for bytes of any known schema (for the CLI and dead-letter inspection)."""
     writer, body = _split(data)
-    return writer.name, _read(writer, _reg().current[writer.name], body, len(data) - HEADER_LEN)
+    return writer.name, _read(writer, reg().current[writer.name], body, len(data) - HEADER_LEN)
 
 
-def _columns(name: str, record: dict[str, Any], fields: Sequence[str]) -> list[list]:
+def record_columns(name: str, record: dict[str, Any], fields: Sequence[str]) -> list[list]:
     columns = [record[f] for f in fields]
     sizes = {len(c) for c in columns}
     if len(sizes) != 1 or 0 in sizes:

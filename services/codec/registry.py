@@ -2,7 +2,7 @@
 
 Schemas are ``schemas/*.avsc`` (current) and ``schemas/history/<Name>.v<N>.avsc`` (earlier versions); a
 message's 8-byte CRC-64-AVRO fingerprint names the one that wrote it.  The registry is read once per process
-(:func:`_reg`) and shared by every other module of this package.
+(:func:`reg`) and shared by every other module of this package.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def crc64_avro(data: bytes) -> int:
 
 
 @dataclass(frozen=True)
-class _Writer:
+class Writer:
     name: str  # short record name, e.g. "RawUpdate"
     version: str  # "current" or "v1", "v2", ...
     parsed: dict[str, Any]
@@ -79,8 +79,8 @@ class _Registry:
     """Current schema per record name, and every known writer schema by fingerprint."""
 
     def __init__(self, schema_dir: Path) -> None:
-        self.current: dict[str, _Writer] = {}
-        self.by_fingerprint: dict[bytes, _Writer] = {}
+        self.current: dict[str, Writer] = {}
+        self.by_fingerprint: dict[bytes, Writer] = {}
         if not schema_dir.is_dir():
             raise CodecError(f"schema directory not found: {schema_dir} (set CBGP_SCHEMA_DIR)")
         for path in sorted(schema_dir.glob("*.avsc")):
@@ -96,7 +96,7 @@ class _Registry:
             self.by_fingerprint.setdefault(writer.fingerprint, writer)
 
     @staticmethod
-    def _load(path: Path, version: str) -> _Writer:
+    def _load(path: Path, version: str) -> Writer:
         try:
             raw = json.loads(path.read_text())
             parsed = parse_schema(raw)
@@ -104,44 +104,44 @@ class _Registry:
             raise CodecError(f"{path}: invalid Avro schema: {exc}") from None
         canonical = to_parsing_canonical_form(parsed)
         fp = struct.pack("<Q", crc64_avro(canonical.encode()))
-        return _Writer(parsed["name"].rsplit(".", 1)[-1], version, parsed, fp)
+        return Writer(parsed["name"].rsplit(".", 1)[-1], version, parsed, fp)
 
 
 _registry: _Registry | None = None
 
 
-def _reg() -> _Registry:
+def reg() -> _Registry:
     global _registry
     if _registry is None:
         _registry = _Registry(SCHEMA_DIR)
     return _registry
 
 
-def _current(record_name: str) -> _Writer:
+def current_writer(record_name: str) -> Writer:
     name = record_name.rsplit(".", 1)[-1] if record_name.startswith(NAMESPACE + ".") else record_name
     try:
-        return _reg().current[name]
+        return reg().current[name]
     except KeyError:
-        raise CodecError(f"unknown record {record_name!r}; known: {', '.join(sorted(_reg().current))}") from None
+        raise CodecError(f"unknown record {record_name!r}; known: {', '.join(sorted(reg().current))}") from None
 
 
 def record_names() -> list[str]:
     """Short names of every current record schema."""
-    return sorted(_reg().current)
+    return sorted(reg().current)
 
 
 def fingerprint(record_name: str) -> bytes:
     """The 8-byte (little-endian) CRC-64-AVRO fingerprint of ``record_name``'s current schema."""
-    return _current(record_name).fingerprint
+    return current_writer(record_name).fingerprint
 
 
 def schema(record_name: str) -> dict[str, Any]:
     """The parsed current schema of ``record_name`` (fastavro form)."""
-    return _current(record_name).parsed
+    return current_writer(record_name).parsed
 
 
-def _writer_name(data: bytes) -> str | None:
+def writer_name(data: bytes) -> str | None:
     if not isinstance(data, (bytes, bytearray)) or len(data) < HEADER_LEN:
         return None
-    writer = _reg().by_fingerprint.get(bytes(data[2:HEADER_LEN])) if data[:2] == MAGIC else None
+    writer = reg().by_fingerprint.get(bytes(data[2:HEADER_LEN])) if data[:2] == MAGIC else None
     return writer.name if writer is not None else None

@@ -146,7 +146,7 @@ def make_app(gw: Gateway) -> web.Application:
         return _json(hub.describe(query_id))
 
     async def admin(command: dict[str, Any]) -> dict[str, Any] | web.Response:
-        from services.usercli import UserError
+        from services.client.errors import UserError
 
         try:
             return await asyncio.get_running_loop().run_in_executor(None, gw.publisher.admin, command, 30.0)
@@ -265,7 +265,7 @@ def make_app(gw: Gateway) -> web.Application:
     # ------------------------------------------------------------------ SPARQL protocol
 
     async def update(request: web.Request) -> web.Response:
-        from cbgp.update import UPDATE_FORMAT, UpdateRequestError, check_request
+        from cbgp.inputs.sparql_update import UPDATE_FORMAT, UpdateRequestError, check_request
 
         ctype = request.content_type
         if ctype == "application/sparql-update":

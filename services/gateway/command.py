@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
-    from services.kafka import add_kafka_flags
+    from services.kafka.config import add_kafka_flags
 
     p = add_kafka_flags(commands.add_parser(
         "gateway", help="serve live answers: SEPA WebSocket, SPARQL protocol, SSE, REST and the web console"))
@@ -39,8 +39,9 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
 
     def run(args: argparse.Namespace) -> int:
         from services.gateway.server import serve
-        from services.kafka import KafkaSettings, quiet_librdkafka
-        from services.runtime import setup_logging
+        from services.kafka.config import KafkaSettings
+        from services.kafka.client import quiet_librdkafka
+        from services.runtime.life import setup_logging
 
         setup_logging("gateway", args.log_level)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

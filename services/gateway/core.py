@@ -141,7 +141,7 @@ class QueryInfo:
 
     def window(self) -> str | None:
         """The window in words (``sliding range PT10S step PT1S``), or None."""
-        from services.queries import read_registration
+        from services.wire.registrations import read_registration
 
         try:
             _text, spec = read_registration(self.sparql, self.options)

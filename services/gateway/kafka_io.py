@@ -1,7 +1,7 @@
 """The gateway's topic side: what it reads (``queries.plans``, ``answers``; ``updates.encoded`` and ``dictionary``
 for ``POST /query``) and what it writes (``updates.raw`` for ``POST /update``, ``admin`` for register/unregister).
 
-- :class:`Follower`: a thread with one assign-only :class:`services.runtime.Fetcher` on every partition of
+- :class:`Follower`: a thread with one assign-only :class:`services.runtime.life.Fetcher` on every partition of
   ``queries.plans`` and ``answers`` from their start (no consumer group, nothing committed: the gateway is
   checkpoint-free), decoding records into :class:`services.gateway.core.Answer` objects and plans, handed to the
   event loop in batches.  Ready once it has read every partition to the end offset it saw at start.  Where
@@ -31,8 +31,9 @@ from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary, to_oxigraph
 from services import codec
 from services.codec import sparql_json_term
 from services.gateway.core import Answer
-from services.kafka import KafkaSettings, end_offsets, make_producer
-from services.runtime import Fetcher
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets, make_producer
+from services.kafka.fetch import Fetcher
 
 __all__ = ["FleetSampler", "Follower", "GraphSource", "Publisher"]
 
@@ -118,8 +119,8 @@ class Follower(threading.Thread):
 def current_seed(settings: KafkaSettings, partitions: list[int]
                  ) -> tuple[dict[tuple[str, int], list[tuple[dict[str, Any], int]]], dict[int, int]]:
     """The current answers of the queries on ``partitions`` from answers.current, per (query, version), and the
-    answers offsets they reflect (a consistent cut: ``services.usercli.reading.current_at_cut``)."""
-    from services.usercli.reading import current_at_cut
+    answers offsets they reflect (a consistent cut: ``services.client.reading.current_at_cut``)."""
+    from services.client.reading import current_at_cut
 
     records, ends = current_at_cut(settings, set(partitions), who="gateway", on_error=lambda exc: log.warning(
         "gateway: undecodable answers.current record: %s", exc))
@@ -141,7 +142,7 @@ class Publisher:
 
     def publish(self, payload: bytes, fmt: str, source: str = "gateway", timeout: float = 10.0) -> None:
         """Write one record to updates.raw and wait for the broker's acknowledgement (raises on failure)."""
-        from services.kafka import produce_sync
+        from services.kafka.client import produce_sync
 
         headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source.encode()), ("cbgp-first-line", b"1")]
         with self.lock:
@@ -149,7 +150,7 @@ class Publisher:
                          timeout=timeout)
 
     def admin(self, command: dict[str, Any], wait: float = 30.0) -> dict[str, Any]:
-        from services.usercli import admin_request
+        from services.client.requests import admin_request
 
         return admin_request(self.settings, command, wait)
 
@@ -266,7 +267,7 @@ class GraphSource:
         positions they reflect), so the first query reads only the logs after it, not their whole history (nor
         records retention may have deleted below it).  Without one that serves these logs (ingest with its state
         on disk or checkpoints off, another ``CBGP_CHECKPOINT_SECRET``), the logs are read from offset 0."""
-        from services.state import recovery
+        from services.runtime import recovery
 
         started = time.monotonic()
         loaded, why = recovery.ingest_snapshot(self.settings, "gateway", ("updates.encoded", "dictionary"))

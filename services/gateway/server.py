@@ -42,7 +42,7 @@ def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 async def serve(args: argparse.Namespace, settings: Any) -> int:
-    from services.metrics import start_metrics_server
+    from services.metrics.exposition import start_metrics_server
 
     tokens = _tokens(args)
     gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope)

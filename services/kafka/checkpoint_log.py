@@ -39,10 +39,9 @@ from confluent_kafka.admin import AdminClient
 
 from services.kafka.client import end_offsets
 from services.kafka.config import KafkaSettings
-from services.records import Output, kv
+from services.wire.records import Output, kv
 
-__all__ = ["CHUNK_BYTES", "CheckpointLog", "Saved", "checkpoint_records", "latest", "latest_positions",
-           "load_ingest_snapshot"]
+__all__ = ["CHUNK_BYTES", "CheckpointLog", "Saved", "checkpoint_records", "latest", "latest_positions"]
 
 log = logging.getLogger("cbgp.state")
 
@@ -171,20 +170,6 @@ def latest_positions(settings: KafkaSettings, topic: str) -> dict[int, Saved | N
     finally:
         consumer.close()
     return found
-
-
-def load_ingest_snapshot(settings: KafkaSettings, reader: str) -> tuple[dict, dict, list[tuple[int, str]]] | None:
-    """Ingest's latest snapshot in ``checkpoints.ingest``, loaded: ``(checkpoint record, presence set with insert
-    seqs, published terms)`` (``services.state.presence.load_snapshot``); None when there is none, it cannot be
-    read (one log line, :meth:`CheckpointLog.get`) or it is of another format.  ``reader``: who reads it."""
-    from services.state import presence
-
-    remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, reader)
-    try:
-        saved = remote.get("ingest", 0)
-    finally:
-        remote.close()
-    return presence.load_snapshot(saved.blob) if saved is not None else None
 
 
 class CheckpointLog:

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from confluent_kafka.admin import AdminClient
 
-from services.instruments import RESTORE_MISSING_OFFSETS
+from services.metrics.instruments import RESTORE_MISSING_OFFSETS
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import truncation
 
@@ -43,20 +43,20 @@ class DeliveryError(KafkaException):
     """The broker did not acknowledge a produced record."""
 
 
-_OUTAGES = [0]  # "all brokers down" reports seen by this process's clients
+OUTAGES = [0]  # "all brokers down" reports seen by this process's clients
 
 
 def broker_outages() -> int:
     """How many times a client of this process lost every broker connection (a broker restart, a network
-    cut).  Transactional services start a new life after one: see ``services.runtime.commit_transaction``."""
-    return _OUTAGES[0]
+    cut).  Transactional services start a new life after one: see ``services.runtime.life.commit_transaction``."""
+    return OUTAGES[0]
 
 
 def _log_client_error(err: KafkaError) -> None:
     # librdkafka retries transient errors itself (broker down, leader moves); log them so an operator can see
     # why the service is stuck, and let fatal ones surface through the next produce/poll call.
     if err.code() == KafkaError._ALL_BROKERS_DOWN:
-        _OUTAGES[0] += 1
+        OUTAGES[0] += 1
     log.warning("kafka client error: %s", err)
 
 

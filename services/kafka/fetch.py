@@ -5,7 +5,7 @@
 - :class:`GroupInput`: group membership (a consumer whose partitions stay paused) plus a :class:`Fetcher`;
 - :func:`first_record`, :func:`read_window`, :func:`record_ok`, :func:`idle_pause`: small reads around them.
 
-Split from ``services.runtime`` (issue 15: one job per module); ``services.runtime`` re-exports every name.
+Split from ``services.runtime.life`` (issue 15: one job per module); ``services.runtime.life`` re-exports every name.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from services.kafka.client import make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
-from services.metrics import record_consumer_lag
-from services.records import kv
+from services.metrics.exposition import record_consumer_lag
+from services.wire.records import kv
 
 __all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS", "Fetcher",
            "first_record", "next_listen", "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok",

@@ -1,10 +1,10 @@
 """Replaying a log between two offsets: how a service restores state (issue 16).
 
 :func:`read_range` reads one partition's committed records in ``[start, end)`` and, like :func:`require_from`,
-refuses a log whose needed records were deleted (:class:`LogTruncated`), which ``services.runtime.run_service``
+refuses a log whose needed records were deleted (:class:`LogTruncated`), which ``services.runtime.life.run_service``
 turns into one error line and exit code 3 instead of a state rebuilt from what is left.
 
-Split from ``services.runtime`` (issue 15: one job per module); ``services.runtime`` re-exports every name.
+Split from ``services.runtime.life`` (issue 15: one job per module); ``services.runtime.life`` re-exports every name.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Iterator
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from services.kafka.config import KafkaSettings
-from services.kafka.truncation import LogTruncated, require_log_start
+from services.kafka.truncation import require_log_start
 
-__all__ = ["read_range", "require_from", "LogTruncated"]
+__all__ = ["read_range", "require_from",]
 
 log = logging.getLogger("cbgp.runtime")
 

@@ -24,8 +24,8 @@ cleanup policy (a bounded topic below its retention only gets a warning line).  
 gone anyway (``delete_records``, a retention changed later) are caught when the log is read:
 :mod:`services.kafka.truncation`.
 
-:func:`services.kafka.floor.floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``);
-:func:`services.kafka.floor.trim` deletes what lies below it (``cbgp topics trim``).
+:func:`services.commands.floor.floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``);
+:func:`services.commands.floor.trim` deletes what lies below it (``cbgp topics trim``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class TopicSpec:
 
     ``retention_ms`` is set on the topic (``KEPT`` = -1, never deleted by age); ``needed_from`` says which of
     its records the fleet still needs (``FROM_START``, ``NOTHING``, ``GROUP + service``, ...; several readers'
-    rules joined by ``RULES``), for :func:`services.kafka.floor.floor`.
+    rules joined by ``RULES``), for :func:`services.commands.floor.floor`.
     """
 
     name: str

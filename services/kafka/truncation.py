@@ -7,7 +7,7 @@ starts an ``OFFSET_BEGINNING`` read at the log start offset, and resets an out-o
 
 So, before a log is read for a restore, the partition's low watermark (log start offset) is compared with the
 first offset the reader needs: :func:`truncation` decides (pure, unit-tested), :func:`require_log_start` asks the
-broker and raises :class:`LogTruncated`.  The service loop (``services.runtime.run_service``) turns that into
+broker and raises :class:`LogTruncated`.  The service loop (``services.runtime.life.run_service``) turns that into
 one error line naming topic, partition, the needed offset and the log start, sets
 ``cbgp_restore_missing_offsets{topic,partition}``, and stops the service with exit code
 :data:`EXIT_TRUNCATED` instead of restarting it into the same wrong state.
@@ -22,7 +22,7 @@ from typing import Mapping
 
 from confluent_kafka import Consumer, TopicPartition
 
-from services.instruments import RESTORE_MISSING_OFFSETS
+from services.metrics.instruments import RESTORE_MISSING_OFFSETS
 
 __all__ = ["LogTruncated", "EXIT_TRUNCATED", "truncation", "require_log_start"]
 

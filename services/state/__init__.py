@@ -9,15 +9,10 @@
   (``cbgp ingest --state-on-disk``: state larger than memory);
 - :mod:`services.state.shards`: the workers' shard and the answers service's partition checkpoints, on the
   instance's disk and (through ``services.kafka.checkpoint_log``) in Kafka, the newer taken on restore;
-- :mod:`services.state.recovery`: the Kafka side, not imported here: the restore from a checkpoint plus the
+- :mod:`services.runtime.recovery`: the Kafka side, not imported here: the restore from a checkpoint plus the
   tails of the logs.
 
 All but ``recovery`` are Kafka-free: a service reads positions and watermarks from the broker and hands them in
 as numbers, so the decisions are tested without a broker (the Quix Streams split: ``state/`` and
 ``checkpointing/``).
 """
-
-from services.state.checkpointing import Checkpoint, Checkpointer, unusable
-from services.state.store import Store, StoreError, StoreLocked
-
-__all__ = ["Checkpoint", "Checkpointer", "unusable", "Store", "StoreError", "StoreLocked"]

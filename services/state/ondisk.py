@@ -6,7 +6,7 @@ sets: a lookup that memory does not answer reads the store.  Memory then holds o
 checkpoint (the *overlay*, which the next checkpoint writes) and a bounded cache of known terms, so the graph may
 be larger than memory; a restore opens the store and reads the logs' tails, loading nothing.
 
-:class:`DiskPresence` and :class:`DiskTerms` offer what :class:`services.ingest_core.IngestProcessor` asks of its
+:class:`DiskPresence` and :class:`DiskTerms` offer what :class:`services.ingest.core.IngestProcessor` asks of its
 set and its :class:`cbgp.terms.TermDictionary`, so the transform is the same code either way.  Kafka-free.
 """
 

@@ -28,8 +28,8 @@ import pickle
 import time
 from typing import Any, Iterable, Protocol
 
-from services.instruments import CHECKPOINT_BYTES, CHECKPOINT_TIME
-from services.records import kv
+from services.metrics.instruments import CHECKPOINT_BYTES, CHECKPOINT_TIME
+from services.wire.records import kv
 from services.state.store import Store, StoreError
 
 __all__ = ["FORMAT", "RemoteCheckpoints", "ShardCheckpoints", "dump_shard", "load_shard"]

@@ -20,9 +20,9 @@ sys.path.insert(0, str(BENCH))
 
 import lsbench  # noqa: E402
 
-from cbgp.engine import Engine  # noqa: E402
-from cbgp.inputs import InputError, parse_ntriples  # noqa: E402
-from cbgp.sparql import parse_query  # noqa: E402
+from cbgp.engine.engine import Engine  # noqa: E402
+from cbgp.inputs.formats import InputError, parse_ntriples  # noqa: E402
+from cbgp.query.sparql import parse_query  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_shared_lsbench_files_load_into_a_well_formed_stream() -> None:
     assert files is not None
     import gzip
 
-    from cbgp.inputs import parse_turtle
+    from cbgp.inputs.formats import parse_turtle
 
     # A slice of each file (the prefix lines plus the first statements) keeps this test fast.
     sliced: dict[str, list[tuple[str, str, str]]] = {}

@@ -12,7 +12,7 @@ import pytest
 
 from tests.oracle import OracleGraph
 
-CBGP = [sys.executable, "-m", "services.cli"]
+CBGP = [sys.executable, "-m", "services.commands.main"]
 EX = "http://ex/"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from cbgp.background.endpoint import start_endpoint, virtuoso_available
 from cbgp.background.remote import SparqlRemote
-from services.kafka import KafkaSettings
+from services.kafka.config import KafkaSettings
 from tests.derived_support import answers
 from tests.fleet_support import Fleet, publish_patch, publish_plan, read_answers, read_current, unpublish_plan
 

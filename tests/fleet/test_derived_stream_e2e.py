@@ -16,9 +16,10 @@ import pytest
 
 from cbgp.terms import DEFAULT_GRAPH_ID
 from services import codec
-from services.kafka import KafkaSettings, make_producer, produce_sync
+from services.kafka.config import KafkaSettings
+from services.kafka.client import make_producer, produce_sync
 from services.kafka.client import read_all
-from services.runtime import query_partition
+from services.wire.records import query_partition
 from tests.derived_support import ADULTS, DERIVED, READER, construct, expected_reader, per_seq_deltas, plan_of, quad
 from tests.fleet_support import Fleet, generate_patch, publish_patch, read_answers, read_current, unpublish_plan
 

@@ -99,8 +99,8 @@ def test_services_started_before_their_broker_wait_for_it(tmp_path: Path) -> Non
     """Pods start in any order: a registry and an ingest started while no broker listens say they are
     waiting, and once the broker is up they create the topics and serve, in the same processes."""
     from services.kafka.broker import free_port
-    from services.supervise import http_ok
-    from services.usercli import admin_request
+    from services.runtime.supervise import http_ok
+    from services.client.requests import admin_request
     from tests.fleet_support import QUERIES, Fleet
 
     broker = EmbeddedBroker(tmp_path / "broker", port=free_port())  # clients need its port before it starts

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cbgp.plan import BY_CENTRE, decompose
-from cbgp.sparql import parse_query
+from cbgp.query.plan import BY_CENTRE, decompose
+from cbgp.query.sparql import parse_query
 from services import codec
-from services.kafka import KafkaSettings, ensure_topics, make_producer, produce_sync, read_all
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer, produce_sync, read_all
 from tests.fixtures.broker import fresh_settings
 from tests.fleet_support import (EX, QUERIES, Fleet, final_answers, generate_patch, metric_total, publish_patch,
                                  publish_plan, read_answers, read_current, replay, unpublish_plan, wait_answers)

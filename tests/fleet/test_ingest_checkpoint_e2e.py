@@ -21,10 +21,12 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services import codec
-from services.ingest import IngestProcessor, RawRecord, restore, save_checkpoint
-from services.kafka import KafkaSettings, delete_topics, end_offsets, make_producer, read_all
+from services.ingest.core import IngestProcessor, RawRecord
+from services.ingest.service import restore, save_checkpoint
+from services.kafka.config import KafkaSettings
+from services.kafka.client import delete_topics, end_offsets, make_producer, read_all
 from services.kafka.topics import ensure_topics
-from services.state import Store
+from services.state.store import Store
 from tests.fixtures.broker import fresh_settings
 from tests.fleet_support import Fleet, generate_patch, publish_patch
 

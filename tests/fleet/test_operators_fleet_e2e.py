@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from services import codec
-from services.kafka import KafkaSettings, end_offsets, make_producer, produce_sync
-from services.runtime import query_partition
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets, make_producer, produce_sync
+from services.wire.records import query_partition
 from tests.fleet_support import Fleet, generate_patch, publish_patch, read_answers, read_current, wait_answers
 from tests.operators_support import LATE_QUERIES, OPERATOR_QUERIES, changes_of_lines, oracle_deltas, plan_record
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import main as cbgp
-from services.kafka import KafkaSettings, ensure_topics
+from services.commands.main import main as cbgp
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics
 from services.kafka.broker import free_port
 from tests.fleet_support import Fleet, read_current
 

@@ -1,4 +1,4 @@
-"""`make run` (python -m services.run) as a real process: answers for the example queries, no orphans."""
+"""`make run` (python -m services.commands.run) as a real process: answers for the example queries, no orphans."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.supervise import ChildProcess
+from services.runtime.supervise import ChildProcess
 
-QUERIES = sorted(p.stem for p in (Path(__file__).parents[2] / "services" / "demo" / "queries").glob("*.rq"))
+QUERIES = sorted(p.stem for p in (Path(__file__).parents[2] / "services" / "commands" / "demo" / "queries").glob("*.rq"))
 # cbgp replay has no event times, so it evaluates the unwindowed examples; the fleet run covers them all
 # cbgp replay has no endpoint: the SERVICE query is checked through the fleet (and tests/fleet/test_background_fleet_e2e.py)
 UNWINDOWED = [q for q in QUERIES if not q.startswith(("windowed_", "service_"))]
@@ -37,7 +37,7 @@ def test_run_shows_answers_for_every_example_query_and_stops_cleanly_on_sigterm(
     run_dir = tmp_path / "run"
     stderr_path = tmp_path / "run.stderr"
     with open(stderr_path, "w") as stderr:
-        child = subprocess.Popen([sys.executable, "-m", "services.run", "--run-dir", str(run_dir)],
+        child = subprocess.Popen([sys.executable, "-m", "services.commands.run", "--run-dir", str(run_dir)],
                                  stdout=subprocess.PIPE, stderr=stderr, text=True,
                                  # no CBGP_* from the test environment: run.py must start its own broker
                                  env={k: v for k, v in os.environ.items() if not k.startswith("CBGP_")})
@@ -76,7 +76,7 @@ def test_a_child_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
 
 
 def test_shipped_demo_stream_is_what_the_generator_writes() -> None:
-    from services.demo.generate import DEFAULT_PATH, generate
+    from services.commands.demo.generate import DEFAULT_PATH, generate
 
     text = DEFAULT_PATH.read_text(encoding="utf-8")
     assert text == generate()
@@ -88,9 +88,9 @@ def test_shipped_demo_stream_is_what_the_generator_writes() -> None:
 def test_every_example_query_has_answers_on_the_demo_stream(tmp_path: Path) -> None:
     import io
 
-    from cbgp.cli import replay
+    from cbgp.engine_cli import replay
 
-    demo = Path(__file__).parents[2] / "services" / "demo"
+    demo = Path(__file__).parents[2] / "services" / "commands" / "demo"
     out = io.StringIO()
     replay(str(demo / "updates.rdfp"), [(q, str(demo / "queries" / f"{q}.rq")) for q in UNWINDOWED], out)
     signs = {(json.loads(line)["query"], json.loads(line)["sign"]) for line in out.getvalue().splitlines()}
@@ -115,7 +115,7 @@ def _answer(n: int, binding: dict) -> bytes:
 def _publish_view_inputs(settings) -> None:  # noqa: ANN001 - KafkaSettings
     from cbgp.change import Change
     from services.codec import encode_encoded_batch
-    from services.kafka import make_producer
+    from services.kafka.client import make_producer
 
     producer = make_producer(settings)
     xsd_int = "http://www.w3.org/2001/XMLSchema#integer"
@@ -131,7 +131,7 @@ def _publish_view_inputs(settings) -> None:  # noqa: ANN001 - KafkaSettings
 
 
 def _view(settings, out, tmp_path: Path, wait: bool = True, **kw):  # noqa: ANN001, ANN202
-    from services.run import LiveView
+    from services.commands.run import LiveView
 
     view = LiveView(settings, out, spark_status_path=tmp_path / "status.json", **kw)
     deadline = time.monotonic() + 30
@@ -162,7 +162,7 @@ def test_the_view_reads_an_answers_log_cut_by_retention(kafka_settings, tmp_path
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from services.kafka import make_producer
+    from services.kafka.client import make_producer
 
     _publish_view_inputs(kafka_settings)
     producer = make_producer(kafka_settings)
@@ -191,7 +191,7 @@ def test_without_a_terminal_the_view_prints_a_line_only_when_something_changed(k
             view.draw([], float(second))
         assert len(out.getvalue().splitlines()) == 2, out.getvalue()  # the summary and people's newest delta
         assert "\x1b" not in out.getvalue()
-        from services.kafka import make_producer
+        from services.kafka.client import make_producer
 
         producer = make_producer(kafka_settings)
         producer.produce(kafka_settings.topic("answers"), key=b"people", partition=0, value=_answer(2, {}))
@@ -255,7 +255,7 @@ def test_the_view_shows_a_failing_spark_query(kafka_settings, tmp_path: Path) ->
 
 
 def test_make_run_prints_every_service_port() -> None:
-    from services.run import port_lines, service_plan
+    from services.commands.run import port_lines, service_plan
 
     plan = service_plan({"ingest", "registry", "worker", "answers", "spark-job"}, 2, Path("/tmp/run"))
     text = port_lines("127.0.0.1:9092", plan, Path("/tmp/run/spark/status.json"))
@@ -270,7 +270,7 @@ def test_make_run_prints_every_service_port() -> None:
 def test_make_run_keeps_every_checkpoint_beside_its_broker() -> None:
     """Ingest, the workers and answers checkpoint into the run directory (cleared with the broker each run),
     not into the shared default ``.run/state``."""
-    from services.run import service_plan
+    from services.commands.run import service_plan
 
     plan = service_plan({"ingest", "worker", "answers"}, 2, Path("/tmp/run"))
     dirs = {name: argv[argv.index("--state-dir") + 1] for name, argv, _ports in plan}

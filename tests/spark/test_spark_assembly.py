@@ -1,4 +1,4 @@
-"""The Spark assembly query (spark.assembly) on a real broker: part deltas in, exact answers out.
+"""The Spark assembly query (spark.assembly_stream) on a real broker: part deltas in, exact answers out.
 
 The part deltas are what a state worker publishes for a multi-part query (each part registered in an
 Engine as ``split_parts`` gives it, one Kafka transaction per batch of updates); the test folds the job's
@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from cbgp.assembly import needs_assembly, split_parts
-from cbgp.engine import Engine
+from cbgp.engine.assembly import needs_assembly, split_parts
+from cbgp.engine.engine import Engine
 from cbgp.terms import TermDictionary, iri, literal
 from services import codec
-from services.kafka import KafkaSettings, ensure_topics, make_producer, read_all
-from services.runtime import query_partition
-from spark.assembly import ASSEMBLY_SOURCE_BASE
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer, read_all
+from services.wire.records import query_partition
+from services.wire.idempotence import ASSEMBLY_SOURCE_BASE
 from tests.fixtures.spark import run_stateful_once
 from tests.fleet_support import publish_plan, unpublish_plan
 from tests.oracle import OracleGraph

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from services.kafka import EmbeddedBroker, ensure_topics, make_producer
+from services.kafka.broker import EmbeddedBroker
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer
 from spark.job import claim_state, offsets_mismatch
 
 pytestmark = [pytest.mark.slow]  # embedded brokers of its own

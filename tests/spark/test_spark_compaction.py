@@ -27,8 +27,9 @@ from services.codec import decode, encode
 from services.kafka.client import end_offsets, make_producer, read_all
 from services.kafka.config import KafkaSettings
 from spark.answer_columns import Bindings
-from spark.compaction import (SnapshotStore, canonical_binding, compact_batch, current_key, decode_answers, delta_table,
-                              fold, kafka_publisher)
+from spark.snapshot_store import SnapshotStore
+from spark.compaction import compact_batch, current_key, decode_answers, delta_table, fold, kafka_publisher
+from spark.answer_columns import canonical_binding
 from spark.job import kafka_options, start_compaction
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -110,13 +111,14 @@ def test_canonical_binding_is_term_identity() -> None:
 
 def test_answers_service_writes_the_same_answers_current_keys() -> None:
     """The answers service builds keys without importing Spark; both writers must agree byte for byte."""
-    from services import answers
+    from services.codec.answers import canonical_binding as answers_binding
+    from services.codec.answers import current_key as answers_key
 
     binding = {"y": TERMS[3], "x": TERMS[4], "z": TERMS[5]}
     ours = canonical_binding(binding)
-    theirs = answers.canonical_binding({var: term_key(t) for var, t in binding.items()})
+    theirs = answers_binding({var: term_key(t) for var, t in binding.items()})
     assert ours == theirs
-    assert current_key("q/é", ours) == answers.current_key("q/é", theirs)
+    assert current_key("q/é", ours) == answers_key("q/é", theirs)
 
 
 def test_fold_equals_replay_of_the_whole_log_with_duplicates_and_retractions(spark: SparkSession, tmp_path: Path) -> None:
@@ -280,22 +282,22 @@ def test_the_publisher_keeps_one_producer_across_batches_and_drops_one_that_fail
         return pa.Table.from_pylist([dict(zip(("query_id", "n", "sign", "binding", "error"), row))
                                      for row in delta_rows(part)])
 
-    kafka_io._PRODUCERS.clear()
+    kafka_io.PRODUCERS.clear()
     try:
         compact_batch(None, table(log[:30]), store, publish)
-        (first,) = kafka_io._PRODUCERS.values()
+        (first,) = kafka_io.PRODUCERS.values()
         compact_batch(None, table(log[30:]), store, publish)
-        assert list(kafka_io._PRODUCERS.values()) == [first]
+        assert list(kafka_io.PRODUCERS.values()) == [first]
         assert current_topic_answers(kafka_settings) == expected_answers(log)
         changed = pa.table({"query_id": ["q0"], "binding": ['{"x":"<http://ex/a>"}'], "multiplicity": [1],
                             "last_n": [1], "version": [0], "partition": pa.array([99], pa.int32())})
         with pytest.raises(Exception, match="(?i)partition"):
             publish(changed, Bindings())  # no partition 99
-        assert not kafka_io._PRODUCERS
+        assert not kafka_io.PRODUCERS
         compact_batch(None, table(log), SnapshotStore(tmp_path / "again"), publish)
-        assert list(kafka_io._PRODUCERS.values()) not in ([], [first])
+        assert list(kafka_io.PRODUCERS.values()) not in ([], [first])
     finally:
-        kafka_io._PRODUCERS.clear()  # (a kept producer would outlive the test's broker)
+        kafka_io.PRODUCERS.clear()  # (a kept producer would outlive the test's broker)
 
 
 def test_streaming_job_resumes_and_keeps_answers_current_exact(

@@ -88,7 +88,8 @@ def test_a_second_run_against_a_fresh_broker_with_the_same_state_dir_answers_fro
     # issue 14 item 1: `make run` twice = a fresh broker each time, the same .run/spark
     import pyarrow.parquet as pq
 
-    from services.kafka import EmbeddedBroker, ensure_topics
+    from services.kafka.broker import EmbeddedBroker
+    from services.kafka.topics import ensure_topics
 
     state = tmp_path / "state"
     runs = [["http://a", "http://b"], ["http://c", "http://d", "http://e"]]

@@ -184,11 +184,11 @@ def test_write_tasks_of_one_worker_share_a_producer_and_a_failed_one_is_dropped(
     out = make_topic(kafka_settings, "shared", 1)
     options = {"kafka.bootstrap.servers": kafka_settings.bootstrap_servers, "topic": out}
     schema = StructType([StructField("value", BinaryType()), StructField("partition", IntegerType())])
-    kafka_io._PRODUCERS.clear()
+    kafka_io.PRODUCERS.clear()
     try:
         _check_shared_producer(kafka_io, kafka_settings, out, options, schema)
     finally:
-        kafka_io._PRODUCERS.clear()  # (a cached producer would outlive the test's broker, logging reconnects)
+        kafka_io.PRODUCERS.clear()  # (a cached producer would outlive the test's broker, logging reconnects)
 
 
 def _check_shared_producer(kafka_io, kafka_settings: KafkaSettings, out: str, options: dict,  # noqa: ANN001
@@ -197,13 +197,13 @@ def _check_shared_producer(kafka_io, kafka_settings: KafkaSettings, out: str, op
 
     for n in (3, 4):
         assert kafka_io.write_rows(options, schema, iter([{"value": b"v", "partition": 0}] * n)).count == n
-    (first,) = kafka_io._PRODUCERS.values()
+    (first,) = kafka_io.PRODUCERS.values()
     assert len(read_all(kafka_settings, out)) == 7
     with pytest.raises((KafkaSourceError, KafkaException)):
         kafka_io.write_rows(options, schema, iter([{"value": b"v", "partition": 5}]))  # no such partition
-    assert not kafka_io._PRODUCERS
+    assert not kafka_io.PRODUCERS
     assert kafka_io.write_rows(options, schema, iter([{"value": b"v", "partition": 0}])).count == 1
-    assert list(kafka_io._PRODUCERS.values()) != [first]
+    assert list(kafka_io.PRODUCERS.values()) != [first]
 
 
 def test_batch_and_stream_writers_deliver_every_row(
@@ -246,7 +246,7 @@ def test_an_idle_trigger_costs_one_watermark_request_per_partition_and_no_metada
     # A streaming query asks for the latest offsets every trigger (every second, data or not); it asked for
     # the topic's metadata and then the watermarks twice per trigger (latestOffset and reportLatestOffset).
     from spark.kafka_io import KafkaStreamReader
-    from spark.kafka_io import _OffsetPlanner as Planner
+    from spark.kafka_io import OffsetPlanner as Planner
 
     class Partition:
         pass

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.kafka import KafkaSettings, ensure_topics
-from spark.plans import PlanCache
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics
+from spark.plan_topic import PlanCache
 from tests.fleet_support import publish_plan, unpublish_plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -1,11 +1,11 @@
-"""The Spark window query (spark.windows) on a real broker: expiry exact against pyoxigraph.
+"""The Spark window query (spark.window_stream) on a real broker: expiry exact against pyoxigraph.
 
 Raw records (each one an event: one Kafka record time for its triples) go through the real ingest
 transform (set semantics, refresh records for re-inserted triples, event time = record time) onto
 updates.encoded; the job runs in rounds (availableNow) from one checkpoint.  At every instant of the step
 grid up to the final watermark, the replayed ``part = -1`` output of each windowed query must equal
 pyoxigraph evaluating the query on the window's content at that instant, computed here from the
-definition (cbgp.windows): time windows hold the quads whose last update before the instant is an ADD
+definition (cbgp.windows.windowed): time windows hold the quads whose last update before the instant is an ADD
 inside [instant - range, instant); the per-event window is the union of per-event answers of the events
 in that interval.  Queries with operators (FILTER, OPTIONAL, aggregates, ASK) are among them: their terms
 (and those the operators make) are read back from the dictionary topic.
@@ -22,11 +22,14 @@ from pyspark.sql import SparkSession
 
 from cbgp.terms import TermDictionary, iri, literal
 from services import codec
-from services.ingest import IngestProcessor, RawRecord
-from services.kafka import KafkaSettings, ensure_topics, make_producer, read_all
-from services.queries import read_registration
-from services.worker_core.engine import ASK_FALSE, ASK_TRUE
-from spark.windows import GC_DELAY_MS, WINDOW_SOURCE_PARTITION
+from services.ingest.core import IngestProcessor, RawRecord
+from services.kafka.config import KafkaSettings
+from services.kafka.topics import ensure_topics
+from services.kafka.client import make_producer, read_all
+from services.wire.registrations import read_registration
+from services.worker.shard_engine import ASK_FALSE, ASK_TRUE
+from spark.window_stream import GC_DELAY_MS
+from services.wire.idempotence import WINDOW_SOURCE_PARTITION
 from tests.fixtures.spark import run_stateful_once
 from tests.fleet_support import publish_plan, unpublish_plan
 from tests.oracle import OracleGraph

@@ -203,8 +203,8 @@ SELECT ?user ?followers WHERE {
 
 
 def test_split_service_paper_class_leaves_a_plain_bgp():
-    from cbgp.background.service import split_service
-    from cbgp.sparql import parse_query
+    from cbgp.background.service_clause import split_service
+    from cbgp.query.sparql import parse_query
 
     plan = split_service(PAPER_QUERY)
     assert plan.maintenance == "budgeted" and "budgeted" in plan.status
@@ -219,7 +219,7 @@ def test_split_service_paper_class_leaves_a_plain_bgp():
 
 
 def test_split_service_other_patterns_get_a_plain_policy_and_bad_forms_are_rejected():
-    from cbgp.background.service import ServiceError, split_service
+    from cbgp.background.service_clause import ServiceError, split_service
 
     plan = split_service("SELECT * WHERE { ?p <http://e/m> ?u . ?p <http://e/by> ?a . "
                          "SERVICE SILENT <http://x/sparql> { ?u <http://e/f> ?f . ?a <http://e/f> ?g } }")
@@ -232,7 +232,7 @@ def test_split_service_other_patterns_get_a_plain_policy_and_bad_forms_are_rejec
 
 
 def test_background_join_retracts_and_asserts_when_a_refresh_changes_a_value():
-    from cbgp.background.service import BackgroundJoin
+    from cbgp.background.service_clause import BackgroundJoin
 
     view = LocalView(prior_interval=5)
     row = lambda n: frozenset({(("followers", f'"{n}"'),)})  # noqa: E731 - one service row per key
@@ -254,8 +254,8 @@ def test_background_join_retracts_and_asserts_when_a_refresh_changes_a_value():
 
 
 def test_service_options():
-    from cbgp.background.query import ServiceOptions
-    from cbgp.background.service import ServiceError
+    from cbgp.background.service_query import ServiceOptions
+    from cbgp.background.service_clause import ServiceError
 
     options = ServiceOptions.from_options({"service.policy": "wsj-lru", "service.rho_ms": "50", "service.alpha": "0.75",
                                            "service.refresh_ms": "30000", "service.gamma": "4", "window": "x"})
@@ -300,7 +300,7 @@ def test_wbmp_weights_the_score_by_the_probability_of_being_stale():
 
 
 def test_registry_accepts_a_service_query_as_a_view_graph_and_says_how_it_is_kept():
-    from services.registry import Registry
+    from services.registry.core import Registry
 
     def register(sparql, **options):
         decision = Registry().decide({"command": "REGISTER", "query_id": "influential", "sparql": sparql,

@@ -72,7 +72,7 @@ def test_fetch_many_with_values(endpoint):
 def test_service_query_answers_retract_and_reassert_after_the_refresh_that_sees_a_change(endpoint):
     """The path of a registered SERVICE query, without the broker: split the query, fill the view from the
     endpoint it names, join the stream's answers, change a follower count on the endpoint, refresh."""
-    from cbgp.background.service import BackgroundJoin, split_service
+    from cbgp.background.service_clause import BackgroundJoin, split_service
 
     query = (f"PREFIX ex: <{EX}>\nSELECT ?user ?followers WHERE {{ ?post ex:mentions ?user . "
              f"SERVICE <{endpoint.query_url}> {{ ?user ex:hasFollowers ?followers }} }}")
@@ -102,8 +102,8 @@ def test_service_query_answers_retract_and_reassert_after_the_refresh_that_sees_
 def test_service_query_with_the_engine(endpoint):
     """ServiceQuery: the engine answers the local part, the view the SERVICE part; a follower count changed on
     the endpoint retracts and re-asserts the answers of that user at the next maintenance round."""
-    from cbgp.background.query import ServiceQuery
-    from cbgp.engine import Engine
+    from cbgp.background.service_query import ServiceQuery
+    from cbgp.engine.engine import Engine
 
     query = (f"PREFIX ex: <{EX}>\nSELECT ?user ?followers WHERE {{ ?post ex:mentions ?user . "
              f"SERVICE <{endpoint.query_url}> {{ ?user ex:hasFollowers ?followers }} }}")

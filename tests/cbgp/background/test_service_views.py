@@ -10,8 +10,8 @@ import pyoxigraph as ox
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cbgp.background.service import ServiceError
-from cbgp.background.views import ViewGraph, has_service, rewrite_services
+from cbgp.background.service_clause import ServiceError
+from cbgp.background.view_graphs import ViewGraph, has_service, rewrite_services
 
 EX = "http://ex.org/"
 REMOTE = "urn:test:remote"

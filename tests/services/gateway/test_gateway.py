@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from services.kafka import ensure_topics
+from services.kafka.topics import ensure_topics
 from services.kafka.broker import free_port
 from tests.fixtures.broker import fresh_settings
 from tests.fleet_support import Fleet, wait_for
@@ -399,8 +399,8 @@ def test_a_gateway_started_after_retention_deleted_answers_gets_the_current_ones
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from services.kafka import end_offsets
-    from services.records import query_partition
+    from services.kafka.client import end_offsets
+    from services.wire.records import query_partition
 
     gw.register("kept", f"SELECT ?x ?y WHERE {{ ?x <{EX}met> ?y }}")
     for i in range(6):

@@ -20,7 +20,8 @@ import requests
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from services.kafka import end_offsets, ensure_topics
+from services.kafka.client import end_offsets
+from services.kafka.topics import ensure_topics
 from tests.fixtures.broker import fresh_settings
 from tests.fleet_support import Fleet, ingest_snapshot_at_end, wait_for
 

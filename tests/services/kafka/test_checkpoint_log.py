@@ -11,8 +11,8 @@ import pytest
 from services.kafka.checkpoint_log import CHUNK_BYTES, CheckpointLog, checkpoint_records, latest
 from services.kafka.client import end_offsets, make_producer
 from services.kafka.config import KafkaSettings
-from services.kafka.floor import floor
-from services.runtime import produce_all
+from services.commands.floor import floor
+from services.runtime.life import produce_all
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def _ends(settings: KafkaSettings, topic: str, partition: int) -> tuple[int, int
 def _write(settings: KafkaSettings, log: CheckpointLog, producer, shards) -> None:  # type: ignore[no-untyped-def]
     """One checkpoint round as a service does it: queue, then the records in the next transaction, then trim."""
     log.queue(shards)
-    producer.begin_transaction()  # (services.runtime.commit_transaction's steps, without its life bookkeeping)
+    producer.begin_transaction()  # (services.runtime.life.commit_transaction's steps, without its life bookkeeping)
     produce_all(producer, log.take())
     producer.commit_transaction(30)
     log.committed()
@@ -94,7 +94,7 @@ def test_doctor_accepts_deltas_deleted_below_the_last_checkpoint_and_names_those
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from services.kafka.doctor import run_doctor
+    from services.commands.doctor import run_doctor
 
     s = kafka_settings
     deltas = s.topic("deltas.parts")

@@ -91,7 +91,7 @@ def test_rebalance_timeout_reaches_consumers_only_and_child_processes() -> None:
 
 
 def test_the_embedded_broker_settings_carry_its_join_workaround(tmp_path) -> None:  # noqa: ANN001
-    from services.kafka import EmbeddedBroker
+    from services.kafka.broker import EmbeddedBroker
     from services.kafka.broker import EMBEDDED_REBALANCE_TIMEOUT_MS
 
     s = EmbeddedBroker(tmp_path, port=1).settings(topic_prefix="e.")  # not started: settings only

@@ -9,10 +9,10 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from services.cli import main
+from services.commands.main import main
 from services.kafka.client import end_offsets, make_consumer, make_producer
 from services.kafka.config import KafkaSettings
-from services.kafka.floor import floor
+from services.commands.floor import floor
 from services.kafka.topics import KEPT, TOPICS, WEEK_MS, spec
 
 REPLAYED: set[str] = set()  # a restore reads it from offset 0 (none left: issue 16)
@@ -143,8 +143,8 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
     from services import codec
     from services.kafka.checkpoint_log import checkpoint_records
     from services.state import presence
-    from services.worker_core.points import log_tail, point_of
-    from services.worker_core import decode_changes
+    from services.worker.points import log_tail, point_of
+    from services.worker.shard import decode_changes
     from tests.fleet_support import generate_patch
     from tests.worker_support import N, ingest_logs
 
@@ -206,7 +206,7 @@ def test_the_encoded_floor_keeps_what_ingest_whole_shards_spark_windows_and_regi
     registration (the record of the last change).  Without a snapshot, everything is needed."""
     from services import codec
     from services.kafka.checkpoint_log import checkpoint_records
-    from services.records import query_partition
+    from services.wire.records import query_partition
     from services.state import presence
     from tests.fleet_support import generate_patch
     from tests.worker_support import N, ingest_logs

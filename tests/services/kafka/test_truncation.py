@@ -20,17 +20,20 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from services import runtime
-from services.cli import main
-from services.kafka.doctor import run_doctor
-from services.ingest import IngestProcessor, RawRecord, restore
-from services.instruments import RESTORE_MISSING_OFFSETS
+from services.runtime import life as runtime
+from services.commands.main import main
+from services.commands.doctor import run_doctor
+from services.ingest.core import IngestProcessor, RawRecord
+from services.ingest.service import restore
+from services.metrics.instruments import RESTORE_MISSING_OFFSETS
 from services.kafka.client import make_producer, read_all
 from services.kafka.config import KafkaConfigError, KafkaSettings, add_kafka_flags, parse_topic_configs
 from services.kafka.topics import (FROM_START, TOPICS, TopicError, check_existing_configs, ensure_topics, spec,
                                    wanted_configs)
 from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated, require_log_start, truncation
-from services.runtime import Fetcher, Stopper, read_range
+from services.runtime.life import Stopper
+from services.kafka.fetch import Fetcher
+from services.kafka.replay import read_range
 from tests.fixtures.broker import fresh_settings
 
 CBGP = str(Path(__file__).resolve().parents[3] / ".venv" / "bin" / "cbgp")
@@ -83,7 +86,7 @@ def test_run_service_stops_with_one_line_and_exit_code_3_instead_of_restarting(
         raise LogTruncated("cbgp.updates.encoded", 0, 0, 17)
 
     with caplog.at_level(logging.ERROR, logger="cbgp.runtime"):
-        assert runtime._run_service("ingest", life, Stopper()) == EXIT_TRUNCATED == 3
+        assert runtime.run_lives("ingest", life, Stopper()) == EXIT_TRUNCATED == 3
     assert lives == [1]  # not restarted into the same wrong state
     lines = [r.getMessage() for r in caplog.records if "log-truncated" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0]

@@ -1,0 +1,273 @@
+"""Running operator queries beside the BGP engine.
+
+`OperatorQuery` is one query's operator tree: its BGP leaves are registered in
+a private `Engine` (projecting all their variables, no DISTINCT) that shares
+the caller's term dictionary, leaves with a variable predicate are
+`PatternLeaf`s, and `apply` returns the query's consolidated delta answers for
+one change (rows in `columns` order, None for an unbound variable, `-` rows
+first).  A private engine per query is what makes filter push-down possible:
+the change is dropped before the engine when every pattern of this query that
+it could match rejects it.
+
+`ContinuousEngine` is the drop-in for `Engine` that takes any supported query:
+plain BGP SELECTs go to one shared `Engine` exactly as before (the fast path),
+other queries get an `OperatorQuery`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse
+from cbgp.algebra.operators import MEMO_LIMIT, Delta, add, remapper
+from cbgp.algebra.expressions import Terms, expression_variables
+from cbgp.engine.engine import Engine, EngineError
+from cbgp.query.plan import Plan
+from cbgp.query.sparql import ParsedQuery
+from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
+
+Delta3 = tuple[str, int, tuple]
+
+
+class OperatorTree:
+    """A query's operators above its BGP leaves, fed with the leaves' deltas: by :class:`OperatorQuery`'s
+    private engine, or (``cbgp.algebra.by_centre``) by leaves evaluated elsewhere and released in seq order."""
+
+    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
+        self.spec = spec
+        self.terms = Terms(dictionary, spec.prologue)
+        builder = self.builder = Builder(spec, self.terms, pushdown=pushdown)
+        self.root = builder.build_root()
+        self.columns = builder.columns
+        self.form = spec.form
+        self.to_columns = remapper(self.root.schema, self.columns)
+        self.pending: Delta = {}
+        self.root.sink = self._collect
+        self.root.start()
+
+    def _collect(self, delta: Delta) -> None:
+        for row, n in delta.items():
+            add(self.pending, row, n)
+
+    def initial(self) -> list[tuple[int, tuple]]:
+        """Answers before any change (VALUES rows, an aggregate's empty group, ASK false...)."""
+        return self._drain()
+
+    def push(self, leaves: list, batches: dict[int, Delta]) -> list[tuple[int, tuple]]:
+        """One change's net deltas of some leaves (leaf number -> rows in the leaf's schema), in leaf order:
+        the query's answer deltas (``-`` rows first)."""
+        for number in sorted(batches):
+            if batches[number]:
+                leaves[number].push(batches[number])
+        return self._drain() if self.pending else []
+
+    def _drain(self) -> list[tuple[int, tuple]]:
+        pending, self.pending = self.pending, {}
+        out: list[tuple[int, tuple]] = []
+        to_columns = self.to_columns
+        for row, n in pending.items():
+            if n < 0:
+                out.extend([(-1, to_columns(row))] * -n)
+        for row, n in pending.items():
+            if n > 0:
+                out.extend([(1, to_columns(row))] * n)
+        return out
+
+
+class FilterGate:
+    """FILTER push-down: a FILTER conjunct on the variables of one engine pattern is attached to it
+    (``EngineLeaf.pushed``); a change that every engine pattern it could match rejects by its pushed filters can
+    take part in no answer, so it is dropped before the engine and costs no state.  Only predicates with a pushed
+    filter are gated.  (The filters stay in the operator tree too: they decide the answers.)"""
+
+    def __init__(self, gates: dict[int, list], terms: Terms) -> None:
+        self.gates = gates  # predicate id -> [(s, o, graph, filters, their variables)] of its engine patterns
+        self.terms = terms
+        self._memo: dict = {}  # (id of the filters, pattern binding) -> outcome
+
+    def __getstate__(self) -> dict:
+        # (a checkpoint pickles the gate; the memo is keyed by object ids, which mean nothing in the next life)
+        return {**self.__dict__, "_memo": {}}
+
+    @classmethod
+    def of(cls, engine_leaves: list[EngineLeaf], dictionary: TermDictionary, terms: Terms) -> FilterGate | None:
+        """The gate of ``engine_leaves``' patterns, or None when no filter was pushed into any."""
+        gates: dict[int, list] = {}
+        any_filter = False
+        for engine_leaf in engine_leaves:
+            for index, pattern in enumerate(engine_leaf.query.patterns):
+                filters = engine_leaf.pushed.get(index, [])
+                any_filter = any_filter or bool(filters)
+                p = dictionary.encode(pattern.p)
+                g = pattern.g
+                graph = DEFAULT_GRAPH_ID if g is None else (None if g.startswith("?") else dictionary.encode(g))
+                s = pattern.s if pattern.s.startswith("?") else dictionary.encode(pattern.s)
+                o = pattern.o if pattern.o.startswith("?") else dictionary.encode(pattern.o)
+                names = tuple(sorted(set().union(*(expression_variables(f) for f in filters)))) if filters else ()
+                gates.setdefault(p, []).append((s, o, graph, filters, names))
+        gates = {p: entries for p, entries in gates.items() if any(e[3] for e in entries)}
+        return cls(gates, terms) if any_filter else None
+
+    def passes(self, s: int, p: int, o: int, g: int) -> bool:
+        """Whether the change may match a pattern its pushed filters accept (always, for an ungated predicate)."""
+        entries = self.gates.get(p)
+        if entries is None:
+            return True
+        ebv = self.terms.ebv
+        for ps, po, pg, filters, names in entries:
+            if pg is not None and pg != g:
+                continue
+            if not filters:
+                if (isinstance(ps, str) or ps == s) and (isinstance(po, str) or po == o):
+                    return True
+                continue
+            binding: dict[str, int] = {}
+            ok = True
+            for term, value in ((ps, s), (po, o)):
+                if isinstance(term, str):
+                    name = term[1:]
+                    if binding.setdefault(name, value) != value:
+                        ok = False
+                elif term != value:
+                    ok = False
+            if not ok:
+                continue
+            schema = names  # the filters' variables: their outcome depends on these terms only
+            row = tuple(binding[n] for n in schema)
+            memo = self._memo
+            key = (id(filters), row)
+            keep = memo.get(key)
+            if keep is None:
+                keep = all(ebv(f, schema, row) for f in filters)
+                if len(memo) >= MEMO_LIMIT:
+                    memo.clear()
+                memo[key] = keep
+            if keep:
+                return True
+        return False
+
+
+class OperatorQuery(OperatorTree):
+    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
+        super().__init__(spec, dictionary, pushdown)
+        builder = self.builder
+        self.engine = Engine(dictionary)
+        self.engine_leaves = builder.engine_leaves
+        self.leaves = {}
+        self.leaf_columns = {}
+        for number, engine_leaf in enumerate(builder.engine_leaves):
+            name = f"leaf{number}"
+            self.engine.register(name, engine_leaf.query)
+            self.leaves[name] = engine_leaf.leaf
+            self.leaf_columns[name] = remapper(self.engine.columns(name), engine_leaf.leaf.schema)
+        self.pattern_leaves = builder.pattern_leaves
+        self.gate = FilterGate.of(builder.engine_leaves, dictionary, self.terms) if pushdown else None
+        self.gated = 0  # changes dropped by push-down
+
+    # -- changes --
+
+    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[tuple[int, tuple]]:
+        if self.leaves:
+            if self.gate is not None and not self.gate.passes(s, p, o, g):
+                self.gated += 1
+            else:
+                deltas = self.engine.apply(sign, s, p, o, g)
+                if deltas:
+                    batches: dict[str, Delta] = {}
+                    for name, sgn, row in deltas:
+                        batch = batches.get(name)
+                        if batch is None:
+                            batch = batches[name] = {}
+                        add(batch, self.leaf_columns[name](row), sgn)
+                    for name in sorted(batches, key=lambda n: int(n[4:])):
+                        if batches[name]:
+                            self.leaves[name].push(batches[name])
+        for leaf in self.pattern_leaves:
+            leaf.change(sign, (s, p, o, g))
+        return self._drain() if self.pending else []
+
+    def state_entries(self) -> int:
+        return self.engine.state_entries() + sum(op.entries() for op in self.root.walk())
+
+    def state_bytes(self) -> int:
+        return self.engine.state_bytes() + 64 * sum(op.entries() for op in self.root.walk())
+
+    def explain(self) -> str:
+        lines = [f"{self.form} query evaluated by operators over {len(self.leaves)} engine BGP(s)"
+                 f" and {len(self.pattern_leaves)} variable-predicate BGP(s):"]
+        lines.extend("  " + line for line in self.root.explain())
+        return "\n".join(lines)
+
+
+class ContinuousEngine:
+    """`Engine` for every supported query: BGP SELECTs on the shared fast path, others with operators."""
+
+    def __init__(self, dictionary: TermDictionary | None = None, keep_graph: bool = False,
+                 pushdown: bool = True) -> None:
+        self.engine = Engine(dictionary, keep_graph=keep_graph)
+        self.dictionary = self.engine.dictionary
+        self.operator_queries: dict[str, OperatorQuery] = {}
+        self.pushdown = pushdown
+
+    def register(self, name: str, query: str | ParsedQuery | Plan | OperatorQuerySpec,
+                 initial: Iterable[tuple[int, int, int, int]] | None = None) -> list[Delta3]:
+        if name in self.engine.queries or name in self.operator_queries:
+            raise EngineError(f"a query named {name!r} is already registered")
+        if isinstance(query, str):
+            query = analyse(query)
+        if isinstance(query, (ParsedQuery, Plan)):  # a BGP (or its decomposition): the BGP engine's
+            return self.engine.register(name, query, initial)
+        op = OperatorQuery(query, self.dictionary, self.pushdown)
+        self.operator_queries[name] = op
+        out = [(name, sign, row) for sign, row in op.initial()]
+        source = initial if initial is not None else (self.engine.graph or ())
+        for s, p, o, g in list(source):
+            out.extend((name, sign, row) for sign, row in op.apply(1, s, p, o, g))
+        return _consolidate(out)
+
+    def unregister(self, name: str) -> None:
+        if self.operator_queries.pop(name, None) is None:
+            self.engine.unregister(name)
+
+    def columns(self, name: str) -> tuple[str, ...]:
+        op = self.operator_queries.get(name)
+        return op.columns if op is not None else self.engine.columns(name)
+
+    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[Delta3]:
+        out = self.engine.apply(sign, s, p, o, g)
+        for name, op in self.operator_queries.items():
+            for d_sign, row in op.apply(sign, s, p, o, g):
+                out.append((name, d_sign, row))
+        return out
+
+    def apply_terms(self, sign: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta3]:
+        encode = self.dictionary.encode
+        return self.apply(sign, encode(s), encode(p), encode(o), DEFAULT_GRAPH_ID if g is None else encode(g))
+
+    def decode_row(self, name: str, row: tuple) -> dict[str, str]:
+        decode = self.dictionary.decode
+        return {var: decode(value) for var, value in zip(self.columns(name), row) if value is not None}
+
+    def state_entries(self, name: str | None = None) -> int:
+        if name is None:
+            return self.engine.state_entries() + sum(q.state_entries() for q in self.operator_queries.values())
+        op = self.operator_queries.get(name)
+        return op.state_entries() if op is not None else self.engine.state_entries(name)
+
+    def explain(self, name: str) -> str:
+        return self.operator_queries[name].explain()
+
+
+def _consolidate(deltas: list[Delta3]) -> list[Delta3]:
+    total: dict[tuple[str, tuple], int] = {}
+    for name, sign, row in deltas:
+        key = (name, row)
+        total[key] = total.get(key, 0) + sign
+    out: list[Delta3] = []
+    for (name, row), n in total.items():
+        if n < 0:
+            out.extend([(name, -1, row)] * -n)
+    for (name, row), n in total.items():
+        if n > 0:
+            out.extend([(name, 1, row)] * n)
+    return out

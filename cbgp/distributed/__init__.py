@@ -1,0 +1,2 @@
+"""Multi-centre components evaluated across partitions: versioned state keyed by centre value and the
+probes that join it."""

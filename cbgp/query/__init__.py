@@ -1,0 +1,1 @@
+"""Reading a SPARQL query and decomposing its basic graph pattern into parts."""

@@ -1,0 +1,1 @@
+"""``cbgp answers``: query-part deltas in, numbered answers and current answers out."""

@@ -1,0 +1,573 @@
+"""Seq-ordered, consolidated release of by-centre queries' deltas (the answers service's first step; no Kafka).
+
+A query placed by centre value (``Plan.placement == "by-centre"``) is evaluated on every updates.routed
+partition, each for its own centre values and in its own seq order; their deltas reach deltas.parts
+interleaved arbitrarily.  Released as they come, a consumer could see the deltas of change 9 before those of
+change 7, and, once the centre is projected away, a row's ``-`` from one partition before the ``+`` it
+retracts from another.  So, per deltas.parts partition:
+
+1. **Hold** every delta from a routed source (``source_partition >= 0``) until every routed partition's
+   *frontier* has reached its seq.  A worker writes a ``Frontier`` record after the deltas of its shards'
+   changes up to that seq (ingest writes frontier marks to every routed partition, so idle ones move too);
+   deltas from one ordered source (whole queries: -1; the Spark job: below -1) pass straight through.
+2. **Release** the held deltas whose seq is at or below the lowest frontier, sorted by
+   ``(seq, source partition, source offset, index)``: the answer stream follows the graph's order.
+3. **Consolidate DISTINCT**: a by-centre DISTINCT query's partitions report every solution's row
+   (``PartDeltaBatch.distinct``); released in seq order, a row goes out as ``+`` when its count goes
+   0 -> 1 and as ``-`` when it goes 1 -> 0.
+
+4. **Gate registrations** of multi-centre queries and by-centre products (``PartDeltaBatch.gated``): a
+   registration's share of each partition's history (probes; a part's snapshot as of that partition's own
+   position) arrives while the frontiers already moved on.  Everything of a registration ``(query, version)``
+   is held until every routed partition's ``ProbeReady`` record is in and the frontiers have passed the
+   highest ``as_of``, ``M``; then the deltas up to ``M`` are released netted per stream (each part of a
+   product is one: the answers as of ``M``, ``+`` only, relabelled seq ``M``), and the rest join the
+   seq-ordered release.  So a registration's first answers are one snapshot as of one seq, in order with
+   what follows.  Opened gates are kept in the commit metadata.
+
+   Every by-centre registration is gated (a star's too): its first answers are one snapshot as of one seq.
+
+5. **One copy per key.**  During a rebalance two workers may both hold a routed partition for a moment (a
+   broker that does not fence the old owner, like the embedded one).  Both then send the same deltas with the
+   same idempotence keys: a registration applies at one record of each routed log whichever worker reads its
+   plan (``services.worker.points.point_of``), and deltas are numbered per query.  The deltas the release
+   counts, nets or multiplies (a product's parts, DISTINCT rows, a gate's) are released once per key
+   (``_first_release``); plain deltas' repeated keys are dropped by the answers core.
+
+6. **Products and operators.**  A product's part deltas are multiplied per seq (``cbgp.engine.assembly``); an
+   operator query's leaves' part deltas go through its operators (``services.answers.release_operators``), whose
+   first answers are released with the registration's snapshot when its gate opens.
+
+Restart (:meth:`SeqRelease.commit_position`, :meth:`SeqRelease.restore`): the offset committed for a
+deltas.parts partition is never past a record that still holds an unreleased delta, and its commit metadata
+carries the frontiers at the commit and the offset the service had read to (``end``).  Exactly the deltas
+read before ``end`` whose seq is at or below the frontiers' minimum ``W`` were released (none of a gate
+still shut), so a restarted service rebuilds its DISTINCT counts, product assemblers and operators from those (reading
+``[0, end)``), and when it re-reads the records from the committed offset it skips them and holds the rest
+again: it resumes in the state it committed, in the same order.  (Counting the records before the committed
+offset instead would be wrong: one of them may hold a later seq than a released delta of a record after it.)
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import dataclass, field, replace
+from itertools import count
+
+from typing import Callable
+
+from cbgp.engine.assembly import Assembler, GraphAssembler, assembler_for
+from services import codec
+from services.codec import PartDeltaColumns
+from services.wire.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
+from services.wire.registrations import read_query
+from services.answers.release_operators import Operators
+
+
+@dataclass
+class _Gate:
+    ready: dict[int, int] = field(default_factory=dict)  # routed partition -> highest as_of of its ProbeReady
+    items: list = field(default_factory=list)  # (offset, deltas, i) held until the gate opens
+    marks: list[int] = field(default_factory=list)  # deltas.parts offsets of its ProbeReady records (commit pins)
+
+
+@dataclass
+class _Partition:
+    frontiers: dict[int, int] = field(default_factory=dict)  # routed partition -> highest completed seq
+    released_end: int = 0  # restart: deltas of records before this offset with seq <= released_seq were ...
+    released_seq: int = -1  # ... released before the restart: skipped when read again
+    counts: dict[tuple[str, int], dict[tuple[int, ...], int]] = field(default_factory=dict)  # DISTINCT rows
+    heap: list = field(default_factory=list)  # (seq, source partition, source offset, index, tie, record, i)
+    # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
+    records: dict[int, list] = field(default_factory=dict)
+    gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
+    # products' assemblers, operator queries' operators
+    assemblers: dict[tuple[str, int], Assembler | GraphAssembler | Operators] = field(default_factory=dict)
+    # gated registrations released -> the seq their snapshot is as of
+    opened: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Idempotence keys of the released deltas that the release counts, nets or multiplies (a product's parts,
+    # DISTINCT rows, a gate's): a copy made by two workers that both held a routed partition for a moment
+    # during a rebalance is released once.  (Plain deltas' repeated keys are dropped by the answers core.)
+    released_keys: dict[tuple, None] = field(default_factory=dict)  # insertion-ordered: the oldest go first
+    # Restored from a checkpoint: its commit (read position, watermark, opened gates), whose releases the
+    # checkpoint's counts already hold
+    checkpointed: _Partition | None = None
+
+
+RELEASED_KEYS_KEPT = 200_000  # recent released delta keys remembered per partition (~40 MB at most)
+
+Released = tuple[int, "int | None", PartDeltaColumns]  # (deltas.parts offset, origin ms, deltas)
+
+
+class SeqRelease:
+    """Holding, ordering and DISTINCT consolidation of the deltas of every held deltas.parts partition."""
+
+    def __init__(self, routed_partitions: int, query_text: Callable[[str, int], str | None] | None = None,
+                 terms: dict[int, str] | None = None) -> None:
+        """``query_text(query_id, version)``: a registration's query (what a product's assembler needs), None
+        when unknown (its part deltas are then dropped as an unregistered query's).  ``terms``: the answers
+        service's dictionary (id -> term), which an operator query's expressions read and its computed values
+        are added to."""
+        self.n_routed = routed_partitions
+        self.partitions: dict[int, _Partition] = {}
+        self._tie = count()
+        self.query_text = query_text
+        self.terms: dict[int, str] = {} if terms is None else terms
+
+    # -- partitions
+
+    def restore(self, partition: int, metadata: str | None, keep_counts: bool = False,
+                saved: dict | None = None) -> int:
+        """Start (or restart) a partition at its committed offset with the frontiers and read position
+        committed beside it; return that read position (``end``): the caller feeds the records before it to
+        :meth:`restore_counts` unless ``keep_counts`` (this instance already holds the counts and assemblers it
+        committed).  ``saved``: a :meth:`checkpoint` of this partition, whose released state is taken; the
+        caller then feeds only the records from the checkpoint's committed offset to ``end`` (every record
+        before it was released whole, or dropped, when it was taken: the commit never passes a held delta),
+        and what the checkpoint had already released of them is not counted again."""
+        old = self.partitions.get(partition)
+        state = self.partitions[partition] = self._committed(metadata)
+        if keep_counts and old is not None:  # DISTINCT counts and product assemblers both are released state
+            state.counts, state.assemblers = old.counts, old.assemblers
+            state.released_keys = old.released_keys
+        elif saved is not None:
+            state.counts, state.assemblers = saved["counts"], saved["assemblers"]
+            state.released_keys = saved["released_keys"]
+            state.checkpointed = self._committed(saved["metadata"])
+            for assembler in state.assemblers.values():
+                if isinstance(assembler, Operators):
+                    assembler.rebind(self.terms)
+        return state.released_end
+
+    def _committed(self, metadata: str | None) -> _Partition:
+        """A partition state with the frontiers, read position and opened gates of commit ``metadata``."""
+        state = _Partition()
+        try:
+            stored = json.loads(metadata or "{}")
+            state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}
+            state.released_end = int(stored.get("end", 0))
+            # ([query, version, as_of]; [query, version] as committed before as_of was kept: as of unknown)
+            state.opened = {(entry[0], int(entry[1])): int(entry[2]) if len(entry) > 2 else -1
+                            for entry in stored.get("opened", [])}
+        except (ValueError, AttributeError, TypeError, IndexError):
+            state.frontiers, state.released_end, state.opened = {}, 0, {}
+        state.released_seq = self._lowest(state.frontiers)
+        return state
+
+    def checkpoint(self, partition: int, metadata: str) -> dict:
+        """The released state of ``partition`` (DISTINCT counts, assemblers and operators, released keys) just
+        after a commit with ``metadata``: what :meth:`restore_counts` rebuilds from the records before its
+        read position.  Pickled by the caller; it shares objects with the live state."""
+        state = self.partitions[partition]
+        return {"metadata": metadata, "counts": state.counts, "assemblers": state.assemblers,
+                "released_keys": state.released_keys}
+
+    def drop(self, partition: int) -> None:
+        self.partitions.pop(partition, None)
+
+    @staticmethod
+    def _released_before(state: _Partition, offset: int, deltas: PartDeltaColumns) -> list[int]:
+        """Which deltas of a record read again after a restart were released before it: those of records
+        before the committed read position with seq up to the committed watermark -- except a gated
+        registration's while its gate was still shut (nothing of it was released)."""
+        if offset >= state.released_end or (deltas.gated and (deltas.query_id, deltas.version) not in state.opened):
+            return []
+        return [i for i in range(len(deltas)) if deltas.seq[i] <= state.released_seq]
+
+    def restore_counts(self, partition: int, offset: int, deltas: PartDeltaColumns) -> None:
+        """Count the released rows of a DISTINCT batch read before the committed read position, or fold a
+        product's released part deltas into its assembler (restore)."""
+        state = self.partitions[partition]
+        if not deltas.source_partition or min(deltas.source_partition) < ORDERED_SOURCE_BELOW:
+            return
+        if deltas.part < 0 and not deltas.distinct:
+            return  # plain deltas: nothing of them is kept
+        released = self._released_before(state, offset, deltas)
+        if released and state.checkpointed is not None:
+            before = set(self._released_before(state.checkpointed, offset, deltas))
+            released = [i for i in released if i not in before]
+        released = _first_release(state, deltas, released) if released else []  # two owners' copies: once
+        if not released:
+            return
+        if deltas.part < 0:
+            self._consolidate(state, _pick(deltas, released))
+            return
+        assembler = self._assembler(state, deltas)
+        if assembler is not None:
+            k = len(deltas.variables)
+            if isinstance(assembler, Operators):
+                variables = tuple(deltas.variables)
+                for i in released:
+                    assembler.note(deltas.seq[i], (deltas.source_partition[i], deltas.source_offset[i],
+                                                   deltas.index[i]), deltas.part,
+                                   deltas.diff[i],
+                                   tuple(deltas.values[i * k:(i + 1) * k]), variables)
+                return
+            for i in released:
+                assembler.absorb(deltas.part, deltas.diff[i],
+                                 tuple(deltas.values[i * k:(i + 1) * k]))
+
+    def commit_position(self, partition: int, next_offset: int) -> tuple[int, str]:
+        """The offset to commit for ``partition`` (processed up to ``next_offset``) and its metadata."""
+        state = self.partitions[partition]
+        end = max(next_offset, state.released_end)
+        stored: dict = {"frontiers": state.frontiers, "end": end}
+        if state.opened:
+            stored["opened"] = sorted([q, v, as_of] for (q, v), as_of in state.opened.items())
+        pins = [min(state.records)] if state.records else []
+        pins += [offset for gate in state.gates.values() for offset in gate.marks]
+        return (min(pins) if pins else next_offset), json.dumps(stored, separators=(",", ":"))
+
+    def held(self) -> int:
+        return sum(len(state.heap) + sum(len(g.items) for g in state.gates.values())
+                   for state in self.partitions.values())
+
+    def watermark(self, partition: int) -> int:
+        """The highest seq every routed partition has completed, as seen on this deltas.parts partition."""
+        return self._lowest(self.partitions[partition].frontiers)
+
+    def _lowest(self, frontiers: dict[int, int]) -> int:
+        return min((frontiers.get(p, -1) for p in range(self.n_routed)), default=-1)
+
+    # -- records
+
+    def on_record(self, partition: int, offset: int, value: bytes, origin: int | None = None,
+                  deltas: PartDeltaColumns | None = None) -> list[Released] | None:
+        """One deltas.parts record, whichever it is (``deltas``: its PartDeltaColumns, if already decoded): a
+        ProbeReady mark, a Frontier record or a batch of deltas.  None when it is none of these (the answers
+        core dead-letters it)."""
+        if deltas is not None:
+            return self.on_deltas(partition, offset, origin, deltas)
+        try:
+            mark = codec.probe_ready_of(value)
+            if mark is not None:  # a routed partition's share of a probed registration is in
+                return self.on_ready(partition, offset, mark["query_id"], mark["version"], mark["partition"],
+                                     mark["as_of"])
+            frontier = codec.frontier_of(value)
+            if frontier is not None:
+                return self.on_frontier(partition, frontier)
+            return self.on_deltas(partition, offset, origin, codec.part_delta_columns(value))
+        except codec.CodecError:
+            return None
+
+    def on_frontier(self, partition: int, frontiers: dict[int, int]) -> list[Released]:
+        """A Frontier record: raise the frontiers it names and release what they allow."""
+        state = self.partitions[partition]
+        for routed, seq in frontiers.items():
+            if seq > state.frontiers.get(routed, -1):
+                state.frontiers[routed] = seq
+        return self._release(partition)
+
+    def on_ready(self, partition: int, offset: int, query_id: str, version: int, routed: int,
+                 as_of: int) -> list[Released]:
+        """A ProbeReady record: routed partition ``routed`` has sent all of its share of the registration."""
+        state = self.partitions[partition]
+        key = (query_id, version)
+        if key not in state.opened:
+            gate = state.gates.setdefault(key, _Gate())
+            gate.ready[routed] = max(as_of, gate.ready.get(routed, -1))  # two owners: the later snapshot
+            gate.marks.append(offset)
+        return self._release(partition)
+
+    def on_deltas(self, partition: int, offset: int, origin: int | None, deltas: PartDeltaColumns) -> list[Released]:
+        """A batch of deltas: an ordered source's pass straight through; a by-centre query's are held."""
+        if not deltas.source_partition or max(deltas.source_partition) < ORDERED_SOURCE_BELOW:
+            return [(offset, origin, deltas)]
+        state = self.partitions[partition]
+        released = self._released_before(state, offset, deltas)  # read again after a restart: those are done
+        if released:
+            done = set(released)
+            deltas = _pick(deltas, [i for i in range(len(deltas)) if i not in done])
+            if not len(deltas):
+                return self._release(partition)
+        key = (deltas.query_id, deltas.version)
+        as_of = state.opened.get(key, -1) if deltas.gated else -1
+        if as_of >= 0 and min(deltas.seq) <= as_of:
+            # Its gate opened once every partition's frontier had passed as_of, so a registration's delta up to
+            # as_of that comes now is a second owner's copy of one the gate already netted: dropped.
+            deltas = _pick(deltas, [i for i in range(len(deltas)) if deltas.seq[i] > as_of])
+            if not len(deltas):
+                return self._release(partition)
+        state.records[offset] = [len(deltas), origin]
+        if deltas.gated and key not in state.opened:
+            state.gates.setdefault(key, _Gate()).items.extend((offset, deltas, i) for i in range(len(deltas)))
+            return self._release(partition)
+        for i in range(len(deltas)):
+            heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
+                                        deltas.index[i], next(self._tie), offset, deltas, i))
+        return self._release(partition)
+
+    def _open(self, state: _Partition, limit: int) -> list[Released]:
+        """Release the gates whose partitions are all ready and whose as_of the frontiers have passed."""
+        out: list[Released] = []
+        for key, gate in list(state.gates.items()):
+            if len(gate.ready) < self.n_routed or limit < max(gate.ready.values()):
+                continue
+            upto = max(gate.ready.values())
+            del state.gates[key]
+            state.opened[key] = upto
+            # a bundle's origin: its earliest record's (the answers' latency counts from the oldest change in it)
+            origins = {offset: state.records[offset][1] for offset, _d, _i in gate.items if offset in state.records}
+            # The items up to as_of are netted here, a repeated key (two owners' copies) once; later ones join
+            # the heap (where a product's or DISTINCT query's repeated keys are dropped too).
+            repeated = {id(item) for item in gate.items
+                        if item[1].seq[item[2]] <= upto and not _first_release(state, item[1], [item[2]])}
+            if repeated:
+                for item in gate.items:
+                    if id(item) in repeated:
+                        self._done(state, item[0])
+                gate.items = [item for item in gate.items if id(item) not in repeated]
+            # The deltas up to as_of, netted per stream (a product's parts are streams of their own): per
+            # row its count of + deltas, the rest cancel.
+            by_row: dict[tuple, dict[tuple, list]] = {}
+            later = []
+            for offset, deltas, i in gate.items:
+                if deltas.seq[i] > upto:
+                    later.append((offset, deltas, i))
+                    continue
+                k = len(deltas.variables)
+                row = tuple(deltas.values[i * k:(i + 1) * k])
+                entry = by_row.setdefault((deltas.part, tuple(deltas.variables)), {}).setdefault(row, [0, []])
+                entry[0] += deltas.diff[i]
+                if deltas.diff[i] > 0:
+                    entry[1].append((deltas.source_partition[i], deltas.source_offset[i], deltas.index[i],
+                                     offset, deltas, i))
+            for offset, deltas, i in gate.items:
+                self._done(state, offset)
+            bundles: list[Released] = []
+            for _stream, rows in sorted(by_row.items()):
+                kept = sorted(item for count, pluses in rows.values() for item in pluses[:max(count, 0)])
+                if not kept:
+                    continue
+                template = kept[0][4]
+                bundle = _gather(template, [(deltas, i) for *_key, _offset, deltas, i in kept])
+                bundle = replace(bundle, seq=[upto] * len(bundle), snapshot=[True] * len(bundle))
+                if bundle.distinct:
+                    bundle = replace(_pick(bundle, self._consolidate(state, bundle)), distinct=False)
+                if len(bundle):
+                    times = [origins[item[3]] for item in kept if origins.get(item[3]) is not None]
+                    bundles.append((kept[0][3], min(times) if times else None, bundle))
+            operators = self._operators_of(state, key)
+            if operators is None:
+                out.extend(bundles)
+            else:  # the registration's answers: its operators' first rows and the leaves' snapshot through them
+                operators.catch_up(upto)
+                items = [(deltas.part, 1, tuple(deltas.values[i * len(deltas.variables):
+                                                              (i + 1) * len(deltas.variables)]),
+                          tuple(deltas.variables)) for _o, _origin, deltas in bundles for i in range(len(deltas))]
+                answers, operators.initial = _net(operators.initial + operators.apply(items)), []
+                times = [origin for _o, origin, _d in bundles if origin is not None]
+                offset = min((o for o, _origin, _d in bundles), default=min(gate.marks, default=0))
+                out.extend(_answer_batches(key[0], key[1], operators.columns, answers, upto, offset,
+                                           min(times) if times else None, True))
+            for offset, deltas, i in later:
+                state.records.setdefault(offset, [0, origins.get(offset)])[0] += 1
+                heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
+                                            deltas.index[i], next(self._tie), offset, deltas, i))
+        return out
+
+    @staticmethod
+    def _done(state: _Partition, offset: int) -> None:
+        record = state.records.get(offset)
+        if record is not None:
+            record[0] -= 1
+            if record[0] <= 0:
+                del state.records[offset]
+
+    def _release(self, partition: int) -> list[Released]:
+        state = self.partitions[partition]
+        limit = self.watermark(partition)
+        heap = state.heap
+        opened = self._open(state, limit) if state.gates else []
+        groups: list[tuple[int, int | None, PartDeltaColumns, list[tuple[PartDeltaColumns, int]]]] = []
+        while heap and heap[0][0] <= limit:
+            *_key, offset, deltas, i = heapq.heappop(heap)
+            record = state.records[offset]
+            record[0] -= 1
+            if record[0] == 0:
+                del state.records[offset]
+            if (deltas.part >= 0 or deltas.distinct) and not _first_release(state, deltas, [i]):
+                continue
+            if groups and _same_stream(groups[-1][2], deltas):
+                groups[-1][3].append((deltas, i))
+            else:
+                groups.append((offset, record[1], deltas, [(deltas, i)]))
+        out: list[Released] = []
+        for offset, origin, deltas, items in groups:
+            picked = _gather(deltas, items)
+            if picked.distinct:  # the counted rows go on as plain deltas: the transitions only
+                picked = replace(_pick(picked, self._consolidate(state, picked)), distinct=False)
+                if not len(picked):
+                    continue
+            out.append((offset, origin, picked))
+        out = opened + out
+        if any(deltas.part >= 0 for _o, _origin, deltas in out):
+            out = self._multiply(state, out)
+        return out
+
+    def _operators_of(self, state: _Partition, key: tuple[str, int]) -> Operators | None:
+        """The operators of ``key`` if it is an operator query placed by centre (else None)."""
+        found = self._assembler_of(state, key, operators_only=True)
+        return found if isinstance(found, Operators) else None
+
+    def _assembler(self, state: _Partition, deltas: PartDeltaColumns) -> Assembler | GraphAssembler | Operators | None:
+        return self._assembler_of(state, (deltas.query_id, deltas.version))
+
+    def _assembler_of(self, state: _Partition, key: tuple[str, int],
+                      operators_only: bool = False) -> Assembler | GraphAssembler | Operators | None:
+        """A product's assembler, or an operator query's operators (``Operators``), made from its text
+        (``operators_only``: none is made for a BGP query)."""
+        assembler = state.assemblers.get(key)
+        if assembler is None:
+            text = self.query_text(*key) if self.query_text is not None else None
+            if text is None:
+                return None
+            parsed, operators = read_query(text, None)
+            if operators is None and operators_only:
+                return None
+            for stale in [k for k in state.assemblers if k[0] == key[0] and k[1] < key[1]]:
+                del state.assemblers[stale]  # a re-registration starts from nothing
+            assembler = state.assemblers[key] = (assembler_for(parsed) if operators is None
+                                                 else Operators(operators, self.terms))
+        return assembler
+
+    def _multiply(self, state: _Partition, released: list[Released]) -> list[Released]:
+        """Replace a by-centre product's released part deltas (in seq order) by its answer deltas: one
+        Assembler.apply per update."""
+        out: list[Released] = []
+        pending: dict[tuple[str, int], tuple[int, list, int, int | None, PartDeltaColumns]] = {}
+
+        def flush(key: tuple[str, int]) -> None:
+            seq, items, offset, origin, template = pending.pop(key)
+            assembler = self._assembler(state, template)
+            if assembler is None:
+                return  # unregistered: dropped, as the answers service drops a stale stream
+            if isinstance(assembler, Operators):
+                assembler.catch_up(state.opened.get(key, -1))
+                answers = assembler.apply(items)
+            else:
+                answers = assembler.apply([item[:3] for item in items])
+            out.extend(_answer_batches(template.query_id, template.version, assembler.columns, answers, seq,
+                                       offset, origin, False))
+
+        for offset, origin, deltas in released:
+            if deltas.part < 0:
+                out.append((offset, origin, deltas))
+                continue
+            key = (deltas.query_id, deltas.version)
+            k = len(deltas.variables)
+            variables = tuple(deltas.variables)
+            for i in range(len(deltas)):
+                seq = deltas.seq[i]
+                if key in pending and pending[key][0] != seq:
+                    flush(key)
+                if key not in pending:
+                    pending[key] = (seq, [], offset, origin, deltas)
+                pending[key][1].append((deltas.part, deltas.diff[i],
+                                        tuple(deltas.values[i * k:(i + 1) * k]), variables))
+        for key in list(pending):
+            flush(key)
+        return out
+
+    @staticmethod
+    def _consolidate(state: _Partition, deltas: PartDeltaColumns) -> list[int]:
+        """DISTINCT over multiset rows: count them, and return the deltas whose row's count crossed 0 <-> 1."""
+        key = (deltas.query_id, deltas.version)
+        counts = state.counts.get(key)
+        if counts is None:
+            for stale in [k for k in state.counts if k[0] == deltas.query_id and k[1] < deltas.version]:
+                del state.counts[stale]  # a re-registration starts from nothing
+            counts = state.counts[key] = {}
+        k = len(deltas.variables)
+        kept: list[int] = []
+        for i in range(len(deltas)):
+            row = tuple(deltas.values[i * k:(i + 1) * k])
+            before = counts.get(row, 0)
+            after = before + deltas.diff[i]
+            if after:
+                counts[row] = after
+            else:
+                counts.pop(row, None)
+            if (before == 0 and after == 1) or (before == 1 and after == 0):
+                kept.append(i)
+        return kept
+
+
+def _net(deltas: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+    """Deltas netted per row, ``-`` rows first."""
+    total: dict[tuple, int] = {}
+    for sign, row in deltas:
+        total[row] = total.get(row, 0) + sign
+    return ([(-1, row) for row, n in total.items() for _ in range(-n)]
+            + [(1, row) for row, n in total.items() for _ in range(n)])
+
+
+def _answer_batches(query_id: str, version: int, columns: tuple[str, ...] | list[str],
+                    answers: list[tuple[int, tuple]], seq: int, offset: int, origin: int | None,
+                    snapshot: bool) -> list[Released]:
+    """A product's or an operator query's answer deltas of one seq as released batches, numbered 0, 1, ...
+    within the seq (their idempotence keys); a row with unbound variables (None: OPTIONAL) goes in a batch of
+    the variables it binds."""
+    out: list[Released] = []
+    index = 0
+    start = 0
+    while start < len(answers):
+        bound = tuple(v is not None for v in answers[start][1])
+        end = start + 1
+        while end < len(answers) and tuple(v is not None for v in answers[end][1]) == bound:
+            end += 1
+        run = answers[start:end]
+        n = len(run)
+        keep = [j for j, is_bound in enumerate(bound) if is_bound]
+        values = [row[j] for _sign, row in run for j in keep]
+        out.append((offset, origin, PartDeltaColumns(
+            query_id, -1, [columns[j] for j in keep], [seq] * n,
+            [diff for diff, _row in run], values,
+            [PRODUCT_SOURCE_PARTITION] * n, [seq] * n, list(range(index, index + n)), [snapshot] * n,
+            [None] * n, version)))
+        index += n
+        start = end
+    return out
+
+
+def _first_release(state: _Partition, deltas: PartDeltaColumns, indices: list[int]) -> list[int]:
+    """Those of ``indices`` whose idempotence key was not released before; they are now."""
+    seen = state.released_keys
+    fresh = []
+    for i in indices:
+        key = (deltas.query_id, deltas.version, deltas.part, deltas.source_partition[i], deltas.seq[i],
+               deltas.source_offset[i], deltas.index[i])
+        if key not in seen:
+            seen[key] = None
+            fresh.append(i)
+    while len(seen) > RELEASED_KEYS_KEPT:
+        del seen[next(iter(seen))]
+    return fresh
+
+
+def _same_stream(a: PartDeltaColumns, b: PartDeltaColumns) -> bool:
+    return (a is b or (a.query_id == b.query_id and a.variables == b.variables and a.version == b.version
+                       and a.distinct == b.distinct and a.part == b.part and a.gated == b.gated))
+
+
+def _pick(deltas: PartDeltaColumns, indices: list[int]) -> PartDeltaColumns:
+    """The deltas at ``indices`` of one batch."""
+    return _gather(deltas, [(deltas, i) for i in indices])
+
+
+def _gather(template: PartDeltaColumns, items: list[tuple[PartDeltaColumns, int]]) -> PartDeltaColumns:
+    """One batch of the deltas ``items`` (batch, index), all of ``template``'s stream (``_same_stream``)."""
+    k = len(template.variables)
+    seq, diff, src, offset, index, snapshot, event_time, values = [], [], [], [], [], [], [], []
+    for source, i in items:
+        seq.append(source.seq[i])
+        diff.append(source.diff[i])
+        src.append(source.source_partition[i])
+        offset.append(source.source_offset[i])
+        index.append(source.index[i])
+        snapshot.append(source.snapshot[i])
+        event_time.append(source.event_time_ms[i])
+        values.extend(source.values[i * k:(i + 1) * k])
+    return PartDeltaColumns(template.query_id, template.part, template.variables, seq, diff, values, src, offset,
+                            index, snapshot, event_time, template.version, template.distinct, template.gated)

@@ -1,0 +1,309 @@
+"""The answers service (``cbgp answers``): deltas.parts -> numbered answers + current answers.
+
+Topology::
+
+    deltas.parts (group <prefix>answers, key query id) --[AnswersCore]--> answers          (Answer, n = 1, 2, ...)
+    dictionary (all partitions, read continuously)     ----^         --> answers.current  (CurrentAnswer | tombstone)
+
+:class:`AnswersCore` is the transform (no Kafka): per query it numbers deltas in arrival order, drops
+duplicates by idempotence key (per (query, source partition) the key (source_offset, index) must
+increase), decodes term ids and maintains multiplicities.  Answers of a query go to the partition of
+deltas.parts it came from (both keyed by query id), so a partition's state is restored by re-reading its
+answers partition: n and multiplicities from the records, idempotence keys from their ``cbgp-src`` header --
+from the partition's checkpoint's end offset when one serves (``services.answers.checkpoint``), else from 0.
+The answers.current key is ``services.codec.current_key`` (canonical JSON ``["<query>", {binding}]``),
+shared with the compaction job.
+
+Registration versions: every registration of a query id is its own stream, numbered from n = 1 and told
+apart by ``(query, version, n)``; idempotence keys are kept per stream.  queries.plans (read by :class:`Plans`)
+and the versions of the deltas end a stream when its query is unregistered or registered again: its current
+answers are retracted in it ("-" answers and answers.current tombstones), and its late deltas are dropped.
+Restore keeps only each query's latest stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from services import codec
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets, make_producer
+from services.answers import checkpoint as answers_checkpoint
+from services.answers.side_inputs import Dictionary, Plans
+from services.runtime import recovery
+from services.answers.release import SeqRelease
+from services.metrics.exposition import record_consumer_lag
+from services.runtime.runner import Step, run_processor
+from services.wire.records import Output, kv
+from services.runtime.life import origin_ms, service_command
+from services.kafka.fetch import GroupInput
+from services.kafka.replay import read_range
+from services.kafka.fetch import record_ok
+
+from services.answers.core import SERVICE, HELD_DELTAS, AnswersCore
+
+log = logging.getLogger("cbgp.answers")
+
+class AnswersService:
+    """One life of the answers service: clients, core and release, a processor of the one runner loop
+    (:mod:`services.runtime.runner`)."""
+
+    service = SERVICE
+
+    def __init__(self, settings: KafkaSettings, args: argparse.Namespace) -> None:
+        self.settings = settings
+        self.args = args
+        self.group = args.group or f"{settings.topic_prefix}answers"
+        self.t_source = settings.topic("deltas.parts")
+        self.t_answers = settings.topic("answers")
+        self.core = AnswersCore(self.t_answers, settings.topic("answers.current"), settings.topic("deadletter"),
+                                self.t_source)
+        self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
+        self.dictionary = Dictionary(settings)
+        self.plans = Plans(settings, self.core)
+        self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))), self._query_text,
+                                  self.dictionary.terms)
+        self.input: GroupInput | None = None
+        self.consumer: Consumer | None = None  # the group member
+        self.assigned: set[int] = set()  # partitions whose deltas are processed now
+        self.held: set[int] = set()  # partitions whose state is in the core (assigned, or revoked and parked)
+        # each held partition's last commit: the next deltas.parts offset and its metadata
+        self.commits: dict[int, tuple[int, str]] = {}
+        # Checkpoints (services.answers.checkpoint), with the last Answer written to each answers partition
+        # (the proof a later restore reads the same log)
+        self.checkpoints, self.checkpointer = recovery.shard_checkpoints(
+            args, settings, SERVICE, {answers_checkpoint.KIND: "checkpoints.deltas"})
+        self.last_answers: dict[int, bytes | None] = {}
+        self.unpicklable: set[int] = set()
+
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Restore each newly assigned partition from its answers partition (the service's changelog).
+
+        A partition whose state this instance still holds keeps it only if its committed offset is where
+        this instance left it: otherwise another instance numbered its deltas in between."""
+        new = {tp.partition for tp in partitions}
+        committed = {tp.partition: tp.offset for tp in partitions}  # GroupInput passes the committed offsets
+        for partition in sorted(self.held):
+            if partition not in new or self.commits.get(partition, (None,))[0] != committed[partition]:
+                self.core.drop_partition(partition)
+                self.release.drop(partition)
+                self.held.discard(partition)
+        answers_ends = end_offsets(self.settings, self.t_answers) if new - self.held else {}
+        for tp in partitions:
+            # Held deltas are re-read from the committed offset: restart the release from what was committed
+            # with it (an unchanged re-assignment keeps its DISTINCT counts; a new partition rebuilds them, from
+            # its checkpoint where one serves).
+            partition = tp.partition
+            if partition in self.held:
+                self.release.restore(partition, tp.metadata, keep_counts=True)
+                continue
+            started = time.monotonic()
+            low, high = answers_ends[partition]
+            saved, why = self._saved(partition, committed[partition], low, high)
+            answers_from = counts_from = 0
+            if saved is not None:
+                answers_checkpoint.adopt(self.core, partition, saved)
+                answers_from, counts_from = saved["answers_end"], saved["position"]
+                self.last_answers[partition] = saved["last_answer"]
+            end = self.release.restore(partition, tp.metadata, saved=saved["release"] if saved else None)
+            if end > counts_from:
+                for msg in read_range(self.settings, self.t_source, partition, counts_from, end):
+                    deltas = _decoded([msg])[0]
+                    if deltas is not None:
+                        self.release.restore_counts(partition, msg.offset(), deltas)
+            # (read_range refuses a truncated log: without a checkpoint, from offset 0)
+            for msg in read_range(self.settings, self.t_answers, partition, answers_from, high):
+                headers = {k: v for k, v in (msg.headers() or ()) if v is not None}
+                self.core.restore(partition, msg.value(), headers)
+                self.last_answers[partition] = msg.value()
+            self.commits[partition] = (committed[partition], tp.metadata or "")
+            log.info(kv(event="partition-restored", partition=partition, checkpoint=why, answers_from=answers_from,
+                        answers_end=high, deltas_from=counts_from, deltas_end=end,
+                        restore_seconds=f"{time.monotonic() - started:.3f}"))
+        self.held = set(new)
+        self.assigned = new
+        log.info(kv(event="assigned", partitions=",".join(map(str, sorted(new))) or "-",
+                    queries=len(self.core.queries)))
+
+    def _saved(self, partition: int, committed: int, answers_low: int,
+               answers_high: int) -> tuple[dict | None, str]:
+        """The checkpoint that restores ``partition`` and why there is none ("used" when there is)."""
+        if self.checkpoints is None:
+            return None, "checkpoints off"
+        saved = self.checkpoints.get(answers_checkpoint.KIND, partition, committed)
+        last = None
+        if saved is not None and answers_low <= saved["answers_end"] <= answers_high:
+            def read(start: int, end: int) -> list[bytes | None]:
+                return [m.value() for m in read_range(self.settings, self.t_answers, partition, start, end)]
+
+            last = answers_checkpoint.last_answer_before(read, saved["answers_end"], answers_low,
+                                                         saved["last_answer"])
+        why = answers_checkpoint.unusable(saved, committed, answers_high, last)
+        return (saved, f"used-{saved['from']}") if why is None else (None, why)
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """No delta of a revoked partition is processed or committed from here on (its state is kept for an
+        unchanged re-assignment: see on_assign)."""
+        self.assigned -= {tp.partition for tp in partitions}
+
+    def open(self) -> None:
+        """Read every plan (a restored stream of an unregistered query is then ended), then join the group: its
+        ``on_assign`` restores the partitions assigned (in ``poll``)."""
+        self.plans.load()
+        self.input = GroupInput(self.settings, self.group, [self.t_source], self.args.batch,
+                                on_assign=self.on_assign, on_revoke=self.on_revoke)
+        self.consumer = self.input.member
+
+    def poll(self) -> list[Message]:
+        assert self.input is not None
+        msgs = [m for m in self.input.poll() if record_ok(m, log)]
+        self.plans.poll()
+        return msgs
+
+    def process(self, msgs: list[Message]) -> Step | None:
+        """Per batch:
+        1. wait (bounded) for term ids not yet in the dictionary;
+        2. release (services.answers.release): Frontier records raise the watermark; a by-centre query's deltas are
+           held until every routed partition passed their seq, then released in seq order, DISTINCT applied;
+        3. number, deduplicate and decode each released delta (state changes in memory);
+        4. the step: answers + answers.current records, then the deltas.parts offsets, never past a held delta,
+           with the frontiers and the read position as commit metadata (a new life restores from the answers
+           topic and that metadata).
+        """
+        if not msgs:
+            return None
+        records = _decoded(msgs)
+        self.dictionary.wait_for({i for deltas in records if deltas is not None for i in deltas.values})
+        # the last checkpoint, to Kafka with this batch; then the streams queries.plans ended
+        outputs: list[Output] = self._checkpoint_records() + self.core.settle(self.assigned)
+        offsets: dict[int, int] = {}
+        lookup = self.dictionary.terms.get
+        release = self.release
+        for msg, record in zip(msgs, records):
+            partition, offset = msg.partition(), msg.offset()
+            if partition not in self.assigned:
+                continue
+            offsets[partition] = offset + 1
+            ready = release.on_record(partition, offset, msg.value(), origin_ms(msg), record)
+            if ready is None:  # undecodable: the core dead-letters it
+                outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
+                continue
+            for source_offset, origin, deltas in ready:
+                outputs.extend(self.core.on_record(partition, source_offset, msg.value(), origin, lookup, deltas))
+        if not offsets:
+            # every delta was of a partition revoked meanwhile
+            return Step(outputs) if outputs else None
+        # Never past a held delta: a restart re-reads it (see services.answers.release).
+        commits = {p: release.commit_position(p, o) for p, o in offsets.items()}
+        tps = [TopicPartition(self.t_source, p, o, metadata=m) for p, (o, m) in commits.items()]
+        assert self.consumer is not None
+        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())],
+                    sum(len(deltas) for deltas in records if deltas is not None), commits)
+
+    def committed(self, step: Step) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.committed()  # the checkpoint records the step carried: trim the older ones
+            self._note_answers(step.outputs)
+        if step.offsets or self.checkpoints is None or not self.checkpoints.only_checkpoints(step.outputs):
+            self.checkpointer.committed()  # (a transaction of checkpoint records alone changed nothing)
+        if step.detail is not None:
+            self.commits.update(step.detail)
+            HELD_DELTAS.set(self.release.held())
+            assert self.input is not None
+            record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
+        if self.checkpointer.due():
+            self.checkpoint()
+
+    def _note_answers(self, outputs: list[Output]) -> None:
+        """Remember the last Answer each partition got in a committed transaction."""
+        wanted = set(self.held)
+        for out in reversed(outputs):
+            if out.topic == self.t_answers and out.partition in wanted:
+                self.last_answers[out.partition] = out.value
+                wanted.discard(out.partition)
+                if not wanted:
+                    return
+
+    def idle(self) -> Step | None:
+        """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction
+        of their own: nothing is consumed, so nothing else commits with them.  Otherwise a checkpoint, if due."""
+        outputs = self.core.settle(self.assigned)
+        if not outputs and self.checkpointer.due():
+            self.checkpoint()  # idle: save what the last transactions changed
+        outputs += self._checkpoint_records()  # (a transaction of their own, or with the ended streams)
+        return Step(outputs) if outputs else None
+
+    def _checkpoint_records(self) -> list[Output]:
+        return self.checkpoints.outputs() if self.checkpoints is not None else []
+
+    def checkpoint(self) -> None:
+        """Checkpoint every assigned partition (``services.answers.checkpoint``): called once every transaction
+        committed, so each partition's state is exactly what its last commit and its answers describe."""
+        if self.checkpoints is None or self.consumer is None:
+            return
+        started = time.monotonic()
+        blobs = []
+        for partition in sorted(self.assigned & set(self.commits)):
+            position, metadata = self.commits[partition]
+            _low, answers_end = self.consumer.get_watermark_offsets(TopicPartition(self.t_answers, partition),
+                                                                    timeout=30)
+            blob = answers_checkpoint.partition_blob(self.core, self.release, partition, position, metadata,
+                                                     answers_end, self.last_answers.get(partition),
+                                                     warn=partition not in self.unpicklable)
+            if blob is not None:
+                needs = {"answers": answers_checkpoint.answers_needed(answers_end)}  # (for `cbgp topics floor`)
+                blobs.append((answers_checkpoint.KIND, partition, blob, position, needs))
+            else:
+                self.unpicklable.add(partition)  # (said once)
+        saved = self.checkpoints.save(blobs)
+        if saved is None:  # the store failed (said in one line): no more checkpoints
+            self.checkpoints = None
+            return
+        self.checkpointer.saved()
+        if saved:
+            log.info(kv(event="checkpoint", partitions=saved, seconds=f"{time.monotonic() - started:.3f}"))
+
+    def close(self, clean: bool = True) -> None:
+        if clean and self.checkpointer.unsaved:
+            self.checkpoint()  # a clean stop: every transaction committed
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+        if self.input is not None:
+            self.input.close()
+        self.dictionary.close()
+        self.plans.close()
+        self.producer.flush(5)
+
+    def _query_text(self, query_id: str, version: int) -> str | None:
+        """A registration's query, for a by-centre product's assembler: its plan is in queries.plans before any
+        of its deltas, so a miss means this service has not polled that far yet."""
+        text = self.core.texts.get((query_id, version))
+        if text is None:
+            self.plans.load()
+            text = self.core.texts.get((query_id, version))
+        return text
+
+
+def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:
+    """Each message's deltas, or None where it does not decode (on_record then dead-letters it)."""
+    records: list[codec.PartDeltaColumns | None] = []
+    for msg in msgs:
+        try:
+            records.append(codec.part_delta_columns(msg.value()))
+        except codec.CodecError:
+            records.append(None)
+    return records
+
+
+def register(commands: argparse._SubParsersAction) -> dict:
+    """Add ``cbgp answers`` to the CLI (called by ``services.commands.main``, which assembles the commands)."""
+    return service_command(commands, SERVICE, "number deltas and maintain current answers (service)",
+                           lambda settings, args, stopper, ready: run_processor(AnswersService(settings, args), stopper, ready),
+                           batch=1000,
+                           batch_help="deltas.parts records per transaction (a worker's record holds many deltas)",
+                           configure=lambda parser: recovery.add_state_flags(
+                               parser, SERVICE, "each deltas.parts partition's answer streams and released state"))

@@ -1,0 +1,115 @@
+"""The answers service's side inputs (``cbgp answers``): the dictionary topic, read on demand for the terms of
+the deltas it decodes, and queries.plans, read for the registrations whose streams it numbers and ends."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, Message
+
+from services import codec
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets
+from services.wire.registrations import read_registration
+from services.registry.core import tombstone_version
+from services.kafka.fetch import Fetcher
+from services.kafka.replay import read_range
+from services.kafka.fetch import WINDOW_POLL_SECONDS, read_window
+
+AnswersCore = Any  # services.answers.service.AnswersCore (the service module imports this one)
+
+DICTIONARY_WAIT_SECONDS = 10.0
+
+
+class Dictionary:
+    """The dictionary topic, read on demand: id -> canonical term.
+
+    The consumer is only assigned while ids are missing (ingest commits a term before any update that
+    uses it, so a delta's terms are always there to be read): an idle assigned consumer would fetch in a
+    tight loop on noida-db (see ``services.runtime.life``).
+    """
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.topic = settings.topic("dictionary")
+        self.terms: dict[int, str] = {}
+        self.fetcher = Fetcher(settings, "answers.dictionary", 5000)
+        self.start = {(self.topic, p): 0 for p in end_offsets(settings, self.topic)}
+
+    def _read(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            if msg.error() is None and msg.value() is not None:
+                try:
+                    entry = codec.decode("DictionaryEntry", msg.value())
+                except codec.CodecError:
+                    continue  # ingest's own output; a foreign record here is not ours to reject
+                self.terms[entry["id"]] = entry["term"]
+
+    def wait_for(self, ids: set[int], timeout: float = DICTIONARY_WAIT_SECONDS) -> None:
+        """Read until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""
+        missing = {i for i in ids if i not in self.terms}
+        if not missing:
+            return
+        if not self.fetcher.positions:
+            self.fetcher.set_positions(self.start)
+        deadline = time.monotonic() + timeout
+        try:
+            while missing and time.monotonic() < deadline:
+                self._read(self.fetcher.poll())
+                missing = {i for i in missing if i not in self.terms}
+        finally:
+            self.fetcher.park()  # fetch nothing until ids are missing again
+
+    def close(self) -> None:
+        self.fetcher.close()
+
+
+class Plans:
+    """queries.plans (compacted, key query id; tombstone = unregistered), read for :meth:`AnswersCore.on_plan`.
+
+    Read to its end when a life starts (before any partition is restored), then fetched in a short window at
+    most every WINDOW_POLL_SECONDS and unassigned in between (``read_window``), as the workers do: an idle assigned consumer
+    fetches in a tight loop on noida-db.  Positions are never committed: every life reads it from the start.
+    """
+
+    def __init__(self, settings: KafkaSettings, core: AnswersCore) -> None:
+        self.settings = settings
+        self.topic = settings.topic("queries.plans")
+        self.core = core
+        self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}answers.plans",
+                                                          enable_partition_eof=True))
+        self.positions = {p: 0 for p in end_offsets(settings, self.topic)}
+        self.next_poll = 0.0
+
+    def load(self) -> None:
+        for partition, (_low, high) in end_offsets(self.settings, self.topic).items():
+            self._apply(read_range(self.settings, self.topic, partition, self.positions.get(partition, 0), high))
+            self.positions[partition] = max(self.positions.get(partition, 0), high)
+        self.next_poll = time.monotonic() + WINDOW_POLL_SECONDS
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now < self.next_poll:
+            return
+        self.next_poll = now + WINDOW_POLL_SECONDS
+        self._apply(read_window(self.consumer, self.topic, self.positions))
+
+    def _apply(self, msgs) -> None:
+        for msg in msgs:
+            if msg.error() is not None:
+                continue
+            self.positions[msg.partition()] = msg.offset() + 1
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            if msg.value() is None:
+                self.core.on_plan(key, None, tombstone_version(msg.headers()))
+                continue
+            try:
+                plan = codec.decode("QueryPlan", msg.value())
+                text, _window = read_registration(plan["sparql"], plan["options"])
+            except (codec.CodecError, ValueError):
+                continue  # the registry's own output; not ours to reject
+            self.core.texts[(key, plan["version"])] = text
+            self.core.on_plan(key, plan["version"])
+
+    def close(self) -> None:
+        self.consumer.close()

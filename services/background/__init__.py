@@ -1,0 +1,1 @@
+"""``cbgp background``: SERVICE view graphs kept in step with their endpoints."""

@@ -1,0 +1,219 @@
+"""``cbgp publish``: an updates file checked with ingest's parsers and limits, then sent to ``updates.raw`` in
+records of whole lines (RDF Patch transactions never split, patch prefixes repeated); see
+:mod:`services.usercli` for the record headers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+from cbgp.inputs.sparql_update import UPDATE_FORMAT
+from services.kafka.config import KafkaSettings
+from services.kafka.client import make_producer, require_broker
+from services.client.errors import UserError
+
+DEFAULT_CHUNK_BYTES = 256 * 1024
+# Kafka's default message.max.bytes is ~1 MB: a record larger than this would be refused by the broker.
+MAX_RECORD_BYTES = 900 * 1024
+
+
+def _is_patch_tx(line: bytes) -> str | None:
+    word = line.lstrip()[:2]
+    return {b"TX": "open", b"TC": "close", b"TA": "close"}.get(word)
+
+
+def _is_patch_prefix(line: bytes) -> bool:
+    stripped = line.lstrip()
+    return stripped.startswith(b"PA ") or stripped.startswith(b"PA\t") or stripped.lower().startswith(b"@prefix")
+
+
+def chunk_lines(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, int, bytes]]:
+    """Split ``data`` into records of whole lines: yields ``(first_line, line_count, payload)``.
+
+    A record is cut once it holds ``chunk_bytes``, but never inside a patch transaction; for patch input
+    the prefix lines seen so far are prepended to every later record (they are not counted as its lines).
+    Turtle and SPARQL Update requests are one record each.
+    """
+    if fmt in ("turtle", UPDATE_FORMAT):  # statements span lines; a request applies atomically as a whole
+        yield 1, data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1), data
+        return
+    prefixes: list[bytes] = []
+    head = b""  # the prefixes repeated at the start of the current record
+    body: list[bytes] = []
+    size = 0
+    first = 1
+    in_tx = False
+    for line_no, line in enumerate(data.splitlines(keepends=True), 1):
+        if not body:
+            first = line_no
+        body.append(line)
+        size += len(line)
+        if fmt == "patch":
+            tx = _is_patch_tx(line)
+            in_tx = True if tx == "open" else False if tx == "close" else in_tx
+            if _is_patch_prefix(line):
+                prefixes.append(line if line.endswith(b"\n") else line + b"\n")
+        if size >= chunk_bytes and not in_tx:
+            yield first, len(body), head + b"".join(body)
+            body, size = [], 0
+            head = b"".join(prefixes)
+    if body:
+        yield first, len(body), head + b"".join(body)
+
+
+class _Meter:
+    """A progress line on stderr (lines, bytes, rate), at most twice a second."""
+
+    def __init__(self, out: TextIO, enabled: bool, total_bytes: int) -> None:
+        self.out, self.enabled, self.total = out, enabled, max(total_bytes, 1)
+        self.start = self.last = time.monotonic()
+
+    def tick(self, lines: int, sent: int) -> None:
+        now = time.monotonic()
+        if self.enabled and now - self.last >= 0.5:
+            self.last = now
+            rate = sent / max(now - self.start, 1e-9)
+            self.out.write(f"\rpublish: {lines:,} lines, {sent / 1e6:.1f}/{self.total / 1e6:.1f} MB "
+                           f"({100 * sent // self.total}%), {rate / 1e6:.2f} MB/s ")
+            self.out.flush()
+
+    def done(self, summary: str) -> None:
+        if self.enabled:
+            self.out.write("\r" + " " * 72 + "\r")
+        self.out.write(summary + "\n")
+        self.out.flush()
+
+
+STDIN = "-"
+# At most this many problems are printed one per line; the rest are counted in the summary.
+MAX_PROBLEMS_SHOWN = 100
+
+
+def _record_kind(fmt: str) -> str:
+    return {"turtle": "Turtle file", UPDATE_FORMAT: "SPARQL Update request"}.get(fmt, "patch transaction or line")
+
+
+def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[tuple[int, str]]:
+    """What ingest would dead-letter in ``data`` (and records the broker would refuse), found locally with
+    ingest's own parsers and limits: ``[(line, reason)]`` in line order, lines counted in ``data``."""
+    from cbgp.inputs.formats import InputError, parse_input
+    from cbgp.inputs.sparql_update import UpdateRequestError, check_request
+    from services.ingest.core import MAX_TERM_CHARS, position_problem
+
+    problems: list[tuple[int, str]] = []
+    if fmt == UPDATE_FORMAT:
+        try:
+            check_request(data.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            problems.append((data.count(b"\n", 0, exc.start) + 1, f"SPARQL Update request is not UTF-8 "
+                             f"(byte {exc.start})"))
+        except UpdateRequestError as exc:
+            problems.append((exc.line or 1, str(exc)))
+    else:
+        for item in parse_input(data, fmt):
+            if isinstance(item, InputError):
+                problems.append((item.line, item.message))
+                continue
+            problem = position_problem(item.s, item.p, item.o, item.g)
+            if problem is None:
+                longest = max(len(item.s), len(item.p), len(item.o), len(item.g or ""))
+                if longest > MAX_TERM_CHARS:
+                    problem = (f"a term of {longest:,} characters is over ingest's {MAX_TERM_CHARS:,}-character "
+                               "limit (answers carrying it would not fit in a Kafka record)")
+            if problem is not None:
+                problems.append((item.line, problem))
+    for first, _lines, payload in chunk_lines(data, fmt, chunk_bytes):
+        if len(payload) > MAX_RECORD_BYTES:
+            problems.append((first, f"a {_record_kind(fmt)} of {len(payload):,} bytes starts here, over the "
+                             f"{MAX_RECORD_BYTES:,}-byte record limit: not sent; split it"
+                             + (" (or convert Turtle to N-Triples)" if fmt == "turtle" else "")))
+    problems.sort(key=lambda p: p[0])
+    return problems
+
+
+def _read_input(path: str, fmt: str | None, stdin: Any = None) -> tuple[bytes, str, str]:
+    """``(data, format, name to show)`` of ``path`` (``-``: standard input)."""
+    from cbgp.inputs.formats import FORMATS, detect_format
+
+    known = (*FORMATS, UPDATE_FORMAT)
+    if fmt is not None and fmt not in known:
+        raise UserError(f"unknown format {fmt!r}: use one of {', '.join(known)}")
+    if path == STDIN:
+        if fmt is None:
+            raise UserError(f"cannot tell the format of standard input: pass --format ({', '.join(known)})")
+        stream = sys.stdin if stdin is None else stdin
+        return getattr(stream, "buffer", stream).read(), fmt, "<stdin>"
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if fmt is None:
+        if path.lower().endswith((".ru", ".sparql-update")):
+            fmt = UPDATE_FORMAT
+        else:
+            try:
+                fmt = detect_format(path)
+            except ValueError:
+                raise UserError(f"cannot tell the format of {path} from its name: pass --format "
+                                f"({', '.join(known)})") from None
+    return data, fmt, path
+
+
+def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: bool = False, out: TextIO | None = None,
+                 strict: bool = False, stdin: Any = None) -> dict[str, int]:
+    """Check ``path`` (``-``: ``stdin``, default standard input) and send it to ``updates.raw`` (see the module
+    docstring); returns ``{records, lines, bytes, problems}``.
+
+    Each problem found locally is printed to ``out`` (default: stderr at call time) as ``FILE:LINE: reason``,
+    before anything is sent; with ``strict`` nothing is sent then (:class:`UserError`).  Otherwise the input
+    is sent as it is (ingest dead-letters the bad parts), except records over the size limit.
+    Progress and the summary go to ``out`` too."""
+    out = sys.stderr if out is None else out
+    data, fmt, name = _read_input(path, fmt, stdin)
+    problems = check_input(data, fmt, chunk_bytes)
+    for line, reason in problems[:MAX_PROBLEMS_SHOWN]:
+        out.write(f"{name}:{line}: {reason}\n")
+    if len(problems) > MAX_PROBLEMS_SHOWN:
+        out.write(f"{name}: {len(problems) - MAX_PROBLEMS_SHOWN:,} more problem(s) not shown\n")
+    out.flush()
+    if problems and strict:
+        raise UserError(f"{len(problems)} problem(s) in {name}; nothing published (--strict)")
+    require_broker(settings)
+    topic = settings.topic("updates.raw")
+    producer = make_producer(settings)
+    errors: list[str] = []
+    meter = _Meter(out, progress, len(data))
+    counts = {"records": 0, "lines": 0, "bytes": 0, "problems": len(problems)}
+    start = time.monotonic()
+    source = os.path.basename(name).encode()
+    for first, lines, payload in chunk_lines(data, fmt, chunk_bytes):
+        if len(payload) > MAX_RECORD_BYTES:
+            continue  # reported above: the broker would refuse it
+        headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source), ("cbgp-first-line", str(first).encode())]
+        while True:
+            try:
+                producer.produce(topic, value=payload, headers=headers,
+                                 on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+                break
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                producer.poll(0.1)
+        producer.poll(0)
+        counts["records"] += 1
+        counts["lines"] += lines
+        counts["bytes"] += len(payload)
+        meter.tick(counts["lines"], counts["bytes"])
+    if producer.flush(60):
+        errors.append("some records were not acknowledged within 60 s")
+    if errors:
+        raise UserError(f"publish to {topic} failed: {errors[0]} ({len(errors)} record(s) affected)")
+    elapsed = time.monotonic() - start
+    flagged = f", {len(problems)} with problems listed above" if problems else ""
+    meter.done(f"published {counts['lines']:,} lines ({counts['bytes']:,} bytes, {fmt}{flagged}) in "
+               f"{counts['records']} record(s) to {topic} in {elapsed:.1f} s "
+               f"({counts['lines'] / max(elapsed, 1e-9):,.0f} lines/s)")
+    return counts

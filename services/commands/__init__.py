@@ -1,0 +1,1 @@
+"""The installed ``cbgp`` command: fleet, operations and user commands, and ``make run``."""

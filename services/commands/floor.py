@@ -1,0 +1,262 @@
+"""``cbgp topics floor``: per topic partition, the lowest offset the fleet still needs (issue 16 item 3).
+
+Apart from :mod:`services.kafka.topics` because it reads offsets through :mod:`services.kafka.client`, which
+itself imports the topics module.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from services.kafka.client import end_offsets, make_consumer
+from services.kafka.config import KafkaSettings
+from services.kafka.checkpoint_log import latest_positions
+from services.kafka.replay import read_range
+from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LAST_CHANGE, LATEST, NEEDS, NOTHING,
+                                  OPTIONAL_GROUP, REGISTRATIONS, TOPICS, WHOLE_SHARDS, BrokerUnreachable, TopicSpec)
+
+__all__ = ["floor", "trim"]
+
+
+def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec] = TOPICS,
+          timeout: float = 15.0) -> dict[str, dict[str, int]]:
+    """``{topic: {partition: offset}}``: per partition of each existing catalogue topic, the lowest offset the
+    fleet still needs.  Records below it may be deleted (``delete_records``, or retention) without changing any
+    answer.  Per reader (``TopicSpec.rules``; the floor is the lowest of them):
+
+    - 0 for the logs a restore replays and for compacted topics;
+    - for a topic read by a consumer group (``updates.raw``: ingest, ``admin``: registry) the group's committed
+      offset (0 before its first commit); for an optional duty's group (the Spark job's compaction of
+      ``answers``) the same once it committed, nothing before;
+    - the high watermark for a topic no service reads back;
+    - for a log whose readers restore from checkpoints (``deltas.parts``), the position of each partition's last
+      checkpoint (0 without one); for one those restores read beside their own input (``answers``), what the
+      last checkpoint says it needs of it (0 without one);
+    - for a checkpoint topic, the first record of each partition's last checkpoint (its low watermark without
+      one);
+    - for ``updates.routed``, besides what the workers' checkpoints say their restores read of it: the offsets
+      ingest's snapshot matches (a registration moves it to its point; 0 without one: registrations read the
+      log from 0), and, for each registration the last checkpoint of a partition may lack (published at or past
+      the queries.plans offsets it reflects), its point in that partition and the Frontier mark before it;
+    - for ``updates.encoded``: the offset ingest's snapshot reflects (ingest restores from it, whole shards move it
+      to their position; 0 without one), each whole shard's restore (the record of its last checkpoint's last
+      change, else its committed offset, else where its queries were registered), the Spark windows' group and the
+      record of the log's last change (the seq a registration answers as of).
+
+    Topics not created yet are left out.
+    """
+    admin = AdminClient(settings.admin_config())
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise BrokerUnreachable(f"cannot list topics on {settings.bootstrap_servers}: {exc.args[0]}") from None
+    result: dict[str, dict[str, int]] = {}
+    for t in specs:
+        name = settings.topic(t.name)
+        if name not in existing:
+            continue
+        partitions = sorted(existing[name].partitions)
+        offsets: dict[int, int] | None = None
+        for rule in t.rules:
+            needed = _needed(settings, t, rule, name, partitions, timeout)
+            offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
+        result[name] = {str(p): offsets[p] for p in partitions}
+    return result
+
+
+def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0) -> dict[str, dict[str, int]]:
+    """``cbgp topics trim``: delete every record below :func:`floor` (``AdminClient.delete_records``), the safe form
+    of retention for the logs kept by default; returns ``{topic: {partition: offset}}`` of the partitions whose log
+    now starts there (would, with ``dry_run``).  Safe at any time: a floor only rises, and what is registered or
+    restored after it was computed needs nothing below it."""
+    admin = AdminClient(settings.admin_config())
+    trimmed: dict[str, dict[str, int]] = {}
+    for topic, parts in floor(settings, timeout=timeout).items():
+        lows = {p: low for p, (low, _high) in end_offsets(settings, topic, timeout).items()}
+        wanted = [TopicPartition(topic, int(p), offset) for p, offset in parts.items() if offset > lows[int(p)]]
+        if wanted and not dry_run:
+            for future in admin.delete_records(wanted, request_timeout=timeout).values():
+                future.result(timeout)
+        if wanted:
+            trimmed[topic] = {str(tp.partition): tp.offset for tp in wanted}
+    return trimmed
+
+
+def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partitions: list[int],
+            timeout: float) -> dict[int, int]:
+    """What one reader (``rule``) still needs of topic ``name``, per partition."""
+    if rule == FROM_START:
+        return {p: 0 for p in partitions}
+    if rule == NOTHING:
+        return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+    if rule.startswith((GROUP, OPTIONAL_GROUP)):
+        optional = rule.startswith(OPTIONAL_GROUP)
+        group = f"{settings.topic_prefix}{rule[len(OPTIONAL_GROUP if optional else GROUP):]}"
+        consumer = make_consumer(settings, group)
+        try:
+            committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
+        finally:
+            consumer.close()
+        if optional and all(tp.offset < 0 for tp in committed):  # never committed: the duty is not deployed
+            return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+        return {tp.partition: max(tp.offset, 0) for tp in committed}  # no commit yet (-1001): from 0
+    if rule.startswith(CHECKPOINTS):
+        saved = latest_positions(settings, settings.topic(rule[len(CHECKPOINTS):]))
+        return {p: saved[p].position if saved.get(p) is not None else 0 for p in partitions}
+    if rule.startswith(NEEDS):
+        saved = latest_positions(settings, settings.topic(rule[len(NEEDS):]))
+        return {p: saved[p].needs.get(t.name, 0) if saved.get(p) is not None else 0 for p in partitions}
+    if rule == LATEST:
+        saved = latest_positions(settings, name)
+        lows = {p: low for p, (low, _) in end_offsets(settings, name, timeout).items()}
+        return {p: saved[p].first_offset if saved.get(p) is not None else lows[p] for p in partitions}
+    if rule.startswith(REGISTRATIONS):
+        return _registrations(settings, settings.topic(rule[len(REGISTRATIONS):]), name, partitions)
+    if rule == BASE:
+        return _base(settings, name, partitions)
+    if rule == WHOLE_SHARDS:
+        return _whole_shards(settings, name, partitions)
+    if rule == LAST_CHANGE:
+        return _last_change(settings, name, timeout)
+    raise ValueError(f"{t.name}: unknown needed_from rule {rule!r}")
+
+
+def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
+    """The offsets of ``name`` ingest's latest snapshot matches (updates.encoded: its position; updates.routed:
+    the routed ends it records); 0 without one that records them, or one of another log: its readers then read
+    from offset 0."""
+    from services.runtime.recovery import load_ingest_snapshot
+
+    loaded = load_ingest_snapshot(settings, "floor")
+    if name == settings.topic("updates.encoded"):
+        recorded = loaded[0].get("positions", {}).get(name, {}) if loaded is not None else {}
+    else:
+        recorded = loaded[0].get("facts", {}).get("routed_ends", {}) if loaded is not None else {}
+    ends = {int(p): int(end) for p, end in recorded.items()}
+    highs = end_offsets(settings, name)
+    if any(end > highs[p][1] for p, end in ends.items() if p in highs):
+        return {p: 0 for p in partitions}
+    return {p: ends.get(p, 0) for p in partitions}
+
+
+def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partitions: list[int]) -> dict[int, int]:
+    """Per routed partition, the lowest offset the registrations its last checkpoint may lack read when they are
+    caught up: their point (``services.worker.points.point_of``) and the last Frontier mark before it."""
+    from services.worker.points import log_tail, point_of
+
+    saved = latest_positions(settings, checkpoints)
+    plans = [(p, offset, plan["registered_at_change_seq"])  # (plans partition, offset, the seq it answers as of)
+             for p, offset, _key, plan in _plan_records(settings) if plan is not None]
+    watermarks = end_offsets(settings, name)
+
+    def records(partition: int, start: int, end: int | None) -> list[tuple[int, bytes]]:
+        return [(m.offset(), m.value()) for m in read_range(settings, name, partition, start, end)]
+
+    needed = {}
+    for p in partitions:
+        low, high = watermarks[p]
+        checkpoint = saved.get(p)
+        if checkpoint is None:
+            needed[p] = 0  # (its restore reads the log from 0)
+            continue
+        reflected = {int(key.rpartition("/")[2]): offset for key, offset in checkpoint.needs.items()
+                     if key.startswith("queries.plans/")}
+        lacking = [seq for plans_p, offset, seq in plans if offset >= reflected.get(plans_p, 0)]
+        needed[p] = high
+        for seq in lacking:
+            point = point_of(records, p, seq, high, start=low) if seq >= 0 else low  # (-1: an older plan)
+            if point is None:
+                continue  # its point is still to come: above every record now
+            mark = log_tail(records, p, point, start=low).mark_offset
+            needed[p] = min(needed[p], point, mark if mark >= 0 else point)
+    return needed
+
+
+def _plan_records(settings: KafkaSettings) -> Iterator[tuple[int, int, str | None, dict | None]]:
+    """Every record of queries.plans: (partition, offset, query id, QueryPlan; None for a tombstone); records
+    that cannot be decoded are left out (the workers dead-letter them)."""
+    from services.codec import CodecError, decode
+
+    t_plans = settings.topic("queries.plans")
+    for p, (_low, high) in sorted(end_offsets(settings, t_plans).items()):
+        for msg in read_range(settings, t_plans, p, 0, high):
+            try:
+                plan = decode("QueryPlan", msg.value()) if msg.value() else None
+            except CodecError:
+                continue
+            yield p, msg.offset(), msg.key().decode("utf-8", "replace") if msg.key() else None, plan
+
+
+def _plans(settings: KafkaSettings) -> dict[str, tuple[int, dict]]:
+    """The registered queries' current plans: query id -> (queries.plans partition, QueryPlan record)."""
+    plans: dict[str, tuple[int, dict] | None] = {}
+    for p, _offset, key, plan in _plan_records(settings):
+        if key is not None:
+            plans[key] = (p, plan) if plan is not None else None
+    return {key: plan for key, plan in plans.items() if plan is not None}
+
+
+def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
+    """The lowest offset of updates.encoded a whole shard's restore reads.  A whole shard P (the routed partition
+    that owns its queries) restores from its last checkpoint (``checkpoints.whole``; its ``needs``: the record of
+    its last change, which the restore checks) and the log after it, else from ingest's snapshot moved to its
+    committed offset (group ``<prefix>workers.encoded.P``), else, never committed, from the offset its queries
+    were registered at.  Counted: the shards owning a non-windowed query (with ``--placement single-owner`` every
+    such query is whole); of those owning no whole query by its plan, only those that committed an offset."""
+    from cbgp.query.plan import SINGLE_OWNER
+    from services.wire.registrations import read_registration, recorded_placement
+    from services.wire.records import query_partition
+
+    n_routed = len(end_offsets(settings, settings.topic("updates.routed")))
+    owners: dict[int, tuple[int, bool]] = {}  # P -> (lowest registered_at_seq, whether a plan says whole)
+    for query_id, (_p, plan) in _plans(settings).items():
+        try:
+            _text, window = read_registration(plan["sparql"], plan["options"])
+            whole = recorded_placement(plan["plan_json"]) in (None, SINGLE_OWNER)
+        except Exception:  # noqa: BLE001 - a plan the workers dead-letter holds nothing
+            continue
+        if window is None:
+            owner = query_partition(query_id, n_routed)
+            low, any_whole = owners.get(owner, (plan["registered_at_seq"], False))
+            owners[owner] = (min(low, plan["registered_at_seq"]), any_whole or whole)
+    saved = latest_positions(settings, settings.topic("checkpoints.whole"))
+    needed = min((high for _low, high in end_offsets(settings, name).values()), default=0)
+    for owner, (registered, whole) in sorted(owners.items()):
+        checkpoint = saved.get(owner)
+        if checkpoint is not None:
+            needed = min(needed, checkpoint.needs.get("updates.encoded", checkpoint.position))
+            continue
+        consumer = make_consumer(settings, f"{settings.topic_prefix}workers.encoded.{owner}")
+        try:
+            committed = consumer.committed([TopicPartition(name, 0)], timeout=15)[0].offset
+        finally:
+            consumer.close()
+        if committed >= 0:
+            needed = min(needed, committed)
+        elif whole:
+            needed = min(needed, registered)
+    return {p: needed for p in partitions}
+
+
+def _last_change(settings: KafkaSettings, name: str, timeout: float) -> dict[int, int]:
+    """Per partition, the offset of the last record holding a change (its end when none is left): a registration
+    reads it for the seq it answers as of (``services.wire.registrations.change_seq_before``)."""
+    from services.codec import CodecError, encoded_changes
+
+    needed = {}
+    for p, (low, high) in end_offsets(settings, name, timeout).items():
+        end, chunk, found = high, 1, None
+        while end > low and found is None:
+            start = max(low, end - chunk)
+            for msg in read_range(settings, name, p, start, end):
+                try:
+                    if msg.value() and encoded_changes(msg.value()):
+                        found = msg.offset()
+                except CodecError:
+                    continue
+            end, chunk = start, min(chunk * 8, 512)
+        needed[p] = found if found is not None else high
+    return needed

@@ -1,0 +1,1 @@
+"""``cbgp ingest``: raw updates in, the total order of dictionary-encoded changes out."""

@@ -1,0 +1,123 @@
+"""Prometheus metrics of the fleet, and the small HTTP server every service runs for them and its probes.
+
+The metric names and labels below are an interface: dashboards, alerts and the Helm chart's probes use
+them, so rename nothing.  Endpoints: ``/metrics`` (Prometheus text format), ``/healthz`` (200 while the
+process serves HTTP: the liveness probe), ``/readyz`` (200 once the service says it is ready, e.g. state
+restored and partitions assigned, else 503: the readiness probe).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+from confluent_kafka import TopicPartition
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+# The metric objects are defined in services.metrics.instruments (no Kafka, so transforms can count through them).
+from services.metrics.instruments import CONSUMER_LAG
+
+__all__ = [
+    "MetricsServer", "start_metrics_server", "record_consumer_lag", "CONSUMER_LAG",
+]
+
+log = logging.getLogger(__name__)
+
+def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | None = None) -> None:
+    """Set ``cbgp_consumer_lag`` for the partitions ``consumer`` (a confluent-kafka Consumer) reads.
+
+    Uses the watermarks cached from fetch responses when there are some (no broker round trip). A reader
+    that tracks its own ``positions`` ((topic, partition) -> next offset) passes them: it may be
+    unassigned between polls while idle, and then the broker is asked for the high watermark.
+    """
+    if positions is None:
+        assignment = consumer.assignment()
+        if not assignment:
+            return
+        positions = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(assignment)}
+    for (topic, partition), offset in positions.items():
+        tp = TopicPartition(topic, partition)
+        try:
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0:
+                _low, high = consumer.get_watermark_offsets(tp, timeout=1.0)
+        except Exception:  # noqa: BLE001 - broker busy or partition unknown yet: report next time
+            continue
+        if high >= 0 and offset >= 0:
+            CONSUMER_LAG.labels(topic, str(partition)).set(max(0, high - offset))
+
+
+# ------------------------------------------------------------------------------------ HTTP server
+
+
+class MetricsServer:
+    """A running ``/metrics`` + probes server on a daemon thread; :meth:`stop` frees the port."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+
+    @property
+    def port(self) -> int:
+        """The bound port (the OS-chosen one when started with port 0)."""
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = self._httpd.server_address[0]
+        return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+
+    def __enter__(self) -> "MetricsServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_metrics_server(port: int, ready: Callable[[], bool] = lambda: True, host: str = "0.0.0.0",
+                         registry: CollectorRegistry = REGISTRY) -> MetricsServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0 = any free port).
+
+    ``ready`` is called on each ``/readyz`` request; if it raises, the answer is 503 with the error, so a
+    broken readiness check never takes the metrics endpoint down with it.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(200, b"ok\n")
+            elif path == "/readyz":
+                try:
+                    ok, detail = bool(ready()), ""
+                except Exception as exc:  # noqa: BLE001 - reported to the prober, not raised
+                    ok, detail = False, f": {type(exc).__name__}: {exc}"
+                self._send(200 if ok else 503, (b"ready\n" if ok else f"not ready{detail}\n".encode()))
+            else:
+                self._send(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+        def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            # Probes hit these endpoints every few seconds: keep them out of the service's log.
+            log.debug("metrics http: " + fmt, *args)
+
+    httpd = ThreadingHTTPServer((host, port), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, name=f"metrics-{httpd.server_address[1]}", daemon=True)
+    thread.start()
+    return MetricsServer(httpd, thread)

@@ -1,0 +1,49 @@
+"""The fleet's Prometheus metric objects, defined once (served by ``services.metrics.exposition``).
+
+The names and labels are an interface: dashboards, alerts and the Helm chart's probes use them, so rename
+nothing.  This module holds no Kafka client and no HTTP server, so the Kafka-free transforms
+(``services.worker.core``) count through the same objects the services' loops do.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
+    "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY", "RESTORE_MISSING_OFFSETS",
+    "BACKGROUND_REFRESHES", "BACKGROUND_VIEW_TRIPLES", "BACKGROUND_ACCURACY", "CHECKPOINT_BYTES", "CHECKPOINT_TIME",
+]
+
+# prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
+# cbgp_updates_in_total.
+
+UPDATES_IN = Counter("cbgp_updates_in", "Records a service consumed from its input topic.", ["service"])
+UPDATES_OUT = Counter("cbgp_updates_out", "Records a service produced to its output topic(s).", ["service"])
+DELTAS_EMITTED = Counter("cbgp_deltas_emitted", "Answer deltas emitted, per query and sign (+/-).", ["query", "sign"])
+STATE_ENTRIES = Gauge("cbgp_state_entries", "Star-state entries held for a partition.", ["partition"])
+STATE_BYTES = Gauge("cbgp_state_bytes", "Approximate bytes of star state held for a partition.", ["partition"])
+CONSUMER_LAG = Gauge("cbgp_consumer_lag", "High watermark minus consumer position.", ["topic", "partition"])
+PROCESSING_LATENCY = Histogram(
+    "cbgp_processing_latency_seconds", "Time to process one polled batch, poll to commit.", ["service"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+REJECTED_INPUTS = Counter("cbgp_rejected_inputs", "Inputs sent to the dead-letter topic, by reason code.",
+                          ["service", "reason"])
+RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress of a partition, 0..1.", ["partition"])
+RESTORE_MISSING_OFFSETS = Gauge(
+    "cbgp_restore_missing_offsets", "Offsets a restore needed that the log no longer has (deleted by retention or "
+    "delete_records); the service refused to rebuild its state and stopped.", ["topic", "partition"])
+CHECKPOINT_BYTES = Gauge("cbgp_checkpoint_bytes", "Bytes of the last checkpoint of a shard kind (routed, whole, "
+                         "deltas), summed over the shards it saved.", ["kind"])
+CHECKPOINT_TIME = Gauge("cbgp_checkpoint_last_timestamp_seconds", "Unix time of the last checkpoint of a shard kind "
+                        "(alert on time() minus it, under load, far above --checkpoint-interval).", ["kind"])
+ANSWER_LATENCY = Histogram(
+    "cbgp_answer_latency_seconds", "Event (or ingest) time of a change to the emission of the answers it caused.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+BACKGROUND_REFRESHES = Counter("cbgp_background_refreshes", "Remote calls of the background service, by view graph "
+                               "and kind (fill, refresh, discover, failed).", ["graph", "kind"])
+BACKGROUND_VIEW_TRIPLES = Gauge("cbgp_background_view_triples", "Triples a SERVICE view graph holds.", ["graph"])
+BACKGROUND_ACCURACY = Gauge("cbgp_background_estimated_accuracy", "A view's expected share of fresh entries after "
+                            "its last refresh round (seed paper 003's estimate).", ["graph"])

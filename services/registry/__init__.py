@@ -1,0 +1,1 @@
+"""``cbgp registry``: admin commands in, query plans and status replies out."""

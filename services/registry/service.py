@@ -1,0 +1,441 @@
+"""The registry service as a faust-streaming app: admin topic -> :class:`services.registry.core.Registry`.
+
+Wiring (inspectable with :func:`describe`):
+
+- source: ``admin`` (1 partition, raw bytes; Avro ``AdminCommand``), one faust agent, consumer group
+  ``<prefix>registry`` (faust commits the offsets of processed commands);
+- sinks, written with confluent-kafka (acks=all, idempotent): ``queries.plans`` (Avro ``QueryPlan``,
+  key = query id, tombstone on unregister), ``queries.status`` (``QueryStatus``), ``deadletter``;
+- a faust ``Table`` ``queries`` (id -> {sparql, class, version, status, ...}, changelog
+  ``<prefix>registry-queries-changelog``, 1 partition like its source) served by the web views
+  ``GET /queries`` and ``GET /queries/{id}``;
+- ``/metrics /healthz /readyz`` on ``--metrics-port`` (readiness: faust started, table reconciled).
+
+Restart safety: before faust starts, the registered set is rebuilt from ``queries.plans`` (the source
+of truth), and once faust has recovered its table the table is reconciled with that set, so a lost or
+lagging changelog can never resurrect an unregistered query or hide a registered one.
+
+faust caveats handled here (reference/notes-kafka-brokers-offline.md §4, §6, §9): every topic is
+pre-created with explicit partition counts (the table's changelog too, by faust, with the partition
+count of its 1-partition source), ``broker_session_timeout=6`` (Kafka's and noida-db's minimum),
+``web_port``/``web_host`` per instance, ``datadir`` under ``--state-dir``; faust's worker installs the
+SIGINT/SIGTERM handlers and shuts down gracefully on either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import faust
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from services.codec import CodecError, decode, encode, encoded_changes
+from services.kafka.config import KafkaSettings
+from services.kafka.client import end_offsets, make_consumer, make_producer, read_all
+from services.metrics.exposition import start_metrics_server
+from services.metrics.instruments import UPDATES_IN, UPDATES_OUT
+from services.wire.records import dead_letter
+from services.wire.registrations import change_seq_before
+from services.registry.core import VERSION_HEADER, Decision, Registry, tombstone_version
+from services.kafka.truncation import LogTruncated
+from services.runtime.life import Stopper, wait_for_topics
+from services.wire.records import kv
+from services.kafka.replay import read_range
+
+__all__ = ["RegistryService", "build_app", "describe", "run_service"]
+
+log = logging.getLogger("cbgp.registry")
+SERVICE = "registry"
+
+
+def describe(settings: KafkaSettings) -> dict[str, Any]:
+    """The service's topology as data (sources, sinks, stores, views), for docs and tests."""
+    return {
+        "sources": [settings.topic("admin")],
+        "sinks": [settings.topic("queries.plans"), settings.topic("queries.status"), settings.topic("deadletter")],
+        "stores": {"queries": f"{settings.topic_prefix}registry-queries-changelog"},
+        "restores_from": settings.topic("queries.plans"),
+        "views": ["GET /queries", "GET /queries/{id}"],
+    }
+
+
+class RegistryService:
+    """The Kafka side of the registry: restore, decode, decide, publish (in that order), reply."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.registry = Registry()
+        self.producer: Producer = make_producer(settings)
+        # One long-lived consumer for watermarks of updates.encoded (registered_at_seq): a broker round trip,
+        # not a group join, per REGISTER.
+        self._watermarks = make_consumer(settings, f"{settings.topic_prefix}registry-watermarks")
+        self.ready = False
+
+    def restore(self) -> int:
+        """Rebuild the registered set from ``queries.plans``; undecodable plan records are skipped with a warning."""
+        records: list[tuple[str, dict[str, Any] | None]] = []
+        retired: dict[str, int] = {}  # versions named by tombstones (their plans may be compacted away)
+        for msg in read_all(self.settings, self.settings.topic("queries.plans"), timeout=60, restore=True):
+            key = (msg.key() or b"").decode("utf-8", "replace")
+            if msg.value() is None:
+                records.append((key, None))
+                version = tombstone_version(msg.headers())
+                if version is not None:
+                    retired[key] = max(version, retired.get(key, 0))
+                continue
+            try:
+                records.append((key, decode("QueryPlan", msg.value())))
+            except CodecError as exc:
+                log.warning("queries.plans offset %d: skipping undecodable plan: %s", msg.offset(), exc)
+        # read_all orders by partition then offset; one key lives in one partition, so per-key order holds.
+        count = self.registry.restore(records)
+        for key, version in retired.items():
+            self.registry.retired[key] = max(version, self.registry.retired.get(key, 0))
+        return count
+
+    def encoded_end(self, patience_s: float = 60.0) -> int:
+        """End offset of ``updates.encoded`` = number of changes ordered so far = seq of the last one.
+
+        Transient broker errors (the topic not in this client's metadata yet right after the topics were
+        created, a broker restart) are retried for ``patience_s``: they say nothing about the command.
+        """
+        tp = TopicPartition(self.settings.topic("updates.encoded"), 0)
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                _low, high = self._watermarks.get_watermark_offsets(tp, timeout=10)
+                return max(high, 0)
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("end of %s not available yet (%s); retrying", tp.topic, exc)
+                time.sleep(0.5)
+                try:  # librdkafka keeps "unknown partition" until its next metadata refresh (minutes): ask now
+                    self._watermarks.list_topics(tp.topic, timeout=10)
+                except KafkaException:
+                    pass
+
+    def change_seq_before(self, end: int) -> int:
+        """The seq of the last change in updates.encoded below offset ``end``, for the plan: workers then need
+        not read the log next to every registration at every restore."""
+        topic = self.settings.topic("updates.encoded")
+
+        def changes_in(start: int, stop: int) -> list:
+            changes = []
+            for msg in read_range(self.settings, topic, 0, start, stop):
+                try:
+                    changes.extend(encoded_changes(msg.value() or b""))
+                except CodecError:
+                    continue  # (not ingest's: the workers skip it too)
+            return changes
+
+        try:
+            return change_seq_before(changes_in, end, end_offsets(self.settings, topic)[0][0])
+        except LogTruncated as exc:  # (deleted up to the end: the plan leaves it to its readers)
+            log.warning("registered_at_change_seq left unknown: %s", exc)
+            return -1
+
+    def handle(self, value: bytes | None, partition: int, offset: int) -> Decision | None:
+        """Process one admin record synchronously (run in an executor thread); return the applied decision,
+        whose status :meth:`reply` sends (errors are answered here)."""
+        UPDATES_IN.labels(SERVICE).inc()
+        try:
+            if value is None:
+                raise CodecError("empty record (null value)")
+            command = decode("AdminCommand", value)
+        except CodecError as exc:
+            self._reject_record(value or b"", partition, offset, str(exc))
+            return None
+        try:
+            decision = self.registry.decide(command, self.encoded_end, self.change_seq_before)
+        except KafkaException as exc:
+            # The broker, not the command: raise so faust does not commit this admin offset; it is replayed.
+            raise RuntimeError(f"admin offset {offset}: broker unavailable: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - an unexpected bug must answer the user, not kill the service
+            log.exception("admin offset %d: internal error", offset)
+            self._send(self.settings.topic("queries.status"),
+                       encode("QueryStatus", self.registry.error(f"internal error: {type(exc).__name__}: {exc}",
+                                                                 command.get("request_id"))))
+            return None
+        # Step 1: the plan (or tombstone) is durable before anything else changes.
+        if decision.plan is not None:
+            key, plan = decision.plan
+            # A tombstone names the version it ends (VERSION_HEADER): compaction keeps it after the plan is gone.
+            ended = self.registry.queries.get(key) if plan is None else None
+            self._send(self.settings.topic("queries.plans"), None if plan is None else encode("QueryPlan", plan), key,
+                       [(VERSION_HEADER, str(ended.version).encode())] if ended is not None else None)
+        # Step 2: the registered set follows the published plans.
+        self.registry.commit(decision)
+        return decision
+
+    def committed_admin_offset(self) -> int:
+        """The admin offset this registry's group committed (where a new life starts), 0 if none."""
+        group = make_consumer(self.settings, f"{self.settings.topic_prefix}registry")
+        try:
+            tp = group.committed([TopicPartition(self.settings.topic("admin"), 0)], timeout=30)[0]
+            return max(tp.offset, 0)
+        finally:
+            group.close()
+
+    def missed_admin_records(self, start: int, end: int) -> list[tuple[bytes | None, int, int]]:
+        """Admin records ``[start, end)`` of partition 0 as ``(value, partition, offset)``, read directly."""
+        return [(m.value(), m.partition(), m.offset())
+                for m in read_range(self.settings, self.settings.topic("admin"), 0, start, end)]
+
+    def reply(self, decision: Decision) -> None:
+        """Step 3 of :meth:`handle`, called once the table shows the decision: ACCEPTED always means "the
+        plan is on queries.plans and the web view lists it"."""
+        self._send(self.settings.topic("queries.status"), encode("QueryStatus", decision.status))
+
+    def _reject_record(self, value: bytes, partition: int, offset: int, reason: str) -> None:
+        message = f"undecodable admin record at offset {offset}: {reason}"
+        log.warning(message)
+        dead = dead_letter(self.settings.topic("deadletter"), SERVICE, self.settings.topic("admin"), partition,
+                           offset, "schema-mismatch", message, bytes(value), at_ms=self.registry.error("")["at_ms"])
+        self._send(dead.topic, dead.value)
+        self._send(self.settings.topic("queries.status"), encode("QueryStatus", self.registry.error(message)))
+
+    def _send(self, topic: str, value: bytes | None, key: str | None = None,
+              headers: list[tuple[str, bytes]] | None = None) -> None:
+        errors: list[KafkaError] = []
+        self.producer.produce(topic, value=value, key=key.encode() if key is not None else None, headers=headers,
+                              on_delivery=lambda err, _msg: errors.append(err) if err else None)
+        if self.producer.flush(30) or errors:
+            # Not acknowledged: raise so faust does not commit this admin offset; the command is replayed.
+            raise RuntimeError(f"cannot publish to {topic}: {errors[0] if errors else 'not acknowledged in 30s'}")
+        UPDATES_OUT.labels(SERVICE).inc()
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        self._watermarks.close()
+
+
+# noida-db (the embedded broker) answers an empty Fetch at once instead of holding it for fetch.max.wait, and
+# aiokafka sends the next Fetch as soon as the last one returned: an idle registry spun at 0.7-0.9 core (and
+# kept the broker busy answering).  faust reads only the admin topic and its table's changelog, a few records
+# a day, so after a fetch that brought nothing aiokafka waits EMPTY_FETCH_BACKOFF_S before the next one (a
+# command waits at most that much longer; a fetch that brings records is followed at once).
+EMPTY_FETCH_BACKOFF_S = 0.25
+
+
+def install_empty_fetch_backoff(backoff_s: float = EMPTY_FETCH_BACKOFF_S) -> None:
+    """Make aiokafka's fetcher pause ``backoff_s`` after a fetch response with no records (idempotent)."""
+    from aiokafka.consumer.fetcher import Fetcher
+
+    original = Fetcher._proc_fetch_request
+    if getattr(original, "_cbgp_backoff", None) is not None:
+        original = original._cbgp_original  # type: ignore[attr-defined]
+
+    async def proc_fetch_request(self: Any, assignment: Any, node_id: Any, request: Any) -> bool:
+        records_before = len(self._records)
+        woke = await original(self, assignment, node_id, request)
+        if not woke and len(self._records) == records_before and assignment.active:
+            # Still "in flight" for this node while we sleep, so the fetch loop sends nothing meanwhile;
+            # an unassignment cancels the sleep with the task.
+            try:
+                await asyncio.sleep(backoff_s)
+            except asyncio.CancelledError:  # close() or an unassignment: the result is of no interest
+                return False
+        return woke
+
+    proc_fetch_request._cbgp_backoff = backoff_s  # type: ignore[attr-defined]
+    proc_fetch_request._cbgp_original = original  # type: ignore[attr-defined]
+    Fetcher._proc_fetch_request = proc_fetch_request  # type: ignore[method-assign]
+
+
+def _faust_rebalance_options(settings: KafkaSettings) -> dict[str, float]:
+    """``rebalance_timeout_ms`` (the embedded broker's JoinGroup workaround) in faust's terms, seconds."""
+    if settings.rebalance_timeout_ms is None:
+        return {}
+    seconds = settings.rebalance_timeout_ms / 1000
+    return {"broker_rebalance_timeout": seconds, "broker_max_poll_interval": seconds}
+
+
+def _faust_broker_options(settings: KafkaSettings) -> dict[str, Any]:
+    """faust (aiokafka) connection options from the shared settings (security included)."""
+    servers = ";".join(f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(","))
+    options: dict[str, Any] = {"broker": servers}
+    proto = (settings.security_protocol or "PLAINTEXT").upper()
+    ctx = ssl.create_default_context(cafile=settings.ssl_ca_location) if "SSL" in proto else None
+    if proto.startswith("SASL"):
+        options["broker_credentials"] = faust.SASLCredentials(
+            username=settings.sasl_username, password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism or "PLAIN", ssl_context=ctx)
+    elif ctx is not None:
+        options["broker_credentials"] = faust.SSLCredentials(ctx)
+    return options
+
+
+def admin_gap(expected: int, offset: int) -> range | None:
+    """What to do with admin ``offset`` when ``expected`` is the next one to process: None if it was processed
+    already (skip it), else the offsets before it that the consumer skipped (read them directly first).
+
+    Every admin offset must be processed exactly once and in order, whatever faust delivers: right after a
+    registry restart with static membership on the embedded broker, faust (aiokafka) was seen to skip an
+    offset and deliver the next one twice, so the skipped REGISTER was never answered
+    (``bench/registry_gap_repro.py`` shows it; it happened in kill -9 fault runs with two commands sent
+    while the registry restarted)."""
+    if offset < expected:
+        return None
+    return range(expected, offset)
+
+
+def build_app(service: RegistryService, *, web_port: int, web_host: str, state_dir: str | os.PathLike[str]) -> faust.App:
+    """The faust app: agent on ``admin``, table ``queries``, web views, reconcile task."""
+    settings = service.settings
+    datadir = Path(state_dir) / f"{settings.topic_prefix}registry"
+    datadir.parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
+    app = faust.App(
+        f"{settings.topic_prefix}registry",
+        **_faust_broker_options(settings),
+        store="memory://",  # the table is a view; it is rebuilt from its changelog and reconciled on start
+        topic_partitions=1,
+        topic_replication_factor=settings.replication_factor,
+        broker_session_timeout=6,
+        broker_heartbeat_interval=2,
+        **_faust_rebalance_options(settings),
+        consumer_auto_offset_reset="earliest",
+        web_enabled=True, web_port=web_port, web_host=web_host, web_bind=web_host,
+        datadir=str(datadir),
+        producer_acks=-1,
+    )
+    admin = app.topic(settings.topic("admin"), partitions=1, key_type=bytes, value_type=bytes,
+                      key_serializer="raw", value_serializer="raw", internal=False)
+    # use_partitioner: the reconcile task writes outside a stream event; the changelog has one partition.
+    # No value_type: values stay plain JSON (the app's codec). With value_type=dict, recovering a changelog
+    # whose last record is a value calls dict.from_data, fails, and the registry never becomes ready.
+    table = app.Table("queries", default=None, partitions=1, use_partitioner=True, key_type=str)
+
+    def mirror(decision: Decision) -> None:
+        if decision.entry is not None:
+            table[decision.entry.query_id] = decision.entry.view()
+        if decision.removed is not None and decision.removed in table:
+            del table[decision.removed]
+
+    async def process(loop: asyncio.AbstractEventLoop, value: bytes | None, partition: int, offset: int) -> None:
+        # Producing waits for acks: keep it off the event loop so faust's heartbeats keep flowing.
+        decision = await loop.run_in_executor(None, service.handle, value, partition, offset)
+        if decision is not None:
+            mirror(decision)
+            await loop.run_in_executor(None, service.reply, decision)
+
+    @app.agent(admin)
+    async def handle_admin(stream: faust.StreamT) -> None:
+        loop = asyncio.get_running_loop()
+        expected: int | None = None  # the next admin offset this life must process
+        async for event in stream.events():
+            msg = event.message
+            if expected is None:
+                expected = await loop.run_in_executor(None, service.committed_admin_offset)
+            missed = admin_gap(expected, msg.offset)
+            if missed is None:
+                continue  # delivered again: already processed in this life
+            if missed:
+                log.warning("admin offsets %d-%d skipped by the consumer: reading them directly",
+                            missed.start, missed.stop - 1)
+                for value, partition, offset in await loop.run_in_executor(
+                        None, service.missed_admin_records, missed.start, missed.stop):
+                    await process(loop, value, partition, offset)
+            await process(loop, msg.value, msg.partition, msg.offset)
+            expected = msg.offset + 1
+
+    @app.task
+    async def reconcile() -> None:
+        # Runs once faust has recovered the table: make it equal to the set restored from queries.plans.
+        truth = {qid: entry.view() for qid, entry in service.registry.queries.items()}
+        for qid in [k for k in table.keys() if k not in truth]:
+            del table[qid]
+        for qid, view in truth.items():
+            if table.get(qid) != view:
+                table[qid] = view
+        service.ready = True
+        log.info("registry ready: %d queries registered", len(truth))
+
+    @app.page("/queries")
+    async def list_queries(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        return web.json({"queries": [table[k] for k in sorted(table.keys())]})
+
+    @app.page("/queries/{query_id}")
+    async def get_query(web: faust.web.View, request: faust.web.Request, query_id: str) -> faust.web.Response:
+        view = table.get(query_id)
+        if view is None:
+            return web.json({"error": f"no query with id {query_id!r} is registered"}, status=404)
+        return web.json(view)
+
+    return app
+
+
+def run_service(settings: KafkaSettings, *, metrics_port: int | None = None, web_port: int = 6066,
+                web_host: str = "127.0.0.1", state_dir: str = ".cbgp-state", log_level: str = "warning") -> int:
+    """``cbgp registry``: create topics, restore, run faust until SIGTERM/SIGINT; return the exit code.
+
+    Like the data-path services, the registry waits for a broker that is not up yet, and after a life
+    that ended on an error (faust's clients give up when the broker goes away while they start) it starts
+    a new one: fresh clients, the registered set restored again from ``queries.plans``.
+    """
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The registry's own lines (start, restore, ready, restarts) at INFO whatever faust's level: faust's INFO
+    # is a hundred lines per start, and at its default WARNING an idle registry's log said nothing at all.
+    own = logging.StreamHandler(sys.stderr)
+    own.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.handlers[:] = [own]
+    log.setLevel(min(logging.INFO, logging.getLevelName(log_level.upper())))
+    log.propagate = False
+    log.info("starting: broker %s, web view http://%s:%d/queries, metrics %s, state in %s",
+             settings.bootstrap_servers, web_host, web_port,
+             f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port is not None else "off", state_dir)
+    current: list[RegistryService | None] = [None]
+    metrics = (start_metrics_server(metrics_port, ready=lambda: current[0] is not None and current[0].ready)
+               if metrics_port is not None else None)
+    try:
+        while True:
+            stopper = Stopper()  # faust's own handlers replace it during a life and are gone after one
+            if not wait_for_topics(settings, SERVICE, stopper):
+                return 0
+            try:
+                code = _life(settings, current, stopper, web_port=web_port, web_host=web_host,
+                             state_dir=state_dir, log_level=log_level)
+                reason = f"the faust worker stopped with exit code {code} (its error is logged above)"
+            except (KafkaException, TimeoutError) as exc:
+                code, reason = 1, str(exc).replace("\n", " ")
+            if code == 0 or stopper.stopping:
+                return code
+            log.error(kv(event="restart", service=SERVICE, reason=reason))
+            time.sleep(1.0)
+            # mode's worker closed the event loop of the life that ended; the next app needs a new one.
+            asyncio.set_event_loop(asyncio.new_event_loop())
+    finally:
+        if metrics is not None:
+            metrics.stop()
+
+
+def _life(settings: KafkaSettings, current: list[RegistryService | None], stopper: Stopper, *, web_port: int,
+          web_host: str, state_dir: str, log_level: str) -> int:
+    install_empty_fetch_backoff()
+    service = RegistryService(settings)
+    try:
+        count = service.restore()
+        log.info("restored %d registered queries from %s", count, settings.topic("queries.plans"))
+        if stopper.stopping:
+            return 0
+        current[0] = service
+        app = build_app(service, web_port=web_port, web_host=web_host, state_dir=state_dir)
+        worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, redirect_stdouts=False)
+        if not sys.stdout.isatty():
+            # faust's progress spinner writes cursor control codes; in a log file that is all one saw
+            worker.spinner = None
+        try:
+            worker.execute_from_commandline()
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        return 0
+    finally:
+        service.ready = False
+        service.close()

@@ -1,0 +1,108 @@
+"""One loop for every transactional data-path service: a :class:`Processor` driven by :func:`run_processor`.
+
+In the spirit of Quix Streams' ``Application.run``: a service says what it reads, how a batch becomes outputs
+and the input offsets to commit with them, and what it does when it is idle or once a batch has committed;
+the runner owns the loop, the transaction, the readiness flag and the throughput metrics, the same for ingest,
+the workers and the answers service.  :func:`services.runtime.life.run_service` starts a new life (a new processor,
+its state restored from the logs) after a failed transaction.
+
+Each processor's sources and sinks, as data, are ``TOPOLOGIES[processor.service]`` (``cbgp describe SERVICE``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from confluent_kafka import Producer, TopicPartition
+
+from services.metrics.instruments import PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT
+from services.wire.records import Output
+from services.runtime.life import Stopper, commit_transaction
+from services.wire.topology import TOPOLOGIES, Topology
+
+__all__ = ["Processor", "Step", "run_processor"]
+
+# The input offsets of one consumer group, for the transaction: (partitions at their next offset, with optional
+# commit metadata; the group's metadata from its member).
+GroupOffsets = tuple[Sequence[TopicPartition], Any]
+
+
+@dataclass(slots=True)
+class Step:
+    """What one batch made: the records to produce and the input offsets to commit with them, atomically."""
+
+    outputs: list[Output]
+    offsets: list[GroupOffsets] = field(default_factory=list)  # empty: outputs only (nothing was consumed)
+    inputs: int = 0  # input changes the batch held (cbgp_updates_in_total)
+    detail: Any = None  # the processor's own note for committed() (e.g. the positions the offsets move to)
+
+
+class Processor(Protocol):
+    """A data-path service as the runner drives it.
+
+    ``open`` joins the input groups: their ``on_assign`` callbacks restore the state of the partitions
+    assigned (during ``poll``), ``on_revoke`` stops processing the revoked ones.  ``process`` changes the
+    state in memory only; it becomes durable when ``committed`` is called, after the transaction."""
+
+    service: str  # the `cbgp` command: the metrics label and the topology's key
+    producer: Producer  # transactional
+
+    def open(self) -> None: ...
+
+    def poll(self) -> Any: ...  # the next batch (possibly empty: process then returns None)
+
+    def process(self, batch: Any) -> Step | None: ...  # None: nothing to commit
+
+    def committed(self, step: Step) -> None: ...  # the step's transaction committed
+
+    def idle(self) -> Step | None: ...  # nothing came: housekeeping, and possibly outputs of its own
+
+    def close(self, clean: bool) -> None: ...  # leave the groups now, flush; clean: stopped, all committed
+
+
+def topology(processor: Processor) -> Topology:
+    return TOPOLOGIES[processor.service]
+
+
+def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> None:
+    """Poll -> process -> commit until stopped; one life of ``processor``.
+
+    Steps per batch (exactly-once), in this order:
+    1. poll a batch (rebalance callbacks restore assigned partitions here);
+    2. process it: outputs and input offsets, the state changed in memory only;
+    3. one transaction (``commit_transaction``): (a) produce the outputs, (b) add the input offsets of each
+       group, (c) wait for every acknowledgement and commit.  A failure at (a) or (b) aborts: neither the
+       outputs nor the offsets happened.  A failure at (c), or a broker lost meanwhile, leaves the outcome
+       unknown.  Either way :class:`TransactionFailed` ends this life and the next one restores from the logs;
+    4. ``committed``: only now may the processor treat the batch as durable (move its positions, checkpoint).
+       A checkpoint taken here is saved to the instance's disk at once and its Kafka records ride in the next
+       transaction (a step of its own when idle): then, at that transaction's step 4, the older ones are trimmed.
+    A stop request ends the loop between batches: ``close(clean=True)``, every transaction committed.
+    """
+    service = processor.service
+    updates_in, updates_out = UPDATES_IN.labels(service), UPDATES_OUT.labels(service)
+    latency = PROCESSING_LATENCY.labels(service)
+    clean = False
+    try:
+        processor.open()
+        ready[0] = True
+        while not stopper.stopping:
+            batch = processor.poll()  # step 1
+            started = time.monotonic()
+            step = processor.process(batch)  # step 2
+            if step is None:
+                step = processor.idle()
+                if step is None:
+                    continue
+            commit_transaction(processor.producer, step.outputs, step.offsets)  # step 3 (a), (b), (c)
+            processor.committed(step)  # step 4
+            if step.offsets:
+                updates_in.inc(step.inputs)
+                updates_out.inc(len(step.outputs))
+                latency.observe(time.monotonic() - started)
+        clean = True
+    finally:
+        ready[0] = False
+        processor.close(clean)

@@ -1,0 +1,76 @@
+"""What a transform hands to Kafka and how records are placed, with no Kafka client in it.
+
+The transforms (``services.worker.core``, ``services.answers.release``, the ingest and answers processors) and the
+Spark job import these; the Kafka plumbing (``services.runtime.life``) produces the :class:`Output` s they return.
+
+- :class:`Output`: one record to produce (topic, key, value, explicit partition, headers);
+- :func:`query_partition`: the partition of everything keyed by query id;
+- :func:`routes` (from ``cbgp.change``): the routed partitions (and the role of the centre) of one change, the
+  one routing function;
+- :func:`dead_letter`: the one ``DeadLetter`` record builder of every service;
+- :data:`WHOLE_QUERY_PART`: ``PartDelta.part`` of a query's own answers (what the answers service numbers);
+- :data:`ORIGIN_HEADER`: the header carrying the raw record's time, for end-to-end latency;
+- :func:`kv`: one structured log line (``key=value``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cbgp.terms import stable_term_id
+from services import codec
+from services.metrics.instruments import REJECTED_INPUTS
+
+__all__ = ["Output", "ORIGIN_HEADER", "WHOLE_QUERY_PART", "dead_letter", "query_partition", "kv"]
+
+WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers; parts of a multi-part query are 0, 1, ...
+
+# Header carrying the time (epoch ms) at which the raw record that caused a change was produced: ingest
+# sets it from the raw record's timestamp, workers and answers pass it on, so update-to-answer latency can be
+# measured at the end of the pipeline without touching the schemas.
+ORIGIN_HEADER = "cbgp-origin-ms"
+
+
+@dataclass(slots=True)
+class Output:
+    """One record a transform wants produced.  ``partition`` is always explicit: routing is the design."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None = None
+    partition: int = 0
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def query_partition(query_id: str, partitions: int) -> int:
+    """The partition of everything keyed by query id (deltas.parts, answers), and a whole query's owner.
+
+    Explicit and hash-stable in every process (librdkafka's partitioner is not what other clients use).
+    """
+    return stable_term_id(query_id) % partitions
+
+
+def kv(**fields: Any) -> str:
+    """``key=value`` pairs for one structured log line (values with spaces are quoted)."""
+    parts = []
+    for key, value in fields.items():
+        text = str(value)
+        parts.append(f"{key}={text!r}" if (" " in text or not text) else f"{key}={text}")
+    return " ".join(parts)
+
+
+def dead_letter(deadletter_topic: str, service: str, source_topic: str, partition: int, offset: int, reason: str,
+                message: str, original: bytes | None, line: int | None = None, at_ms: int | None = None) -> Output:
+    """The ``DeadLetter`` record for an input ``service`` rejected (and ``cbgp_rejected_inputs`` counted).
+
+    ``source_topic``/``partition``/``offset`` say where the input was, ``reason`` is the code (e.g.
+    ``schema-mismatch``), ``message`` one line for people, ``line`` the line of a text input, ``at_ms`` the
+    time of the rejection (default now).
+    """
+    REJECTED_INPUTS.labels(service, reason).inc()
+    record = {"service": service, "source_topic": source_topic, "partition": partition, "offset": offset,
+              "reason": reason, "message": message.replace("\n", " "), "line": line, "original": original or b"",
+              "at_ms": int(time.time() * 1000) if at_ms is None else at_ms}
+    return Output(deadletter_topic, codec.encode("DeadLetter", record))

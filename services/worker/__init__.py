@@ -1,0 +1,1 @@
+"""``cbgp worker``: routed changes and query plans in, query-part deltas out."""

@@ -1,0 +1,253 @@
+"""What a worker core writes (``services.worker.core``), as a mixin of :class:`~services.worker.core.WorkerCore`
+(it reads the core's ``topics``, ``plans``, ``shards``, ``probes`` and output queues): answer deltas batched into
+PartDeltaBatch records per transaction, a registration's netted snapshot, the Frontier marks after them,
+derived streams' RDF Patch records and their retraction, and dead letters.  No Kafka here.
+
+Derived streams (issue 18 item 3: a CONSTRUCT registered with ``stream=<iri>``, ``QueryInfo.stream``): the owner
+also writes the query's triple deltas to updates.raw, in the same transaction as its answers and offsets (exactly
+once), as RDF Patch ``A``/``D`` lines of named graph ``<iri>`` -- one record per input record, snapshot included --
+so every query can read them back through ingest (``GRAPH <iri> { ... }``).  A CONSTRUCT's answers are a set, so
+with ingest's set semantics graph ``<iri>`` is always the CONSTRUCT of the base graph as of the input record the
+owner last applied.  When the registration ends (unregistered or replaced) the owner of its routed partition writes
+``DROP SILENT GRAPH <iri>`` (a SPARQL Update ingest applies atomically): the derived graph is retracted with no
+state needed, also by a next owner that restores from a committed position before the ending plan record
+(``ended_streams``, owed like snapshots by the commit metadata)."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Multiset
+from typing import Iterable
+
+from cbgp.distributed.evaluator import Outputs as ProbeOutputs
+from services import codec
+from services.wire.idempotence import SNAPSHOT_INDEX_BASE, WHOLE_SOURCE_PARTITION
+from services.wire.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, kv, query_partition
+from services.worker.shard import QueryInfo, Shard
+
+log = logging.getLogger("cbgp.worker")
+
+# Idempotence keys (routed partition P, WHOLE_SOURCE_PARTITION for whole queries, SNAPSHOT_INDEX_BASE + i for
+# snapshot deltas): see services.wire.idempotence.
+MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record (bindings of a few ids: well under 1 MB)
+# Header of a derived stream's updates.raw records: "query@version" (which owner wrote it: see owner_of_output).
+DERIVED_HEADER = "cbgp-derived"
+MAX_DERIVED_BYTES = 512 * 1024  # a derived stream's patch record is split above this (the broker's limit is ~1 MB)
+
+
+class CoreOutputs:
+    """The output side of :class:`~services.worker.core.WorkerCore` (see the module doc)."""
+
+    def _end_stream(self, info: QueryInfo, partition: int, offset: int, routed_assigned: Iterable[int]) -> list[Output]:
+        """A registration ends at queries.plans ``partition``/``offset`` (tombstone or new version): if it fed a
+        derived stream, remember it (a next owner restored from before this record owes the retraction) and,
+        when this worker owns its routed partition, retract the graph now."""
+        if info.stream is None:
+            return []
+        owner = query_partition(info.query_id, self.n_routed)
+        self.ended_streams.append((partition, offset, info.query_id, info.version, info.stream))
+        return [self._drop_graph(info.query_id, info.version, info.stream)] if owner in set(routed_assigned) else []
+
+    def _drop_graph(self, query_id: str, version: int, graph: str) -> Output:
+        log.info(kv(event="derived-stream-ended", query=query_id, version=version, graph=graph))
+        return Output(self.topics.get("updates.raw", "updates.raw"), f"DROP SILENT GRAPH {graph}".encode(), None, 0,
+                      [("content-type", b"application/sparql-update"),
+                       (DERIVED_HEADER, f"{query_id}@{version}".encode())])
+
+    def _derived_outputs(self, shard: Shard) -> list[Output]:
+        """The triple deltas of derived streams collected since the last call (:meth:`_part_delta`), as RDF Patch
+        records of their named graphs on updates.raw, in the order they were made."""
+        if not self.derived:
+            return []
+        out: list[Output] = []
+        decode = shard.engine.dictionary.decode
+        topic = self.topics.get("updates.raw", "updates.raw")
+        for query_id, rows in self.derived.items():
+            info = self.plans.get(query_id)
+            if info is None or info.stream is None:
+                continue
+            headers = [("cbgp-format", b"patch"), (DERIVED_HEADER, f"{query_id}@{info.version}".encode())]
+            lines: list[str] = []
+            size = 0
+            for sign, triple in rows:
+                line = f"{'A' if sign > 0 else 'D'} {' '.join(decode(t) for t in triple)} {info.stream} ."
+                if size + len(line) > MAX_DERIVED_BYTES and lines:
+                    out.append(Output(topic, ("\n".join(lines) + "\n").encode(), None, 0, headers))
+                    lines, size = [], 0
+                lines.append(line)
+                size += len(line) + 1
+            if lines:
+                out.append(Output(topic, ("\n".join(lines) + "\n").encode(), None, 0, headers))
+        self.derived = {}
+        return out
+
+    def _note_origin(self, origin: int | None) -> None:
+        """The batch's latency origin is its oldest update's (ORIGIN_HEADER of the flushed records)."""
+        if origin and (self.batched_origin is None or origin < self.batched_origin):
+            self.batched_origin = origin
+
+    def flush_batches(self) -> list[Output]:
+        """The answer deltas collected since the last call, as one PartDeltaBatch record per query (at most
+        MAX_BATCH_DELTAS deltas each), in the order they were made; once per transaction."""
+        out: list[Output] = []
+        headers = [(ORIGIN_HEADER, str(self.batched_origin).encode())] if self.batched_origin is not None else []
+        out.extend(self.term_outputs)
+        self.term_outputs = []
+        for (query_id, variables, part, _run), rows in self.batched.items():
+            key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
+            info = self.plans.get(query_id)
+            version, distinct, gated = ((info.version, info.counted_distinct, info.gated) if info is not None
+                                        else (0, False, False))
+            for start in range(0, len(rows), MAX_BATCH_DELTAS):
+                value = codec.encode_part_delta_batch(query_id, part, variables,
+                                                      rows[start:start + MAX_BATCH_DELTAS], version, distinct, gated)
+                out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
+        self.batched, self.batched_origin, self.batch_runs = {}, None, {}
+        for query_id, version, routed, as_of in self.ready_due:  # after the snapshot deltas they mark complete
+            out.append(Output(self.topics["deltas.parts"], codec.encode_probe_ready(query_id, version, routed, as_of),
+                              query_id.encode(), query_partition(query_id, self.n_deltas)))
+        self.ready_due = []
+        out.extend(self.probes.flush(s for (kind, _p), s in self.shards.items() if kind == "routed"))
+        out.extend(self._frontiers())
+        return out
+
+    def drop_outputs_of(self, partition: int) -> int:
+        """Forget the answer deltas not yet flushed of routed partition ``partition`` and of the whole queries
+        it owns (the partition was revoked: they belong to its next owner); return how many were dropped."""
+        dropped = self.probes.drop_from(partition)
+        self.ready_due = [due for due in self.ready_due if due[2] != partition]
+        for key, rows in list(self.batched.items()):
+            whole_owner = query_partition(key[0], self.n_routed)
+            kept = [r for r in rows if not (r[3] == partition or (r[3] == WHOLE_SOURCE_PARTITION
+                                                                   and whole_owner == partition))]
+            dropped += len(rows) - len(kept)
+            if kept:
+                self.batched[key] = kept
+            else:
+                del self.batched[key]
+        # the next delta of a query joins or follows its last kept run
+        self.batch_runs = {(q, part): (variables, run) for q, variables, part, run in self.batched}
+        return dropped
+
+    def owner_of_output(self, output: Output) -> int | None:
+        """The routed partition whose shard made a queued part delta (None: not a part delta)."""
+        if output.topic == self.topics.get("updates.raw", "updates.raw"):
+            for name, value in output.headers or ():
+                if name == DERIVED_HEADER:
+                    return query_partition(value.decode().rpartition("@")[0], self.n_routed)
+            return None
+        if output.topic != self.topics["deltas.parts"] or output.value is None or output.key is None:
+            return None
+        try:
+            record = codec.decode("PartDelta", output.value)
+        except codec.CodecError:
+            return None
+        source = record["source_partition"]
+        return query_partition(record["query_id"], self.n_routed) if source == WHOLE_SOURCE_PARTITION else source
+
+    def _probe_outputs(self, shard: Shard, probed: ProbeOutputs, offset: int, out: list[Output],
+                       origin: int | None = None, first: int = 0) -> None:
+        """Queue a probe step's probes and acks (see ``ProbeRouting.flush``), made by the record at ``offset``
+        (a registration: the record before its point), and batch its deltas, keyed by ``offset`` and numbered
+        per query from ``first``: two owners of the partition, one of which applied a registration later,
+        give each of its deltas the same key (call once per record)."""
+        numbers: dict[str, int] = {}
+        for delta in self.probes.take(shard, probed, offset):
+            if delta.query not in shard.outputs:
+                continue  # unregistered meanwhile
+            born = delta.born_ms or origin
+            if not delta.snapshot:
+                self._note_origin(born)
+            number = numbers.get(delta.query, first)
+            numbers[delta.query] = number + 1
+            self._part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, number,
+                             delta.snapshot, born)
+
+    def _frontiers(self) -> list[Output]:
+        """After this transaction's deltas, a Frontier record on every deltas.parts partition for the routed
+        shards that moved: every delta they caused up to that seq precedes it (the answers service's release
+        rule).  Nothing when nothing moved, so an idle worker writes nothing."""
+        moved = {p: s.completed() for (kind, p), s in self.shards.items()
+                 if kind == "routed" and s.completed() > self.frontier_sent.get(p, -1)}
+        if not moved:
+            return []
+        self.frontier_sent.update(moved)
+        value = codec.encode_frontier(moved)
+        return [Output(self.topics["deltas.parts"], value, None, partition) for partition in range(self.n_deltas)]
+
+    def _snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset], offset: int | None = None,
+                  as_of: int | None = None) -> list[Output]:
+        """The netted answers of ``infos`` over the shard's log so far (up to ``offset``, keyed by it), labelled
+        with the seq they are as of (by default the last change the shard applied; the registry's
+        registered_at_seq counts updates.encoded records, which hold many changes each, so it lags far behind)."""
+        out: list[Output] = []
+        if as_of is None:
+            as_of = max(shard.last_seq, shard.frontier)
+        if offset is None:
+            offset = shard.position - 1
+        for info in infos:
+            index = SNAPSHOT_INDEX_BASE  # per query, as live deltas: two owners' snapshots of it have one key
+            if info.gated and shard.kind == "routed" and not info.uses_probes:
+                # (a query with multi-centre parts is marked ready by its probes: worker_probes.flush)
+                self.ready_due.append((info.query_id, info.version, shard.partition, as_of))
+            for name, _part, _query in info.engine_queries():
+                for row, count in sorted(net.get(name, {}).items()):
+                    for _ in range(max(count, 0)):
+                        # A routed shard's answers are deduplicated by (seq, offset, index): never label
+                        # them past what the shard applied, or its next live deltas would look older.
+                        label = as_of if shard.kind == "routed" else max(info.registered_at_seq, as_of)
+                        self._part_delta(out, shard, name, 1, row, label, offset, index, True, None)
+                        index += 1
+        if self.derived:
+            out.extend(self._derived_outputs(shard))
+        return out
+
+    def _part_delta(self, out: list[Output], shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int,
+                    offset: int, index: int, snapshot: bool, origin: int | None) -> None:
+        """A query's answer delta joins its batch (see flush_batches); a part's delta (for the Spark assembly,
+        which takes one PartDelta per record) goes to ``out``."""
+        columns = shard.columns(name)
+        query_id, part = shard.outputs[name]
+        if part == WHOLE_QUERY_PART or shard.kind == "routed":
+            # A routed shard's part deltas (a by-centre product) are batched too: the answers service
+            # releases them in seq order and multiplies them.
+            if name in shard.engine.operators:
+                info = self.plans.get(query_id)
+                if info is not None and info.stream is not None:
+                    at = dict(zip(columns, row))
+                    self.derived.setdefault(query_id, []).append(
+                        (sign, (at["subject"], at["predicate"], at["object"])))
+                columns, row = self._operator_row(shard, columns, row)
+            runs = self.batch_runs
+            last = runs.get((query_id, part))
+            if last is None or last[0] != columns:
+                last = runs[(query_id, part)] = (columns, 0 if last is None else last[1] + 1)
+            self.batched.setdefault((query_id, columns, part, last[1]), []).append(
+                (seq, sign, row, shard.source_partition, offset, index, snapshot, None))
+            return
+        value = codec.encode_part_delta(query_id, part, seq, sign, dict(zip(columns, row)),
+                                        shard.source_partition, offset, index, snapshot, None)
+        headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
+        out.append(Output(self.topics["deltas.parts"], value, query_id.encode(),
+                          query_partition(query_id, self.n_deltas), headers))
+
+    def _operator_row(self, shard: Shard, columns: tuple[str, ...], row: tuple) -> tuple[tuple[str, ...], tuple]:
+        """An operator query's row as the fleet writes it: unbound variables left out of the binding (SPARQL
+        JSON results), and every term the shard made (a COUNT, a BIND value...) queued for the dictionary
+        topic, so the answers service can decode it."""
+        if None in row:
+            columns = tuple(c for c, v in zip(columns, row) if v is not None)
+            row = tuple(v for v in row if v is not None)
+        dictionary = shard.engine.dictionary
+        made = getattr(dictionary, "made", ())
+        topic = self.topics.get("dictionary")
+        for term_id in row:
+            if term_id in made and term_id not in self.published_terms and topic is not None:
+                self.published_terms.add(term_id)
+                value = codec.encode("DictionaryEntry", {"id": term_id, "term": dictionary.decode(term_id)})
+                self.term_outputs.append(Output(topic, value, str(term_id).encode(), term_id % self.n_dictionary))
+        return columns, row
+
+    def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
+        return dead_letter(self.topics["deadletter"], "worker", self.topics.get(topic, topic), partition, offset,
+                           reason, message, value)

@@ -1,0 +1,304 @@
+"""The hot-path codecs (``codec.decode_routed`` ... ``encode_current_answer``) are exact drop-ins for the
+generic fastavro path: same bytes written, same values read, the same errors for bad bytes, and records of
+older schema versions still read (through the generic reader)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change
+from cbgp.distributed.evaluator import Ack, Probe
+from services import codec
+from tests.schemas.test_schemas import FAST, HISTORY, avro_write, load, records_of, single_object
+
+SIGN = {"ADD": 1, "DEL": -1}
+
+
+def current_records(name: str) -> st.SearchStrategy:
+    return records_of(load(codec.SCHEMA_DIR / f"{name}.avsc"))
+
+
+CHANGE_READERS = {"RoutedUpdate": codec.decode_routed, "EncodedUpdate": codec.decode_encoded}
+ROLE_OF = {"SUBJECT": ROLE_SUBJECT, "OBJECT": ROLE_OBJECT, "BOTH": ROLE_BOTH}
+
+
+@pytest.mark.parametrize("name", sorted(CHANGE_READERS))
+@FAST
+@given(drawn=st.data())
+def test_changes_read_as_the_generic_reader_reads_them(name: str, drawn: st.DataObject) -> None:
+    data = codec.encode(name, drawn.draw(current_records(name)))
+    r = codec.decode(name, data)
+    # Routed changes carry their role, encoded ones are ROLE_BOTH and may be refreshes.
+    assert CHANGE_READERS[name](data) == Change(r["seq"], SIGN[r["op"]], r["s"], r["p"], r["o"], r["g"], r["event_time_ms"],
+                                                ROLE_OF.get(r.get("role"), ROLE_BOTH), r.get("refresh", False))
+
+
+@FAST
+@given(current_records("PartDelta"))
+def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict) -> None:
+    generic = codec.encode("PartDelta", record)
+    fields = {k: v for k, v in record.items() if k != "sign"}
+    assert codec.encode_part_delta(**fields, diff=1 if record["sign"] == "PLUS" else -1) == generic
+    assert codec.decode_part_delta(generic) == codec.decode("PartDelta", generic)
+
+
+@pytest.mark.parametrize("name", ["RoutedUpdate", "EncodedUpdate", "PartDelta"])
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_bad_bytes_fail_as_in_the_generic_reader(name: str, data: st.DataObject) -> None:
+    """Truncated, padded, bit-flipped or foreign records: the fast reader raises exactly when decode() does."""
+    fast = {**CHANGE_READERS, "PartDelta": codec.decode_part_delta}[name]
+    good = codec.encode(name, data.draw(current_records(name)))
+    variants = [good[:cut] for cut in range(len(good))] + [good + b"\x00", codec.encode("DeadLetter", {
+        "service": "x", "source_topic": "t", "partition": 0, "offset": 0, "reason": "r", "message": "m",
+        "line": None, "original": b"", "at_ms": 0})]
+    variants += [good[:i] + bytes([good[i] ^ 0xFF]) + good[i + 1:] for i in range(codec.HEADER_LEN, len(good))]
+    for bad in variants:
+        try:
+            codec.decode(name, bad)
+            generic_ok = True
+        except codec.CodecError:
+            generic_ok = False
+        if generic_ok:
+            fast(bad)  # must not raise either
+        else:
+            with pytest.raises(codec.CodecError):
+                fast(bad)
+
+
+@pytest.mark.parametrize("path", [p for p in HISTORY if p.name.split(".")[0] in ("EncodedUpdate", "PartDelta")],
+                         ids=lambda p: p.name)
+@FAST
+@given(drawn=st.data())
+def test_records_of_older_schema_versions_still_read(path, drawn: st.DataObject) -> None:  # noqa: ANN001
+    old = load(path)
+    data = single_object(old, avro_write(drawn.draw(records_of(old)), old))
+    name = path.name.split(".")[0]
+    if name == "EncodedUpdate":
+        r = codec.decode(name, data)
+        assert codec.decode_encoded(data)[:6] == (r["seq"], SIGN[r["op"]], r["s"], r["p"], r["o"], r["g"])
+    else:
+        assert codec.decode_part_delta(data) == codec.decode(name, data)
+
+
+TERMS = ["<http://example.org/a>", "<http://ex.org/ü>", "_:b0", '"plain"', '"chat"@fr', '"é\\"x"@en-GB',
+         '"42"^^<http://www.w3.org/2001/XMLSchema#integer>', '""', '"line\\nbreak"']
+
+
+@FAST
+@given(st.text(min_size=1, max_size=12), st.integers(0, 2**62), st.integers(0, 2**62), st.sampled_from("+-"),
+       st.dictionaries(st.text(min_size=1, max_size=6), st.sampled_from(TERMS), max_size=4), st.booleans(),
+       st.integers(0, 2**62), st.integers(-(2**31), 2**31 - 1))
+def test_answers_are_written_as_the_generic_writer_writes_them(query_id, n, seq, sign, terms, snapshot, at,
+                                                               version) -> None:
+    binding = {var: codec.term_to_avro(term) for var, term in terms.items()}
+    assert codec.encode_answer(query_id, n, seq, sign, terms, snapshot, at, version) == codec.encode("Answer", {
+        "query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot,
+        "produced_at_ms": at, "version": version})
+    assert codec.encode_current_answer(query_id, terms, n, seq, version) == codec.encode("CurrentAnswer", {
+        "query_id": query_id, "binding": binding, "multiplicity": n, "last_n": seq, "version": version})
+    assert codec.canonical_binding(terms) == json.dumps(terms, sort_keys=True, separators=(",", ":"),
+                                                        ensure_ascii=False)
+
+
+# -- change batches (data format 2): what ingest writes on updates.encoded / updates.routed
+
+LONGS = st.integers(-(1 << 63), (1 << 63) - 1)
+EVENT_TIMES = st.none() | st.integers(0, 1 << 45)
+ROUTED_ROWS = st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), LONGS, LONGS, LONGS, LONGS, EVENT_TIMES,
+                                 st.sampled_from([ROLE_SUBJECT, ROLE_OBJECT, ROLE_BOTH])), min_size=1, max_size=40)
+ENCODED_ROWS = st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), LONGS, LONGS, LONGS, LONGS, EVENT_TIMES,
+                                  st.integers(0, (1 << 31) - 1), LONGS, st.booleans()), min_size=1, max_size=40)
+
+
+@FAST
+@given(ROUTED_ROWS)
+def test_routed_batches_read_back_as_written(rows: list[tuple]) -> None:
+    changes = [Change(*row) for row in rows]
+    data = codec.encode_routed_batch(changes)
+    assert codec.routed_changes(data) == changes
+    assert all(type(change) is Change for change in codec.routed_changes(data))
+    record = codec.decode("RoutedBatch", data)  # the generic reader agrees: it is plain Avro
+    assert record["s"] == [row[2] for row in rows] and record["role"] == [ROLE_NAMES[row[7]] for row in rows]
+
+
+@FAST
+@given(ENCODED_ROWS)
+def test_encoded_batches_read_back_as_written(rows: list[tuple]) -> None:
+    changes = [Change(*row[:7], ROLE_BOTH, row[9]) for row in rows]
+    data = codec.encode_encoded_batch(changes, [(row[7], row[8]) for row in rows], "t.updates.raw")
+    assert codec.encoded_changes(data) == changes
+    assert codec.encoded_records(data) == [
+        {"seq": seq, "op": "ADD" if sign > 0 else "DEL", "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
+         "source": {"topic": "t.updates.raw", "partition": partition, "offset": offset}, "refresh": refresh}
+        for seq, sign, s, p, o, g, t, partition, offset, refresh in rows]
+
+
+@FAST
+@given(current_records("RoutedUpdate"), current_records("EncodedUpdate"))
+def test_single_change_records_of_format_1_still_read(routed: dict, encoded: dict) -> None:
+    """Logs written before the batches (one RoutedUpdate / EncodedUpdate per change) read as one-change batches."""
+    assert codec.routed_changes(codec.encode("RoutedUpdate", routed)) == [
+        (routed["seq"], SIGN[routed["op"]], routed["s"], routed["p"], routed["o"], routed["g"],
+         routed["event_time_ms"], ROLE_OF[routed["role"]], False)]
+    data = codec.encode("EncodedUpdate", encoded)
+    assert codec.encoded_records(data) == [codec.decode("EncodedUpdate", data)]
+    assert codec.encoded_changes(data) == [codec.decode_encoded(data)]
+
+
+def test_batches_with_unequal_columns_or_of_the_wrong_kind_are_refused() -> None:
+    ragged = codec.encode("RoutedBatch", {"seq": [1, 2], "op": ["ADD"], "s": [1, 2], "p": [1, 2], "o": [1, 2],
+                                          "g": [0, 0], "event_time_ms": [None, None], "role": ["BOTH", "BOTH"]})
+    with pytest.raises(codec.CodecError, match=r"corrupt RoutedBatch: .*seq=2, op=1"):
+        codec.routed_changes(ragged)
+    empty = codec.encode("RoutedBatch", {name: [] for name in ("seq", "op", "s", "p", "o", "g", "event_time_ms",
+                                                               "role")})
+    with pytest.raises(codec.CodecError, match="non-zero length"):
+        codec.routed_changes(empty)
+    routed = codec.encode_routed_batch([Change(1, 1, 2, 3, 4, 0, None, ROLE_BOTH)])
+    with pytest.raises(codec.CodecError, match="expected EncodedUpdate but the message was written as RoutedBatch"):
+        codec.encoded_changes(routed)
+    with pytest.raises(codec.CodecError, match="truncated"):
+        codec.routed_changes(routed[:5])
+
+
+VARIABLES = st.lists(st.text(min_size=1, max_size=4), max_size=4, unique=True)
+
+
+@st.composite
+def part_delta_rows(draw: st.DrawFn) -> tuple[list[str], list[tuple]]:
+    """Variables, and deltas binding each of them (the layout of a PartDeltaBatch)."""
+    variables = draw(VARIABLES)
+    values = st.tuples(*[LONGS] * len(variables))
+    rows = draw(st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), values,
+                                   st.integers(-(1 << 31), (1 << 31) - 1), LONGS, st.integers(0, (1 << 31) - 1),
+                                   st.booleans(), EVENT_TIMES), min_size=1, max_size=30))
+    return variables, rows
+
+
+@FAST
+@given(part_delta_rows(), current_records("PartDelta"))
+def test_part_delta_batches_read_back_as_single_part_deltas_read(batch: tuple[list[str], list[tuple]],
+                                                                 single: dict) -> None:
+    variables, rows = batch
+    data = codec.encode_part_delta_batch("q1", -1, variables, rows)
+    fields = ("seq", "sign", "binding", "source_partition", "source_offset", "index", "snapshot", "event_time_ms")
+    assert codec.part_deltas(data) == [
+        {"query_id": "q1", "part": -1, **dict(zip(fields, row)), "binding": dict(zip(variables, row[2])),
+         "sign": "PLUS" if row[1] > 0 else "MINUS"} for row in rows]
+    assert codec.part_delta_columns(data).diff == [row[1] for row in rows]
+    assert codec.part_deltas(codec.encode("PartDelta", single)) == [single]
+    with pytest.raises(codec.CodecError, match="expected PartDelta but the message was written as PartDeltaBatch"):
+        codec.decode("PartDelta", data)  # what the Spark assembly relies on to skip answer batches
+
+
+def test_part_delta_batches_whose_values_do_not_fit_their_variables_are_refused() -> None:
+    with pytest.raises(codec.CodecError, match="every delta must bind the 2 variables"):
+        codec.encode_part_delta_batch("q", -1, ["x", "y"], [(1, 1, (5,), 0, 0, 0, False, None)])
+    short = codec.encode("PartDeltaBatch", {
+        "query_id": "q", "part": -1, "variables": ["x", "y"], "values": [5, 6, 7], "seq": [1, 2],
+        "sign": ["PLUS", "PLUS"], "source_partition": [0, 0], "source_offset": [0, 0], "index": [0, 1],
+        "snapshot": [False, False], "event_time_ms": [None, None]})
+    with pytest.raises(codec.CodecError, match="2 deltas of 2 variables need 4 values, got 3"):
+        codec.part_delta_columns(short)
+
+
+@FAST
+@given(part_delta_rows())
+def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
+        batch: tuple[list[str], list[tuple]]) -> None:
+    """AnswersCore builds Answer and CurrentAnswer records from cached term encodings: each must equal
+    ``encode("Answer" | "CurrentAnswer")`` of the decoded delta, and each key ``current_key``."""
+    from services.answers.core import AnswersCore
+
+    variables, rows = batch
+    terms = {term_id: f"<http://example.org/{term_id}>" if term_id % 3 else f'"lit {term_id}"@en'
+             for row in rows for term_id in row[2]}
+    rows = [(seq, 1, *rest) for seq, _diff, *rest in rows]  # additions only: multiplicities stay positive
+    # increasing idempotence keys: a source's deltas come in (seq, offset, index) order, seqs from 1
+    rows = [(i + 1, row[1], row[2], row[3], i, i, *row[6:]) for i, row in enumerate(rows)]
+    core = AnswersCore("a", "c", "d", "parts")
+    out = core.on_record(1, 0, codec.encode_part_delta_batch("q", -1, variables, rows), 123, terms.get)
+    answers = [o for o in out if o.topic == "a"]
+    assert len(answers) == len(rows)
+    for n, (answer, row) in enumerate(zip(answers, rows), start=1):
+        record = codec.decode("Answer", answer.value)
+        binding = {var: codec.term_to_avro(terms[term_id]) for var, term_id in zip(variables, row[2])}
+        assert record == {"query_id": "q", "n": n, "seq": row[0], "sign": "+", "binding": binding,
+                          "snapshot": row[6], "produced_at_ms": record["produced_at_ms"], "version": 0}
+    for current in (o for o in out if o.topic == "c" and o.value is not None):
+        record = codec.decode("CurrentAnswer", current.value)
+        text = {var: codec.term_from_avro(t) for var, t in record["binding"].items()}
+        assert current.key == codec.current_key("q", codec.canonical_binding(text))
+
+
+INTS = st.integers(-(1 << 31), (1 << 31) - 1)
+PROBES = st.lists(st.builds(
+    Probe, st.just(3), st.sampled_from(["q@1", "q@2", "path3@7"]), LONGS, st.sampled_from([1, -1]),
+    st.tuples(LONGS, LONGS, LONGS, LONGS), INTS, INTS, st.lists(LONGS, max_size=6).map(tuple), INTS, st.booleans(),
+    LONGS, st.sampled_from([0, 0, 0, 1, 7, 63])),
+    max_size=40)
+ACKS = st.lists(st.builds(Ack, st.just(3), st.sampled_from(["q@1", "other@1"]), LONGS, INTS, st.booleans()),
+                max_size=40)
+
+
+@FAST
+@given(PROBES, ACKS, st.lists(st.tuples(st.sampled_from(["q@1", "r@2"]), LONGS), max_size=3))
+def test_probe_batches_carry_probes_and_acks_column_by_column_unchanged(probes, acks, registered) -> None:
+    """ProbeBatch is written column by column (one query table, flattened triples and bindings): every
+    probe and ack reads back as it was written, in order, whatever its binding's width and route."""
+    data = codec.encode_probe_batch(probes, acks, registered, [(1, 5, ["q@1"])])
+    record = codec.probe_batch_of(data)
+    assert [Probe(3, *item) for item in record["probes"]] == probes
+    assert [Ack(3, *item) for item in record["acks"]] == acks
+    assert [(r["query"], r["as_of"]) for r in record["registered"]] == registered
+    assert record["floors"] == [{"partition": 1, "floor": 5, "queries": ["q@1"]}]
+
+
+def test_probe_batch_segments_read_back_and_must_cover_its_columns() -> None:
+    """Segments (sender, cause, chunk, acks, probes, query) divide the columns into what each step made; a record
+    without them (written before segments) reads as None; segments that do not add up are refused."""
+    probes = [Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)] * 3
+    acks = [Ack(0, "q@1", 5, -1, False)] * 2
+    segments = [(1, 40, 0, 1, 2, "q@1"), (1, 41, 0, 1, 0, "q@1"), (2, -1, 0, 0, 1, "q@1")]
+    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=segments))["segments"] == segments
+    unnamed = [segment[:5] for segment in segments]  # as written before segments were per query
+    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=unnamed))["segments"] == \
+        [(*segment, None) for segment in unnamed]
+    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks))["segments"] is None
+    with pytest.raises(codec.CodecError, match="segments count 2 acks"):
+        codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=[(1, 40, 0, 2, 2)]))
+
+
+def test_a_probe_batch_whose_columns_disagree_is_refused() -> None:
+    data = codec.encode_probe_batch([Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)])
+    record = codec.decode("ProbeBatch", data)
+    record["probe_binding"] = [7]  # one value short of probe_width's 2
+    with pytest.raises(codec.CodecError, match="corrupt ProbeBatch"):
+        codec.probe_batch_of(codec.encode("ProbeBatch", record))
+
+
+def test_routed_batches_take_the_roles_beside_the_changes() -> None:
+    """Ingest keeps one Change per change and the role of each routed copy beside it."""
+    changes = [Change(1, 1, 2, 3, 4, 0), Change(2, -1, 5, 3, 2, 0, 7)]
+    data = codec.encode_routed_batch(changes, [ROLE_SUBJECT, ROLE_OBJECT])
+    assert codec.routed_changes(data) == [changes[0]._replace(role=ROLE_SUBJECT),
+                                          changes[1]._replace(role=ROLE_OBJECT)]
+
+
+def test_change_batches_say_what_each_delete_undoes_and_older_ones_say_nothing() -> None:
+    """``inserted_at``: per change, the seq of the insert a delete undoes (0 for an insert), in both logs; a batch
+    written without it (an older ingest) reads as empty, not as zeros; a column of another length is corrupt."""
+    changes = [Change(3, 1, 2, 3, 4, 0), Change(4, -1, 5, 3, 2, 0, 7)]
+    routed = codec.encode_routed_batch(changes, None, [0, 1])
+    encoded = codec.encode_encoded_batch(changes, [(0, 5), (0, 6)], "t.updates.raw", [0, 1])
+    assert codec.inserted_at(routed) == codec.inserted_at(encoded) == [0, 1]
+    assert codec.routed_changes(routed) == changes and codec.encoded_changes(encoded) == changes
+    assert codec.inserted_at(codec.encode_routed_batch(changes)) == []
+    assert codec.inserted_at(codec.encode_frontier({0: 4})) == []
+    with pytest.raises(codec.CodecError, match="corrupt RoutedBatch"):
+        codec.inserted_at(codec.encode_routed_batch(changes, None, [0]))

@@ -1,0 +1,98 @@
+"""The metrics/probe HTTP server and the fixed metric names other teams' dashboards rely on."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.metrics import instruments as metrics
+from services.metrics.exposition import record_consumer_lag, start_metrics_server
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_readyz_follows_the_ready_callback_and_healthz_is_always_ok() -> None:
+    state = {"ready": False}
+    with start_metrics_server(0, ready=lambda: state["ready"], host="127.0.0.1") as server:
+        assert server.port > 0
+        assert get(server.url + "/healthz") == (200, "ok\n")
+        assert get(server.url + "/readyz")[0] == 503
+        state["ready"] = True
+        assert get(server.url + "/readyz") == (200, "ready\n")
+        assert get(server.url + "/nope")[0] == 404
+
+
+def test_a_failing_readiness_check_is_a_503_with_the_reason_not_a_crash() -> None:
+    def broken() -> bool:
+        raise RuntimeError("state store missing")
+
+    with start_metrics_server(0, ready=broken, host="127.0.0.1") as server:
+        assert get(server.url + "/readyz") == (503, "not ready: RuntimeError: state store missing\n")
+        assert get(server.url + "/healthz")[0] == 200
+
+
+def test_metrics_endpoint_exposes_the_fixed_names_with_their_labels() -> None:
+    metrics.UPDATES_IN.labels("ingest").inc(3)
+    metrics.UPDATES_OUT.labels("ingest").inc()
+    metrics.DELTAS_EMITTED.labels("q1", "+").inc(2)
+    metrics.STATE_ENTRIES.labels("0").set(42)
+    metrics.STATE_BYTES.labels("0").set(4096)
+    metrics.CONSUMER_LAG.labels("cbgp.updates.routed", "1").set(7)
+    metrics.PROCESSING_LATENCY.labels("worker").observe(0.003)
+    metrics.REJECTED_INPUTS.labels("ingest", "malformed-rdf").inc()
+    metrics.RESTORE_PROGRESS.labels("2").set(0.5)
+    metrics.ANSWER_LATENCY.observe(0.2)
+    with start_metrics_server(0, host="127.0.0.1") as server:
+        status, body = get(server.url + "/metrics")
+    assert status == 200
+    for line in [
+        'cbgp_updates_in_total{service="ingest"}',
+        'cbgp_updates_out_total{service="ingest"}',
+        'cbgp_deltas_emitted_total{query="q1",sign="+"}',
+        'cbgp_state_entries{partition="0"} 42.0',
+        'cbgp_state_bytes{partition="0"} 4096.0',
+        'cbgp_consumer_lag{partition="1",topic="cbgp.updates.routed"} 7.0',
+        'cbgp_processing_latency_seconds_bucket{le="0.005",service="worker"}',
+        'cbgp_rejected_inputs_total{reason="malformed-rdf",service="ingest"}',
+        'cbgp_restore_progress_ratio{partition="2"} 0.5',
+        'cbgp_answer_latency_seconds_count',
+    ]:
+        assert line in body, line
+
+
+def test_stop_frees_the_port() -> None:
+    server = start_metrics_server(0, host="127.0.0.1")
+    url = server.url
+    server.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "/healthz", timeout=2)
+
+
+@pytest.mark.slow
+def test_consumer_lag_is_high_watermark_minus_position(kafka_settings) -> None:  # type: ignore[no-untyped-def]
+    from confluent_kafka import TopicPartition
+
+    from services.kafka.client import consume_until, make_consumer, make_producer
+
+    topic = kafka_settings.topic("updates.encoded")
+    producer = make_producer(kafka_settings)
+    for i in range(10):
+        producer.produce(topic, value=str(i).encode())
+    producer.flush(10)
+    consumer = make_consumer(kafka_settings, "lag")
+    consumer.assign([TopicPartition(topic, 0, 6)])  # as if offsets 0..5 were processed
+    assert [m.offset() for m in consume_until(consumer, 1)] == [6]  # position is now 7
+    record_consumer_lag(consumer)
+    consumer.close()
+    assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": topic, "partition": "0"}) == 10 - 7

@@ -1,0 +1,129 @@
+"""The transaction watchdog: a transactional call blocked far past its timeout (librdkafka #5456 can do
+that after a broker restart) makes the process start again from scratch, same PID and arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+BLOCKED = '''
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+if os.environ.get("CBGP_TEST_AGAIN"):
+    print("started again", os.getpid(), flush=True)
+    sys.exit(0)
+os.environ["CBGP_TEST_AGAIN"] = "1"
+print("first start", os.getpid(), flush=True)
+from services.runtime.life import _WATCHDOG
+_WATCHDOG.enter(0.0)  # calls with a 0 s timeout that never return: the watchdog acts after 10 s
+time.sleep(120)
+print("the watchdog did not act", flush=True)
+'''
+
+
+@pytest.mark.timeout(90)
+def test_a_blocked_transaction_call_restarts_the_process(tmp_path: Path) -> None:
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED)
+    done = subprocess.run([sys.executable, str(script), str(ROOT)], capture_output=True, text=True, timeout=80)
+    lines = done.stdout.split()
+    assert done.returncode == 0, done.stderr
+    assert "first start" in done.stdout and "started again" in done.stdout, done.stdout
+    assert lines[2] == lines[5], "execv keeps the PID (a supervisor sees the same process)"
+    assert "event=restart-process" in done.stderr and "blocked for over 10 s" in done.stderr  # 4 x 0 s + 10 s
+
+
+def test_an_unexpected_error_restarts_the_life_only_after_a_broker_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client call can fail in ways its API does not promise while the broker is gone: that life starts
+    again.  The same error with the broker there is a bug, and it propagates (the process crashes loudly)."""
+    from services.runtime import life as runtime
+    from services.kafka import client
+
+    class Stop:
+        stopping = False
+
+    lives: list[int] = []
+
+    def life(stopper: Stop) -> None:
+        lives.append(1)
+        if len(lives) == 1:
+            client.OUTAGES[0] += 1  # the broker went away during the first life ...
+            raise AttributeError("'NoneType' object has no attribute 'partitions'")  # ... and a call broke
+        stopper.stopping = True
+
+    monkeypatch.setattr(runtime.time, "sleep", lambda _s: None)
+    assert runtime.run_lives("worker", life, Stop()) == 0
+    assert len(lives) == 2
+
+    def buggy(_stopper: Stop) -> None:
+        raise AttributeError("a bug")
+
+    with pytest.raises(AttributeError):
+        runtime.run_lives("worker", buggy, Stop())
+
+
+def test_an_error_in_a_rebalance_callback_is_raised_by_serve_as_itself(tmp_path) -> None:  # noqa: ANN001
+    """A callback error must not travel through librdkafka's C callback (it came out of poll() as a bare
+    KafkaError object that no except clause catches, and a worker died after a broker restart): GroupInput
+    keeps it and serve() raises it, so the service life restarts."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from services.kafka.broker import EmbeddedBroker
+    from services.kafka.fetch import GroupInput
+
+    def on_revoke(_consumer, _partitions) -> None:  # noqa: ANN001
+        raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION, "Failed to get watermark offsets"))
+
+    settings = EmbeddedBroker(tmp_path, port=1).settings(topic_prefix="cb.")  # never started: no broker
+    group = GroupInput(settings, "cb.group", [], 10, on_revoke=on_revoke)
+    try:
+        group._revoked(group.member, [])  # as librdkafka would call it from poll()
+        with pytest.raises(KafkaException, match="watermark"):
+            group.serve()
+        group.serve()  # raised once
+    finally:
+        group.member.close()
+        group.fetcher.close()
+
+
+@pytest.mark.slow
+def test_a_restore_runs_after_the_rebalance_callback_returned(kafka_settings) -> None:  # noqa: ANN001
+    """``on_assign`` (a service's restore, which may read a long log) runs from ``serve`` once the member's poll
+    returned, not inside librdkafka's rebalance callback; the fetcher starts at the committed offsets only after
+    it.  A revocation served before the hand-over takes its partitions out of the assignment waiting."""
+    import inspect
+    import time
+
+    from confluent_kafka import TopicPartition
+
+    from services.kafka.fetch import GroupInput
+
+    calls: list[tuple[list[int], bool, bool]] = []
+
+    def on_assign(_consumer, partitions) -> None:  # noqa: ANN001
+        frames = {frame.function for frame in inspect.stack()}
+        calls.append((sorted(tp.partition for tp in partitions), "_assigned" in frames, "serve" in frames))
+
+    topic = kafka_settings.topic("updates.raw")
+    group = GroupInput(kafka_settings, f"{kafka_settings.topic_prefix}restore", [topic], 10, on_assign=on_assign)
+    try:
+        deadline = time.monotonic() + 60
+        while not calls and time.monotonic() < deadline:
+            group.poll()
+        assert calls, "assigned within a minute"
+        partitions, in_callback, from_serve = calls[0]
+        assert partitions and not in_callback and from_serve
+        assert group.taken is None and group.fetcher.positions
+
+        # taken in a callback, then revoked before serve() handed it over: nothing of it reaches on_assign
+        group._assign(group.member, [TopicPartition(topic, p) for p in partitions])
+        group._revoked(group.member, [TopicPartition(topic, partitions[0])])
+        group._hand_over()
+        assert calls[-1][0] == partitions[1:]
+    finally:
+        group.close()
