@@ -1,4 +1,4 @@
-"""One change to the graph, the one representation from ingest to the workers (issue 15).
+"""One change to the graph, the one representation from ingest to the workers.
 
 In the spirit of differential dataflow's ``(data, time, diff)``: the quad's term ids are the data, its
 ``seq`` in the total order (updates.encoded) is the time and ``diff`` is +1 (insert) or -1 (delete).  Two

@@ -1,24 +1,6 @@
 """Engine commands of the `cbgp` CLI: `replay` and `explain` (no Kafka here).
 
-`cbgp replay --patch UPDATES.rdfp --query NAME=FILE.rq [...] [--out FILE]`
-writes one JSON line per delta answer:
-    {"query": NAME, "seq": K, "sign": "+"|"-", "binding": {VAR: TERM}}
-K is the 1-based position of the causing update among the patch's A/D lines,
-VAR has no '?', TERM is a SPARQL 1.1 Query Results JSON term.  The updates file's
-format comes from its name as for `cbgp publish` (.rdfp .nt .nq .ttl .jsonl .ru)
-unless --format names it; a .ru file is one SPARQL Update request applied to an
-empty graph, and its quad changes are numbered 1, 2, ... (deletions first).
-
-Queries beyond a BGP (FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT, ...: see
-`cbgp.algebra`) are evaluated with operators; an unbound variable is left out of
-"binding", ASK answers `+ {}` while true, CONSTRUCT rows bind subject/predicate/
-object, and answers before the first update (COUNT 0, VALUES) have seq 0.
-
-`cbgp explain FILE.rq` prints a query's decomposition (its operator tree and BGP
-leaves for an operator query, and its RSP-QL window).
-
-The fleet's commands (ingest, worker, ...) are added by `services.commands.main`, which
-is the installed `cbgp` entry point; this module stays free of Kafka.
+How it works: docs/design/internals.md, cbgp.engine_cli.
 """
 
 from __future__ import annotations
@@ -239,7 +221,7 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 
 
 WINDOWED_PLACEMENT = "spark-window"
-# Operator queries (issue 18) in the fleet: their BGP leaves by centre value when each leaf is, else one owner.
+# Operator queries in the fleet: their BGP leaves by centre value when each leaf is, else one owner.
 OPERATORS_WHERE = {
     BY_CENTRE: ("every BGP leaf's parts evaluated by centre value on updates.routed like a BGP query's; the "
                 "answers service releases their deltas in seq order and runs the operators over them; ASK "

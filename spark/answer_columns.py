@@ -1,19 +1,6 @@
 """Avro ``Answer`` records read column by column, and ``CurrentAnswer`` records written the same way.
 
-The compaction job reads the ``answers`` log in micro-batches of up to millions of records.  Decoding them
-one by one in Python (fastavro, or even the fixed-layout readers of ``services.codec``) costs 5-20 us per
-record, more than everything else the fold does.  Here a batch of record values (an Arrow binary column) is
-parsed field by field with numpy: every step (read a varint, skip a string, read one map entry) is one
-vectorised operation over all records at once, so the cost per record is a few dozen machine operations.
-
-Only records written with the *current* ``Answer`` schema take this path; anything else (an older writer
-schema, a malformed record) is decoded one by one through :func:`services.codec.decode`, which resolves or
-reports it, so the output is the same as decoding every record with it (``tests/spark/test_spark_compaction.py``
-checks that on random records).
-
-The binding's identity is its canonical JSON (``services.codec.canonical_binding``), computed once per
-*distinct* binding bytes of the batch (a process-wide cache keeps the most recent ones), not per record.
-The binding's Avro bytes are kept too: a ``CurrentAnswer`` for it reuses them instead of encoding again.
+How it works: docs/design/internals.md, spark.answer_columns.
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """Cartesian-product assembly of multi-part queries, as a Structured Streaming query.
 
-The state workers publish, for a query with several parts (ground part, stars, components), each part's
-match deltas on ``deltas.parts`` (``part`` = 0, 1, ...; see ``services.worker.core``).  This job keeps every
-part's current matches in Spark's state store, keyed by query id, and multiplies them with the delta rule
-(``cbgp.engine.assembly.Assembler``):
-
-    deltas.parts --PartDelta records only (a header test in the JVM)--> decode (part >= 0)
-        --> groupBy(query_id).transformWithStateInPandas(AssemblyProcessor)
-        --> deltas.parts (PartDeltaBatch records, part -1)
-
-and the answers service numbers the ``part = -1`` records like any worker's.  Exactness: one worker owns
-a query and writes all part deltas of one update in one Kafka transaction, and the source reads committed
-data only, so a micro-batch never holds half of an update; within a batch the records are applied in
-offset order, one update (seq) at a time, and each update's answer deltas are consolidated, so the output
-is exact per update, not just at batch boundaries.
-
-Idempotence (``services.wire.idempotence``): an output's key is ``(source_partition = -100 - input partition,
-source_offset = offset of the update's last part delta, index)``.  A re-run batch (after a crash) starts from
-the same state version and reads the same records, so it produces the same keys, which the answers service
-drops.
-
-State per query (``spark.state_log``): a small ``meta`` value (version, the SPARQL assembled), the
-assembler's state as a ``base`` written rarely, and a ``tail`` list with one row per batch (the part-delta
-groups it applied), so a batch writes what it read; each Python worker keeps the live :class:`Assembler`
-and rebuilds it (base + replay of the tail) only when its version is not the stored one (another worker
-ran the previous batch, a restart, a retried batch).
+How it works: docs/design/internals.md, spark.assembly_stream.
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """Periodic compaction: fold the ``answers`` delta log into current answers.
 
-Every query's answers topic is a log of numbered deltas ``(query_id, n, sign, binding)``; replaying it from
-n=1 gives the current answer set.  Compaction keeps that replay short:
-
-- a **snapshot** (Parquet, partitioned by ``query_id``, one directory per version; ``spark.snapshot_store``,
-  seeded from ``answers.current`` when the log's start was deleted first: ``spark.compaction_seed``) of rows
-  ``(query_id, binding, multiplicity, last_n)``, where ``binding`` is canonical JSON
-  ``{"var": "<canonical N-Triples term>", ...}`` with sorted keys, so equal bindings are equal strings;
-- a **manifest** (``manifest.json``) naming the current version and, per query, the highest ``n`` folded;
-  snapshot + the deltas with ``n`` above that replay to the same answers as the whole log;
-- the compacted **answers.current** topic: key = canonical JSON ``["<query_id>", {binding}]``, value = an Avro
-  ``CurrentAnswer``, or a tombstone (null value) when the multiplicity drops to 0.
-
-Deltas arrive at least once, so duplicates by ``(query_id, n)`` are dropped, and so are deltas at or below
-the manifest's ``n`` (already folded).  Missing numbers are reported as gaps, never waited for.
-
-**Cost follows the batch.** A micro-batch arrives in the ``foreachBatch`` of the streaming query as one
-Arrow table (``DataFrame.toArrow``); its Avro records are decoded column-wise (``spark.answer_columns``) and
-folded with Arrow/numpy group-bys: no Python object per record.  A new snapshot version rewrites only the
-queries the batch touched (their previous rows are read, merged and written again, one Parquet file per
-query); every other query's files are hard-linked from the previous version, so a version costs what the
-batch touched, not the snapshot's size.  The touched answers are encoded column-wise and produced to
-answers.current from the driver, each to the partition of ``answers`` its query's deltas came from (the
-partition the answers service writes them to, so a key never lives in two partitions).
-
-:func:`compact_batch` runs the durable steps in the order that keeps a crash at any point harmless (see its
-docstring).  The fold runs on the driver: a batch (bounded by ``--max-offsets-per-trigger``) and the rows of
-the queries it touches must fit in the driver's memory.
+How it works: docs/design/internals.md, spark.compaction.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """Seeding compaction's snapshot from ``answers.current`` when the answers log no longer starts at offset 0.
 
-``answers`` is bounded (7 days by default, issue 16), while the compaction's fold needs every delta of a query
-from n = 1.  A compaction that first starts after retention deleted the log's start (a Spark job deployed
-later, or one that lost its state directory) would fold what is left: the snapshot would miss every answer
-whose deltas were deleted.  So a compaction with an empty snapshot and no streaming checkpoint, on a log whose
-start is gone, starts from ``answers.current`` instead -- which the answers service keeps equal to the fold of
-the whole log, in the same transactions as the answers:
-
-1. read ``answers.current`` at a consistent cut of ``answers`` (``services.client.reading.current_at_cut``: the
-   answers partitions' ends did not move during the read);
-2. fold what is left of the log below the cut, for each query's highest n and registration version there;
-3. write the current answers as the snapshot's first version, with those n (a query with no delta left below
-   the cut takes the highest ``last_n`` of its current answers: a lower bound, so its next delta is not taken
-   for a gap after it);
-4. start the streaming query at the cut.
-
-Exact: the snapshot is the fold of the log below the cut, and the stream folds the log from the cut on.
+How it works: docs/design/internals.md, spark.compaction_seed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fleet's term dictionary as the Spark job's Python workers see it (windowed operator queries, issue 18).
+"""The fleet's term dictionary as the Spark job's Python workers see it (windowed operator queries, ).
 
 A windowed BGP needs no terms: its rows are term ids.  A windowed query with operators does: a FILTER compares
 literals, an aggregate sums them, and it makes terms of its own (a COUNT, a BIND value, ASK's booleans).  Each

@@ -1,27 +1,6 @@
 """``cbgp spark-job``: the long-running Spark side of the fleet.
 
-Compaction: the periodic compaction of the ``answers`` delta log (``spark.compaction``) as a Structured
-Streaming query: source = the cbgpkafka reader on ``answers`` in ``ranges`` mode (Spark plans each batch's
-offset ranges and keeps them in the checkpoint dir; the batch carries only ``(partition, start, end)`` rows),
-trigger = ``processingTime(--compact-interval)``, sink = ``foreachBatch`` reading those ranges into Arrow in
-the driver (``spark.kafka_io.read_ranges``), folding them column-wise into the snapshot store and publishing
-the touched answers to ``answers.current``.  Spark commits a micro-batch's offsets only
-after ``foreachBatch`` returns, i.e. after the manifest swap, so a crash re-runs at most the last batch,
-which the manifest's per-query ``n`` makes a no-op.  ``--once`` processes what is there and exits
-(``Trigger.AvailableNow``), for cron-style deployments and tests.
-
-SIGTERM / SIGINT stop the query and the session cleanly (the current batch is abandoned; its rerun after
-restart is harmless for the reason above).
-
-Next to it, in the same session, two stateful streaming queries (``--trigger-interval``, default 1 s):
-
-- ``spark.window_stream``: event-time windows with expiry for windowed queries (updates.encoded in);
-- ``spark.assembly_stream``: cartesian-product assembly of multi-part queries (part deltas of deltas.parts in);
-
-both write ``part = -1`` deltas to deltas.parts, numbered by the answers service like every other query's.
-``--only`` picks a subset.  ``main`` waits on all of them and stops them all on SIGTERM; a query that fails
-is restarted from its checkpoint after a pause (2 s, doubling to 30 s), since its state and offsets are
-there; with ``--once`` a failure ends the job with exit code 1 instead.
+How it works: docs/design/internals.md, spark.job.
 """
 
 from __future__ import annotations

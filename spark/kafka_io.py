@@ -1,40 +1,6 @@
 """Kafka source and sink for Spark, on the Python Data Source API and confluent-kafka.
 
-Spark's built-in ``format("kafka")`` needs jars that cannot be installed on these machines
-(reference/notes-spark-helm-offline.md, section 2), so this module provides ``format("cbgpkafka")``:
-
-- a streaming reader: the stream offset is ``{"<partition>": next_offset}``, kept in Spark's checkpoint,
-  so a restarted query resumes exactly where the last committed micro-batch ended;
-- a batch reader over ``[startingOffsets, endingOffsets)``;
-- a streaming and a batch writer (idempotent producer; every row's delivery is confirmed before the
-  task reports success, so Spark only commits a batch whose records are all acknowledged).
-
-The schema matches Spark's Kafka source: ``key binary, value binary, topic string, partition int,
-offset long, timestamp_ms long``.  Options:
-
-``subscribe``              topic to read (one topic per source).
-``startingOffsets``        ``earliest`` (default), ``latest``, or JSON ``{"0": 42, ...}``.
-``endingOffsets``          batch only: ``latest`` (default) or JSON.
-``maxOffsetsPerTrigger``   streaming only: cap on records per micro-batch, split evenly over partitions.
-``minPartitions``          read a batch in at least this many tasks, splitting large offset ranges (as
-                           Spark's Kafka source does): a one-partition topic is then read, and the stage
-                           after it run, on every core.  A reader must not rely on one task per partition.
-``commitGroup``            mirror committed offsets to this consumer group, so lag tools see progress
-                           (one micro-batch behind: Spark commits a batch when it plans the next one).
-``readTimeoutMs``          a read task fails if no record arrives for this long (default 30000).
-``arrow``                  ``true`` (default): read() yields Arrow record batches instead of tuples.
-``ranges``                 ``true``: produce no records, only one row ``(partition, start, end)`` per partition
-                           with records in the batch (``RANGES_SCHEMA``); the consumer of the batch reads
-                           them itself (:func:`read_ranges`: Arrow, in the driver, no JVM round trip).  The
-                           offsets still live in Spark's checkpoint, so a re-run batch reads the same ranges.
-``topic``                  writer: target topic (otherwise a ``topic`` column is required; a row's non-null
-                           ``topic`` wins over the option).
-``kafka.<librdkafka key>`` passed through to every client (``kafka.bootstrap.servers`` is required;
-                           SASL/TLS settings such as ``kafka.security.protocol`` go here too).
-
-Readers use ``isolation.level=read_committed``: aborted transactions are never read, and the end of a
-range is the last stable offset.  Transaction markers and compaction leave gaps in offsets, so a read
-is done when the consumer *position* reaches the range end, not when offset ``end-1`` arrives.
+How it works: docs/design/internals.md, spark.kafka_io.
 """
 
 from __future__ import annotations

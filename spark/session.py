@@ -1,34 +1,6 @@
 """Build the SparkSession every Spark entry point and test uses.
 
-The settings come from reference/notes-spark-helm-offline.md: they are what makes local mode start in
-~4 s instead of ~10 s, and what makes Python workers find the venv's pyarrow.
-
-``DEFAULT_CONF`` is tuned for local mode on a small machine (``local[2]``: two shuffle partitions, so each
-stateful query runs one task per core; C1-only JIT and the serial GC; the UI off).  On a cluster
-(``--master``, ``--spark-conf KEY=VALUE`` of ``cbgp spark-job``, or the Helm chart's ``spark.sparkConf``),
-keep the state settings and change these:
-
-- ``spark.sql.shuffle.partitions``: the number of cores given to the job (the state of the assembly
-  queries is split by query id over this many partitions).  It is fixed by a checkpoint's first run: a
-  checkpoint keeps the value it was made with, so choose it before the first start;
-- ``spark.cbgp.windows.tasks`` (default 1): the same for the windowed queries, which run in one task unless
-  told otherwise (``spark.window_stream``: Python workers trade the tasks of a batch, and a traded window costs a
-  replay of the batches it missed);
-- ``spark.driver.extraJavaOptions`` / ``spark.executor.extraJavaOptions``: drop the C1/serial-GC flags
-  (long-running executors want the full JIT and G1);
-- ``spark.executor.cores`` 2-4 and ``spark.executor.memory`` with ``spark.executor.pyspark.memory``: each
-  core runs one Python worker that keeps its queries' evaluators in memory (``spark.state_log``), so give
-  the Python side about the size of the largest windows / products plus 512 MiB;
-- ``spark.python.worker.reuse`` stays true (the default): a reused worker keeps its evaluators and skips the
-  rebuild from the state store;
-- the checkpoint (``--state-dir``) on storage every executor reaches (a PVC, HDFS, S3 with a committer);
-- ``spark.driver.memory``: compaction reads and folds each batch in the driver (``spark.compaction``), so
-  give it about 300 bytes per answer delta of a batch (``--max-offsets-per-trigger`` caps a batch) plus the
-  current answers of the queries a batch touches, and keep the snapshot (``--state-dir``) on a file system
-  with hard links (a version links the files of the queries it did not change; without links it copies them).
-
-The RocksDB provider is required (``transformWithStateInPandas`` refuses the default one); changelog
-checkpointing and ``trackTotalNumberOfRows=false`` keep a commit proportional to the batch on any size.
+How it works: docs/design/internals.md, spark.session.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """Keyed state whose per-batch cost follows the batch, for ``transformWithStateInPandas`` processors.
 
-A query's evaluator (``cbgp.windows.windowed.WindowedQuery``, ``cbgp.engine.assembly.Assembler``) is a Python object whose
-state can be large (a window's content, a part's answers).  ``applyInPandasWithState`` stored it as one
-pickled value rewritten every batch, so each batch cost as much as the whole state.  Here a key's state is
-
-- ``meta`` (ValueState): small fields, among them ``version`` (one more per batch that touched the key);
-- ``base`` (ValueState): the evaluator's ``to_state()`` at some version, pickled -- rewritten rarely;
-- ``tail`` (ListState): one row per batch since that base: the inputs that batch fed the evaluator, pickled
-  (appended: ``appendList`` of one row, so a batch writes only what it read).
-
-Each Python worker keeps the live evaluator per key with the version it reached (``LiveCache``); a batch
-whose stored ``version`` matches uses it as is.  Spark gives a partition's next task to whichever Python
-worker is idle, so two workers take turns on a key: a worker whose live evaluator is older replays only the
-tail rows of the batches it missed (rows carry the version they produced, and a base rewrite keeps the last
-few).  Otherwise (a restart, a retried batch, more missed batches than kept rows) the evaluator is rebuilt
-from ``base`` plus a replay of the ``tail`` rows after it.  When the tail holds more inputs than
-``tail_factor`` times the entries the evaluator holds (and at least ``min_tail``), the base is rewritten and
-the tail cut to its last rows, so a rebuild's replay stays bounded by the state and the rewrite cost is
-amortised over as many inputs.  The factor trades a batch's cost against a rebuild's: windows take 4, since a
-window's state is renewed mostly by its own inputs (a 10 s window at 20k updates/s holds what one 10 s batch
-reads, so a factor of 1 rewrote the base every batch) and a rebuild is rare (a restart, a new worker).
+How it works: docs/design/internals.md, spark.state_log.
 """
 
 from __future__ import annotations

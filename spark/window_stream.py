@@ -1,39 +1,6 @@
 """Event-time windows with expiry, as a Structured Streaming query.
 
-A windowed query (RSP-QL ``FROM NAMED WINDOW`` clause or ``window=...`` register options) is evaluated here
-alone; the state workers skip it.  Semantics (what counts as in the window at an instant, reports at
-instants of the step grid, late data): ``cbgp.windows.windowed``.
-
-    updates.encoded --fan out to windowed queries (one vectorised mapInPandas)-->
-        groupBy(query_id).transformWithStateInPandas(WindowProcessor, event-time timers)
-        --> deltas.parts (PartDeltaBatch records, part -1, numbered by the answers service)
-
-Fan-out: every record of ``updates.encoded`` (one partition: the total order) becomes a row per windowed
-query whose predicates it can match, plus one *tick* row per query and input chunk carrying the chunk's
-highest event time and seq, so every query's watermark advances with the stream even when none of its
-triples arrive.  Stream time is the event time of the data (Kafka Streams' rule): with no input at all
-the watermark stays where it is.
-
-A windowed query sees the updates this job reads after it learned of the query (it reads the plans topic
-at every chunk); a query registered while data is flowing starts with an empty window.
-
-State (``spark.state_log``): per query a small ``meta`` value, the evaluator's state as a ``base`` written
-rarely, and a ``tail`` list with one row per batch (the updates it fed and the watermark it advanced to),
-so a batch writes what it read, not the whole window; each Python worker keeps the live evaluator and
-only rebuilds it (base + replay of the tail) when another worker ran the query's previous batch.
-
-Expiry by event-time timers: the rows carry ``wm_ts``, the chunk's highest event time, watermarked with
-a delay of ``GC_DELAY_MS``; every batch of a query re-arms one timer at its stream time + range + lateness
-+ step.  A registered windowed query gets a tick every chunk, so its timer only fires once nothing has come
-for it for that long: it was unregistered (the fan-out stops sending it rows) -- then its state is removed;
-had it only been starved, the timer is re-armed.  A sentinel row (query id ``""``, no state) per chunk moves
-the watermark even when no windowed query is registered.  Spark drops rows whose ``wm_ts`` is behind the
-watermark: chunks more than ``GC_DELAY_MS`` older than the newest (the evaluator's own lateness policy
-decides on everything else).
-
-: an output's key is ``(source_partition = WINDOW_SOURCE_PARTITION = -2,
-source_offset = instant (ms), index)``: instants only grow, and a re-run batch starts from the same state
-version, so it reproduces the same keys, which the answers service drops.
+How it works: docs/design/internals.md, spark.window_stream.
 """
 
 from __future__ import annotations

@@ -487,3 +487,15 @@ def test_every_name_is_imported_from_where_it_is_defined() -> None:
                     continue
                 found.append(f"{name} imports {alias.name} from {node.module}, which does not define it")
     assert not found, "\n  ".join(sorted(set(found)))
+
+
+def test_no_issue_or_session_numbers_in_the_product_or_its_docs() -> None:
+    """History belongs to git: no "issue N" or "session N" in the product, the README or docs/."""
+    import re
+
+    pattern = re.compile(r"\b(issue|session)s? #?\d+", re.IGNORECASE)
+    paths = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    paths += [REPO / "README.md"] + sorted((REPO / "docs").rglob("*.md"))
+    found = [f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}"
+             for path in paths for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, f"{len(found)} lines:\n  " + "\n  ".join(found[:40])

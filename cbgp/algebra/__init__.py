@@ -1,4 +1,4 @@
-"""Continuous SPARQL beyond basic graph patterns: incremental operators over the BGP engine (issue 18).
+"""Continuous SPARQL beyond basic graph patterns: incremental operators over the BGP engine.
 
 `analyse(text)` -> a plain BGP `ParsedQuery` (the engine's fast path, unchanged) or an `OperatorQuerySpec`;
 `ContinuousEngine` registers either and applies changes, returning exact `+`/`-` delta answers per change

@@ -1,19 +1,7 @@
-"""Operator queries placed by centre value (issues 17 and 18): their BGP leaves evaluated where their centres
+"""Operator queries placed by centre value: their BGP leaves evaluated where their centres
 live, the operators applied where the leaves' deltas are released in seq order.
 
-An operator query (FILTER, OPTIONAL, UNION, aggregates, ...) is a tree over BGP *leaves*
-(``cbgp.algebra.compile``).  Each leaf is a plain BGP, so it is placed like any BGP query
-(``cbgp.query.plan.Plan.placement``): a star or a single-centre component in the routed partitions' engines, a
-multi-centre component by probes, a product's parts each by centre.  :func:`leaf_parts` numbers every part of
-every leaf once (``LeafPart.index``, the fleet's ``PartDelta.part``); the workers evaluate them and the answers
-service releases their deltas in seq order (``services.answers.release``), where :class:`OperatorAssembler` multiplies
-a multi-part leaf's parts (``cbgp.engine.assembly``) and pushes each update's net leaf deltas through the operators
-(:class:`cbgp.algebra.continuous.OperatorTree`), exactly as the single owner's private engine would.
-
-A FILTER pushed into a leaf's pattern (``cbgp.algebra.continuous.FilterGate``) goes with it, or with the part of a
-product leaf that holds the pattern (``LeafPart.pushed``): the shard keeps the changes it rejects out of that
-leaf's (part's) state.  The filters stay in
-the tree too, where they decide the answers.  No Kafka here.
+How it works: docs/design/internals.md, cbgp.algebra.by_centre.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Operator trees pickle into checkpoints (issue 16): rdflib's expression nodes do not on their own.
+"""Operator trees pickle into checkpoints: rdflib's expression nodes do not on their own.
 
 A FILTER, BIND or aggregate keeps rdflib's parsed expression (``CompValue``, and ``Expr`` with its evaluation
 function bound to itself).  Pickle rebuilds a dict subclass by calling it with no arguments, which

@@ -1,4 +1,4 @@
-"""Background data for SERVICE joins: local views refreshed within a budget (seed paper 003; issue 19).
+"""Background data for SERVICE joins: local views refreshed within a budget (Dehghanzadeh et al.).
 
 - :mod:`.view` -- the local view R (value, best-before time, change-interval estimate per join key);
 - :mod:`.maintenance` -- proposers (WSJ, GNR), rankers (RND, LRU, WBM), oracles (WST, BST, WBM*), the budget

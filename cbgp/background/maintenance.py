@@ -1,50 +1,6 @@
-"""Budgeted maintenance of a local view (seed paper 003, sections 3-5, with the corrections of analysis 2.3).
+"""Budgeted maintenance of a local view (Dehghanzadeh et al., sections 3-5).
 
-Per evaluation at time t, with the current window's join keys and, for each, the time t_i its window mapping
-entered (the last mention: the mapping stays in the window until that one leaves):
-
-1. a **proposer** gives the candidate set C: ``WSJ`` the view entries that join with the window (HP1), ``GNR``
-   the whole view, ``WST`` nothing (never refresh), ``BST`` (oracle) the window entries that are truly stale;
-2. a **ranker** elects E, at most gamma of C: ``RND`` gamma at random, ``LRU`` the gamma least recently
-   refreshed, ``WBM`` the possibly stale ones (best-before <= t) by score = min(L, V) (by V alone for a
-   tumbling window, where L is the same for every entry), ``WBM*`` (oracle) the truly stale ones by the same
-   score computed from the true change times;
-3. the **maintainer** refreshes E, one remote query per entry, in rank order, and stops early at the deadline
-   rho (so a slow endpoint costs accuracy, never latency); every refreshed entry gets its renewed best-before;
-4. the **join** reads the window's keys from the view.
-
-Scores (Eqs. 3-5): L = ceil((t_i + omega - t) / beta) remaining evaluations that use the entry;
-tau_next = tau + I, the paper's Eq. 4 and its Fig. 2 example, while that is after t; for an entry overdue by a
-whole interval, where tau + I would lie in the past and give V <= 0, t + I (analysis 2.3's max(tau, t) + I for
-that case: the entry starts again from the refresh);
-V = ceil((tau_next - t) / beta) evaluations it stays (possibly) fresh if refreshed now. Ties are broken at
-random (a seeded RNG). Budget (Eq. 2): gamma = floor((rho - r_q) / r_r) from the measured
-query time r_q (everything but the refreshes) and refresh time r_r (medians of the last 32), capped by a
-configured gamma; each refresh is also given what is left of rho as its timeout (with the real clock it runs in
-a pool thread and is abandoned at the deadline), and the loop stops when the next refresh would likely overrun
-rho.  When Eq. 2 allows nothing (a stall inflated r_r), the next evaluation
-makes one probe refresh, so the estimate can recover.
-
-Decisions where the paper is silent (options of the Maintainer):
-
-- spare budget (|PS| < gamma): WBM spends it on the other candidates, most probably stale first (longest since
-  the last look relative to the change interval; ``spare="likely"``, the default): an entry not yet past its
-  best-before may well be stale (Poisson changes), and the budget is there.  ``spare="none"``: E is at most PS,
-  as in Algorithm 2 (in bench/background_bench.py it loses 0.01, 0.07 and 0.19 of accuracy at 8%, 15%, 30%);
-- ``renew="restart"`` (the default) is the renewal above; ``renew="paper"`` keeps an overdue entry's phase
-  instead, tau + k * I with the smallest k >= 1 after t (so a refreshed entry may be possibly stale again at
-  once: in bench/background_bench.py it loses 0.01-0.02 of accuracy at 8%, where WBM then trails LRU);
-  ``renew="now"`` renews every entry from the refresh, t + I (not Eq. 4: Fig. 2's 11 would be 13);
-- ``tiebreak="random"`` (the paper) or ``"stale"`` (equal scores: the longest overdue first);
-- an extension, ranker ``WBMP`` (policy WSJ-WBMP): WBM with a soft PS, score = P(stale now) * min(L, V) over all
-  candidates, P from the entry's estimated Poisson rate, V from t + I (memoryless: the renewal counts from the
-  refresh); the bench shows it beside the paper's WBM;
-- the estimated accuracy of an evaluation (R4) is 1 - |PS \\ E| / |C_w| with C_w the window's entries and PS
-  from best-before times, whatever the policy (``Evaluation.estimate``); a second estimate, the mean
-  probability that a window entry is fresh under its estimated Poisson rate (``Evaluation.expected``), is the
-  one the alert judges by default (``estimator="rate"``; ``"ps"``: the first), because treating every entry
-  not yet past its best-before as fresh is optimistic (bench/background_bench.py prints both against the true
-  accuracy).  The alert fires strictly below alpha (the paper's Eq. 1 is strict, its prose says ">= alpha").
+How it works: docs/design/internals.md, cbgp.background.maintenance.
 """
 
 from __future__ import annotations
@@ -113,7 +69,7 @@ def remaining_life(t_i: float | None, t: float, shape: WindowShape) -> int:
 def renewed_best_before(tau: float, interval: float, t: float, renew: str = "restart") -> float:
     """Eq. 4 with catch-up: tau + k*I for the smallest k >= 1 with tau + k*I > t; ``renew="now"``: t + I;
     ``renew="restart"``: Eq. 4, tau + I, while that is after t, else t + I (an entry overdue by a whole interval
-    starts again from the refresh: analysis 2.3's max(tau, t) + I for that case)."""
+    starts again from the refresh: max(tau, t) + I for that case)."""
     if renew == "now":
         return t + interval
     if renew == "restart":

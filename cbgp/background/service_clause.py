@@ -1,23 +1,6 @@
-"""SERVICE clauses of a registered query, answered from a local view (issue 19, item 1; seed paper 003).
+"""SERVICE clauses of a registered query, answered from a local view (Dehghanzadeh et al.).
 
-``split_service(text)`` takes the SERVICE clauses out of a SELECT query and returns a :class:`ServicePlan`:
-
-- ``local_text``: the query without them (same line/column positions for what is left), projecting the variables
-  the answer needs from the local part plus the join variables, so that ``cbgp.query.sparql.parse_query`` (which
-  rejects SERVICE) and the engine handle the stream part as any query;
-- per clause: the endpoint IRI, the pattern text, the join variables (shared with the local part), and the
-  prologue (PREFIX/BASE) the remote query needs;
-- ``maintenance``: ``"budgeted"`` for the paper's class (one SERVICE, one join variable, one triple pattern;
-  the view checks at fill time that there is at most one background mapping per key), ``"plain"`` otherwise:
-  a local view refreshed by GNR-LRU (the whole view, least recently refreshed first) within the same budget,
-  never one remote call per evaluation; ``status`` says which and why.
-
-:class:`BackgroundJoin` joins the local answers with the view and turns a refreshed entry whose value changed
-into a change of the query's input: the joined answers the old value produced are retracted and those of the
-new value asserted (``(sign, row)`` pairs, to be numbered like any delta by the caller).
-
-No Kafka here; the parsing is a small scanner of its own (IRIs, strings and comments skipped), so that
-``cbgp/query/sparql.py`` needs no change.
+How it works: docs/design/internals.md, cbgp.background.service_clause.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""One continuous query with a SERVICE clause: local answers in, joined answer deltas out (issue 19, item 1).
+"""One continuous query with a SERVICE clause: local answers in, joined answer deltas out (item 1).
 
-:class:`ServiceQuery` puts the pieces together for a query text containing ``SERVICE <endpoint> { ... }``:
-
-- ``split_service`` gives the local query (``local_text``: register it with the engine like any BGP query) and
-  the clause; the view is filled by one bulk query to the endpoint at construction (SPARQLWrapper);
-- ``local_deltas(t, [(sign, row), ...])`` takes the engine's decoded deltas of the local query and returns the
-  joined answers' deltas; the time a join key's first local answer appeared is its entry time t_i (Eq. 3);
-- ``evaluate(t)`` is one maintenance round: each window instant of a windowed query, each ``refresh_ms`` for an
-  unwindowed one (then the "window" is the tumbling W(refresh, refresh): L is the same for every entry and WBM
-  ranks by V).  The candidates are the join keys of the current local answers (WSJ), at most gamma of them are
-  refreshed within rho, and a changed value becomes retractions and assertions of the joined answers;
-  ``Evaluation.alert`` is set when the estimated accuracy is below alpha (R4);
-- ``status()`` reports the maintenance class (budgeted for the paper's class, else a plain GNR-LRU view),
-  policy, budget and the last estimate.
-
-Options (register options, strings): ``service.policy`` (WSJ-WBM by default; WSJ-WBMP, WSJ-LRU, WSJ-RND,
-GNR-LRU, GNR-RND, WST), ``service.rho_ms`` (100), ``service.alpha`` (none), ``service.refresh_ms`` (60000, unwindowed
-queries), ``service.gamma`` (a cap on refreshes per evaluation; none: Eq. 2 alone), ``service.prior_interval_ms``
-(600000: the change interval assumed before any refresh observed one), ``service.discover_ms`` (600000: in the
-fleet, how often a view reads its endpoint's key set again).  Times are event-time ms.
-No Kafka here; wiring it into the worker is left to the services layer.
+How it works: docs/design/internals.md, cbgp.background.service_query.
 """
 
 from __future__ import annotations

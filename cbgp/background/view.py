@@ -1,29 +1,6 @@
-"""The local view R of a SERVICE pattern (seed paper 003, section 4): one entry per join key.
+"""The local view R of a SERVICE pattern (Dehghanzadeh et al., section 4): one entry per join key.
 
-An entry holds the background value (whatever the remote returned for that key), its *best-before time* tau
-(the time at which the value is estimated to become stale), the time it was last refreshed, and the estimate
-I of its *change interval*, learnt from what the refreshes observed.
-
-``snapshot()`` / ``LocalView.restore()`` turn the view into JSON-able data and back (values, best-before times,
-observations and learnt intervals), for checkpointed state.
-
-Times are plain numbers in one unit chosen by the caller (event-time ms in the engine, minutes or seconds in the
-benchmark); the window's width omega and slide beta are in the same unit.
-
-Change-interval estimation (the paper says only "using the change rate value of the element"; R1 asks for
-per-element rates).  Each refresh of a key is one observation (d, changed): d = time since the previous look at
-the key (fill or refresh), changed = the remote value differs from the view's.  With changes modelled as a
-Poisson process of rate lambda, P(changed) = 1 - exp(-lambda d), and the estimate is the posterior mode of
-lambda under a Gamma(1 + w, w * prior_interval) prior (mode 1/prior_interval; w = prior_weight, 1: worth one
-unchanged look of length prior_interval), found by bisection on the log-posterior's derivative, which decreases
-in lambda:
-
-    sum_changed d e^(-lambda d) / (1 - e^(-lambda d)) - sum_unchanged d + w (1/lambda - prior_interval) = 0
-
-I = 1/lambda.  Counting changed looks per elapsed time instead would undercount fast changers (several changes
-between two looks count once); the likelihood above does not.  The prior interval is pooled: the same estimate
-over the view's last 2048 observations (recomputed by ``pool()``, which the maintainer calls once per evaluation),
-so a key never refreshed yet gets the population's interval rather than an arbitrary constant.
+How it works: docs/design/internals.md, cbgp.background.view.
 """
 
 from __future__ import annotations

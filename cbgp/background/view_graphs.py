@@ -1,23 +1,6 @@
-"""SERVICE in the fleet: the remote pattern's matches kept as a named graph of the stream (issue 19).
+"""SERVICE in the fleet: the remote pattern's matches kept as a named graph of the stream.
 
-The fleet evaluates every query on one total order of changes, so background data enters it the way any data
-does: as changes.  A registered query's ``SERVICE <e> { P }`` (P a basic graph pattern) is rewritten to
-``GRAPH <urn:cbgp:service-view:H> { P }`` (:func:`rewrite_services`; H hashes the endpoint and P's expanded
-patterns, so every query with the same clause shares one view), and the background service keeps that graph equal to the
-triples of P's matches at the endpoint, as of each key's last refresh (:class:`ViewGraph`).
-
-Why this is exact: every triple of the graph is a triple of the endpoint's data that takes part in a match
-of P, so P over the graph finds no match the endpoint lacks, and every match the view holds is found again.
-The answers therefore equal the query with SERVICE evaluated against the view, at every seq; how stale the view
-may be is the refresh policy's business (``cbgp.background.maintenance``), as in seed paper 003.
-
-A triple can take part in the matches of several keys (``?u :follows ?x . ?x :count ?c`` keyed by ``?u``), so
-the graph holds a triple while at least one key's rows need it: reference counts per triple.  Changes leave as
-SPARQL Update text (``DELETE DATA`` / ``INSERT DATA`` on the view graph): ingest applies a request atomically and
-emits only its net effect, so a refresh that changes nothing, or a re-fill after a restart
-(:meth:`ViewGraph.replace_all`, ``DROP SILENT GRAPH`` then the whole view), costs no answer.
-
-No Kafka here.
+How it works: docs/design/internals.md, cbgp.background.view_graphs.
 """
 
 from __future__ import annotations

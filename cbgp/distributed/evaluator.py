@@ -1,34 +1,6 @@
 """Var-connected components evaluated across partitions: state keyed by centre value, probes between them.
 
-A *multi-centre* component (a 3-hop path, a snowflake, a triangle: no variable is in every pattern) cannot be
-evaluated where one triple arrives.  Here each partition keeps, for every pattern of such a component, the
-matching triples whose subject (and, separately, whose object) value hashes to it, the same routing ingest
-already applies (``value % N``, by subject and by object).  So every star of the star decomposition lives at
-its centre value's partition.  An update is joined with the rest of the component by *probes*: a partial
-binding carried from the partition of one centre value to the partition of the next, along the precomputed
-join order, until every pattern is matched (a delta) or one is not (nothing).  The components are compiled, and
-the route of each pattern's updates chosen, in :mod:`cbgp.distributed.program`.
-
-Exactness under concurrency comes from three rules (issue #17, item 2):
-
-1. **Versioned state.**  Every stored triple keeps the seqs at which it became present or absent, so a
-   partition that already applied later changes still reads the graph *as of* seq ``k - 1`` for a probe of
-   update ``k``.  The delta rule is then, for the updated triple ``t`` matching pattern ``j``: the patterns
-   before ``j`` read ``G(k-1)`` without ``t``, the patterns after ``j`` read ``G(k-1)`` with ``t``.  Every
-   embedding that uses ``t`` is counted once, at the smallest pattern mapped to ``t`` (inserts and deletes
-   alike), and concurrent updates on other partitions are invisible to it.
-2. **Frontiers.**  A partition answers a probe for ``k`` only once it has applied every change up to ``k - 1``
-   (its *applied frontier*, moved by the routed log and by ingest's frontier marks); earlier, the probe is held.
-3. **Completion.**  The partition where an update's probes start (the *origin*) counts its probes still alive:
-   a partition that answers a remote probe reports ``children - 1`` back to the origin.  These acks travel in
-   causal order to one partition, so the count cannot reach zero early.  A partition's *completed frontier* is
-   its applied frontier, held below the oldest update whose probes are still alive: every delta of a seq at or
-   below it has been emitted.  The answers side releases seq ``k`` once every partition's completed frontier
-   has passed it, and versions at or below the minimum completed frontier are dropped (no probe can need them).
-
-No Kafka here: :class:`PartitionEvaluator` takes changes, probes, acks and frontiers and returns what to send.
-The fleet carries probes and acks on ``updates.routed`` itself, to the destination partition
-(``services.worker.probes``).
+How it works: docs/design/internals.md, cbgp.distributed.evaluator.
 """
 
 from __future__ import annotations

@@ -1,52 +1,6 @@
 """Assembling a multi-part query's answers from its parts' answer deltas.
 
-A BGP query decomposes (`cbgp.query.plan.decompose`) into parts with pairwise
-disjoint variables: at most one ground part, var-centric stars and
-var-connected components.  Its solutions are the cartesian product of the
-parts' solutions, so with projection pi (which distributes over a product of
-parts with disjoint variables)
-
-    Q(G) = pi_1(A_1) x pi_2(A_2) x ... x pi_n(A_n)          (as multisets)
-
-where pi_i keeps the projected columns of part i (possibly none: the empty row
-with the part's total count; the ground part is the empty row once while all
-its patterns hold, which gates the whole product).
-
-`split_parts` turns each part into a standalone SELECT that the state workers
-register in their `Engine` like any query; `Assembler.apply` takes the part
-deltas caused by one update and returns the query's answer deltas.
-
-Delta rule.  For one update, let d_i be part i's net change (old state A_i,
-new state A_i' = A_i + d_i).  Taking the parts in index order,
-
-    A_1'x...xA_n' - A_1x...xA_n = sum_i  A_1'x...xA_{i-1}' x d_i x A_{i+1}x...xA_n
-
-(the telescoping form of D(AxB) = DA x B + A x DB + DA x DB): each term
-multiplies a part's delta with the *new* answers of the parts already updated
-and the *old* answers of the others, so every changed product tuple is counted
-exactly once and nothing is recomputed.  A part with no answers makes its
-terms vanish (short-circuit).  The Assembler keeps, per part, only the
-multiset of its *projected* rows (row -> multiplicity): that is all the product
-needs, and it is never larger than the part's own answers.
-
-DISTINCT.  A projected row is an answer iff every part has at least one
-solution with the matching projected sub-row.  So DISTINCT uses the same rule
-with each part's multiplicity replaced by its presence (1 if > 0, else 0): the
-product of presences is 1 exactly for the current answers, and the rule yields
-+1 on 0 -> 1 and -1 on 1 -> 0.  No per-answer counts are stored, which matters
-because the product can be much larger than its factors.
-
-Contract.  All the part deltas of one update are folded into per-part net
-changes first, and the output is accumulated into one counter before anything
-is emitted.  The emitted multiset is therefore exactly Q(G_k) - Q(G_{k-1}): a
-row whose count rises by n appears n times as `+`, one that falls by n appears
-n times as `-`, and no row ever gets both a `+` and a `-` for one update, so a
-consumer never sees a spurious retraction, whatever the order in which the part
-deltas arrived or how parts' changes would have cancelled in between.
-
-This module is pure Python with no Kafka or Spark dependency: the state worker
-uses `needs_assembly`/`split_parts`, the Spark job holds `Assembler`s (their
-`to_state()` is plain ints, lists, dicts and strings).
+How it works: docs/design/internals.md, cbgp.engine.assembly.
 """
 
 from __future__ import annotations

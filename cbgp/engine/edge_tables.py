@@ -1,25 +1,6 @@
 """Relations of var-var patterns (``?x p ?y``), stored once and shared by every query that reads them.
 
-An `EdgeTable` holds the pairs (s, o) of the triples with one predicate in one graph that reached one
-partition role (`cbgp.change` ROLE_SUBJECT / ROLE_OBJECT / ROLE_BOTH): nothing in it depends on the query,
-so every registered query with a var-var pattern of that shape reads the same table (the engine keys
-tables by ``(graph, predicate, role)`` and counts their users), the way Materialize's shared arrangements
-serve every dataflow that needs one index.  Registering one more such query adds no copy of the pairs.
-
-The table is indexed in the directions its readers' join plans need (subject -> objects ``forward``,
-object -> subjects ``backward``); a reader needing a direction the table lacks has it built once from the
-other.  Neighbours are a bare int, a tuple or a set by their number (`cbgp.engine.part_state.nb_add`).
-
-The engine, not the queries, updates a table: once per change, before any query sees an insert and after
-every query saw a delete (``fresh`` marks a table the current change modified).  A query's component state
-then reads the table as it is after an insert (before a delete) and discards the embeddings that a later
-(earlier) pattern of the same relation counts, which is what a per-pattern copy updated in pattern order
-gave (`cbgp.engine.part_state.ComponentState.step`).
-
-A query registered late starts on a private table of its own (``owner`` set) so that its replay
-(`Engine.register(initial=...)`, `Engine.apply_to`) cannot touch what other queries read; at the next
-change for everyone the engine compares it with the shared table of its key and, when they hold the same
-pairs, drops the private copy and reads the shared one (`Engine._adopt`).
+How it works: docs/design/internals.md, cbgp.engine.edge_tables.
 """
 
 from __future__ import annotations

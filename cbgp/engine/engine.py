@@ -1,39 +1,6 @@
 """Continuous evaluation of many BGP queries over one stream of triple changes.
 
-`Engine.apply(sign, s, p, o, g)` takes one change (term ids, sign +1 insert /
--1 delete) and returns the delta answers it causes, as `(query, sign, row)`
-tuples where `row` holds the ids of the query's projected variables
-(`Engine.columns(query)`).
-
-How one change flows:
-1. A predicate index (per graph) finds the patterns the triple can match:
-   `(?x p c)` by object, `(c p ?x)` and ground patterns by subject, var-var and
-   self-loop patterns by predicate alone.  Irrelevant triples cost one lookup.
-2. The hits are processed query by query, part by part (ground, stars,
-   components: the plan's fixed order) and pattern by pattern in increasing
-   index.  That order makes the semi-naive sum exact when one triple matches
-   several patterns (analysis-001 sections 3.4, 3.9).
-3. A part's delta is multiplied with the *current* answers of the query's other
-   parts (delta rule for cartesian products: parts before it already include
-   this change, parts after it do not, so every product tuple is counted once).
-4. The full binding is projected; without DISTINCT every solution's row is
-   reported, with DISTINCT a row counts 0 -> 1 as `+` and 1 -> 0 as `-`.
-
-Shared state (cbgp.engine.edge_tables): the pairs of a var-var pattern `?x p ?y` do not depend on the query, so they
-live in one EdgeTable per (graph, predicate, role) that every query with such a pattern reads; the engine
-updates it once per change (an insert before the queries run, a delete after) and each query keeps only
-what is its own: the masks of its single-variable patterns, its answer sets and DISTINCT counts.  A
-var-var pattern whose end variable also has single-variable patterns fires only for values where that
-variable's mask is full (the `watch_*` indexes), so a query costs nothing for the triples of a shared
-relation that cannot join with its constants.  A query registered late starts on private tables (its
-replay touches nothing the others read) and adopts the shared ones at the next `apply` if they hold the
-same pairs.  `state_entries(name)` / `state_bytes(name)` charge a query every table it reads in full (its
-cost alone); the engine-wide figures count each table once.
-
-Partitioned use (state workers): `apply(..., role=ROLE_SUBJECT)` fires only the
-patterns whose centre is the subject (`?x p c`, `?x p ?x`, and in a single-centre
-component `?x p ?y` centred on ?x), ROLE_OBJECT only those centred on the object;
-other patterns (ground parts, products, multi-centre components) need ROLE_BOTH.
+How it works: docs/design/internals.md, cbgp.engine.engine.
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
 """Per-part state of a query, keyed by the value of each star's central node.
 
-Three kinds of part (see `cbgp.query.plan`):
-
-- `GroundState`: a match bitmap over the ground patterns (Algorithm 1, with the
-  fix that a bit is only ever set when it was 0, so duplicates emit nothing).
-- `StarState`: for a single-variable star, centre value -> bitmap of its
-  patterns (corrected Algorithm 2: transition-based, one bit per matching
-  pattern, hash lookup on delete, records dropped when their last bit clears).
-- `ComponentState`: a var-connected component, stored as in the analysis'
-  section 3.11: for every variable X and centre value x, one entry per pattern
-  of X's star -- a bit for patterns whose other end is constant (or a
-  self-loop), and a set of neighbour values for var-var patterns.  A var-var
-  triple (x p y) can be kept under x in X's star (`forward[j][x]`) and under y
-  in Y's star (`backward[j][y]`); only the directions the join plans read are
-  kept, which for paths and trees is one.  No per-combination records, so
-  memory is linear in the relevant triples present; deltas are enumerated by
-  extending the updated pattern's binding along the precomputed join order.
-  The var-var tables are `cbgp.engine.edge_tables.EdgeTable`s that the engine binds,
-  updates and shares between queries; the component keeps the masks.
-
-Every state is also its own presence index for the triples it can match: a
-pattern's bit or neighbour entry is set exactly when the matching triple is in
-the graph.  So a duplicate insert or a delete of an absent triple is detected
-per pattern and changes nothing, without keeping the whole graph.
-
-Values are term ids (ints).  A neighbour collection holding one value is
-stored as the bare int: most centres have one neighbour per pattern, and a
-1-element `set` costs ~200 bytes where an int costs nothing extra (ids are
-shared); up to 16 values it is a tuple, beyond that a set (see nb_add).
+How it works: docs/design/internals.md, cbgp.engine.part_state.
 """
 
 from __future__ import annotations

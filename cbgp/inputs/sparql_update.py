@@ -1,35 +1,6 @@
-"""Extract the quads a SPARQL 1.1 Update request really inserts and deletes (seed paper 004).
+"""Extract the quads a SPARQL 1.1 Update request really inserts and deletes (Aguzzi & Roffia).
 
-`UpdateExtractor.apply` runs a request against a pyoxigraph store and returns the
-net change as quads: inserted = absent before and present after, deleted =
-present before and absent after.  It follows SEPA's method (paper 004) with the
-errata of reference/analysis-002-004.md section 3 fixed:
-
-1. The whole request is parsed by pyoxigraph on an empty scratch store, so syntax
-   errors are exactly oxigraph's (with line and column).
-2. `cbgp.inputs.update_syntax` splits the request into operations; each operation is
-   analysed against the state the previous ones left (the paper stops at the first).
-3. INSERT/DELETE DATA, DELETE WHERE and DELETE/INSERT WHERE: pyoxigraph evaluates
-   the WHERE group once (SELECT *, with the dataset that WITH / USING / USING NAMED
-   define), and we instantiate the templates per solution, graph variables
-   included (the paper's getGraphs + one CONSTRUCT per graph, in one pass).  The
-   templates themselves are parsed by pyoxigraph too: a CONSTRUCT over one solution
-   that binds every variable to a sentinel IRI returns the template triples.
-   Presence is checked against the state before the operation (erratum 1: the
-   printed algorithm inverts it); a quad both deleted and inserted is in neither
-   list (deletes apply before inserts); blank nodes of INSERT templates are fresh
-   per solution, and we apply the instantiated quads ourselves so that the store
-   holds exactly the blank nodes we report.
-4. CLEAR / DROP / CREATE / ADD / MOVE / COPY run in pyoxigraph (its errors and
-   SILENT handling are the spec's); the delta is the difference of the graphs the
-   operation names, read before and after (Algorithm 2 with its errata fixed).
-5. Per-operation deltas are composed into the request's net delta.  If operation k
-   fails, operations 1..k-1 are undone from their exact deltas, so the store is
-   unchanged, and UpdateRequestError names operation k.
-
-Only the quads an operation can touch are read: template instances, or the graphs
-a graph-management operation names.  LOAD and SERVICE are rejected: the processor
-never dereferences URLs.
+How it works: docs/design/internals.md, cbgp.inputs.sparql_update.
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """Query decomposition (Gergatsoulis & Damigos, Defs. 9-13, Prop. 5), as data.
 
-`decompose(query)` builds the connected-variable decomposition D_CV:
-- the ground part (the triple patterns with no variable), kept as one part per subject (`GroundPart`): their
-  product is the paper's one ground part, and each lives at one partition of the fleet (a triple is routed by
-  its subject);
-- one simple var-centric star per variable that shares no triple pattern with
-  another variable (`StarPart`; a self-loop `?x p ?x` keeps it single-variable
-  but makes it not "simple" in the paper's letter, which we report);
-- one var-connected component per connected group of two or more variables of
-  the variable graph (`ComponentPart`), with its star decomposition (one star per
-  variable: every pattern mentioning it), the overlapping-subqueries graph
-  (stars sharing a var-var pattern) and, for every pattern, the precomputed join
-  order of stars (findOrderedArray: the pattern's own variables first, subject
-  first, then breadth-first over the overlapping graph).
-
-The answer of the query is the cartesian product of its parts' answers.  Parts
-are listed in a fixed order (ground, stars, components), which the delta rule
-of `cbgp.engine.engine` relies on.
+How it works: docs/design/internals.md, cbgp.query.plan.
 """
 
 from __future__ import annotations

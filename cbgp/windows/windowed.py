@@ -1,65 +1,6 @@
 """Event-time windows for continuous BGP queries (RSP-QL style), exact and incremental.
 
-A windowed query answers, at each *instant* tau, the query over the part of the
-stream that the window at tau covers.  Instants are epoch-aligned multiples of
-the step (tau = k * step_ms) and the window at tau covers event times in the
-half-open interval [tau - range, tau).  Two models:
-
-Time windows ("sliding", "tumbling" = sliding with step == range)
-    The content C(tau) is the set of quads x whose LAST update with event time
-    < tau (ordered by event time, ties by arrival) is an ADD with event time
-    >= tau - range.  So a triple counts only while event_time + range lies
-    ahead, a re-ADD ("refresh", which the ingest service forwards) extends its
-    life, and a DEL ends it.  Expiry is then just a deletion: at each instant the
-    quads whose membership changed are deleted from / inserted into one
-    `cbgp.algebra.ContinuousEngine` (deletes first), and its deltas, consolidated
-    per instant, are the report.  A triple ADDed at t is in the windows of the
-    grid instants tau with t < tau <= t + range: it enters at the first instant
-    after t and leaves at the first instant after t + range (when t + range is
-    itself on the grid the window at t + range still holds it, because the
-    interval is closed on the left).
-
-Background graphs.  A graph a SERVICE clause was rewritten to (``GRAPH <urn:cbgp:service-view:...>``, the
-    local view of the remote data, ``cbgp.background.view_graphs``) is not windowed: its quads are in C(tau)
-    from their ADD to their DEL (the last update before tau is an ADD, whatever its age), so a
-    windowed stream joins background data that changes only when the view is refreshed (seed paper 003).
-
-Per-event windows ("event", our extension; RSP-QL text `[RANGE r EVENT]`)
-    An event is the set of ADDed quads sharing one event time (ms); DELs are
-    ignored (events are immutable facts, as in the event-based model of seed
-    paper 002).  The event at t is in the window at tau iff tau - range <= t <
-    tau, and the answer is the multiset union over the events in the window of
-    the query evaluated on each event's triples alone (no joins across events).
-    Each event is evaluated once, by its own short-lived engine, when it enters;
-    its rows are kept to be retracted when it leaves.  GRAPH is rejected in this
-    model (an event is a set of triples, not a dataset).
-
-Reporting.  `advance(watermark)` reports, in increasing order, every instant
-tau with last_instant < tau <= watermark at which the answers change, as the
-exact multiset difference from the previous instant (a row whose count rises by
-k appears k times with sign +1; no row has both signs in one report).  Work is
-driven by a queue of the instants at which some quad's (or event's) membership
-can change, so unchanged instants cost nothing and a watermark jump of 10^12 ms
-is as cheap as the changes it crosses.  Once advance has passed an instant it
-is final: `last_instant` is the last instant passed (reported or not: an
-instant with no change simply has an empty report, which is omitted), the
-watermark never goes backwards, and an update with event time < last_instant is
-*late*: dropped (policy "drop", `add` returns False) or admitted (policy
-"admit": recorded, it affects later instants by the definition above).  Late
-updates cannot change instants already passed, so an admitted one that alters
-the content at last_instant shows up at the next instant.  The default
-watermark is (max event time seen) - lateness.
-
-State stays bounded by the window: updates whose predicate (or graph) no
-pattern can match are not stored, and per quad only what can still decide a
-future instant is kept: at most one update per step cell (a later update in
-the same cell shadows the earlier at every grid instant), only the last update
-before last_instant, nothing older than last_instant + step - range (it can no
-longer be in any future window).
-
-Query text: `cbgp.windows.rspql.parse_rspql` parses the RSP-QL window clause; the
-spec, durations and register options are `cbgp.windows.spec`.  Both are
-re-exported here, so `cbgp.windows.windowed` stays the one import for windowed queries.
+How it works: docs/design/internals.md, cbgp.windows.windowed.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
-"""The answers service's partition checkpoints (issue 16), with no Kafka: a deltas.parts partition's state as
+"""The answers service's partition checkpoints, with no Kafka: a deltas.parts partition's state as
 of a committed offset, so that a restore reads the answers and deltas.parts after it instead of from offset 0.
 
-A partition's state is two halves, both a function of what was committed:
-
-- the answer streams of its queries (``AnswersCore``: numbering, multiplicities, idempotence keys), otherwise
-  rebuilt from the whole answers partition;
-- the release's *released state* (``SeqRelease``: DISTINCT counts, product assemblers, operators, released
-  keys), otherwise rebuilt from deltas.parts ``[0, end)`` of the commit's read position ``end``.
-
-Taken once a transaction committed (the runner's ``committed`` step), it records the committed offset and its
-metadata, the answers partition's end offset then, and the last Answer record before it (the proof that a
-later restore reads the same log: topics deleted and written again do not pass).  A restore takes the
-streams, reads the answers from that end offset, and feeds the release the deltas.parts records from the
-checkpoint's committed offset (every record before it had been released whole, or dropped: the commit never
-passes a held delta) to the new ``end``, less what the checkpoint had already released
-(``SeqRelease.restore(saved=...)``).  The blob is a pickle in the service's own store
-(``services.state.shards.ShardCheckpoints``, kind ``deltas``), as the workers' shards are."""
+How it works: docs/design/internals.md, services.answers.checkpoint."""
 
 from __future__ import annotations
 

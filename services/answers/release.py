@@ -1,51 +1,6 @@
 """Seq-ordered, consolidated release of by-centre queries' deltas (the answers service's first step; no Kafka).
 
-A query placed by centre value (``Plan.placement == "by-centre"``) is evaluated on every updates.routed
-partition, each for its own centre values and in its own seq order; their deltas reach deltas.parts
-interleaved arbitrarily.  Released as they come, a consumer could see the deltas of change 9 before those of
-change 7, and, once the centre is projected away, a row's ``-`` from one partition before the ``+`` it
-retracts from another.  So, per deltas.parts partition:
-
-1. **Hold** every delta from a routed source (``source_partition >= 0``) until every routed partition's
-   *frontier* has reached its seq.  A worker writes a ``Frontier`` record after the deltas of its shards'
-   changes up to that seq (ingest writes frontier marks to every routed partition, so idle ones move too);
-   deltas from one ordered source (whole queries: -1; the Spark job: below -1) pass straight through.
-2. **Release** the held deltas whose seq is at or below the lowest frontier, sorted by
-   ``(seq, source partition, source offset, index)``: the answer stream follows the graph's order.
-3. **Consolidate DISTINCT**: a by-centre DISTINCT query's partitions report every solution's row
-   (``PartDeltaBatch.distinct``); released in seq order, a row goes out as ``+`` when its count goes
-   0 -> 1 and as ``-`` when it goes 1 -> 0.
-
-4. **Gate registrations** of multi-centre queries and by-centre products (``PartDeltaBatch.gated``): a
-   registration's share of each partition's history (probes; a part's snapshot as of that partition's own
-   position) arrives while the frontiers already moved on.  Everything of a registration ``(query, version)``
-   is held until every routed partition's ``ProbeReady`` record is in and the frontiers have passed the
-   highest ``as_of``, ``M``; then the deltas up to ``M`` are released netted per stream (each part of a
-   product is one: the answers as of ``M``, ``+`` only, relabelled seq ``M``), and the rest join the
-   seq-ordered release.  So a registration's first answers are one snapshot as of one seq, in order with
-   what follows.  Opened gates are kept in the commit metadata.
-
-   Every by-centre registration is gated (a star's too): its first answers are one snapshot as of one seq.
-
-5. **One copy per key.**  During a rebalance two workers may both hold a routed partition for a moment (a
-   broker that does not fence the old owner, like the embedded one).  Both then send the same deltas with the
-   same idempotence keys: a registration applies at one record of each routed log whichever worker reads its
-   plan (``services.worker.points.point_of``), and deltas are numbered per query.  The deltas the release
-   counts, nets or multiplies (a product's parts, DISTINCT rows, a gate's) are released once per key
-   (``_first_release``); plain deltas' repeated keys are dropped by the answers core.
-
-6. **Products and operators.**  A product's part deltas are multiplied per seq (``cbgp.engine.assembly``); an
-   operator query's leaves' part deltas go through its operators (``services.answers.release_operators``), whose
-   first answers are released with the registration's snapshot when its gate opens.
-
-Restart (:meth:`SeqRelease.commit_position`, :meth:`SeqRelease.restore`): the offset committed for a
-deltas.parts partition is never past a record that still holds an unreleased delta, and its commit metadata
-carries the frontiers at the commit and the offset the service had read to (``end``).  Exactly the deltas
-read before ``end`` whose seq is at or below the frontiers' minimum ``W`` were released (none of a gate
-still shut), so a restarted service rebuilds its DISTINCT counts, product assemblers and operators from those (reading
-``[0, end)``), and when it re-reads the records from the committed offset it skips them and holds the rest
-again: it resumes in the state it committed, in the same order.  (Counting the records before the committed
-offset instead would be wrong: one of them may hold a later seq than a released delta of a record after it.)
+How it works: docs/design/internals.md, services.answers.release.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """The answers service (``cbgp answers``): deltas.parts -> numbered answers + current answers.
 
-Topology::
-
-    deltas.parts (group <prefix>answers, key query id) --[AnswersCore]--> answers          (Answer, n = 1, 2, ...)
-    dictionary (all partitions, read continuously)     ----^         --> answers.current  (CurrentAnswer | tombstone)
-
-:class:`AnswersCore` is the transform (no Kafka): per query it numbers deltas in arrival order, drops
-duplicates by idempotence key (per (query, source partition) the key (source_offset, index) must
-increase), decodes term ids and maintains multiplicities.  Answers of a query go to the partition of
-deltas.parts it came from (both keyed by query id), so a partition's state is restored by re-reading its
-answers partition: n and multiplicities from the records, idempotence keys from their ``cbgp-src`` header --
-from the partition's checkpoint's end offset when one serves (``services.answers.checkpoint``), else from 0.
-The answers.current key is ``services.codec.current_key`` (canonical JSON ``["<query>", {binding}]``),
-shared with the compaction job.
-
-Registration versions: every registration of a query id is its own stream, numbered from n = 1 and told
-apart by ``(query, version, n)``; idempotence keys are kept per stream.  queries.plans (read by :class:`Plans`)
-and the versions of the deltas end a stream when its query is unregistered or registered again: its current
-answers are retracted in it ("-" answers and answers.current tombstones), and its late deltas are dropped.
-Restore keeps only each query's latest stream.
+How it works: docs/design/internals.md, services.answers.service.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """The background service's transform, with no Kafka in it: plans in, SPARQL Update texts for view graphs out.
 
-A registered query's ``SERVICE <e> { P }`` is evaluated by the fleet as ``GRAPH <view> { P }``
-(``services.wire.registrations.read_registration``, ``cbgp.background.view_graphs``).  :class:`BackgroundCore` keeps each view
-graph equal to P's matches at its endpoint:
-
-1. a view is filled by one bulk query when its first query is registered, and again whenever the service
-   starts (it keeps no state: the fill is published as ``DROP SILENT GRAPH`` + ``INSERT DATA`` in one request,
-   which ingest nets to the real changes, so a restart costs no answer); a windowed query registered when its
-   view is already filled gets the view's triples again as an RDF Patch of re-adds (refreshes: the graph does
-   not change, the Spark job's window for the query starts with them);
-2. every ``service.refresh_ms`` (a view windowed queries read: every window slide) one maintenance round
-   (seed paper 003's ``Maintainer``) refreshes at most gamma entries, one remote query per key, elected by the
-   view's policy within the latency budget ``service.rho_ms`` (a window-join policy among the join keys of the
-   windowed queries' current windows, :class:`WindowKeys`); a key whose rows changed becomes one
-   ``DELETE DATA`` / ``INSERT DATA`` request;
-3. every ``service.discover_ms`` (default 10 min) the bulk query runs again for the endpoint's key set: keys new
-   there join the view, keys gone leave it (the known keys' values stay with the policy's budget);
-4. when its last query ends, the graph is dropped.
-
-The first registration's ``service.*`` options set a shared view's policy and budget.  A failed remote call
-leaves the view as it was and is tried again at the next round.
+How it works: docs/design/internals.md, services.background.core.
 """
 
 from __future__ import annotations
@@ -45,7 +26,7 @@ RETRY_FILL_MS = 5_000.0  # an endpoint that failed the bulk fill is asked again 
 
 
 class WindowKeys:
-    """The join keys of a view in the current windows of the windowed queries that read it (seed paper 003's
+    """The join keys of a view in the current windows of the windowed queries that read it (Dehghanzadeh et al.'s
     WSJ proposer refreshes only those; WBM ranks them by their remaining life): for each key, the event time
     of the newest stream triple binding it.  Fed the changes of updates.encoded (term ids are stable hashes,
     so the view's key texts are compared by id, no dictionary needed); a triple counts from its ADD to its DEL

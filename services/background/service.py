@@ -1,4 +1,4 @@
-"""``cbgp background``: SERVICE view graphs kept in step with their endpoints (issue 19), the Kafka loop.
+"""``cbgp background``: SERVICE view graphs kept in step with their endpoints, the Kafka loop.
 
 Sources: ``queries.plans`` (every registration, read from the start at each life, then followed in short
 windows).  Sinks: ``updates.raw`` (SPARQL Update requests on the view graphs, keyed by the graph so that one

@@ -2,7 +2,7 @@
 
 Each check exercises one broker feature the services rely on, on scratch topics that are deleted at the
 end, and says what to do when it fails.  The checks are the ones that separated brokers in the reference
-notes (reference/notes-kafka-brokers-offline.md): Tansu reports wrong high watermarks and leaks aborted
+notes: Tansu reports wrong high watermarks and leaks aborted
 transactions to read_committed readers; librdkafka's mock cluster has no admin API; auto-created topics
 get one partition.  Checks run in dependency order; if the broker cannot be reached, that is the only
 check reported.

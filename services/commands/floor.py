@@ -1,4 +1,4 @@
-"""``cbgp topics floor``: per topic partition, the lowest offset the fleet still needs (issue 16 item 3).
+"""``cbgp topics floor``: per topic partition, the lowest offset the fleet still needs.
 
 Apart from :mod:`services.kafka.topics` because it reads offsets through :mod:`services.kafka.client`, which
 itself imports the topics module.

@@ -1,24 +1,6 @@
 """``make run``: the whole product on one machine, with live answers on the terminal.
 
-Steps, in order (each one needs the previous):
-
-1. the broker: without ``--bootstrap-servers`` / ``CBGP_BOOTSTRAP_SERVERS``, an :class:`EmbeddedBroker` with a
-   fresh data dir under ``<run-dir>/broker``; otherwise the given broker (only the services are started);
-2. the topics, with explicit partition counts (:func:`ensure_topics`);
-3. the services, one child process each, in their own process groups (``cbgp ingest``, ``cbgp registry``,
-   ``--workers`` x ``cbgp worker``, ``cbgp answers``, ``cbgp spark-job`` in local mode for windows, multi-part
-   assembly and compaction: whichever commands this installation has); every port they listen on is chosen
-   here and printed (``run: ports: ...``);
-4. unless ``--no-demo``: register the example queries (``services/commands/demo/queries/*.rq``) and publish the demo
-   stream (``services/commands/demo/updates.rdfp``);
-5. a live view on stderr (:class:`LiveView`): per query its answer count and last deltas (terms in N-Triples
-   form), graph changes in (rows of ``updates.encoded``) and answers out (``answers``), the Spark job's
-   streaming queries (its ``status.json``: a failing one is shown), and any child that died.  On a terminal
-   the frame is redrawn when something in it changed; otherwise one summary line at most every 15 s.  With
-   the demo, also a clock record on updates.raw every second, so windows move;
-6. on Ctrl-C, SIGTERM or after ``--duration``: SIGTERM to every child, SIGKILL to any still alive after the
-   grace period, then the broker last.  A JSON summary (answers per query, child exit codes and pids) is
-   printed on stdout.
+How it works: docs/design/internals.md, services.commands.run.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """``cbgp gateway``: live answers for people and programs, on one HTTP port (aiohttp).
 
-Endpoints (``GET /openapi.json`` describes the HTTP part; the console is ``GET /``):
-
-- ``GET /subscribe`` (WebSocket): the SPARQL 1.1 SE Protocol as the SEPA broker speaks it.  A
-  ``{"subscribe": {"sparql", "alias"}}`` message reuses a registered query with the same text or registers it
-  (id ``sepa-<hash of the text>``); the reply is notification ``sequence`` 0 carrying the current answers, then
-  one notification (``addedResults`` / ``removedResults``, SPARQL JSON) per batch of answers the gateway reads.
-  ``{"unsubscribe": {"spuid"}}`` ends one (``{"unsubscribed": ...}``).
-- ``POST /update`` (SPARQL 1.1 Protocol update): the request goes to ``updates.raw`` as one record, acknowledged
-  by the broker before the 200 (ingest applies it atomically, asynchronously).  ``GET|POST /query``: a SPARQL
-  query over the current graph (see :class:`services.gateway.kafka_io.GraphSource`).
-- ``GET /queries``, ``POST /queries``, ``GET|DELETE /queries/ID``, ``GET /queries/ID/current`` (SPARQL JSON),
-  ``GET /queries/ID/answers?from=N`` (server-sent events, event id = answer number ``n``; a reconnect with
-  ``Last-Event-ID: N`` resumes at ``N + 1``), ``GET /fleet`` (throughput, lag, idle/busy).
-- ``/metrics``, ``/healthz``, ``/readyz`` (ready once every plan and answer on the topics at start was read).
-
-Auth: bearer tokens (``Authorization: Bearer T``, or ``?access_token=T`` for EventSource and WebSocket clients
-that cannot set headers, or SEPA's ``authorization`` field) with scope ``read`` or ``read-write``; with
-``--tls-client-ca``, a verified client certificate has ``--client-cert-scope``.  No token configured: auth off.
+How it works: docs/design/internals.md, services.gateway.app.
 """
 
 from __future__ import annotations

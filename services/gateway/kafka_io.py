@@ -1,21 +1,7 @@
 """The gateway's topic side: what it reads (``queries.plans``, ``answers``; ``updates.encoded`` and ``dictionary``
 for ``POST /query``) and what it writes (``updates.raw`` for ``POST /update``, ``admin`` for register/unregister).
 
-- :class:`Follower`: a thread with one assign-only :class:`services.runtime.life.Fetcher` on every partition of
-  ``queries.plans`` and ``answers`` from their start (no consumer group, nothing committed: the gateway is
-  checkpoint-free), decoding records into :class:`services.gateway.core.Answer` objects and plans, handed to the
-  event loop in batches.  Ready once it has read every partition to the end offset it saw at start.  Where
-  retention deleted the oldest answers (an ``answers`` partition starting past 0) their fold cannot be rebuilt
-  from the log, so those partitions' current answers are seeded from ``answers.current`` (:func:`current_seed`)
-  and the answers read below the seed's cut are history only.
-- :class:`GraphSource`: the current graph as a pyoxigraph store for ``POST /query``, built on the first query
-  from ingest's last snapshot in Kafka (``checkpoints.ingest``: presence set, terms, log positions) plus
-  ``dictionary`` and ``updates.encoded`` after it (from offset 0 without a snapshot), and brought up to date
-  before each query by reading what was appended since.  Its cost:
-  the whole graph in the gateway's memory (pyoxigraph's in-memory store) and a read of everything since the last
-  query; a gateway that never answers ``/query`` pays nothing.
-- :class:`FleetSampler`: end offsets of the fleet's topics and the committed offsets of ingest's group every few
-  seconds: throughput (records/s per topic), ingest's lag and idle/busy for the console.
+How it works: docs/design/internals.md, services.gateway.kafka_io.
 """
 
 from __future__ import annotations

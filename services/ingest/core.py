@@ -272,7 +272,7 @@ class IngestProcessor:
 
     def _update_request(self, out: list[Output], raw: RawRecord, origin: int | None) -> None:
         """A SPARQL 1.1 Update request: apply it atomically to the current graph; emit the quads it really
-        inserted and deleted (seed paper 004).  A failing request changes nothing and is dead-lettered."""
+        inserted and deleted (Aguzzi & Roffia).  A failing request changes nothing and is dead-lettered."""
         try:
             request = raw.value.decode("utf-8")
         except UnicodeDecodeError as exc:

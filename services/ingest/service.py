@@ -1,22 +1,6 @@
 """The ingest service: raw updates -> the total order of effective, dictionary-encoded changes.
 
-Topology (``cbgp ingest``)::
-
-    updates.raw (1 partition) --[IngestProcessor]--> dictionary      (key term id, partition id % N)
-                                                 --> updates.encoded (the total order, seq 1, 2, 3 ...,
-                                                                      in EncodedBatch records)
-                                                 --> updates.routed  (partition id % N of subject/object,
-                                                                      in RoutedBatch records)
-                                                 --> deadletter      (one record per rejected statement)
-
-:class:`IngestProcessor` (:mod:`services.ingest.core`, re-exported here) is the whole transform, with no Kafka
-client in it: it maps raw records to output records and updates its state (presence set, next seq, dictionary
-cache).  :class:`IngestService` is its processor for the one runner loop (:mod:`services.runtime.runner`).  Its state is a pure function of
-updates.encoded (presence set, seq) and the dictionary topic: the two logs are its changelogs.  A local
-checkpoint (``--state-dir``, a RocksDB store: :mod:`services.state`) saves the state with the positions in those
-logs that it reflects, and a snapshot of the whole state goes to ``checkpoints.ingest`` in the next transaction
-(:mod:`services.kafka.checkpoint_log`), so a restore loads the newer of the two and reads only the logs' tails
-(:func:`restore`), on this instance or any other; without either it reads them from offset 0.
+How it works: docs/design/internals.md, services.ingest.service.
 """
 
 from __future__ import annotations

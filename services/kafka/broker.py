@@ -1,6 +1,6 @@
 """An embedded Kafka broker for tests, CI and local runs: the noida-db 0.2.3 binary as a child process.
 
-Why noida-db (reference/notes-kafka-brokers-offline.md): it is the only pip-installable broker that got
+Why noida-db: it is the only pip-installable broker that got
 high watermarks, consumer groups, idempotence and read_committed transaction isolation right.  Limits to
 respect: keep data small (it rewrites a JSON snapshot of everything ~1 s after each change), don't rely on
 crash durability (a SIGKILL loses the last ~1 s of acknowledged writes) nor on compaction happening.

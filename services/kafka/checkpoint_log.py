@@ -1,25 +1,8 @@
-"""Checkpoints kept in Kafka (issue 16 item 1): a shard's saved state as records of a checkpoint topic, so that
+"""Checkpoints kept in Kafka: a shard's saved state as records of a checkpoint topic, so that
 any instance restores it -- not only the one whose disk holds it -- and ``cbgp topics floor`` can tell how much
 of an input log the fleet no longer needs.
 
-One checkpoint topic per kind of shard (``checkpoints.routed``, ``checkpoints.whole``, ``checkpoints.deltas``;
-and ingest's ``checkpoints.ingest``), with one partition per shard: the checkpoint of shard ``(kind, p)`` lives in partition ``p`` of its topic,
-alone.  A checkpoint is the shard's blob cut into chunks of at most :data:`CHUNK_BYTES`, produced in one
-transaction, each with three headers: the checkpoint's id, ``i/n`` and the position (the first input offset
-the state does not reflect); the last chunk also carries the blob's HMAC and, when the shard's restore reads
-other logs too, what it needs of them (``cbgp-needs``: JSON ``{catalogue topic: offset}``, of the partition with
-the shard's number; the answers service's ``{"answers": ...}``), which ``cbgp topics floor`` reads.  A reader
-takes the last checkpoint whose ``n`` chunks it saw; a transaction is whole or absent for ``read_committed``
-readers, so a writer killed mid-way leaves nothing half-read.
-
-Kafka's compaction would keep only the latest value per key, but a checkpoint is many records, and the
-embedded broker never compacts: so the topic keeps ``cleanup.policy=delete`` and the writer trims it itself,
-with ``delete_records`` below the end the partition had when its newer checkpoint was queued.  A newer
-checkpoint is then always above what is deleted, also when two instances briefly write the same partition.
-
-The blobs are pickles, so each checkpoint carries an HMAC-SHA256 of its blob under ``CBGP_CHECKPOINT_SECRET``
-(empty by default: then it only detects corruption).  A checkpoint whose HMAC does not match is never
-unpickled; production sets the secret and lets only the fleet write the checkpoint topics (Kafka ACLs).
+How it works: docs/design/internals.md, services.kafka.checkpoint_log.
 """
 
 from __future__ import annotations

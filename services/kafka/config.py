@@ -1,27 +1,6 @@
 """Kafka connection settings shared by every service, from CLI flags or ``CBGP_*`` environment variables.
 
-One :class:`KafkaSettings` value describes how to reach the broker and how the fleet's topics are named
-and sized; it renders the librdkafka configs for admin clients, producers and consumers so that every
-service uses the same reliability settings (acks=all + idempotence, manual commits, read_committed).
-
-Precedence: command-line flag > environment variable > default.  Environment variables:
-
-=============================  ===============================================================
-``CBGP_BOOTSTRAP_SERVERS``     ``host:port[,host:port...]`` (default ``127.0.0.1:9092``)
-``CBGP_TOPIC_PREFIX``          prepended to every topic name (default ``cbgp.``)
-``CBGP_PARTITIONS``            partitions of the keyed topics (default 4)
-``CBGP_REPLICATION_FACTOR``    replication factor of created topics (default 1)
-``CBGP_SECURITY_PROTOCOL``     ``PLAINTEXT`` / ``SSL`` / ``SASL_PLAINTEXT`` / ``SASL_SSL``
-``CBGP_SASL_MECHANISM``        e.g. ``SCRAM-SHA-512``
-``CBGP_SASL_USERNAME``         SASL user
-``CBGP_SASL_PASSWORD``         SASL password (never printed)
-``CBGP_SSL_CA_LOCATION``       CA bundle path for TLS
-``CBGP_KAFKA_<KEY>``           any librdkafka property, ``_`` -> ``.`` and lower-cased
-                               (``CBGP_KAFKA_SOCKET_TIMEOUT_MS=5000`` -> ``socket.timeout.ms``)
-``CBGP_TOPIC_CONFIG``          topic configs over the catalogue's, ``TOPIC:KEY=VALUE[;TOPIC:KEY=VALUE...]``
-                               (``updates.raw:retention.ms=86400000``; flag ``--topic-config``, repeatable);
-                               checked against what restores need by :mod:`services.kafka.topics`
-=============================  ===============================================================
+How it works: docs/design/internals.md, services.kafka.config.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 - :class:`GroupInput`: group membership (a consumer whose partitions stay paused) plus a :class:`Fetcher`;
 - :func:`first_record`, :func:`read_window`, :func:`record_ok`, :func:`idle_pause`: small reads around them.
 
-Split from ``services.runtime.life`` (issue 15: one job per module); ``services.runtime.life`` re-exports every name.
+Split from ``services.runtime.life`` (one job per module); ``services.runtime.life`` re-exports every name.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Replaying a log between two offsets: how a service restores state (issue 16).
+"""Replaying a log between two offsets: how a service restores state.
 
 :func:`read_range` reads one partition's committed records in ``[start, end)`` and, like :func:`require_from`,
 refuses a log whose needed records were deleted (:class:`LogTruncated`), which ``services.runtime.life.run_service``
 turns into one error line and exit code 3 instead of a state rebuilt from what is left.
 
-Split from ``services.runtime.life`` (issue 15: one job per module); ``services.runtime.life`` re-exports every name.
+Split from ``services.runtime.life`` (one job per module); ``services.runtime.life`` re-exports every name.
 """
 
 from __future__ import annotations

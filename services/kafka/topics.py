@@ -1,31 +1,6 @@
 """The fleet's topic catalogue, as data, and the code that creates it on a broker.
 
-Every topic is pre-created with an explicit partition count: auto-creation gives 1 partition on Kafka and
-noida-db, which would silently break key->partition co-partitioning between services.  Topics whose order
-*is* the semantics (the graph's change order, the admin log) have exactly one partition whatever
-``--partitions`` says.
-
-Retention is explicit on every topic (``retention.ms``), chosen for its role, because a broker's default (7 days
-on Apache Kafka) would silently delete history the restores replay:
-
-- **kept** (``retention.ms=-1``): the logs restores read from a checkpoint or ingest's snapshot on
-  (``updates.encoded``, ``updates.routed``, ``deltas.parts``): records below the floor may be deleted, and
-  ``cbgp topics trim`` deletes them;
-- **compacted** (``cleanup.policy=compact``, ``retention.ms=-1``): the latest value per key, read from offset 0;
-- **bounded** (7 days): the inputs whose consumers restore from elsewhere and need only what their group has not
-  committed yet (``updates.raw``, ``admin``), and what no service reads back (``queries.status``, ``deadletter``).
-
-The compacted and checkpoint topics also set ``retention.bytes=-1``: a broker-wide size limit would delete what
-they hold just as an age limit does.  Every value can be changed per topic (``--topic-config TOPIC:KEY=VALUE``, env
-``CBGP_TOPIC_CONFIG``, Helm ``kafka.topicConfig``), but :func:`wanted_configs` refuses a change that would let a
-topic a restore reads from offset 0 lose records, and :func:`ensure_topics` (run by every service at start) refuses
-to start, in one line, when such a topic already exists on the broker with a finite retention or the wrong
-cleanup policy (a bounded topic below its retention only gets a warning line).  Records a restore needs that are
-gone anyway (``delete_records``, a retention changed later) are caught when the log is read:
-:mod:`services.kafka.truncation`.
-
-:func:`services.commands.floor.floor` says, per partition, the lowest offset the fleet still needs (``cbgp topics floor``);
-:func:`services.commands.floor.trim` deletes what lies below it (``cbgp topics trim``).
+How it works: docs/design/internals.md, services.kafka.topics.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
-"""Restores that never go silently wrong: is every record a restore needs still in the log? (issue 16)
+"""Restores that never go silently wrong: is every record a restore needs still in the log?
 
-Every service rebuilds its state by reading logs from offset 0 (or from a committed offset).  A partition whose
-first records were deleted (retention, ``delete_records``) still reads "fine" from its log start: librdkafka
-starts an ``OFFSET_BEGINNING`` read at the log start offset, and resets an out-of-range position there with
-``auto.offset.reset=earliest``.  The state rebuilt from the rest is wrong, and nothing said so.
-
-So, before a log is read for a restore, the partition's low watermark (log start offset) is compared with the
-first offset the reader needs: :func:`truncation` decides (pure, unit-tested), :func:`require_log_start` asks the
-broker and raises :class:`LogTruncated`.  The service loop (``services.runtime.life.run_service``) turns that into
-one error line naming topic, partition, the needed offset and the log start, sets
-``cbgp_restore_missing_offsets{topic,partition}``, and stops the service with exit code
-:data:`EXIT_TRUNCATED` instead of restarting it into the same wrong state.
-
-One false alarm is possible: a position that points at a transaction marker whose records were all read, when
-the log was cut exactly after that marker.  It stops the service rather than risk wrong state.
+How it works: docs/design/internals.md, services.kafka.truncation.
 """
 
 from __future__ import annotations

@@ -46,4 +46,4 @@ BACKGROUND_REFRESHES = Counter("cbgp_background_refreshes", "Remote calls of the
                                "and kind (fill, refresh, discover, failed).", ["graph", "kind"])
 BACKGROUND_VIEW_TRIPLES = Gauge("cbgp_background_view_triples", "Triples a SERVICE view graph holds.", ["graph"])
 BACKGROUND_ACCURACY = Gauge("cbgp_background_estimated_accuracy", "A view's expected share of fresh entries after "
-                            "its last refresh round (seed paper 003's estimate).", ["graph"])
+                            "its last refresh round (Dehghanzadeh et al.'s estimate).", ["graph"])

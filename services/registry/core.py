@@ -1,18 +1,6 @@
 """The query registry: admin commands in, query plans and status replies out.
 
-This module is the registry's *logic*, with no Kafka in it (Kafka Streams' topology-test idea): a
-:class:`Registry` holds the registered queries and turns one decoded ``AdminCommand`` into a
-:class:`Decision` -- the ``QueryPlan`` record (or tombstone) to publish on ``queries.plans`` and the
-``QueryStatus`` reply for ``queries.status``.  The service wiring (a faust app with a Table and a web
-view) is :mod:`services.registry.service`; ``cbgp registry`` starts it.
-
-Source of truth: ``queries.plans`` (compacted, key = query id).  A starting registry rebuilds its
-:class:`Registry` from that topic (:meth:`Registry.restore`), so the registered set survives restarts
-even if faust's own table changelog is lost or behind.  The order of a decision's effects is therefore:
-(1) the plan or tombstone is acknowledged on ``queries.plans``, (2) the in-memory set and the faust
-table change, (3) the status reply is sent.  A crash between (1) and (3) leaves the plan published
-and the admin offset uncommitted; the replayed command then finds the query already registered with
-the same text and answers ACCEPTED again without a second plan (REGISTER is idempotent).
+How it works: docs/design/internals.md, services.registry.core.
 """
 
 from __future__ import annotations
@@ -99,7 +87,7 @@ def plan_summary(plan: Plan) -> str:
     return f"{plan.query_class}: {count} pattern{'s' if count != 1 else ''} in {len(parts)} part(s): " + "; ".join(parts)
 
 
-# The class of a query beyond a BGP (issue 18): its operators run above its BGP leaves, which are placed by
+# The class of a query beyond a BGP: its operators run above its BGP leaves, which are placed by
 # centre value like any BGP (the operators then run where the answers service releases the leaves' deltas),
 # unless a leaf has a variable predicate or the query feeds a derived stream (one owner evaluates it whole).
 OPERATORS_CLASS = "operators"
@@ -172,7 +160,7 @@ class Registry:
     def __init__(self, clock: Callable[[], int] = _now_ms) -> None:
         self.queries: dict[str, Entry] = {}
         # id -> the version of its last unregistered registration: a new registration of the id gets a higher
-        # one, so its answers are a new stream (issue 14 item 3).  Rebuilt from the plan before each tombstone.
+        # one, so its answers are a new stream.  Rebuilt from the plan before each tombstone.
         self.retired: dict[str, int] = {}
         self._clock = clock
 
@@ -256,7 +244,7 @@ class Registry:
             return Decision(self._status(query_id, "REJECTED", exc.message, request_id, exc.line, exc.column))
         version = max(existing.version if existing is not None else 0, self.retired.get(query_id, 0)) + 1
         seq = encoded_end()
-        if plan is None:  # an operator query (issue 18)
+        if plan is None:  # an operator query
             placement = operator_placement(operators, stream is not None)
             plan_json, projected = operator_plan(operators, placement), operator_columns(operators)
             query_class, summary = OPERATORS_CLASS, operator_summary(operators, placement, window is not None)

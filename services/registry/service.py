@@ -1,25 +1,6 @@
 """The registry service as a faust-streaming app: admin topic -> :class:`services.registry.core.Registry`.
 
-Wiring (inspectable with :func:`describe`):
-
-- source: ``admin`` (1 partition, raw bytes; Avro ``AdminCommand``), one faust agent, consumer group
-  ``<prefix>registry`` (faust commits the offsets of processed commands);
-- sinks, written with confluent-kafka (acks=all, idempotent): ``queries.plans`` (Avro ``QueryPlan``,
-  key = query id, tombstone on unregister), ``queries.status`` (``QueryStatus``), ``deadletter``;
-- a faust ``Table`` ``queries`` (id -> {sparql, class, version, status, ...}, changelog
-  ``<prefix>registry-queries-changelog``, 1 partition like its source) served by the web views
-  ``GET /queries`` and ``GET /queries/{id}``;
-- ``/metrics /healthz /readyz`` on ``--metrics-port`` (readiness: faust started, table reconciled).
-
-Restart safety: before faust starts, the registered set is rebuilt from ``queries.plans`` (the source
-of truth), and once faust has recovered its table the table is reconciled with that set, so a lost or
-lagging changelog can never resurrect an unregistered query or hide a registered one.
-
-faust caveats handled here (reference/notes-kafka-brokers-offline.md §4, §6, §9): every topic is
-pre-created with explicit partition counts (the table's changelog too, by faust, with the partition
-count of its 1-partition source), ``broker_session_timeout=6`` (Kafka's and noida-db's minimum),
-``web_port``/``web_host`` per instance, ``datadir`` under ``--state-dir``; faust's worker installs the
-SIGINT/SIGTERM handlers and shuts down gracefully on either.
+How it works: docs/design/internals.md, services.registry.service.
 """
 
 from __future__ import annotations

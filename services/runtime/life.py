@@ -1,18 +1,6 @@
 """What every data-path service (ingest, worker, answers) shares around its pure transform.
 
-- :class:`Output`, :func:`query_partition`, :data:`ORIGIN_HEADER`, :func:`kv`: re-exported from the Kafka-free
-  ``services.wire.records``, where the transforms import them from;
-- :func:`add_service_flags`, :func:`setup_logging` (one line per event, ``key=value``), :class:`Stopper`
-  (SIGTERM/SIGINT -> finish the batch, commit, leave the group, exit 0);
-- :func:`commit_transaction`: the consume-process-produce step of exactly-once processing;
-- re-exported from ``services.kafka``: the inputs (``fetch``: :class:`Fetcher`, :class:`GroupInput`) and the log
-  replay (``replay``: :func:`read_range`, :func:`require_from`), which refuse a log whose records from the
-  needed offset on were deleted (:class:`LogTruncated`); :func:`run_service` turns that into one error line and
-  exit code 3 instead of a state rebuilt from what is left;
-- :func:`run_service`: restart a service's loop in-process after a broker/transaction failure, so state is
-  always rebuilt from the logs (the only source of truth) instead of patched up.
-
-Keys are ASCII strings (term ids in decimal, query ids as given), never Avro: see schemas/README.md.
+How it works: docs/design/internals.md, services.runtime.life.
 """
 
 from __future__ import annotations

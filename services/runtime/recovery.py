@@ -1,19 +1,7 @@
-"""Recovery: a state restored from its checkpoint and the tails of its logs (issue 16 item 1), the Kafka side
+"""Recovery: a state restored from its checkpoint and the tails of its logs, the Kafka side
 of :mod:`services.state` (whose store and checkpoint decisions stay Kafka-free).
 
-A service that keeps a :class:`~services.state.Store` restores in three steps:
-
-1. :func:`saved_checkpoint`: the store's checkpoint if it can serve a restore from the logs as they are now
-   (:func:`services.state.unusable`), else None, with one log line and the store cleared;
-2. the service loads the state the checkpoint describes from the store (its own key layout);
-3. :func:`read_tails`: each log read from the checkpoint's position (or from 0 without one) to the end it had
-   when the restore began, every record handed to the service, with progress in ``cbgp_restore_progress_ratio``
-   and a log line every few seconds.  The reads go through ``read_range``, which refuses a log whose needed
-   records were deleted: with a checkpoint, retention may delete what lies below its positions.
-
-A record that shows the log does not continue the checkpoint (ingest: a seq that does not follow the saved
-one) is the service's to detect: it raises :class:`ForeignLog`, the store is cleared and the restore starts
-again from offset 0.
+How it works: docs/design/internals.md, services.runtime.recovery.
 """
 
 from __future__ import annotations

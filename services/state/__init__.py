@@ -1,4 +1,4 @@
-"""State stores and their checkpoints (issue 16 item 1), apart from the Kafka plumbing and the services.
+"""State stores and their checkpoints, apart from the Kafka plumbing and the services.
 
 - :mod:`services.state.store`: an on-disk key-value store (RocksDB through rocksdict) whose every write is one
   atomic batch carrying its checkpoint record;

@@ -1,19 +1,6 @@
 """Checkpoints: what a saved state reflects, when to save one, and whether a saved one may serve a restore.
 
-A :class:`Checkpoint` records, per input topic and partition, the *position*: the first offset whose record the
-saved state does not include.  A restore loads the state and reads each log from its position to its end, so
-restore time follows the size of the state and the length of the tail, not the length of history; the
-records below the positions are never read again, and retention may delete them.
-
-A saved checkpoint is refused (:func:`unusable`) when it cannot describe the logs as they are now: a position
-beyond a log's end (the topic was deleted and re-created, or the store was made against another cluster), a
-topic that is gone, or a different partition count.  A *stale* one (positions below the ends: the service
-died after a transaction and before its next checkpoint) is fine: the tail is just longer.  A log that no
-longer holds the records from a position on (retention passed it) is the reader's business: it refuses to
-restore (``services.kafka.truncation``) rather than build a state with a hole in it.
-
-:class:`Checkpointer` decides when: after a committed transaction, at most every ``interval`` seconds, so under
-load a checkpoint covers what was processed at most ``interval`` seconds earlier.
+How it works: docs/design/internals.md, services.state.checkpointing.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Ingest's state kept on disk instead of in memory (issue 16 item 2: state larger than memory).
+"""Ingest's state kept on disk instead of in memory (state larger than memory).
 
 ``cbgp ingest --state-on-disk`` keeps the presence set and the published terms in its RocksDB store
 (:mod:`services.state.store`, the keys of :mod:`services.state.presence`) rather than loading them into Python

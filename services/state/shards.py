@@ -1,24 +1,8 @@
-"""A worker's shard checkpoints, and the answers service's partition checkpoints in the same form (issue 16):
+"""A worker's shard checkpoints, and the answers service's partition checkpoints in the same form:
 each shard's engine as of a committed log position, so that a restore replays only the log after it instead of
 the whole log.  No Kafka here.
 
-A shard's engine state is a function of the records of its log below its position and of the queries registered
-in it (a query registered late replays the history, so its state ends as if it had been there from the start).
-So a checkpoint taken once a transaction committed -- the engine, the position, the seq of the last change it
-applied and the (query, version) pairs it holds -- can serve any later restore of that shard at a committed
-offset at or past its position, on whichever worker, as long as its log is the same log: the change before the
-position is checked.  The restore frees the queries the plans no longer name and catches up those the checkpoint
-lacks (``WorkerCore.open_shard``).
-
-A routed shard holding multi-centre queries saves their evaluator too (versioned stores, probes waiting, live
-counts, the probe segments taken per sender), and the probe floors read so far.  What is not checkpointed (the
-shard is then restored from its previous checkpoint or from offset 0): a shard that waits for a registration's
-point, and an engine pickle cannot serialise.
-
-Checkpoints are kept in two places: the instance's own disk (``--state-dir``: the fastest restore, when the
-shard comes back to the same instance) and a checkpoint topic (``remote``: any instance, after a disk is lost or
-a partition moves; and what ``cbgp topics floor`` reads).  A restore takes the newer.  The blobs are pickles:
-the checkpoint topics carry an HMAC of each (``CBGP_CHECKPOINT_SECRET``) and must be writable only by the fleet.
+How it works: docs/design/internals.md, services.state.shards.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""An on-disk key-value store whose writes are atomic batches that carry their checkpoint (issue 16 item 1).
+"""An on-disk key-value store whose writes are atomic batches that carry their checkpoint.
 
 RocksDB through ``rocksdict``, as Quix Streams, faust and Kafka Streams keep their state: the data keys a
 checkpoint changes and the checkpoint record itself (the input positions the data reflects, as JSON) are

@@ -4,7 +4,7 @@ A query's window comes either from RSP-QL clauses in its text (``FROM NAMED WIND
 ``WINDOW :w { ... }``) or from register options (``window=sliding range=PT60S step=PT10S``); the options
 ``lateness`` and ``late`` tune either (``cbgp.windows.windowed.window_from_options``).  ``replace=true`` steers the
 registration itself (the registry does not store it).  ``stream=<iri>`` makes a CONSTRUCT query a derived stream
-(issue 18 item 3, C-SPARQL's ``REGISTER STREAM ... AS CONSTRUCT``): its triple deltas are published on updates.raw
+(C-SPARQL's ``REGISTER STREAM ... AS CONSTRUCT``): its triple deltas are published on updates.raw
 as changes of named graph ``<iri>`` (:func:`read_stream` checks it).  Any other option key is an error: a misspelt
 ``windw=sliding`` must not register a query without a window.
 """
@@ -110,7 +110,7 @@ def read_views(sparql: str, options: Mapping[str, str]) -> tuple[object, ...]:
 
 
 def read_query(text: str, window: WindowSpec | None) -> tuple[ParsedQuery | None, object | None]:
-    """``(BGP query, None)`` or ``(None, operator query spec)`` of a registration's plain text (issue 18).
+    """``(BGP query, None)`` or ``(None, operator query spec)`` of a registration's plain text.
 
     A BGP ``SELECT`` keeps its parsed form (decomposed and placed as always); any other query the operator
     algebra supports (``cbgp.algebra.analyse``: FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT, ...) is
@@ -138,7 +138,7 @@ def read_query(text: str, window: WindowSpec | None) -> tuple[ParsedQuery | None
 
 
 
-# -- derived streams (issue 18 item 3) -------------------------------------------------------------------------
+# -- derived streams -------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class GraphRead:

@@ -132,7 +132,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
     ),
     Topology(
         "background", "services.background.core.BackgroundCore",
-        "keep each SERVICE view graph equal to its endpoint's matches, refreshed within a budget (issue 19)",
+        "keep each SERVICE view graph equal to its endpoint's matches, refreshed within a budget",
         sources=(
             Edge("queries.plans", "query id", "all partitions from offset 0, then followed (the SERVICE views)"),
         ),

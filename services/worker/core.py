@@ -1,38 +1,6 @@
 """The state worker's transform, with no Kafka in it: plans + input records -> PartDelta outputs.
 
-A *shard* is one engine fed by one input log:
-- ``("routed", P)``: routed partition P, holding the single-star queries, partitioned by centre value (each
-  change arrives with its role, only the star patterns centred there fire);
-- ``("whole", P)``: updates.encoded (the total order) for the whole queries owned by routed partition P
-  (``owner(q) = query_partition(q, N)``), evaluated with ROLE_BOTH.
-
-Every shard's state is a function of (its queries, its log up to its position), so it is *restored* by
-replaying the log without emitting -- from its checkpoint when one serves (``services.state.shards``; whatever
-queries it holds: those the plans dropped are freed, those it lacks caught up as below), else from offset 0 (a
-whole shard: from ingest's snapshot moved to its position when one serves) -- and a query new to a shard gets its
-state the same way (from ingest's snapshot moved to its point or position when one serves,
-``services.worker.snapshots``; else from offset 0), netted into a snapshot (``snapshot=True``).  Which queries
-a shard had already snapshotted is stored with its committed offset as commit metadata (the queries.plans
-positions applied), so a restarted or rebalanced worker knows exactly which snapshots are still owed.  A
-by-centre query new to a routed shard applies at one record of its log, the first past the seq it registered at
-(:meth:`WorkerCore.registration_seq`, ``services.worker.points``), whenever the plan is read: every owner
-sends the same snapshot and deltas.
-A multi-centre query (or a product's multi-centre part) is registered in the shard's evaluator at that point
-too, its history replayed as the registration's probes up to that seq (``services.worker.probes``).
-
-Operator queries (issue 18: FILTER, OPTIONAL, UNION, aggregates, ASK, CONSTRUCT...; ``QueryInfo.operators``) are
-whole queries: their owner's whole shard evaluates them with ``cbgp.algebra`` in place of the BGP engine
-(:class:`WorkerEngine` holds both), restored and snapshotted the same way.  Their expressions need the terms, so
-the shard learns the terms of the changes it applies from the dictionary topic (``term_reader``), and publishes
-the terms an operator makes (a COUNT, a BIND value, ASK's booleans) before the answers that use them.
-
-Derived streams (a CONSTRUCT registered with ``stream=<iri>``): see ``services.worker.outputs``.
-
-The package: :class:`WorkerCore` here (plans, shards, the records read), its shards and query descriptions in
-``services.worker.shard``, the shard engine (BGP and operator queries) in ``services.worker.shard_engine``,
-the terms its FILTERs read in ``services.worker.shard_terms``, and what it writes (batched answer deltas,
-snapshots, frontiers, derived streams) in ``services.worker.outputs``; every name the services and tests
-use is importable from here.
+How it works: docs/design/internals.md, services.worker.core.
 """
 
 from __future__ import annotations

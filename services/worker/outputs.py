@@ -3,7 +3,7 @@
 PartDeltaBatch records per transaction, a registration's netted snapshot, the Frontier marks after them,
 derived streams' RDF Patch records and their retraction, and dead letters.  No Kafka here.
 
-Derived streams (issue 18 item 3: a CONSTRUCT registered with ``stream=<iri>``, ``QueryInfo.stream``): the owner
+Derived streams (a CONSTRUCT registered with ``stream=<iri>``, ``QueryInfo.stream``): the owner
 also writes the query's triple deltas to updates.raw, in the same transaction as its answers and offsets (exactly
 once), as RDF Patch ``A``/``D`` lines of named graph ``<iri>`` -- one record per input record, snapshot included --
 so every query can read them back through ingest (``GRAPH <iri> { ... }``).  A CONSTRUCT's answers are a set, so

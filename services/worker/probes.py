@@ -1,50 +1,6 @@
 """The worker's side of multi-centre queries (``cbgp.distributed.evaluator``): probes between routed partitions.
 
-A query whose one part is a multi-centre component (a 3-hop path, a snowflake, a triangle) is placed by centre
-value like a star: every routed shard holds a :class:`~cbgp.distributed.evaluator.PartitionEvaluator` with the query's
-triples stored at their subject's and object's partition (a product's multi-centre part likewise, as an
-evaluator query of its own, ``<query>@<version>/<part>``; its registration applies at the product's registration
-point, ``WorkerCore._apply_at``).  What crosses partitions travels on
-``updates.routed`` itself, as ``ProbeBatch`` records written to the destination partition inside the sending
-worker's transaction: the partition's owner reads changes, ingest's frontier marks and probes in one log, so
-no second topic has to be co-partitioned with it and one committed offset covers all three.
-
-Per transaction (``flush``), in this order:
-
-1. the shards' answer deltas (``PartDeltaBatch``, ``gated``) -- by the caller;
-2. ``ProbeBatch`` records to each destination partition: per segment (what one step made) its acks before its
-   probes (a probe's children must not overtake the ack that counts them), this partition's registration
-   records to itself, floors to every partition;
-3. ``ProbeReady`` marks on deltas.parts for registrations whose probes have all come back;
-4. the ``Frontier`` records (each shard's *completed* frontier, never past a live probe) -- by the caller.
-
-**Two owners of a partition.**  During a rebalance two workers may both hold a routed partition for a moment
-(a broker that does not fence the old owner, like the embedded one) and both process its records.  What a
-worker makes while processing record ``cause`` of its partition's log is a function of that log (versioned
-reads, frontiers and probe counts all come from it), so both make the same acks and probes.  Each ProbeBatch
-therefore lists what it holds as *segments* ``(sender, cause, chunk, query)``, the acks then the probes of one
-step for one query, and a receiver takes a segment only if it comes after the last one it took from that
-sender for that query: the second copy is dropped, and every probe is answered and every ack counted once, as
-with one owner.  A registration applies at one point of the log whichever owner reads the plan, and when
-(``ProbeRouting.register_at``): one that reads it late rebuilds the query's outputs from the log, step by
-step, so its segments (the registration's under the record before the point) and delta keys are the other
-owner's; deltas are numbered per query for the same reason.
-
-**One history per registration.**  A registration as of seq S replays the partition's graph at S as an
-insert-only history, each quad at its last insert's seq (``PartitionEvaluator.replay_history``), never the
-inserts and deletes that led there; the log's changes up to S (the point's record may hold some) are skipped for
-it.  That history is a function of S alone, so every partition and every owner replays the same timeline of each
-triple, which the delta rule needs, whether it read the log from offset 0 or (once the log is cut below a floor)
-moved a base to the point.  Workers from before this rule build the true history: they must not share a fleet
-with these while a registration's probes are in flight (once every partition has answered them, the states agree
-as of S and after).
-
-Restore (:func:`restore`): the shard's whole routed log is replayed silently into the evaluators -- changes,
-frontier marks, probes and acks, in log order, each registration applied at its point of it with its history,
-as ``register_at`` applied it -- which rebuilds the versioned state, the probes that were waiting and the live
-counts exactly (every step is a function of the log; versions make reads independent of timing).  A first pass
-reads this partition's own registration records for their seqs.  The committed offset is the shard's position,
-as for every shard.
+How it works: docs/design/internals.md, services.worker.probes.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """The state worker service (``cbgp worker``): routed/encoded changes + plans -> deltas.parts.
 
-Topology::
-
-    queries.plans (all partitions, from the start, never committed) --> WorkerCore.on_plan
-    updates.routed (consumer group <prefix>workers)                 --> routed shards (single-star queries)
-    updates.encoded[0] (group <group>.encoded.<P>, assigned)        --> whole shard P (whole queries owned by P)
-                                                                    --> deltas.parts (key = query id)
-
-The transform is :class:`services.worker.core.WorkerCore`; this module is the Kafka loop around it.
-
-Fetching (see ``services.runtime.life``: noida-db does not long-poll, so idle inputs are unassigned for a
-moment): routed records come through a :class:`GroupInput`; one fetcher reads updates.encoded for every
-whole shard of the worker (each record is fetched and decoded once, then fed to each shard at or past its
-position), and each whole shard keeps its own group ``<group>.encoded.<P>`` only to commit its position (a
-consumer that never fetches); queries.plans is only fetched in a short window every ``WINDOW_POLL_SECONDS`` (``read_window``).
+How it works: docs/design/internals.md, services.worker.service.
 """
 
 from __future__ import annotations

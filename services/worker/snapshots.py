@@ -1,19 +1,7 @@
-"""A shard's graph at an offset of its log, from a base rather than from offset 0 (issue 16, steps 4 and 5 of
+"""A shard's graph at an offset of its log, from a base rather than from offset 0 (steps 4 and 5 of
 ``docs/design-bounded-input-logs.md``).  No Kafka here.
 
-The base is ingest's snapshot (its presence set: each quad with its insert seq, and the routed end offsets it
-matches) filtered to one partition.  Both logs are set-semantics change logs, so the graph just before a
-registration's point follows from it by reading only the records between the base's offset and the point:
-
-- forwards, when the base is below the point: the changes of the records from the base to the point;
-- backwards, when it is above: the changes of the records from the point to the base, undone newest first;
-  undoing a delete needs the seq of the insert it removed, which the record carries (``inserted_at``).
-
-Each quad keeps the seq of its insert either way, so the graph is the same whichever base (or offset 0) it was
-moved from: what a multi-centre registration replays as its history (``PartitionEvaluator.replay_history``).
-
-A whole shard (``updates.encoded``) moves the unfiltered snapshot the same way (:class:`WholeBase`): its engines
-need the graph at an offset, never a history (no probes), so undoing a delete needs no insert seq.
+How it works: docs/design/internals.md, services.worker.snapshots.
 """
 
 from __future__ import annotations

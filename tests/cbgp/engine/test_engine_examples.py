@@ -1,4 +1,4 @@
-"""The papers' worked examples (analysis-001 section 5), message by message.
+"""The papers' worked examples, message by message.
 
 Each case is a query, then messages `ins(s,p,o)` / `del(s,p,o)` with the exact
 multiset of deltas expected after each one, as the analysis gives them (checked

@@ -607,7 +607,7 @@ def test_parse_rspql_errors(change, message, marker):
 
 def test_parse_rspql_allows_service_filter_and_bind_outside_the_window_block():
     """A SERVICE clause is background data (not windowed), and a FILTER or BIND over it and the window's
-    variables must sit beside it (seed paper 003's query: a mention stream's users with many followers)."""
+    variables must sit beside it (Dehghanzadeh et al.'s query: a mention stream's users with many followers)."""
     text = RSPQL.replace("?z } }", "?z } SERVICE <http://e/sparql> { ?z :followers ?n } FILTER(?n > 10) "
                                    "BIND(?n + 1 AS ?m) }")
     plain, spec = parse_rspql(text)

@@ -100,7 +100,7 @@ def test_a_windowed_query_registered_on_a_filled_view_gets_its_triples_again_as_
 
 
 def test_a_window_join_policy_refreshes_only_the_keys_in_the_windows_of_its_windowed_queries() -> None:
-    """WSJ in the fleet (seed paper 003): the service follows updates.encoded for the join keys of the windowed
+    """WSJ in the fleet (Dehghanzadeh et al.): the service follows updates.encoded for the join keys of the windowed
     queries that read a view (``?u`` of ``?u ex:posted ?m``) and refreshes only the view's keys in the current
     windows -- a key whose stream triple was deleted or left the window is not refreshed; GNR would refresh
     any key."""

@@ -1,4 +1,4 @@
-"""SPARQL 1.1 Update requests as input, end to end (seed paper 004 + named graphs).
+"""SPARQL 1.1 Update requests as input, end to end (Aguzzi & Roffia + named graphs).
 
 1. Engine over extracted deltas: random update requests are applied by the extractor, their real deltas
    drive the engine, and after every request the continuous answers of queries with and without GRAPH
