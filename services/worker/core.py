@@ -24,7 +24,7 @@ from services.wire.registrations import change_seq_before, read_query, read_regi
 from services.wire.records import Output, kv, query_partition
 from services.worker.snapshots import Bases, BaseSource
 from services.worker.points import Tail, log_tail, needed_below, passed, point_of
-from services.worker.outputs import CoreOutputs
+from services.worker.outputs import WorkerOutputs
 from cbgp.change import Change
 from services.worker.shard import LogReader, QueryInfo, Shard, TermReader, parse_metadata, tracking_seq, with_progress, decode_changes, info_mode, shard_label
 from services.state.shards import ShardCheckpoints
@@ -35,7 +35,7 @@ from services.worker.probes import ProbeRouting, RecordReader
 log = logging.getLogger("cbgp.worker")
 
 
-class WorkerCore(CoreOutputs):
+class WorkerCore:
     """Plans and shards of one worker; every method returns the records to produce."""
 
     def __init__(self, topics: dict[str, str], routed_partitions: int, plans_partitions: int,
@@ -68,27 +68,11 @@ class WorkerCore(CoreOutputs):
         self.plans: dict[str, QueryInfo] = {}
         self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
         self.shards: dict[tuple[str, int], Shard] = {}
-        # Answer deltas (part -1; a by-centre product's part deltas, part >= 0) since the last flush_batches(),
-        # per query, its variables (a replaced plan may bind others) and part, with the earliest origin time.
-        # Keyed (query, variables, part, run): an operator query's rows leave unbound variables out, and a run
-        # starts whenever a query's variables change, so its records keep the order of its deltas.
-        self.batched: dict[tuple[str, tuple[str, ...], int, int], list[tuple]] = {}
-        self.batch_runs: dict[tuple[str, int], tuple[tuple[str, ...], int]] = {}  # (query, part) -> last key's
         self.term_reader = term_reader
         self.n_dictionary = dictionary_partitions or routed_partitions
-        self.published_terms: set[int] = set()  # made terms already written to the dictionary topic
-        self.term_outputs: list[Output] = []  # ... and those to write in this transaction, before the deltas
-        self.batched_origin: int | None = None
-        self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
-        # ProbeReady marks owed after this transaction's deltas: (query, version, routed partition, as_of) of the
-        # gated registrations a routed shard snapshotted (a multi-centre query's come from worker_probes).
-        self.ready_due: list[tuple[str, int, int, int]] = []
-        # Derived streams: triple deltas made since the last _derived_outputs() (query -> (sign, (s, p, o))), and
-        # the registrations that fed one and ended, (plans partition, offset of the ending record, query, version,
-        # graph), for a restored routed partition to retract what its previous owner may not have.
-        self.derived: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
-        self.ended_streams: list[tuple[int, int, str, int, str]] = []
         self.probes = ProbeRouting(topics, routed_partitions, deltas_partitions)
+        self.outputs = WorkerOutputs(topics, self.plans, self.shards, self.probes, routed_partitions,
+                                     deltas_partitions, self.n_dictionary)
         self.probes.learning = lambda shard, changes, predicates: learning(shard, changes, self.term_reader,
                                                                             predicates)
         self.record_reader = record_reader
@@ -98,6 +82,17 @@ class WorkerCore(CoreOutputs):
         self.log_start = log_start or (lambda _partition: 0)
         self.encoded_start = encoded_start or (lambda: 0)
         self.bases = Bases(base_source, record_reader, self.log_start, routed_partitions)
+
+    # -- outputs (queued by every method below, written once per transaction)
+
+    def flush_batches(self) -> list[Output]:
+        return self.outputs.flush_batches()
+
+    def drop_outputs_of(self, partition: int) -> int:
+        return self.outputs.drop_outputs_of(partition)
+
+    def owner_of_output(self, output: Output) -> int | None:
+        return self.outputs.owner_of_output(output)
 
     # -- ownership
 
@@ -125,7 +120,7 @@ class WorkerCore(CoreOutputs):
         query_id = key.decode("utf-8", "replace") if key else None
         if value is None:
             if query_id and query_id in self.plans:
-                out.extend(self._end_stream(self.plans[query_id], partition, offset, routed_assigned))
+                out.extend(self.outputs.end_stream(self.plans[query_id], partition, offset, routed_assigned))
                 del self.plans[query_id]
                 self._drop_everywhere(query_id)
                 log.info(kv(event="unregistered", query=query_id))
@@ -138,7 +133,7 @@ class WorkerCore(CoreOutputs):
             stream = stream_iri(record["options"]["stream"]) if "stream" in record["options"] else None
             placement = recorded_placement(record["plan_json"])
         except (codec.CodecError, QueryError, ValueError) as exc:  # WindowError is a QueryError
-            out.append(self._dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
+            out.append(self.outputs.dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return out, []
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
                          window, plan is not None and self.assemble_in_spark and window is None
@@ -147,13 +142,13 @@ class WorkerCore(CoreOutputs):
                          registered_at_change_seq=record.get("registered_at_change_seq", -1))
         problem = info.placement_problem()
         if problem is not None:
-            out.append(self._dead("queries.plans", partition, offset, "invalid-plan", problem, value))
+            out.append(self.outputs.dead("queries.plans", partition, offset, "invalid-plan", problem, value))
             return out, []
         old = self.plans.get(info.query_id)
         if old is not None and old.version == info.version and old.plans_offset == offset:
             return out, []
         if old is not None:
-            out.extend(self._end_stream(old, partition, offset, routed_assigned))
+            out.extend(self.outputs.end_stream(old, partition, offset, routed_assigned))
         self.plans[info.query_id] = info
         self._drop_everywhere(info.query_id)  # a re-registration starts from a fresh snapshot
         for shard in self.shards.values():
@@ -197,7 +192,7 @@ class WorkerCore(CoreOutputs):
         names = {name for info in infos for name in shard.register(info)}
         changes = self._learning(shard, self.bases.whole_below(self.encoded_changes, shard.position))
         net = shard.engine.replay(changes, names, only=True)
-        return self._snapshot(shard, infos, net)
+        return self.outputs.snapshot(shard, infos, net)
 
     # -- shards
 
@@ -206,8 +201,8 @@ class WorkerCore(CoreOutputs):
         shard = Shard(kind, partition, position=max(committed, 0))
         self.shards[(kind, partition)] = shard
         seen = parse_metadata(metadata, len(self.plan_positions))
-        drops = [self._drop_graph(query_id, version, graph) for plans_p, plans_offset, query_id, version, graph
-                 in self.ended_streams if kind == "routed" and plans_offset >= seen[plans_p]
+        drops = [self.outputs.drop_graph(query_id, version, graph) for plans_p, plans_offset, query_id, version, graph
+                 in self.outputs.ended_streams if kind == "routed" and plans_offset >= seen[plans_p]
                  and query_partition(query_id, self.n_routed) == partition]
         infos = self.wanted(kind, partition)
         owed = [i for i in infos if i.plans_offset >= seen[i.plans_partition]]
@@ -281,7 +276,7 @@ class WorkerCore(CoreOutputs):
                     replayed_from=start, checkpoint=why,
                     queries=len(infos) + len(placed), snapshots_owed=len(owed) + len(placed),
                     restore_seconds=f"{time.monotonic() - started:.3f}"))
-        return drops + self._snapshot(shard, owed, net) + self._place(shard, placed)
+        return drops + self.outputs.snapshot(shard, owed, net) + self._place(shard, placed)
 
     def _saved_state(self, shard: Shard) -> tuple[dict | None, str]:
         """The checkpoint that restores ``shard``, and why there is none ("used" when there is)."""
@@ -388,7 +383,7 @@ class WorkerCore(CoreOutputs):
         changes = self.reader("routed", shard.partition, 0, point) if moved is None else moved[0].values()
         net = shard.engine.replay(self._learning(shard, changes), names, only=True)
         for info, seq in registrations:
-            out += self._snapshot(shard, [info], net, offset=point - 1, as_of=seq)
+            out += self.outputs.snapshot(shard, [info], net, offset=point - 1, as_of=seq)
         out += self._replay_from(shard, names, point)
         for info, seq in registrations:
             # A multi-centre query or a product's multi-centre parts: registered in the evaluator as of the
@@ -398,7 +393,7 @@ class WorkerCore(CoreOutputs):
                 shard.outputs[name] = (info.query_id, part)
                 for cause, made in self.probes.register_at(shard, info, name, plan, seq, point, point_changes,
                                                            self.bases.history(base, moved, point)):
-                    self._probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
+                    self.outputs.probe_outputs(shard, made, cause, out, first=SNAPSHOT_INDEX_BASE if cause < point else 0)
         return out
 
     def forget_bases(self) -> None:
@@ -428,7 +423,7 @@ class WorkerCore(CoreOutputs):
                 for name, d_sign, row in deltas:
                     number = numbers.get(name, 0)
                     numbers[name] = number + 1
-                    self._part_delta(out, shard, name, d_sign, row, seq, offset, number, False, None)
+                    self.outputs.part_delta(out, shard, name, d_sign, row, seq, offset, number, False, None)
         return out
 
     def first_position(self, partition: int) -> int:
@@ -456,7 +451,7 @@ class WorkerCore(CoreOutputs):
         # (a routed shard holding only multi-centre queries has an idle engine: nothing to call per change)
         apply = engine.apply if engine.queries or engine.operators or engine.graph is not None else None
         if not changes:
-            return self._derived_outputs(shard) if self.derived else out
+            return self.outputs.derived_outputs(shard) if self.outputs.derived else out
         last = changes[-1].seq
         shard.last_seq = max(shard.last_seq, last)
         shard.last_change = changes[-1]
@@ -474,7 +469,7 @@ class WorkerCore(CoreOutputs):
                 if p in wanted:
                     evaluate(seq, sign, s, p, o, g, role, born_ms=origin or 0, out=probed)
             evaluator.advance(last, out=probed)
-            self._probe_outputs(shard, probed, offset, out, origin)
+            self.outputs.probe_outputs(shard, probed, offset, out, origin)
         if apply is not None:
             # Numbered per engine query from 0, in a sorted order: two owners of a routed partition during a
             # rebalance may hold different sets of queries, and must still give a delta the same key.
@@ -485,13 +480,13 @@ class WorkerCore(CoreOutputs):
                     continue
                 if len(deltas) > 1:
                     deltas.sort()
-                self._note_origin(origin)
+                self.outputs.note_origin(origin)
                 for name, d_sign, row in deltas:
                     number = numbers.get(name, 0)
                     numbers[name] = number + 1
-                    self._part_delta(out, shard, name, d_sign, row, seq, offset, number, False, origin)
-        if self.derived:
-            out.extend(self._derived_outputs(shard))
+                    self.outputs.part_delta(out, shard, name, d_sign, row, seq, offset, number, False, origin)
+        if self.outputs.derived:
+            out.extend(self.outputs.derived_outputs(shard))
         return out
 
     def on_frontier(self, shard: Shard, offset: int, frontiers: dict[int, int]) -> list[Output]:
@@ -502,14 +497,14 @@ class WorkerCore(CoreOutputs):
         shard.frontier = max(shard.frontier, frontiers.get(shard.partition, -1))
         out: list[Output] = self._due(shard, offset + 1, mark=shard.frontier) if shard.pending else []
         if shard.evaluator is not None:
-            self._probe_outputs(shard, shard.evaluator.advance(shard.frontier), offset, out)
+            self.outputs.probe_outputs(shard, shard.evaluator.advance(shard.frontier), offset, out)
         return out
 
     def on_probe_batch(self, shard: Shard, offset: int, record: dict) -> list[Output]:
         """A ProbeBatch record at ``offset`` of a routed shard (probes and acks for it, floors)."""
         shard.position = offset + 1
         out: list[Output] = []
-        self._probe_outputs(shard, self.probes.on_batch(shard, record, lambda name: self._known(shard, name)),
+        self.outputs.probe_outputs(shard, self.probes.on_batch(shard, record, lambda name: self._known(shard, name)),
                             offset, out)
         return out
 
@@ -541,7 +536,7 @@ class WorkerCore(CoreOutputs):
         """A record of a shard's log that cannot be decoded: dead-letter it and move on."""
         shard.position = offset + 1
         topic = "updates.routed" if shard.kind == "routed" else "updates.encoded"
-        return [self._dead(topic, shard.partition if shard.kind == "routed" else 0, offset, "schema-mismatch",
+        return [self.outputs.dead(topic, shard.partition if shard.kind == "routed" else 0, offset, "schema-mismatch",
                            error, value)]
 
     def _learn(self, shard: Shard, changes: list[Change], predicates: frozenset[int] | None = None) -> None:

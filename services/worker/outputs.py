@@ -1,6 +1,5 @@
-"""What a worker core writes (``services.worker.core``), as a mixin of :class:`~services.worker.core.WorkerCore`
-(it reads the core's ``topics``, ``plans``, ``shards``, ``probes`` and output queues): answer deltas batched into
-PartDeltaBatch records per transaction, a registration's netted snapshot, the Frontier marks after them,
+"""What a worker core writes (``services.worker.core``): answer deltas batched into PartDeltaBatch records per
+transaction, a registration's netted snapshot, the Frontier marks after them,
 derived streams' RDF Patch records and their retraction, and dead letters.  No Kafka here.
 
 Derived streams (a CONSTRUCT registered with ``stream=<iri>``, ``QueryInfo.stream``): the owner
@@ -23,6 +22,7 @@ from cbgp.distributed.evaluator import Outputs as ProbeOutputs
 from services import codec
 from services.wire.idempotence import SNAPSHOT_INDEX_BASE, WHOLE_SOURCE_PARTITION
 from services.wire.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, kv, query_partition
+from services.worker.probes import ProbeRouting
 from services.worker.shard import QueryInfo, Shard
 
 log = logging.getLogger("cbgp.worker")
@@ -35,10 +35,35 @@ DERIVED_HEADER = "cbgp-derived"
 MAX_DERIVED_BYTES = 512 * 1024  # a derived stream's patch record is split above this (the broker's limit is ~1 MB)
 
 
-class CoreOutputs:
-    """The output side of :class:`~services.worker.core.WorkerCore` (see the module doc)."""
+class WorkerOutputs:
+    """The output side of a worker core (see the module doc): what it queues between two transactions.
 
-    def _end_stream(self, info: QueryInfo, partition: int, offset: int, routed_assigned: Iterable[int]) -> list[Output]:
+    It reads the core's plans, shards and probe routing (shared, never replaced) and owns the queues."""
+
+    def __init__(self, topics: dict[str, str], plans: dict[str, QueryInfo], shards: dict[tuple[str, int], Shard],
+                 probes: ProbeRouting, n_routed: int, n_deltas: int, n_dictionary: int) -> None:
+        self.topics, self.plans, self.shards, self.probes = topics, plans, shards, probes
+        self.n_routed, self.n_deltas, self.n_dictionary = n_routed, n_deltas, n_dictionary
+        # Answer deltas (part -1; a by-centre product's part deltas, part >= 0) since the last flush_batches(),
+        # per query, its variables (a replaced plan may bind others) and part, with the earliest origin time.
+        # Keyed (query, variables, part, run): an operator query's rows leave unbound variables out, and a run
+        # starts whenever a query's variables change, so its records keep the order of its deltas.
+        self.batched: dict[tuple[str, tuple[str, ...], int, int], list[tuple]] = {}
+        self.batch_runs: dict[tuple[str, int], tuple[tuple[str, ...], int]] = {}  # (query, part) -> last key's
+        self.published_terms: set[int] = set()  # made terms already written to the dictionary topic
+        self.term_outputs: list[Output] = []  # ... and those to write in this transaction, before the deltas
+        self.batched_origin: int | None = None
+        self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
+        # ProbeReady marks owed after this transaction's deltas: (query, version, routed partition, as_of) of the
+        # gated registrations a routed shard snapshotted (a multi-centre query's come from the probe routing).
+        self.ready_due: list[tuple[str, int, int, int]] = []
+        # Derived streams: triple deltas made since the last derived_outputs() (query -> (sign, (s, p, o))), and
+        # the registrations that fed one and ended, (plans partition, offset of the ending record, query, version,
+        # graph), for a restored routed partition to retract what its previous owner may not have.
+        self.derived: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+        self.ended_streams: list[tuple[int, int, str, int, str]] = []
+
+    def end_stream(self, info: QueryInfo, partition: int, offset: int, routed_assigned: Iterable[int]) -> list[Output]:
         """A registration ends at queries.plans ``partition``/``offset`` (tombstone or new version): if it fed a
         derived stream, remember it (a next owner restored from before this record owes the retraction) and,
         when this worker owns its routed partition, retract the graph now."""
@@ -46,16 +71,16 @@ class CoreOutputs:
             return []
         owner = query_partition(info.query_id, self.n_routed)
         self.ended_streams.append((partition, offset, info.query_id, info.version, info.stream))
-        return [self._drop_graph(info.query_id, info.version, info.stream)] if owner in set(routed_assigned) else []
+        return [self.drop_graph(info.query_id, info.version, info.stream)] if owner in set(routed_assigned) else []
 
-    def _drop_graph(self, query_id: str, version: int, graph: str) -> Output:
+    def drop_graph(self, query_id: str, version: int, graph: str) -> Output:
         log.info(kv(event="derived-stream-ended", query=query_id, version=version, graph=graph))
         return Output(self.topics.get("updates.raw", "updates.raw"), f"DROP SILENT GRAPH {graph}".encode(), None, 0,
                       [("content-type", b"application/sparql-update"),
                        (DERIVED_HEADER, f"{query_id}@{version}".encode())])
 
-    def _derived_outputs(self, shard: Shard) -> list[Output]:
-        """The triple deltas of derived streams collected since the last call (:meth:`_part_delta`), as RDF Patch
+    def derived_outputs(self, shard: Shard) -> list[Output]:
+        """The triple deltas of derived streams collected since the last call (:meth:`part_delta`), as RDF Patch
         records of their named graphs on updates.raw, in the order they were made."""
         if not self.derived:
             return []
@@ -81,7 +106,7 @@ class CoreOutputs:
         self.derived = {}
         return out
 
-    def _note_origin(self, origin: int | None) -> None:
+    def note_origin(self, origin: int | None) -> None:
         """The batch's latency origin is its oldest update's (ORIGIN_HEADER of the flushed records)."""
         if origin and (self.batched_origin is None or origin < self.batched_origin):
             self.batched_origin = origin
@@ -145,7 +170,7 @@ class CoreOutputs:
         source = record["source_partition"]
         return query_partition(record["query_id"], self.n_routed) if source == WHOLE_SOURCE_PARTITION else source
 
-    def _probe_outputs(self, shard: Shard, probed: ProbeOutputs, offset: int, out: list[Output],
+    def probe_outputs(self, shard: Shard, probed: ProbeOutputs, offset: int, out: list[Output],
                        origin: int | None = None, first: int = 0) -> None:
         """Queue a probe step's probes and acks (see ``ProbeRouting.flush``), made by the record at ``offset``
         (a registration: the record before its point), and batch its deltas, keyed by ``offset`` and numbered
@@ -157,10 +182,10 @@ class CoreOutputs:
                 continue  # unregistered meanwhile
             born = delta.born_ms or origin
             if not delta.snapshot:
-                self._note_origin(born)
+                self.note_origin(born)
             number = numbers.get(delta.query, first)
             numbers[delta.query] = number + 1
-            self._part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, number,
+            self.part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, number,
                              delta.snapshot, born)
 
     def _frontiers(self) -> list[Output]:
@@ -175,7 +200,7 @@ class CoreOutputs:
         value = codec.encode_frontier(moved)
         return [Output(self.topics["deltas.parts"], value, None, partition) for partition in range(self.n_deltas)]
 
-    def _snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset], offset: int | None = None,
+    def snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset], offset: int | None = None,
                   as_of: int | None = None) -> list[Output]:
         """The netted answers of ``infos`` over the shard's log so far (up to ``offset``, keyed by it), labelled
         with the seq they are as of (by default the last change the shard applied; the registry's
@@ -196,13 +221,13 @@ class CoreOutputs:
                         # A routed shard's answers are deduplicated by (seq, offset, index): never label
                         # them past what the shard applied, or its next live deltas would look older.
                         label = as_of if shard.kind == "routed" else max(info.registered_at_seq, as_of)
-                        self._part_delta(out, shard, name, 1, row, label, offset, index, True, None)
+                        self.part_delta(out, shard, name, 1, row, label, offset, index, True, None)
                         index += 1
         if self.derived:
-            out.extend(self._derived_outputs(shard))
+            out.extend(self.derived_outputs(shard))
         return out
 
-    def _part_delta(self, out: list[Output], shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int,
+    def part_delta(self, out: list[Output], shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int,
                     offset: int, index: int, snapshot: bool, origin: int | None) -> None:
         """A query's answer delta joins its batch (see flush_batches); a part's delta (for the Spark assembly,
         which takes one PartDelta per record) goes to ``out``."""
@@ -248,6 +273,6 @@ class CoreOutputs:
                 self.term_outputs.append(Output(topic, value, str(term_id).encode(), term_id % self.n_dictionary))
         return columns, row
 
-    def _dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
+    def dead(self, topic: str, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
         return dead_letter(self.topics["deadletter"], "worker", self.topics.get(topic, topic), partition, offset,
                            reason, message, value)

@@ -109,11 +109,11 @@ def test_snapshots_of_a_revoked_partition_are_left_to_its_next_owner(kafka_setti
             service._process([m for m in read_partition(settings, routed, partition)], [])
         publish_plan(settings, "path", QUERIES["path"])  # by centre: a snapshot from every partition
         service.load_plans()  # applies the new plan: snapshots queued, as at the start of an iteration
-        queued = {row[3] for rows in service.core.batched.values() for row in rows}
+        queued = {row[3] for rows in service.core.outputs.batched.values() for row in rows}
         assert len(queued) >= 2, f"the partitions with answers queued their snapshots: {queued}"
         gone = min(queued)
         service.on_revoke(member, [TopicPartition(routed, gone)])
-        sources = {row[3] for rows in service.core.batched.values() for row in rows}
+        sources = {row[3] for rows in service.core.outputs.batched.values() for row in rows}
         assert sources == queued - {gone}
         assert gone not in service.parked, "a shard whose snapshot was dropped must be restored, not resumed"
     finally:
