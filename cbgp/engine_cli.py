@@ -191,9 +191,9 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
     columns = {name: engine.columns(name) for name, _ in queries}
     counters = {"updates": 0, "deltas": 0, "errors": 0}
     write = out.write
-    for name, sign, row in initial:  # operator queries can answer before any update (COUNT 0, VALUES, ASK)
+    for name, diff, row in initial:  # operator queries can answer before any update (COUNT 0, VALUES, ASK)
         binding = {var: term_json(value) for var, value in zip(columns[name], row) if value is not None}
-        write(json.dumps({"query": name, "seq": 0, "sign": "+" if sign > 0 else "-", "binding": binding}) + "\n")
+        write(json.dumps({"query": name, "seq": 0, "sign": "+" if diff > 0 else "-", "binding": binding}) + "\n")
         counters["deltas"] += 1
     meter = _Progress(progress, text.count("\n") + 1)
     dumps = json.dumps
@@ -207,9 +207,9 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
             counters["updates"] += 1
             g = DEFAULT_GRAPH_ID if item.g is None else encode(item.g)
             deltas = engine.apply(item.op, encode(item.s), encode(item.p), encode(item.o), g)
-            for name, sign, row in deltas:
+            for name, diff, row in deltas:
                 binding = {var: term_json(value) for var, value in zip(columns[name], row) if value is not None}
-                write(dumps({"query": name, "seq": item.position, "sign": "+" if sign > 0 else "-",
+                write(dumps({"query": name, "seq": item.position, "sign": "+" if diff > 0 else "-",
                              "binding": binding}) + "\n")
             counters["deltas"] += len(deltas)
             if progress and counters["updates"] % 4096 == 0:

@@ -288,7 +288,7 @@ def decode_answer_values(values: pa.Array, partitions: pa.Array | None = None, o
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     fast &= ~bad_binding[codes] if len(distinct) else fast
     bidx = np.where(fast, to_index[codes] if len(distinct) else 0, -1)
-    sign = np.where(sign_byte == ord("+"), 1, -1).astype(np.int8)
+    diff = np.where(sign_byte == ord("+"), 1, -1).astype(np.int8)
     error: list[str | None] = [None] * n
     slow = np.flatnonzero(~fast)
     py_values = {}
@@ -304,7 +304,7 @@ def decode_answer_values(values: pa.Array, partitions: pa.Array | None = None, o
                 s = {"+": 1, "-": -1}[rec["sign"]]
                 terms = {var: codec.term_from_avro(t) for var, t in rec["binding"].items() if t is not None}
                 bidx[i] = bindings.add(codec.canonical_binding(terms), codec.answer_binding(terms))
-                q_list[i], n_col[i], sign[i], version[i] = rec["query_id"], int(rec["n"]), s, int(rec["version"])
+                q_list[i], n_col[i], diff[i], version[i] = rec["query_id"], int(rec["n"]), s, int(rec["version"])
             except Exception as exc:  # noqa: BLE001 - reported per record, never stops the job
                 where = f"partition {part_list[i] if part_list else None} offset {off_list[i] if off_list else None}"
                 error[i] = f"{where}: {exc!r}"[:500]
@@ -315,7 +315,7 @@ def decode_answer_values(values: pa.Array, partitions: pa.Array | None = None, o
     table = pa.table({
         "query_id": query_ids,
         "n": pa.array(n_col, pa.int64(), mask=bad),
-        "sign": pa.array(sign, pa.int8(), mask=bad),
+        "sign": pa.array(diff, pa.int8(), mask=bad),
         "version": pa.array(version.astype(np.int32), pa.int32(), mask=bad),
         "bidx": pa.array(bidx.astype(np.int32), pa.int32(), mask=bad),
         "partition": partitions.cast(pa.int32()) if partitions is not None else pa.nulls(n, pa.int32()),

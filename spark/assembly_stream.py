@@ -74,7 +74,7 @@ def _groups(deltas: pd.DataFrame, part_columns: list[tuple[str, ...]]) -> list[t
     previous: tuple[int, bool] | None = None
     group: list = []
     last_partition = last_offset = 0
-    for part, seq, sign, binding, snapshot, partition, offset in zip(
+    for part, seq, diff, binding, snapshot, partition, offset in zip(
             deltas["part"].tolist(), deltas["seq"].tolist(), deltas["sign"].tolist(), deltas["binding"].tolist(),
             deltas["snapshot"].tolist(), deltas["kafka_partition"].tolist(), deltas["kafka_offset"].tolist()):
         current = (seq, bool(snapshot))
@@ -83,7 +83,7 @@ def _groups(deltas: pd.DataFrame, part_columns: list[tuple[str, ...]]) -> list[t
                 groups.append((previous[0], previous[1], last_partition, last_offset, group))
             previous, group = current, []
         values = json.loads(binding)
-        group.append((part, sign, tuple(values[c] for c in part_columns[part])))
+        group.append((part, diff, tuple(values[c] for c in part_columns[part])))
         last_partition, last_offset = partition, offset
     if previous is not None:
         groups.append((previous[0], previous[1], last_partition, last_offset, group))
@@ -125,8 +125,8 @@ def assemble_group(query_id: str, deltas: pd.DataFrame, assembler: Assembler | N
             flush()
         columns = assembler.columns
         source = assembly_source_partition(partition)
-        for index, (sign, row) in enumerate(answers):
-            pending.append((seq, sign, row, source, offset, index, snapshot, None))
+        for index, (diff, row) in enumerate(answers):
+            pending.append((seq, diff, row, source, offset, index, snapshot, None))
             if len(pending) >= MAX_BATCH_DELTAS:
                 flush()
     flush()

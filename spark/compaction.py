@@ -170,7 +170,7 @@ def fold(batch: DeltaTable, folded_n: Mapping[str, int], versions: Mapping[str, 
     nq = len(queries)
     version = t.column("version").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
     n = t.column("n").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
-    sign = t.column("sign").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
+    diff = t.column("sign").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
     bidx = t.column("bidx").to_numpy().astype(np.int64) if t.num_rows else np.zeros(0, np.int64)
     hi = np.full(nq, np.iinfo(np.int64).min)
     np.maximum.at(hi, qi, version)
@@ -192,7 +192,7 @@ def fold(batch: DeltaTable, folded_n: Mapping[str, int], versions: Mapping[str, 
     new_count = int(is_new.sum())
     report.already_folded = t.num_rows - new_count - report.stale
     # Unique (query, n) among the new deltas, sorted by query then n.
-    qn, nn, sn, bn = qi[is_new], n[is_new], sign[is_new], bidx[is_new]
+    qn, nn, sn, bn = qi[is_new], n[is_new], diff[is_new], bidx[is_new]
     order = np.lexsort((nn, qn))
     qn, nn, sn, bn = qn[order], nn[order], sn[order], bn[order]
     first = np.ones(len(qn), bool)

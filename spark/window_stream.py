@@ -177,7 +177,7 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
     else:
         columns = evaluator.columns
     if terms is not None:  # the terms its answers use that the topic lacks (a COUNT...), published with them
-        made = sorted({v for report in reports for _sign, row in report.deltas for v in row
+        made = sorted({v for report in reports for _diff, row in report.deltas for v in row
                        if v is not None and not terms.published(v)})
         out.extend((str(term_id).encode(), codec.encode("DictionaryEntry", {"id": term_id,
                                                                             "term": terms.decode(term_id)}),
@@ -189,8 +189,8 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
             pending.clear()
 
     for report in reports:
-        for index, (sign, row) in enumerate(report.deltas):
-            pending.append((top_seq, sign, row, WINDOW_SOURCE_PARTITION, report.instant_ms,
+        for index, (diff, row) in enumerate(report.deltas):
+            pending.append((top_seq, diff, row, WINDOW_SOURCE_PARTITION, report.instant_ms,
                             index, False, report.instant_ms))
             if len(pending) >= MAX_BATCH_DELTAS:
                 flush()

@@ -116,7 +116,7 @@ class OperatorAssembler:
         order (rows in ``columns`` order, None for an unbound variable; ``-`` rows first)."""
         batches: dict[int, Delta] = {}
         assembled: dict[int, list[tuple[int, int, tuple]]] = {}
-        for index, sign, row, variables in deltas:
+        for index, diff, row, variables in deltas:
             if not 0 <= index < len(self.parts):
                 raise ValueError(f"no part {index}: the query's leaves have {len(self.parts)} parts")
             part = self.parts[index]
@@ -124,14 +124,14 @@ class OperatorAssembler:
             if remap is None:
                 remap = self._remaps[(index, variables)] = remapper(variables, self._target(part))
             if part.part < 0:
-                add(batches.setdefault(part.leaf, {}), remap(row), sign)
+                add(batches.setdefault(part.leaf, {}), remap(row), diff)
             else:
-                assembled.setdefault(part.leaf, []).append((part.part, sign, remap(row)))
+                assembled.setdefault(part.leaf, []).append((part.part, diff, remap(row)))
         for leaf, items in assembled.items():
             to_leaf = self._assembled_to_leaf[leaf]
             batch = batches.setdefault(leaf, {})
-            for sign, row in self.assemblers[leaf].apply(items):
-                add(batch, to_leaf(row), sign)
+            for diff, row in self.assemblers[leaf].apply(items):
+                add(batch, to_leaf(row), diff)
         return self.tree.push(self.leaves, batches)
 
     def state_entries(self) -> int:

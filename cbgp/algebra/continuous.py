@@ -166,12 +166,12 @@ class OperatorQuery(OperatorTree):
 
     # -- changes --
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[tuple[int, tuple]]:
+    def apply(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[tuple[int, tuple]]:
         if self.leaves:
             if self.gate is not None and not self.gate.passes(s, p, o, g):
                 self.gated += 1
             else:
-                deltas = self.engine.apply(sign, s, p, o, g)
+                deltas = self.engine.apply(diff, s, p, o, g)
                 if deltas:
                     batches: dict[str, Delta] = {}
                     for name, sgn, row in deltas:
@@ -183,7 +183,7 @@ class OperatorQuery(OperatorTree):
                         if batches[name]:
                             self.leaves[name].push(batches[name])
         for leaf in self.pattern_leaves:
-            leaf.change(sign, (s, p, o, g))
+            leaf.change(diff, (s, p, o, g))
         return self._drain() if self.pending else []
 
     def state_entries(self) -> int:
@@ -219,10 +219,10 @@ class ContinuousEngine:
             return self.engine.register(name, query, initial)
         op = OperatorQuery(query, self.dictionary, self.pushdown)
         self.operator_queries[name] = op
-        out = [(name, sign, row) for sign, row in op.initial()]
+        out = [(name, diff, row) for diff, row in op.initial()]
         source = initial if initial is not None else (self.engine.graph or ())
         for s, p, o, g in list(source):
-            out.extend((name, sign, row) for sign, row in op.apply(1, s, p, o, g))
+            out.extend((name, diff, row) for diff, row in op.apply(1, s, p, o, g))
         return _consolidate(out)
 
     def unregister(self, name: str) -> None:
@@ -233,16 +233,16 @@ class ContinuousEngine:
         op = self.operator_queries.get(name)
         return op.columns if op is not None else self.engine.columns(name)
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[Delta3]:
-        out = self.engine.apply(sign, s, p, o, g)
+    def apply(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[Delta3]:
+        out = self.engine.apply(diff, s, p, o, g)
         for name, op in self.operator_queries.items():
-            for d_sign, row in op.apply(sign, s, p, o, g):
-                out.append((name, d_sign, row))
+            for d_diff, row in op.apply(diff, s, p, o, g):
+                out.append((name, d_diff, row))
         return out
 
-    def apply_terms(self, sign: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta3]:
+    def apply_terms(self, diff: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta3]:
         encode = self.dictionary.encode
-        return self.apply(sign, encode(s), encode(p), encode(o), DEFAULT_GRAPH_ID if g is None else encode(g))
+        return self.apply(diff, encode(s), encode(p), encode(o), DEFAULT_GRAPH_ID if g is None else encode(g))
 
     def decode_row(self, name: str, row: tuple) -> dict[str, str]:
         decode = self.dictionary.decode
@@ -260,9 +260,9 @@ class ContinuousEngine:
 
 def _consolidate(deltas: list[Delta3]) -> list[Delta3]:
     total: dict[tuple[str, tuple], int] = {}
-    for name, sign, row in deltas:
+    for name, diff, row in deltas:
         key = (name, row)
-        total[key] = total.get(key, 0) + sign
+        total[key] = total.get(key, 0) + diff
     out: list[Delta3] = []
     for (name, row), n in total.items():
         if n < 0:

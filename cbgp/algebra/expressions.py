@@ -268,9 +268,9 @@ def _instant(term: Literal) -> Any:
     zone = _TIMEZONE.search(str(term))
     if zone is None or zone.group(1) == "Z":
         return start
-    sign = 1 if zone.group(1)[0] == "+" else -1
+    diff = 1 if zone.group(1)[0] == "+" else -1
     hours, minutes = int(zone.group(1)[1:3]), int(zone.group(1)[4:6])
-    return start - sign * timedelta(hours=hours, minutes=minutes)
+    return start - diff * timedelta(hours=hours, minutes=minutes)
 
 
 def _unknown(term: Literal) -> bool:

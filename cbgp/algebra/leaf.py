@@ -82,11 +82,11 @@ class PatternLeaf(Leaf):
             if extended is not None:
                 yield from self.solutions(index + 1, extended, changed, focus)
 
-    def change(self, sign: int, quad: Quad) -> None:
+    def change(self, diff: int, quad: Quad) -> None:
         present = quad in self.quads
-        if (sign > 0) == present or not self.relevant(quad):
+        if (diff > 0) == present or not self.relevant(quad):
             return
-        if sign > 0:
+        if diff > 0:
             self._index(quad, True)
         out: Delta = {}
         for focus, pattern in enumerate(self.patterns):
@@ -94,8 +94,8 @@ class PatternLeaf(Leaf):
             if start is None:
                 continue
             for binding in self.solutions(0, start, quad, focus):
-                add(out, tuple(binding.get(v) for v in self.schema), sign)
-        if sign < 0:
+                add(out, tuple(binding.get(v) for v in self.schema), diff)
+        if diff < 0:
             self._index(quad, False)
         self.push(out)
 

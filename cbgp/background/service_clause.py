@@ -210,18 +210,18 @@ class BackgroundJoin:
             out.append(tuple(sorted(row.items())))
         return out
 
-    def local_delta(self, row: Row, sign: int) -> list[tuple[int, tuple]]:
+    def local_delta(self, row: Row, diff: int) -> list[tuple[int, tuple]]:
         """A local answer appears (+1) or goes (-1): the joined answers it brings or takes."""
         key = row.get(self.join_var)
         local = tuple(sorted(row.items()))
         bucket = self._local.setdefault(key, Counter())
-        bucket[local] += sign
+        bucket[local] += diff
         if bucket[local] <= 0:
             del bucket[local]
         if not bucket:
             del self._local[key]
         value = self.view.value(key) if key in self.view else None
-        return [(sign, joined) for joined in self._joined(local, value)]
+        return [(diff, joined) for joined in self._joined(local, value)]
 
     def refresh_change(self, change: ViewChange) -> list[tuple[int, tuple]]:
         """A refresh found a new value: retract what the old value produced, assert what the new one does."""

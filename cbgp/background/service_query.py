@@ -102,12 +102,12 @@ class ServiceQuery:
 
     def local_deltas(self, t: float, deltas: Iterable[tuple[int, Mapping[str, str]]]) -> list[tuple[int, tuple]]:
         out: list[tuple[int, tuple]] = []
-        for sign, row in deltas:
+        for diff, row in deltas:
             key = row.get(self.join_var)
-            count = self._count.get(key, 0) + sign
+            count = self._count.get(key, 0) + diff
             if count > 0:
                 self._count[key] = count
-                if sign > 0:
+                if diff > 0:
                     self._entered[key] = t  # the latest answer's time: the key stays at least that long
             else:
                 self._count.pop(key, None)
@@ -116,7 +116,7 @@ class ServiceQuery:
                 # a key the bulk fill did not have: a placeholder, possibly stale at once, that the maintenance
                 # refreshes within the budget (no remote call on the data path)
                 self.view.put(key, None, best_before=t, refreshed_at=t)
-            out += self.join.local_delta(row, sign)
+            out += self.join.local_delta(row, diff)
         return out
 
     def evaluate(self, t: float) -> tuple[list[tuple[int, tuple]], Evaluation]:

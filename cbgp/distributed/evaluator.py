@@ -30,7 +30,7 @@ class Probe(NamedTuple):
     dest: int
     query: str
     seq: int
-    sign: int
+    diff: int
     triple: tuple[int, int, int, int]  # (s, p, o, g) of the update
     pattern: int  # j, the pattern the update matched where the probe started
     step: int
@@ -55,7 +55,7 @@ class Ack(NamedTuple):
 class Delta(NamedTuple):
     query: str
     seq: int
-    sign: int
+    diff: int
     row: Row
     snapshot: bool = False
     born_ms: int = 0  # the born_ms of the update whose probe made it
@@ -233,8 +233,8 @@ class PartitionEvaluator:
         ``[5, 8)`` at one partition and not at the other counts some pairs twice).  The log's changes up to
         that seq are skipped for this query from now on: they are in the history."""
         state = self.queries[name]
-        for seq, sign, s, p, o, g, _time, role, *_refresh in history:
-            self.apply(seq, sign, s, p, o, g, role, only=name, out=out)
+        for seq, diff, s, p, o, g, _time, role, *_refresh in history:
+            self.apply(seq, diff, s, p, o, g, role, only=name, out=out)
         state.history_upto = state.registration_upto
         return out
 
@@ -319,7 +319,7 @@ class PartitionEvaluator:
 
     # -- input
 
-    def apply(self, seq: int, sign: int, s: int, p: int, o: int, g: int, role: int,
+    def apply(self, seq: int, diff: int, s: int, p: int, o: int, g: int, role: int,
               only: str | None = None, born_ms: int = 0, out: Outputs | None = None) -> Outputs:
         """One change of this partition's routed log (``role``: which ends were routed here).  Store it, then
         start the probes of the patterns whose start end is here.  ``out``: add to it (and return it)."""
@@ -345,14 +345,14 @@ class PartitionEvaluator:
                     continue
                 if spec.graph_var < 0:
                     if subject_store is not None and role & ROLE_SUBJECT:
-                        subject_store.flip(s, o, seq, sign)
+                        subject_store.flip(s, o, seq, diff)
                     if object_store is not None and role & ROLE_OBJECT:
-                        object_store.flip(o, s, seq, sign)
+                        object_store.flip(o, s, seq, diff)
                 else:  # GRAPH ?g: each graph's triples apart
                     if subject_store is not None and role & ROLE_SUBJECT:
-                        subject_store.flip((s, g), o, seq, sign)
+                        subject_store.flip((s, g), o, seq, diff)
                     if object_store is not None and role & ROLE_OBJECT:
-                        object_store.flip((o, g), s, seq, sign)
+                        object_store.flip((o, g), s, seq, diff)
                 state.applied_changes += 1
                 if role & start_role and seq > state.roots_after:
                     if started is None:
@@ -376,7 +376,7 @@ class PartitionEvaluator:
                 if spec.graph_var >= 0:
                     binding[spec.graph_var] = g
                 route = state.choice[j] if policy is None else policy(name, j, len(state.routes[j]))
-                probe = Probe(self.partition, name, seq, sign, triple, j, 0, (), self.partition, snapshot, born_ms,
+                probe = Probe(self.partition, name, seq, diff, triple, j, 0, (), self.partition, snapshot, born_ms,
                               route)
                 self._continue(probe, out, True, binding)
         return out
@@ -500,7 +500,7 @@ class PartitionEvaluator:
             key = binding[at_var]
             dest = key % partitions
             if dest != here:
-                out.probes.append(Probe(dest, probe.query, probe.seq, probe.sign, probe.triple, j, step_no,
+                out.probes.append(Probe(dest, probe.query, probe.seq, probe.diff, probe.triple, j, step_no,
                                         tuple(binding), probe.origin, probe.snapshot, probe.born_ms, probe.route))
                 return
             stored = key if graph_var < 0 else (key, binding[graph_var])  # GRAPH ?g: the binding's graph
@@ -533,7 +533,7 @@ class PartitionEvaluator:
                 project = state.project
                 for value in values:
                     binding[binds] = value
-                    deltas.append(Delta(probe.query, probe.seq, probe.sign, project(binding), probe.snapshot,
+                    deltas.append(Delta(probe.query, probe.seq, probe.diff, project(binding), probe.snapshot,
                                         probe.born_ms))
             else:
                 for value in values:
@@ -541,7 +541,7 @@ class PartitionEvaluator:
                     self._walk(state, probe, binding, step_no, out, route, overlay)
             binding[binds] = 0
             return
-        out.deltas.append(Delta(probe.query, probe.seq, probe.sign, state.project(binding), probe.snapshot,
+        out.deltas.append(Delta(probe.query, probe.seq, probe.diff, state.project(binding), probe.snapshot,
                                 probe.born_ms))
 
 

@@ -65,10 +65,10 @@ class PatternStore:
         self.in_sketch: set[int] = set()
         self.sketch_max = _HASH_RANGE
 
-    def flip(self, key: int, other: int, seq: int, sign: int = 0) -> None:
-        if sign:
-            self.pairs += sign
-            if sign > 0:
+    def flip(self, key: int, other: int, seq: int, diff: int = 0) -> None:
+        if diff:
+            self.pairs += diff
+            if diff > 0:
                 # (a GRAPH ?g store's key is (value, graph): its hash is as deterministic as an int's)
                 hashed = (key if key.__class__ is int else hash(key)) * _GOLDEN & _HASH_MASK
                 if hashed < self.sketch_max and hashed not in self.in_sketch:

@@ -122,7 +122,7 @@ class Assembler:
         """The answer deltas of one update, from the part deltas (part, sign, row) it caused, in any order."""
         nets: list[dict[Row, int]] = [{} for _ in self.parts]
         n_parts = len(self.parts)
-        for part_index, sign, row in deltas:
+        for part_index, diff, row in deltas:
             if not 0 <= part_index < n_parts:
                 raise AssemblyError(f"no part {part_index}: the query has {n_parts} parts")
             keep = self._keep[part_index]
@@ -133,7 +133,7 @@ class Assembler:
                 )
             sub = tuple(row[k] for k in keep)
             net = nets[part_index]
-            net[sub] = net.get(sub, 0) + sign
+            net[sub] = net.get(sub, 0) + diff
         # Validate before touching the state, so a bad batch leaves the assembler as it was.
         for part_index, net in enumerate(nets):
             counts = self._counts[part_index]
@@ -203,12 +203,12 @@ class Assembler:
                 else:
                     del out[row]
 
-    def absorb(self, part_index: int, sign: int, row: tuple[int, ...]) -> None:
+    def absorb(self, part_index: int, diff: int, row: tuple[int, ...]) -> None:
         """Fold one part delta into the state without emitting (a restore from deltas already multiplied, in
         any order: a count may go below zero on the way, and ends where it was)."""
         sub = tuple(row[k] for k in self._keep[part_index])
         counts = self._counts[part_index]
-        new = counts.get(sub, 0) + sign
+        new = counts.get(sub, 0) + diff
         if new:
             counts[sub] = new
         else:
@@ -308,13 +308,13 @@ class GraphAssembler:
     def apply(self, deltas: list[tuple[int, int, tuple[int, ...]]]) -> list[tuple[int, tuple[int, ...]]]:
         """As :meth:`Assembler.apply` (the part deltas of one update: one quad, so one graph)."""
         by_graph: dict[int, list[tuple[int, int, tuple[int, ...]]]] = {}
-        for part_index, sign, row in deltas:
+        for part_index, diff, row in deltas:
             if not 0 <= part_index < len(self.parts):
                 raise AssemblyError(f"no part {part_index}: the query has {len(self.parts)} parts")
             if len(row) != len(self.parts[part_index].columns):
                 raise AssemblyError(f"a row of part {part_index} has {len(row)} values, its columns are "
                                     f"{self.parts[part_index].columns}")
-            by_graph.setdefault(row[0], []).append((part_index, sign, tuple(row[1:])))
+            by_graph.setdefault(row[0], []).append((part_index, diff, tuple(row[1:])))
         if self._stale:
             self._rebuild()
         out: dict[Row, int] = {}
@@ -322,19 +322,19 @@ class GraphAssembler:
         counts = self._graph_counts
         for graph, items in by_graph.items():
             assembler = self._graph(graph)
-            for sign, row in assembler.apply(items):
+            for diff, row in assembler.apply(items):
                 if at >= 0:
                     row = row[:at] + (graph,) + row[at:]
                 elif self._counting():
                     before = counts.get(row, 0)
-                    after = before + sign
+                    after = before + diff
                     if after:
                         counts[row] = after
                     else:
                         del counts[row]
                     if (before > 0) == (after > 0):
                         continue  # still an answer in another graph, or still not one
-                out[row] = out.get(row, 0) + sign
+                out[row] = out.get(row, 0) + diff
             if not assembler.state_entries():
                 del self._graphs[graph]  # nothing of that graph is left
         result: list[tuple[int, tuple[int, ...]]] = []
@@ -342,9 +342,9 @@ class GraphAssembler:
             result.extend([(1 if count > 0 else -1, row)] * abs(count))
         return result
 
-    def absorb(self, part_index: int, sign: int, row: tuple[int, ...]) -> None:
+    def absorb(self, part_index: int, diff: int, row: tuple[int, ...]) -> None:
         """As :meth:`Assembler.absorb` (a restore, in any order)."""
-        self._graph(row[0]).absorb(part_index, sign, tuple(row[1:]))
+        self._graph(row[0]).absorb(part_index, diff, tuple(row[1:]))
         self._stale = self._counting()
 
     def _rebuild(self) -> None:

@@ -203,21 +203,21 @@ class Engine:
 
     # -- updates --
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID, role: int = ROLE_BOTH) -> list[Delta]:
+    def apply(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID, role: int = ROLE_BOTH) -> list[Delta]:
         """Apply one change (ids) and return the delta answers of every query."""
         if self.graph is not None and role == ROLE_BOTH:
             quad = (s, p, o, g)
-            if sign > 0:
+            if diff > 0:
                 self.graph.add(quad)
             else:
                 self.graph.discard(quad)
         if self._pending:
             self._adopt()
         out: list[Delta] = []
-        self._dispatch(sign, s, p, o, g, role, out, None)
+        self._dispatch(diff, s, p, o, g, role, out, None)
         return out
 
-    def apply_to(self, name: str, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
+    def apply_to(self, name: str, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
                  role: int = ROLE_BOTH) -> list[Delta]:
         """Apply one change (ids) to the query ``name`` alone and return its deltas.
 
@@ -228,14 +228,14 @@ class Engine:
         registered = self.queries[name]
         self._unshare(registered)
         out: list[Delta] = []
-        self._dispatch(sign, s, p, o, g, role, out, registered)
+        self._dispatch(diff, s, p, o, g, role, out, registered)
         return out
 
-    def apply_terms(self, sign: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta]:
+    def apply_terms(self, diff: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta]:
         encode = self.dictionary.encode
-        return self.apply(sign, encode(s), encode(p), encode(o), DEFAULT_GRAPH_ID if g is None else encode(g))
+        return self.apply(diff, encode(s), encode(p), encode(o), DEFAULT_GRAPH_ID if g is None else encode(g))
 
-    def _dispatch(self, sign: int, s: int, p: int, o: int, g: int, role: int, out: list[Delta],
+    def _dispatch(self, diff: int, s: int, p: int, o: int, g: int, role: int, out: list[Delta],
                   only: RegisteredQuery | PerGraphQuery | None) -> None:
         if g != DEFAULT_GRAPH_ID and p in self._per_graph:
             for wrapper in self._per_graph[p]:
@@ -252,7 +252,7 @@ class Engine:
         for table in index.tables:
             if table.role & role != table.role or (only is not None and table.owner is not only):
                 continue
-            if table.add(s, o) if sign > 0 else table.has(s, o):
+            if table.add(s, o) if diff > 0 else table.has(s, o):
                 table.fresh = True
                 fresh.append(table)
         hits: list[Handler] = []
@@ -283,13 +283,13 @@ class Engine:
         if hits:
             if len(hits) > 1:
                 hits.sort(key=_order)
-            self._run(hits, sign, s, o, role, out, only)
+            self._run(hits, diff, s, o, role, out, only)
         for table in fresh:
             table.fresh = False
-            if sign < 0:
+            if diff < 0:
                 table.remove(s, o)
 
-    def _run(self, hits: list[Handler], sign: int, s: int, o: int, role: int, out: list[Delta],
+    def _run(self, hits: list[Handler], diff: int, s: int, o: int, role: int, out: list[Delta],
              only: RegisteredQuery | PerGraphQuery | None) -> None:
         for h in hits:
             if only is not None and h.query.owner is not only:
@@ -304,7 +304,7 @@ class Engine:
             elif match == GROUND:
                 if o != h.check:
                     continue
-                deltas = h.state.step(sign, h.local)
+                deltas = h.state.step(diff, h.local)
                 if deltas:
                     h.query.emit(h.part_index, deltas, out)
                 continue
@@ -318,9 +318,9 @@ class Engine:
                 values = (s, o)
             state = h.state
             if type(state) is StarState:
-                deltas = state.step(sign, h.local, values[0])
+                deltas = state.step(diff, h.local, values[0])
             else:
-                deltas = state.step(sign, h.local, values, s, o)
+                deltas = state.step(diff, h.local, values, s, o)
             if deltas:
                 h.query.emit(h.part_index, deltas, out)
 

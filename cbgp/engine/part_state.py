@@ -138,9 +138,9 @@ class GroundState:
         self.bits = 0
         self.full = (1 << size) - 1
 
-    def step(self, sign: int, bit: int) -> list[tuple[int, Row]]:
+    def step(self, diff: int, bit: int) -> list[tuple[int, Row]]:
         bits = self.bits
-        if sign > 0:
+        if diff > 0:
             if bits & bit:
                 return []
             bits |= bit
@@ -174,10 +174,10 @@ class StarState:
         # The answer set is only needed when another part must be multiplied with it.
         self.complete: set[int] | None = set() if track_answers else None
 
-    def step(self, sign: int, bit: int, centre: int) -> list[tuple[int, Row]]:
+    def step(self, diff: int, bit: int, centre: int) -> list[tuple[int, Row]]:
         centres = self.centres
         mask = centres.get(centre, 0)
-        if sign > 0:
+        if diff > 0:
             if mask & bit:
                 return []
             mask |= bit
@@ -376,7 +376,7 @@ class ComponentState:
 
     # -- updates --
 
-    def step(self, sign: int, j: int, values: tuple[int, ...], s: int = 0, o: int = 0) -> list[tuple[int, Row]]:
+    def step(self, diff: int, j: int, values: tuple[int, ...], s: int = 0, o: int = 0) -> list[tuple[int, Row]]:
         """Apply one triple (s, o) matching pattern j (bound to `values`); return the component's deltas.
 
         Single-variable pattern: insert stores its bit, then enumerates the embeddings that map pattern j
@@ -389,7 +389,7 @@ class ComponentState:
         deletes), as if every pattern kept its own copy updated in that order.
         """
         single = self.kinds[j] == SINGLE
-        if sign > 0:
+        if diff > 0:
             if single and not self.store(j, values):
                 return []
             rows = self._enumerate(j, values)
@@ -401,17 +401,17 @@ class ComponentState:
                 self.remove(j, values)
         if rows and self.same[j]:
             tables = self.tables
-            later = [k for k in self.same[j] if (k > j if sign > 0 else k < j) and tables[k].fresh]
+            later = [k for k in self.same[j] if (k > j if diff > 0 else k < j) and tables[k].fresh]
             if later:
                 subj, obj = self.subj, self.obj
                 rows = [row for row in rows
                         if not any(row[subj[k]] == s and row[obj[k]] == o for k in later)]
         if self.answer_set is not None:
-            if sign > 0:
+            if diff > 0:
                 self.answer_set.update(rows)
             else:
                 self.answer_set.difference_update(rows)
-        return [(sign, row) for row in rows]
+        return [(diff, row) for row in rows]
 
     def _enumerate(self, j: int, values: tuple[int, ...]) -> list[Row]:
         initial, checks, steps = self._plans[j]

@@ -239,15 +239,15 @@ class RegisteredQuery:
     def emit(self, part_index: int, deltas: list[tuple[int, tuple[int, ...]]], out: list[Delta]) -> None:
         if self.rows_are_output:
             name = self.name
-            out.extend((name, sign, row) for sign, row in deltas)
+            out.extend((name, diff, row) for diff, row in deltas)
             return
         if self.single_part:
             slots = self.slots[0]
-            for sign, row in deltas:
+            for diff, row in deltas:
                 full = self.template.copy()
                 for position, value in zip(slots, row):
                     full[position] = value
-                self._project(sign, full, out)
+                self._project(diff, full, out)
             return
         others = [k for k in range(len(self.states)) if k != part_index]
         answer_lists = [self.states[k].answers() for k in others]
@@ -255,7 +255,7 @@ class RegisteredQuery:
             return
         own_slots = self.slots[part_index]
         other_slots = [self.slots[k] for k in others]
-        for sign, row in deltas:
+        for diff, row in deltas:
             for combo in product(*answer_lists):
                 full = self.template.copy()
                 for position, value in zip(own_slots, row):
@@ -263,15 +263,15 @@ class RegisteredQuery:
                 for slots, other_row in zip(other_slots, combo):
                     for position, value in zip(slots, other_row):
                         full[position] = value
-                self._project(sign, full, out)
+                self._project(diff, full, out)
 
-    def _project(self, sign: int, full: list[int], out: list[Delta]) -> None:
+    def _project(self, diff: int, full: list[int], out: list[Delta]) -> None:
         row = tuple(full[i] for i in self.projection)
         if not self.distinct:
-            out.append((self.name, sign, row))
+            out.append((self.name, diff, row))
             return
         count = self.counts.get(row, 0)
-        if sign > 0:
+        if diff > 0:
             self.counts[row] = count + 1
             if count == 0:
                 out.append((self.name, 1, row))

@@ -60,8 +60,8 @@ class WindowedQuery:
         self._engine = ContinuousEngine(dictionary=self.dictionary)  # time windows: holds C(last_instant)
         # the answers over an empty window, owed to the first report (none for a BGP)
         self._initial: Counter = Counter()
-        for _name, sign, row in self._engine.register(_QUERY, self._plan):
-            self._initial[row] += sign
+        for _name, diff, row in self._engine.register(_QUERY, self._plan):
+            self._initial[row] += diff
         patterns, any_predicate = self._patterns()
         self.patterns = tuple(patterns)  # the triple patterns it reads (a variable-predicate BGP's: graph only)
         if self._event_model:
@@ -370,8 +370,8 @@ class WindowedQuery:
         for wanted in (False, True):  # leaving quads first, then entering ones
             for quad, record, member in touched:
                 if member == wanted and record.present != member:
-                    for _name, sign, row in apply(1 if member else -1, *quad):
-                        changes[row] += sign
+                    for _name, diff, row in apply(1 if member else -1, *quad):
+                        changes[row] += diff
                     record.present = member
         for quad, record, _member in touched:
             self._settle(quad, record)
@@ -405,11 +405,11 @@ class WindowedQuery:
     def _evaluate(self, triples: set[tuple[int, int, int, int]]) -> Counter:
         engine = type(self._engine)(dictionary=self.dictionary)  # (a ContinuousEngine)
         rows: Counter = Counter()
-        for _name, sign, row in engine.register(_QUERY, self._plan):
-            rows[row] += sign
+        for _name, diff, row in engine.register(_QUERY, self._plan):
+            rows[row] += diff
         for quad in sorted(triples):
-            for _name, sign, row in engine.apply(1, *quad):
-                rows[row] += sign
+            for _name, diff, row in engine.apply(1, *quad):
+                rows[row] += diff
         return +rows
 
     def _process_events(self, instant: int, keys: list) -> Counter:

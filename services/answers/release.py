@@ -452,8 +452,8 @@ class SeqRelease:
 def _net(deltas: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
     """Deltas netted per row, ``-`` rows first."""
     total: dict[tuple, int] = {}
-    for sign, row in deltas:
-        total[row] = total.get(row, 0) + sign
+    for diff, row in deltas:
+        total[row] = total.get(row, 0) + diff
     return ([(-1, row) for row, n in total.items() for _ in range(-n)]
             + [(1, row) for row, n in total.items() for _ in range(n)])
 
@@ -475,7 +475,7 @@ def _answer_batches(query_id: str, version: int, columns: tuple[str, ...] | list
         run = answers[start:end]
         n = len(run)
         keep = [j for j, is_bound in enumerate(bound) if is_bound]
-        values = [row[j] for _sign, row in run for j in keep]
+        values = [row[j] for _diff, row in run for j in keep]
         out.append((offset, origin, PartDeltaColumns(
             query_id, -1, [columns[j] for j in keep], [seq] * n,
             [diff for diff, _row in run], values,

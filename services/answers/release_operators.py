@@ -67,9 +67,9 @@ class Operators:
             known.setdefault(term_id, term)
         self.dictionary.known = known
 
-    def note(self, seq: int, key: tuple, part: int, sign: int, row: tuple, variables: tuple[str, ...]) -> None:
+    def note(self, seq: int, key: tuple, part: int, diff: int, row: tuple, variables: tuple[str, ...]) -> None:
         """A part delta released before a restart (read again by the restore, in any order)."""
-        self.restored.append((seq, *key, part, sign, row, variables))
+        self.restored.append((seq, *key, part, diff, row, variables))
 
     def catch_up(self, as_of: int) -> None:
         """Apply the noted deltas: those up to the registration's ``as_of`` netted (the gate released them
@@ -78,9 +78,9 @@ class Operators:
             return
         noted, self.restored = sorted(self.restored, key=lambda d: d[:4]), []
         netted: dict[tuple, int] = {}
-        for seq, *_key, part, sign, row, variables in noted:
+        for seq, *_key, part, diff, row, variables in noted:
             if seq <= as_of:
-                netted[(part, row, variables)] = netted.get((part, row, variables), 0) + sign
+                netted[(part, row, variables)] = netted.get((part, row, variables), 0) + diff
         batch = [(part, 1, row, variables) for (part, row, variables), n in netted.items() for _ in range(n)]
         if batch:
             self.assembler.apply(batch)
@@ -88,8 +88,8 @@ class Operators:
         start = 0
         for end in range(1, len(later) + 1):
             if end == len(later) or later[end][0] != later[start][0]:
-                self.assembler.apply([(part, sign, row, variables)
-                                      for _seq, *_key, part, sign, row, variables in later[start:end]])
+                self.assembler.apply([(part, diff, row, variables)
+                                      for _seq, *_key, part, diff, row, variables in later[start:end]])
                 start = end
 
     def apply(self, items: list[tuple[int, int, tuple, tuple[str, ...]]]) -> list[tuple[int, tuple]]:

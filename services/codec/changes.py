@@ -40,7 +40,7 @@ _ROLE_OF_NAME = {name: role for role, name in ROLE_NAMES.items()}
 _ROLE_OF_INDEX = tuple(_ROLE_OF_NAME[name] for name in ("SUBJECT", "OBJECT", "BOTH"))  # the Role enum's symbol order
 
 
-def _op_sign(data: bytes, pos: int) -> tuple[int, int]:
+def _op_diff(data: bytes, pos: int) -> tuple[int, int]:
     index, pos = read_long(data, pos)
     if not 0 <= index < 2:
         raise IndexError(f"Op index {index}")
@@ -51,13 +51,13 @@ def _read_change(data: bytes) -> tuple[tuple, int]:
     """The fields RoutedUpdate and EncodedUpdate start with: ``(seq, sign, s, p, o, g, event_time_ms)``."""
     pos = HEADER_LEN
     seq, pos = read_long(data, pos)
-    sign, pos = _op_sign(data, pos)
+    diff, pos = _op_diff(data, pos)
     s, pos = read_long(data, pos)
     p, pos = read_long(data, pos)
     o, pos = read_long(data, pos)
     g, pos = read_long(data, pos)
     event_time_ms, pos = optional(data, pos)
-    return (seq, sign, s, p, o, g, event_time_ms), pos
+    return (seq, diff, s, p, o, g, event_time_ms), pos
 
 
 def _read_routed(data: bytes) -> tuple[Change, int]:

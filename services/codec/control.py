@@ -45,7 +45,7 @@ def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
     ack_query = [index.setdefault(a.query, len(index)) for a in acks]
     return encode("ProbeBatch", {
         "queries": list(index), "probe_query": probe_query,
-        "probe_seq": [p.seq for p in probes], "probe_sign": [p.sign for p in probes],
+        "probe_seq": [p.seq for p in probes], "probe_sign": [p.diff for p in probes],
         "probe_triple": [term for p in probes for term in p.triple],
         "probe_pattern": [p.pattern for p in probes], "probe_step": [p.step for p in probes],
         "probe_width": [len(p.binding) for p in probes],
@@ -75,7 +75,7 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
         return None
     record = decode("ProbeBatch", data)
     queries = record["queries"]
-    query, seq, sign, pattern, step, width, origin, snapshot, born = [record[f] for f in _PROBE_COLUMNS]
+    query, seq, diff, pattern, step, width, origin, snapshot, born = [record[f] for f in _PROBE_COLUMNS]
     triples, bindings = record["probe_triple"], record["probe_binding"]
     n = len(seq)
     route = record.get("probe_route") or [0] * n
@@ -90,7 +90,7 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     start = 0
     for i in range(n):
         end = start + width[i]
-        probes.append((queries[query[i]], seq[i], sign[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
+        probes.append((queries[query[i]], seq[i], diff[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
                        tuple(bindings[start:end]), origin[i], snapshot[i], born[i], route[i]))
         start = end
     acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]

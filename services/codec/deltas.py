@@ -72,12 +72,12 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
                                 [_DIFF[one["sign"]]], list(one["binding"].values()), [one["source_partition"]],
                                 [one["source_offset"]], [one["index"]], [one["snapshot"]], [one["event_time_ms"]])
     record = decode("PartDeltaBatch", data)
-    seq, sign, src, offset, index, snapshot, event_time = record_columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
+    seq, symbols, src, offset, index, snapshot, event_time = record_columns("PartDeltaBatch", record, _PART_DELTA_COLUMNS)
     variables, values = record["variables"], record["values"]
     if len(values) != len(seq) * len(variables):
         raise CodecError(f"corrupt PartDeltaBatch: {len(seq)} deltas of {len(variables)} variables need "
                          f"{len(seq) * len(variables)} values, got {len(values)}")
-    return PartDeltaColumns(record["query_id"], record["part"], variables, seq, [_DIFF[s] for s in sign], values,
+    return PartDeltaColumns(record["query_id"], record["part"], variables, seq, [_DIFF[s] for s in symbols], values,
                             src, offset, index, snapshot, event_time, record["version"], record["distinct"],
                             record["gated"])
 
@@ -97,9 +97,9 @@ def _read_part_delta(data: bytes) -> tuple[dict, int]:
     query_id, pos = read_string(data, pos)
     part, pos = read_long(data, pos)
     seq, pos = read_long(data, pos)
-    sign, pos = read_long(data, pos)
-    if not 0 <= sign < 2:
-        raise IndexError(f"Sign index {sign}")
+    branch, pos = read_long(data, pos)
+    if not 0 <= branch < 2:
+        raise IndexError(f"Sign index {branch}")
     binding: dict[str, int] = {}
     while True:
         count, pos = read_long(data, pos)
@@ -118,7 +118,7 @@ def _read_part_delta(data: bytes) -> tuple[dict, int]:
     if snapshot > 1:
         raise IndexError(f"boolean byte {snapshot}")
     event_time_ms, pos = optional(data, pos + 1)
-    return {"query_id": query_id, "part": part, "seq": seq, "sign": ("PLUS", "MINUS")[sign], "binding": binding,
+    return {"query_id": query_id, "part": part, "seq": seq, "sign": ("PLUS", "MINUS")[branch], "binding": binding,
             "source_partition": source_partition, "source_offset": source_offset, "index": index,
             "snapshot": bool(snapshot), "event_time_ms": event_time_ms}, pos
 

@@ -230,12 +230,12 @@ class GraphSource:
         for msg in self._drain(self.settings.topic("dictionary")):
             if msg.value() is not None:
                 self._add_term(codec.decode("DictionaryEntry", msg.value()))
-        for seq, sign, s, p, o, g, _t, _role, refresh in changes:
+        for seq, diff, s, p, o, g, _t, _role, refresh in changes:
             self.seq = max(self.seq, seq)
             if refresh:
                 continue
             quad = self._quad(s, p, o, g)
-            if sign > 0:
+            if diff > 0:
                 self.store.add(quad)
                 self.quads += 1
             else:

@@ -416,14 +416,14 @@ class WorkerCore:
             if shard.engine.operators:
                 self._learn(shard, changes)  # (read before the query came: its FILTERs need their terms now)
             numbers: dict[str, int] = {}
-            for seq, sign, s, p, o, g, _time, role, _refresh in changes:
-                deltas = [delta for name in targets for delta in apply_to(name, sign, s, p, o, g, role)]
+            for seq, diff, s, p, o, g, _time, role, _refresh in changes:
+                deltas = [delta for name in targets for delta in apply_to(name, diff, s, p, o, g, role)]
                 if len(deltas) > 1:
                     deltas.sort()  # as on_record numbers them
-                for name, d_sign, row in deltas:
+                for name, d_diff, row in deltas:
                     number = numbers.get(name, 0)
                     numbers[name] = number + 1
-                    self.outputs.part_delta(out, shard, name, d_sign, row, seq, offset, number, False, None)
+                    self.outputs.part_delta(out, shard, name, d_diff, row, seq, offset, number, False, None)
         return out
 
     def first_position(self, partition: int) -> int:
@@ -465,26 +465,26 @@ class WorkerCore:
             probed = ProbeOutputs()
             wanted = evaluator.predicates
             evaluate = evaluator.apply
-            for seq, sign, s, p, o, g, _time, role, _refresh in changes:
+            for seq, diff, s, p, o, g, _time, role, _refresh in changes:
                 if p in wanted:
-                    evaluate(seq, sign, s, p, o, g, role, born_ms=origin or 0, out=probed)
+                    evaluate(seq, diff, s, p, o, g, role, born_ms=origin or 0, out=probed)
             evaluator.advance(last, out=probed)
             self.outputs.probe_outputs(shard, probed, offset, out, origin)
         if apply is not None:
             # Numbered per engine query from 0, in a sorted order: two owners of a routed partition during a
             # rebalance may hold different sets of queries, and must still give a delta the same key.
             numbers: dict[str, int] = {}
-            for seq, sign, s, p, o, g, _time, role, _refresh in changes:
-                deltas = apply(sign, s, p, o, g, role)
+            for seq, diff, s, p, o, g, _time, role, _refresh in changes:
+                deltas = apply(diff, s, p, o, g, role)
                 if not deltas:
                     continue
                 if len(deltas) > 1:
                     deltas.sort()
                 self.outputs.note_origin(origin)
-                for name, d_sign, row in deltas:
+                for name, d_diff, row in deltas:
                     number = numbers.get(name, 0)
                     numbers[name] = number + 1
-                    self.outputs.part_delta(out, shard, name, d_sign, row, seq, offset, number, False, origin)
+                    self.outputs.part_delta(out, shard, name, d_diff, row, seq, offset, number, False, origin)
         if self.outputs.derived:
             out.extend(self.outputs.derived_outputs(shard))
         return out

@@ -94,8 +94,8 @@ class WorkerOutputs:
             headers = [("cbgp-format", b"patch"), (DERIVED_HEADER, f"{query_id}@{info.version}".encode())]
             lines: list[str] = []
             size = 0
-            for sign, triple in rows:
-                line = f"{'A' if sign > 0 else 'D'} {' '.join(decode(t) for t in triple)} {info.stream} ."
+            for diff, triple in rows:
+                line = f"{'A' if diff > 0 else 'D'} {' '.join(decode(t) for t in triple)} {info.stream} ."
                 if size + len(line) > MAX_DERIVED_BYTES and lines:
                     out.append(Output(topic, ("\n".join(lines) + "\n").encode(), None, 0, headers))
                     lines, size = [], 0
@@ -185,7 +185,7 @@ class WorkerOutputs:
                 self.note_origin(born)
             number = numbers.get(delta.query, first)
             numbers[delta.query] = number + 1
-            self.part_delta(out, shard, delta.query, delta.sign, delta.row, delta.seq, offset, number,
+            self.part_delta(out, shard, delta.query, delta.diff, delta.row, delta.seq, offset, number,
                              delta.snapshot, born)
 
     def _frontiers(self) -> list[Output]:
@@ -227,7 +227,7 @@ class WorkerOutputs:
             out.extend(self.derived_outputs(shard))
         return out
 
-    def part_delta(self, out: list[Output], shard: Shard, name: str, sign: int, row: tuple[int, ...], seq: int,
+    def part_delta(self, out: list[Output], shard: Shard, name: str, diff: int, row: tuple[int, ...], seq: int,
                     offset: int, index: int, snapshot: bool, origin: int | None) -> None:
         """A query's answer delta joins its batch (see flush_batches); a part's delta (for the Spark assembly,
         which takes one PartDelta per record) goes to ``out``."""
@@ -241,16 +241,16 @@ class WorkerOutputs:
                 if info is not None and info.stream is not None:
                     at = dict(zip(columns, row))
                     self.derived.setdefault(query_id, []).append(
-                        (sign, (at["subject"], at["predicate"], at["object"])))
+                        (diff, (at["subject"], at["predicate"], at["object"])))
                 columns, row = self._operator_row(shard, columns, row)
             runs = self.batch_runs
             last = runs.get((query_id, part))
             if last is None or last[0] != columns:
                 last = runs[(query_id, part)] = (columns, 0 if last is None else last[1] + 1)
             self.batched.setdefault((query_id, columns, part, last[1]), []).append(
-                (seq, sign, row, shard.source_partition, offset, index, snapshot, None))
+                (seq, diff, row, shard.source_partition, offset, index, snapshot, None))
             return
-        value = codec.encode_part_delta(query_id, part, seq, sign, dict(zip(columns, row)),
+        value = codec.encode_part_delta(query_id, part, seq, diff, dict(zip(columns, row)),
                                         shard.source_partition, offset, index, snapshot, None)
         headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
         out.append(Output(self.topics["deltas.parts"], value, query_id.encode(),

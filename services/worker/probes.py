@@ -137,8 +137,8 @@ class ProbeRouting:
             else:
                 changes = record_changes(value)
                 if live:
-                    for seq, sign, s, p, o, g, _time, role, _refresh in self.learning(shard, changes, terms):
-                        scratch.apply(seq, sign, s, p, o, g, role, only=name, out=made)
+                    for seq, diff, s, p, o, g, _time, role, _refresh in self.learning(shard, changes, terms):
+                        scratch.apply(seq, diff, s, p, o, g, role, only=name, out=made)
                 else:
                     fold(graph, changes, upto, predicates)
                 if changes:
@@ -448,9 +448,9 @@ def restore(routing: ProbeRouting, shard: Shard, infos: list[QueryInfo], known: 
             due([name for name, item in waiting.items() if changes[-1].seq > item[2]], changes)
             fold(graph, changes, changes[-1].seq, folded)
         wanted = evaluator.predicates
-        for seq, sign, s, p, o, g, _time, role, _refresh in changes:
+        for seq, diff, s, p, o, g, _time, role, _refresh in changes:
             if p in wanted:
-                evaluator.apply(seq, sign, s, p, o, g, role)
+                evaluator.apply(seq, diff, s, p, o, g, role)
             evaluator.advance(seq)
     due(list(waiting), [])
     shard.frontier = max(shard.frontier, evaluator.applied)

@@ -47,12 +47,12 @@ class ShardDictionary(TermDictionary):
 
 def ask_initial(rows: list[tuple[int, tuple]], true: tuple, false: tuple) -> list[tuple[int, tuple]]:
     """An ASK query's first answer as the fleet reports it: ``?ask`` true if the algebra's empty row is there."""
-    return [(1, true if sum(sign for sign, _row in rows) > 0 else false)]
+    return [(1, true if sum(diff for diff, _row in rows) > 0 else false)]
 
 
 def ask_flip(deltas: list[tuple[int, tuple]], true: tuple, false: tuple) -> list[tuple[int, tuple]]:
     """An ASK query's deltas as the fleet reports them: its empty row coming or going flips ``?ask``."""
-    net = sum(sign for sign, _row in deltas)
+    net = sum(diff for diff, _row in deltas)
     if net > 0:
         return [(-1, false), (1, true)]
     return [(-1, true), (1, false)] if net < 0 else []
@@ -78,8 +78,8 @@ class FleetOperatorQuery:
         rows = self.query.initial()
         return ask_initial(rows, self.true, self.false) if self.ask else rows
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_BOTH) -> list[tuple[int, tuple]]:
-        deltas = self.query.apply(sign, s, p, o, g)  # (a whole shard's changes: every role)
+    def apply(self, diff: int, s: int, p: int, o: int, g: int, role: int = ROLE_BOTH) -> list[tuple[int, tuple]]:
+        deltas = self.query.apply(diff, s, p, o, g)  # (a whole shard's changes: every role)
         return ask_flip(deltas, self.true, self.false) if self.ask and deltas else deltas
 
     def state_entries(self) -> int:
@@ -113,13 +113,13 @@ class GatedLeafPart:
     def initial(self) -> list[tuple[int, tuple]]:
         return []
 
-    def apply(self, sign: int, s: int, p: int, o: int, g: int, role: int = ROLE_BOTH) -> list[tuple[int, tuple]]:
+    def apply(self, diff: int, s: int, p: int, o: int, g: int, role: int = ROLE_BOTH) -> list[tuple[int, tuple]]:
         if p not in self.predicates:
             return []
         if self.gate is not None and not self.gate.passes(s, p, o, g):
             self.gated += 1
             return []
-        return [(d_sign, row) for _name, d_sign, row in self.engine.apply(sign, s, p, o, g, role)]
+        return [(d_diff, row) for _name, d_diff, row in self.engine.apply(diff, s, p, o, g, role)]
 
     def state_entries(self) -> int:
         return self.engine.state_entries()
@@ -177,22 +177,22 @@ class WorkerEngine(Engine):
                 predicates.update(op.gate.gates)
         return frozenset(predicates)
 
-    def _apply_with_operators(self, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
+    def _apply_with_operators(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
                               role: int = ROLE_BOTH) -> list:
         """``apply`` while operator queries are registered (installed on the instance: BGP-only shards keep
         ``Engine.apply`` with no extra call)."""
-        out = Engine.apply(self, sign, s, p, o, g, role)
+        out = Engine.apply(self, diff, s, p, o, g, role)
         for name, op in self.operators.items():
-            for d_sign, row in op.apply(sign, s, p, o, g, role):
-                out.append((name, d_sign, row))
+            for d_diff, row in op.apply(diff, s, p, o, g, role):
+                out.append((name, d_diff, row))
         return out
 
-    def apply_to(self, name: str, sign: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
+    def apply_to(self, name: str, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
                  role: int = ROLE_BOTH) -> list:
         op = self.operators.get(name)
         if op is None:
-            return super().apply_to(name, sign, s, p, o, g, role)
-        return [(name, d_sign, row) for d_sign, row in op.apply(sign, s, p, o, g, role)]
+            return super().apply_to(name, diff, s, p, o, g, role)
+        return [(name, d_diff, row) for d_diff, row in op.apply(diff, s, p, o, g, role)]
 
     def state_entries(self, name: str | None = None) -> int:
         if name is None:
@@ -214,19 +214,19 @@ class WorkerEngine(Engine):
         """
         net: dict[str, Multiset] = {name: Multiset() for name in collect}
         for name in collect:
-            for sign, row in self.initial_rows.get(name, ()):
-                net[name][row] += sign
+            for diff, row in self.initial_rows.get(name, ()):
+                net[name][row] += diff
         self.initial_rows.clear()  # every operator query registered so far is replayed now
         targets = sorted(collect)
-        for _seq, sign, s, p, o, g, _time, role, _refresh in changes:
+        for _seq, diff, s, p, o, g, _time, role, _refresh in changes:
             if only:
                 out: list = []
                 for name in targets:
                     # Engine.register(initial=...) only inserts and ignores roles; a replay needs both.
-                    out.extend(self.apply_to(name, sign, s, p, o, g, role))
+                    out.extend(self.apply_to(name, diff, s, p, o, g, role))
             else:
-                out = self.apply(sign, s, p, o, g, role)
-            for name, delta_sign, row in out:
+                out = self.apply(diff, s, p, o, g, role)
+            for name, delta_diff, row in out:
                 if name in net:
-                    net[name][row] += delta_sign
+                    net[name][row] += delta_diff
         return net

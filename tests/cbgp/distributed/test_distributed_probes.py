@@ -230,14 +230,14 @@ def _released(cluster: Cluster, queries: dict[str, str]) -> dict[tuple[str, int]
     counts: dict[str, Counter] = {name: Counter() for name in queries}
     for delta in cluster.deltas:
         if delta.snapshot:  # the answers side nets a late registration's snapshot deltas first
-            counts[delta.query][delta.row] += delta.sign
+            counts[delta.query][delta.row] += delta.diff
     for delta in ordered:
         distinct = parse_query(queries[delta.query]).distinct
         if not distinct:
-            per_seq.setdefault((delta.query, delta.seq), Counter())[(delta.sign, delta.row)] += 1
+            per_seq.setdefault((delta.query, delta.seq), Counter())[(delta.diff, delta.row)] += 1
             continue
         before = counts[delta.query][delta.row]
-        counts[delta.query][delta.row] += delta.sign
+        counts[delta.query][delta.row] += delta.diff
         after = counts[delta.query][delta.row]
         if before == 0 and after == 1:
             per_seq.setdefault((delta.query, delta.seq), Counter())[(1, delta.row)] += 1
@@ -288,7 +288,7 @@ def _check(cluster: Cluster, changes, queries, dictionary, late_names=()) -> Non
         totals: Counter = Counter()
         for delta in cluster.deltas:
             if delta.query == name:
-                totals[delta.row] += delta.sign
+                totals[delta.row] += delta.diff
         program = cluster.programs[name]
         if parse_query(text).distinct:
             totals = Counter({row: 1 for row, count in totals.items() if count > 0})
