@@ -3,8 +3,8 @@
 This is the one place that knows every command: it imports the service modules (lazily, so `cbgp explain`
 loads no Kafka client), never the reverse.  `FLEET_COMMANDS` lists, in help order, functions that add
 their subparser(s) and return their handlers: each service module's own ``register`` (ingest, worker,
-answers), the registry's and the user commands (``services.usercli``).  Kafka settings come from
-`--bootstrap-servers ...` flags or `CBGP_*` environment variables everywhere.
+answers), the registry's and the user commands (``services.commands.user``).  Kafka settings come from
+`--bootstrap-servers ...` flags, `CBGP_*` environment variables, or the file `make run` writes (``.run/cbgp.env``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 from typing import Callable
 
 from cbgp.engine_cli import run
+from services.kafka.run_env import load_run_env
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -175,6 +176,7 @@ def add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handle
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    load_run_env()  # the local fleet make run started, unless a flag or variable names a broker
     if args[:1] == ["spark-job"]:
         return _run_spark_job(args[1:])  # the job has its own flags (--master, --compact-interval, ...)
     from services.kafka.topics import TopicError

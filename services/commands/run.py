@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 from services.codec import CodecError, decode, encoded_changes, term_from_avro
 from services.kafka.broker import EmbeddedBroker
+from services.kafka.run_env import write_run_env
 from services.kafka.config import KafkaSettings, add_kafka_flags
 from services.kafka.client import end_offsets
 from services.kafka.topics import ensure_topics
@@ -421,6 +422,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     view: LiveView | None = None
     background: BackgroundDemo | None = None
     summary: dict[str, Any] = {"queries": {}, "children": {}, "broker_pid": None}
+    env_file: Path | None = None
     try:
         # Step 1: the broker.
         if external:
@@ -455,9 +457,14 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write("run: started " + ", ".join(f"{c.name} (pid {c.pid})" for c in children)
                   + f"; logs in {run_dir / 'logs'}\n")
         err.write(port_lines(settings.bootstrap_servers, plan, spark_status_path))
+        local = {"CBGP_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "CBGP_TOPIC_PREFIX": settings.topic_prefix,
+                 "CBGP_REBALANCE_TIMEOUT_MS": env.get("CBGP_REBALANCE_TIMEOUT_MS", "")}
         for name, _argv, ports in plan:
             if "console" in ports:
+                local["CBGP_GATEWAY_URL"] = f"http://127.0.0.1:{ports['console']}"
                 err.write(f"run: console: open http://127.0.0.1:{ports['console']}/ in a browser\n")
+        env_file = write_run_env(run_dir, {k: v for k, v in local.items() if v})
+        err.write(f"run: cbgp commands find this fleet through {env_file} (e.g. .venv/bin/cbgp list)\n")
         # Step 4: the demo (with an endpoint for the SERVICE query when the background service runs).
         if not args.no_demo and not stop.stopping:
             if any(name == "background" for name, _argv, _ports in plan):
@@ -492,6 +499,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             summary["children"][child.name] = {"pid": child.pid, "exit": child.stop(grace=args.grace)}
         if background is not None:
             background.close()
+        if env_file is not None:
+            env_file.unlink(missing_ok=True)
         if broker is not None:
             broker.stop()
         err.write("run: stopped " + ", ".join(f"{n} ({c['exit']})" for n, c in summary["children"].items())

@@ -7,6 +7,7 @@ Topic arguments are always the broker-side names (``settings.topic("answers")``)
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import replace
@@ -17,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient
 
 from services.metrics.instruments import RESTORE_MISSING_OFFSETS
+from services.kafka.run_env import SOURCE_VARIABLE
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import truncation
 
@@ -100,7 +102,11 @@ def _log_quietly(err: KafkaError) -> None:
 
 
 def unreachable_message(settings: KafkaSettings, why: str, hint: bool = True) -> str:
-    """The one line a command prints when the broker does not answer."""
+    """The one line a command prints when the broker does not answer (and where its address came from)."""
+    source = os.environ.get(SOURCE_VARIABLE)
+    if source and settings.bootstrap_servers == os.environ.get("CBGP_BOOTSTRAP_SERVERS"):
+        return (f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({why}), the address make run wrote "
+                f"to {source}: is make run still running? (or set --bootstrap-servers / CBGP_BOOTSTRAP_SERVERS)")
     return (f"cannot reach the Kafka broker at {settings.bootstrap_servers} ({why}); check --bootstrap-servers / "
             "CBGP_BOOTSTRAP_SERVERS" + (", or run 'cbgp doctor'" if hint else
                                         ", that the broker is running and listening there, and the security settings"))
