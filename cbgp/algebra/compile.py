@@ -27,7 +27,7 @@ from cbgp.algebra.leaf import PatternLeaf
 from cbgp.algebra.operators import (Constant, Distinct, Extend, Filter, Join, Leaf, LeftJoin, Minus, Operator,
                                     Project, Union)
 from cbgp.algebra.expressions import Terms, expression_variables, strict_comparisons
-from cbgp.query.sparql import (BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, check_prefixes,
+from cbgp.query.sparql import (check_text, BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, check_prefixes,
                          find_keyword, translate_in_source_order, parse_query)
 from cbgp.terms import TermError, from_rdflib
 
@@ -64,6 +64,7 @@ def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
 
     Cached by text: the result is only read (operators are built per registration).
     """
+    check_text(text)  # before any parser: a text over the limits must not reach rdflib's below
     try:
         return parse_query(text)
     except QueryError as error:
@@ -73,7 +74,7 @@ def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
 
     try:
         parsed = parseQuery(text)
-    except Exception:  # noqa: BLE001 - parse_query already said why, with its position
+    except Exception:  # noqa: BLE001 - parse_query already said why, with its position (RecursionError too)
         raise original from None
     check_prefixes(text)
     try:

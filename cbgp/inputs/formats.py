@@ -109,6 +109,9 @@ def parse_term(text: str) -> str:
 
     Raises `TermError` with the reason when `text` is not exactly one valid term.
     """
+    bad = _SURROGATE.search(text)
+    if bad:
+        raise TermError(f"invalid Unicode: the lone surrogate U+{ord(bad.group()):04X}")
     fast = fast_term(text)
     if fast is not None:
         return fast
@@ -481,7 +484,26 @@ def parse_input(data: bytes | str, fmt: str, *, strict: bool = False, base: str 
         items = _PARSERS[fmt](text)
     if decode_errors:
         items = _merge_by_line(items, decode_errors)
+    if "\\u" in text or "\\U" in text:  # only an escape can make a lone surrogate out of valid UTF-8
+        items = _without_surrogates(items)
     return _maybe_strict(items, strict)
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _without_surrogates(items: Iterator[Update | InputError]) -> Iterator[Update | InputError]:
+    """A statement whose terms hold a lone surrogate (``"\\ud800"`` in JSON or N-Triples) is not RDF: an
+    InputError in its place (the dictionary could not encode it as UTF-8)."""
+    for item in items:
+        if isinstance(item, Update):
+            for term in (item.s, item.p, item.o, item.g or ""):
+                bad = _SURROGATE.search(term)
+                if bad:
+                    item = _error(item.line, None, f"invalid Unicode: an escape makes the lone surrogate "
+                                  f"U+{ord(bad.group()):04X}", term.encode("utf-8", "backslashreplace").decode())
+                    break
+        yield item
 
 
 def _decode(data: bytes, errors: list[InputError]) -> str:

@@ -6,12 +6,15 @@ How it works: docs/design/internals.md, cbgp.inputs.sparql_update.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Iterable
 
 import pyoxigraph as ox
 
 from cbgp.inputs import update_syntax as syn
+from cbgp.query.cost import cross_product
+from cbgp.query.limits import limit, text_problem
 from cbgp.terms import TermError, from_oxigraph
 
 QuadKey = tuple[str, str, str, "str | None"]
@@ -27,6 +30,14 @@ _CONST, _VAR, _BNODE = 0, 1, 2
 
 # Format name of SPARQL 1.1 Update requests among the inputs (media type application/sparql-update).
 UPDATE_FORMAT = "sparql-update"
+
+# What one request may cost (named settings; the defaults protect a small machine).  A WHERE clause is evaluated
+# by pyoxigraph, which cannot be interrupted, so the clause is checked before (no cross product unless allowed)
+# and its solutions are counted and timed while they are read.
+MAX_CHANGES_SETTING, DEFAULT_MAX_CHANGES = "CBGP_MAX_UPDATE_CHANGES", 100_000
+MAX_SOLUTIONS_SETTING, DEFAULT_MAX_SOLUTIONS = "CBGP_MAX_UPDATE_SOLUTIONS", 1_000_000
+MAX_SECONDS_SETTING, DEFAULT_MAX_SECONDS = "CBGP_MAX_UPDATE_SECONDS", 10
+CROSS_PRODUCTS_SETTING = "CBGP_ALLOW_UPDATE_CROSS_PRODUCTS"
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,9 @@ class UpdateExtractor:
 
     def _analyse(self, request: str, base: str | None) -> list[syn.Operation]:
         """Validate the request and split it into operations; raise on anything we will not run."""
+        problem = text_problem(request, "update")
+        if problem is not None:
+            raise UpdateRequestError(problem.message, line=problem.line, column=problem.column, syntax=True)
         tokens = syn.tokenize(request)
         unsupported = syn.uses_keyword(tokens, "LOAD", "SERVICE")
         if not unsupported:
@@ -167,14 +181,26 @@ class UpdateExtractor:
         if op.where is None:  # INSERT DATA / DELETE DATA: one empty solution
             solutions: Iterable[ox.QuerySolution | None] = (None,)
         else:
-            solutions = store.query(self._where_query(op), base_iri=base, **self._dataset(op, with_graph, base))
+            where = self._where_query(op)
+            self._check_cost(op, where, base)
+            solutions = store.query(where, base_iri=base, **self._dataset(op, with_graph, base))
         to_delete: dict[ox.Quad, None] = {}
         to_insert: dict[ox.Quad, None] = {}
-        for solution in solutions:
+        max_changes = limit(MAX_CHANGES_SETTING, DEFAULT_MAX_CHANGES)
+        max_solutions = limit(MAX_SOLUTIONS_SETTING, DEFAULT_MAX_SOLUTIONS)
+        deadline = time.monotonic() + limit(MAX_SECONDS_SETTING, DEFAULT_MAX_SECONDS)
+        for count, solution in enumerate(solutions, 1):
             if delete_template:
                 _instantiate(delete_template, solution, to_delete)
             if insert_template:
                 _instantiate(insert_template, solution, to_insert)
+            if len(to_delete) + len(to_insert) > max_changes:
+                raise UpdateRequestError(f"it would make more than {max_changes:,} changes "
+                                         f"({MAX_CHANGES_SETTING}); split the request", operation=op.index)
+            if count > max_solutions or (count % 1024 == 0 and time.monotonic() > deadline):
+                raise UpdateRequestError(f"its WHERE clause has more than {count - 1:,} solutions "
+                                         f"or ran past {MAX_SECONDS_SETTING}; make it more selective",
+                                         operation=op.index)
         # Presence is judged on the state before this operation; deletes apply before inserts.
         deleted = [q for q in to_delete if q not in to_insert and q in store]
         inserted = [q for q in to_insert if q not in store]
@@ -272,6 +298,22 @@ class UpdateExtractor:
                     )
                 )
         return template
+
+    def _check_cost(self, op: syn.Operation, where: str, base: str | None) -> None:
+        """Refuse a WHERE clause that is a cross product (parts sharing no variable: |G|^k solutions, which
+        pyoxigraph could spend hours on before the first) unless the fleet allows them."""
+        if limit(CROSS_PRODUCTS_SETTING, 0):
+            return
+        from rdflib.plugins.sparql import prepareQuery
+
+        try:
+            product = cross_product(prepareQuery(where, base=base).algebra)
+        except Exception:  # noqa: BLE001 - pyoxigraph is the parser of record; it already took the request
+            return
+        if product:
+            raise UpdateRequestError(f"its WHERE clause is a cross product of {product} (no "
+                                     f"shared variable): refused unless {CROSS_PRODUCTS_SETTING}=1",
+                                     operation=op.index)
 
     def _where_query(self, op: syn.Operation) -> str:
         # USING / USING NAMED define the WHERE dataset exactly as FROM / FROM NAMED do.

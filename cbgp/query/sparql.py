@@ -21,6 +21,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
+from cbgp.query.limits import text_problem
 from cbgp.terms import TermError, from_rdflib
 
 BNODE_VAR_PREFIX = "?_:"
@@ -171,7 +172,15 @@ def _reject(text: str, construct: str, keywords: tuple[str, ...]) -> QueryError:
 def parse_query(text: str) -> ParsedQuery:
     """Parse a SPARQL SELECT query with a BGP WHERE clause, or raise QueryError.  Cached per text (the result
     is immutable): a worker parses the same plans and parts again on every restore, at ~5 ms each."""
+    check_text(text)
     return _parse_query(text)
+
+
+def check_text(text: str) -> None:
+    """Raise QueryError unless ``text`` is within the limits every parser needs (``cbgp.query.limits``)."""
+    problem = text_problem(text, "query")
+    if problem is not None:
+        raise QueryError(problem.message, problem.line, problem.column)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -184,6 +193,8 @@ def _parse_query(text: str) -> ParsedQuery:
         parsed = parseQuery(text)
     except ParseException as exc:
         raise _syntax_error(text, (exc.lineno, exc.col)) from None
+    except RecursionError:
+        raise QueryError("the query is nested too deeply for the parser; lower CBGP_MAX_QUERY_NESTING") from None
     except Exception:  # rdflib raises assorted errors for bad prefixes etc.
         raise _syntax_error(text, None) from None
     check_prefixes(text)  # rdflib quietly knows foaf:, rdf:, xsd:, ...; SPARQL (and pyoxigraph) do not

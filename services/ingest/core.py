@@ -10,7 +10,10 @@ dictionary topic, its changelogs; with ``track_changes`` it also keeps what chan
 
 from __future__ import annotations
 
+import logging
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Iterator, Protocol
 
 from prometheus_client import Counter
@@ -18,8 +21,10 @@ from prometheus_client import Counter
 from cbgp.change import INSERT, ROLE_BOTH, Change, change_of, routes
 from cbgp.inputs.formats import FORMATS, InputError, detect_format, parse_input, parse_term
 from cbgp.inputs.sparql_update import UPDATE_FORMAT, UpdateDelta, UpdateExtractor, UpdateRequestError
+from cbgp.query.limits import limit
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
 from services import codec
+from services.wire.failures import ConsecutiveFailures
 from services.wire.records import ORIGIN_HEADER, Output, dead_letter
 from services.state.ondisk import DiskPresence, DiskPublished, DiskTerms
 from services.state.presence import Presence
@@ -27,6 +32,10 @@ from services.state.store import Store
 
 SERVICE = "ingest"
 # Inserts of present quads and deletes of absent ones: not errors (users send them), but worth watching.
+log = logging.getLogger("cbgp.ingest")
+# At most this many dead letters per raw record, then one that says how many more (a record of 10,000 bad lines
+# makes 101 dead letters, not 10,000).
+DEAD_PER_RECORD_SETTING, DEFAULT_DEAD_PER_RECORD = "CBGP_MAX_DEAD_LETTERS_PER_RECORD", 100
 NOOP_UPDATES = Counter("cbgp_ingest_noop_updates", "Updates dropped by set semantics.", ["op"])
 NOOP_ADD, NOOP_DEL = NOOP_UPDATES.labels("ADD"), NOOP_UPDATES.labels("DEL")  # hoisted: labels() is slow per call
 
@@ -58,15 +67,20 @@ class GraphMirror:
     drift from updates.encoded (the durable copy of the graph).
     """
 
+    TERM_CACHE = 1 << 20  # pyoxigraph terms kept for the next changes; the cache is emptied when full
+
     def __init__(self, dictionary: TermDictionary) -> None:
         self.dictionary = dictionary
         self.store = None
         self.extractor = None
+        self.path: Path | None = None  # on disk (ingest --state-on-disk): a graph larger than memory
         self._terms: dict[int, object] = {}
 
     def _term(self, term_id: int):  # noqa: ANN202 - a pyoxigraph term
         found = self._terms.get(term_id)
         if found is None:
+            if len(self._terms) >= self.TERM_CACHE:
+                self._terms.clear()
             found = self._terms[term_id] = to_oxigraph(self.dictionary.decode(term_id))
         return found
 
@@ -84,8 +98,12 @@ class GraphMirror:
     def build(self, present: Iterable[tuple[int, int, int, int]]) -> None:
         import pyoxigraph as ox
 
-        self.store = ox.Store()
-        self.store.extend(self._quad(q) for q in present)
+        if self.path is None:
+            self.store = ox.Store()
+        else:  # derived state: made again from the presence set, never restored
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.store = ox.Store(str(self.path))
+        self.store.bulk_extend(self._quad(q) for q in present)
         self.extractor = UpdateExtractor(self.store)
 
     def apply(self, op: int, quad: tuple[int, int, int, int]) -> None:
@@ -113,6 +131,9 @@ class IngestProcessor:
         self.seq = 0  # seq of the last effective change
         self.frontier_sent = 0  # seq of the last Frontier records written to updates.routed
         self.graph = GraphMirror(self.dictionary)
+        self.failures = ConsecutiveFailures(SERVICE)
+        self.max_dead_per_record = limit(DEAD_PER_RECORD_SETTING, DEFAULT_DEAD_PER_RECORD)
+        self._record_dead, self._record_lines = 0, None
         self.t_dictionary = settings.topic("dictionary")
         self.t_encoded = settings.topic("updates.encoded")
         self.t_routed = settings.topic("updates.routed")
@@ -138,6 +159,7 @@ class IngestProcessor:
         self.present = DiskPresence(store, present)  # type: ignore[assignment]
         self.disk_terms = DiskTerms(store, terms)
         self.dictionary = self.graph.dictionary = self.disk_terms  # type: ignore[assignment]
+        self.graph.path = Path(f"{store.path}.graph")
         self.known = self.disk_terms.ids
         self.published = DiskPublished(self.disk_terms)  # type: ignore[assignment]
         self.track_changes = False  # what changed is the overlay itself
@@ -245,30 +267,54 @@ class IngestProcessor:
 
     def accept(self, raw: RawRecord) -> list[Output]:
         """Take one raw record: return what to produce now (dictionary entries before the batches that use
-        them, dead letters); its changes wait for :meth:`flush`."""
+        them, dead letters); its changes wait for :meth:`flush`.  Nothing in a record stops the service: a line
+        or a record that fails in a way no check foresaw is dead-lettered (``internal-error``), and the good
+        lines around it go on."""
         out: list[Output] = []
+        self._record_dead, self._record_lines = 0, None
+        try:
+            self._accept(out, raw)
+        except Exception as exc:  # noqa: BLE001 - see the docstring; the outputs made so far are kept
+            log.exception("record %s[%d]@%d: internal error", raw.topic, raw.partition, raw.offset)
+            self._dead(out, raw, "internal-error", f"{type(exc).__name__}: {exc}", None)
+            self.failures.failed(f"{type(exc).__name__}: {exc}")
+        else:
+            self.failures.succeeded()
+        if self._record_dead > self.max_dead_per_record:
+            extra = self._record_dead - self.max_dead_per_record
+            out.append(dead_letter(self.t_deadletter, SERVICE, raw.topic, raw.partition, raw.offset, "too-many-errors",
+                                   f"{extra:,} more rejected line(s) in this record, not listed one by one (the "
+                                   f"first {self.max_dead_per_record} are; {DEAD_PER_RECORD_SETTING})", None))
+        return out
+
+    def _accept(self, out: list[Output], raw: RawRecord) -> None:
         if raw.value is None or raw.value == b"":
             self._dead(out, raw, "empty", "empty record value: nothing to ingest", None)
-            return out
+            return
         origin = raw.timestamp_ms
         if raw.value[:2] == codec.MAGIC:
             self._avro(out, raw, origin)
-            return out
+            return
         fmt = self._format(raw)
         if fmt is None:
-            return self._dead(out, raw, "unknown-format", "cannot tell the input format from headers "
-                              f"content-type={raw.headers.get('content-type', b'')!r} cbgp-format="
-                              f"{raw.headers.get('cbgp-format', b'')!r}; use one of {', '.join(FORMATS)}", None)
+            self._dead(out, raw, "unknown-format", "cannot tell the input format from headers "
+                       f"content-type={raw.headers.get('content-type', b'')!r:.80} cbgp-format="
+                       f"{raw.headers.get('cbgp-format', b'')!r:.80}; use one of {', '.join(FORMATS)}", None)
+            return
         if fmt == UPDATE_FORMAT:
             self._update_request(out, raw, origin)
-            return out
+            return
         for item in parse_input(raw.value, fmt):
             if isinstance(item, InputError):
                 reason = "invalid-utf8" if item.message.startswith("invalid UTF-8") else "malformed-rdf"
                 self._dead(out, raw, reason, f"line {item.line}: {item.message}", item.line)
                 continue
-            self._change(out, raw, origin, item.op, item.s, item.p, item.o, item.g, None, item.line)
-        return out
+            try:
+                self._change(out, raw, origin, item.op, item.s, item.p, item.o, item.g, None, item.line)
+            except Exception as exc:  # noqa: BLE001 - this line only (a change leaves no trace when it fails)
+                log.exception("record %s[%d]@%d line %d: internal error", raw.topic, raw.partition, raw.offset,
+                              item.line)
+                self._dead(out, raw, "internal-error", f"line {item.line}: {type(exc).__name__}: {exc}", item.line)
 
     def _update_request(self, out: list[Output], raw: RawRecord, origin: int | None) -> None:
         """A SPARQL 1.1 Update request: apply it atomically to the current graph; emit the quads it really
@@ -370,9 +416,17 @@ class IngestProcessor:
             if inserted is None:
                 NOOP_DEL.inc()
                 return
-            self.pending_deleted[self.seq + 1] = inserted
         if self.graph.active and not mirrored:
-            self.graph.apply(op, quad)
+            try:
+                self.graph.apply(op, quad)
+            except Exception:
+                if op > 0:  # the change did not happen: leave no trace of it
+                    self.present.pop(quad, None)
+                else:
+                    self.present[quad] = inserted
+                raise
+        if op < 0:
+            self.pending_deleted[self.seq + 1] = inserted
         self.seq += 1
         seq = self.seq
         change = change_of((seq, op, *quad, event_time_ms, ROLE_BOTH, False))
@@ -399,10 +453,22 @@ class IngestProcessor:
                               str(term_id).encode(), term_id % self.n_dictionary))
         return term_id
 
-    def _dead(self, out: list[Output], raw: RawRecord, reason: str, message: str, line: int | None) -> list[Output]:
-        out.append(dead_letter(self.t_deadletter, SERVICE, raw.topic, raw.partition, raw.offset, reason, message,
-                               raw.value, line))
+    def _dead(self, out: list[Output], raw: RawRecord, reason: str, message: str, line: int | None,
+              text: bytes | None = None) -> list[Output]:
+        """A dead letter for ``raw`` (its offending ``line`` as the excerpt when there is one), unless the record
+        already had its share of them (:meth:`accept` then says how many more there were)."""
+        self._record_dead += 1
+        if self._record_dead <= self.max_dead_per_record:
+            if text is None:
+                text = self._line(raw, line) if line else raw.value
+            out.append(dead_letter(self.t_deadletter, SERVICE, raw.topic, raw.partition, raw.offset, reason,
+                                   message, text, line))
         return out
+
+    def _line(self, raw: RawRecord, line: int) -> bytes:
+        if self._record_lines is None:
+            self._record_lines = (raw.value or b"").splitlines()
+        return self._record_lines[line - 1] if 0 < line <= len(self._record_lines) else b""
 
 
 MAX_BATCH_CHANGES = 2000  # changes per batch record (~80 KB): far below Kafka's 1 MB default record limit

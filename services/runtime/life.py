@@ -22,6 +22,7 @@ from services.kafka.config import KafkaSettings, add_kafka_flags
 from services.kafka.client import broker_outages
 from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated
 from services.metrics.exposition import start_metrics_server
+from services.wire.failures import EXIT_TOO_MANY_FAILURES, TooManyFailures
 from services.wire.records import ORIGIN_HEADER, Output, kv
 # Re-exported: the services import their input and replay helpers from here.
 
@@ -267,6 +268,10 @@ def run_lives(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> i
         _LIFE[0] = broker_outages()
         try:
             loop(stopper)
+        except TooManyFailures as exc:
+            # Not restarted: a new life would read the same failing inputs.  One line, then exit code 4.
+            log.error(kv(event="too-many-failures", service=name, reason=str(exc)))
+            return EXIT_TOO_MANY_FAILURES
         except LogTruncated as exc:
             # Not restarted: a new life would read the same truncated log.  One line, then exit code 3.
             log.error(kv(event="log-truncated", service=name, topic=exc.topic, partition=exc.partition,

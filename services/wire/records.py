@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cbgp.query.limits import limit
 from cbgp.terms import stable_term_id
 from services import codec
 from services.metrics.instruments import REJECTED_INPUTS
@@ -61,16 +62,36 @@ def kv(**fields: Any) -> str:
     return " ".join(parts)
 
 
+# A dead letter carries an excerpt of what was refused, never the whole input: one bad line of a 1 MB record
+# must not make a dead letter over the record size limit (CBGP_DEAD_LETTER_EXCERPT_BYTES).
+EXCERPT_SETTING, DEFAULT_EXCERPT_BYTES = "CBGP_DEAD_LETTER_EXCERPT_BYTES", 1024
+MAX_MESSAGE_CHARS = 1000
+
+
+def excerpt(original: bytes | None) -> tuple[bytes, str]:
+    """``(the first bytes of original, a note on what was cut or "")``."""
+    original = original or b""
+    size = limit(EXCERPT_SETTING, DEFAULT_EXCERPT_BYTES)
+    if len(original) <= size:
+        return original, ""
+    return original[:size], f" [excerpt: the first {size:,} of {len(original):,} bytes]"
+
+
 def dead_letter(deadletter_topic: str, service: str, source_topic: str, partition: int, offset: int, reason: str,
                 message: str, original: bytes | None, line: int | None = None, at_ms: int | None = None) -> Output:
     """The ``DeadLetter`` record for an input ``service`` rejected (and ``cbgp_rejected_inputs`` counted).
 
     ``source_topic``/``partition``/``offset`` say where the input was, ``reason`` is the code (e.g.
-    ``schema-mismatch``), ``message`` one line for people, ``line`` the line of a text input, ``at_ms`` the
-    time of the rejection (default now).
+    ``schema-mismatch``), ``message`` one line for people, ``original`` what was refused (the offending line
+    when there is one; only an excerpt is kept), ``line`` the line of a text input, ``at_ms`` the time of the
+    rejection (default now).
     """
     REJECTED_INPUTS.labels(service, reason).inc()
+    kept, note = excerpt(original)
+    message = message.replace("\n", " ")
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "..."
     record = {"service": service, "source_topic": source_topic, "partition": partition, "offset": offset,
-              "reason": reason, "message": message.replace("\n", " "), "line": line, "original": original or b"",
+              "reason": reason, "message": message + note, "line": line, "original": kept,
               "at_ms": int(time.time() * 1000) if at_ms is None else at_ms}
     return Output(deadletter_topic, codec.encode("DeadLetter", record))

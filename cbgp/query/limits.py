@@ -1,0 +1,78 @@
+"""What a query or update text may be before any parser sees it: its size, its nesting, its characters.
+
+rdflib's parser recurses about forty Python frames per level of nesting and gives up (RecursionError) near 25
+levels of parentheses; pyoxigraph's overflows its native stack (a segmentation fault, the whole process gone) near
+2,400 nested groups. So every text from outside is measured here first, by a scanner that does not recurse, and
+refused with one line that names the limit, where it was passed, and how to raise it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+# Defaults protect a small machine; every one is a named setting (environment, or the services' flags).
+DEFAULT_MAX_QUERY_BYTES = 64 * 1024
+DEFAULT_MAX_UPDATE_BYTES = 1024 * 1024  # an update request is at most one Kafka record
+DEFAULT_MAX_NESTING = 16  # braces, parentheses and brackets together; rdflib needs about 40 frames a level
+_SETTINGS = {"query": ("CBGP_MAX_QUERY_BYTES", DEFAULT_MAX_QUERY_BYTES),
+             "update": ("CBGP_MAX_UPDATE_BYTES", DEFAULT_MAX_UPDATE_BYTES)}
+NESTING_SETTING = "CBGP_MAX_QUERY_NESTING"
+
+# Strings, IRIs and comments are skipped whole (brackets inside them do not nest); the rest is one bracket or a
+# run of anything else.  No alternative can match the empty string, and none backtracks across another.
+_SCAN = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""' r"|'''(?:[^'\\]|\\.|'(?!''))*'''"
+                   r'|"(?:[^"\\\n]|\\.)*"' r"|'(?:[^'\\\n]|\\.)*'"
+                   r'|<[^<>"{}|^`\\\s]*>|#[^\n]*|[{(\[]|[})\]]|[^"\'<#{}()\[\]]+|.', re.S)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class TextProblem:
+    """Why a text is refused: the message (what, the limit, how to raise it) and where (1-based), if known."""
+
+    message: str
+    line: int | None = None
+    column: int | None = None
+
+
+def limit(name: str, default: int) -> int:
+    """A limit from the environment (``name``), else ``default``; a value that is not a positive integer is the
+    default (the services check their flags themselves)."""
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+
+
+def text_problem(text: str, kind: str = "query") -> TextProblem | None:
+    """None when ``text`` (a ``query`` or an ``update``) is within the limits; else what is wrong and where."""
+    setting, default = _SETTINGS[kind]
+    max_bytes = limit(setting, default)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        return TextProblem(f"the {kind} is {size:,} bytes, over the limit of {max_bytes:,} ({setting})")
+    bad = _SURROGATE.search(text)
+    if bad:
+        line, column = _line_col(text, bad.start())
+        return TextProblem(f"invalid Unicode in the {kind}: a lone surrogate U+{ord(bad.group()):04X}", line, column)
+    if "\x00" in text:
+        line, column = _line_col(text, text.index("\x00"))
+        return TextProblem(f"a NUL character in the {kind}", line, column)
+    max_nesting = limit(NESTING_SETTING, DEFAULT_MAX_NESTING)
+    depth = 0
+    for match in _SCAN.finditer(text):
+        token = match.group()
+        if token in "{([" and len(token) == 1:
+            depth += 1
+            if depth > max_nesting:
+                line, column = _line_col(text, match.start())
+                return TextProblem(f"the {kind} nests brackets deeper than the limit of {max_nesting} "
+                                   f"({NESTING_SETTING})", line, column)
+        elif token in "})]" and len(token) == 1:
+            depth -= 1
+    return None
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1

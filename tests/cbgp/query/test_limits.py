@@ -1,0 +1,79 @@
+"""Texts from outside are measured before any parser sees them: a query nested past the parsers' limits, over
+its size, or holding invalid Unicode is refused in one line that names the limit and where it was passed; the
+process never meets the native parser's stack overflow."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cbgp.algebra.compile import analyse
+from cbgp.inputs.sparql_update import UpdateExtractor, UpdateRequestError
+from cbgp.query.limits import text_problem
+from cbgp.query.sparql import QueryError, parse_query
+
+REPO = Path(__file__).resolve().parents[3]
+DEEP = "SELECT * WHERE " + "{ " * 2500 + "?s <http://ex.org/p> ?o" + " }" * 2500  # 10 KB
+
+
+def test_a_10kb_query_of_2500_nested_groups_is_refused_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "deep.rq"
+    path.write_text(DEEP)
+    done = subprocess.run([sys.executable, "-m", "services.commands.main", "explain", str(path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done  # before: 139, a segmentation fault in the native parser
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "nests brackets deeper than the limit of 16 (CBGP_MAX_QUERY_NESTING)" in done.stderr
+    assert "deep.rq:1:48: " in done.stderr  # where: the 17th opening brace
+
+
+@pytest.mark.parametrize("reader", [parse_query, analyse])
+def test_every_query_reader_refuses_what_the_parsers_cannot_take(reader) -> None:  # noqa: ANN001
+    for text, expected in [
+        (DEEP, "nests brackets deeper"),
+        ("SELECT * WHERE { ?s ?p ?o FILTER(" + "(" * 30 + "?o" + ")" * 30 + ") }", "nests brackets deeper"),
+        ("SELECT * WHERE { ?s ?p \"x\ud800y\" }", re.escape("lone surrogate U+D800")),
+        ("SELECT * WHERE { ?s ?p \"x\x00\" }", "NUL"),
+        ("SELECT * WHERE { ?s ?p ?o } #" + "x" * 70_000, re.escape("over the limit of 65,536 (CBGP_MAX_QUERY_BYTES)")),
+    ]:
+        with pytest.raises(QueryError, match=expected):
+            reader(text)
+
+
+def test_brackets_inside_strings_iris_and_comments_do_not_nest() -> None:
+    text = ('SELECT * WHERE { ?s <http://ex.org/p> "' + "{" * 40 + '" . ?s ?p \'' + "(" * 40 + "' } # " + "[" * 40)
+    assert text_problem(text) is None
+    assert analyse(text) is not None
+
+
+def test_the_limits_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "SELECT * WHERE " + "{ " * 20 + "?s <http://ex.org/p> ?o" + " }" * 20
+    assert text_problem(text) is not None
+    monkeypatch.setenv("CBGP_MAX_QUERY_NESTING", "24")
+    assert text_problem(text) is None and parse_query(text).patterns
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet='{}()[]<>"\'#?x .\n\\', max_size=400))
+def test_any_bracket_soup_gives_an_answer_or_a_query_error(text: str) -> None:
+    """Fuzz: the readers never raise anything but QueryError on text made of the characters that nest."""
+    for candidate in (text, "SELECT * WHERE " + text):
+        try:
+            analyse(candidate)
+        except QueryError:
+            pass
+
+
+def test_update_requests_are_measured_too() -> None:
+    extractor = UpdateExtractor(__import__("pyoxigraph").Store())
+    deep = "INSERT { <http://a> <http://b> <http://c> } WHERE " + "{ " * 3000 + "?s ?p ?o" + " }" * 3000
+    with pytest.raises(UpdateRequestError, match="nests brackets deeper"):
+        extractor.apply(deep)
+    with pytest.raises(UpdateRequestError, match="lone surrogate"):
+        extractor.apply('INSERT DATA { <http://a> <http://b> "\ud800" }')
