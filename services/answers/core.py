@@ -17,12 +17,13 @@ from typing import Callable
 
 from prometheus_client import Gauge
 
+from cbgp.query.limits import limit
 from services import codec
 from services.codec import canonical_binding, current_key, term_from_avro
 from services.metrics.instruments import ANSWER_LATENCY, DELTAS_EMITTED
 from services.wire.idempotence import ORDERED_SOURCE_BELOW
-from services.wire.records import WHOLE_QUERY_PART, dead_letter
-from services.wire.records import ORIGIN_HEADER, Output, kv
+from services.wire.records import (ANSWER_OVERHEAD_BYTES, DEFAULT_MAX_RECORD_BYTES, ORIGIN_HEADER, RECORD_SETTING,
+                                   WHOLE_QUERY_PART, Output, dead_letter, kv)
 
 log = logging.getLogger("cbgp.answers")
 
@@ -58,6 +59,7 @@ class AnswersCore:
         self.t_current = current_topic
         self.t_deadletter = deadletter_topic
         self.t_source = source_topic
+        self.max_binding = limit(RECORD_SETTING, DEFAULT_MAX_RECORD_BYTES) - ANSWER_OVERHEAD_BYTES
         self.queries: dict[str, QueryAnswers] = {}
         self.partition_of: dict[str, int] = {}
         self.duplicates = 0
@@ -176,6 +178,12 @@ class AnswersCore:
                 out.append(self._dead(partition, offset, "unknown-term", f"query {name}: term id {row[missing]} "
                                       f"of ?{variables[missing]} is not in the dictionary", value))
                 continue
+            binding = writer.write([body for _json, body in encoded])
+            if len(binding) > self.max_binding:  # (the registry's check makes this a last resort)
+                state.last_key[src] = key
+                out.append(self._dead(partition, offset, "answer-too-large", f"query {name}: an answer of "
+                                      f"{len(binding):,} bytes does not fit in a record ({RECORD_SETTING})", b""))
+                continue
             state.last_key[src] = key
             state.n += 1
             if seqs[i] > state.seq:
@@ -186,7 +194,6 @@ class AnswersCore:
             if latency is not None:
                 headers.append((ORIGIN_HEADER, origin_text))
                 ANSWER_LATENCY.observe(latency)
-            binding = writer.write([body for _json, body in encoded])
             out.append(Output(self.t_answers, codec.encode_answer_record(
                 name, state.n, seqs[i], sign, binding, snapshots[i], now, version), name_key, partition, headers))
             binding_json = "{" + ",".join([vj + tj for vj, (tj, _body) in zip(var_json, encoded)]) + "}"

@@ -102,7 +102,7 @@ def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -
     ingest's own parsers and limits: ``[(line, reason)]`` in line order, lines counted in ``data``."""
     from cbgp.inputs.formats import InputError, parse_input
     from cbgp.inputs.sparql_update import UpdateRequestError, check_request
-    from services.ingest.core import MAX_TERM_CHARS, position_problem
+    from services.ingest.core import oversized_term, position_problem
 
     problems: list[tuple[int, str]] = []
     if fmt == UPDATE_FORMAT:
@@ -120,10 +120,7 @@ def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -
                 continue
             problem = position_problem(item.s, item.p, item.o, item.g)
             if problem is None:
-                longest = max(len(item.s), len(item.p), len(item.o), len(item.g or ""))
-                if longest > MAX_TERM_CHARS:
-                    problem = (f"a term of {longest:,} characters is over ingest's {MAX_TERM_CHARS:,}-character "
-                               "limit (answers carrying it would not fit in a Kafka record)")
+                problem = oversized_term(item.s, item.p, item.o, item.g)
             if problem is not None:
                 problems.append((item.line, problem))
     for first, _lines, payload in chunk_lines(data, fmt, chunk_bytes):

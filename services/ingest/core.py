@@ -25,7 +25,7 @@ from cbgp.query.limits import limit
 from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
 from services import codec
 from services.wire.failures import ConsecutiveFailures
-from services.wire.records import ORIGIN_HEADER, Output, dead_letter
+from services.wire.records import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, ORIGIN_HEADER, Output, dead_letter
 from services.state.ondisk import DiskPresence, DiskPublished, DiskTerms
 from services.state.presence import Presence
 from services.state.store import Store
@@ -384,11 +384,9 @@ class IngestProcessor:
         s_id, p_id, o_id = known.get(s), known.get(p), known.get(o)
         if s_id is None or p_id is None or o_id is None or g is not None:
             # Some term is new (known terms were checked and published when first seen).
-            longest = max(len(s), len(p), len(o), len(g or ""))
-            if longest > MAX_TERM_CHARS:
-                self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") +
-                           f"a term of {longest:,} characters is over the {MAX_TERM_CHARS:,} limit "
-                           "(answers carrying it would not fit in a Kafka record)", line)
+            problem = oversized_term(s, p, o, g)
+            if problem:
+                self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") + problem, line)
                 return
             try:
                 s_id, p_id, o_id = (self._encode(out, term) for term in (s, p, o))
@@ -485,7 +483,17 @@ def _chunks(rows: list) -> Iterator[list]:
 
 # Downstream records (answers, current answers) carry terms whole and Kafka's default record limit is ~1 MB:
 # a larger term would make the answers service's transaction fail forever, so it is refused here instead.
-MAX_TERM_CHARS = 512 * 1024
+def oversized_term(*terms: str | None) -> str | None:
+    """Why one of ``terms`` is too large for the fleet (one line), or None."""
+    maximum = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
+    longest = max(len(term) for term in terms if term is not None)
+    if longest * 4 <= maximum:  # (a character is at most 4 bytes: no encoding needed)
+        return None
+    size = max(len(term.encode("utf-8")) for term in terms if term is not None)
+    if size <= maximum:
+        return None
+    return (f"a term of {size:,} bytes is over the limit of {maximum:,} ({MAX_TERM_SETTING}): answers carrying it "
+            "must fit in a Kafka record")
 
 
 def position_problem(s: str, p: str, o: str, g: str | None) -> str | None:

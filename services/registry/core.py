@@ -16,6 +16,7 @@ from cbgp.query.sparql import QueryError
 from cbgp.windows.spec import WindowSpec
 from cbgp.background.service_query import ServiceOptions
 from cbgp.background.view_graphs import view_summary
+from services.wire.records import answer_size_problem
 from services.wire.registrations import graphs_read, read_query, read_registration, read_stream, read_views, stream_iri
 
 __all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "operator_plan",
@@ -251,6 +252,9 @@ class Registry:
         else:
             plan_json, projected, query_class = plan.to_json(), list(plan.query.projected), plan.query_class
             summary = plan_summary(plan)
+        too_large = answer_size_problem(len(projected))
+        if too_large:
+            return Decision(self._status(query_id, "REJECTED", too_large, request_id))
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
                   "plan_json": json.dumps(plan_json, separators=(",", ":")),
                   "projected": projected, "registered_at_seq": seq, "version": version,

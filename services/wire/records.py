@@ -62,6 +62,25 @@ def kv(**fields: Any) -> str:
     return " ".join(parts)
 
 
+# Record sizes. An answer carries its terms whole and must fit in one Kafka record (the broker's default
+# message.max.bytes is about 1 MB): ingest refuses terms over CBGP_MAX_TERM_BYTES, and the registry refuses a query
+# whose answers could exceed CBGP_MAX_RECORD_BYTES with terms that large.
+RECORD_SETTING, DEFAULT_MAX_RECORD_BYTES = "CBGP_MAX_RECORD_BYTES", 1_000_000
+MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES = "CBGP_MAX_TERM_BYTES", 64 * 1024
+ANSWER_OVERHEAD_BYTES, TERM_OVERHEAD_BYTES = 1024, 64
+
+
+def answer_size_problem(columns: int) -> str | None:
+    """Why answers of ``columns`` variables might not fit in a record (one line), or None."""
+    record = limit(RECORD_SETTING, DEFAULT_MAX_RECORD_BYTES)
+    term = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
+    worst = ANSWER_OVERHEAD_BYTES + columns * (term + TERM_OVERHEAD_BYTES)
+    if worst <= record:
+        return None
+    return (f"an answer of {columns} variables may take {worst:,} bytes with terms of up to {term:,} bytes, over "
+            f"the record limit of {record:,} ({RECORD_SETTING}, {MAX_TERM_SETTING}): project fewer variables")
+
+
 # A dead letter carries an excerpt of what was refused, never the whole input: one bad line of a 1 MB record
 # must not make a dead letter over the record size limit (CBGP_DEAD_LETTER_EXCERPT_BYTES).
 EXCERPT_SETTING, DEFAULT_EXCERPT_BYTES = "CBGP_DEAD_LETTER_EXCERPT_BYTES", 1024

@@ -53,7 +53,7 @@ def test_check_input_reports_what_ingest_dead_letters() -> None:
     big = f'<{EX}s> <{EX}p> <{EX}o> .\n<{EX}s> <{EX}p> "{BIG_LITERAL}" .\n'.encode()
     problems = check_input(big, "ntriples")
     assert [line for line, _ in problems] == [2] == _ingest_dead_lines(big, "ntriples")
-    assert "600,002 characters" in problems[0][1]
+    assert "a term of 600,002 bytes is over the limit of 65,536 (CBGP_MAX_TERM_BYTES)" in problems[0][1]
 
     update = BAD_UPDATE.encode()
     problems = check_input(update, "sparql-update")

@@ -348,18 +348,18 @@ def test_fast_writers_produce_exactly_the_generic_avro_bytes() -> None:
 
 
 def test_a_term_too_large_for_downstream_records_is_dead_lettered_and_the_rest_goes_on():
-    from services.ingest.core import MAX_TERM_CHARS
+    from services.ingest.core import DEFAULT_MAX_TERM_BYTES
 
     processor = IngestProcessor(KafkaSettings.from_env(), 4, 1)
-    big = "x" * (MAX_TERM_CHARS + 1)
-    fine = "y" * 400_000
+    big = "é" * (DEFAULT_MAX_TERM_BYTES // 2 + 1)  # 2 bytes a character: over the limit in bytes, not in characters
+    fine = "y" * (DEFAULT_MAX_TERM_BYTES - 10)
     text = (f'A <http://ex/a> <http://ex/p> "{big}" .\n'
             f'A <http://ex/b> <http://ex/p> "{fine}" .\n').encode()
     outputs = processor.process(RawRecord(text, {"cbgp-format": b"patch"}))
     letters = [codec.decode("DeadLetter", o.value) for o in outputs if o.topic == processor.t_deadletter]
     assert [(d["reason"], d["line"]) for d in letters] == [("term-too-large", 1)]
     assert "limit" in letters[0]["message"]
-    assert processor.seq == 1  # the 400 KB literal on line 2 is ingested
+    assert processor.seq == 1  # the literal just under the limit on line 2 is ingested
 
 
 def test_workers_leave_windowed_queries_to_the_spark_job_and_split_multi_part_ones() -> None:
