@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    endpoint = None if args.endpoint == "memory" else start_endpoint(args.endpoint)
+    endpoint = None if args.endpoint == "memory" else start_endpoint(args.endpoint, writable=True)
     try:
         results = [run_once(args, args.seed + i, endpoint) for i in range(args.repeats)]
     finally:

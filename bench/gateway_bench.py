@@ -161,7 +161,8 @@ async def run(args: argparse.Namespace) -> dict:
         env = {**os.environ, **settings.to_env()}
         log = open(tmp / "gateway.log", "w")
         gateway = subprocess.Popen([str(ROOT / ".venv" / "bin" / "cbgp"), "gateway", "--port", "0", "--host",
-                                    "127.0.0.1", "--log-level", "INFO"], env=env,
+                                    "127.0.0.1", "--log-level", "INFO", "--auth", "none",  # (its own, on loopback)
+                                    "--max-connections-per-client", "100000"], env=env,
                                    stderr=log, stdout=log)
         port = None
         deadline = time.monotonic() + 60

@@ -13,3 +13,7 @@ if "CBGP_STATE_DIR" not in os.environ:
     import tempfile
 
     os.environ["CBGP_STATE_DIR"] = tempfile.mkdtemp(prefix="cbgp-test-state-")
+# SERVICE endpoints the tests register (a local Virtuoso or pyoxigraph endpoint, and the names of in-memory remotes);
+# a fleet allows none by default (tests/cbgp/background/test_hostile_endpoint.py checks the refusal).
+os.environ.setdefault("CBGP_SERVICE_ALLOW", "http://127.0.0.1,http://localhost,http://e,http://endpoint.example,"
+                                            "http://example.org,http://other.example,http://s,http://x")

@@ -50,6 +50,11 @@ class Endpoint:
     update_url: str
     directory: str
     _stop: object = field(repr=False, default=None)
+    _update: object = field(repr=False, default=None)  # the owner's own channel, not HTTP
+
+    def update(self, text: str) -> None:
+        """A SPARQL 1.1 Update by the process that started the endpoint (read-only endpoints take none over HTTP)."""
+        self._update(text)  # type: ignore[misc]
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -63,14 +68,16 @@ class Endpoint:
         self.stop()
 
 
-def start_endpoint(kind: str = "auto", *, timeout: float = 60.0) -> Endpoint:
-    """Start a local endpoint: ``auto`` is Virtuoso when installed, else pyoxigraph."""
+def start_endpoint(kind: str = "auto", *, timeout: float = 60.0, writable: bool = False) -> Endpoint:
+    """Start a local endpoint on 127.0.0.1: ``auto`` is Virtuoso when installed, else pyoxigraph.  Read-only over
+    HTTP unless ``writable`` (tests and benchmarks that change it as a remote client would); its owner changes it
+    with :meth:`Endpoint.update` either way."""
     if kind == "auto":
         kind = "virtuoso" if virtuoso_available() else "oxigraph"
     if kind == "virtuoso":
-        return start_virtuoso(timeout=timeout)
+        return start_virtuoso(timeout=timeout, writable=writable)
     if kind == "oxigraph":
-        return start_oxigraph()
+        return start_oxigraph(writable=writable)
     raise ValueError(f"unknown endpoint kind {kind!r} (auto, virtuoso, oxigraph)")
 
 
@@ -96,7 +103,7 @@ MaxCheckpointRemap = 2000
 Striping = 0
 
 [Parameters]
-ServerPort = {sql_port}
+ServerPort = 127.0.0.1:{sql_port}
 LiteMode = 0
 DisableUnixSocket = 1
 DisableTcpSocket = 0
@@ -119,7 +126,7 @@ AsyncQueueMaxThreads = 2
 MaxQueryMem = 200M
 
 [HTTPServer]
-ServerPort = {http_port}
+ServerPort = 127.0.0.1:{http_port}
 ServerRoot = {d}
 MaxClientConnections = 8
 DavRoot = DAV
@@ -166,7 +173,7 @@ def _http_ready(url: str) -> bool:
         return False
 
 
-def start_virtuoso(*, timeout: float = 60.0) -> Endpoint:
+def start_virtuoso(*, timeout: float = 60.0, writable: bool = False) -> Endpoint:
     directory = tempfile.mkdtemp(prefix="cbgp-virtuoso-")
     sql_port, http_port = free_port(), free_port()
     while http_port == sql_port:
@@ -200,14 +207,14 @@ def start_virtuoso(*, timeout: float = 60.0) -> Endpoint:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"virtuoso did not answer on {url} within {timeout} s: {_tail(directory)}")
             time.sleep(0.2)
-        # The anonymous /sparql user may update this throw-away database (SPARQL 1.1 Update over the endpoint).
-        isql(sql_port, 'grant SPARQL_UPDATE to "SPARQL";')
-        isql(sql_port, "grant execute on DB.DBA.SPARQL_INSERT_DICT_CONTENT to \"SPARQL\";")
-        isql(sql_port, "grant execute on DB.DBA.SPARQL_DELETE_DICT_CONTENT to \"SPARQL\";")
+        if writable:  # the anonymous /sparql user may update this throw-away database over HTTP
+            isql(sql_port, 'grant SPARQL_UPDATE to "SPARQL";')
+            isql(sql_port, "grant execute on DB.DBA.SPARQL_INSERT_DICT_CONTENT to \"SPARQL\";")
+            isql(sql_port, "grant execute on DB.DBA.SPARQL_DELETE_DICT_CONTENT to \"SPARQL\";")
     except BaseException:
         stop()
         raise
-    endpoint = Endpoint("virtuoso", url, url, directory, stop)
+    endpoint = Endpoint("virtuoso", url, url, directory, stop, lambda text: isql(sql_port, f"SPARQL {text}"))
     endpoint.sql_port = sql_port  # type: ignore[attr-defined]
     return endpoint
 
@@ -225,7 +232,7 @@ def _tail(directory: str) -> str:
 # --------------------------------------------------------------------------------------------------------- pyoxigraph
 
 
-def start_oxigraph() -> Endpoint:
+def start_oxigraph(*, writable: bool = False) -> Endpoint:
     import pyoxigraph
 
     directory = tempfile.mkdtemp(prefix="cbgp-oxigraph-")
@@ -267,6 +274,9 @@ def start_oxigraph() -> Endpoint:
             params = self._params()
             try:
                 if "update" in params:
+                    if not writable:
+                        self._reply(403, b"this endpoint is read-only", "text/plain")
+                        return
                     with lock:
                         store.update(params["update"])
                     self._reply(200, b"", "text/plain")
@@ -301,4 +311,8 @@ def start_oxigraph() -> Endpoint:
         thread.join(timeout=5)
         shutil.rmtree(directory, ignore_errors=True)
 
-    return Endpoint("oxigraph", url, url, directory, stop)
+    def update(text: str) -> None:
+        with lock:
+            store.update(text)
+
+    return Endpoint("oxigraph", url, url, directory, stop, update)

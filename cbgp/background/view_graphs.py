@@ -6,6 +6,8 @@ How it works: docs/design/internals.md, cbgp.background.view_graphs.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -43,6 +45,22 @@ def view_graph(endpoint: str, patterns: Iterable[TriplePattern]) -> str:
     return VIEW_PREFIX + hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+ALLOW_SETTING = "CBGP_SERVICE_ALLOW"
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why the fleet may not call ``endpoint`` (one line), or None.  Only http(s) endpoints whose URL starts with
+    one of the prefixes in ``CBGP_SERVICE_ALLOW`` (comma-separated; empty: none) are called: a registered query
+    must not make the fleet reach internal addresses (a cloud metadata service, the cluster's own APIs)."""
+    allowed = [prefix.strip() for prefix in os.environ.get(ALLOW_SETTING, "").split(",") if prefix.strip()]
+    if not re.match(r"https?://[^/?#\s]", endpoint):
+        return f"SERVICE <{endpoint[:200]}>: only http and https endpoints are called"
+    if not any(endpoint.startswith(prefix) for prefix in allowed):
+        return (f"SERVICE <{endpoint[:200]}> is not an allowed endpoint: add its URL (or a prefix of it) to "
+                f"{ALLOW_SETTING} on the registry, the background service and the gateway")
+    return None
+
+
 def has_service(text: str) -> bool:
     try:
         split_service(text)
@@ -69,6 +87,9 @@ def rewrite_services(text: str) -> tuple[str, tuple[ServiceView, ...]]:
     tokens = service_tokens(text)
     i = 0
     for clause in plan.services:
+        problem = endpoint_problem(clause.endpoint)
+        if problem:
+            raise ServiceError(problem)
         # Find this clause's SERVICE keyword, its endpoint token and its opening brace (in text order).
         while not (tokens[i][0] == "word" and tokens[i][1].upper() == "SERVICE"):
             i += 1

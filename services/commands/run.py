@@ -67,16 +67,30 @@ def service_plan(commands: set[str], workers: int, run_dir: Path,
     if "background" in commands:  # SERVICE views (the demo's endpoint is started by run, see BackgroundDemo)
         ports = {"metrics": free_port()}
         plan.append(("background", ["background", "--metrics-port", str(ports["metrics"])], ports))
-    if "gateway" in commands:  # the console, SEPA WebSocket, SSE and SPARQL protocol (auth off: local only)
+    if "gateway" in commands:  # the console, SEPA WebSocket, SSE and SPARQL protocol (a token generated for the run)
         ports = {"console": free_port(), "metrics": free_port()}
         plan.append(("gateway", ["gateway", "--host", "127.0.0.1", "--port", str(ports["console"]), "--metrics-port",
-                                 str(ports["metrics"])], ports))
+                                 str(ports["metrics"]), "--token-out", str(run_dir / "gateway.token")], ports))
     if "spark-job" in commands and spark:
         # windows and multi-part assembly for the queries that need them, compaction every 30 s; started
         # first because its JVM takes longest to come up
         plan.insert(0, ("spark-job", ["spark-job", "--state-dir", str(run_dir / "spark"), "--compact-interval",
                                       "30"], {}))
     return plan
+
+
+def _gateway_token(path: Path, timeout: float = 60.0) -> str:
+    """The admin token the gateway generated for this run (it writes it as it starts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            token = path.read_text().strip()
+        except OSError:
+            token = ""
+        if token:
+            return token
+        time.sleep(0.1)
+    return ""
 
 
 def port_lines(bootstrap: str, plan: list[tuple[str, list[str], dict[str, int]]], spark_status_path: Path) -> str:
@@ -356,12 +370,10 @@ class BackgroundDemo:
 
     def __init__(self, err: TextIO) -> None:
         from cbgp.background.endpoint import start_endpoint
-        from cbgp.background.remote import SparqlRemote
 
         self.endpoint = start_endpoint("auto")
-        self.remote = SparqlRemote(self.endpoint.query_url, "?s ?p ?o", "s", update_endpoint=self.endpoint.update_url)
         data = " ".join(f"<{self.USER.format(i)}> <{self.PREDICATE}> {(i * 37) % 500} ." for i in range(self.USERS))
-        self.remote.update(f"INSERT DATA {{ GRAPH <{self.GRAPH}> {{ {data} }} }}")
+        self.endpoint.update(f"INSERT DATA {{ GRAPH <{self.GRAPH}> {{ {data} }} }}")  # read-only over HTTP
         self.changes, self.err = 0, err
         self.next_at = time.monotonic() + self.EVERY_SECONDS
         err.write(f"run: background data on a {self.endpoint.kind} endpoint at {self.endpoint.query_url}\n")
@@ -376,7 +388,7 @@ class BackgroundDemo:
         self.changes += 1
         user = f"<{self.USER.format((self.changes * 7) % self.USERS)}>"
         try:
-            self.remote.update(f"DELETE {{ GRAPH <{self.GRAPH}> {{ {user} <{self.PREDICATE}> ?n }} }} "
+            self.endpoint.update(f"DELETE {{ GRAPH <{self.GRAPH}> {{ {user} <{self.PREDICATE}> ?n }} }} "
                                f"INSERT {{ GRAPH <{self.GRAPH}> {{ {user} <{self.PREDICATE}> {1000 + self.changes} }} }} "
                                f"WHERE {{ GRAPH <{self.GRAPH}> {{ {user} <{self.PREDICATE}> ?n }} }}")
         except Exception as exc:  # noqa: BLE001 - the demo goes on without changes
@@ -448,7 +460,14 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         registry = None
         spark_status_path = run_dir / "spark" / "status.json"
         spark_status_path.unlink(missing_ok=True)  # the last run's
+        (run_dir / "gateway.token").unlink(missing_ok=True)  # (this run's gateway writes a new one)
         plan = service_plan(available_commands(), args.workers, run_dir, spark=not args.no_spark)
+        if not args.no_demo and any(name == "background" for name, _argv, _ports in plan):
+            # The demo's endpoint first: the registry, the background service and the gateway call only the
+            # endpoints they are told about (CBGP_SERVICE_ALLOW).
+            background = BackgroundDemo(err)
+            env["CBGP_SERVICE_ALLOW"] = ",".join(filter(None, [env.get("CBGP_SERVICE_ALLOW"),
+                                                               background.endpoint.query_url]))
         for name, argv, ports in plan:
             child = ChildProcess(name, cbgp_command(*argv), env=env, log_path=run_dir / "logs" / f"{name}.log").start()
             children.append(child)
@@ -462,13 +481,14 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         for name, _argv, ports in plan:
             if "console" in ports:
                 local["CBGP_GATEWAY_URL"] = f"http://127.0.0.1:{ports['console']}"
-                err.write(f"run: console: open http://127.0.0.1:{ports['console']}/ in a browser\n")
+                token = _gateway_token(run_dir / "gateway.token")
+                local["CBGP_GATEWAY_TOKEN"] = token
+                err.write(f"run: console: open http://127.0.0.1:{ports['console']}/#token={token} in a browser (the "
+                          "gateway needs this token; it is also CBGP_GATEWAY_TOKEN in the run file)\n")
         env_file = write_run_env(run_dir, {k: v for k, v in local.items() if v})
         err.write(f"run: cbgp commands find this fleet through {env_file} (e.g. .venv/bin/cbgp list)\n")
         # Step 4: the demo (with an endpoint for the SERVICE query when the background service runs).
         if not args.no_demo and not stop.stopping:
-            if any(name == "background" for name, _argv, _ports in plan):
-                background = BackgroundDemo(err)
             _register_and_publish(settings, registry, err, background)
         # Step 5: the live view, until asked to stop.
         view = LiveView(settings, err, spark_status_path=None if args.no_spark else spark_status_path)
@@ -501,6 +521,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             background.close()
         if env_file is not None:
             env_file.unlink(missing_ok=True)
+        (run_dir / "gateway.token").unlink(missing_ok=True)
         if broker is not None:
             broker.stop()
         err.write("run: stopped " + ", ".join(f"{n} ({c['exit']})" for n, c in summary["children"].items())

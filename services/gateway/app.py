@@ -15,12 +15,14 @@ from typing import Any, Awaitable, Callable
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from services.gateway.core import (READ, READ_WRITE, Subscriber, allows, net_change, results, sepa_error,
-                                   sepa_notification, sse_event, subscription_id)
+from services.gateway.core import (ADMIN, READ, READ_WRITE, Grant, Subscriber, allows, net_change, results,
+                                   sepa_error, sepa_notification, sse_event, subscription_id)
 from services.gateway.openapi import OPENAPI
-from services.gateway.service import NOTIFICATION_LATENCY, NOTIFICATIONS, REQUESTS, SUBSCRIBERS, Gateway
+from services.gateway.query import QueryRefused, run_query
+from services.gateway.service import (EVICTED, NOTIFICATION_LATENCY, NOTIFICATIONS, REFUSED, REQUESTS, SUBSCRIBERS,
+                                      Gateway)
 
-__all__ = ["Gateway", "make_app"]  # Gateway lives in services.gateway.service; serve in services.gateway.server
+__all__ = ["make_app"]
 
 STATIC = Path(__file__).with_name("static")
 
@@ -62,16 +64,16 @@ def make_app(gw: Gateway) -> web.Application:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "other"
         needed = _needed_scope(request)
         if needed is not None:
-            scope = gw.scope_of(request)
-            if scope is None:
+            grant = gw.grant_of(request)
+            if grant is None:
                 REQUESTS.labels(route, request.method, "401").inc()
-                return web.Response(status=401, text=json.dumps({"error": "a bearer token is required"}),
+                return web.Response(status=401, text=json.dumps({"error": gw.token_problem(request)}),
                                     content_type="application/json",
                                     headers={"WWW-Authenticate": 'Bearer realm="cbgp"'})
-            if not allows(scope, needed):
+            if not allows(grant.scope, needed):
                 REQUESTS.labels(route, request.method, "403").inc()
-                return _problem(403, f"this token's scope is {scope!r}; {needed!r} is needed")
-            request["scope"] = scope
+                return _problem(403, f"this token's scope is {grant.scope!r}; {needed!r} is needed")
+            request["grant"] = grant
         try:
             response = await handler(request)
         except web.HTTPException as exc:
@@ -86,6 +88,36 @@ def make_app(gw: Gateway) -> web.Application:
 
     app = web.Application(middlewares=[middleware], client_max_size=8 * 1024 * 1024)
     open_sockets: set[web.WebSocketResponse] = set()
+    limits = gw.limits
+    connections: dict[str, int] = {}  # client address -> open SSE and WebSocket connections
+
+    def connection_refused(request: web.Request) -> web.Response | None:
+        """A 503 when the gateway, or this client, holds as many long-lived connections as it may."""
+        client = request.remote or "?"
+        if sum(connections.values()) >= limits.max_connections:
+            REFUSED.labels("max-connections").inc()
+            return _problem(503, f"the gateway holds {limits.max_connections:,} connections (--max-connections)")
+        if connections.get(client, 0) >= limits.max_connections_per_client:
+            REFUSED.labels("max-connections-per-client").inc()
+            return _problem(429, f"{limits.max_connections_per_client:,} connections from {client} are open "
+                            "(--max-connections-per-client)")
+        connections[client] = connections.get(client, 0) + 1
+        return None
+
+    def connection_closed(request: web.Request) -> None:
+        client = request.remote or "?"
+        connections[client] -= 1
+        if connections[client] <= 0:
+            del connections[client]
+
+    async def write_or_evict(response: web.StreamResponse, data: bytes) -> None:
+        """Write, or give up on a client that has not read for --slow-client-timeout (its buffer is bounded by
+        one chunk: the write waits while the socket's buffer is full)."""
+        try:
+            await asyncio.wait_for(response.write(data), limits.slow_client_s)
+        except asyncio.TimeoutError:
+            EVICTED.labels("sse").inc()
+            raise ConnectionResetError("slow client evicted") from None
 
     async def close_sockets(_app: web.Application) -> None:
         for ws in list(open_sockets):  # on shutdown: "going away", so clients reconnect elsewhere
@@ -108,7 +140,7 @@ def make_app(gw: Gateway) -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(_request: web.Request) -> web.Response:
-        if gw.ready and gw.follower.is_alive():
+        if gw.is_ready():
             return web.Response(text="ready\n")
         if gw.ready:
             return web.Response(status=503, text="not ready: the topic reader stopped (see the log)\n")
@@ -128,11 +160,15 @@ def make_app(gw: Gateway) -> web.Application:
             return _problem(404, f"no query with id {query_id!r} is registered")
         return _json(hub.describe(query_id))
 
-    async def admin(command: dict[str, Any]) -> dict[str, Any] | web.Response:
+    async def admin(command: dict[str, Any], grant: Grant | None) -> dict[str, Any] | web.Response:
+        """An admin command on behalf of ``grant``: its owner name goes with it (the registry lets it change only
+        that owner's queries), unless the grant is ``admin``."""
         from services.client.errors import UserError
 
+        if grant is not None and grant.scope != ADMIN:
+            command = {**command, "owner": grant.owner}
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, gw.publisher.admin, command, 30.0)
+            return await asyncio.get_running_loop().run_in_executor(gw.admin_pool, gw.publisher.admin, command, 30.0)
         except UserError as exc:
             return _problem(504, str(exc))
 
@@ -148,11 +184,15 @@ def make_app(gw: Gateway) -> web.Application:
             return _problem(400, "\"options\" must be an object of strings, e.g. {\"window\": \"sliding\"}")
         before = hub.registered(body["id"])
         status = await admin({"command": "REGISTER", "query_id": body["id"], "sparql": body["sparql"],
-                              "options": options})
+                              "options": options}, request.get("grant"))
         if isinstance(status, web.Response):
             return status
         reply = {k: status.get(k) for k in ("query_id", "status", "message", "line", "column")}
         if status["status"] != "ACCEPTED":
+            if "belongs to" in status["message"]:
+                return _problem(403, status["message"], query_id=body["id"])
+            if "_MAX_QUERIES" in status["message"]:
+                return _problem(429, status["message"], query_id=body["id"])
             return _json(reply, 409 if "already registered" in status["message"] else 400)
         await gw.wait_plan(body["id"], True, before.version if before and before.sparql != body["sparql"] else 0)
         info = hub.registered(body["id"])
@@ -162,11 +202,13 @@ def make_app(gw: Gateway) -> web.Application:
 
     async def delete_query(request: web.Request) -> web.Response:
         query_id = request.match_info["id"]
-        status = await admin({"command": "UNREGISTER", "query_id": query_id})
+        status = await admin({"command": "UNREGISTER", "query_id": query_id}, request.get("grant"))
         if isinstance(status, web.Response):
             return status
         reply = {k: status.get(k) for k in ("query_id", "status", "message", "line", "column")}
         if status["status"] != "UNREGISTERED":
+            if "belongs to" in status["message"]:
+                return _problem(403, status["message"], query_id=query_id)
             return _json(reply, 404)
         await gw.wait_plan(query_id, False)
         return _json(reply)
@@ -202,32 +244,36 @@ def make_app(gw: Gateway) -> web.Application:
                 start = int(last_id) + 1
             except ValueError:
                 return _problem(400, "Last-Event-ID must be an answer number")
+        refused = connection_refused(request)
+        if refused is not None:
+            return refused
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no", "X-CBGP-Version": str(info.version)})
-        await response.prepare(request)
         wake = asyncio.Event()
         sub = Subscriber(query_id, "sse", wake.set, version=info.version, cursor=start)
         sub.stream = hub.stream(query_id)
         hub.attach(sub)
         SUBSCRIBERS.labels("sse").inc()
         try:
-            await response.write(b"retry: 1000\n\n")
+            await response.prepare(request)
+            await write_or_evict(response, b"retry: 1000\n\n")
             if sub.stream is not None and sub.cursor < sub.stream.base:
                 # older answers were trimmed (--history): say so instead of starting silently later
-                await response.write(sse_event(json.dumps({"from": sub.cursor, "oldest_kept": sub.stream.base}),
-                                               "gap"))
+                await write_or_evict(response, sse_event(json.dumps({"from": sub.cursor,
+                                                                     "oldest_kept": sub.stream.base}), "gap"))
             while True:
                 stream = sub.stream
                 newest = hub.stream(query_id)
-                if stream is None or (newest is not stream and stream.since(sub.cursor) == []):
+                if stream is None or (newest is not stream and stream.since(sub.cursor, 1) == []):
                     newer = newest.version if newest is not None else None
-                    await response.write(sse_event(json.dumps({"reason": "registered again", "version": newer}),
-                                                   "end"))
+                    await write_or_evict(response, sse_event(json.dumps({"reason": "registered again",
+                                                                         "version": newer}), "end"))
                     break
-                items = stream.since(sub.cursor)
+                items = stream.since(sub.cursor, limits.chunk)  # one chunk at a time: a client holds no more
                 if items:
                     sub.cursor = items[-1].n + 1
-                    await response.write(b"".join(sse_event(a.encoded(), "answer", str(a.n)) for a in items))
+                    await write_or_evict(response, b"".join(sse_event(a.encoded(), "answer", str(a.n))
+                                                            for a in items))
                     NOTIFICATIONS.labels("sse").inc(len(items))
                     NOTIFICATION_LATENCY.labels("sse").observe(max(0.0, (_now_ms() - items[0].produced_at_ms) / 1000))
                     continue
@@ -236,13 +282,14 @@ def make_app(gw: Gateway) -> web.Application:
                 try:
                     await asyncio.wait_for(wake.wait(), SSE_HEARTBEAT_S)
                 except asyncio.TimeoutError:
-                    await response.write(b": keep-alive\n\n")
+                    await write_or_evict(response, b": keep-alive\n\n")
                 wake.clear()
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
             hub.detach(sub)
             SUBSCRIBERS.labels("sse").dec()
+            connection_closed(request)
         return response
 
     # ------------------------------------------------------------------ SPARQL protocol
@@ -259,21 +306,20 @@ def make_app(gw: Gateway) -> web.Application:
                 return _problem(400, "the form needs an 'update' field")
         else:
             return _problem(415, "send application/sparql-update or an 'update' form field")
-        try:
-            check_request(text)
+        try:  # (pyoxigraph parses it: on the admin pool, never on the event loop)
+            await asyncio.get_running_loop().run_in_executor(gw.admin_pool, check_request, text)
         except UpdateRequestError as exc:
-            return _problem(400, str(exc), line=exc.line)
+            return _problem(400, str(exc), line=exc.line, column=exc.column)
         except Exception as exc:  # noqa: BLE001 - pyoxigraph's own parse errors
-            return _problem(400, f"{type(exc).__name__}: {exc}")
+            return _problem(400, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         try:
-            await asyncio.get_running_loop().run_in_executor(None, gw.publisher.publish, text.encode(), UPDATE_FORMAT)
+            await asyncio.get_running_loop().run_in_executor(gw.admin_pool, gw.publisher.publish, text.encode(),
+                                                             UPDATE_FORMAT)
         except Exception as exc:  # noqa: BLE001 - the broker refused or did not answer
             return _problem(503, f"updates.raw: {exc}")
         return _json({"published": len(text.encode()), "topic": gw.settings.topic("updates.raw")})
 
     async def query(request: web.Request) -> web.Response:
-        import pyoxigraph as ox
-
         if request.method == "GET":
             text = request.query.get("query")
         elif request.content_type == "application/sparql-query":
@@ -285,17 +331,10 @@ def make_app(gw: Gateway) -> web.Application:
             return _problem(415, "send application/sparql-query, a 'query' form field, or GET ?query=")
         if not text:
             return _problem(400, "no query")
-
-        def run() -> tuple[bytes, str, int]:
-            result, seq = gw.graph.query(text)
-            if isinstance(result, ox.QueryTriples):
-                return result.serialize(format=ox.RdfFormat.N_TRIPLES), "application/n-triples", seq
-            return result.serialize(format=ox.QueryResultsFormat.JSON), SPARQL_RESULTS_JSON, seq
-
         try:
-            body, ctype, seq = await asyncio.get_running_loop().run_in_executor(None, run)
-        except (SyntaxError, ValueError, TypeError, OSError) as exc:
-            return _problem(400, f"{type(exc).__name__}: {exc}")
+            body, ctype, seq = await run_query(gw, text)
+        except QueryRefused as exc:
+            return _problem(exc.status, str(exc), **({"line": exc.line, "column": exc.column} if exc.line else {}))
         return web.Response(body=body, headers={"Content-Type": ctype, "X-CBGP-Seq": str(seq)})
 
     async def fleet(_request: web.Request) -> web.Response:
@@ -308,15 +347,27 @@ def make_app(gw: Gateway) -> web.Application:
     # ------------------------------------------------------------------ SEPA WebSocket
 
     async def subscribe_ws(request: web.Request) -> web.StreamResponse:
-        ws = web.WebSocketResponse(heartbeat=30.0)
-        await ws.prepare(request)
+        refused = connection_refused(request)
+        if refused is not None:
+            return refused
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=256 * 1024)
+        try:
+            await ws.prepare(request)
+        except Exception:
+            connection_closed(request)
+            raise
         open_sockets.add(ws)
-        conn_scope = gw.scope_of(request)
+        conn_grant = gw.grant_of(request)
         tasks: dict[str, tuple[asyncio.Task, Subscriber]] = {}
 
         async def send(message: dict[str, Any]) -> None:
             if not ws.closed:
-                await ws.send_str(json.dumps(message, separators=(",", ":")))
+                try:
+                    await asyncio.wait_for(ws.send_str(json.dumps(message, separators=(",", ":"))),
+                                           limits.slow_client_s)
+                except asyncio.TimeoutError:
+                    EVICTED.labels("ws").inc()
+                    await ws.close(code=1008, message=b"slow client evicted")
 
         async def follow(spuid: str, alias: str | None, sub: Subscriber, wake: asyncio.Event,
                          variables: list[str]) -> None:
@@ -325,7 +376,9 @@ def make_app(gw: Gateway) -> web.Application:
                 wake.clear()
                 mine = sub.stream
                 if mine is not None:
-                    items = mine.since(sub.cursor)
+                    items = mine.since(sub.cursor, limits.chunk)  # a notification covers one chunk at most
+                    if len(items) == limits.chunk:
+                        wake.set()  # more to send after this one
                     if items:
                         sub.cursor = items[-1].n + 1
                         added, removed = net_change(items)
@@ -354,12 +407,19 @@ def make_app(gw: Gateway) -> web.Application:
         async def on_subscribe(body: dict[str, Any], top: dict[str, Any]) -> None:
             sparql, alias = body.get("sparql"), body.get("alias")
             token = body.get("authorization") or top.get("authorization")
-            scope = conn_scope
+            grant = conn_grant
             if token:
                 token = str(token)
-                scope = gw.scope_of(request, token[7:].strip() if token.lower().startswith("bearer ") else token)
-            if scope is None:
-                await send(sepa_error(401, "unauthorized", "a bearer token is required"))
+                grant = gw.grant_of(request, token[7:].strip() if token.lower().startswith("bearer ") else token)
+            if grant is None:
+                await send(sepa_error(401, "unauthorized", "the bearer token is not valid" if token
+                                      else "a bearer token is required"))
+                return
+            scope = grant.scope
+            if len(tasks) >= limits.max_subscriptions_per_socket:
+                REFUSED.labels("max-subscriptions-per-socket").inc()
+                await send(sepa_error(429, "too_many_subscriptions", f"{limits.max_subscriptions_per_socket} "
+                                      "subscriptions on this socket (--max-subscriptions-per-socket)"))
                 return
             if not isinstance(sparql, str) or not sparql.strip():
                 await send(sepa_error(400, "invalid_request", "subscribe needs a 'sparql' string"))
@@ -372,7 +432,8 @@ def make_app(gw: Gateway) -> web.Application:
                     return
                 query_id = subscription_id(sparql)
                 status = await admin({"command": "REGISTER", "query_id": query_id, "sparql": sparql,
-                                      "options": {"replace": "true"}})
+                                      "options": {"replace": "true"}}, None)  # (the gateway's own: shared by text)
+                gw.sepa_registered.add(query_id)
                 if isinstance(status, web.Response):
                     await send(sepa_error(504, "timeout", status.text or "no reply from the registry"))
                     return
@@ -410,6 +471,7 @@ def make_app(gw: Gateway) -> web.Application:
             task.cancel()
             hub.detach(sub)
             SUBSCRIBERS.labels("ws").dec()
+            gw.unused_since(sub.query_id)
             return True
 
         try:
@@ -437,6 +499,7 @@ def make_app(gw: Gateway) -> web.Application:
             for spuid in list(tasks):
                 drop(spuid)
             open_sockets.discard(ws)
+            connection_closed(request)
         return ws
 
     app.router.add_get("/", index)

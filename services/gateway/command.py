@@ -12,11 +12,13 @@ __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
+    from services.gateway.core import Limits
     from services.kafka.config import add_kafka_flags
 
     p = add_kafka_flags(commands.add_parser(
         "gateway", help="serve live answers: SEPA WebSocket, SPARQL protocol, SSE, REST and the web console"))
-    p.add_argument("--host", default=os.environ.get("CBGP_GATEWAY_HOST", "0.0.0.0"), help="bind address")
+    p.add_argument("--host", default=os.environ.get("CBGP_GATEWAY_HOST", "127.0.0.1"),
+                   help="bind address (default 127.0.0.1, env CBGP_GATEWAY_HOST; 0.0.0.0 to serve other machines)")
     p.add_argument("--port", type=int, default=int(os.environ.get("CBGP_GATEWAY_PORT", "8080")),
                    help="HTTP port (default 8080, env CBGP_GATEWAY_PORT; 0 = any free port)")
     metrics_env = os.environ.get("CBGP_METRICS_PORT")
@@ -24,14 +26,33 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
                    help="also serve /metrics /healthz /readyz on this port (env CBGP_METRICS_PORT; they are on --port "
                         "too)")
     p.add_argument("--tokens-file", default=os.environ.get("CBGP_GATEWAY_TOKENS_FILE"),
-                   help="bearer tokens, 'TOKEN read|read-write' per line (env CBGP_GATEWAY_TOKENS_FILE, or the "
-                        "tokens themselves in CBGP_GATEWAY_TOKENS as TOKEN:SCOPE,...); none: auth off")
+                   help="bearer tokens, 'TOKEN read|read-write|admin [OWNER]' per line (env CBGP_GATEWAY_TOKENS_FILE, or "
+                        "the tokens themselves in CBGP_GATEWAY_TOKENS as TOKEN:SCOPE,...)")
+    p.add_argument("--auth", choices=["token", "none"], default=os.environ.get("CBGP_GATEWAY_AUTH", "token"),
+                   help="token (the default: every request but the console page and the probes needs a token) or none "
+                        "(anyone is admin: only on a machine nobody else reaches); env CBGP_GATEWAY_AUTH")
+    p.add_argument("--token-out", default=os.environ.get("CBGP_GATEWAY_TOKEN_OUT"),
+                   help="with no token configured, an admin token is generated and written to this file (mode 600); "
+                        "env CBGP_GATEWAY_TOKEN_OUT")
     p.add_argument("--tls-cert", default=os.environ.get("CBGP_GATEWAY_TLS_CERT"), help="serve HTTPS with this cert")
     p.add_argument("--tls-key", default=os.environ.get("CBGP_GATEWAY_TLS_KEY"))
     p.add_argument("--tls-client-ca", default=os.environ.get("CBGP_GATEWAY_TLS_CLIENT_CA"),
                    help="accept client certificates signed by this CA (mTLS)")
-    p.add_argument("--client-cert-scope", choices=["read", "read-write"], default="read-write",
+    p.add_argument("--client-cert-scope", choices=["read", "read-write", "admin"], default="read-write",
                    help="scope of a verified client certificate (default read-write)")
+    defaults = Limits()
+    for flag, field, kind, text in [
+            ("--query-timeout", "query_timeout_s", float, "seconds one /query may run"),
+            ("--query-max-rows", "query_max_rows", int, "rows (or triples) of one /query result"),
+            ("--query-workers", "query_workers", int, "/query evaluations at once, on their own threads"),
+            ("--query-queue", "query_queue", int, "/query requests waiting for a worker before 503"),
+            ("--max-connections", "max_connections", int, "open SSE and WebSocket connections"),
+            ("--max-connections-per-client", "max_connections_per_client", int, "... from one address"),
+            ("--max-subscriptions-per-socket", "max_subscriptions_per_socket", int, "SEPA subscriptions per socket"),
+            ("--slow-client-timeout", "slow_client_s", float, "seconds a client may not read before it is dropped")]:
+        env = "CBGP_GATEWAY_" + flag[2:].upper().replace("-", "_")
+        p.add_argument(flag, dest=field, type=kind, default=kind(os.environ.get(env, getattr(defaults, field))),
+                       help=f"{text} (default {getattr(defaults, field)}, env {env})")
     p.add_argument("--history", type=int, default=100_000,
                    help="answers kept per query for ?from=N / Last-Event-ID (default 100000; 0 = all)")
     p.add_argument("--log-level", default=os.environ.get("CBGP_LOG_LEVEL", "INFO"),

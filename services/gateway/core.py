@@ -9,7 +9,8 @@
 - SEPA notifications (:func:`sepa_notification`): ``{"notification": {"spuid", "alias", "sequence",
   "addedResults", "removedResults"}}`` with SPARQL 1.1 Query Results JSON inside, as the SEPA broker (and its
   clients, e.g. ``sepy``) speak it; a notification carries the net change of the answers it covers.
-- Auth (:class:`Tokens`): bearer tokens with a ``read`` or ``read-write`` scope.
+- Auth (:class:`Tokens`): bearer tokens with a ``read``, ``read-write`` or ``admin`` scope, each with an owner name
+  (a token may replace or remove only its own owner's queries, unless it is ``admin``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-__all__ = ["Answer", "Hub", "QueryInfo", "Stream", "Subscriber", "Tokens", "TokenError", "READ", "READ_WRITE",
+__all__ = ["Answer", "Grant", "Hub", "Limits", "QueryInfo", "Stream", "Subscriber", "Tokens", "TokenError", "READ", "READ_WRITE", "ADMIN",
            "sepa_notification", "sse_event", "subscription_id", "binding_key"]
 
-READ, READ_WRITE = "read", "read-write"
-SCOPES = (READ, READ_WRITE)
+READ, READ_WRITE, ADMIN = "read", "read-write", "admin"
+SCOPES = (READ, READ_WRITE, ADMIN)  # each allows what the ones before it allow
 
 
 def binding_key(binding: dict[str, Any]) -> str:
@@ -106,14 +107,32 @@ class Stream:
             self.base += cut
         return True
 
-    def since(self, n: int) -> list[Answer]:
-        """The answers numbered ``n`` and up (from the oldest kept if ``n`` was trimmed)."""
-        return self.answers[max(0, n - self.base):]
+    def since(self, n: int, limit: int | None = None) -> list[Answer]:
+        """The answers numbered ``n`` and up (from the oldest kept if ``n`` was trimmed), at most ``limit``."""
+        start = max(0, n - self.base)
+        return self.answers[start:] if limit is None else self.answers[start:start + limit]
 
     def rows(self) -> list[dict[str, Any]]:
         """The current answers as SPARQL JSON bindings, one per unit of multiplicity, in a stable order."""
         return [binding for key in sorted(self.current) for binding in
                 [self.current[key][0]] * self.current[key][1]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client or request may take of a gateway (each a flag of ``cbgp gateway``; the defaults suit a small
+    machine).  A request over a limit gets one line that names the flag."""
+
+    query_timeout_s: float = 10.0  # --query-timeout: one /query's evaluation
+    query_max_rows: int = 10_000  # --query-max-rows: rows (or triples) of one /query result
+    query_workers: int = 2  # --query-workers: /query evaluations at once, on their own threads
+    query_queue: int = 8  # --query-queue: /query requests waiting for a worker before 503
+    max_connections: int = 10_000  # --max-connections: open SSE and WebSocket connections
+    max_connections_per_client: int = 1_000  # --max-connections-per-client: from one address
+    max_subscriptions_per_socket: int = 100  # --max-subscriptions-per-socket: SEPA subscriptions on one WebSocket
+    slow_client_s: float = 30.0  # --slow-client-timeout: a write that waits this long evicts its client
+    chunk: int = 500  # answers per SSE write or SEPA notification (a client's buffer is one chunk)
+    sepa_idle_s: float = 60.0  # a query registered for SEPA subscriptions is unregistered after this long unused
 
 
 @dataclass
@@ -311,27 +330,41 @@ class TokenError(ValueError):
     pass
 
 
-class Tokens:
-    """Bearer tokens and their scopes: ``read`` (queries, answers, SSE, subscribe to registered queries,
-    /query) or ``read-write`` (also /update, register, unregister, subscribe with a new query text).
-    No tokens configured: auth is off and every request has ``read-write``."""
+@dataclass(frozen=True)
+class Grant:
+    """Who a request is: its scope and the owner name its registrations are made under."""
 
-    def __init__(self, scopes: dict[str, str] | None = None) -> None:
+    scope: str
+    owner: str
+
+
+class Tokens:
+    """Bearer tokens, their scopes and owners.  ``read``: queries, answers, SSE, subscribing to registered queries,
+    /query; ``read-write``: also /update, registering, unregistering and replacing its own queries, subscribing
+    with a new query text; ``admin``: also other owners' queries.
+
+    ``required`` is the default: a request without a known token is refused.  ``Tokens.none()`` (``--auth none``,
+    an operator's explicit choice) lets everyone in as ``admin``."""
+
+    def __init__(self, scopes: dict[str, str] | None = None, owners: dict[str, str] | None = None,
+                 required: bool = True) -> None:
         self.scopes = dict(scopes or {})
+        self.owners = dict(owners or {})
+        self.required = required
         for token, scope in self.scopes.items():
             if scope not in SCOPES:
                 raise TokenError(f"token scope {scope!r} is not one of {', '.join(SCOPES)}")
-            if not token:
-                raise TokenError("empty token")
+            if len(token) < 16:
+                raise TokenError("a token must be at least 16 characters (generate one: openssl rand -hex 32)")
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.scopes)
+    @classmethod
+    def none(cls) -> "Tokens":
+        return cls(required=False)
 
     @classmethod
     def parse(cls, text: str) -> "Tokens":
-        """``TOKEN SCOPE`` per line (``#`` comments), or ``TOKEN:SCOPE,TOKEN:SCOPE`` on one line, or a JSON object
-        ``{"TOKEN": "SCOPE"}``."""
+        """``TOKEN SCOPE [OWNER]`` per line (``#`` comments), or ``TOKEN:SCOPE,TOKEN:SCOPE`` on one line, or a JSON
+        object ``{"TOKEN": "SCOPE"}``.  A token without an owner name is owned by ``token-`` + a hash of it."""
         text = text.strip()
         if not text:
             return cls()
@@ -341,22 +374,41 @@ class Tokens:
             except ValueError as exc:
                 raise TokenError(f"tokens: not JSON: {exc}") from None
         scopes: dict[str, str] = {}
+        owners: dict[str, str] = {}
         for line in text.replace(",", "\n").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if not line:
+            fields = line.split("#", 1)[0].replace(":", " ").split()
+            if not fields:
                 continue
-            token, _sep, scope = line.replace(":", " ").rpartition(" ")
-            if not token.strip():
-                raise TokenError(f"tokens: expected 'TOKEN SCOPE', got {line!r}")
-            scopes[token.strip()] = scope.strip()
-        return cls(scopes)
+            if len(fields) not in (2, 3):
+                raise TokenError("tokens: expected 'TOKEN SCOPE [OWNER]' per line")
+            scopes[fields[0]] = fields[1]
+            if len(fields) == 3:
+                owners[fields[0]] = fields[2]
+        return cls(scopes, owners)
+
+    @property
+    def enabled(self) -> bool:
+        return self.required
+
+    def add(self, token: str, scope: str, owner: str | None = None) -> None:
+        self.scopes[token] = scope
+        if owner:
+            self.owners[token] = owner
+
+    def grant(self, token: str | None) -> Grant | None:
+        """Who ``token`` is (None: unknown or missing); everyone is ``admin`` when no token is required."""
+        if not self.required:
+            return Grant(ADMIN, "anonymous")
+        scope = self.scopes.get(token or "")
+        if scope is None:
+            return None
+        owner = self.owners.get(token) or "token-" + hashlib.sha256(token.encode()).hexdigest()[:12]  # type: ignore
+        return Grant(scope, owner)
 
     def scope(self, token: str | None) -> str | None:
-        """The scope of ``token`` (None: unknown or missing); ``read-write`` for everyone when auth is off."""
-        if not self.enabled:
-            return READ_WRITE
-        return self.scopes.get(token or "")
+        grant = self.grant(token)
+        return grant.scope if grant is not None else None
 
 
 def allows(scope: str | None, needed: str) -> bool:
-    return scope == READ_WRITE or (scope == READ and needed == READ)
+    return scope in SCOPES and SCOPES.index(scope) >= SCOPES.index(needed)

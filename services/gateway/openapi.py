@@ -96,6 +96,7 @@ OPENAPI: dict[str, Any] = {
                          "201": _json("#/components/schemas/StatusReply", "accepted; the plan reached the gateway"),
                          "400": _json("#/components/schemas/StatusOrError", "rejected (parse error with line/column)"),
                          "409": _json("#/components/schemas/StatusReply", "the id is registered with another text"),
+                         "429": _json(_ERR, "the fleet's or the owner's query limit is reached"),
                          "504": _json(_ERR, "no reply from the registry"), **_AUTH}},
         },
         "/queries/{id}": {

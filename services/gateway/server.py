@@ -9,35 +9,57 @@ import asyncio
 import os
 import signal
 import socket
+import secrets
 import ssl
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from services.gateway.app import make_app
-from services.gateway.core import Tokens
+from services.gateway.core import ADMIN, Limits, Tokens
 from services.gateway.service import Gateway, log
 
 __all__ = ["serve"]
 
 def _tokens(args: argparse.Namespace) -> Tokens:
+    """The tokens the flags name; with none (and --auth token), one admin token generated for this run."""
+    if args.auth == "none":
+        log.warning("event=auth-off reason='--auth none: every request is admin; only for a machine nobody else "
+                    "reaches'")
+        return Tokens.none()
     text = ""
     if args.tokens_file:
         text = Path(args.tokens_file).read_text(encoding="utf-8")
     elif os.environ.get("CBGP_GATEWAY_TOKENS"):
         text = os.environ["CBGP_GATEWAY_TOKENS"]
-    return Tokens.parse(text)
+    tokens = Tokens.parse(text)
+    if not tokens.scopes and not args.tls_client_ca:
+        token = secrets.token_hex(24)
+        tokens.add(token, ADMIN, "admin")
+        if args.token_out:
+            out = Path(args.token_out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.touch(mode=0o600)
+            out.write_text(token + "\n")
+            log.info("event=token-generated scope=admin file=%s", out)
+        else:  # on the terminal once, as Jupyter prints its token
+            log.warning("event=token-generated scope=admin token=%s reason='no --tokens-file; pass it as "
+                        "Authorization: Bearer or ?access_token='", token)
+    return tokens
 
 
-def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+def _ssl_context(args: argparse.Namespace, tokens: Tokens) -> ssl.SSLContext | None:
     if not args.tls_cert:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(args.tls_cert, args.tls_key)
     if args.tls_client_ca:
         context.load_verify_locations(args.tls_client_ca)
-        context.verify_mode = ssl.CERT_OPTIONAL  # a verified certificate, or a bearer token
+        # A verified certificate is required, unless tokens are configured too: then a request brings one or the
+        # other (a certificate that is offered is always verified).
+        context.verify_mode = ssl.CERT_OPTIONAL if tokens.scopes else ssl.CERT_REQUIRED
     return context
 
 
@@ -45,7 +67,8 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     from services.metrics.exposition import start_metrics_server
 
     tokens = _tokens(args)
-    gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope)
+    limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits) if hasattr(args, f.name)})
+    gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope, limits=limits)
     loop = asyncio.get_running_loop()
     gw.start(loop)
     app = make_app(gw)
@@ -54,18 +77,17 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
-    site = web.SockSite(runner, sock, ssl_context=_ssl_context(args), backlog=2048)
+    site = web.SockSite(runner, sock, ssl_context=_ssl_context(args, tokens), backlog=2048)
     await site.start()
     port = sock.getsockname()[1]
     metrics_server = None
     if args.metrics_port is not None:
-        metrics_server = start_metrics_server(args.metrics_port, lambda: gw.ready and gw.follower.is_alive())
+        metrics_server = start_metrics_server(args.metrics_port, gw.is_ready)
     scheme = "https" if args.tls_cert else "http"
-    log.info("event=started port=%d metrics_port=%s url=%s://127.0.0.1:%d/ auth=%s topics=%s", port,
-             metrics_server.port if metrics_server else port, scheme, port,
-             "tokens" if tokens.enabled else "off", settings.topic_prefix)
-    if not tokens.enabled:
-        log.warning("event=auth-off reason='no tokens configured (--tokens-file / CBGP_GATEWAY_TOKENS)'")
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    log.info("event=started port=%d host=%s metrics_port=%s url=%s://%s:%d/ auth=%s topics=%s", port, args.host,
+             metrics_server.port if metrics_server else port, scheme, shown, port,
+             "tokens" if tokens.required else "none", settings.topic_prefix)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.gateway.core import READ_WRITE, Answer, Hub, Tokens
+from services.gateway.core import READ_WRITE, Answer, Grant, Hub, Limits, Tokens
 
 log = logging.getLogger("cbgp.gateway")
 
@@ -25,17 +27,29 @@ NOTIFICATION_LATENCY = Histogram(
     "From an answer's produced_at_ms (the answers service) to its notification written to the client.", ["kind"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
 ANSWERS_READ = Counter("cbgp_gateway_answers_read", "Answer records the gateway read from the answers topic.")
+REFUSED = Counter("cbgp_gateway_refused", "Requests refused by a limit, by the limit's name.", ["limit"])
+EVICTED = Counter("cbgp_gateway_evicted", "Clients dropped for not reading (--slow-client-timeout), by kind.", ["kind"])
+LOOP_STALL_S = 5.0  # the event loop must tick within this long for /readyz (probes also run on another thread)
 
 
 class Gateway:
     """The gateway's parts: the hub (event-loop side), the topic reader, the publisher, the graph source."""
 
     def __init__(self, settings: Any, tokens: Tokens, *, history: int = 100_000, client_cert_scope: str = READ_WRITE,
-                 fleet_every: float = 2.0) -> None:
+                 fleet_every: float = 2.0, limits: Limits = Limits()) -> None:
         from services.gateway.kafka_io import FleetSampler, Follower, GraphSource, Publisher
 
         self.settings = settings
         self.tokens = tokens
+        self.limits = limits
+        # Blocking work off the event loop, each kind on its own bounded pool: /query cannot take the threads that
+        # /update, registrations and the console's admin calls need.
+        self.admin_pool = ThreadPoolExecutor(4, thread_name_prefix="gateway-admin")
+        self.query_pool = ThreadPoolExecutor(limits.query_workers, thread_name_prefix="gateway-query")
+        self.query_slots = threading.BoundedSemaphore(limits.query_workers + limits.query_queue)
+        self.loop_tick = time.monotonic()
+        self.sepa_registered: set[str] = set()  # queries this gateway registered for SEPA subscriptions
+        self.unused: dict[str, float] = {}  # ... and since when nobody subscribes to them
         self.client_cert_scope = client_cert_scope
         self.hub = Hub(history)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -53,6 +67,36 @@ class Gateway:
         self.loop = loop
         self.follower.start()
         self.fleet.start()
+        loop.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        """The loop's heartbeat (readiness), and the SEPA queries nobody subscribes to any more, unregistered."""
+        while True:
+            self.loop_tick = time.monotonic()
+            idle = [q for q, since in self.unused.items() if self.loop_tick - since > self.limits.sepa_idle_s
+                    and not self.hub.subscribers.get(q)]
+            for query_id in idle:
+                del self.unused[query_id]
+                self.sepa_registered.discard(query_id)
+                self.loop.run_in_executor(self.admin_pool, self._unregister, query_id)  # type: ignore[union-attr]
+            await asyncio.sleep(1.0)
+
+    def _unregister(self, query_id: str) -> None:
+        try:
+            status = self.publisher.admin({"command": "UNREGISTER", "query_id": query_id}, 30.0)
+            log.info("event=sepa-query-unregistered query=%s status=%s", query_id, status.get("status"))
+        except Exception as exc:  # noqa: BLE001 - tried again when the next subscriber leaves
+            log.warning("event=sepa-unregister-failed query=%s reason=%s", query_id, exc)
+
+    def unused_since(self, query_id: str) -> None:
+        """A SEPA subscription ended: a query this gateway registered for it is unregistered once nobody has
+        subscribed to it for ``sepa_idle_s`` (a subscription id per text would otherwise stay for ever)."""
+        if query_id in self.sepa_registered and not self.hub.subscribers.get(query_id):
+            self.unused[query_id] = time.monotonic()
+
+    def is_ready(self) -> bool:
+        """Every plan and answer on the topics at start read, the reader alive, the event loop not stuck."""
+        return self.ready and self.follower.is_alive() and time.monotonic() - self.loop_tick < LOOP_STALL_S
 
     def _deliver(self, batch: list[tuple[str, Any]]) -> None:
         assert self.loop is not None
@@ -104,23 +148,31 @@ class Gateway:
         self.follower.stopping = True
         self.fleet.stopping = True
         self.follower.join(5)
+        self.query_pool.shutdown(wait=False, cancel_futures=True)
+        self.admin_pool.shutdown(wait=False, cancel_futures=True)
         self.publisher.close()
         self.graph.close()
 
     # ------------------------------------------------------------------ auth
 
-    def scope_of(self, request: web.Request, token: str | None = None) -> str | None:
-        if not self.tokens.enabled:
-            return READ_WRITE
+    def grant_of(self, request: web.Request, token: str | None = None) -> Grant | None:
+        """Who ``request`` is: by its bearer token (the header, ``?access_token=`` for clients that cannot set
+        headers, or ``token``), else by a client certificate the TLS handshake verified; None: nobody known."""
         if token is None:
             header = request.headers.get("Authorization", "")
             if header[:7].lower() == "bearer ":
                 token = header[7:].strip()
             else:
                 token = request.query.get("access_token")
-        scope = self.tokens.scope(token) if token else None
-        if scope is None and request.transport is not None:
+        grant = self.tokens.grant(token) if token or not self.tokens.required else None
+        if grant is None and request.transport is not None:
             peer = request.transport.get_extra_info("peercert")
             if peer:  # verified against --tls-client-ca by the TLS handshake
-                scope = self.client_cert_scope
-        return scope
+                subject = dict(item[0] for item in peer.get("subject", ()) if item)
+                grant = Grant(self.client_cert_scope, "cert-" + str(subject.get("commonName", "client")))
+        return grant
+
+    def token_problem(self, request: web.Request) -> str:
+        """Why a request has no grant: no credentials at all, or ones that are not valid (for the 401's text)."""
+        has_token = request.headers.get("Authorization", "")[:7].lower() == "bearer " or "access_token" in request.query
+        return "the bearer token is not valid" if has_token else "a bearer token is required"

@@ -9,6 +9,7 @@ restored and partitions assigned, else 503: the readiness probe).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -81,13 +82,17 @@ class MetricsServer:
         self.stop()
 
 
-def start_metrics_server(port: int, ready: Callable[[], bool] = lambda: True, host: str = "0.0.0.0",
+def start_metrics_server(port: int, ready: Callable[[], bool] = lambda: True, host: str | None = None,
                          registry: CollectorRegistry = REGISTRY) -> MetricsServer:
-    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0 = any free port).
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0 = any free port).  ``host`` is
+    ``CBGP_METRICS_HOST``, else 127.0.0.1: nothing listens beyond this machine unless asked (the chart asks, for
+    Prometheus and the kubelet's probes).
 
     ``ready`` is called on each ``/readyz`` request; if it raises, the answer is 503 with the error, so a
     broken readiness check never takes the metrics endpoint down with it.
     """
+
+    host = host or os.environ.get("CBGP_METRICS_HOST") or "127.0.0.1"
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming

@@ -16,8 +16,9 @@ from cbgp.query.sparql import QueryError
 from cbgp.windows.spec import WindowSpec
 from cbgp.background.service_query import ServiceOptions
 from cbgp.background.view_graphs import view_summary
+from cbgp.query.limits import limit
 from services.wire.records import answer_size_problem
-from services.wire.registrations import graphs_read, read_query, read_registration, read_stream, read_views, stream_iri
+from services.wire.registrations import cross_product_of, graphs_read, read_query, read_registration, read_stream, read_views, stream_iri
 
 __all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "operator_plan",
            "operator_summary", "plan_summary", "tombstone_version"]
@@ -38,6 +39,12 @@ def tombstone_version(headers: Any) -> int | None:
     return None
 # Options that steer the registration itself and are not part of the query's stored options.
 CONTROL_OPTIONS = ("replace",)
+# How many queries a fleet, and one owner, may hold (named settings of the registry).
+MAX_QUERIES_SETTING, DEFAULT_MAX_QUERIES = "CBGP_MAX_QUERIES", 20_000
+MAX_PER_OWNER_SETTING, DEFAULT_MAX_PER_OWNER = "CBGP_MAX_QUERIES_PER_OWNER", 1_000
+# A query whose parts share no variable and have no constant answers with the product of their matches; it is
+# registered only when asked for (``cross_product=true``).
+CROSS_PRODUCT_OPTION = "cross_product"
 
 
 @dataclass
@@ -50,12 +57,13 @@ class Entry:
     version: int
     options: dict[str, str] = field(default_factory=dict)
     registered_at_seq: int = 0
+    owner: str | None = None  # a gateway token's owner name; None: an operator
 
     def view(self) -> dict[str, Any]:
         """The JSON shape of ``GET /queries`` items and of the faust table's values."""
         return {"query_id": self.query_id, "sparql": self.sparql, "class": self.query_class,
                 "version": self.version, "status": "registered", "options": dict(self.options),
-                "registered_at_seq": self.registered_at_seq}
+                "registered_at_seq": self.registered_at_seq, "owner": self.owner}
 
 
 @dataclass
@@ -181,7 +189,7 @@ class Registry:
             except (ValueError, AttributeError):
                 query_class = "?"
             self.queries[key] = Entry(key, plan["sparql"], query_class, plan["version"], dict(plan["options"]),
-                                      plan["registered_at_seq"])
+                                      plan["registered_at_seq"], plan.get("owner"))
         return len(self.queries)
 
     # ------------------------------------------------------------------ decisions
@@ -204,20 +212,44 @@ class Registry:
             return Decision(self._status(query_id, "REJECTED",
                                          f"query id {shown}: use 1 to 128 characters from A-Z a-z 0-9 _ . -",
                                          request_id))
+        owner = command.get("owner")
         if kind == "UNREGISTER":
             if query_id not in self.queries:
                 return Decision(self._status(query_id, "REJECTED", f"no query with id {query_id!r} is registered",
                                              request_id))
+            refused = self._not_owner(self.queries[query_id], owner)
+            if refused:
+                return Decision(self._status(query_id, "REJECTED", refused, request_id))
             return Decision(self._status(query_id, "UNREGISTERED", f"query {query_id!r} unregistered", request_id),
                             plan=(query_id, None), removed=query_id)
         if kind == "REGISTER":
             return self._register(query_id, command.get("sparql"), dict(command.get("options") or {}), request_id,
-                                  encoded_end, change_seq_before)
+                                  encoded_end, change_seq_before, owner)
         return Decision(self._status(query_id, "ERROR", f"unknown command {kind!r}: expected REGISTER, UNREGISTER or LIST",
                                      request_id))
 
+    @staticmethod
+    def _not_owner(entry: Entry, owner: str | None) -> str | None:
+        """Why ``owner`` may not change ``entry`` (None: it may: an operator, or the query's own owner)."""
+        if owner is None or entry.owner == owner:
+            return None
+        return f"query {entry.query_id!r} belongs to another owner: only its owner or an admin may change it"
+
+    def _count_problem(self, query_id: str, owner: str | None) -> str | None:
+        """Why one more query is over the fleet's or the owner's limit (None: it is not)."""
+        if query_id in self.queries:
+            return None  # a replacement adds nothing
+        fleet = limit(MAX_QUERIES_SETTING, DEFAULT_MAX_QUERIES)
+        if len(self.queries) >= fleet:
+            return f"the fleet holds {len(self.queries):,} queries, its limit ({MAX_QUERIES_SETTING}={fleet:,})"
+        mine = limit(MAX_PER_OWNER_SETTING, DEFAULT_MAX_PER_OWNER)
+        if owner is not None and sum(1 for e in self.queries.values() if e.owner == owner) >= mine:
+            return f"{owner!r} holds {mine:,} queries, the limit per owner ({MAX_PER_OWNER_SETTING})"
+        return None
+
     def _register(self, query_id: str, sparql: Any, options: dict[str, str], request_id: str | None,
-                  encoded_end: Callable[[], int], change_seq_before: Callable[[int], int] | None) -> Decision:
+                  encoded_end: Callable[[], int], change_seq_before: Callable[[int], int] | None,
+                  owner: str | None = None) -> Decision:
         if not isinstance(sparql, str) or not sparql.strip():
             return Decision(self._status(query_id, "REJECTED", "REGISTER needs the SPARQL text of the query",
                                          request_id))
@@ -234,8 +266,18 @@ class Registry:
                 query_id, "REJECTED",
                 f"query id {query_id!r} is already registered with a different text or options; "
                 "unregister it first or register with --option replace=true", request_id))
+        refused = (self._not_owner(existing, owner) if existing is not None else None) or \
+            self._count_problem(query_id, owner)
+        if refused:
+            return Decision(self._status(query_id, "REJECTED", refused, request_id))
+        allow_product = stored_options.get(CROSS_PRODUCT_OPTION, "").strip().lower() in ("true", "1", "yes")
         try:
             text, window = read_registration(sparql, stored_options)
+            product = None if allow_product else cross_product_of(text)
+            if product:
+                raise QueryError(f"the query is a cross product of {product}: parts with no shared variable and no "
+                                 "constant, so each change can make as many answers as the graph has matches; "
+                                 f"register it with --option {CROSS_PRODUCT_OPTION}=true if that is what you want")
             parsed, operators = read_query(text, window)
             plan = decompose(parsed) if parsed is not None else None
             stream, reads = read_stream(stored_options, text, operators, window)
@@ -258,7 +300,8 @@ class Registry:
         record = {"query_id": query_id, "sparql": sparql, "options": stored_options,
                   "plan_json": json.dumps(plan_json, separators=(",", ":")),
                   "projected": projected, "registered_at_seq": seq, "version": version,
-                  "registered_at_change_seq": change_seq_before(seq) if change_seq_before is not None else -1}
+                  "registered_at_change_seq": change_seq_before(seq) if change_seq_before is not None else -1,
+                  "owner": owner}
         if stream is not None:
             summary += (f"; derived stream: its triples are inserted into and deleted from graph {stream} on "
                         "updates.raw" + (f" (reads {', '.join(reads)})" if reads else ""))
@@ -269,7 +312,7 @@ class Registry:
                                            window.step_ms if window is not None else None)
         summary += (f"; window {window_summary(window)}" if window else "") + \
             (f" (version {version}, replaced)" if existing is not None else "")
-        entry = Entry(query_id, sparql, query_class, version, stored_options, seq)
+        entry = Entry(query_id, sparql, query_class, version, stored_options, seq, owner)
         return Decision(self._status(query_id, "ACCEPTED", summary, request_id), plan=(query_id, record), entry=entry)
 
     def _check_stream(self, query_id: str, stream: str, reads: list[str], text: str) -> None:

@@ -27,7 +27,7 @@ from cbgp.windows.spec import window_from_options
 __all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "read_query",
            "read_registration", "read_stream", "read_views", "recorded_placement", "stream_iri"]
 
-QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream")  # stored with the query's plan
+QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream", "cross_product")  # stored with the plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
 SERVICE_OPTION = "service."  # service.policy, service.refresh_ms, ...: cbgp.background.service_query.ServiceOptions
 
@@ -99,6 +99,20 @@ def _with_views(text: str, service_options: Mapping[str, str], window: WindowSpe
         raise QueryError("SERVICE is not supported in a per-event window (an event is a set of triples); use a "
                          "time window: its view graph is background data, not windowed (cbgp.windows.windowed)")
     return rewritten
+
+
+def cross_product_of(text: str) -> str | None:
+    """The unconstrained parts a registration's plain text multiplies (``cbgp.query.cost``), or None."""
+    from rdflib.plugins.sparql import prepareQuery
+
+    from cbgp.query.cost import cross_product
+
+    try:
+        return cross_product(prepareQuery(text).algebra)
+    except QueryError:
+        raise
+    except Exception:  # noqa: BLE001 - the readers below give the syntax error, with its place
+        return None
 
 
 def read_views(sparql: str, options: Mapping[str, str]) -> tuple[object, ...]:

@@ -88,7 +88,7 @@ def test_a_background_change_on_virtuoso_retracts_and_reasserts_the_answers_it_a
         kafka_settings: KafkaSettings, tmp_path: Path) -> None:
     if not virtuoso_available():
         pytest.fail("virtuoso-opensource is not installed: `make virtuoso` installs it (make test does)")
-    with start_endpoint("virtuoso") as endpoint:
+    with start_endpoint("virtuoso", writable=True) as endpoint:  # changed over HTTP, as a remote client would
         remote = SparqlRemote(endpoint.query_url, "?s ?p ?o", "s", update_endpoint=endpoint.update_url)
         data = " ".join(f"<{EX}user/{i}> <{EX}hasFollowers> {100 * i} . <{EX}user/{i}> <{EX}name> \"u{i}\" ."
                         for i in range(USERS - 1))  # user 5 is not on the endpoint: no answer for its posts

@@ -5,6 +5,9 @@ const $ = (id) => document.getElementById(id);
 const state = { selected: null, source: null, rows: new Map(), vars: [], series: [], count: 0 };
 
 const tokenInput = $("token");
+// `make run` opens the console as /#token=...: the fragment never reaches a server; kept in this browser only.
+const fromUrl = new URLSearchParams(location.hash.slice(1)).get("token");
+if (fromUrl) { localStorage.setItem("cbgp-token", fromUrl); history.replaceState(null, "", location.pathname); }
 tokenInput.value = localStorage.getItem("cbgp-token") || "";
 tokenInput.addEventListener("change", () => { localStorage.setItem("cbgp-token", tokenInput.value); refresh(); });
 

@@ -27,7 +27,7 @@ def followers(rows):
 def endpoint(request):
     if request.param == "virtuoso" and not virtuoso_available():
         pytest.skip("virtuoso-opensource is not installed (make virtuoso)")
-    with start_endpoint(request.param) as running:
+    with start_endpoint(request.param, writable=True) as running:
         remote = SparqlRemote(running.query_url, PATTERN, "user", update_endpoint=running.update_url,
                               value_of=followers)
         data = " ".join(f"{u} <{EX}hasFollowers> {1000 + i} ." for i, u in enumerate(USERS))
@@ -130,3 +130,27 @@ def test_service_query_with_the_engine(endpoint):
     status = sq.status()
     assert status["maintenance"] == "budgeted" and status["policy"] == "WSJ-WBM"
     assert status["remote_calls"] == 4 and status["estimated_accuracy"] == 1.0 and status["alerts"] == 0
+
+
+@pytest.mark.parametrize("kind", ["oxigraph", pytest.param("virtuoso", marks=pytest.mark.skipif(
+    not virtuoso_available(), reason="virtuoso-opensource is not installed (make virtuoso)"))])
+def test_a_read_only_endpoint_refuses_updates_over_http_and_listens_on_loopback_only(kind: str) -> None:
+    import socket
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    with start_endpoint(kind) as endpoint:
+        endpoint.update(f"INSERT DATA {{ GRAPH <{EX}bkg> {{ <{EX}u1> <{EX}hasFollowers> 3 }} }}")  # the owner's channel
+        body = urllib.parse.urlencode({"update": f"INSERT DATA {{ GRAPH <{EX}bkg> {{ <{EX}u2> <{EX}hasFollowers> 9 }} }}"}).encode()
+        request = urllib.request.Request(endpoint.update_url, body,
+                                         {"Content-Type": "application/x-www-form-urlencoded"})
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(request, timeout=10)
+        rows = SparqlRemote(endpoint.query_url, f"?user <{EX}hasFollowers> ?n", "user").fill()
+        assert list(rows) == [f"<{EX}u1>"]
+        port = urllib.parse.urlsplit(endpoint.query_url).port
+        address = socket.gethostbyname(socket.gethostname())
+        if address != "127.0.0.1":  # another interface of this machine: nothing listens there
+            with pytest.raises(OSError):
+                socket.create_connection((address, port), timeout=2).close()

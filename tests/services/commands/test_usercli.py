@@ -164,7 +164,7 @@ def test_register_with_an_unknown_option_fails_before_sending(tmp_path: Path,
                  "127.0.0.1:1"]) == 1
     err = capsys.readouterr().err
     assert err == ("cbgp register: error: --option: unknown option 'windw' (did you mean 'window'?): the options "
-                   "are window, range, step, lateness, late, stream, replace\n")
+                   "are window, range, step, lateness, late, stream, cross_product, replace\n")
 
 
 @pytest.mark.slow

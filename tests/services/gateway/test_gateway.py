@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-RW, RO = "rw-token-21", "ro-token-21"
+RW, RO = "rw-token-21-000000", "ro-token-21-000000"  # (a token is at least 16 characters)
 EX = "http://example.org/"
 CHROMIUM = "/usr/bin/chromium"
 
@@ -199,7 +199,7 @@ def test_sse_resumes_with_last_event_id_without_loss_or_repeats(gw: Gw) -> None:
     assert {b["x"]["value"] for b in current["results"]["bindings"]} == {f"{EX}p{i}" for i in (2, 3, 4, 9)}
 
     # A gateway keeping few answers per query (--history 2) says which were trimmed, then sends the rest.
-    gw.fleet.start("gateway-h", "gateway", "--port", "0", "--host", "127.0.0.1", "--history", "2")
+    gw.fleet.start("gateway-h", "gateway", "--port", "0", "--host", "127.0.0.1", "--history", "2", "--auth", "none")
     try:
         found = wait_for(lambda: re.search(r"event=started port=(\d+)", gw.fleet.log_text("gateway-h")),
                          what="the second gateway")
@@ -222,6 +222,8 @@ def test_scopes_read_and_read_write(gw: Gw) -> None:
     assert gw.get("/queries", token=None).status_code == 401
     assert gw.get("/queries", token=None).headers["WWW-Authenticate"].startswith("Bearer")
     assert gw.get("/queries", token="wrong").status_code == 401
+    assert gw.get("/queries", token=None).json() == {"error": "a bearer token is required"}
+    assert gw.get("/queries", token="wrong").json() == {"error": "the bearer token is not valid"}
     assert gw.get("/queries", token=RO).status_code == 200
     assert gw.get(f"/queries?access_token={RO}", token=None).status_code == 200
     for public in ("/", "/console.js", "/openapi.json", "/healthz", "/readyz", "/metrics"):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from services.gateway.core import (READ, READ_WRITE, Answer, Hub, Stream, Subscriber, TokenError, Tokens, allows,
+from services.gateway.core import (ADMIN, READ, READ_WRITE, Answer, Hub, Stream, Subscriber, TokenError, Tokens, allows,
                                    net_change, sepa_notification, sse_event, subscription_id)
 
 
@@ -86,12 +86,19 @@ def test_sse_event_framing_and_subscription_ids() -> None:
     assert subscription_id("SELECT *") == subscription_id("SELECT *") != subscription_id("SELECT ?x")
 
 
-def test_tokens_and_scopes() -> None:
-    tokens = Tokens.parse("# comment\nabc read\ndef read-write\n")
-    assert tokens.scope("abc") == READ and tokens.scope("def") == READ_WRITE and tokens.scope("x") is None
-    assert Tokens.parse("abc:read,def:read-write").scopes == tokens.scopes
-    assert Tokens.parse('{"abc": "read"}').scope("abc") == READ
-    assert Tokens.parse("").scope(None) == READ_WRITE  # no tokens: auth off
+def test_tokens_scopes_and_owners() -> None:
+    reader, writer, admin = "r" * 16, "w" * 16, "a" * 16
+    tokens = Tokens.parse(f"# comment\n{reader} read\n{writer} read-write alice\n{admin} admin\n")
+    assert tokens.scope(reader) == READ and tokens.scope(writer) == READ_WRITE and tokens.scope(admin) == ADMIN
+    assert tokens.scope("x" * 16) is None and tokens.scope(None) is None
+    assert tokens.grant(writer).owner == "alice" and tokens.grant(reader).owner.startswith("token-")
+    assert Tokens.parse(f"{reader}:read,{writer}:read-write").scopes == {reader: READ, writer: READ_WRITE}
+    assert Tokens.parse(f'{{"{reader}": "read"}}').scope(reader) == READ
+    assert Tokens.parse("").scope(None) is None  # no tokens: nobody is let in (the server generates one)
+    assert Tokens.none().scope(None) == ADMIN  # --auth none: an operator's explicit choice
     with pytest.raises(TokenError):
-        Tokens.parse("abc admin")
+        Tokens.parse(f"{reader} superuser")
+    with pytest.raises(TokenError, match="at least 16 characters"):
+        Tokens.parse("abc read")
+    assert allows(ADMIN, READ_WRITE) and not allows(READ_WRITE, ADMIN)
     assert allows(READ_WRITE, READ) and allows(READ, READ) and not allows(READ, READ_WRITE) and not allows(None, READ)

@@ -28,7 +28,7 @@ from tests.fleet_support import Fleet, ingest_snapshot_at_end, wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 EX = "http://example.org/"
-TOKEN = "seed-rw"
+TOKEN = "seed-rw-0123456789"
 
 
 def _gateway(fleet: Fleet, name: str, tokens: Path) -> str:
