@@ -10,11 +10,11 @@ export PYSPARK_PYTHON := $(abspath $(PY))
 
 setup: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	@echo "==> creating $(VENV) and installing pinned dependencies (PySpark builds from source the first time: ~2 min)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --progress-bar off --upgrade pip==26.3
-	$(VENV)/bin/pip install --progress-bar off -r requirements.lock
+	$(VENV)/bin/pip install --progress-bar off --require-hashes -r requirements.lock -r requirements-dev.lock
 	$(VENV)/bin/pip install --progress-bar off --no-deps -e .
 	touch $(STAMP)
 

@@ -13,7 +13,10 @@ JSON line ``{"total_cores": ..., "per_process": {...}}`` (with ``--repeat N``: t
 
 from __future__ import annotations
 
+import os
+import secrets
 import argparse
+__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
 import json
 import os
 import signal

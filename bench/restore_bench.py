@@ -52,6 +52,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lsbench import DEFAULT_DATA, build_updates, load_or_generate  # noqa: E402

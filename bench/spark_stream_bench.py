@@ -48,6 +48,7 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cbgp.change import Change  # noqa: E402

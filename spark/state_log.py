@@ -10,6 +10,8 @@ from typing import Any, Callable, Generic, Iterable, Mapping, TypeVar
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
+from services.wire.sealed import seal, unseal
+
 T = TypeVar("T")
 
 BLOB_SCHEMA = "blob binary"
@@ -76,8 +78,13 @@ class LiveCache(Generic[T]):
         self._entries.pop(key, None)
 
 
+class StateRefused(RuntimeError):
+    """A state row whose seal does not verify: it is not unpickled."""
+
+
 def dumps(value: Any) -> bytes:
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    """A state row, sealed with the fleet's checkpoint key (``services.wire.sealed``): a pickle is code."""
+    return seal(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def restore(base_state: Any, tail: Any, build: Callable[[Any], T], replay: Callable[[T, Any], T]) -> T:
@@ -95,7 +102,11 @@ def restore(base_state: Any, tail: Any, build: Callable[[Any], T], replay: Calla
 def _tail_row(row: tuple[bytes]) -> tuple[int | None, Any]:
     """(the version the batch produced, its record), or (the base's version, its snapshot); None for a row or
     base written before they carried it."""
-    value = pickle.loads(row[0])
+    data = unseal(row[0])
+    if data is None:
+        raise StateRefused("a Spark state row is not sealed with this fleet's checkpoint key (CBGP_CHECKPOINT_SECRET "
+                           "differs, or the state was altered): remove the job's --state-dir to start it clean")
+    value = pickle.loads(data)
     if isinstance(value, tuple) and len(value) == 3 and value[0] == _TAGGED:
         return value[1], value[2]
     return None, value

@@ -17,3 +17,5 @@ if "CBGP_STATE_DIR" not in os.environ:
 # a fleet allows none by default (tests/cbgp/background/test_hostile_endpoint.py checks the refusal).
 os.environ.setdefault("CBGP_SERVICE_ALLOW", "http://127.0.0.1,http://localhost,http://e,http://endpoint.example,"
                                             "http://example.org,http://other.example,http://s,http://x")
+# The fleet's checkpoint key: services that checkpoint refuse to start without one (services.wire.sealed).
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", "test-fleet-checkpoint-key-0123456789")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -453,8 +454,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         # Step 2: topics with explicit partition counts (services also check this on start).
         created = ensure_topics(settings)
         err.write(f"run: {len(created)} topic(s) created with prefix {settings.topic_prefix!r}\n")
-        # Step 3: the services.
+        # Step 3: the services, with a checkpoint key of this run's unless one is given (services that checkpoint
+        # refuse to start without one).
         env = {**os.environ, **settings.to_env()}
+        env.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))
         if args.no_spark:
             env["CBGP_ASSEMBLY"] = "worker"  # nobody else would multiply multi-part queries
         registry = None

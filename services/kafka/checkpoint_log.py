@@ -7,10 +7,8 @@ How it works: docs/design/internals.md, services.kafka.checkpoint_log.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
-import os
 import time
 import uuid
 import json
@@ -23,6 +21,7 @@ from confluent_kafka.admin import AdminClient
 from services.kafka.client import end_offsets
 from services.kafka.config import KafkaSettings
 from services.wire.records import Output, kv
+from services.wire.sealed import CheckpointKeyMissing, mac
 
 __all__ = ["CHUNK_BYTES", "CheckpointLog", "Saved", "checkpoint_records", "latest", "latest_positions"]
 
@@ -33,8 +32,14 @@ H_ID, H_CHUNK, H_POSITION, H_MAC = "cbgp-checkpoint", "cbgp-chunk", "cbgp-positi
 H_NEEDS = "cbgp-needs"
 
 
-def _mac(blob: bytes) -> bytes:
-    return hmac.new(os.environ.get("CBGP_CHECKPOINT_SECRET", "").encode(), blob, hashlib.sha256).hexdigest().encode()
+def _mac(checkpoint_id: str, position: int, needs: bytes | None, blob: bytes) -> bytes:
+    """The HMAC of a checkpoint: of its blob and of the headers readers act on (its id, the position it reflects,
+    what its restore needs of other logs, which ``cbgp topics trim`` deletes below), so none can be altered."""
+    head = json.dumps([checkpoint_id, position, (needs or b"").decode("utf-8", "replace")]).encode()
+    try:
+        return mac(head + b"\0" + blob).hex().encode()
+    except CheckpointKeyMissing:
+        return b""
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,9 @@ def checkpoint_records(topic: str, partition: int, key: bytes, blob: bytes, posi
     """``blob`` as the chunk records of one checkpoint in ``topic[partition]`` (to produce in one transaction);
     ``needs``: what its restore reads of other logs (catalogue topic -> lowest offset), carried by the last chunk."""
     chunks = [blob[i:i + CHUNK_BYTES] for i in range(0, len(blob), CHUNK_BYTES)] or [b""]
-    last = [(H_MAC, _mac(blob))] + ([(H_NEEDS, json.dumps(dict(needs), sort_keys=True).encode())] if needs else [])
+    needs_header = json.dumps(dict(needs), sort_keys=True).encode() if needs else None
+    last = [(H_MAC, _mac(checkpoint_id, position, needs_header, blob))] + \
+        ([(H_NEEDS, needs_header)] if needs_header else [])
     return [Output(topic, chunk, key, partition,
                    [(H_ID, checkpoint_id.encode()), (H_CHUNK, f"{i}/{len(chunks)}".encode()),
                     (H_POSITION, str(position).encode())] + (last if i == len(chunks) - 1 else []))
@@ -132,7 +139,8 @@ def latest(settings: KafkaSettings, topic: str, partition: int, low: int, high: 
         chunks.append(msg.value() or b"")
         if len(chunks) == count:
             blob = b"".join(chunks)
-            if hmac.compare_digest(headers.get(H_MAC) or b"", _mac(blob)):
+            expected = _mac(checkpoint_id, position, headers.get(H_NEEDS), blob)
+            if expected and hmac.compare_digest(headers.get(H_MAC) or b"", expected):
                 found = Saved(blob, position, first, _needs(headers.get(H_NEEDS)))
             else:
                 log.warning(kv(event="checkpoint-refused", topic=topic, partition=partition, offset=first,

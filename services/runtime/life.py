@@ -24,6 +24,8 @@ from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated
 from services.metrics.exposition import start_metrics_server
 from services.wire.failures import EXIT_TOO_MANY_FAILURES, TooManyFailures
 from services.wire.records import ORIGIN_HEADER, Output, kv
+from services.wire.sealed import CheckpointKeyMissing
+from services.wire.sealed import key as checkpoint_key
 # Re-exported: the services import their input and replay helpers from here.
 
 __all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction", "run_service", "wait_for_topics", "ORIGIN_HEADER", "origin_ms", "kv",
@@ -322,6 +324,12 @@ def service_command(commands: argparse._SubParsersAction, name: str, description
 
     def handler(args: argparse.Namespace) -> int:
         setup_logging(name, args.log_level)
+        if getattr(args, "checkpoint_interval", -1) >= 0:
+            try:
+                checkpoint_key()  # a service that would checkpoint without the fleet's key refuses to start
+            except CheckpointKeyMissing as exc:
+                print(f"cbgp {name}: error: {exc}", file=sys.stderr)
+                return 2
         settings = KafkaSettings.from_args(args)
         stopper = Stopper()
         ready = [False]

@@ -21,6 +21,7 @@ from itertools import chain
 from typing import Iterable, Iterator, Mapping
 
 from services.state.store import Store
+from services.wire.sealed import seal, unseal
 
 __all__ = ["Quad", "Presence", "UNKNOWN_SEQ", "load_present", "load_terms", "changes", "snapshot", "load_snapshot"]
 
@@ -95,14 +96,18 @@ def snapshot(present: Presence, terms: Iterable[tuple[int, str]], record: Mappin
     packed = array("q", chain.from_iterable((*quad, seq) for quad, seq in present.items()))
     if sys.byteorder == "little":
         packed.byteswap()  # big-endian, as the store's keys
-    return pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "present": packed.tobytes(),
-                         "terms": list(terms)}, protocol=pickle.HIGHEST_PROTOCOL)
+    return seal(pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "present": packed.tobytes(),
+                              "terms": list(terms)}, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] | None:
-    """``(checkpoint record, presence set, terms)`` of a :func:`snapshot` blob; None for one of another format."""
+    """``(checkpoint record, presence set, terms)`` of a :func:`snapshot` blob; None for one of another format or
+    whose seal does not verify under this fleet's key (never unpickled then)."""
+    data = unseal(blob)
+    if data is None:
+        return None
     try:
-        state = pickle.loads(blob)
+        state = pickle.loads(data)
     except Exception:  # noqa: BLE001 - a snapshot of older code: restore from the logs instead
         return None
     if not isinstance(state, dict) or state.get("format") not in (1, SNAPSHOT_FORMAT):

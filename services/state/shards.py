@@ -15,6 +15,7 @@ from typing import Any, Iterable, Protocol
 from services.metrics.instruments import CHECKPOINT_BYTES, CHECKPOINT_TIME
 from services.wire.records import kv
 from services.state.store import Store, StoreError
+from services.wire.sealed import KEY_SETTING, seal, unseal
 
 __all__ = ["FORMAT", "RemoteCheckpoints", "ShardCheckpoints", "dump_shard", "load_shard"]
 
@@ -33,13 +34,18 @@ def _key(kind: str, partition: int) -> bytes:
 def dump_shard(state: dict[str, Any]) -> bytes:
     """``state`` (position, last_seq, queries, versions, outputs, engine) as bytes; raises what pickle raises for
     an engine holding something it cannot serialise."""
-    return pickle.dumps({"format": FORMAT, **state}, protocol=pickle.HIGHEST_PROTOCOL)
+    return seal(pickle.dumps({"format": FORMAT, **state}, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def load_shard(blob: bytes) -> dict[str, Any] | None:
-    """The state :func:`dump_shard` wrote, or None for one of another format or that does not load."""
+    """The state :func:`dump_shard` wrote, or None for one of another format, that does not load, or whose seal
+    does not verify under this fleet's key (it is never unpickled then)."""
+    data = unseal(blob)
+    if data is None:
+        log.warning(kv(event="shard-checkpoint-refused", reason=f"not sealed with this fleet's key ({KEY_SETTING})"))
+        return None
     try:
-        state = pickle.loads(blob)
+        state = pickle.loads(data)
     except Exception as exc:  # noqa: BLE001 - a checkpoint of older code: restore from the log instead
         log.warning(kv(event="shard-checkpoint-unreadable", reason=f"{type(exc).__name__}: {exc}"))
         return None

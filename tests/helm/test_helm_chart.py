@@ -232,11 +232,11 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
             for d in by_kind(docs, "Deployment")}
     assert args == {
         "rel-cbgp-ingest": ["ingest"],
-        "rel-cbgp-registry": ["registry", "--web-host", "0.0.0.0", "--web-port", "6066"],
+        "rel-cbgp-registry": ["registry", "--web-port", "6066"],  # its view on loopback unless exposed
         "rel-cbgp-worker": ["worker", "--assembly", "spark"],
         "rel-cbgp-answers": ["answers"],
         "rel-cbgp-background": ["background"],
-        "rel-cbgp-gateway": ["gateway", "--port", "8080", "--history", "100000"],
+        "rel-cbgp-gateway": ["gateway", "--host", "0.0.0.0", "--port", "8080", "--history", "100000"],
         # The image's working directory is read-only: the job's state must go to the mounted volume.
         "rel-cbgp-spark": ["spark-job", "--master", "local[2]", "--state-dir", "/var/lib/cbgp/state",
                            "--trigger-interval", "1", "--compact-interval", "60"],
@@ -262,26 +262,29 @@ def test_each_deployment_has_a_metrics_service_and_a_disruption_budget(variant: 
         assert selecting[0]["spec"]["ports"][0] == {
             "name": "metrics", "port": int(config(docs)["CBGP_METRICS_PORT"]), "targetPort": "metrics",
             "protocol": "TCP"}
-        # Only the registry (its HTTP view: test_registry_http_view_...) and the gateway serve more than metrics.
-        assert len(selecting[0]["spec"]["ports"]) == \
-            (2 if labels["app.kubernetes.io/component"] in ("registry", "gateway") else 1)
+        # Only the gateway serves more than metrics (the registry's view stays on loopback unless exposed).
+        assert len(selecting[0]["spec"]["ports"]) == (2 if labels["app.kubernetes.io/component"] == "gateway" else 1)
         if labels["app.kubernetes.io/component"] != "spark":  # one streaming pod: no budget by default
             assert any(p["spec"]["selector"]["matchLabels"].items() <= labels.items() for p in pdbs), \
                 d["metadata"]["name"]
 
 
 @pytest.mark.parametrize("variant", ["default", "production"])
-def test_registry_http_view_listens_on_the_pod_address_and_is_in_its_service(variant: str, rendered) -> None:
+def test_registry_http_view_stays_on_loopback_unless_exposed(variant: str, rendered) -> None:
+    """The view shows every query's text without auth: 127.0.0.1 in the pod (faust's default) unless
+    registry.web.expose, which binds the pod's address and adds it to the registry's Service."""
     docs = rendered[variant]
     container = one(docs, "Deployment", "rel-cbgp-registry")["spec"]["template"]["spec"]["containers"][0]
+    assert "--web-host" not in container["args"] and "ports" not in container or len(container["ports"]) == 1
+    exposed = render(*VARIANTS[variant], "--set", "registry.web.expose=true")
+    container = one(exposed, "Deployment", "rel-cbgp-registry")["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
-    # faust binds --web-host: the default 127.0.0.1 cannot be reached through a Service.
     assert args[args.index("--web-host") + 1] == "0.0.0.0"
     port = int(args[args.index("--web-port") + 1])
     assert {"name": "http", "containerPort": port, "protocol": "TCP"} in container["ports"]
-    service = one(docs, "Service", "rel-cbgp-registry")
+    service = one(exposed, "Service", "rel-cbgp-registry")
     assert {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"} in service["spec"]["ports"]
-    # Below one core faust's loop was throttled (issue 14): replies to register/list came late.
+    # Below one core faust's loop was throttled: replies to register/list came late.
     assert container["resources"]["limits"]["cpu"] == "1"
 
 
@@ -299,35 +302,80 @@ def test_gateway_serves_http_and_takes_its_tokens_from_a_secret(tmp_path: Path) 
     docs = render()
     container = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
-    assert "CBGP_GATEWAY_TOKENS" not in {e["name"] for e in container.get("env", [])}  # default: auth off
+    assert "CBGP_GATEWAY_TOKENS" in {e["name"] for e in container.get("env", [])}  # default: a generated token
     http = [p for p in one(docs, "Service", "rel-cbgp-gateway")["spec"]["ports"] if p["name"] == "http"]
     assert http == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
     values = tmp_path / "tokens.yaml"
-    values.write_text("gateway:\n  auth:\n    tokens:\n      - {token: reader-0123, scope: read}\n"
-                      "      - {token: writer-0123, scope: read-write}\n")
+    values.write_text("gateway:\n  auth:\n    tokens:\n      - {token: reader-0123456789ab, scope: read}\n"
+                      "      - {token: writer-0123456789ab, scope: read-write}\n")
     docs = render("-f", str(values))
     secret = one(docs, "Secret", "rel-cbgp-gateway")
     assert base64.b64decode(secret["data"]["tokens"]).decode().split() == \
-        ["reader-0123", "read", "writer-0123", "read-write"]
+        ["reader-0123456789ab", "read", "writer-0123456789ab", "read-write"]
     container = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "CBGP_GATEWAY_TOKENS", "valueFrom": {"secretKeyRef": {"name": "rel-cbgp-gateway", "key": "tokens"}}} \
         in container["env"]
     assert not [d for d in render("--set", "gateway.enabled=false") if "gateway" in d["metadata"]["name"]]
 
 
-def test_ingest_workers_answers_and_the_gateway_take_the_checkpoint_hmac_key_from_a_secret() -> None:
-    """(The gateway verifies ingest's snapshot, which seeds its /query graph.)"""
-    services = ("ingest", "worker", "answers", "gateway")
+def test_every_pod_that_saves_or_verifies_state_takes_the_checkpoint_key_generated_or_given() -> None:
+    """(The gateway verifies ingest's snapshot, which seeds its /query graph; the Spark job seals its state.)"""
+    services = ("ingest", "worker", "answers", "gateway", "spark")
 
     def envs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         return {name: {e["name"]: e for e in one(docs, "Deployment", f"rel-cbgp-{name}")["spec"]["template"]["spec"]
                        ["containers"][0].get("env", [])} for name in services}
 
-    assert not any("CBGP_CHECKPOINT_SECRET" in env for env in envs(render()).values())  # default: no key
-    got = envs(render("--set", "checkpoints.existingSecret=ckpt", "--set", "checkpoints.secretKey=k"))
-    for name in services:
-        assert got[name]["CBGP_CHECKPOINT_SECRET"] == {
+    default = render()
+    secret = one(default, "Secret", "rel-cbgp-checkpoints")  # generated: secure without a value to set
+    key = base64.b64decode(secret["data"]["checkpoint-secret"]).decode()
+    assert len(key) >= 32 and secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for name, env in envs(default).items():
+        assert env["CBGP_CHECKPOINT_SECRET"]["valueFrom"] == {
+            "secretKeyRef": {"name": "rel-cbgp-checkpoints", "key": "checkpoint-secret"}}, name
+    given = render("--set", "checkpoints.existingSecret=ckpt", "--set", "checkpoints.secretKey=k")
+    assert not [d for d in given if d["kind"] == "Secret" and d["metadata"]["name"] == "rel-cbgp-checkpoints"]
+    for name, env in envs(given).items():
+        assert env["CBGP_CHECKPOINT_SECRET"] == {
             "name": "CBGP_CHECKPOINT_SECRET", "valueFrom": {"secretKeyRef": {"name": "ckpt", "key": "k"}}}, name
+
+
+def test_the_gateway_requires_a_token_by_default_and_opens_only_when_told() -> None:
+    docs = render()
+    gateway = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert "--auth" not in gateway["args"]
+    assert env_of(gateway)["CBGP_GATEWAY_TOKENS"]["valueFrom"] == {
+        "secretKeyRef": {"name": "rel-cbgp-gateway", "key": "tokens"}}
+    token, scope, owner = base64.b64decode(one(docs, "Secret", "rel-cbgp-gateway")["data"]["tokens"]).decode().split()
+    assert len(token) >= 32 and (scope, owner) == ("admin", "admin")
+    listed = render("--set", "gateway.auth.tokens[0].token=alice-token-0123456789",
+                    "--set", "gateway.auth.tokens[0].scope=read-write", "--set", "gateway.auth.tokens[0].owner=alice")
+    assert base64.b64decode(one(listed, "Secret", "rel-cbgp-gateway")["data"]["tokens"]).decode().split() == [
+        "alice-token-0123456789", "read-write", "alice"]
+    open_ = render("--set", "gateway.auth.mode=none")
+    container = one(open_, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][-2:] == ["--auth", "none"] and "CBGP_GATEWAY_TOKENS" not in env_of(container)
+    assert not [d for d in open_ if d["kind"] == "Secret" and d["metadata"]["name"] == "rel-cbgp-gateway"]
+
+
+def test_a_network_policy_lets_in_only_the_release_its_gateway_port_and_metrics() -> None:
+    docs = render()
+    fleet = one(docs, "NetworkPolicy", "rel-cbgp")
+    assert fleet["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "cbgp",
+                                                           "app.kubernetes.io/instance": "rel"}
+    own, metrics = fleet["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "cbgp",
+                                                             "app.kubernetes.io/instance": "rel"}}}]}
+    assert metrics["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    gateway = one(docs, "NetworkPolicy", "rel-cbgp-gateway")
+    assert gateway["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    assert not by_kind(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+    # the registry's view (every query's text, no auth) stays on loopback: no Service port for it
+    registry = one(docs, "Service", "rel-cbgp-registry")
+    assert [port["name"] for port in registry["spec"]["ports"]] == ["metrics"]
+    exposed = render("--set", "registry.web.expose=true")
+    assert [port["name"] for port in one(exposed, "Service", "rel-cbgp-registry")["spec"]["ports"]] == ["metrics", "http"]
+    assert config(docs)["CBGP_METRICS_HOST"] == "0.0.0.0"  # probes and Prometheus reach the pod's address
 
 
 def test_gateway_tls_mounts_the_secret_and_passes_the_flags() -> None:
@@ -396,8 +444,8 @@ def test_topics_job_is_a_pre_install_and_pre_upgrade_hook(variant: str, rendered
     env = env_of(container)
     for key, value in config(docs).items():
         assert env[key]["value"] == value, key
-    # Anything the hook reads that the chart creates must be an earlier hook.
-    for secret in by_kind(docs, "Secret"):
+    # Anything the hook reads that the chart creates must be an earlier hook (the Kafka credentials).
+    for secret in [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] == "rel-cbgp-kafka"]:
         assert "pre-install" in secret["metadata"]["annotations"]["helm.sh/hook"]
         assert int(secret["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(ann.get("helm.sh/hook-weight", 0))
 
@@ -413,6 +461,7 @@ def test_a_cronjob_deletes_what_lies_below_the_floor(variant: str, rendered) -> 
     assert container["args"] == ["topics", "trim"]
     assert container["envFrom"] == [{"configMapRef": {"name": "rel-cbgp"}}]
     assert not by_kind(render("--set", "topicsTrim.enabled=false"), "CronJob")
+    assert env_of(container)["CBGP_CHECKPOINT_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "rel-cbgp-checkpoints"
     keyed = one(render("--set", "checkpoints.existingSecret=ckpt", "--set", "checkpoints.secretKey=k"), "CronJob",
                 "rel-cbgp-topics-trim")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     assert env_of(keyed)["CBGP_CHECKPOINT_SECRET"]["valueFrom"] == {"secretKeyRef": {"name": "ckpt", "key": "k"}}
@@ -429,7 +478,8 @@ def test_production_values_configure_a_replicated_authenticated_cluster(rendered
     assert cfg["CBGP_SASL_MECHANISM"] == "SCRAM-SHA-512"
     assert cfg["CBGP_SSL_CA_LOCATION"] == "/etc/cbgp/tls/ca.crt"
     assert by_kind(docs, "ServiceMonitor")
-    assert not by_kind(docs, "Secret"), "with existingSecret the chart must not create credentials"
+    assert not [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] in ("rel-cbgp-kafka", "rel-cbgp-gateway")], \
+        "with existingSecret the chart must not create credentials"
     gateway = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "CBGP_GATEWAY_TOKENS",
             "valueFrom": {"secretKeyRef": {"name": "cbgp-gateway-tokens", "key": "tokens"}}} in gateway["env"]
@@ -473,7 +523,8 @@ def test_default_values_use_plaintext_without_credentials(rendered) -> None:
     docs = rendered["default"]
     assert config(docs)["CBGP_SECURITY_PROTOCOL"] == "PLAINTEXT"
     assert "CBGP_SASL_MECHANISM" not in config(docs)
-    assert not by_kind(docs, "Secret") and not by_kind(docs, "ServiceMonitor")
+    assert not [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] == "rel-cbgp-kafka"]
+    assert not by_kind(docs, "ServiceMonitor")
     for _, spec in pod_specs(docs):
         for c in spec["containers"]:
             assert not any(k.startswith("CBGP_SASL") for k in env_of(c))

@@ -97,6 +97,11 @@ CBGP_SASL_MECHANISM: {{ .Values.kafka.sasl.mechanism | quote }}
 CBGP_SSL_CA_LOCATION: {{ printf "/etc/cbgp/tls/%s" .Values.kafka.tls.caKey | quote }}
 {{- end }}
 CBGP_METRICS_PORT: {{ .Values.metrics.port | quote }}
+# The pod's address, not only loopback: Prometheus and the kubelet's probes reach the metrics port there.
+CBGP_METRICS_HOST: "0.0.0.0"
+{{- with .Values.serviceEndpoints }}
+CBGP_SERVICE_ALLOW: {{ . | quote }}
+{{- end }}
 CBGP_LOG_LEVEL: {{ .Values.logLevel | quote }}
 CBGP_STATE_DIR: "/var/lib/cbgp/state"
 {{- range $key, $value := .Values.kafka.clientConfig }}
@@ -179,6 +184,30 @@ CBGP_TOPIC_CONFIG: {{ join ";" $entries | quote }}
 
 {{- define "cbgp.gatewayTokens" -}}
 {{- range .Values.gateway.auth.tokens }}
-{{ .token }} {{ .scope }}
+{{ .token }} {{ .scope }}{{ with .owner }} {{ . }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the checkpoint key: the operator's, else the one the chart generates. */}}
+{{- define "cbgp.checkpointSecretName" -}}
+{{- .Values.checkpoints.existingSecret | default (printf "%s-checkpoints" (include "cbgp.fullname" .)) }}
+{{- end }}
+
+{{/* CBGP_CHECKPOINT_SECRET from that Secret, as an env entry. */}}
+{{- define "cbgp.checkpointEnv" -}}
+- name: CBGP_CHECKPOINT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "cbgp.checkpointSecretName" . }}
+      key: {{ .Values.checkpoints.secretKey }}
+{{- end }}
+
+{{/* A generated secret value, kept across upgrades: the live Secret's if it exists (not when rendering offline). */}}
+{{- define "cbgp.keptRandom" -}}
+{{- $live := lookup "v1" "Secret" .root.Release.Namespace .name }}
+{{- if and $live (index ($live.data | default dict) .key) }}
+{{- index $live.data .key | b64dec }}
+{{- else }}
+{{- randAlphaNum 48 }}
 {{- end }}
 {{- end }}

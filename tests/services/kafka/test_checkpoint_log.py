@@ -74,13 +74,13 @@ def test_a_checkpoint_whose_hmac_does_not_match_is_refused(kafka_settings: Kafka
                                                            monkeypatch: pytest.MonkeyPatch,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     s = kafka_settings
-    monkeypatch.setenv("CBGP_CHECKPOINT_SECRET", "fleet-secret")
+    monkeypatch.setenv("CBGP_CHECKPOINT_SECRET", "fleet-secret-0123456789")
     log = CheckpointLog(s, {"w": s.topic("checkpoints.whole")}, "i1")
     producer = make_producer(s, transactional_id=f"{s.topic_prefix}ckpt-hmac")
     try:
         _write(s, log, producer, [("w", 0, b"state", 5)])
         assert log.get("w", 0).blob == b"state"  # type: ignore[union-attr]
-        monkeypatch.setenv("CBGP_CHECKPOINT_SECRET", "someone-else")
+        monkeypatch.setenv("CBGP_CHECKPOINT_SECRET", "someone-else-0123456789")
         with caplog.at_level("WARNING"):
             assert log.get("w", 0) is None
         assert any("checkpoint-refused" in r.getMessage() and "HMAC" in r.getMessage() for r in caplog.records)

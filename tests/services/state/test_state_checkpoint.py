@@ -17,6 +17,7 @@ from services.kafka.config import KafkaSettings
 from services.state.checkpointing import Checkpoint, Checkpointer, unusable
 from services.state.store import Store
 from services.state import presence
+from services.wire.sealed import seal
 from tests.fleet_support import generate_patch
 
 S = KafkaSettings(topic_prefix="u.")
@@ -219,8 +220,9 @@ def test_ingests_snapshot_for_kafka_round_trips_its_state_and_refuses_another_fo
     packed = array("q", [q for quad in present for q in quad])
     packed.byteswap()
     older = pickle.dumps({"format": 1, "checkpoint": {}, "present": packed.tobytes(), "terms": terms})
-    assert presence.load_snapshot(older) == ({}, dict.fromkeys(present, presence.UNKNOWN_SEQ), terms)
-    assert presence.load_snapshot(pickle.dumps({"format": 0})) is None
+    assert presence.load_snapshot(older) is None  # unsealed: never unpickled (services.wire.sealed)
+    assert presence.load_snapshot(seal(older)) == ({}, dict.fromkeys(present, presence.UNKNOWN_SEQ), terms)
+    assert presence.load_snapshot(seal(pickle.dumps({"format": 0}))) is None
     assert presence.load_snapshot(b"not a pickle") is None
 
 
