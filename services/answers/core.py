@@ -20,7 +20,7 @@ from prometheus_client import Gauge
 from cbgp.query.limits import limit
 from services import codec
 from services.codec import canonical_binding, current_key, term_from_avro
-from services.metrics.instruments import ANSWER_LATENCY, DELTAS_EMITTED
+from services.metrics.instruments import ANSWER_LATENCY, DELTAS_EMITTED, QueryLabels
 from services.wire.idempotence import ORDERED_SOURCE_BELOW
 from services.wire.records import (ANSWER_OVERHEAD_BYTES, DEFAULT_MAX_RECORD_BYTES, ORIGIN_HEADER, RECORD_SETTING,
                                    WHOLE_QUERY_PART, Output, dead_letter, kv)
@@ -71,6 +71,7 @@ class AnswersCore:
         self.ended: dict[str, int] = {}
         self.unsettled = False  # a plan or a restore may have left a stream to end: call settle()
         self.emitted: dict[tuple[str, str], object] = {}  # (query, sign) -> its DELTAS_EMITTED child
+        self.query_labels = QueryLabels()  # at most CBGP_METRICS_QUERY_LABELS series of their own
         # term id -> (canonical JSON, Avro SparqlTerm body): answers repeat terms (ids are stable, so an entry
         # never goes stale; the cache is emptied when full)
         self._terms: dict[int, tuple[str, bytes]] = {}
@@ -213,7 +214,7 @@ class AnswersCore:
             if count:
                 counter = self.emitted.get((name, sign))
                 if counter is None:  # labels() costs microseconds: once per query and sign
-                    counter = self.emitted[(name, sign)] = DELTAS_EMITTED.labels(name, sign)
+                    counter = self.emitted[(name, sign)] = DELTAS_EMITTED.labels(self.query_labels.label(name), sign)
                 counter.inc(count)
         return out
 
@@ -273,6 +274,14 @@ class AnswersCore:
         it reached) per unit of multiplicity of each current answer, and its answers.current tombstone; so
         the stream sums to nothing for any reader that folds it (restore, compaction, ``cbgp watch``)."""
         self.ended[name] = max(state.version, self.ended.get(name, 0))
+        for sign in "+-":  # its series go with it
+            self.emitted.pop((name, sign), None)
+        if self.query_labels.forget(name):
+            for sign in "+-":
+                try:
+                    DELTAS_EMITTED.remove(name, sign)
+                except KeyError:
+                    pass
         partition = self.partition_of[name]
         now = int(time.time() * 1000)
         out: list[Output] = []

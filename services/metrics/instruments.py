@@ -7,13 +7,62 @@ nothing.  This module holds no Kafka client and no HTTP server, so the Kafka-fre
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
     "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
     "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY", "RESTORE_MISSING_OFFSETS",
     "BACKGROUND_REFRESHES", "BACKGROUND_VIEW_TRIPLES", "BACKGROUND_ACCURACY", "CHECKPOINT_BYTES", "CHECKPOINT_TIME",
+    "OTHER_QUERIES", "QueryLabels", "top_queries",
 ]
+
+# Per-query series are bounded: a fleet of ten thousand queries must not make ten thousand series per metric.
+# The first CBGP_METRICS_QUERY_LABELS queries a service sees (or the largest, for gauges) get a series of their
+# own; the others are counted together under query="_other".
+QUERY_LABELS_SETTING, DEFAULT_QUERY_LABELS = "CBGP_METRICS_QUERY_LABELS", 100
+OTHER_QUERIES = "_other"
+
+
+def _query_labels() -> int:
+    raw = os.environ.get(QUERY_LABELS_SETTING, "")
+    return int(raw) if raw.isdigit() else DEFAULT_QUERY_LABELS
+
+
+class QueryLabels:
+    """The label of a query in a counter: its id for the first ``maximum`` queries, ``_other`` for the rest;
+    :meth:`forget` frees a place (an unregistered query)."""
+
+    def __init__(self, maximum: int | None = None) -> None:
+        self.maximum = _query_labels() if maximum is None else maximum
+        self.named: set[str] = set()
+
+    def label(self, query: str) -> str:
+        if query in self.named:
+            return query
+        if len(self.named) < self.maximum:
+            self.named.add(query)
+            return query
+        return OTHER_QUERIES
+
+    def forget(self, query: str) -> bool:
+        """True when ``query`` had a series of its own."""
+        if query in self.named:
+            self.named.discard(query)
+            return True
+        return False
+
+
+def top_queries(values: dict[str, float], maximum: int | None = None) -> dict[str, float]:
+    """A gauge's per-query values bounded: the ``maximum`` largest by themselves, the rest summed as ``_other``."""
+    maximum = _query_labels() if maximum is None else maximum
+    if len(values) <= maximum:
+        return dict(values)
+    ranked = sorted(values.items(), key=lambda item: (-item[1], item[0]))
+    kept = dict(ranked[:maximum])
+    kept[OTHER_QUERIES] = sum(v for _q, v in ranked[maximum:])
+    return kept
 
 # prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
 # cbgp_updates_in_total.

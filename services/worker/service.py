@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_consumer, make_producer
 from services.metrics.exposition import record_consumer_lag
-from services.metrics.instruments import STATE_BYTES, STATE_ENTRIES
+from services.metrics.instruments import STATE_BYTES, STATE_ENTRIES, top_queries
 from services.runtime.runner import Step, run_processor
 from services.runtime import recovery
 from services.wire.records import Output, kv
@@ -36,7 +36,7 @@ from cbgp.query.plan import BY_CENTRE, SINGLE_OWNER
 log = logging.getLogger("cbgp.worker")
 
 SERVICE = "worker"
-QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds for one query (0 once unregistered).",
+QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds for one query (the largest; the rest as _other).",
                     ["query"])
 FRONTIER = Gauge("cbgp_frontier_seq", "Highest seq a routed partition held by this worker has completed "
                  "(compare with ingest's seq for the frontier lag).", ["partition"])
@@ -467,12 +467,12 @@ class WorkerService:
             for labels in list(gauge._metrics):  # partitions no longer held: no stale values
                 if labels[0] not in held:
                     gauge.remove(*labels)
-        by_query = self.core.state_by_query()
+        by_query = top_queries(self.core.state_by_query())  # the largest by themselves, the rest as _other
         for name, entries in by_query.items():
             QUERY_STATE.labels(name).set(entries)
-        for labels in list(QUERY_STATE._metrics):  # queries gone from this worker hold no state any more
+        for labels in list(QUERY_STATE._metrics):  # queries gone (or out of the top) hold no series any more
             if labels[0] not in by_query:
-                QUERY_STATE.labels(*labels).set(0)
+                QUERY_STATE.remove(*labels)
 
     def close(self, clean: bool = True) -> None:
         if clean and self.checkpointer.unsaved:

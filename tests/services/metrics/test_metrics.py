@@ -96,3 +96,16 @@ def test_consumer_lag_is_high_watermark_minus_position(kafka_settings) -> None: 
     record_consumer_lag(consumer)
     consumer.close()
     assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": topic, "partition": "0"}) == 10 - 7
+
+
+def test_per_query_series_are_bounded() -> None:
+    """Ten thousand queries must not make ten thousand series: the first N get their own, the rest share one."""
+    from services.metrics.instruments import OTHER_QUERIES, QueryLabels, top_queries
+
+    labels = QueryLabels(maximum=3)
+    assert [labels.label(f"q{i}") for i in range(5)] == ["q0", "q1", "q2", OTHER_QUERIES, OTHER_QUERIES]
+    assert labels.forget("q1") and not labels.forget("q4")
+    assert labels.label("q9") == "q9" and labels.label("q1") == OTHER_QUERIES
+    values = {f"q{i}": float(i) for i in range(10)}
+    assert top_queries(values, maximum=3) == {"q9": 9.0, "q8": 8.0, "q7": 7.0, OTHER_QUERIES: sum(range(7))}
+    assert top_queries({"a": 1.0}, maximum=3) == {"a": 1.0}
