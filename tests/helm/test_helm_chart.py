@@ -295,7 +295,9 @@ def test_notes_say_how_to_register_publish_and_reach_the_registry_view() -> None
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "exec -i deploy/rel-cbgp-registry -- cbgp register people - < people.rq" in notes
     assert "cbgp publish - --format ntriples < changes.nt" in notes
-    assert "port-forward svc/rel-cbgp-registry 7070" in notes and "localhost:7070/queries" in notes
+    # loopback in the pod by default: port-forward to the Deployment (its Service has no such port)
+    assert "port-forward deploy/rel-cbgp-registry 7070" in notes and "localhost:7070/queries" in notes
+    assert "svc.cluster" not in notes and ".svc:7070" not in notes
 
 
 def test_gateway_serves_http_and_takes_its_tokens_from_a_secret(tmp_path: Path) -> None:
@@ -573,7 +575,7 @@ def test_spark_application_mode_renders_an_operator_app_instead_of_a_deployment(
     assert (REPO / "docker" / "spark_main.py").exists()
     assert "spark_main.py" in (REPO / "docker" / "Dockerfile").read_text()
     # The operator must submit with the Spark version the image really ships.
-    pinned = re.search(r"^pyspark(\[[^\]]*\])?==(\S+)$", (REPO / "requirements.lock").read_text(), re.M)
+    pinned = re.search(r"^pyspark(\[[^\]]*\])?==(\S+?)(?: \\)?$", (REPO / "requirements.lock").read_text(), re.M)
     assert pinned and spec["sparkVersion"] == pinned.group(2)
     assert spec["arguments"] == ["--master", "k8s://https://kubernetes.default.svc",
                                  "--state-dir", "/var/lib/cbgp/state", "--trigger-interval", "1",
