@@ -129,6 +129,21 @@ class Terms:
         return found
 
 
+class Descending:
+    """A sort key in reverse (DESC): compares the other way round."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+    def __lt__(self, other: "Descending") -> bool:
+        return other.key < self.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Descending) and other.key == self.key
+
+
 def order_key(term: str) -> tuple:
     if term.startswith("_:"):
         return (1, term)

@@ -8,23 +8,10 @@ from __future__ import annotations
 import bisect
 
 from cbgp.algebra.operators import Delta, Operator, Row, add
-from cbgp.algebra.expressions import Terms
+from cbgp.algebra.expressions import Descending, Terms
 
 
 # --- ORDER BY + LIMIT/OFFSET ---------------------------------------------------------------------
-
-class _Desc:
-    __slots__ = ("key",)
-
-    def __init__(self, key: tuple) -> None:
-        self.key = key
-
-    def __lt__(self, other: "_Desc") -> bool:
-        return other.key < self.key
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Desc) and other.key == self.key
-
 
 class TopK(Operator):
     """ORDER BY ... LIMIT/OFFSET: the window [offset, offset+limit) of the sorted multiset, maintained.
@@ -51,7 +38,7 @@ class TopK(Operator):
         parts = []
         for expr, descending in self.conditions:
             key = self.terms.order_key(self.terms.value(expr, self.schema, row))
-            parts.append(_Desc(key) if descending else key)
+            parts.append(Descending(key) if descending else key)
         decode = self.terms.dictionary.decode
         parts.append(tuple("" if v is None else decode(v) for v in row))
         return tuple(parts)

@@ -15,6 +15,7 @@ import pyoxigraph as ox
 from cbgp.inputs import update_syntax as syn
 from cbgp.query.cost import cross_product
 from cbgp.query.limits import limit, text_problem
+from cbgp.query.sparql import text_error
 from cbgp.terms import TermError, from_oxigraph
 
 QuadKey = tuple[str, str, str, "str | None"]
@@ -137,6 +138,11 @@ class UpdateExtractor:
             try:
                 ox.Store().update(request, base_iri=base)
             except SyntaxError as exc:
+                cause = text_error(request)  # (what the text shows says more than the parser's expected tokens)
+                if cause is not None and cause.line is not None:
+                    offset = syn.offset_of(request, cause.line, cause.column)
+                    raise _syntax_error(request, tokens, offset,
+                                        cause.message.removeprefix("SPARQL syntax error: ")) from None
                 m = _ERROR_AT.search(str(exc))
                 if m is None:
                     raise UpdateRequestError(f"syntax error: {_one_line(str(exc))}", syntax=True) from None
@@ -370,8 +376,11 @@ def _syntax_error(request: str, tokens: list[syn.Token], offset: int, detail: st
     # Quote from the start of the token the parser stopped in (it reports its furthest position).
     start = next((t.start for t in reversed(tokens) if t.start <= offset < t.end), offset)
     near = _one_line(request[start : start + 30]) or "end of request"
+    expected = _one_line(detail)
+    if len(expected) > 80:  # a list of character ranges says nothing to a reader
+        expected = "unexpected text"
     return UpdateRequestError(
-        f"syntax error at line {line}, column {column} (operation {index}) near {near!r}: {_one_line(detail)}",
+        f"syntax error at line {line}, column {column} (operation {index}) near {near!r}: {expected}",
         operation=index,
         line=line,
         column=column,

@@ -284,7 +284,7 @@ def _undeclared_prefix(text: str) -> QueryError | None:
             while end < len(masked) and (masked[end].isalnum() or masked[end] in "_-.:%\\"):
                 end += 1
             name = masked[match.start():end].rstrip(".")
-            return QueryError(f"undeclared prefix '{prefix}:' in {name} (declare it before the query: "
+            return QueryError(f"undeclared prefix '{prefix}:' in {name} (declare it first: "
                               f"PREFIX {prefix}: <...>)", *line_col(text, match.start()))
     return None
 
@@ -295,13 +295,10 @@ def check_prefixes(text: str) -> None:
         raise error
 
 
-def _syntax_error(text: str, rdflib_position: tuple[int, int] | None) -> QueryError:
-    """The error for a text rdflib could not parse, naming a cause where one can be told."""
-
-    def error(message: str, offset: int | None = None, position: tuple[int, int] | None = None) -> QueryError:
-        line, column = line_col(text, offset) if offset is not None else position or (None, None)
-        return QueryError(f"SPARQL syntax error: {message}", line, column)
-
+def text_error(text: str) -> QueryError | None:
+    """The usual causes of a syntax error that the text alone shows (an unterminated string or IRI, an unbalanced
+    bracket, an undeclared prefix), for a query or an update request; None when it shows none."""
+    error = functools.partial(_located, text)
     tokens = sparql_tokens(text)
     for index, (kind, value, offset) in enumerate(tokens):
         if kind == "other" and value in "\"'":
@@ -328,13 +325,28 @@ def _syntax_error(text: str, rdflib_position: tuple[int, int] | None) -> QueryEr
     if stack:
         opener, opened_at = stack[-1]
         return error(f"'{opener}' is never closed", opened_at)
+    return _undeclared_prefix(text)
+
+
+def _located(text: str, message: str, offset: int | None = None,
+             position: tuple[int, int] | None = None) -> QueryError:
+    line, column = line_col(text, offset) if offset is not None else position or (None, None)
+    return QueryError(f"SPARQL syntax error: {message}", line, column)
+
+
+def _syntax_error(text: str, rdflib_position: tuple[int, int] | None) -> QueryError:
+    """The error for a text rdflib could not parse, naming a cause where one can be told."""
+    error = functools.partial(_located, text)
+    tokens = sparql_tokens(text)
+    found = text_error(text)
+    if found is not None and "undeclared prefix" not in found.message:
+        return found
     prologue = _prologue_error(tokens)
     if prologue is not None:
         message, offset = prologue
         return error(message, offset if offset is not None else len(text))
-    undeclared = _undeclared_prefix(text)
-    if undeclared is not None:
-        return undeclared
+    if found is not None:
+        return found
     # rdflib's position is the token it could not take, except that a triple it cannot complete is
     # reported at the triple's start (after '{' or '.'); there pyoxigraph's position (the furthest point
     # its parser reached) names the token, unless it ran on to the end of the text.

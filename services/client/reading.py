@@ -224,12 +224,6 @@ def current_answers(settings: KafkaSettings, query_id: str, version: int | None 
     return rows
 
 
-def results_json(variables: list[str], rows: list[tuple[dict[str, Any], int]]) -> dict[str, Any]:
-    """SPARQL 1.1 Query Results JSON; a binding with multiplicity m appears m times (bag semantics)."""
-    return {"head": {"vars": variables},
-            "results": {"bindings": [binding for binding, mult in rows for _ in range(mult)]}}
-
-
 def _term_text(term: dict[str, Any]) -> str:
     if term["type"] == "uri":
         return f"<{term['value']}>"

@@ -12,12 +12,13 @@ from typing import Callable
 
 from confluent_kafka import KafkaException
 
+from cbgp.results import FORMATS, JSON, NotAcceptable, negotiate, ordered, serialize, shape_of
 from services.kafka.topics import BrokerUnreachable
 from services.kafka.config import KafkaSettings, add_kafka_flags
 from services.kafka.client import quiet_librdkafka, require_broker
 from services.client.errors import UserError
 from services.client.publish import DEFAULT_CHUNK_BYTES, STDIN, publish_file
-from services.client.reading import current_answers, print_deadletters, results_json, results_table, watch_answers
+from services.client.reading import current_answers, print_deadletters, results_table, watch_answers
 from services.client.requests import require_plan, admin_request, format_status
 
 Handler = Callable[[argparse.Namespace], int]
@@ -68,9 +69,13 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
     p_watch.add_argument("--from", dest="start", type=int, default=1, metavar="N", help="first answer number (default 1)")
     p_watch.add_argument("--count", type=int, default=None, metavar="K", help="exit after K answers (default: run until Ctrl-C)")
 
-    p_cur = add_kafka_flags(commands.add_parser("current", help="a query's current answers (SPARQL JSON results)"))
+    p_cur = add_kafka_flags(commands.add_parser("current", help="a query's current answers (SPARQL results; RDF "
+                                                            "for CONSTRUCT)"))
     p_cur.add_argument("query_id", metavar="ID")
-    p_cur.add_argument("--table", action="store_true", help="a text table instead of JSON")
+    p_cur.add_argument("--format", choices=sorted(FORMATS), default=None,
+                       help="json, xml, csv or tsv (SELECT, ASK; default json); turtle, ntriples, jsonld or rdfxml "
+                            "(CONSTRUCT; default turtle)")
+    p_cur.add_argument("--table", action="store_true", help="a text table instead (SELECT)")
 
     p_dead = add_kafka_flags(commands.add_parser("deadletter", help="print the inputs the fleet rejected, one line each"))
     p_dead.add_argument("--from", dest="start", type=int, default=0, metavar="N",
@@ -149,11 +154,20 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
         settings = connect(args)
         plan = require_plan(settings, args.query_id)  # answers left by an unregistered query are not current
         rows = current_answers(settings, args.query_id, plan["version"])
-        variables = list(plan["projected"])
+        shape = shape_of(plan["sparql"], tuple(plan["projected"]))
+        bindings = [binding for binding, mult in rows for _ in range(mult)]
         if args.table:
-            print(results_table(variables, rows))
-        else:
-            print(json.dumps(results_json(variables, rows), indent=2))
+            print(results_table(list(shape.variables), [(b, 1) for b in ordered(shape, bindings)]))
+            return 0
+        try:
+            media = negotiate(shape.form, fmt=args.format)
+        except NotAcceptable as exc:
+            raise UserError(str(exc)) from None
+        body = serialize(shape, bindings, media)
+        if media == JSON:
+            body = json.dumps(json.loads(body), indent=2, ensure_ascii=False).encode()
+        sys.stdout.buffer.write(body if body.endswith(b"\n") else body + b"\n")
+        sys.stdout.flush()
         return 0
 
     def run_deadletter(args: argparse.Namespace) -> int:

@@ -15,7 +15,8 @@ from typing import Any, Awaitable, Callable
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from services.gateway.core import (ADMIN, READ, READ_WRITE, Grant, Subscriber, allows, net_change, results,
+from cbgp.results import NotAcceptable, content_type, negotiate, serialize, shape_of
+from services.gateway.core import (ADMIN, READ, READ_WRITE, Grant, Subscriber, allows, net_change, problem,
                                    sepa_error, sepa_notification, sse_event, subscription_id)
 from services.gateway.openapi import OPENAPI
 from services.gateway.query import QueryRefused, run_query
@@ -27,7 +28,6 @@ __all__ = ["make_app"]
 STATIC = Path(__file__).with_name("static")
 
 SSE_HEARTBEAT_S = 15.0
-SPARQL_RESULTS_JSON = "application/sparql-results+json"
 
 
 def _now_ms() -> int:
@@ -38,8 +38,10 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return web.Response(text=json.dumps(data), status=status, content_type="application/json", headers=headers)
 
 
-def _problem(status: int, message: str, **extra: Any) -> web.Response:
-    return _json({"error": message, **extra}, status)
+def _problem(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
+    """An error as RFC 9457 problem details: ``detail`` is the one line that says what and where."""
+    return web.Response(text=json.dumps(problem(status, message, **extra)), status=status,
+                        content_type="application/problem+json", headers=headers)
 
 
 # Scope each route needs; None = public.  /subscribe checks each subscribe message instead (a SEPA client may
@@ -67,9 +69,7 @@ def make_app(gw: Gateway) -> web.Application:
             grant = gw.grant_of(request)
             if grant is None:
                 REQUESTS.labels(route, request.method, "401").inc()
-                return web.Response(status=401, text=json.dumps({"error": gw.token_problem(request)}),
-                                    content_type="application/json",
-                                    headers={"WWW-Authenticate": 'Bearer realm="cbgp"'})
+                return _problem(401, gw.token_problem(request), headers={"WWW-Authenticate": 'Bearer realm="cbgp"'})
             if not allows(grant.scope, needed):
                 REQUESTS.labels(route, request.method, "403").inc()
                 return _problem(403, f"this token's scope is {grant.scope!r}; {needed!r} is needed")
@@ -79,9 +79,8 @@ def make_app(gw: Gateway) -> web.Application:
         except web.HTTPException as exc:
             REQUESTS.labels(route, request.method, str(exc.status)).inc()
             if exc.status >= 400:  # the router's 404/405 and aiohttp's 413 as JSON, like every other error
-                return web.Response(status=exc.status, text=json.dumps({"error": exc.reason}),
-                                    content_type="application/json", headers={
-                                        k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+                return _problem(exc.status, exc.reason, headers={
+                    k: v for k, v in exc.headers.items() if k.lower() == "allow"})
             raise
         REQUESTS.labels(route, request.method, str(response.status)).inc()
         return response
@@ -189,11 +188,10 @@ def make_app(gw: Gateway) -> web.Application:
             return status
         reply = {k: status.get(k) for k in ("query_id", "status", "message", "line", "column")}
         if status["status"] != "ACCEPTED":
-            if "belongs to" in status["message"]:
-                return _problem(403, status["message"], query_id=body["id"])
-            if "_MAX_QUERIES" in status["message"]:
-                return _problem(429, status["message"], query_id=body["id"])
-            return _json(reply, 409 if "already registered" in status["message"] else 400)
+            code = 403 if "belongs to" in status["message"] else 429 if "_MAX_QUERIES" in status["message"] \
+                else 409 if "already registered" in status["message"] else 400
+            where = {"line": status["line"], "column": status["column"]} if status.get("line") else {}
+            return _problem(code, status["message"], query_id=body["id"], **where)
         await gw.wait_plan(body["id"], True, before.version if before and before.sparql != body["sparql"] else 0)
         info = hub.registered(body["id"])
         if info is not None:
@@ -207,9 +205,7 @@ def make_app(gw: Gateway) -> web.Application:
             return status
         reply = {k: status.get(k) for k in ("query_id", "status", "message", "line", "column")}
         if status["status"] != "UNREGISTERED":
-            if "belongs to" in status["message"]:
-                return _problem(403, status["message"], query_id=query_id)
-            return _json(reply, 404)
+            return _problem(403 if "belongs to" in status["message"] else 404, status["message"], query_id=query_id)
         await gw.wait_plan(query_id, False)
         return _json(reply)
 
@@ -218,11 +214,17 @@ def make_app(gw: Gateway) -> web.Application:
         info = hub.registered(query_id)
         if info is None:
             return _problem(404, f"no query with id {query_id!r} is registered")
+        shape = shape_of(info.sparql, tuple(info.projected))
+        try:
+            media = negotiate(shape.form, request.headers.get("Accept"), request.query.get("format"))
+        except NotAcceptable as exc:
+            return _problem(406, str(exc))
         stream = hub.stream(query_id)
         rows = stream.rows() if stream is not None and stream.version == info.version else []
         last = (stream.next_n - 1) if stream is not None and stream.version == info.version else 0
-        return web.Response(text=json.dumps(results(info.projected, rows)), content_type=SPARQL_RESULTS_JSON,
-                            headers={"X-CBGP-Version": str(info.version), "X-CBGP-Answer": str(last)})
+        body = await asyncio.get_running_loop().run_in_executor(gw.admin_pool, serialize, shape, rows, media)
+        return web.Response(body=body, headers={"Content-Type": content_type(media), "Vary": "Accept",
+                                                "X-CBGP-Version": str(info.version), "X-CBGP-Answer": str(last)})
 
     # ------------------------------------------------------------------ SSE
 
@@ -317,7 +319,7 @@ def make_app(gw: Gateway) -> web.Application:
                                                              UPDATE_FORMAT)
         except Exception as exc:  # noqa: BLE001 - the broker refused or did not answer
             return _problem(503, f"updates.raw: {exc}")
-        return _json({"published": len(text.encode()), "topic": gw.settings.topic("updates.raw")})
+        return _json({"published_bytes": len(text.encode()), "topic": gw.settings.topic("updates.raw")})
 
     async def query(request: web.Request) -> web.Response:
         if request.method == "GET":
@@ -332,10 +334,11 @@ def make_app(gw: Gateway) -> web.Application:
         if not text:
             return _problem(400, "no query")
         try:
-            body, ctype, seq = await run_query(gw, text)
+            body, media, seq = await run_query(gw, text, request.headers.get("Accept"), request.query.get("format"))
         except QueryRefused as exc:
             return _problem(exc.status, str(exc), **({"line": exc.line, "column": exc.column} if exc.line else {}))
-        return web.Response(body=body, headers={"Content-Type": ctype, "X-CBGP-Seq": str(seq)})
+        return web.Response(body=body, headers={"Content-Type": content_type(media), "Vary": "Accept",
+                                                "X-CBGP-Seq": str(seq)})
 
     async def fleet(_request: web.Request) -> web.Response:
         subs = hub.subscriber_count()

@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from http import HTTPStatus
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 __all__ = ["Answer", "Grant", "Hub", "Limits", "QueryInfo", "Stream", "Subscriber", "Tokens", "TokenError", "READ", "READ_WRITE", "ADMIN",
-           "sepa_notification", "sse_event", "subscription_id", "binding_key"]
+           "problem", "sepa_notification", "sse_event", "subscription_id", "binding_key"]
 
 READ, READ_WRITE, ADMIN = "read", "read-write", "admin"
 SCOPES = (READ, READ_WRITE, ADMIN)  # each allows what the ones before it allow
@@ -310,6 +311,11 @@ def sepa_notification(spuid: str, alias: str | None, sequence: int, variables: l
     if alias is not None:
         note["alias"] = alias
     return {"notification": note}
+
+
+def problem(status: int, detail: str, **extra: Any) -> dict[str, Any]:
+    """RFC 9457 problem details of an HTTP error (``detail``: one line that says what and where)."""
+    return {"type": "about:blank", "title": HTTPStatus(status).phrase, "status": status, "detail": detail, **extra}
 
 
 def sepa_error(status: int, error: str, description: str) -> dict[str, Any]:

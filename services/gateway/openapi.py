@@ -16,8 +16,34 @@ def _json(ref: str, description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": {"$ref": ref}}}}
 
 
-_ERR = "#/components/schemas/Error"
-_AUTH = {"401": _json(_ERR, "no or unknown bearer token"), "403": _json(_ERR, "the token's scope is too small")}
+_ERR = "#/components/schemas/Problem"
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/problem+json": {"schema": {"$ref": _ERR}}}}
+
+
+_AUTH = {"401": _problem("no bearer token, or one that is not valid (the detail says which)"),
+         "403": _problem("the token's scope is too small")}
+_STRING = {"schema": {"type": "string"}}
+
+
+def _results(description: str) -> dict[str, Any]:
+    """Negotiated by Accept (or ?format=): SPARQL results for SELECT and ASK, RDF for CONSTRUCT."""
+    return {"description": description, "content": {
+        "application/sparql-results+json": {"schema": {"$ref": "#/components/schemas/SparqlResults"}},
+        "application/sparql-results+xml": _STRING, "text/csv": _STRING, "text/tab-separated-values": _STRING,
+        "text/turtle": _STRING, "application/n-triples": _STRING, "application/ld+json": {"schema": {}},
+        "application/rdf+xml": _STRING}}
+
+
+_QUERY_LIMITS = {"413": _problem("more rows than --query-max-rows"),
+                 "503": _problem("past --query-timeout, or every /query worker busy")}
+_FORMAT = {"name": "format", "in": "query", "required": False,
+           "description": "instead of Accept: json, xml, csv, tsv (SELECT, ASK); turtle, ntriples, jsonld, rdfxml "
+                          "(CONSTRUCT)", "schema": {"type": "string", "enum": [
+                               "json", "xml", "csv", "tsv", "turtle", "ttl", "ntriples", "nt", "jsonld", "json-ld",
+                               "rdfxml"]}}
 
 _TERM = {"type": "object", "required": ["type", "value"],
          "properties": {"type": {"type": "string", "enum": ["uri", "literal", "bnode"]}, "value": {"type": "string"},
@@ -33,7 +59,12 @@ OPENAPI: dict[str, Any] = {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                        "description": "scope read or read-write; also ?access_token="}},
         "schemas": {
-            "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+            "Problem": {"type": "object", "required": ["type", "title", "status", "detail"],
+                        "description": "RFC 9457 problem details; detail is one line that says what and where",
+                        "properties": {"type": {"type": "string"}, "title": {"type": "string"},
+                                       "status": {"type": "integer"}, "detail": {"type": "string"},
+                                       "line": {"type": "integer"}, "column": {"type": "integer"},
+                                       "query_id": {"type": "string"}}},
             "Term": _TERM,
             "Binding": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Term"}},
             "SparqlResults": {
@@ -74,9 +105,8 @@ OPENAPI: dict[str, Any] = {
                                "line": {"type": "integer", "nullable": True},
                                "column": {"type": "integer", "nullable": True},
                                "query": {"$ref": "#/components/schemas/Query"}}},
-            "StatusOrError": {"anyOf": [{"$ref": "#/components/schemas/StatusReply"}, {"$ref": _ERR}]},
-            "Published": {"type": "object", "required": ["published", "topic"],
-                          "properties": {"published": {"type": "integer"}, "topic": {"type": "string"}}},
+            "Published": {"type": "object", "required": ["published_bytes", "topic"],
+                          "properties": {"published_bytes": {"type": "integer"}, "topic": {"type": "string"}}},
             "Fleet": {"type": "object", "required": ["state", "gateway"], "properties": {
                 "state": {"type": "string", "enum": ["idle", "busy", "unknown"]},
                 "rates": {"type": "object", "additionalProperties": {"type": "number"}},
@@ -94,28 +124,29 @@ OPENAPI: dict[str, Any] = {
                          "schema": {"$ref": "#/components/schemas/RegisterRequest"}}}},
                      "responses": {
                          "201": _json("#/components/schemas/StatusReply", "accepted; the plan reached the gateway"),
-                         "400": _json("#/components/schemas/StatusOrError", "rejected (parse error with line/column)"),
-                         "409": _json("#/components/schemas/StatusReply", "the id is registered with another text"),
-                         "429": _json(_ERR, "the fleet's or the owner's query limit is reached"),
-                         "504": _json(_ERR, "no reply from the registry"), **_AUTH}},
+                         "400": _problem("rejected (the detail says why, line and column where)"),
+                         "409": _problem("the id is registered with another text"),
+                         "429": _problem("the fleet's or the owner's query limit is reached"),
+                         "504": _problem("no reply from the registry"), **_AUTH}},
         },
         "/queries/{id}": {
             "parameters": [_ID],
             "get": {"operationId": "getQuery", "responses": {
                 "200": _json("#/components/schemas/Query", "the query"),
-                "404": _json(_ERR, "not registered"), **_AUTH}},
+                "404": _problem("not registered"), **_AUTH}},
             "delete": {"operationId": "unregisterQuery", "summary": "unregister (read-write)", "responses": {
                 "200": _json("#/components/schemas/StatusReply", "unregistered"),
-                "404": _json("#/components/schemas/StatusReply", "not registered"),
-                "504": _json(_ERR, "no reply from the registry"), **_AUTH}},
+                "404": _problem("not registered"),
+                "504": _problem("no reply from the registry"), **_AUTH}},
         },
         "/queries/{id}/current": {
             "parameters": [_ID],
-            "get": {"operationId": "currentAnswers", "summary": "the current answers (SPARQL 1.1 results JSON)",
+            "get": {"operationId": "currentAnswers", "summary": "the current answers (SPARQL 1.1 results, or RDF for "
+                                                                "CONSTRUCT)", "parameters": [_FORMAT],
                     "responses": {
-                        "200": {"description": "current answers", "content": {"application/sparql-results+json": {
-                            "schema": {"$ref": "#/components/schemas/SparqlResults"}}}},
-                        "404": _json(_ERR, "not registered"), **_AUTH}},
+                        "200": _results("current answers, in the order of the query's ORDER BY"),
+                        "406": _problem("no accepted type fits the query's form"),
+                        "404": _problem("not registered"), **_AUTH}},
         },
         "/queries/{id}/answers": {
             "parameters": [_ID],
@@ -131,8 +162,8 @@ OPENAPI: dict[str, Any] = {
                                                "query is registered again, 'gap' when answers before the "
                                                "oldest kept (--history) were asked for",
                                 "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-                        "400": _json(_ERR, "bad from / Last-Event-ID"),
-                        "404": _json(_ERR, "not registered"), **_AUTH}},
+                        "400": _problem("bad from / Last-Event-ID"),
+                        "404": _problem("not registered"), **_AUTH}},
         },
         "/update": {
             "post": {"operationId": "sparqlUpdate", "summary": "SPARQL 1.1 Update, published to updates.raw",
@@ -144,32 +175,29 @@ OPENAPI: dict[str, Any] = {
                              "example": {"update": "INSERT DATA { <http://example.org/s> <http://example.org/p> "
                                                    "<http://example.org/o> }"}}}},
                      "responses": {"200": _json("#/components/schemas/Published", "acknowledged by the broker"),
-                                   "400": _json(_ERR, "not a valid update request"),
-                                   "415": _json(_ERR, "unsupported content type"),
-                                   "503": _json(_ERR, "the broker did not take it"), **_AUTH}},
+                                   "400": _problem("not a valid update request"),
+                                   "415": _problem("unsupported content type"),
+                                   "503": _problem("the broker did not take it"), **_AUTH}},
         },
         "/query": {
             "get": {"operationId": "sparqlQueryGet", "summary": "SPARQL 1.1 query over the current graph",
                     "parameters": [{"name": "query", "in": "query", "required": True, "schema": {"type": "string"},
-                                    "example": "SELECT ?s ?o WHERE { ?s <http://example.org/p> ?o } LIMIT 10"}],
+                                    "example": "SELECT ?s ?o WHERE { ?s <http://example.org/p> ?o } LIMIT 10"},
+                                   _FORMAT],
                     "responses": {
-                        "200": {"description": "results", "content": {
-                            "application/sparql-results+json": {"schema": {"$ref": "#/components/schemas/SparqlResults"}},
-                            "application/n-triples": {"schema": {"type": "string"}}}},
-                        "400": _json(_ERR, "not a valid query"), **_AUTH}},
+                        "200": _results("results"), "406": _problem("no accepted type fits the query's form"),
+                        "400": _problem("not a valid query"), **_QUERY_LIMITS, **_AUTH}},
             "post": {"operationId": "sparqlQueryPost", "summary": "SPARQL 1.1 query over the current graph",
+                     "parameters": [_FORMAT],
                      "requestBody": {"required": True, "content": {
                          "application/sparql-query": {"schema": {"type": "string"}},
                          "application/x-www-form-urlencoded": {"schema": {
                              "type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}},
                              "example": {"query": "ASK { ?s ?p ?o }"}}}},
                      "responses": {
-                         "200": {"description": "results", "content": {
-                             "application/sparql-results+json": {
-                                 "schema": {"$ref": "#/components/schemas/SparqlResults"}},
-                             "application/n-triples": {"schema": {"type": "string"}}}},
-                         "400": _json(_ERR, "not a valid query"), "415": _json(_ERR, "unsupported content type"),
-                         **_AUTH}},
+                         "200": _results("results"), "406": _problem("no accepted type fits the query's form"),
+                         "400": _problem("not a valid query"), "415": _problem("unsupported content type"),
+                         **_QUERY_LIMITS, **_AUTH}},
         },
         "/fleet": {
             "get": {"operationId": "fleet", "summary": "throughput, lag, idle/busy",

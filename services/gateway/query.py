@@ -11,8 +11,8 @@ request past its deadline is answered at once, and its thread stops at the next 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -20,10 +20,11 @@ from typing import Any
 from cbgp.background.view_graphs import endpoint_problem
 from cbgp.query.cost import cross_product
 from cbgp.query.limits import text_problem
-from cbgp.query.sparql import sparql_tokens
+from cbgp.query.sparql import sparql_tokens, text_error
+from cbgp.results import ASK_VARIABLE, RDF_FORMATS, NotAcceptable, Shape, negotiate, serialize
 from cbgp.terms import from_oxigraph, to_sparql_json
 
-SPARQL_RESULTS_JSON = "application/sparql-results+json"
+_TRUE = {"type": "literal", "value": "true", "datatype": "http://www.w3.org/2001/XMLSchema#boolean"}
 CROSS_PRODUCTS_SETTING = "CBGP_ALLOW_QUERY_CROSS_PRODUCTS"
 
 
@@ -62,19 +63,23 @@ def check_query(text: str) -> None:
                                f"refused unless {CROSS_PRODUCTS_SETTING}=1")
 
 
-def _term(term: Any) -> dict[str, str]:
-    return to_sparql_json(from_oxigraph(term))
-
-
-def evaluate(gw: Any, text: str, cancel: threading.Event) -> tuple[bytes, str, int]:
-    """The query's serialized result, read row by row within the limits (runs on the query pool)."""
+def evaluate(gw: Any, text: str, cancel: threading.Event, accept: str | None = None,
+             fmt: str | None = None) -> tuple[bytes, str, int]:
+    """``(body, media type, seq)``: the query's result, read row by row within the limits and written in the
+    format negotiated for its form (runs on the query pool)."""
     import pyoxigraph as ox
 
     limits = gw.limits
     result, seq = gw.graph.query(text)
+    form = "ASK" if isinstance(result, ox.QueryBoolean) else "CONSTRUCT" if isinstance(result, ox.QueryTriples) \
+        else "SELECT"
+    try:
+        media = negotiate(form, accept, fmt)
+    except NotAcceptable as exc:
+        raise QueryRefused(406, str(exc)) from None
+    if form == "ASK":
+        return serialize(Shape("ASK", ()), [{ASK_VARIABLE: _TRUE}] if result else [], media), media, seq
     deadline = time.monotonic() + limits.query_timeout_s
-    if isinstance(result, ox.QueryBoolean):
-        return json.dumps({"head": {}, "boolean": bool(result)}).encode(), SPARQL_RESULTS_JSON, seq
     rows: list[Any] = []
     for row in result:
         if cancel.is_set() or time.monotonic() > deadline:
@@ -83,16 +88,16 @@ def evaluate(gw: Any, text: str, cancel: threading.Event) -> tuple[bytes, str, i
         if len(rows) > limits.query_max_rows:
             raise QueryRefused(413, f"the result has more than {limits.query_max_rows:,} rows (--query-max-rows); "
                                "add a LIMIT or make the query more selective")
-    if isinstance(result, ox.QueryTriples):
-        return ox.serialize(rows, format=ox.RdfFormat.N_TRIPLES), "application/n-triples", seq
+    if form == "CONSTRUCT":
+        return ox.serialize(rows, format=RDF_FORMATS[media]), media, seq
     variables = [v.value for v in result.variables]
-    bindings = [{v: _term(row[v]) for v in variables if row[v] is not None} for row in rows]
-    body = {"head": {"vars": variables}, "results": {"bindings": bindings}}
-    return json.dumps(body, separators=(",", ":")).encode(), SPARQL_RESULTS_JSON, seq
+    bindings = [{v: to_sparql_json(from_oxigraph(row[v])) for v in variables if row[v] is not None} for row in rows]
+    # (in pyoxigraph's order: ORDER BY is already applied)
+    return serialize(Shape("SELECT", tuple(variables), keep_order=True), bindings, media), media, seq
 
 
-async def run_query(gw: Any, text: str) -> tuple[bytes, str, int]:
-    """``(body, content type, seq)`` of ``text``; :class:`QueryRefused` otherwise (with the status to answer)."""
+async def run_query(gw: Any, text: str, accept: str | None = None, fmt: str | None = None) -> tuple[bytes, str, int]:
+    """``(body, media type, seq)`` of ``text``; :class:`QueryRefused` otherwise (with the status to answer)."""
     check_query(text)
     if not gw.query_slots.acquire(blocking=False):
         raise QueryRefused(503, "every /query worker is busy and the queue is full (--query-workers, --query-queue); "
@@ -101,7 +106,7 @@ async def run_query(gw: Any, text: str) -> tuple[bytes, str, int]:
 
     def work() -> tuple[bytes, str, int]:
         try:
-            return evaluate(gw, text, cancel)
+            return evaluate(gw, text, cancel, accept, fmt)
         finally:
             gw.query_slots.release()  # when the thread is done, not when the request gave up
 
@@ -113,6 +118,22 @@ async def run_query(gw: Any, text: str) -> tuple[bytes, str, int]:
         raise QueryRefused(503, f"the query ran past {gw.limits.query_timeout_s:g} s (--query-timeout)") from None
     except QueryRefused:
         raise
-    except (SyntaxError, ValueError, TypeError, OSError) as exc:
+    except SyntaxError as exc:
+        raise _syntax_refusal(text, str(exc)) from None
+    except (ValueError, TypeError, OSError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise QueryRefused(400, f"{type(exc).__name__}: {message}") from None
+        raise QueryRefused(400, f"{type(exc).__name__}: {message[:200]}") from None
+
+
+def _syntax_refusal(text: str, error: str) -> QueryRefused:
+    """One line, as the CLI says it: the cause the text shows, else pyoxigraph's position and what it expected
+    (unless that is a list of character ranges)."""
+    cause = text_error(text)
+    if cause is not None:
+        return QueryRefused(400, cause.message, cause.line, cause.column)
+    found = re.match(r"error at (\d+):(\d+): (.*)", " ".join(error.split()))
+    if found is None:
+        return QueryRefused(400, f"SPARQL syntax error: {' '.join(error.split())[:200]}")
+    line, column, expected = int(found.group(1)), int(found.group(2)), found.group(3)
+    return QueryRefused(400, "SPARQL syntax error: " + (expected if len(expected) <= 80 else "unexpected text"),
+                        line, column)

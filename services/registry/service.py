@@ -347,7 +347,9 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
     async def get_query(web: faust.web.View, request: faust.web.Request, query_id: str) -> faust.web.Response:
         view = table.get(query_id)
         if view is None:
-            return web.json({"error": f"no query with id {query_id!r} is registered"}, status=404)
+            return web.json({"type": "about:blank", "title": "Not Found", "status": 404,  # RFC 9457
+                             "detail": f"no query with id {query_id!r} is registered"}, status=404,
+                            content_type="application/problem+json")
         return web.json(view)
 
     return app

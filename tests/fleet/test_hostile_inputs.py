@@ -141,17 +141,17 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
                                  headers={**auth, "Content-Type": "application/sparql-query"})
 
         deep = get_query(DEEP)
-        assert deep.status_code == 400 and "CBGP_MAX_QUERY_NESTING" in deep.json()["error"]
+        assert deep.status_code == 400 and "CBGP_MAX_QUERY_NESTING" in deep.json()["detail"]
         ssrf = get_query("SELECT * WHERE { SERVICE <http://169.254.169.254/latest> { ?s ?p ?o } }")
-        assert ssrf.status_code == 403 and "CBGP_SERVICE_ALLOW" in ssrf.json()["error"]
+        assert ssrf.status_code == 403 and "CBGP_SERVICE_ALLOW" in ssrf.json()["detail"]
         product = get_query("SELECT * WHERE { ?a ?b ?c . ?d ?e ?f }")
-        assert product.status_code == 400 and "cross product" in product.json()["error"]
+        assert product.status_code == 400 and "cross product" in product.json()["detail"]
         update = requests.post(url + "/update", data=DEEP.replace("SELECT *", "DELETE WHERE").encode(),
                                headers={**auth, "Content-Type": "application/sparql-update"}, timeout=30)
         assert update.status_code == 400
         assert requests.get(url + "/queries", timeout=10).status_code == 401
         wrong = requests.get(url + "/queries", headers={"Authorization": "Bearer nope-nope-nope-nope"}, timeout=10)
-        assert wrong.status_code == 401 and wrong.json()["error"] == "the bearer token is not valid"
+        assert wrong.status_code == 401 and wrong.json()["detail"] == "the bearer token is not valid"
 
         # -- connections: at most 4 from one client; one that never reads is evicted, the others go on
         lazy = socket.socket()
@@ -162,7 +162,7 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
                    for _ in range(3)]
         assert all(s.status_code == 200 for s in streams)
         over = requests.get(url + "/queries/star/answers", headers=auth, timeout=30)
-        assert over.status_code == 429 and "--max-connections-per-client" in over.json()["error"]
+        assert over.status_code == 429 and "--max-connections-per-client" in over.json()["detail"]
         for s in streams:
             s.close()
         metrics = lambda: requests.get(url + "/metrics", timeout=10).text  # noqa: E731

@@ -47,7 +47,7 @@ function cell(text, cls) {
 
 async function refreshFleet() {
   const { status, data } = await api("GET", "/fleet");
-  if (status !== 200) { $("fleet").textContent = "fleet: " + (data && data.error || status); return; }
+  if (status !== 200) { $("fleet").textContent = "fleet: " + (data && data.detail || status); return; }
   const r = data.rates || {}, lag = data.lag || {}, g = data.gateway || {};
   const fmt = (x) => (x === undefined || x === null ? "-" : Math.round(x).toLocaleString());
   $("fleet").innerHTML = "";
@@ -68,7 +68,7 @@ async function refreshFleet() {
 async function refreshQueries() {
   const { status, data } = await api("GET", "/queries");
   const body = $("queries").tBodies[0];
-  if (status !== 200) { body.innerHTML = ""; body.appendChild(cell("(" + (data && data.error || status) + ")")); return; }
+  if (status !== 200) { body.innerHTML = ""; body.appendChild(cell("(" + (data && data.detail || status) + ")")); return; }
   body.innerHTML = "";
   for (const q of data.queries) {
     const tr = document.createElement("tr");
@@ -83,7 +83,7 @@ async function refreshQueries() {
     drop.textContent = "unregister"; drop.className = "unregister";
     drop.onclick = async () => {
       const res = await api("DELETE", "/queries/" + encodeURIComponent(q.id));
-      $("reg-msg").textContent = res.data ? (res.data.status || "") + ": " + (res.data.message || res.data.error) : res.status;
+      $("reg-msg").textContent = res.data ? (res.data.status || "") + ": " + (res.data.message || res.data.detail) : res.status;
       refreshQueries();
     };
     actions.append(view, " ", drop);
@@ -101,14 +101,14 @@ $("reg-button").onclick = async () => {
   const res = await api("POST", "/queries", { id, sparql });
   const d = res.data || {};
   const where = d.line ? " (line " + d.line + ", column " + d.column + ")" : "";
-  $("reg-msg").textContent = (d.status || res.status) + ": " + (d.message || d.error || "") + where;
+  $("reg-msg").textContent = (d.status || res.status) + ": " + (d.message || d.detail || "") + where;
   if (res.status === 201) { await refreshQueries(); select(id); }
 };
 
 $("upd-button").onclick = async () => {
   $("upd-msg").textContent = "publishing ...";
   const res = await api("POST", "/update", $("upd-text").value, "application/sparql-update");
-  $("upd-msg").textContent = res.status === 200 ? "published (" + res.data.published + " bytes)" : "error: " + ((res.data && res.data.error) || res.status);
+  $("upd-msg").textContent = res.status === 200 ? "published (" + res.data.published_bytes + " bytes)" : "error: " + ((res.data && res.data.detail) || res.status);
 };
 
 // ---------------------------------------------------------------- one query's answers
@@ -172,7 +172,7 @@ function onAnswer(a) {
   const d = document.createElement("tr");
   d.appendChild(cell(a.sign, a.sign === "+" ? "plus" : "minus"));
   d.appendChild(cell("#" + a.n));
-  d.appendChild(cell(state.vars.map((v) => "?" + v + "=" + termText(a.binding[v])).join(" "), "term"));
+  d.appendChild(cell(state.vars.filter((v) => a.binding[v]).map((v) => "?" + v + "=" + termText(a.binding[v])).join(" ") || "(no variable bound)", "term"));
   const deltas = $("deltas").tBodies[0];
   deltas.insertBefore(d, deltas.firstChild);
   while (deltas.rows.length > 50) deltas.deleteRow(-1);

@@ -17,12 +17,14 @@ from rdflib import BNode, Literal, URIRef
 from cbgp.inputs.formats import InputError, parse_patch
 from services.commands.main import main as cbgp
 from services.codec import encode
+from services.codec.answers import sparql_json_term
 from services.kafka.config import KafkaSettings
 from services.kafka.topics import ensure_topics
 from services.kafka.client import make_producer, produce_sync, read_all
 from services.kafka.broker import free_port
 from services.runtime.supervise import ChildProcess, cbgp_command, http_ok
-from services.client.reading import answer_json, results_json, watch_answers
+from cbgp.results import JSON, serialize, shape_of
+from services.client.reading import answer_json, watch_answers
 from services.client.requests import admin_request
 from services.client.publish import chunk_lines
 from tests.fixtures.broker import fresh_settings
@@ -199,7 +201,8 @@ def test_watch_lines_and_current_results_are_sparql_json_that_pyoxigraph_and_rdf
     assert line["binding"]["age"] == {"type": "literal", "value": "42", "datatype": XSD_INT}
     assert line["query"] == "q" and "query_id" not in line  # named as in `cbgp replay`'s lines
     assert_real_clients_read(results_document(["x", "n", "age"], [line["binding"]]))
-    assert_real_clients_read(json.dumps(results_json(["x", "n", "age"], [(line["binding"], 2)])), rows=2)
+    shape = shape_of("SELECT ?x ?n ?age WHERE { ?x ?n ?age }", ("x", "n", "age"))
+    assert_real_clients_read(serialize(shape, [line["binding"]] * 2, JSON).decode(), rows=2)
     blank = answer_json({"query_id": "q", "version": 1, "n": 2, "seq": 6, "sign": "-", "binding": {"b": BLANK},
                           "snapshot": False})["binding"]
     assert parse_with_pyoxigraph(results_document(["b"], [blank])) == [{"b": ox.BlankNode("b7")}]
@@ -347,3 +350,60 @@ def test_current_prints_results_that_pyoxigraph_and_rdflib_read(kafka_settings: 
     assert_real_clients_read(capsys.readouterr().out)
     assert cbgp(["current", "people", "--table", *f]) == 0
     assert f'| <{EX}bob> | "Bob"@en | "42"^^<{XSD_INT}> |' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_current_speaks_each_form_in_its_formats_and_keeps_order_by(kafka_settings: KafkaSettings,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """``cbgp current --format``: SELECT in XML/CSV/TSV in the query's ORDER BY order, ASK as a boolean, CONSTRUCT
+    as RDF, each read by pyoxigraph or rdflib; a format that does not fit the form is one line and exit 1."""
+    import io
+
+    from rdflib import Graph
+    from rdflib.query import Result
+
+    producer = make_producer(kafka_settings)
+
+    def put(query: str, binding: dict) -> None:
+        key = json.dumps([query, {v: sparql_json_term(t) for v, t in binding.items()}]).encode()
+        produce_sync(producer, kafka_settings.topic("answers.current"), key=key, value=encode("CurrentAnswer", {
+            "query_id": query, "binding": binding, "multiplicity": 1, "last_n": 1}))
+
+    def plan(query: str, sparql: str, projected: list[str]) -> None:
+        produce_sync(producer, kafka_settings.topic("queries.plans"), key=query, value=encode("QueryPlan", {
+            "query_id": query, "sparql": sparql, "options": {}, "plan_json": "{}", "projected": projected,
+            "registered_at_seq": 0, "version": 1}))
+
+    def integer(n: int) -> dict:
+        return {"type": "literal", "value": str(n), "datatype": XSD_INT, "lang": None}
+
+    for name, age in (("a", 66), ("b", 77), ("c", 67)):
+        put("top", {"p": term(f"{EX}{name}"), "age": integer(age)})
+    plan("top", f"SELECT ?p ?age WHERE {{ ?p <{EX}age> ?age }} ORDER BY DESC(?age) LIMIT 3", ["p", "age"])
+    put("ask", {"ask": {"type": "literal", "value": "true", "datatype": f"{XSD_INT[:-3]}boolean", "lang": None}})
+    plan("ask", f"ASK {{ ?p <{EX}age> 77 }}", ["ask"])
+    put("con", {"subject": term(f"{EX}a"), "predicate": term(f"{EX}older"), "object": integer(66)})
+    plan("con", f"CONSTRUCT {{ ?p <{EX}older> ?age }} WHERE {{ ?p <{EX}age> ?age }}", ["subject", "predicate", "object"])
+    f = flags(kafka_settings)
+
+    assert cbgp(["current", "top", *f]) == 0
+    assert [b["age"]["value"] for b in json.loads(capsys.readouterr().out)["results"]["bindings"]] == ["77", "67", "66"]
+    for fmt in ("xml", "csv", "tsv"):
+        assert cbgp(["current", "top", "--format", fmt, *f]) == 0
+        rows = Result.parse(io.BytesIO(capsys.readouterr().out.encode()), format=fmt)
+        assert [str(row[1]) for row in rows] == ["77", "67", "66"], fmt
+    assert cbgp(["current", "top", "--table", *f]) == 0
+    assert [line.split("|")[2].strip() for line in capsys.readouterr().out.splitlines()[3:6]] == [
+        f'"{n}"^^<{XSD_INT}>' for n in (77, 67, 66)]
+    assert cbgp(["current", "ask", *f]) == 0
+    assert json.loads(capsys.readouterr().out) == {"head": {}, "boolean": True}
+    assert cbgp(["current", "ask", "--format", "xml", *f]) == 0
+    assert Result.parse(io.BytesIO(capsys.readouterr().out.encode()), format="xml").askAnswer is True
+    for fmt, parser in (("turtle", "turtle"), ("ntriples", "nt"), ("jsonld", "json-ld")):
+        assert cbgp(["current", "con", "--format", fmt, *f]) == 0
+        graph = Graph().parse(data=capsys.readouterr().out, format=parser)
+        assert [(str(s), str(p), str(o)) for s, p, o in graph] == [(f"{EX}a", f"{EX}older", "66")], fmt
+    assert cbgp(["current", "con", "--format", "csv", *f]) == 1
+    err = capsys.readouterr().err
+    assert "does not fit a CONSTRUCT query" in err and len(err.strip().splitlines()) == 1

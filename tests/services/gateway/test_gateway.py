@@ -222,8 +222,11 @@ def test_scopes_read_and_read_write(gw: Gw) -> None:
     assert gw.get("/queries", token=None).status_code == 401
     assert gw.get("/queries", token=None).headers["WWW-Authenticate"].startswith("Bearer")
     assert gw.get("/queries", token="wrong").status_code == 401
-    assert gw.get("/queries", token=None).json() == {"error": "a bearer token is required"}
-    assert gw.get("/queries", token="wrong").json() == {"error": "the bearer token is not valid"}
+    missing, wrong = gw.get("/queries", token=None), gw.get("/queries", token="wrong")
+    assert missing.headers["Content-Type"].startswith("application/problem+json")
+    assert missing.json() == {"type": "about:blank", "title": "Unauthorized", "status": 401,
+                              "detail": "a bearer token is required"}
+    assert wrong.json()["detail"] == "the bearer token is not valid"
     assert gw.get("/queries", token=RO).status_code == 200
     assert gw.get(f"/queries?access_token={RO}", token=None).status_code == 200
     for public in ("/", "/console.js", "/openapi.json", "/healthz", "/readyz", "/metrics"):
@@ -286,6 +289,83 @@ def test_query_over_the_current_graph(gw: Gw) -> None:
     assert [r["s"]["value"] for r in rows] == [f"{EX}q1", f"{EX}q3"]
     assert rows[1]["a"] == {"type": "literal", "value": "x", "xml:lang": "en"}
     assert gw.get("/query", token=RO, params={"query": "SELECT nonsense"}).status_code == 400
+
+
+def test_current_answers_and_query_results_in_every_standard_format(gw: Gw) -> None:
+    """SELECT in JSON/XML/CSV/TSV (in ORDER BY order), ASK as a boolean, CONSTRUCT as Turtle/N-Triples/JSON-LD, by
+    Accept or ?format=, each read by pyoxigraph's or rdflib's parser; 406 when nothing fits; errors as problem
+    JSON with one line."""
+    import io
+
+    import pyoxigraph as ox
+    from rdflib import Graph, Literal, URIRef
+    from rdflib.query import Result
+
+    gw.register("fmt-top", f"SELECT ?s ?a WHERE {{ ?s <{EX}fmt-age> ?a }} ORDER BY DESC(?a) LIMIT 3")
+    gw.register("fmt-ask", f"ASK {{ ?s <{EX}fmt-age> 77 }}")
+    gw.register("fmt-con", f"CONSTRUCT {{ ?s <{EX}fmt-old> ?a }} WHERE {{ ?s <{EX}fmt-age> ?a FILTER(?a > 60) }}")
+    ages = {"p1": 66, "p2": 77, "p3": 67, "p4": 12}
+    assert gw.update("INSERT DATA { " + " ".join(f"<{EX}{p}> <{EX}fmt-age> {a} ." for p, a in ages.items()) + " }"
+                     ).status_code == 200
+
+    def current(query_id: str, accept: str | None = None, fmt: str | None = None) -> requests.Response:
+        reply = gw.get(f"/queries/{query_id}/current", headers={"Accept": accept} if accept else {},
+                       params={"format": fmt} if fmt else None)
+        assert reply.status_code == 200, reply.text
+        return reply
+
+    wait_for(lambda: len(current("fmt-top").json()["results"]["bindings"]) == 3 or None, what="the top 3")
+    top = current("fmt-top").json()["results"]["bindings"]
+    assert [b["a"]["value"] for b in top] == ["77", "67", "66"]  # in ORDER BY order, as pyoxigraph orders them
+    for accept, fmt, parser in [("application/sparql-results+xml", ox.QueryResultsFormat.XML, "xml"),
+                                ("text/tab-separated-values", ox.QueryResultsFormat.TSV, "tsv")]:
+        reply = current("fmt-top", accept)
+        assert reply.headers["Content-Type"].startswith(accept)
+        rows = list(ox.parse_query_results(reply.content, format=fmt))
+        assert [row["a"].value for row in rows] == ["77", "67", "66"]
+        assert [str(row[1]) for row in Result.parse(io.BytesIO(reply.content), format=parser)] == ["77", "67", "66"]
+    csv = current("fmt-top", fmt="csv")
+    assert csv.headers["Content-Type"].startswith("text/csv")
+    assert csv.text.splitlines() == ["s,a", f"{EX}p2,77", f"{EX}p3,67", f"{EX}p1,66"]
+    assert [str(row[1]) for row in Result.parse(io.BytesIO(csv.content), format="csv")] == ["77", "67", "66"]
+
+    wait_for(lambda: current("fmt-ask").json().get("boolean") or None, what="ASK true")
+    assert current("fmt-ask").json() == {"head": {}, "boolean": True}
+    assert Result.parse(io.BytesIO(current("fmt-ask", "application/sparql-results+xml").content),
+                        format="xml").askAnswer is True
+
+    expected = {(URIRef(f"{EX}{p}"), URIRef(f"{EX}fmt-old"), Literal(a)) for p, a in ages.items() if a > 60}
+    wait_for(lambda: len(Graph().parse(data=current("fmt-con").text, format="turtle")) == 3 or None,
+             what="3 constructed triples")
+    for accept, fmt, name in [(None, None, "turtle"), ("application/n-triples", None, "nt"),
+                              (None, "jsonld", "json-ld")]:
+        graph = Graph().parse(data=current("fmt-con", accept, fmt).content, format=name)
+        assert set(graph) == expected, name
+
+    refused = gw.get("/queries/fmt-con/current", headers={"Accept": "text/csv"})
+    assert refused.status_code == 406 and refused.headers["Content-Type"].startswith("application/problem+json")
+    assert "CONSTRUCT" in refused.json()["detail"] and "text/turtle" in refused.json()["detail"]
+
+    query = f"SELECT ?s WHERE {{ ?s <{EX}fmt-age> ?a }} ORDER BY ?a"
+    reply = gw.get("/query", token=RO, params={"query": query}, headers={"Accept": "text/csv"})
+    assert reply.status_code == 200 and reply.text.splitlines() == ["s", *(f"{EX}{p}" for p in ("p4", "p1", "p3",
+                                                                                                 "p2"))]
+    reply = gw.get("/query", token=RO, params={"query": f"CONSTRUCT {{ ?s <{EX}x> ?a }} WHERE {{ ?s <{EX}fmt-age> ?a }}",
+                                               "format": "jsonld"})
+    assert reply.status_code == 200 and len(Graph().parse(data=reply.content, format="json-ld")) == 4
+    assert gw.get("/query", token=RO, params={"query": "ASK { ?s ?p ?o }"},
+                  headers={"Accept": "text/turtle"}).status_code == 406
+
+    # errors: one line that says what and where, as the CLI says it
+    bad = gw.get("/query", token=RO, params={"query": "SELECT ?n WHERE { ?p foaf:name ?n }"})
+    assert bad.status_code == 400 and bad.headers["Content-Type"].startswith("application/problem+json")
+    assert bad.json()["detail"].startswith("undeclared prefix 'foaf:'") and bad.json()["column"] == 22
+    bad = gw.update(f"INSERT DATA {{ <{EX}a> <{EX}b> \"open }}")
+    assert bad.status_code == 400 and "unterminated string" in bad.json()["detail"] and "\n" not in bad.text
+    bad = gw.post("/queries", json={"id": "fmt-bad", "sparql": "SELECT ?x WHERE { ?x ex:p ?y }"})
+    assert bad.status_code == 400 and bad.json()["detail"].startswith("undeclared prefix 'ex:'")
+    assert bad.json()["line"] == 1 and bad.json()["status"] == 400
+    assert gw.update(f"INSERT DATA {{ <{EX}u> <{EX}v> <{EX}w> }}").json()["published_bytes"] > 0
 
 
 def _openssl(*args: str, cwd: Path) -> None:

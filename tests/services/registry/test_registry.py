@@ -371,7 +371,7 @@ def test_web_view_lists_queries_and_shows_one(registry: Registered) -> None:
     code, one = registry.web("/queries/web-q")
     assert code == 200 and one["sparql"] == QUERIES["star"] and one["version"] == 1
     code, missing = registry.web("/queries/no-such-query")
-    assert code == 404 and "no-such-query" in missing["error"]
+    assert code == 404 and "no-such-query" in missing["detail"] and missing["status"] == 404
 
 
 @pytest.mark.slow
