@@ -595,7 +595,6 @@ def print_table(classes: list[str], results: dict[tuple[str, str], dict[str, Any
     header = ("system", "class", "updates", "updates/s best (spread)", "peak RSS MB", "B/relevant triple",
               "answers (final)")
     rows: list[tuple[str, ...]] = []
-    notes: list[str] = []
     for system in ("engine", "oxigraph", "pathway"):
         for c in classes:
             if (system, c) not in results:

@@ -230,9 +230,9 @@ async def run(args: argparse.Namespace) -> dict:
         if os.environ.get("GB_DEBUG"):
             t00 = min(x[0] for x in clients.slow)
             by = {}
-            for at, l, k, n in clients.slow:
+            for at, latency, k, n in clients.slow:
                 b = by.setdefault(int((at - t00) / 500), [])
-                b.append(l)
+                b.append(latency)
             for b in sorted(by):
                 print(b * 0.5, len(by[b]), round(max(by[b])), round(statistics.median(by[b])), file=sys.stderr)
         complete = all(sorted(clients.received[cid]) == list(range(1, counts.get(cid % args.queries, 0) + 1))

@@ -13,12 +13,10 @@ JSON line ``{"total_cores": ..., "per_process": {...}}`` (with ``--repeat N``: t
 
 from __future__ import annotations
 
-import os
-import secrets
 import argparse
-__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -30,6 +28,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (services that checkpoint need one)
 SERVICES = ("ingest", "registry", "worker", "answers", "spark-job")
 
 

@@ -426,7 +426,8 @@ class Builder:
                 self._push_into(child, c)
         op: Operator = child
         for c in exists:
-            op = Minus(op, self._exists_pattern(c, graph), exists=c.name == "Builtin_EXISTS")
+            pattern, conditions = self._exists_pattern(c, graph, set(op.schema))
+            op = Minus(op, pattern, exists=c.name == "Builtin_EXISTS", conditions=conditions, terms=self.terms)
         if plain:
             whole = expr if not exists else None
             if whole is None:
@@ -436,20 +437,47 @@ class Builder:
                 op = Filter(op, whole, self.terms, expression_text(whole))
         return op
 
-    def _exists_pattern(self, expr: Any, graph: Any) -> Operator:
+    def _exists_pattern(self, expr: Any, graph: Any, outer: set[str]) -> tuple[Operator, tuple]:
+        """The pattern of a FILTER [NOT] EXISTS, and the FILTERs at its top that read variables of the outer row
+        it does not bind (evaluated on the outer row merged with each of its rows).
+
+        Joining the outer row with the pattern's rows is what substituting the row into the pattern gives when
+        every outer variable the pattern reads is bound wherever it is read: in each of its rows, and in the
+        part under each FILTER, BIND or OPTIONAL inside.  A pattern that reads one elsewhere is refused."""
         from rdflib.plugins.sparql.algebra import translateGroupGraphPattern
 
         pattern = expr.graph  # attribute access: rdflib hands out the translated pattern
         if getattr(pattern, "name", None) in ("GroupGraphPatternSub", "SubSelect", "TriplesBlock"):
             pattern = translateGroupGraphPattern(pattern)
             strict_comparisons(pattern)
-        op = self.build(pattern, graph)
+        pushdown, self.pushdown = self.pushdown, False  # (a FILTER reading an outer variable is not the leaf's)
+        try:
+            op = self.build(pattern, graph)
+        finally:
+            self.pushdown = pushdown
+        conditions = []
+        while isinstance(op, Filter) and (expression_variables(op.expr) & outer) - op.children[0].certain:
+            conditions.append(op.expr)
+            op = op.children[0]
+        if (set(op.schema) & outer) - op.certain:
+            raise _reject(self.text, "an EXISTS pattern that leaves a variable of the outer pattern unbound "
+                          "(OPTIONAL or UNION inside EXISTS)", "EXISTS", why="not yet")
         for inner in op.walk():
-            # Substituting the outer row into these would differ from joining with it: not evaluated yet.
-            if isinstance(inner, (Filter, Extend, LeftJoin, Minus, Aggregate)):
-                raise _reject(self.text, "FILTER, BIND, OPTIONAL, MINUS, EXISTS or aggregates inside EXISTS",
-                              "EXISTS", why="not yet")
-        return op
+            if isinstance(inner, Aggregate):
+                raise _reject(self.text, "aggregates inside EXISTS", "EXISTS", why="not yet")
+            reads: set[str] = set()
+            if isinstance(inner, (Filter, Extend)):
+                reads = expression_variables(inner.expr) | ({inner.var} if isinstance(inner, Extend) else set())
+            elif isinstance(inner, LeftJoin):
+                reads = set(inner.children[1].schema) | (expression_variables(inner.expr) if inner.expr is not None
+                                                          else set())
+            elif isinstance(inner, Minus):
+                reads = set(inner.children[1].schema) | {v for c in inner.conditions for v in expression_variables(c)}
+            if reads & outer and (reads & outer) - inner.children[0].certain:
+                raise _reject(self.text, "a FILTER, BIND, OPTIONAL, MINUS or EXISTS inside EXISTS that reads a "
+                              "variable of the outer pattern the part before it does not bind", "EXISTS",
+                              why="not yet")
+        return op, tuple(conditions)
 
     def _push_into(self, op: Operator, conjunct: Any) -> None:
         """Attach a FILTER conjunct to the engine BGP under `op` that binds all its variables for sure.

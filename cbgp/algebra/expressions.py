@@ -353,12 +353,25 @@ def _typed_multiplicative(e, ctx):  # noqa: ANN001, ANN202
     return Literal(result, datatype=URIRef(XSD + kind))
 
 
+def _basic_langmatches(e, ctx) -> Any:  # noqa: ANN001
+    """langMatches as SPARQL defines it (RFC 4647 basic filtering): "*" matches every non-empty tag, a range
+    matches the tag equal to it or starting with it and "-", case-insensitively; so "" matches literals without
+    a language tag, as in pyoxigraph and Jena (rdflib matches nothing to "")."""
+    from rdflib.plugins.sparql.operators import string
+
+    tag, wanted = str(string(e.arg1)).lower(), str(string(e.arg2)).lower()
+    if wanted == "*":
+        return Literal(tag != "")
+    return Literal(tag == wanted or (wanted != "" and tag.startswith(wanted + "-")))
+
+
 _STRICTER = {"RelationalExpression": _strict_relational, "Builtin_STRDT": _strict_strdt,
-             "MultiplicativeExpression": _typed_multiplicative}
+             "MultiplicativeExpression": _typed_multiplicative, "Builtin_LANGMATCHES": _basic_langmatches}
 
 
 def strict_comparisons(node) -> None:  # noqa: ANN001
-    """Patch every RelationalExpression (and STRDT) under `node` (an rdflib algebra) in place; idempotent."""
+    """Give every expression under `node` (an rdflib algebra) whose rdflib semantics differ from SPARQL's the
+    SPARQL one (comparisons, STRDT, typed arithmetic, langMatches), in place; idempotent."""
     from types import MethodType
 
     from rdflib.plugins.sparql.parserutils import CompValue, Expr

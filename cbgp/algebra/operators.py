@@ -466,11 +466,15 @@ class Minus(_Matched):
 
     name = "Minus"
 
-    def __init__(self, left: Operator, right: Operator, exists: bool | None = None) -> None:
+    def __init__(self, left: Operator, right: Operator, exists: bool | None = None, conditions: tuple = (),
+                 terms: Terms | None = None) -> None:
         super().__init__(left, right)
         self.schema = left.schema
         self.certain = left.certain
         self.exists = exists  # None: MINUS, True: FILTER EXISTS, False: FILTER NOT EXISTS
+        # EXISTS { P FILTER(e) } where e reads a variable of the outer row that P does not bind: e is evaluated
+        # on the outer row merged with each row of P (what substituting the outer row into the pattern gives)
+        self.conditions, self.terms = conditions, terms
         if exists is None:
             self.name = "Minus"
         else:
@@ -482,6 +486,10 @@ class Minus(_Matched):
             return None
         if self.exists is None:  # MINUS ignores right rows sharing no bound variable
             return True if any(left[i] is not None and right[j] is not None for i, j in self.shared) else None
+        if self.conditions:
+            merged, schema = self.merge(left, right), self.merged_schema
+            if not all(self.terms.ebv(c, schema, merged) for c in self.conditions):
+                return None
         return True
 
     def visible(self, matched: int) -> bool:

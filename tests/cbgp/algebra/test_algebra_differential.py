@@ -37,6 +37,9 @@ GROUPS = {
     "filters": {
         "filter_num": "SELECT * WHERE { ?x :p ?y FILTER(?y > 1) }",
         "filter_lang": 'SELECT * WHERE { ?x :p ?y FILTER(LANGMATCHES(LANG(?y), "en")) }',
+        "filter_lang_none": 'SELECT * WHERE { ?x ?p ?y FILTER(isLiteral(?y) && langMatches(lang(?y), "")) }',
+        "filter_lang_any": 'SELECT * WHERE { ?x ?p ?y FILTER(langMatches(lang(?y), "*") || langMatches(lang(?y), '
+                           '"EN-gb")) }',
         "filter_str": 'SELECT ?x ?y WHERE { ?x :r ?y FILTER(isLiteral(?y) && STRLEN(STR(?y)) > 1 '
                       '&& !REGEX(STR(?y), "^h")) }',
         "filter_types": "SELECT * WHERE { ?x ?p ?y FILTER(DATATYPE(?y) IN (xsd:integer, xsd:decimal) "
@@ -55,6 +58,12 @@ GROUPS = {
         "minus": "SELECT * WHERE { ?x :p ?y MINUS { ?y :q ?x } }",
         "not_exists": "SELECT * WHERE { ?x :p ?y FILTER NOT EXISTS { ?y :p ?x } }",
         "exists": "SELECT * WHERE { ?x :p ?y FILTER(EXISTS { ?x :q ?z } && isIRI(?y)) }",
+        "exists_filter": "SELECT * WHERE { ?x :p ?y FILTER EXISTS { ?y :q ?z FILTER(?z != :a) } }",
+        "not_exists_correlated": "SELECT * WHERE { ?x :p ?y FILTER NOT EXISTS { ?y :q ?z FILTER(?z != ?x) } }",
+        "exists_bind_correlated": "SELECT * WHERE { ?x :r ?y FILTER EXISTS { ?x :p ?z BIND(STR(?z) AS ?s) "
+                                  "FILTER(?s != STR(?y)) } }",
+        "exists_optional_inside": "SELECT * WHERE { ?x :p ?y FILTER EXISTS { ?y :q ?z OPTIONAL { ?z :r ?w } } }",
+        "exists_nested": "SELECT * WHERE { ?x :p ?y FILTER EXISTS { ?y :q ?z FILTER NOT EXISTS { ?z :r ?y } } }",
         "pushed_past_optional": "SELECT * WHERE { ?x :p ?y . ?x :q ?w OPTIONAL { ?y :q ?z } FILTER(isIRI(?w)) }",
         "pushed_into_join": "SELECT * WHERE { { ?x :p ?y } UNION { ?x :r ?y } ?y :q ?z "
                             "FILTER(isIRI(?z) && ?z != :c) }",

@@ -47,5 +47,5 @@ def test_the_solutions_of_a_where_clause_are_capped(extractor: UpdateExtractor, 
 def test_products_may_be_allowed(extractor: UpdateExtractor, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CBGP_ALLOW_UPDATE_CROSS_PRODUCTS", "1")
     monkeypatch.setenv("CBGP_MAX_UPDATE_CHANGES", "1000000")
-    assert len(extractor.apply(f"INSERT {{ ?a <http://ex.org/r> ?d }} WHERE {{ ?a ?b ?c . ?d ?e ?f }}").inserted) \
+    assert len(extractor.apply("INSERT { ?a <http://ex.org/r> ?d } WHERE { ?a ?b ?c . ?d ?e ?f }").inserted) \
         == 500 * 500
