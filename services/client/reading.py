@@ -32,8 +32,8 @@ def _excerpt(original: bytes, line: int | None, limit: int = 80) -> str:
     return json.dumps(shown[:limit], ensure_ascii=False) + ("..." if cut else "")
 
 
-def deadletter_line(offset: int, record: dict[str, Any]) -> str:
-    """One readable line for the DeadLetter record at ``offset`` of the deadletter topic."""
+def deadletter_line(number: int, record: dict[str, Any]) -> str:
+    """One readable line for the ``number``-th DeadLetter record of the deadletter topic."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["at_ms"] / 1000))
     line = record.get("line")
     message = record["message"]
@@ -41,25 +41,25 @@ def deadletter_line(offset: int, record: dict[str, Any]) -> str:
         message = message[len(f"line {line}: "):]
     where = f"{record['source_topic']}[{record['partition']}]@{record['offset']}"
     at_line = f" line {line}" if line is not None else ""
-    return (f"#{offset} {when} {record['service']} {where}{at_line}: {record['reason']}: {message} "
+    return (f"#{number} {when} {record['service']} {where}{at_line}: {record['reason']}: {message} "
             f"-- {_excerpt(record['original'], line)}")
 
 
-def print_deadletters(settings: KafkaSettings, start: int = 0, *, follow: bool = False, out: TextIO | None = None,
+def print_deadletters(settings: KafkaSettings, start: int = 1, *, follow: bool = False, out: TextIO | None = None,
                       poll: Callable[[], bool] = lambda: True) -> int:
-    """Print the dead letters from offset ``start`` (one line each, :func:`deadletter_line`) up to the end of
-    the topic, or with ``follow`` until ``poll()`` is false / Ctrl-C.  Returns how many were printed."""
+    """Print the dead letters from the ``start``-th (numbered 1, 2, ... from the oldest the topic keeps; one line
+    each, :func:`deadletter_line`) up to the end of the topic, or with ``follow`` until ``poll()`` is false /
+    Ctrl-C.  Returns how many were printed.  (Offsets would skip: a transaction's commit marker takes one.)"""
     out = sys.stdout if out is None else out
     topic = settings.topic("deadletter")
     # A read_committed client's high watermark is the last stable offset: an open transaction is not waited for.
     low, high = end_offsets(settings, topic).get(0, (0, 0))
-    start = max(start, low)
-    if not follow and start >= high:
+    if not follow and low >= high:
         return 0
     consumer = make_consumer(settings, f"cbgp-deadletter-{uuid.uuid4().hex}", fetch_wait_max_ms=100)
-    printed = 0
+    printed = number = 0
     try:
-        consumer.assign([TopicPartition(topic, 0, start)])
+        consumer.assign([TopicPartition(topic, 0, low)])
         while poll():
             if not follow and consumer.position([TopicPartition(topic, 0)])[0].offset >= high:
                 break  # the position also moves past transaction markers
@@ -74,10 +74,13 @@ def print_deadletters(settings: KafkaSettings, start: int = 0, *, follow: bool =
                 continue
             if not follow and msg.offset() >= high:
                 break
+            number += 1
+            if number < start:
+                continue
             try:
-                text = deadletter_line(msg.offset(), decode("DeadLetter", msg.value()))
+                text = deadletter_line(number, decode("DeadLetter", msg.value()))
             except CodecError as exc:
-                text = f"#{msg.offset()} undecodable dead letter ({exc})"
+                text = f"#{number} undecodable dead letter ({exc})"
             out.write(text + "\n")
             out.flush()
             printed += 1

@@ -78,8 +78,9 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
     p_cur.add_argument("--table", action="store_true", help="a text table instead (SELECT)")
 
     p_dead = add_kafka_flags(commands.add_parser("deadletter", help="print the inputs the fleet rejected, one line each"))
-    p_dead.add_argument("--from", dest="start", type=int, default=0, metavar="N",
-                        help="first offset of the deadletter topic (default 0; each line starts with #offset)")
+    p_dead.add_argument("--from", dest="start", type=int, default=1, metavar="N",
+                        help="start at the N-th dead letter (default 1; each line starts with #N, numbered from the "
+                             "oldest the topic keeps)")
     p_dead.add_argument("--follow", action="store_true", help="keep printing new dead letters until Ctrl-C")
 
     def settings_of(args: argparse.Namespace) -> KafkaSettings:

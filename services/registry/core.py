@@ -133,7 +133,7 @@ _OPERATOR_NAMES = {"Filter": "FILTER", "LeftJoin": "OPTIONAL", "Union": "UNION",
 
 
 def operator_summary(spec: Any, placement: str, windowed: bool = False) -> str:
-    """``operators: SELECT with OPTIONAL, FILTER over 2 BGP(s); ...`` (ACCEPTED messages)."""
+    """``operators: SELECT with OPTIONAL, FILTER over 2 BGPs; ...`` (ACCEPTED messages)."""
     from cbgp.algebra import OperatorQuery
     from cbgp.terms import TermDictionary
 
@@ -141,14 +141,15 @@ def operator_summary(spec: Any, placement: str, windowed: bool = False) -> str:
     names = []
     for op in query.root.walk():
         name = _OPERATOR_NAMES.get(type(op).__name__)
-        if name and name not in names:
+        if name and name not in names and name != spec.form:  # (the form is said first: not "CONSTRUCT with CONSTRUCT")
             names.append(name)
+    count = len(query.leaves) + len(query.pattern_leaves)
     where = ("evaluated over the window's content, the operators after the BGP engine" if windowed else
              "its BGP leaves by centre value on updates.routed, the operators by the answers service over their "
              "deltas in seq order" if placement == BY_CENTRE else
              "evaluated by its single owner on updates.encoded (the total order), the operators after the BGP engine")
-    return (f"{OPERATORS_CLASS}: {spec.form} with {', '.join(names) or 'projection'} over "
-            f"{len(query.leaves) + len(query.pattern_leaves)} BGP(s); {where}")
+    return (f"{OPERATORS_CLASS}: {spec.form}{' with ' + ', '.join(names) if names else ''} over "
+            f"{count} BGP{'s' if count != 1 else ''}; {where}")
 
 
 def window_summary(window: WindowSpec) -> str:

@@ -18,7 +18,7 @@ from services.commands.main import main as cbgp
 from services.codec import decode
 from services.ingest.core import IngestProcessor, RawRecord
 from services.kafka.config import KafkaSettings
-from services.kafka.client import make_producer, produce_sync, read_all
+from services.kafka.client import make_producer, read_all
 from services.kafka.broker import free_port
 from services.runtime.supervise import cbgp_command
 from services.client.publish import check_input
@@ -112,13 +112,16 @@ def test_publish_and_register_read_standard_input(kafka_settings: KafkaSettings,
 
 
 def _put_dead_letters(settings: KafkaSettings, data: bytes, fmt: str, offset: int) -> None:
-    """Dead letters as ingest writes them, for a raw record at ``offset`` of updates.raw."""
+    """Dead letters as ingest writes them, for a raw record at ``offset`` of updates.raw: in a transaction, whose
+    commit marker takes an offset of the topic (so offsets skip; the printed numbers must not)."""
     processor = IngestProcessor(settings, 4, 4)
     raw = RawRecord(data, {"cbgp-format": fmt.encode()}, settings.topic("updates.raw"), 0, offset)
-    producer = make_producer(settings)
+    producer = make_producer(settings, transactional_id=f"test-deadletters-{offset}")
+    producer.begin_transaction()
     for out in processor.process(raw):
         if out.topic == settings.topic("deadletter"):
-            produce_sync(producer, out.topic, out.value)
+            producer.produce(out.topic, out.value)
+    producer.commit_transaction(30)
 
 
 @pytest.mark.slow
@@ -131,21 +134,21 @@ def test_deadletter_prints_one_readable_line_per_rejection(kafka_settings: Kafka
     lines = capsys.readouterr().out.splitlines()
     raw = kafka_settings.topic("updates.raw")
     assert len(lines) == 3
-    assert lines[0].startswith("#0 ") and f" ingest {raw}[0]@7 line 2: malformed-rdf: an A row needs" in lines[0]
+    assert lines[0].startswith("#1 ") and f" ingest {raw}[0]@7 line 2: malformed-rdf: an A row needs" in lines[0]
     assert lines[0].endswith(f'-- "A <{EX}s> <{EX}p> ."')
     assert f"{raw}[0]@7 line 4: malformed-rdf: a literal cannot be the subject" in lines[1]
-    assert lines[2].startswith("#2 ") and f"{raw}[0]@8: invalid-update: syntax error at line 3" in lines[2]
+    assert lines[2].startswith("#3 ") and f"{raw}[0]@8: invalid-update: syntax error at line 3" in lines[2]
     assert lines[2].endswith('-- "PREFIX ex: <http://ex.org/>\\nINSERT DATA {\\n  ex:s ex:p \\"unterminated .\\n}"')
 
-    assert cbgp(["deadletter", "--from", "2", *flags(kafka_settings)]) == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["#2"]
+    assert cbgp(["deadletter", "--from", "3", *flags(kafka_settings)]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["#3"]
 
-    proc = subprocess.Popen(cbgp_command("deadletter", "--follow", "--from", "2", *flags(kafka_settings)),
+    proc = subprocess.Popen(cbgp_command("deadletter", "--follow", "--from", "3", *flags(kafka_settings)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout.readline().startswith("#2 ")
-        _put_dead_letters(kafka_settings, b"A <x> .\n", "patch", 9)  # arrives while it follows
         assert proc.stdout.readline().startswith("#3 ")
+        _put_dead_letters(kafka_settings, b"A <x> .\n", "patch", 9)  # arrives while it follows
+        assert proc.stdout.readline().startswith("#4 ")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
     finally:
@@ -196,6 +199,6 @@ def test_deadletter_does_not_wait_forever_behind_an_open_transaction(kafka_setti
     producer.flush(10)  # stored, never committed: read_committed readers stop before it
     started = time.monotonic()
     assert cbgp(["deadletter", *flags(kafka_settings)]) == 0
-    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["#0"]
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["#1"]
     assert time.monotonic() - started < 10
     producer.abort_transaction(10)

@@ -145,7 +145,7 @@ def test_register_list_unregister(registry_settings: KafkaSettings, tmp_path: Pa
     filtered = tmp_path / "filtered.rq"  # beyond a BGP: the leaves by centre, the operators after (issue 18)
     filtered.write_text(f"SELECT ?x WHERE {{\n  ?x <{EX}p> ?y .\n  FILTER(?y > 1)\n}}")
     assert cbgp(["register", "filtered", str(filtered), *f]) == 0
-    assert capsys.readouterr().out.strip().startswith("accepted: operators: SELECT with FILTER over 1 BGP(s); "
+    assert capsys.readouterr().out.strip().startswith("accepted: operators: SELECT with FILTER over 1 BGP; "
                                                       "its BGP leaves by centre value on updates.routed")
     assert cbgp(["list", *f]) == 0
     assert capsys.readouterr().out.split() == ["filtered", "people"]
