@@ -33,6 +33,7 @@ from cbgp.inputs.patch import (
     split_lines,
 )
 from cbgp.terms import TermError, from_oxigraph
+from cbgp.query.sparql import text_error
 
 __all__ = [
     "Update",
@@ -45,6 +46,7 @@ __all__ = [
     "parse_json_lines",
     "parse_input",
     "detect_format",
+    "sniff_format",
     "parse_term",
     "FORMATS",
 ]
@@ -227,7 +229,12 @@ def _line_format_items(text: str, fmt: ox.RdfFormat) -> Iterator[Update | InputE
             quads = list(ox.parse(raw, fmt))
         except SyntaxError as exc:
             message, column = _ox_message(exc)
-            return _error(linenos[i], column, message, raw.decode("utf-8", "replace"))
+            text = raw.decode("utf-8", "replace")
+            if column is None or "end of file" in message.lower():  # (what the line shows says more)
+                cause = text_error(text)
+                if cause is not None and cause.column is not None and "prefix" not in cause.message:
+                    message, column = cause.message.removeprefix("SPARQL syntax error: "), cause.column
+            return _error(linenos[i], column, message, text)
         if len(quads) != 1:
             return _error(linenos[i], None, "expected exactly one statement on the line", raw.decode("utf-8", "replace"))
         return update(quads[0], i)
@@ -461,6 +468,37 @@ def detect_format(name_or_media_type: str) -> str:
         return _EXTENSIONS[key[dot:]]
     known = ", ".join(sorted(_EXTENSIONS)) + "; " + ", ".join(sorted(_MEDIA_TYPES))
     raise ValueError(f"cannot tell the input format of {name_or_media_type!r}; known: {known}")
+
+
+_PATCH_ROW = re.compile(r"^(A|D|PA|PD|H|TX|TC|TA)\s")
+_UPDATE_WORD = re.compile(r"\b(INSERT|DELETE|CLEAR|DROP|CREATE|LOAD|COPY|MOVE|ADD|WITH)\b", re.IGNORECASE)
+
+
+def sniff_format(data: bytes, sample_lines: int = 20) -> str | None:
+    """The format the start of ``data`` is written in, for a file whose name does not say (``changes.txt``):
+    ``patch``, ``jsonl``, ``sparql-update``, ``turtle``, ``nquads`` or ``ntriples``; None when it cannot tell."""
+    text = data[:65536].decode("utf-8", errors="replace")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        return None
+    first = lines[0]
+    if _PATCH_ROW.match(first + " "):
+        return "patch"
+    if first.startswith("{"):
+        return "jsonl"
+    if _UPDATE_WORD.search(text):
+        masked = re.sub(r'"[^"\n]*"|<[^>\s]*>', " ", text)  # (not a keyword inside a literal or an IRI)
+        if _UPDATE_WORD.search(masked):
+            return "sparql-update"
+    if first.startswith("@") or first.upper().startswith(("PREFIX", "BASE")) or any(
+            ln.endswith((";", ",")) for ln in lines[:sample_lines]):
+        return "turtle"
+    for line in lines[:sample_lines]:  # the first line either reads (a later one may be the broken one)
+        if not any(isinstance(item, InputError) for item in parse_ntriples(line)):
+            return "ntriples"
+        if not any(isinstance(item, InputError) for item in parse_nquads(line)):
+            return "nquads"
+    return "turtle" if first.startswith(("<", "_:", "[")) else None
 
 
 _PARSERS: dict[str, Callable[..., Iterator[Update | InputError]]] = {

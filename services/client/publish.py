@@ -116,7 +116,7 @@ def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -
     else:
         for item in parse_input(data, fmt):
             if isinstance(item, InputError):
-                problems.append((item.line, item.message))
+                problems.append((item.line, item.message + (f" (column {item.column})" if item.column else "")))
                 continue
             problem = position_problem(item.s, item.p, item.o, item.g)
             if problem is None:
@@ -134,7 +134,7 @@ def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -
 
 def _read_input(path: str, fmt: str | None, stdin: Any = None) -> tuple[bytes, str, str]:
     """``(data, format, name to show)`` of ``path`` (``-``: standard input)."""
-    from cbgp.inputs.formats import FORMATS, detect_format
+    from cbgp.inputs.formats import FORMATS, detect_format, sniff_format
 
     known = (*FORMATS, UPDATE_FORMAT)
     if fmt is not None and fmt not in known:
@@ -155,8 +155,11 @@ def _read_input(path: str, fmt: str | None, stdin: Any = None) -> tuple[bytes, s
             try:
                 fmt = detect_format(path)
             except ValueError:
-                raise UserError(f"cannot tell the format of {path} from its name: pass --format "
-                                f"({', '.join(known)})") from None
+                fmt = sniff_format(data)
+                if fmt is None:
+                    raise UserError(f"cannot tell the format of {path} from its name or its first lines: pass "
+                                    f"--format ({', '.join(known)})") from None
+                print(f"{path}: read as {fmt} from its first lines (pass --format to say otherwise)", file=sys.stderr)
     return data, fmt, path
 
 
@@ -210,7 +213,7 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
         raise UserError(f"publish to {topic} failed: {errors[0]} ({len(errors)} record(s) affected)")
     elapsed = time.monotonic() - start
     flagged = f", {len(problems)} with problems listed above" if problems else ""
-    meter.done(f"published {counts['lines']:,} lines ({counts['bytes']:,} bytes, {fmt}{flagged}) in "
+    meter.done(f"published {counts['lines']:,} line{'' if counts['lines'] == 1 else 's'} ({counts['bytes']:,} bytes, {fmt}{flagged}) in "
                f"{counts['records']} record(s) to {topic} in {elapsed:.1f} s "
                f"({counts['lines'] / max(elapsed, 1e-9):,.0f} lines/s)")
     return counts

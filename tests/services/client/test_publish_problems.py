@@ -21,6 +21,7 @@ from services.kafka.config import KafkaSettings
 from services.kafka.client import make_producer, read_all
 from services.kafka.broker import free_port
 from services.runtime.supervise import cbgp_command
+from cbgp.inputs.formats import sniff_format
 from services.client.publish import check_input
 
 EX = "http://ex.org/"
@@ -86,6 +87,31 @@ def test_publish_reports_each_problem_publishes_the_rest_and_fails(kafka_setting
     assert err[3].startswith("cbgp publish: error: 2 problem(s)") and "cbgp deadletter" in err[3]
     records = read_all(kafka_settings, kafka_settings.topic("updates.raw"))
     assert b"".join(m.value() for m in records) == BAD_PATCH.encode()  # the good lines reach ingest
+
+    # A name that does not say the format: read from the first lines, and said so; a problem names its column.
+    text = tmp_path / "changes.txt"
+    text.write_text(f'<{EX}s> <{EX}p> <{EX}o> .\n<{EX}s> <{EX}p> "open .\n')
+    assert cbgp(["publish", str(text), "--strict", *flags(kafka_settings)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"{text}: read as ntriples from its first lines (pass --format to say otherwise)"
+    assert err[1] == f"{text}:2: unterminated string literal (column {len(f'<{EX}s> <{EX}p> ') + 1})"
+    text.write_text(f'<{EX}s> <{EX}p> <{EX}o> .\n')
+    assert cbgp(["publish", str(text), *flags(kafka_settings)]) == 0
+    assert "published 1 line (" in capsys.readouterr().err
+    text.write_text("hello\n")
+    assert cbgp(["publish", str(text), *flags(kafka_settings)]) == 1
+    assert "cannot tell the format of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("data, fmt", [
+    (f"# changes\nA <{EX}s> <{EX}p> <{EX}o> .\n", "patch"), (f"TX .\nA <{EX}s> <{EX}p> <{EX}o> .\nTC .\n", "patch"),
+    (f'<{EX}s> <{EX}p> "x"@en .\n', "ntriples"), (f"<{EX}s> <{EX}p> <{EX}o> <{EX}g> .\n", "nquads"),
+    (f"@prefix ex: <{EX}> .\nex:s ex:p ex:o .\n", "turtle"), (f"PREFIX ex: <{EX}>\nex:s ex:p \"INSERT\" .\n", "turtle"),
+    (f"<{EX}s> <{EX}p> <{EX}o> ;\n  <{EX}q> <{EX}o> .\n", "turtle"),
+    (f"PREFIX ex: <{EX}>\nDELETE DATA {{ ex:s ex:p ex:o }}\n", "sparql-update"),
+    (f'{{"op": "+", "s": "<{EX}s>", "p": "<{EX}p>", "o": "<{EX}o>"}}\n', "jsonl"), ("plain words\n", None)])
+def test_a_format_is_told_from_the_first_lines(data: str, fmt: str | None) -> None:
+    assert sniff_format(data.encode()) == fmt
 
 
 @pytest.mark.slow
