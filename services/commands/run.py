@@ -529,8 +529,13 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             broker.stop()
         err.write("run: stopped " + ", ".join(f"{n} ({c['exit']})" for n, c in summary["children"].items())
                   + (" and the broker" if broker is not None else "") + "\n")
-        out.write(json.dumps(summary) + "\n")
-        out.flush()
+        summary_path = run_dir / "summary.json"
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        if args.json:
+            out.write(json.dumps(summary) + "\n")
+            out.flush()
+        else:
+            err.write(f"run: what each query answered and how each process ended: {summary_path}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -544,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=".run", help="broker data, logs and state (default .run)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="S",
                         help="seconds a child gets to exit after SIGTERM before SIGKILL (default 10)")
+    parser.add_argument("--json", action="store_true",
+                        help="also print the run's summary (RUN_DIR/summary.json) as one JSON line on stdout")
     return run(parser.parse_args(argv))
 
 

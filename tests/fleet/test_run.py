@@ -37,7 +37,7 @@ def test_run_shows_answers_for_every_example_query_and_stops_cleanly_on_sigterm(
     run_dir = tmp_path / "run"
     stderr_path = tmp_path / "run.stderr"
     with open(stderr_path, "w") as stderr:
-        child = subprocess.Popen([sys.executable, "-m", "services.commands.run", "--run-dir", str(run_dir)],
+        child = subprocess.Popen([sys.executable, "-m", "services.commands.run", "--run-dir", str(run_dir), "--json"],
                                  stdout=subprocess.PIPE, stderr=stderr, text=True,
                                  # no CBGP_* from the test environment: run.py must start its own broker
                                  env={k: v for k, v in os.environ.items() if not k.startswith("CBGP_")})
@@ -53,6 +53,7 @@ def test_run_shows_answers_for_every_example_query_and_stops_cleanly_on_sigterm(
     proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr_path.read_text(errors="replace"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary == json.loads((run_dir / "summary.json").read_text())
     assert sorted(summary["queries"]) == QUERIES, proc.stderr[-3000:]
     for query, seen in summary["queries"].items():
         assert seen["answers"] > 0 and seen["last"], query
