@@ -103,7 +103,7 @@ def test_publish_sends_parseable_records_with_the_format_header(kafka_settings: 
 
 def test_publish_of_an_unknown_format_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "changes.weird"
-    path.write_text(PATCH)
+    path.write_text("these are not changes\n")  # (a name that says nothing, and lines no format reads)
     assert cbgp(["publish", str(path), "--bootstrap-servers", "127.0.0.1:1"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("cbgp publish: error: cannot tell the format") and "\n" not in err

@@ -368,6 +368,60 @@ def test_current_answers_and_query_results_in_every_standard_format(gw: Gw) -> N
     assert gw.update(f"INSERT DATA {{ <{EX}u> <{EX}v> <{EX}w> }}").json()["published_bytes"] > 0
 
 
+def test_the_python_client_reads_typed_answers_and_follows_deltas(gw: Gw) -> None:
+    """``services.client.gateway``: typed rows, booleans and triples (pyoxigraph or rdflib terms), a DataFrame,
+    deltas that resume, errors as one line; and ``docs/examples/client.py`` runs as documented."""
+    import os
+
+    import pyoxigraph as ox
+    from rdflib import Literal, URIRef
+
+    from services.client.gateway import GatewayClient, GatewayError
+
+    client = GatewayClient(gw.url, RW)
+    client.register("py-people", f"SELECT ?p ?n WHERE {{ ?p <{EX}py-name> ?n }} ORDER BY ?n")
+    client.register("py-ask", f"ASK {{ ?p <{EX}py-name> \"Zoe\"@en }}")
+    client.register("py-con", f"CONSTRUCT {{ ?p <{EX}py-called> ?n }} WHERE {{ ?p <{EX}py-name> ?n }}")
+    assert client.update(f'INSERT DATA {{ <{EX}z> <{EX}py-name> "Zoe"@en . <{EX}y> <{EX}py-name> "Yan"@en }}') > 0
+    first_two = []
+    for delta in client.deltas("py-people"):
+        first_two.append(delta)
+        if len(first_two) == 2:
+            break
+    assert sorted((d.n, d.diff) for d in first_two) == [(1, 1), (2, 1)]
+    assert {d.row["n"] for d in first_two} == {ox.Literal("Zoe", language="en"), ox.Literal("Yan", language="en")}
+    assert client.current("py-people") == [{"p": ox.NamedNode(f"{EX}y"), "n": ox.Literal("Yan", language="en")},
+                                           {"p": ox.NamedNode(f"{EX}z"), "n": ox.Literal("Zoe", language="en")}]
+    wait_for(lambda: client.current("py-ask") or None, what="ASK true")
+    wait_for(lambda: len(client.current("py-con")) == 2 or None, what="two triples")
+    assert ox.Triple(ox.NamedNode(f"{EX}z"), ox.NamedNode(f"{EX}py-called"), ox.Literal("Zoe", language="en")) in \
+        client.current("py-con")
+    frame = client.current_frame("py-people")
+    assert list(frame.columns) == ["p", "n"] and frame["n"].tolist() == ['"Yan"@en', '"Zoe"@en']
+    rdf = GatewayClient(gw.url, RO, terms="rdflib")
+    assert rdf.current("py-people")[1] == {"p": URIRef(f"{EX}z"), "n": Literal("Zoe", lang="en")}
+    assert rdf.query(f"ASK {{ <{EX}z> <{EX}py-name> \"Zoe\"@en }}") is True
+    # resuming after answer 1 gives answer 2 again, and nothing before it; live=False ends at the last one read
+    assert [d.n for d in rdf.deltas("py-people", start=2, live=False)] == [2]
+    try:
+        rdf.register("py-x", "SELECT * WHERE { ?s ?p ?o }")
+        raise AssertionError("a read token registered a query")
+    except GatewayError as exc:
+        assert exc.status == 403 and "scope" in exc.detail
+    client.unregister("py-people")
+
+    env = {**os.environ, "CBGP_GATEWAY_URL": gw.url, "CBGP_GATEWAY_TOKEN": RW, "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-u", str(ROOT / "docs" / "examples" / "client.py")], env=env,
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the example hung; it printed: {exc.stdout!r} {exc.stderr!r}") from None
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert sorted(lines[:2]) == ["+ Alice -> Carol", "+ Alice -> Dave"] and lines[2] == "- Alice -> Dave"
+    assert lines[3].split() == ["person", "fof"] and lines[4].split() == ['"Alice"', '"Carol"'] and len(lines) == 5
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
