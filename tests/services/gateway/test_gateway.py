@@ -413,7 +413,7 @@ def test_the_python_client_reads_typed_answers_and_follows_deltas(gw: Gw) -> Non
     env = {**os.environ, "CBGP_GATEWAY_URL": gw.url, "CBGP_GATEWAY_TOKEN": RW, "PYTHONPATH": str(ROOT)}
     try:
         done = subprocess.run([sys.executable, "-u", str(ROOT / "docs" / "examples" / "client.py")], env=env,
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+                              cwd=ROOT, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the example hung; it printed: {exc.stdout!r} {exc.stderr!r}") from None
     assert done.returncode == 0, done.stderr[-2000:]
