@@ -132,6 +132,7 @@ class IngestProcessor:
         self.frontier_sent = 0  # seq of the last Frontier records written to updates.routed
         self.graph = GraphMirror(self.dictionary)
         self.failures = ConsecutiveFailures(SERVICE)
+        self.max_term_bytes = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
         self.max_dead_per_record = limit(DEAD_PER_RECORD_SETTING, DEFAULT_DEAD_PER_RECORD)
         self._record_dead, self._record_lines = 0, None
         self.t_dictionary = settings.topic("dictionary")
@@ -384,7 +385,7 @@ class IngestProcessor:
         s_id, p_id, o_id = known.get(s), known.get(p), known.get(o)
         if s_id is None or p_id is None or o_id is None or g is not None:
             # Some term is new (known terms were checked and published when first seen).
-            problem = oversized_term(s, p, o, g)
+            problem = oversized_term(s, p, o, g, self.max_term_bytes)
             if problem:
                 self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") + problem, line)
                 return
@@ -483,12 +484,15 @@ def _chunks(rows: list) -> Iterator[list]:
 
 # Downstream records (answers, current answers) carry terms whole and Kafka's default record limit is ~1 MB:
 # a larger term would make the answers service's transaction fail forever, so it is refused here instead.
-def oversized_term(*terms: str | None) -> str | None:
-    """Why one of ``terms`` is too large for the fleet (one line), or None."""
-    maximum = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
-    longest = max(len(term) for term in terms if term is not None)
+def oversized_term(s: str, p: str, o: str, g: str | None, maximum: int | None = None) -> str | None:
+    """Why one of the terms is too large for the fleet (one line), or None; ``maximum`` defaults to the setting
+    (a service reads it once: this runs for every change with a new term)."""
+    if maximum is None:
+        maximum = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
+    longest = max(len(s), len(p), len(o), len(g) if g is not None else 0)
     if longest * 4 <= maximum:  # (a character is at most 4 bytes: no encoding needed)
         return None
+    terms = (s, p, o, g)
     size = max(len(term.encode("utf-8")) for term in terms if term is not None)
     if size <= maximum:
         return None
