@@ -13,6 +13,7 @@ private embedded broker in a temporary directory (``--keep`` keeps it, with the 
 
 from __future__ import annotations
 
+import secrets
 import argparse
 import os
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (services that checkpoint need one)
 
 from services.kafka.broker import EmbeddedBroker  # noqa: E402
 from services.kafka.topics import ensure_topics  # noqa: E402

@@ -30,6 +30,8 @@ answers once they are all out (their times are in the records).  Runs stay under
 
 from __future__ import annotations
 
+import os
+import secrets
 import argparse
 import resource
 import shutil
@@ -45,7 +47,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (services that checkpoint need one)
 sys.path.insert(0, str(ROOT / "bench"))
 
 from services import codec  # noqa: E402

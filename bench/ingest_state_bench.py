@@ -14,6 +14,8 @@ be equal.  No Kafka: the broker's cost per record is the same either way.
 
 from __future__ import annotations
 
+import os
+import secrets
 import argparse
 import gc
 import json
@@ -25,7 +27,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (services that checkpoint need one)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lsbench  # noqa: E402

@@ -48,6 +48,7 @@ as the last line one JSON object with every figure.  The bench itself only polls
 
 from __future__ import annotations
 
+import secrets
 import argparse
 import json
 import os
@@ -68,7 +69,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (services that checkpoint need one)
 sys.path.insert(0, str(ROOT / "bench"))
 
 import lsbench  # noqa: E402

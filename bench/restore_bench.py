@@ -41,6 +41,8 @@ none on disk):
 
 from __future__ import annotations
 
+import os
+import secrets
 import argparse
 import json
 import logging
@@ -52,7 +54,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (services that checkpoint need one)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lsbench import DEFAULT_DATA, build_updates, load_or_generate  # noqa: E402

@@ -35,6 +35,7 @@ shared (two cores, other agents): compare runs made side by side, repeat, and qu
 
 from __future__ import annotations
 
+import secrets
 import argparse
 import json
 import os
@@ -48,7 +49,7 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-__import__("os").environ.setdefault("CBGP_CHECKPOINT_SECRET", __import__("secrets").token_hex(32))  # (services that checkpoint need one)
+os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (services that checkpoint need one)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cbgp.change import Change  # noqa: E402
