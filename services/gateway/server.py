@@ -42,6 +42,7 @@ def _tokens(args: argparse.Namespace) -> Tokens:
             out = Path(args.token_out)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.touch(mode=0o600)
+            out.chmod(0o600)  # (an older file may have been readable by others)
             out.write_text(token + "\n")
             log.info("event=token-generated scope=admin file=%s", out)
         else:  # on the terminal once, as Jupyter prints its token
