@@ -186,6 +186,13 @@ class OperatorQuery(OperatorTree):
             leaf.change(diff, (s, p, o, g))
         return self._drain() if self.pending else []
 
+    def predicates(self) -> set[int | None]:
+        """The predicate ids a change must have to reach this query (None: any, for a variable predicate)."""
+        found: set[int | None] = set(self.engine.predicates())
+        if self.pattern_leaves:
+            found.add(None)
+        return found
+
     def state_entries(self) -> int:
         return self.engine.state_entries() + sum(op.entries() for op in self.root.walk())
 
@@ -207,6 +214,9 @@ class ContinuousEngine:
         self.engine = Engine(dictionary, keep_graph=keep_graph)
         self.dictionary = self.engine.dictionary
         self.operator_queries: dict[str, OperatorQuery] = {}
+        # Operator queries by the predicates their BGP leaves read (None: a variable predicate, every change), in
+        # registration order: a change visits the queries it can touch, not every one registered.
+        self._by_predicate: dict[int | None, dict[str, OperatorQuery]] = {}
         self.pushdown = pushdown
 
     def register(self, name: str, query: str | ParsedQuery | Plan | OperatorQuerySpec,
@@ -219,6 +229,8 @@ class ContinuousEngine:
             return self.engine.register(name, query, initial)
         op = OperatorQuery(query, self.dictionary, self.pushdown)
         self.operator_queries[name] = op
+        for predicate in op.predicates():
+            self._by_predicate.setdefault(predicate, {})[name] = op
         out = [(name, diff, row) for diff, row in op.initial()]
         source = initial if initial is not None else (self.engine.graph or ())
         for s, p, o, g in list(source):
@@ -226,8 +238,15 @@ class ContinuousEngine:
         return _consolidate(out)
 
     def unregister(self, name: str) -> None:
-        if self.operator_queries.pop(name, None) is None:
+        op = self.operator_queries.pop(name, None)
+        if op is None:
             self.engine.unregister(name)
+            return
+        for predicate in op.predicates():
+            queries = self._by_predicate[predicate]
+            del queries[name]
+            if not queries:
+                del self._by_predicate[predicate]
 
     def columns(self, name: str) -> tuple[str, ...]:
         op = self.operator_queries.get(name)
@@ -235,7 +254,14 @@ class ContinuousEngine:
 
     def apply(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[Delta3]:
         out = self.engine.apply(diff, s, p, o, g)
-        for name, op in self.operator_queries.items():
+        if not self._by_predicate:
+            return out
+        touched = self._by_predicate.get(p)
+        every = self._by_predicate.get(None)
+        if every:
+            touched = every if not touched else {n: self.operator_queries[n] for n in self.operator_queries
+                                                 if n in touched or n in every}
+        for name, op in (touched or {}).items():
             for d_diff, row in op.apply(diff, s, p, o, g):
                 out.append((name, d_diff, row))
         return out

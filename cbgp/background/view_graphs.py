@@ -62,6 +62,8 @@ def endpoint_problem(endpoint: str) -> str | None:
 
 
 def has_service(text: str) -> bool:
+    if "service" not in text.lower():
+        return False
     try:
         split_service(text)
     except ServiceError as exc:

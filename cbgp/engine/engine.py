@@ -198,6 +198,10 @@ class Engine:
         else:
             self._unindex_handlers(registered)
 
+    def predicates(self) -> set[int]:
+        """The predicate ids of every registered pattern: a change with another predicate changes nothing."""
+        return {p for by_predicate in self._index.values() for p in by_predicate} | set(self._per_graph)
+
     def columns(self, name: str) -> tuple[str, ...]:
         return self.queries[name].columns
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 
 from cbgp.query.limits import text_problem
-from cbgp.terms import TermError, from_rdflib
+from cbgp.terms import TermError, from_rdflib, iri, literal
 
 BNODE_VAR_PREFIX = "?_:"
 
@@ -169,11 +169,13 @@ def _reject(text: str, construct: str, keywords: tuple[str, ...]) -> QueryError:
     )
 
 
-def parse_query(text: str) -> ParsedQuery:
+def parse_query(text: str, by_shape: bool = True) -> ParsedQuery:
     """Parse a SPARQL SELECT query with a BGP WHERE clause, or raise QueryError.  Cached per text (the result
-    is immutable): a worker parses the same plans and parts again on every restore, at ~5 ms each."""
+    is immutable): a worker parses the same plans and parts again on every restore, at ~5 ms each.  ``by_shape``
+    False: parse this text itself even when a query of the same shape was parsed (see `_by_shape`)."""
     check_text(text)
-    return _parse_query(text)
+    shaped = _by_shape(text) if by_shape else None
+    return shaped if shaped is not None else _parse_query(text)
 
 
 def check_text(text: str) -> None:
@@ -181,6 +183,72 @@ def check_text(text: str) -> None:
     problem = text_problem(text, "query")
     if problem is not None:
         raise QueryError(problem.message, problem.line, problem.column)
+
+
+# Queries that differ only in their constants (a subscription service's thousands of alerts) share one parse:
+# absolute IRIs and plain short strings become placeholders, the template is parsed once (rdflib's parser costs
+# ~2 ms a query), and the placeholders of its patterns are put back.  Anything else, and any template that is not
+# a plain BGP with every placeholder a whole term of a pattern, takes the full parse of the text itself (which
+# also gives the errors their positions).
+_PLACEHOLDER = "x-cbgp-constant-"
+_ABSOLUTE_IRI = re.compile(r"<[A-Za-z][A-Za-z0-9+.\-]*:[^<>\"{}|^`\\\x00-\x20]*>")
+# (no tab or CR: rdflib's parser expands tabs to spaces by their column, inside strings too, and refuses a CR)
+_PLAIN_STRING = re.compile(r"\"[^\"\\\n\r\t]*\"|'[^'\\\n\r\t]*'")
+
+
+def _by_shape(text: str) -> ParsedQuery | None:
+    if _PLACEHOLDER in text:
+        return None
+    tokens = sparql_tokens(text)
+    pieces: list[str] = []
+    constants: dict[str, str] = {}  # the placeholder's canonical term -> the constant's
+    last = 0
+    for index, (kind, value, offset) in enumerate(tokens):
+        before = tokens[index - 1][1] if index else ""
+        after = tokens[index + 1][1] if index + 1 < len(tokens) else ""
+        if kind == "string" and "\t" in value:
+            return None
+        if kind == "iri" and _ABSOLUTE_IRI.fullmatch(value) and not before.endswith(":") \
+                and before.upper() != "BASE":
+            placeholder = f"<urn:{_PLACEHOLDER}{len(constants)}>"
+            constants[placeholder] = iri(value[1:-1])
+        elif kind == "string" and _PLAIN_STRING.fullmatch(value) and after not in ("@", "^"):
+            placeholder = f'"{_PLACEHOLDER}{len(constants)}"'
+            constants[placeholder] = literal(value[1:-1])
+        else:
+            continue
+        pieces += [text[last:offset], placeholder]
+        last = offset + len(value)
+    if not constants:
+        return None
+    shape = _template(("".join(pieces) + text[last:]))
+    if shape is None:
+        return None
+    used: set[str] = set()
+    patterns: list[TriplePattern] = []
+    for t in shape.patterns:
+        terms = [t.s, t.p, t.o, t.g]
+        for i, term in enumerate(terms):
+            if term is not None and _PLACEHOLDER in term:
+                if term not in constants:
+                    return None
+                used.add(term)
+                terms[i] = constants[term]
+        pattern = TriplePattern(*terms)
+        if pattern not in patterns:  # a BGP is a set: two placeholders may stand for one constant
+            patterns.append(pattern)
+    if len(used) != len(constants):
+        return None
+    return ParsedQuery(text, tuple(patterns), shape.projected, shape.distinct, shape.select_star, shape.variables)
+
+
+@functools.lru_cache(maxsize=1024)
+def _template(text: str) -> ParsedQuery | None:
+    """A template's parse, None if it is not a plain BGP SELECT (remembered too: an operator query's shape)."""
+    try:
+        return _parse_query(text)
+    except QueryError:
+        return None
 
 
 @functools.lru_cache(maxsize=1024)

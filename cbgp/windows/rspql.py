@@ -63,6 +63,8 @@ def line_col(text: str, offset: int) -> tuple[int, int]:
 
 def parse_rspql(text: str) -> tuple[str, WindowSpec | None]:
     """Split an RSP-QL query into plain SPARQL (same positions) and its window; no window -> (text, None)."""
+    if "window" not in text.lower():  # no keyword can be there: spare the lexer (thousands of registrations)
+        return text, None
     tokens = _lex(text)
 
     def error(message: str, token: _Token | None) -> WindowError:

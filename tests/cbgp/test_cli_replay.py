@@ -166,3 +166,22 @@ def test_explain_of_a_windowed_query_shows_the_window_and_does_not_mention_repla
     assert "replay" not in (text.stdout + text.stderr).lower()
     data = json.loads(cbgp("explain", "--json", "recent.rq", cwd=files).stdout)
     assert data["window"] == {"kind": "sliding", "range_ms": 10000, "step_ms": 1000, "lateness_ms": 0, "late": "drop"}
+
+
+def test_replay_of_many_queries_answers_each_as_alone_whatever_the_option_form(tmp_path: Path):
+    """Hundreds of alert queries of one shape: each answers what it answers alone, in the order given; the
+    options may be interleaved and in either form; a name given twice is refused, however far apart."""
+    n = 300
+    (tmp_path / "u.nt").write_text("".join(f'<{EX}p{i}> <{EX}name> "n{i}" .\n' for i in range(0, n, 3)))
+    args = []
+    for i in range(n):
+        (tmp_path / f"q{i}.rq").write_text(f'SELECT ?n WHERE {{ <{EX}p{i}> <{EX}name> ?n }}\n')
+        args += [f"--query=q{i}=q{i}.rq"] if i % 2 else ["--query", f"q{i}=q{i}.rq"]
+        if i == n // 2:
+            args += ["--out", "all.jsonl"]
+    result = cbgp("replay", "--patch", "u.nt", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "all.jsonl").read_text().splitlines()]
+    assert [(d["query"], d["binding"]["n"]["value"]) for d in lines] == [(f"q{i}", f"n{i}") for i in range(0, n, 3)]
+    twice = cbgp("replay", "--patch", "u.nt", *args, "--query", "q7=q0.rq", cwd=tmp_path)
+    assert twice.returncode == 2 and "given twice: q7" in twice.stderr

@@ -117,3 +117,39 @@ def test_select_star_columns_follow_first_use_whatever_comments_strings_and_iris
     assert spec.columns == ("x",)
     spec = analyse("PREFIX : <http://ex/#> SELECT * WHERE { ?b :p ?a OPTIONAL { ?a :q ?c } }")  # one line
     assert spec.columns == ("b", "a", "c")
+
+
+def test_a_change_visits_only_the_operator_queries_of_its_predicate_and_answers_stay_exact():
+    from collections import Counter
+
+    from tests.oracle import OracleGraph
+
+    queries = {
+        "browser": P + 'SELECT * WHERE { ?x :browser ?b FILTER(?b != "Chrome") }',
+        "ip": P + "SELECT * WHERE { ?x :ip ?i OPTIONAL { ?x :knows ?y } }",
+        "any": P + "SELECT * WHERE { ?x ?p ?o FILTER(isIRI(?o)) }",  # a variable predicate: every change
+        "gone": P + 'SELECT * WHERE { ?x :browser ?b FILTER(?b = "Opera") }',
+    }
+    engine = ContinuousEngine()
+    for name, text in queries.items():
+        engine.register(name, text)
+    visits: Counter[str] = Counter()
+    for name, op in engine.operator_queries.items():
+        def counted(*args, _name=name, _apply=op.apply):  # noqa: ANN002, ANN202
+            visits[_name] += 1
+            return _apply(*args)
+        op.apply = counted
+    engine.unregister("gone")
+    oracle = OracleGraph()
+    answers: dict[str, Counter] = {name: Counter() for name in queries}
+    stream = _stream(11)
+    for op, s, p, o in stream:
+        oracle.apply(op, s, p, o)
+        for name, sign, row in engine.apply_terms(op, s, p, o):
+            answers[name][tuple(sorted(engine.decode_row(name, row).items()))] += sign
+    for name in ("browser", "ip", "any"):
+        assert +answers[name] == oracle.answers(queries[name]), name
+    by_predicate = Counter(p for _, _, p, _ in stream)
+    assert visits["browser"] == by_predicate[f"<{EX}browser>"]
+    assert visits["ip"] == by_predicate[f"<{EX}ip>"] + by_predicate[f"<{EX}knows>"]
+    assert visits["any"] == len(stream) and visits["gone"] == 0
