@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -49,7 +50,7 @@ CROSS_PRODUCT_OPTION = "cross_product"
 
 @dataclass
 class Entry:
-    """One registered query, as the registry remembers it (and as the faust table shows it)."""
+    """One registered query, as the registry remembers it (and as the web views show it)."""
 
     query_id: str
     sparql: str
@@ -60,7 +61,7 @@ class Entry:
     owner: str | None = None  # a gateway token's owner name; None: an operator
 
     def view(self) -> dict[str, Any]:
-        """The JSON shape of ``GET /queries`` items and of the faust table's values."""
+        """The JSON shape of ``GET /queries`` items."""
         return {"query_id": self.query_id, "sparql": self.sparql, "class": self.query_class,
                 "version": self.version, "status": "registered", "options": dict(self.options),
                 "registered_at_seq": self.registered_at_seq, "owner": self.owner}
@@ -172,7 +173,23 @@ class Registry:
         # id -> the version of its last unregistered registration: a new registration of the id gets a higher
         # one, so its answers are a new stream.  Rebuilt from the plan before each tombstone.
         self.retired: dict[str, int] = {}
+        self.owned: Counter[str] = Counter()  # queries per owner (the per-owner limit, without a scan)
         self._clock = clock
+
+    def snapshot(self) -> tuple:
+        """The registered set as it is, for :meth:`rollback` (a batch whose plans the broker did not take)."""
+        return dict(self.queries), dict(self.retired), Counter(self.owned)
+
+    def rollback(self, snapshot: tuple) -> None:
+        self.queries, self.retired, self.owned = snapshot
+
+    def _put(self, entry: Entry) -> None:
+        old = self.queries.get(entry.query_id)
+        if old is not None and old.owner is not None:
+            self.owned[old.owner] -= 1
+        if entry.owner is not None:
+            self.owned[entry.owner] += 1
+        self.queries[entry.query_id] = entry
 
     # ------------------------------------------------------------------ restore
 
@@ -189,8 +206,8 @@ class Registry:
                 query_class = json.loads(plan["plan_json"]).get("class", "?")
             except (ValueError, AttributeError):
                 query_class = "?"
-            self.queries[key] = Entry(key, plan["sparql"], query_class, plan["version"], dict(plan["options"]),
-                                      plan["registered_at_seq"], plan.get("owner"))
+            self._put(Entry(key, plan["sparql"], query_class, plan["version"], dict(plan["options"]),
+                            plan["registered_at_seq"], plan.get("owner")))
         return len(self.queries)
 
     # ------------------------------------------------------------------ decisions
@@ -244,7 +261,7 @@ class Registry:
         if len(self.queries) >= fleet:
             return f"the fleet holds {len(self.queries):,} queries, its limit ({MAX_QUERIES_SETTING}={fleet:,})"
         mine = limit(MAX_PER_OWNER_SETTING, DEFAULT_MAX_PER_OWNER)
-        if owner is not None and sum(1 for e in self.queries.values() if e.owner == owner) >= mine:
+        if owner is not None and self.owned[owner] >= mine:
             return f"{owner!r} holds {mine:,} queries, the limit per owner ({MAX_PER_OWNER_SETTING})"
         return None
 
@@ -352,13 +369,15 @@ class Registry:
     def commit(self, decision: Decision) -> None:
         """Apply ``decision`` to the registered set (after its plan record was acknowledged)."""
         if decision.entry is not None:
-            self.queries[decision.entry.query_id] = decision.entry
+            self._put(decision.entry)
         if decision.removed is not None:
             self._retire(decision.removed)
 
     def _retire(self, query_id: str) -> None:
         entry = self.queries.pop(query_id, None)
         if entry is not None:
+            if entry.owner is not None:
+                self.owned[entry.owner] -= 1
             self.retired[query_id] = max(entry.version, self.retired.get(query_id, 0))
 
     def error(self, message: str, request_id: str | None = None) -> dict[str, Any]:

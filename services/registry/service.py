@@ -12,7 +12,7 @@ import ssl
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import faust
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -34,6 +34,9 @@ __all__ = ["RegistryService", "build_app", "describe", "run_service"]
 
 log = logging.getLogger("cbgp.registry")
 SERVICE = "registry"
+ADMIN_BATCH = 500  # admin commands handled as one batch, at most
+ADMIN_BATCH_WAIT_S = 0.02  # how long a command waits for others to join its batch
+ADMIN_BUFFER = 262_144  # admin commands fetched ahead of the one being handled, at most
 
 
 def describe(settings: KafkaSettings) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def describe(settings: KafkaSettings) -> dict[str, Any]:
     return {
         "sources": [settings.topic("admin")],
         "sinks": [settings.topic("queries.plans"), settings.topic("queries.status"), settings.topic("deadletter")],
-        "stores": {"queries": f"{settings.topic_prefix}registry-queries-changelog"},
+        "stores": {},  # the registered set lives in queries.plans; the web views read it from memory
         "restores_from": settings.topic("queries.plans"),
         "views": ["GET /queries", "GET /queries/{id}"],
     }
@@ -123,9 +126,57 @@ class RegistryService:
             log.warning("registered_at_change_seq left unknown: %s", exc)
             return -1
 
-    def handle(self, value: bytes | None, partition: int, offset: int) -> Decision | None:
-        """Process one admin record synchronously (run in an executor thread); return the applied decision,
-        whose status :meth:`reply` sends (errors are answered here)."""
+    def handle(self, records: list[tuple[bytes | None, int, int]]) -> list[Decision]:
+        """Process admin records ``(value, partition, offset)`` in order, as one batch (run in an executor thread);
+        return the applied decisions, whose statuses :meth:`reply` sends (errors are answered here).
+
+        Each command is decided against the set the ones before it left; their plans are published together and
+        acknowledged once (a registration is a broker round trip, not three).  If the broker does not take them,
+        the set goes back to what it was and the error is raised: faust commits none of the batch's offsets."""
+        before = self.registry.snapshot()
+        ends: list[int] = []  # updates.encoded's end, read once per batch: every command of it is registered there
+        seqs: dict[int, int] = {}
+        errors: list[KafkaError] = []
+
+        def encoded_end() -> int:
+            if not ends:
+                ends.append(self.encoded_end())
+            return ends[0]
+
+        def seq_before(end: int) -> int:
+            if end not in seqs:
+                seqs[end] = self.change_seq_before(end)
+            return seqs[end]
+
+        decisions: list[Decision] = []
+        try:
+            for value, partition, offset in records:
+                decision = self._decide(value, partition, offset, encoded_end, seq_before)
+                if decision is None:
+                    continue
+                # Step 1: the plan (or tombstone) is on its way before the set changes; durable before any reply.
+                if decision.plan is not None:
+                    key, plan = decision.plan
+                    # A tombstone names the version it ends (VERSION_HEADER): compaction keeps it after the plan.
+                    ended = self.registry.queries.get(key) if plan is None else None
+                    self.producer.produce(
+                        self.settings.topic("queries.plans"), value=None if plan is None else encode("QueryPlan", plan),
+                        key=key.encode(), on_delivery=lambda err, _msg: errors.append(err) if err else None,
+                        headers=[(VERSION_HEADER, str(ended.version).encode())] if ended is not None else None)
+                    UPDATES_OUT.labels(SERVICE).inc()
+                # Step 2: the registered set follows the plans (the next command of the batch sees this one).
+                self.registry.commit(decision)
+                decisions.append(decision)
+            if self.producer.flush(30) or errors:
+                raise RuntimeError(f"cannot publish to {self.settings.topic('queries.plans')}: "
+                                   f"{errors[0] if errors else 'not acknowledged in 30s'}")
+        except BaseException:
+            self.registry.rollback(before)
+            raise
+        return decisions
+
+    def _decide(self, value: bytes | None, partition: int, offset: int, encoded_end: Callable[[], int],
+                change_seq_before: Callable[[int], int]) -> Decision | None:
         UPDATES_IN.labels(SERVICE).inc()
         try:
             if value is None:
@@ -135,7 +186,7 @@ class RegistryService:
             self._reject_record(value or b"", partition, offset, str(exc))
             return None
         try:
-            decision = self.registry.decide(command, self.encoded_end, self.change_seq_before)
+            return self.registry.decide(command, encoded_end, change_seq_before)
         except KafkaException as exc:
             # The broker, not the command: raise so faust does not commit this admin offset; it is replayed.
             raise RuntimeError(f"admin offset {offset}: broker unavailable: {exc}") from None
@@ -145,16 +196,6 @@ class RegistryService:
                        encode("QueryStatus", self.registry.error(f"internal error: {type(exc).__name__}: {exc}",
                                                                  command.get("request_id"))))
             return None
-        # Step 1: the plan (or tombstone) is durable before anything else changes.
-        if decision.plan is not None:
-            key, plan = decision.plan
-            # A tombstone names the version it ends (VERSION_HEADER): compaction keeps it after the plan is gone.
-            ended = self.registry.queries.get(key) if plan is None else None
-            self._send(self.settings.topic("queries.plans"), None if plan is None else encode("QueryPlan", plan), key,
-                       [(VERSION_HEADER, str(ended.version).encode())] if ended is not None else None)
-        # Step 2: the registered set follows the published plans.
-        self.registry.commit(decision)
-        return decision
 
     def committed_admin_offset(self) -> int:
         """The admin offset this registry's group committed (where a new life starts), 0 if none."""
@@ -170,10 +211,14 @@ class RegistryService:
         return [(m.value(), m.partition(), m.offset())
                 for m in read_range(self.settings, self.settings.topic("admin"), 0, start, end)]
 
-    def reply(self, decision: Decision) -> None:
-        """Step 3 of :meth:`handle`, called once the table shows the decision: ACCEPTED always means "the
+    def reply(self, decisions: list[Decision]) -> None:
+        """Step 3 of :meth:`handle`, called once the web views show the decisions: ACCEPTED always means "the
         plan is on queries.plans and the web view lists it"."""
-        self._send(self.settings.topic("queries.status"), encode("QueryStatus", decision.status))
+        for decision in decisions[:-1]:
+            self.producer.produce(self.settings.topic("queries.status"), encode("QueryStatus", decision.status))
+            UPDATES_OUT.labels(SERVICE).inc()
+        if decisions:
+            self._send(self.settings.topic("queries.status"), encode("QueryStatus", decisions[-1].status))
 
     def _reject_record(self, value: bytes, partition: int, offset: int, reason: str) -> None:
         message = f"undecodable admin record at offset {offset}: {reason}"
@@ -200,8 +245,7 @@ class RegistryService:
 
 # noida-db (the embedded broker) answers an empty Fetch at once instead of holding it for fetch.max.wait, and
 # aiokafka sends the next Fetch as soon as the last one returned: an idle registry spun at 0.7-0.9 core (and
-# kept the broker busy answering).  faust reads only the admin topic and its table's changelog, a few records
-# a day, so after a fetch that brought nothing aiokafka waits EMPTY_FETCH_BACKOFF_S before the next one (a
+# kept the broker busy answering).  faust reads only the admin topic, a few records a day, so after a fetch that brought nothing aiokafka waits EMPTY_FETCH_BACKOFF_S before the next one (a
 # command waits at most that much longer; a fetch that brings records is followed at once).
 EMPTY_FETCH_BACKOFF_S = 0.25
 
@@ -268,15 +312,25 @@ def admin_gap(expected: int, offset: int) -> range | None:
     return range(expected, offset)
 
 
+async def _until_done(loop: asyncio.AbstractEventLoop, step: Callable, *args: Any) -> Any:
+    """``step(*args)`` in an executor thread, again after a second while the broker does not acknowledge."""
+    while True:
+        try:
+            return await loop.run_in_executor(None, step, *args)
+        except RuntimeError as exc:
+            log.error(kv(event="retry", service=SERVICE, reason=str(exc).replace("\n", " ")))
+            await asyncio.sleep(1.0)
+
+
 def build_app(service: RegistryService, *, web_port: int, web_host: str, state_dir: str | os.PathLike[str]) -> faust.App:
-    """The faust app: agent on ``admin``, table ``queries``, web views, reconcile task."""
+    """The faust app: agent on ``admin``, web views of the published registrations, the task that fills them."""
     settings = service.settings
     datadir = Path(state_dir) / f"{settings.topic_prefix}registry"
     datadir.parent.mkdir(parents=True, exist_ok=True)  # faust creates only the last level
     app = faust.App(
         f"{settings.topic_prefix}registry",
         **_faust_broker_options(settings),
-        store="memory://",  # the table is a view; it is rebuilt from its changelog and reconciled on start
+        store="memory://",
         topic_partitions=1,
         topic_replication_factor=settings.replication_factor,
         broker_session_timeout=6,
@@ -286,62 +340,67 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
         web_enabled=True, web_port=web_port, web_host=web_host, web_bind=web_host,
         datadir=str(datadir),
         producer_acks=-1,
+        # faust stops fetching a partition whose stream buffer is 80% full and resumes it once drained; under the
+        # whole fleet a burst of 10,000 registrations stalled the admin topic for good after ~4,000 (the resume
+        # never came; alone the registry kept up and the buffer never filled).  Commands are small: let them wait
+        # here.
+        stream_buffer_maxsize=ADMIN_BUFFER,
     )
     admin = app.topic(settings.topic("admin"), partitions=1, key_type=bytes, value_type=bytes,
                       key_serializer="raw", value_serializer="raw", internal=False)
-    # use_partitioner: the reconcile task writes outside a stream event; the changelog has one partition.
-    # No value_type: values stay plain JSON (the app's codec). With value_type=dict, recovering a changelog
-    # whose last record is a value calls dict.from_data, fails, and the registry never becomes ready.
-    table = app.Table("queries", default=None, partitions=1, use_partitioner=True, key_type=str)
+    # What the web views show: the registrations whose plans are durable (filled from the set restored from
+    # queries.plans, then each decision once its plans are acknowledged).  Not a faust Table: its changelog
+    # repeated queries.plans, one more write per registration, and faust's producer stalled on it for good
+    # under thousands of registrations at once.
+    table: dict[str, dict[str, Any]] = {}
 
     def mirror(decision: Decision) -> None:
         if decision.entry is not None:
             table[decision.entry.query_id] = decision.entry.view()
-        if decision.removed is not None and decision.removed in table:
-            del table[decision.removed]
-
-    async def process(loop: asyncio.AbstractEventLoop, value: bytes | None, partition: int, offset: int) -> None:
-        # Producing waits for acks: keep it off the event loop so faust's heartbeats keep flowing.
-        decision = await loop.run_in_executor(None, service.handle, value, partition, offset)
-        if decision is not None:
-            mirror(decision)
-            await loop.run_in_executor(None, service.reply, decision)
+        if decision.removed is not None:
+            table.pop(decision.removed, None)
 
     @app.agent(admin)
     async def handle_admin(stream: faust.StreamT) -> None:
         loop = asyncio.get_running_loop()
         expected: int | None = None  # the next admin offset this life must process
-        async for event in stream.events():
-            msg = event.message
-            if expected is None:
-                expected = await loop.run_in_executor(None, service.committed_admin_offset)
-            missed = admin_gap(expected, msg.offset)
-            if missed is None:
-                continue  # delivered again: already processed in this life
-            if missed:
-                log.warning("admin offsets %d-%d skipped by the consumer: reading them directly",
-                            missed.start, missed.stop - 1)
-                for value, partition, offset in await loop.run_in_executor(
-                        None, service.missed_admin_records, missed.start, missed.stop):
-                    await process(loop, value, partition, offset)
-            await process(loop, msg.value, msg.partition, msg.offset)
-            expected = msg.offset + 1
+        # Commands that arrive together are handled as one batch (a thousand registrations at once: one broker
+        # round trip for their plans, one for their replies); a lone command waits ADMIN_BATCH_WAIT_S at most.
+        async for events in stream.take_events(ADMIN_BATCH, within=ADMIN_BATCH_WAIT_S):
+            records: list[tuple[bytes | None, int, int]] = []
+            for event in events:
+                msg = event.message
+                if expected is None:
+                    expected = await loop.run_in_executor(None, service.committed_admin_offset)
+                missed = admin_gap(expected, msg.offset)
+                if missed is None:
+                    continue  # delivered again: already processed in this life
+                if missed:
+                    log.warning("admin offsets %d-%d skipped by the consumer: reading them directly",
+                                missed.start, missed.stop - 1)
+                    records += await loop.run_in_executor(None, service.missed_admin_records, missed.start,
+                                                          missed.stop)
+                records.append((msg.value, msg.partition, msg.offset))
+                expected = msg.offset + 1
+            if not records:
+                continue
+            # Producing waits for acks: keep it off the event loop so faust's heartbeats keep flowing.  faust acks a
+            # batch's offsets even when its handling raised, so a broker that does not take the plans or replies is
+            # waited for here, the batch handled again (the set was rolled back), rather than the commands lost.
+            decisions = await _until_done(loop, service.handle, records)
+            for decision in decisions:
+                mirror(decision)
+            await _until_done(loop, service.reply, decisions)
 
     @app.task
-    async def reconcile() -> None:
-        # Runs once faust has recovered the table: make it equal to the set restored from queries.plans.
-        truth = {qid: entry.view() for qid, entry in service.registry.queries.items()}
-        for qid in [k for k in table.keys() if k not in truth]:
-            del table[qid]
-        for qid, view in truth.items():
-            if table.get(qid) != view:
-                table[qid] = view
+    async def fill() -> None:
+        table.update((qid, entry.view()) for qid, entry in service.registry.queries.items())
         service.ready = True
-        log.info("registry ready: %d queries registered", len(truth))
+        log.info("registry ready: %d queries registered", len(table))
 
     @app.page("/queries")
     async def list_queries(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        return web.json({"queries": [table[k] for k in sorted(table.keys())]})
+        return web.json({"queries": [table[k] for k in sorted(table)]})
 
     @app.page("/queries/{query_id}")
     async def get_query(web: faust.web.View, request: faust.web.Request, query_id: str) -> faust.web.Response:

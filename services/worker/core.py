@@ -115,8 +115,39 @@ class WorkerCore:
     def on_plan(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
                 routed_assigned: Iterable[int]) -> tuple[list[Output], list[int]]:
         """Apply one queries.plans record.  Returns (outputs, whole-shard partitions that must be opened)."""
-        self.plan_positions[partition] = offset + 1
+        return self.on_plans([(partition, offset, key, value)], routed_assigned)
+
+    def on_plans(self, records: list[tuple[int, int, bytes | None, bytes | None]],
+                 routed_assigned: Iterable[int]) -> tuple[list[Output], list[int]]:
+        """Apply queries.plans records ``(partition, offset, key, value)`` in order; the registrations among them
+        join each shard together (one snapshot of its log for those registered at the same point, not one each).
+        Returns (outputs, whole-shard partitions that must be opened)."""
+        routed_assigned = list(routed_assigned)
         out: list[Output] = []
+        to_open: list[int] = []
+        added: list[QueryInfo] = []
+        for partition, offset, key, value in records:
+            info = self._read_plan(partition, offset, key, value, routed_assigned, out)
+            if info is None:
+                continue
+            added.append(info)
+            if not info.partitioned and not info.windowed:
+                owner = query_partition(info.query_id, self.n_routed)
+                if owner in routed_assigned and ("whole", owner) not in self.shards and owner not in to_open:
+                    to_open.append(owner)
+        added = [info for info in added if self.plans.get(info.query_id) is info]  # (not ended or replaced since)
+        if added:
+            for shard in self.shards.values():
+                held = [info for info in added if self.holds(info, shard.kind, shard.partition)]
+                if held:
+                    out.extend(self._add_queries(shard, held))
+        return out, to_open
+
+    def _read_plan(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                   routed_assigned: list[int], out: list[Output]) -> QueryInfo | None:
+        """Take one plan record into ``plans`` (a tombstone ends its query everywhere); return a registration the
+        shards must add, None for anything else."""
+        self.plan_positions[partition] = offset + 1
         query_id = key.decode("utf-8", "replace") if key else None
         if value is None:
             if query_id and query_id in self.plans:
@@ -124,7 +155,7 @@ class WorkerCore:
                 del self.plans[query_id]
                 self._drop_everywhere(query_id)
                 log.info(kv(event="unregistered", query=query_id))
-            return out, []
+            return None
         try:
             record = codec.decode("QueryPlan", value)
             text, window = read_registration(record["sparql"], record["options"])
@@ -134,7 +165,7 @@ class WorkerCore:
             placement = recorded_placement(record["plan_json"])
         except (codec.CodecError, QueryError, ValueError) as exc:  # WindowError is a QueryError
             out.append(self.outputs.dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
-            return out, []
+            return None
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
                          window, plan is not None and self.assemble_in_spark and window is None
                          and needs_assembly(plan.query), self.single_owner, operators,
@@ -143,24 +174,16 @@ class WorkerCore:
         problem = info.placement_problem()
         if problem is not None:
             out.append(self.outputs.dead("queries.plans", partition, offset, "invalid-plan", problem, value))
-            return out, []
+            return None
         old = self.plans.get(info.query_id)
         if old is not None and old.version == info.version and old.plans_offset == offset:
-            return out, []
+            return None
         if old is not None:
             out.extend(self.outputs.end_stream(old, partition, offset, routed_assigned))
         self.plans[info.query_id] = info
         self._drop_everywhere(info.query_id)  # a re-registration starts from a fresh snapshot
-        for shard in self.shards.values():
-            if self.holds(info, shard.kind, shard.partition):
-                out.extend(self._add_queries(shard, [info]))
         log.info(kv(event="registered", query=info.query_id, version=info.version, mode=info_mode(info)))
-        to_open = []
-        if not info.partitioned and not info.windowed:
-            owner = query_partition(info.query_id, self.n_routed)
-            if owner in set(routed_assigned) and ("whole", owner) not in self.shards:
-                to_open.append(owner)
-        return out, to_open
+        return info
 
     def _drop_everywhere(self, query_id: str) -> None:
         for shard in self.shards.values():
@@ -349,14 +372,21 @@ class WorkerCore:
         """Apply by-centre registrations at their point of the shard's log if it has passed it, else keep
         them pending until it does (``on_record``, ``on_frontier``)."""
         out: list[Output] = []
+        points: dict[int, int | None] = {}
+        # point -> the registrations applied there together (a multi-centre one alone, with its probes)
+        at: dict[tuple[int, int], list[tuple[QueryInfo, int]]] = {}
         for info in infos:
             seq = self.registration_seq(info)
-            point = point_of(self.record_reader, shard.partition, seq, shard.position,
-                             start=self.log_start(shard.partition))
+            if seq not in points:
+                points[seq] = point_of(self.record_reader, shard.partition, seq, shard.position,
+                                       start=self.log_start(shard.partition))
+            point = points[seq]
             if point is None:
                 shard.pending.append((info, seq))
             else:
-                out += self._apply_at(shard, [(info, seq)], point)
+                at.setdefault((point, len(at) if info.probe_programs() else -1), []).append((info, seq))
+        for (point, _alone), registrations in sorted(at.items(), key=lambda item: item[0]):
+            out += self._apply_at(shard, registrations, point)
         return out
 
     def _due(self, shard: Shard, point: int, past: int = -1, mark: int = -1,

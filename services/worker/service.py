@@ -197,14 +197,14 @@ class WorkerService:
         self._apply_plans(self.plans.consume(500, timeout))
 
     def _apply_plans(self, msgs: list[Message]) -> None:
-        for msg in msgs:
-            if msg.error() is not None:
-                continue
-            out, to_open = self.core.on_plan(msg.partition(), msg.offset(), msg.key(), msg.value(), self.assigned)
-            self.pending.extend(out)
-            self.dirty = True
-            for partition in to_open:
-                self._open_whole(partition)
+        records = [(msg.partition(), msg.offset(), msg.key(), msg.value()) for msg in msgs if msg.error() is None]
+        if not records:
+            return
+        out, to_open = self.core.on_plans(records, self.assigned)
+        self.pending.extend(out)
+        self.dirty = True
+        for partition in to_open:
+            self._open_whole(partition)
 
     # -- shards
 

@@ -401,8 +401,8 @@ def test_restart_keeps_the_registered_set(kafka_broker: Any, tmp_path: Path) -> 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_restart_after_a_plain_register_recovers_the_table(kafka_broker: Any, tmp_path: Path) -> None:
-    """The faust table's changelog ending on a value (not a tombstone) must still recover on restart."""
+def test_restart_after_a_plain_register_recovers_the_registered_set(kafka_broker: Any, tmp_path: Path) -> None:
+    """A registry stopped right after a REGISTER lists the query in its next life (from queries.plans)."""
     settings = fresh_settings(kafka_broker)
     ensure_topics(settings)
     first = Registered(settings, tmp_path / "s1", tmp_path / "first.log").start()
@@ -505,3 +505,49 @@ def test_admin_offsets_are_processed_once_in_order_whatever_the_consumer_deliver
         processed += list(missed) + [delivered]
         expected = delivered + 1
     assert processed == [3, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_burst_of_thousands_of_registrations_is_answered_in_full(registry: Registered) -> None:
+    """A subscription service registers its users' alerts all at once: every command gets its reply (the
+    registry once stopped reading the admin topic for good after a few thousand waiting commands)."""
+    import uuid
+
+    from confluent_kafka import TopicPartition
+
+    from services.codec import encode
+    from services.kafka.client import end_offsets, make_consumer
+
+    settings = registry.settings
+    n = int(os.environ.get('BURST_N', '5000'))
+    status_topic = settings.topic("queries.status")
+    consumer = make_consumer(settings, f"burst-{uuid.uuid4().hex}")
+    consumer.assign([TopicPartition(status_topic, 0, end_offsets(settings, status_topic).get(0, (0, 0))[1])])
+    producer = make_producer(settings)
+    waiting = {}
+    for i in range(n):
+        request_id = uuid.uuid4().hex
+        waiting[request_id] = f"burst{i}"
+        producer.produce(settings.topic("admin"), value=encode("AdminCommand", {
+            "command": "REGISTER", "query_id": f"burst{i}", "options": {}, "request_id": request_id,
+            "sparql": f"SELECT ?post WHERE {{ ?post <http://ex.org/tag> \"t{i}\" ; <http://ex.org/by> ?who }}"}))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    statuses: dict[str, int] = {}
+    deadline = time.monotonic() + 240
+    try:
+        while waiting and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            status = decode("QueryStatus", msg.value())
+            if waiting.pop(status["request_id"], None) is not None:
+                statuses[status["status"]] = statuses.get(status["status"], 0) + 1
+    finally:
+        consumer.close()
+    assert not waiting, f"{len(waiting)} of {n} commands unanswered; answered: {statuses}"
+    assert statuses == {"ACCEPTED": n}
+    listed = registry.ask(command="LIST")["queries"]
+    assert sum(1 for q in listed if q.startswith("burst")) == n
+    assert sum(1 for q in registry.web("/queries")[1]["queries"] if q["query_id"].startswith("burst")) == n
