@@ -77,6 +77,8 @@ def rewrite_services(text: str) -> tuple[str, tuple[ServiceView, ...]]:
     Raises :class:`ServiceError` for what the fleet cannot keep as a view: a variable endpoint, a SERVICE group
     that is not a basic graph pattern, or one sharing no variable with the rest of the query.  A query without
     SERVICE comes back unchanged with no views."""
+    if "service" not in text.lower():  # (no keyword can be there: spare the lexer)
+        return text, ()
     try:
         plan = split_service(text)
     except ServiceError as exc:

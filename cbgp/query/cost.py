@@ -9,31 +9,35 @@ and passes."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from rdflib.term import Variable
 
 
-def _variables(triple: Iterable[Any]) -> set[str]:
-    return {str(term) for term in triple if isinstance(term, Variable)}
+def _is_variable(term: Any) -> bool:
+    return isinstance(term, Variable)
 
 
-def _anchored(triple: tuple) -> bool:
+def _variables(triple: Iterable[Any], is_variable: Callable[[Any], bool] = _is_variable) -> set[str]:
+    return {str(term) for term in triple if is_variable(term)}
+
+
+def _anchored(triple: tuple, is_variable: Callable[[Any], bool] = _is_variable) -> bool:
     """A constant subject or object: the pattern matches the neighbourhood of one term, not a predicate."""
-    return not isinstance(triple[0], Variable) or not isinstance(triple[2], Variable)
+    return not is_variable(triple[0]) or not is_variable(triple[2])
 
 
-def _components(triples: list[tuple]) -> list[tuple[set[str], bool]]:
+def _components(triples: list[tuple], is_variable: Callable[[Any], bool] = _is_variable) -> list[tuple[set[str], bool]]:
     """``(variables, anchored)`` of the connected groups of ``triples`` (patterns without a variable join
     nothing); a group is anchored when one of its patterns is."""
     groups: list[tuple[set[str], bool]] = []
     for triple in triples:
-        variables = _variables(triple)
+        variables = _variables(triple, is_variable)
         if not variables:
             continue
         touching = [g for g in groups if g[0] & variables]
         merged = set(variables).union(*(g[0] for g in touching))
-        anchored = _anchored(triple) or any(g[1] for g in touching)
+        anchored = _anchored(triple, is_variable) or any(g[1] for g in touching)
         groups = [g for g in groups if not g[0] & variables] + [(merged, anchored)]
     return groups
 
@@ -58,6 +62,18 @@ def _node_variables(node: Any) -> tuple[set[str], bool]:
 
 def _shown(variables: set[str]) -> str:
     return "{" + " ".join(sorted("?" + v for v in variables)) + "}"
+
+
+def _named_variable(term: str) -> bool:
+    return term.startswith("?") and not term.startswith("?_:")  # (a blank node is a term to rdflib's algebra)
+
+
+def bgp_cross_product(patterns: Iterable[tuple[str, str, str]]) -> str | None:
+    """:func:`cross_product` of one BGP given as canonical terms (``cbgp.query.sparql.TriplePattern``), without
+    rdflib's algebra: a registration of a plain BGP is checked without a second parse."""
+    loose = [{v[1:] for v in variables} for variables, anchored in _components(list(patterns), _named_variable)
+             if not anchored]
+    return " and ".join(_shown(g) for g in loose[:3]) if len(loose) > 1 else None
 
 
 def cross_product(algebra: Any) -> str | None:

@@ -70,7 +70,14 @@ class GatewayClient:
         self._request("DELETE", f"/queries/{_quote(query_id)}")
 
     def queries(self) -> list[dict[str, Any]]:
-        return json.loads(self._request("GET", "/queries"))["queries"]
+        """Every registered query (the gateway lists them a page at a time: this follows ``next``)."""
+        out: list[dict[str, Any]] = []
+        path: str | None = "/queries"
+        while path is not None:
+            body = json.loads(self._request("GET", path))
+            out += body["queries"]
+            path = body.get("next")
+        return out
 
     def current(self, query_id: str) -> list[dict[str, Any]] | bool | list[ox.Triple]:
         """The current answers: rows of terms (in ORDER BY order), a boolean (ASK) or triples (CONSTRUCT)."""

@@ -63,6 +63,9 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
 
     p_list = add_kafka_flags(commands.add_parser("list", help="list the registered queries"))
     p_list.add_argument("--wait", type=float, default=30.0, metavar="S")
+    p_list.add_argument("--limit", type=int, default=None, metavar="N",
+                        help="list N queries at most (default 1000, at most 10000)")
+    p_list.add_argument("--after", default=None, metavar="ID", help="start after this query id (the next page)")
 
     p_watch = add_kafka_flags(commands.add_parser("watch", help="print a query's answer deltas as JSON lines, live"))
     p_watch.add_argument("query_id", metavar="ID")
@@ -133,7 +136,8 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
         return 0 if status["status"] == "UNREGISTERED" else 1
 
     def run_list(args: argparse.Namespace) -> int:
-        status = admin_request(connect(args), {"command": "LIST"}, args.wait)
+        options = {k: str(v) for k, v in (("limit", args.limit), ("after", args.after)) if v is not None}
+        status = admin_request(connect(args), {"command": "LIST", "options": options}, args.wait)
         if status["status"] != "LISTED":
             print(format_status(status))
             return 1

@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any, Awaitable, Callable
+from urllib.parse import quote
 
 from aiohttp import WSMsgType, web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -19,6 +20,7 @@ from cbgp.results import NotAcceptable, content_type, negotiate, serialize, shap
 from services.gateway.core import (ADMIN, READ, READ_WRITE, Grant, Subscriber, allows, net_change, problem,
                                    sepa_error, sepa_notification, sse_event, subscription_id)
 from services.gateway.openapi import OPENAPI
+from services.wire.pages import PageError, page, page_params
 from services.gateway.query import QueryRefused, run_query
 from services.gateway.service import (EVICTED, NOTIFICATION_LATENCY, NOTIFICATIONS, REFUSED, REQUESTS, SUBSCRIBERS,
                                       Gateway)
@@ -150,8 +152,16 @@ def make_app(gw: Gateway) -> web.Application:
 
     # ------------------------------------------------------------------ queries
 
-    async def list_queries(_request: web.Request) -> web.Response:
-        return _json({"queries": [hub.describe(q) for q in sorted(hub.plans)]})
+    async def list_queries(request: web.Request) -> web.Response:
+        try:
+            after, limit = page_params(request.query)
+        except PageError as exc:
+            return _problem(400, str(exc))
+        ids, cursor = page(sorted(hub.plans), after, limit)
+        body: dict[str, Any] = {"queries": [hub.describe(q) for q in ids]}
+        if cursor is not None:
+            body["next"] = f"/queries?limit={limit}&after={quote(cursor)}"
+        return _json(body)
 
     async def get_query(request: web.Request) -> web.Response:
         query_id = request.match_info["id"]

@@ -89,7 +89,8 @@ OPENAPI: dict[str, Any] = {
                     "current": {"type": "integer", "description": "current answers (with multiplicity)"},
                     "subscribers": {"type": "integer"}}},
             "QueryList": {"type": "object", "required": ["queries"], "properties": {
-                "queries": {"type": "array", "items": {"$ref": "#/components/schemas/Query"}}}},
+                "queries": {"type": "array", "items": {"$ref": "#/components/schemas/Query"}},
+                "next": {"type": "string", "description": "the next page's path; absent on the last page"}}},
             "RegisterRequest": {
                 "type": "object", "required": ["id", "sparql"],
                 "example": {"id": "example", "sparql": "SELECT ?s WHERE { ?s <http://example.org/p> ?o }"},
@@ -117,8 +118,15 @@ OPENAPI: dict[str, Any] = {
     "security": [{"bearer": []}],
     "paths": {
         "/queries": {
-            "get": {"operationId": "listQueries", "summary": "registered queries with class, placement, window",
-                    "responses": {"200": _json("#/components/schemas/QueryList", "the registered queries"), **_AUTH}},
+            "get": {"operationId": "listQueries", "summary": "registered queries with class, placement, window, "
+                    "in id order, a page at a time (follow next)",
+                    "parameters": [
+                        {"name": "limit", "in": "query", "required": False,
+                         "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000}},
+                        {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+                         "description": "the last id of the previous page"}],
+                    "responses": {"200": _json("#/components/schemas/QueryList", "the registered queries"),
+                                  "400": _problem("a limit outside 1..10000"), **_AUTH}},
             "post": {"operationId": "registerQuery", "summary": "register a query (read-write)",
                      "requestBody": {"required": True, "content": {"application/json": {
                          "schema": {"$ref": "#/components/schemas/RegisterRequest"}}}},

@@ -19,6 +19,7 @@ from cbgp.background.service_query import ServiceOptions
 from cbgp.background.view_graphs import view_summary
 from cbgp.query.limits import limit
 from services.wire.records import answer_size_problem
+from services.wire.pages import PageError, page, page_params
 from services.wire.registrations import cross_product_of, graphs_read, read_query, read_registration, read_stream, read_views, stream_iri
 
 __all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "operator_plan",
@@ -221,9 +222,17 @@ class Registry:
         kind = command.get("command")
         request_id = command.get("request_id")
         if kind == "LIST":
-            ids = sorted(self.queries)
-            return Decision(self._status(None, "LISTED", f"{len(ids)} quer{'y' if len(ids) == 1 else 'ies'} registered",
-                                         request_id, queries=ids))
+            try:  # a page at a time: options limit and after (services.wire.pages)
+                after, limit = page_params(dict(command.get("options") or {}))
+            except PageError as exc:
+                return Decision(self._status(None, "REJECTED", str(exc), request_id))
+            ids, cursor = page(sorted(self.queries), after, limit)
+            total = len(self.queries)
+            message = f"{total} quer{'y' if total == 1 else 'ies'} registered"
+            if cursor is not None or after is not None:
+                message += (f"; {len(ids)} listed" + (f" after {after!r}" if after is not None else "")
+                            + (f"; the next page: --after {cursor}" if cursor is not None else ""))
+            return Decision(self._status(None, "LISTED", message, request_id, queries=ids))
         query_id = command.get("query_id")
         if not isinstance(query_id, str) or not QUERY_ID_PATTERN.fullmatch(query_id):
             shown = "missing" if query_id is None else f"{query_id!r:.140} is invalid"

@@ -12,6 +12,7 @@ import ssl
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any, Callable
 
 import faust
@@ -28,6 +29,7 @@ from services.registry.core import VERSION_HEADER, Decision, Registry, tombstone
 from services.kafka.truncation import LogTruncated
 from services.runtime.life import Stopper, wait_for_topics
 from services.wire.records import kv
+from services.wire.pages import PageError, page, page_params
 from services.kafka.replay import read_range
 
 __all__ = ["RegistryService", "build_app", "describe", "run_service"]
@@ -400,7 +402,16 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
 
     @app.page("/queries")
     async def list_queries(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        return web.json({"queries": [table[k] for k in sorted(table)]})
+        try:
+            after, limit = page_params(request.query)
+        except PageError as exc:
+            return web.json({"type": "about:blank", "title": "Bad Request", "status": 400, "detail": str(exc)},
+                            status=400, content_type="application/problem+json")
+        ids, cursor = page(sorted(table), after, limit)
+        body: dict[str, Any] = {"queries": [table[k] for k in ids]}
+        if cursor is not None:
+            body["next"] = f"/queries?limit={limit}&after={quote(cursor)}"
+        return web.json(body)
 
     @app.page("/queries/{query_id}")
     async def get_query(web: faust.web.View, request: faust.web.Request, query_id: str) -> faust.web.Response:

@@ -105,8 +105,14 @@ def cross_product_of(text: str) -> str | None:
     """The unconstrained parts a registration's plain text multiplies (``cbgp.query.cost``), or None."""
     from rdflib.plugins.sparql import prepareQuery
 
-    from cbgp.query.cost import cross_product
+    from cbgp.query.cost import bgp_cross_product, cross_product
 
+    try:
+        bgp = parse_query(text)
+    except QueryError:
+        bgp = None  # not a plain BGP: rdflib's algebra below
+    if bgp is not None and len({t.g for t in bgp.patterns}) == 1:  # one BGP (in one graph): as the algebra's
+        return bgp_cross_product((t.s, t.p, t.o) for t in bgp.patterns)
     try:
         return cross_product(prepareQuery(text).algebra)
     except QueryError:

@@ -66,11 +66,17 @@ async function refreshFleet() {
 }
 
 async function refreshQueries() {
-  const { status, data } = await api("GET", "/queries");
+  let { status, data } = await api("GET", "/queries");
   const body = $("queries").tBodies[0];
   if (status !== 200) { body.innerHTML = ""; body.appendChild(cell("(" + (data && data.detail || status) + ")")); return; }
+  const queries = data.queries;
+  while (data.next) {  // the gateway lists a page at a time
+    ({ status, data } = await api("GET", data.next));
+    if (status !== 200) break;
+    queries.push(...data.queries);
+  }
   body.innerHTML = "";
-  for (const q of data.queries) {
+  for (const q of queries) {
     const tr = document.createElement("tr");
     tr.dataset.id = q.id;
     if (q.id === state.selected) tr.className = "selected";

@@ -218,6 +218,24 @@ def test_sse_resumes_with_last_event_id_without_loss_or_repeats(gw: Gw) -> None:
 # ---------------------------------------------------------------------------------------- scopes, /query
 
 
+def test_queries_are_listed_a_page_at_a_time_in_id_order(gw: Gw) -> None:
+    from services.client.gateway import GatewayClient
+
+    for i in range(3):
+        gw.register(f"page{i}", f"SELECT ?x WHERE {{ ?x <{EX}page{i}> ?y }}")
+    ids: list[str] = []
+    path: str | None = "/queries?limit=1"
+    while path:
+        body = gw.get(path).json()
+        assert len(body["queries"]) <= 1
+        ids += [q["id"] for q in body["queries"]]
+        path = body.get("next")
+    assert {f"page{i}" for i in range(3)} <= set(ids) and ids == sorted(set(ids))
+    assert [q["id"] for q in GatewayClient(gw.url, RW).queries()] == ids
+    assert gw.get("/queries?limit=0").status_code == 400
+    assert gw.get("/queries?limit=x").json()["detail"].startswith("limit must be a whole number")
+
+
 def test_scopes_read_and_read_write(gw: Gw) -> None:
     assert gw.get("/queries", token=None).status_code == 401
     assert gw.get("/queries", token=None).headers["WWW-Authenticate"].startswith("Bearer")

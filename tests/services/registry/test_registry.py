@@ -205,6 +205,17 @@ def test_unregister_of_an_unknown_id_is_rejected_and_of_a_known_one_is_a_tombsto
     assert reg.decide({"command": "LIST"}, lambda: 0).status["queries"] == []
 
 
+def test_list_answers_a_page_at_a_time_in_id_order() -> None:
+    reg = Registry()
+    for i in reversed(range(5)):
+        reg.commit(reg.decide({"command": "REGISTER", "query_id": f"q{i}", "sparql": QUERIES["star"]}, lambda: 0))
+    first = reg.decide({"command": "LIST", "options": {"limit": "2"}}, lambda: 0).status
+    assert first["queries"] == ["q0", "q1"] and "the next page: --after q1" in first["message"]
+    last = reg.decide({"command": "LIST", "options": {"limit": "2", "after": "q3"}}, lambda: 0).status
+    assert last["queries"] == ["q4"] and "next page" not in last["message"]
+    assert reg.decide({"command": "LIST", "options": {"limit": "x"}}, lambda: 0).status["status"] == "REJECTED"
+
+
 def test_restore_keeps_the_last_plan_per_id_and_drops_tombstoned_ids() -> None:
     source = Registry()
     plans = [_register(source, "a", QUERIES["star"]).plan, _register(source, "b", QUERIES["path"]).plan,
@@ -548,6 +559,21 @@ def test_a_burst_of_thousands_of_registrations_is_answered_in_full(registry: Reg
         consumer.close()
     assert not waiting, f"{len(waiting)} of {n} commands unanswered; answered: {statuses}"
     assert statuses == {"ACCEPTED": n}
-    listed = registry.ask(command="LIST")["queries"]
-    assert sum(1 for q in listed if q.startswith("burst")) == n
-    assert sum(1 for q in registry.web("/queries")[1]["queries"] if q["query_id"].startswith("burst")) == n
+    listed: list[str] = []  # a page at a time: the reply to one LIST is a record, bounded in size
+    after = None
+    while True:
+        reply = registry.ask(command="LIST", options={"limit": "2000", **({"after": after} if after else {})})
+        listed += reply["queries"]
+        if "the next page" not in reply["message"]:
+            break
+        after = reply["queries"][-1]
+    assert sum(1 for q in listed if q.startswith("burst")) == n and listed == sorted(set(listed))
+    shown: list[str] = []
+    path = "/queries?limit=3000"
+    while path:
+        status, body = registry.web(path)
+        assert status == 200
+        shown += [q["query_id"] for q in body["queries"]]
+        path = body.get("next")
+    assert shown == listed
+    assert registry.web("/queries?limit=0")[0] == 400
