@@ -68,7 +68,7 @@ class Engine:
         source = initial if initial is not None else (self.graph or ())
         out: list[Delta] = []
         for s, p, o, g in list(source):
-            self._dispatch(1, s, p, o, g, ROLE_BOTH, out, only=registered)
+            self._dispatch(1, s, p, o, g, ROLE_BOTH, out, only={registered})
         return out
 
     def _index_handlers(self, registered: RegisteredQuery) -> None:
@@ -232,7 +232,25 @@ class Engine:
         registered = self.queries[name]
         self._unshare(registered)
         out: list[Delta] = []
-        self._dispatch(diff, s, p, o, g, role, out, registered)
+        self._dispatch(diff, s, p, o, g, role, out, {registered})
+        return out
+
+    def isolate(self, names: Iterable[str]) -> set[RegisteredQuery | PerGraphQuery]:
+        """Give the queries ``names`` private copies of the tables they read (as ``apply_to`` does) and return
+        them, for :meth:`apply_to_set`: a burst of late registrations replayed together, one dispatch a change."""
+        owners: set[RegisteredQuery | PerGraphQuery] = set()
+        for name in names:
+            registered = self.queries[name]
+            self._unshare(registered)
+            owners.add(registered)
+        return owners
+
+    def apply_to_set(self, owners: set[RegisteredQuery | PerGraphQuery], diff: int, s: int, p: int, o: int,
+                     g: int = DEFAULT_GRAPH_ID, role: int = ROLE_BOTH) -> list[Delta]:
+        """``apply_to`` for every query :meth:`isolate` returned, at once (no apply in between: it adopts the
+        shared tables again)."""
+        out: list[Delta] = []
+        self._dispatch(diff, s, p, o, g, role, out, owners)
         return out
 
     def apply_terms(self, diff: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta]:
@@ -240,7 +258,7 @@ class Engine:
         return self.apply(diff, encode(s), encode(p), encode(o), DEFAULT_GRAPH_ID if g is None else encode(g))
 
     def _dispatch(self, diff: int, s: int, p: int, o: int, g: int, role: int, out: list[Delta],
-                  only: RegisteredQuery | PerGraphQuery | None) -> None:
+                  only: set[RegisteredQuery | PerGraphQuery] | None) -> None:
         if g != DEFAULT_GRAPH_ID and p in self._per_graph:
             for wrapper in self._per_graph[p]:
                 instance, created = wrapper.instance(g)
@@ -254,7 +272,7 @@ class Engine:
             return
         fresh: list[EdgeTable] = []
         for table in index.tables:
-            if table.role & role != table.role or (only is not None and table.owner is not only):
+            if table.role & role != table.role or (only is not None and table.owner not in only):
                 continue
             if table.add(s, o) if diff > 0 else table.has(s, o):
                 table.fresh = True
@@ -294,9 +312,9 @@ class Engine:
                 table.remove(s, o)
 
     def _run(self, hits: list[Handler], diff: int, s: int, o: int, role: int, out: list[Delta],
-             only: RegisteredQuery | PerGraphQuery | None) -> None:
+             only: set[RegisteredQuery | PerGraphQuery] | None) -> None:
         for h in hits:
-            if only is not None and h.query.owner is not only:
+            if only is not None and h.query.owner not in only:
                 continue
             if h.role & role != h.role:
                 continue

@@ -436,8 +436,8 @@ class WorkerCore:
         out: list[Output] = []
         if point >= shard.position:
             return out
-        targets = sorted(names)
-        apply_to = shard.engine.apply_to
+        targets = shard.engine.targets(names)
+        apply_to = shard.engine.apply_to_targets
         for offset, value in self.record_reader(shard.partition, point, shard.position):
             try:
                 changes = decode_changes("routed", value)
@@ -447,7 +447,7 @@ class WorkerCore:
                 self._learn(shard, changes)  # (read before the query came: its FILTERs need their terms now)
             numbers: dict[str, int] = {}
             for seq, diff, s, p, o, g, _time, role, _refresh in changes:
-                deltas = [delta for name in targets for delta in apply_to(name, diff, s, p, o, g, role)]
+                deltas = apply_to(targets, diff, s, p, o, g, role)
                 if len(deltas) > 1:
                     deltas.sort()  # as on_record numbers them
                 for name, d_diff, row in deltas:

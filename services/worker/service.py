@@ -47,6 +47,7 @@ PROBES_RECEIVED = Gauge("cbgp_probes_received", "Probes a routed partition held 
 PROBES_WAITING = Gauge("cbgp_probes_waiting", "Probes waiting at a routed partition for its frontier or for a "
                        "registration.", ["partition"])
 STATE_REPORT_SECONDS = 1.0
+PLAN_WINDOW_RECORDS = 100  # plans read per turn of the loop, at most (each late one replays its shard's log)
 
 
 class DictionaryTerms:
@@ -190,8 +191,12 @@ class WorkerService:
         now = time.monotonic()
         if now < self.next_plans_poll:
             return
-        self.next_plans_poll = now + WINDOW_POLL_SECONDS
-        self._apply_plans(read_window(self.plans, self.t_plans, dict(enumerate(self.core.plan_positions))))
+        msgs = read_window(self.plans, self.t_plans, dict(enumerate(self.core.plan_positions)),
+                           max_records=PLAN_WINDOW_RECORDS)
+        # A full window: more plans wait; read them at the next turn of the loop (after the data path and the
+        # consumer's poll: a burst of late registrations must not hold the loop past max.poll.interval).
+        self.next_plans_poll = now if len(msgs) >= PLAN_WINDOW_RECORDS else now + WINDOW_POLL_SECONDS
+        self._apply_plans(msgs)
 
     def poll_plans(self, timeout: float) -> None:
         self._apply_plans(self.plans.consume(500, timeout))

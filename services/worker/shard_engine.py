@@ -187,6 +187,21 @@ class WorkerEngine(Engine):
                 out.append((name, d_diff, row))
         return out
 
+    def targets(self, names: Iterable[str]) -> tuple[list[str], set]:
+        """``names`` prepared for :meth:`apply_to_targets`: their operator queries, and their BGP queries isolated
+        (``Engine.isolate``).  Valid until the next ``apply``."""
+        operators = sorted(name for name in names if name in self.operators)
+        return operators, self.isolate(sorted(name for name in names if name not in self.operators))
+
+    def apply_to_targets(self, targets: tuple[list[str], set], diff: int, s: int, p: int, o: int,
+                         g: int = DEFAULT_GRAPH_ID, role: int = ROLE_BOTH) -> list:
+        """``apply_to`` for each of ``targets``, a change dispatched once for all their BGP queries."""
+        operators, owners = targets
+        out = self.apply_to_set(owners, diff, s, p, o, g, role) if owners else []
+        for name in operators:
+            out += [(name, d_diff, row) for d_diff, row in self.operators[name].apply(diff, s, p, o, g, role)]
+        return out
+
     def apply_to(self, name: str, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
                  role: int = ROLE_BOTH) -> list:
         op = self.operators.get(name)
@@ -217,13 +232,11 @@ class WorkerEngine(Engine):
             for diff, row in self.initial_rows.get(name, ()):
                 net[name][row] += diff
         self.initial_rows.clear()  # every operator query registered so far is replayed now
-        targets = sorted(collect)
+        targets = self.targets(collect) if only else None
         for _seq, diff, s, p, o, g, _time, role, _refresh in changes:
-            if only:
-                out: list = []
-                for name in targets:
-                    # Engine.register(initial=...) only inserts and ignores roles; a replay needs both.
-                    out.extend(self.apply_to(name, diff, s, p, o, g, role))
+            if targets is not None:
+                # Engine.register(initial=...) only inserts and ignores roles; a replay needs both.
+                out = self.apply_to_targets(targets, diff, s, p, o, g, role)
             else:
                 out = self.apply(diff, s, p, o, g, role)
             for name, delta_diff, row in out:
