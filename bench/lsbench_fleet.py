@@ -111,6 +111,24 @@ def total(page: dict[str, float], metric: str) -> float:
     return sum(v for k, v in page.items() if k == metric or k.startswith(metric + "{"))
 
 
+def wait_for_answers(answers_url: str, expected: int, t0: float, stall: float, timeout: float) -> tuple[float | None, float]:
+    """Until the answers service's emitted counter equals ``expected`` and stays there 3 s (or stops moving short
+    of it for ``stall`` s, or ``timeout`` s passed since ``t0``): (the time it first equalled it or None, the count)."""
+    t_done, emitted, moved_at, last = None, 0.0, time.time(), -1.0
+    while True:
+        emitted = total(metrics(answers_url), "cbgp_deltas_emitted_total")
+        now = time.time()
+        if emitted != last:
+            moved_at, last = now, emitted
+            if emitted == expected:
+                t_done = now
+        if t_done is not None and emitted == expected and now - moved_at >= 3.0:
+            return t_done, emitted
+        if emitted > expected or now - moved_at > stall or now - t0 > timeout:
+            return (t_done if emitted == expected else None), emitted
+        time.sleep(0.2)
+
+
 def patch_lines(updates: list[lsbench.UpdateRow]) -> list[str]:
     return [f"{'A' if sign > 0 else 'D'} {s} {p} {o} ." for sign, s, p, o in updates]
 
@@ -258,20 +276,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
         publish_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         if pub.returncode != 0:
             raise RuntimeError(f"cbgp publish failed ({pub.returncode}): {pub.stderr[-1000:]}")
-        # until the emitted counter equals the expected count and stays there (or stops moving short of it)
-        t_done, emitted, moved_at, last = None, 0.0, time.time(), -1.0
-        while True:
-            emitted = total(metrics(answers_url), "cbgp_deltas_emitted_total")
-            now = time.time()
-            if emitted != last:
-                moved_at, last = now, emitted
-                if emitted == expected:
-                    t_done = now
-            if t_done is not None and emitted == expected and now - moved_at >= 3.0:
-                break
-            if emitted > expected or now - moved_at > args.stall or now - t0 > args.timeout:
-                break
-            time.sleep(0.2)
+        t_done, emitted = wait_for_answers(answers_url, expected, t0, args.stall, args.timeout)
         per_cpu = cpu.stop()  # (includes the 3 s of confirmation, idle by then)
         states = {}
         for name, url in fleet["metrics"].items():

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import lsbench  # noqa: E402
-from lsbench_fleet import CBGP, ROOT, CpuTracker, expected_counts, metrics, start_fleet, stop_fleet, total  # noqa: E402
+from lsbench_fleet import CBGP, ROOT, CpuTracker, expected_counts, start_fleet, stop_fleet, wait_for_answers  # noqa: E402
 from many_queries import PREFIXES, make_queries, write_updates  # noqa: E402
 from idle_bench import _group, _service_of  # noqa: E402
 from confluent_kafka import TopicPartition  # noqa: E402
@@ -121,19 +121,7 @@ def run_one(n: int, queries: list[tuple[str, str]], patch: Path, n_updates: int,
                               fleet["broker"]], cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
         if pub.returncode != 0:
             raise RuntimeError(f"cbgp publish failed ({pub.returncode}): {pub.stderr[-1000:]}")
-        t_done, emitted, moved_at, last = None, 0.0, time.time(), -1.0
-        while True:
-            emitted = total(metrics(answers_url), "cbgp_deltas_emitted_total")
-            now = time.time()
-            if emitted != last:
-                moved_at, last = now, emitted
-                if emitted == expected:
-                    t_done = now
-            if t_done is not None and emitted == expected and now - moved_at >= 3.0:
-                break
-            if emitted > expected or now - moved_at > args.stall or now - t0 > args.timeout:
-                break
-            time.sleep(0.2)
+        t_done, emitted = wait_for_answers(answers_url, expected, t0, args.stall, args.timeout)
         per_cpu = cpu.stop()
         memory = memory_mb(proc.pid)
     finally:
