@@ -134,7 +134,7 @@ class RegistryService:
 
         Each command is decided against the set the ones before it left; their plans are published together and
         acknowledged once (a registration is a broker round trip, not three).  If the broker does not take them,
-        the set goes back to what it was and the error is raised: faust commits none of the batch's offsets."""
+        the set goes back to what it was and the error is raised: the agent handles the batch again."""
         before = self.registry.snapshot()
         ends: list[int] = []  # updates.encoded's end, read once per batch: every command of it is registered there
         seqs: dict[int, int] = {}
@@ -190,7 +190,7 @@ class RegistryService:
         try:
             return self.registry.decide(command, encoded_end, change_seq_before)
         except KafkaException as exc:
-            # The broker, not the command: raise so faust does not commit this admin offset; it is replayed.
+            # The broker, not the command: raise, and the agent handles the batch again (build_app).
             raise RuntimeError(f"admin offset {offset}: broker unavailable: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - an unexpected bug must answer the user, not kill the service
             log.exception("admin offset %d: internal error", offset)
@@ -216,11 +216,14 @@ class RegistryService:
     def reply(self, decisions: list[Decision]) -> None:
         """Step 3 of :meth:`handle`, called once the web views show the decisions: ACCEPTED always means "the
         plan is on queries.plans and the web view lists it"."""
-        for decision in decisions[:-1]:
-            self.producer.produce(self.settings.topic("queries.status"), encode("QueryStatus", decision.status))
+        errors: list[KafkaError] = []
+        topic = self.settings.topic("queries.status")
+        for decision in decisions:
+            self.producer.produce(topic, encode("QueryStatus", decision.status),
+                                  on_delivery=lambda err, _msg: errors.append(err) if err else None)
             UPDATES_OUT.labels(SERVICE).inc()
-        if decisions:
-            self._send(self.settings.topic("queries.status"), encode("QueryStatus", decisions[-1].status))
+        if self.producer.flush(30) or errors:
+            raise RuntimeError(f"cannot publish to {topic}: {errors[0] if errors else 'not acknowledged in 30s'}")
 
     def _reject_record(self, value: bytes, partition: int, offset: int, reason: str) -> None:
         message = f"undecodable admin record at offset {offset}: {reason}"
