@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import logging
 import sys
 import time
@@ -85,6 +86,8 @@ def print_deadletters(settings: KafkaSettings, start: int = 1, *, follow: bool =
             out.flush()
             printed += 1
         return printed
+    except KeyboardInterrupt:
+        _exit_now(out)
     finally:
         consumer.close()
 
@@ -98,6 +101,14 @@ def answer_json(record: dict[str, Any]) -> dict[str, Any]:
     answer number ``n`` within the registration ``version``."""
     return {"query": record["query_id"], "version": record["version"], "n": record["n"], "seq": record["seq"],
             "sign": record["sign"], "binding": _binding_json(record["binding"]), "snapshot": record["snapshot"]}
+
+
+def _exit_now(out: TextIO) -> None:
+    """Ctrl-C ends a live follower at once: it has nothing to commit, and closing its consumer has hung (on the
+    embedded broker under load) after the user asked to stop."""
+    out.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, count: int | None = None,
@@ -163,6 +174,8 @@ def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, c
             printed += 1
             expected = n + 1
         return printed
+    except KeyboardInterrupt:
+        _exit_now(out)
     finally:
         consumer.close()
 
