@@ -345,18 +345,17 @@ def build_app(service: RegistryService, *, web_port: int, web_host: str, state_d
         web_enabled=True, web_port=web_port, web_host=web_host, web_bind=web_host,
         datadir=str(datadir),
         producer_acks=-1,
-        # faust stops fetching a partition whose stream buffer is 80% full and resumes it once drained; under the
-        # whole fleet a burst of 10,000 registrations stalled the admin topic for good after ~4,000 (the resume
-        # never came; alone the registry kept up and the buffer never filled).  Commands are small: let them wait
-        # here.
+        # faust stops fetching a partition whose stream buffer is 80% full and should resume it once drained; under
+        # a loaded fleet and a burst of registrations that resume can fail to come.  Commands are small: let them
+        # wait here.
         stream_buffer_maxsize=ADMIN_BUFFER,
     )
     admin = app.topic(settings.topic("admin"), partitions=1, key_type=bytes, value_type=bytes,
                       key_serializer="raw", value_serializer="raw", internal=False)
     # What the web views show: the registrations whose plans are durable (filled from the set restored from
     # queries.plans, then each decision once its plans are acknowledged).  Not a faust Table: its changelog
-    # repeated queries.plans, one more write per registration, and faust's producer stalled on it for good
-    # under thousands of registrations at once.
+    # would repeat queries.plans, one more write per registration, and faust's producer can stall on it under
+    # thousands of registrations at once.
     table: dict[str, dict[str, Any]] = {}
 
     def mirror(decision: Decision) -> None:
