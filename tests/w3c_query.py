@@ -34,7 +34,7 @@ MF = Namespace("http://www.w3.org/2001/sw/DataAccess/tests/test-manifest#")
 QT = Namespace("http://www.w3.org/2001/sw/DataAccess/tests/test-query#")
 RS = Namespace("http://www.w3.org/2001/sw/DataAccess/tests/result-set#")
 RDF = Namespace("http://www.w3.org/1999/02/22-rdf-syntax-ns#")
-SUITES = ["aggregates", "bind", "bindings", "construct", "exists", "functions", "grouping", "negation",
+SUITES = ["aggregates", "bind", "bindings", "construct", "exists", "functions", "grouping", "negation", "property-path",
           "project-expression", "subquery"] + [f"sparql10/{d}" for d in (
               "algebra", "ask", "basic", "bnode-coreference", "boolean-effective-value", "bound", "cast",
               "construct", "distinct", "expr-builtin", "expr-equals", "expr-ops", "graph", "i18n", "open-world",
@@ -90,7 +90,7 @@ def _load(path: Path) -> Graph:
     return graph
 
 
-def _quads(case: Case) -> list[tuple[str, str, str, str | None]]:
+def case_quads(case: Case) -> list[tuple[str, str, str, str | None]]:
     quads = []
     for path in case.data:
         quads.extend((from_rdflib(s), from_rdflib(p), from_rdflib(o), None) for s, p, o in _load(path))
@@ -151,7 +151,7 @@ def _run_case(case: Case, seed: int) -> Outcome:
         return Outcome(case, "out-of-scope", "no readable result file")
     try:
         kind, wanted = expected(case)
-        quads = _quads(case)
+        quads = case_quads(case)
     except Exception as exc:  # noqa: BLE001 - a file rdflib cannot read is out of our scope
         return Outcome(case, "out-of-scope", f"cannot read the test files: {exc}")
     engine = ContinuousEngine()

@@ -24,11 +24,12 @@ from typing import Any
 from cbgp.algebra.aggregates import Aggregate
 from cbgp.algebra.forms import Ask, Construct, TopK
 from cbgp.algebra.leaf import PatternLeaf
+from cbgp.algebra.paths import Closure, ZeroLength
 from cbgp.algebra.operators import (Constant, Distinct, Extend, Filter, Join, Leaf, LeftJoin, Minus, Operator,
                                     Project, Union)
 from cbgp.algebra.expressions import Terms, expression_variables, strict_comparisons
 from cbgp.query.sparql import (check_text, BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, check_prefixes,
-                         find_keyword, translate_in_source_order, parse_query)
+                         find_keyword, find_negated_inverse, translate_in_source_order, parse_query)
 from cbgp.terms import TermError, from_rdflib
 
 _NONDETERMINISTIC = {"Builtin_RAND": "RAND()", "Builtin_NOW": "NOW()", "Builtin_UUID": "UUID()",
@@ -204,6 +205,7 @@ class Builder:
         self.pattern_leaves: list[PatternLeaf] = []
         self.columns: tuple[str, ...] = ()
         self._graph_vars: list[str] = []  # a subquery's own graph variable, projected with it (see _ToMultiSet)
+        self._fresh_count = 0
 
     # -- roots --
 
@@ -268,13 +270,19 @@ class Builder:
                           why="its value changes between evaluations, so its answers could not be retracted")
 
     def _BGP(self, node: Any, graph: Any) -> Operator:  # noqa: N802
-        from rdflib import BNode, Literal, URIRef, Variable
         from rdflib.paths import Path
 
         triples = []
         for triple in _opt(node, "triples"):
             if triple not in triples:
                 triples.append(triple)
+        if any(isinstance(p, Path) for _s, p, _o in triples):
+            return self._path_bgp(triples, graph)
+        return self._bgp(triples, graph)
+
+    def _bgp(self, triples: list, graph: Any) -> Operator:
+        from rdflib import BNode, Literal, URIRef, Variable
+
         if not triples:
             return Constant((), [()])
         variables: list[str] = []
@@ -288,12 +296,6 @@ class Builder:
 
         predicate_var = False
         for s, p, o in triples:
-            if isinstance(p, Path):
-                from cbgp.query.sparql import find_path_operator
-
-                line, column = find_path_operator(self.text)
-                raise QueryError("property paths are not supported: use a single IRI or a variable as predicate",
-                                 line, column)
             if isinstance(s, Literal):
                 # A literal subject never matches: the BGP has no solutions.
                 names = sorted({v for t in triples for x in t if (v := var(x)) and not v.startswith("_:")})
@@ -314,17 +316,8 @@ class Builder:
         if predicate_var:
             patterns = []
             for triple in triples:
-                spec = []
-                for term in triple:
-                    v = var(term)
-                    spec.append(("var", v) if v is not None else ("term", self.terms.dictionary.encode(self._term(term))))
-                if graph is None:
-                    spec.append(("default", None))
-                elif graph_var is not None:
-                    spec.append(("named", str(graph_var)))
-                else:
-                    spec.append(("term", self.terms.dictionary.encode(self._term(graph))))
-                patterns.append(tuple(spec))
+                spec = [("var", v) if (v := var(term)) is not None else self._end(term) for term in triple]
+                patterns.append((*spec, self._graph_spec(graph)))
             leaf = PatternLeaf(schema, patterns, label)
             self.pattern_leaves.append(leaf)
             return leaf
@@ -340,6 +333,137 @@ class Builder:
         query = ParsedQuery(self.text, patterns, schema, False, False, tuple("?" + v for v in variables))
         leaf = Leaf(schema, label)
         self.engine_leaves.append(EngineLeaf(leaf, query))
+        return leaf
+
+    def _end(self, term: Any) -> tuple:
+        """A pattern position of an operator-layer leaf: ``("var", name)`` or ``("term", id)``."""
+        from rdflib import Variable
+
+        if isinstance(term, Variable):
+            return ("var", str(term))
+        return ("term", self.terms.dictionary.encode(self._term(term)))
+
+    def _graph_spec(self, graph: Any) -> tuple:
+        from rdflib import Variable
+
+        if graph is None:
+            return ("default", None)
+        return ("named", str(graph)) if isinstance(graph, Variable) else self._end(graph)
+
+    # -- property paths (the recursive ones: cbgp.algebra.paths) --
+
+    def _fresh(self) -> Any:
+        """A variable of our own (a step between two path elements), named apart from the query's."""
+        from rdflib import Variable
+
+        while True:
+            self._fresh_count += 1
+            name = f"_path{self._fresh_count}"
+            if name not in self.text:
+                return Variable(name)
+
+    def _path_bgp(self, triples: list, graph: Any) -> Operator:
+        """A BGP with property paths: sequences and inverses become triples over fresh variables, every other
+        path an operator joined to them (``_path``), and the fresh variables are projected away.  Blank nodes
+        become fresh variables too, so the join sees them."""
+        from rdflib import BNode
+
+        hidden: set[str] = set()
+
+        def fresh() -> Any:
+            variable = self._fresh()
+            hidden.add(str(variable))
+            return variable
+
+        blanks: dict = {}
+
+        def unblank(term: Any) -> Any:
+            return blanks.setdefault(term, fresh()) if isinstance(term, BNode) and term not in blanks else \
+                blanks.get(term, term)
+
+        plain: list = []
+        paths: list = []
+        for s, p, o in triples:
+            self._expand(unblank(s), p, unblank(o), plain, paths, fresh)
+        ops = [self._bgp(plain, graph)] if plain else []
+        ops.extend(self._path(s, p, o, graph) for s, p, o in paths)
+        op = ops[0]
+        for other in ops[1:]:
+            op = Join(op, other)
+        if hidden & set(op.schema):
+            op = Project(op, [v for v in op.schema if v not in hidden])
+        return op
+
+    def _expand(self, s: Any, p: Any, o: Any, plain: list, paths: list, fresh: Any) -> None:
+        """Sequence and inverse rewritten into triples (SPARQL's translation: a sequence is a join, so it keeps
+        duplicates); any other path kept whole."""
+        from rdflib.paths import InvPath, Path, SequencePath
+
+        if isinstance(p, InvPath):
+            self._expand(o, p.arg, s, plain, paths, fresh)
+        elif isinstance(p, SequencePath):
+            ends = [s, *(fresh() for _ in p.args[1:]), o]
+            for index, step in enumerate(p.args):
+                self._expand(ends[index], step, ends[index + 1], plain, paths, fresh)
+        elif isinstance(p, Path):
+            paths.append((s, p, o))
+        else:
+            plain.append((s, p, o))
+
+    def _path(self, s: Any, path: Any, o: Any, graph: Any) -> Operator:
+        """An alternative, negated property set or ``?``/``*``/``+`` path between ``s`` and ``o``: a set of
+        pairs, as pyoxigraph answers (a negated set of one direction: one answer per triple)."""
+        from rdflib import URIRef, Variable
+        from rdflib.paths import AlternativePath, MulPath, NegatedPath
+
+        self._check_negated(path)
+        label = f"{self._show(s)} {path.n3()} {self._show(o)}"
+        if isinstance(path, AlternativePath):
+            op = self._path_bgp([(s, path.args[0], o)], graph)
+            for arg in path.args[1:]:
+                op = Union(op, self._path_bgp([(s, arg, o)], graph))
+            return Distinct(op)
+        if isinstance(path, NegatedPath):
+            excluded = frozenset(self.terms.dictionary.encode(self._term(arg)) for arg in path.args)
+            names = {str(t) for t in (s, o) if isinstance(t, Variable)}
+            if isinstance(graph, Variable):
+                names.add(str(graph))
+            leaf = PatternLeaf(tuple(sorted(names)), [(self._end(s), ("not", excluded), self._end(o),
+                                                       self._graph_spec(graph))], "BGP " + label)
+            self.pattern_leaves.append(leaf)
+            return leaf
+        if not isinstance(path, MulPath):
+            raise _reject(self.text, f"the property path {path.n3()}", "(")
+        graph_var = str(graph) if isinstance(graph, Variable) else None
+        if path.mod == "?":
+            return Distinct(Union(self._zero_length(s, o, graph, label), self._path_bgp([(s, path.path, o)], graph)))
+        start, end = self._fresh(), self._fresh()
+        step = self._path_bgp([(start, path.path, end)], graph)
+        closure = Closure(step, str(start), str(end), self._end(s), self._end(o), graph_var, label)
+        if path.mod == "+":
+            return closure
+        return Distinct(Union(self._zero_length(s, o, graph, label), closure))
+
+    def _check_negated(self, path: Any) -> None:
+        from rdflib import URIRef
+        from rdflib.paths import NegatedPath
+
+        if isinstance(path, NegatedPath) and not all(isinstance(arg, URIRef) for arg in path.args):
+            line, column = find_negated_inverse(self.text)
+            raise QueryError("an inverse IRI inside a negated property set (!^iri) is not supported: rdflib's "
+                             "parser drops its IRI; write ^!iri, or !iri|^!iri for both directions", line, column)
+        for inner in [*getattr(path, "args", ()), getattr(path, "arg", None), getattr(path, "path", None)]:
+            if inner is not None and not isinstance(inner, URIRef):
+                self._check_negated(inner)
+
+    def _zero_length(self, s: Any, o: Any, graph: Any, label: str) -> Operator:
+        from rdflib import Variable
+
+        names = {str(t) for t in (s, o) if isinstance(t, Variable)}
+        if isinstance(graph, Variable):
+            names.add(str(graph))
+        leaf = ZeroLength(tuple(sorted(names)), self._end(s), self._end(o), self._graph_spec(graph), label)
+        self.pattern_leaves.append(leaf)
         return leaf
 
     @staticmethod

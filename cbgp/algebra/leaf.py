@@ -17,7 +17,8 @@ from cbgp.terms import DEFAULT_GRAPH_ID
 
 Quad = tuple[int, int, int, int]
 # A pattern position: ("var", name) or ("term", id); the graph position may also be ("default",) or
-# ("named", var) for GRAPH ?g (any named graph).
+# ("named", var) for GRAPH ?g (any named graph); the predicate position may be ("not", frozenset of ids), a
+# negated property set.
 
 
 class PatternLeaf(Leaf):
@@ -37,6 +38,9 @@ class PatternLeaf(Leaf):
         for (kind, value), term in zip(pattern, quad):
             if kind == "term":
                 if term != value:
+                    return None
+            elif kind == "not":
+                if term in value:
                     return None
             elif kind == "default":
                 if term != DEFAULT_GRAPH_ID:
@@ -59,6 +63,8 @@ class PatternLeaf(Leaf):
     def candidates(self, pattern: tuple, binding: dict):  # noqa: ANN201
         best = None
         for (kind, value), table in zip(pattern[:3], (self.by_s, self.by_p, self.by_o)):
+            if kind == "not":
+                continue
             term = value if kind == "term" else binding.get(value)
             if term is not None:
                 found = table.get(term, set())

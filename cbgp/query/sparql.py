@@ -130,6 +130,25 @@ def find_path_operator(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
+def find_negated_inverse(text: str) -> tuple[int | None, int | None]:
+    """Position of the first ``^`` inside a negated property set (``!^iri``, ``!( ... ^iri ... )``)."""
+    tokens = sparql_tokens(text)
+    for index, (kind, value, _offset) in enumerate(tokens):
+        if kind != "punct" or value != "!":
+            continue
+        inside = tokens[index + 1:index + 2]
+        if inside and inside[0][1] == "(":
+            inside = []
+            for token in tokens[index + 2:]:
+                if token[1] == ")":
+                    break
+                inside.append(token)
+        for _kind, found, offset in inside:
+            if found == "^":
+                return line_col(text, offset)
+    return None, None
+
+
 def _find_variable(text: str, name: str) -> tuple[int | None, int | None]:
     in_where = False
     for kind, value, offset in sparql_tokens(text):

@@ -369,7 +369,7 @@ def test_hostile_inputs_are_reported_services_keep_running_and_good_input_is_ans
         # hostile admin input: unknown / invalid / out-of-scope / undecodable commands
         command("UNREGISTER", "nope", None, "r-unknown-query")
         command("REGISTER", "bad", "SELECT ?x WHERE { ?x <p> ", "r-invalid")
-        command("REGISTER", "scope", f"SELECT ?x WHERE {{ ?x <{EX}p>+ ?y }}", "r-out-of-scope")  # a property path
+        command("REGISTER", "scope", f"SELECT ?x WHERE {{ ?x !(^<{EX}p>) ?y }}", "r-out-of-scope")  # an inverse in a negated set
         command("REGISTER", "bad id!", names, "r-bad-id")
         produce_sync(producer, admin, b"\xc3\x01garbage-admin")
         produce_sync(producer, admin, b"REGISTER q SELECT *")
@@ -406,7 +406,7 @@ def test_hostile_inputs_are_reported_services_keep_running_and_good_input_is_ans
         assert statuses["r-unknown-query"]["status"] == "REJECTED"
         assert statuses["r-invalid"]["status"] == "REJECTED" and "syntax" in statuses["r-invalid"]["message"].lower()
         assert statuses["r-out-of-scope"]["status"] == "REJECTED" \
-            and "property paths" in statuses["r-out-of-scope"]["message"]
+            and "negated property set" in statuses["r-out-of-scope"]["message"]
         assert statuses["r-out-of-scope"]["line"] == 1 and statuses["r-out-of-scope"]["column"]
         assert statuses["r-bad-id"]["status"] == "REJECTED"
         errors = [s for s in all_statuses if s["status"] == "ERROR"]  # request_id None: not in ``statuses``
