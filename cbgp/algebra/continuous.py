@@ -16,10 +16,12 @@ other queries get an `OperatorQuery`.
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse
-from cbgp.algebra.operators import MEMO_LIMIT, Delta, add, remapper
+from cbgp.algebra.operators import MEMO_LIMIT, Constant, Delta, add, remapper
+from cbgp.algebra.paths import PathLimitError
 from cbgp.algebra.expressions import Terms, expression_variables
 from cbgp.engine.engine import Engine, EngineError
 from cbgp.query.plan import Plan
@@ -27,11 +29,17 @@ from cbgp.query.sparql import ParsedQuery
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
 Delta3 = tuple[str, int, tuple]
+log = logging.getLogger(__name__)
 
 
 class OperatorTree:
     """A query's operators above its BGP leaves, fed with the leaves' deltas: by :class:`OperatorQuery`'s
-    private engine, or (``cbgp.algebra.by_centre``) by leaves evaluated elsewhere and released in seq order."""
+    private engine, or (``cbgp.algebra.by_centre``) by leaves evaluated elsewhere and released in seq order.
+
+    A query whose state would pass a bound (a property path's closure: ``PathLimitError``) stops: ``failed``
+    says why, it answers nothing more and its state is dropped, and every other query goes on."""
+
+    failed: str | None = None
 
     def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
         self.spec = spec
@@ -56,10 +64,23 @@ class OperatorTree:
     def push(self, leaves: list, batches: dict[int, Delta]) -> list[tuple[int, tuple]]:
         """One change's net deltas of some leaves (leaf number -> rows in the leaf's schema), in leaf order:
         the query's answer deltas (``-`` rows first)."""
-        for number in sorted(batches):
-            if batches[number]:
-                leaves[number].push(batches[number])
+        if self.failed is not None:
+            return []
+        try:
+            for number in sorted(batches):
+                if batches[number]:
+                    leaves[number].push(batches[number])
+        except PathLimitError as error:
+            self.stop(str(error))
+            return []
         return self._drain() if self.pending else []
+
+    def stop(self, reason: str) -> None:
+        """Stop answering (see the class): the reason is logged once and kept in ``failed``."""
+        self.failed = reason
+        self.pending = {}
+        self.root = Constant(self.root.schema, [])
+        log.error("event=query_stopped reason=%r", reason)
 
     def _drain(self) -> list[tuple[int, tuple]]:
         pending, self.pending = self.pending, {}
@@ -167,6 +188,17 @@ class OperatorQuery(OperatorTree):
     # -- changes --
 
     def apply(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[tuple[int, tuple]]:
+        if self.failed is not None:
+            return []
+        try:
+            return self._apply(diff, s, p, o, g)
+        except PathLimitError as error:
+            self.stop(str(error))
+            self.engine = Engine(self.engine.dictionary)
+            self.leaves, self.pattern_leaves = {}, []
+            return []
+
+    def _apply(self, diff: int, s: int, p: int, o: int, g: int) -> list[tuple[int, tuple]]:
         if self.leaves:
             if self.gate is not None and not self.gate.passes(s, p, o, g):
                 self.gated += 1
@@ -200,8 +232,11 @@ class OperatorQuery(OperatorTree):
         return self.engine.state_bytes() + 64 * sum(op.entries() for op in self.root.walk())
 
     def explain(self) -> str:
+        if self.failed is not None:
+            return f"{self.form} query stopped: {self.failed}"
         lines = [f"{self.form} query evaluated by operators over {len(self.leaves)} engine BGP(s)"
-                 f" and {len(self.pattern_leaves)} variable-predicate BGP(s):"]
+                 f" and {len(self.pattern_leaves)} leaf(s) fed every change (variable predicate, negated property"
+                 f" set, zero-length path):"]
         lines.extend("  " + line for line in self.root.explain())
         return "\n".join(lines)
 
@@ -235,6 +270,9 @@ class ContinuousEngine:
         source = initial if initial is not None else (self.engine.graph or ())
         for s, p, o, g in list(source):
             out.extend((name, diff, row) for diff, row in op.apply(1, s, p, o, g))
+        if op.failed is not None:  # refused at registration: its state over the graph is over a bound
+            self.unregister(name)
+            raise EngineError(op.failed)
         return _consolidate(out)
 
     def unregister(self, name: str) -> None:

@@ -867,3 +867,37 @@ def test_a_plan_carrying_its_change_seq_spares_the_worker_reading_the_log_next_t
     older = {key: value for key, value in plan.items() if key != "registered_at_change_seq"}
     core.on_plan(0, 1, b"q", codec.encode("QueryPlan", {**older, "version": 2}), [])
     assert core.registration_seq(core.plans["q"]) == 0 and reads  # (read in the log: here, no change there)
+
+
+# Property paths: a sequence, an alternative and an inverse are BGPs, unions and DISTINCT over leaves placed by
+# centre; a `+` closure runs in the answers service over its step's leaf (by centre); `*`, `?` and negated
+# property sets read every node or every predicate, so they are single-owner.
+PATH_QUERIES = {
+    "reach": f"SELECT * WHERE {{ <{EX}s0> {K}+ ?y }}",
+    "reached": f"SELECT * WHERE {{ ?x ({K}|{L})+ <{EX}s1> }}",
+    "closure": f"SELECT ?x ?y WHERE {{ ?x {K}+ ?y }}",
+    "closure_joined": f"SELECT * WHERE {{ ?x {K}+ ?y . ?y {T} ?t }}",
+    "sequence": f"SELECT * WHERE {{ ?x {K}/{K}/{L} ?y }}",
+    "alternative": f"SELECT * WHERE {{ ?x {K}|^{L} ?y }}",
+    "star": f"SELECT * WHERE {{ <{EX}s2> {K}* ?y }}",
+    "negated": f"SELECT * WHERE {{ ?x !({K}|{T}) ?y }}",
+}
+PATHS_BY_CENTRE = {"reach", "reached", "closure", "closure_joined", "sequence", "alternative"}
+
+
+def test_path_queries_are_placed_by_centre_unless_they_read_every_node() -> None:
+    from cbgp.algebra import analyse
+    from services.registry.core import operator_placement
+
+    for name, text in PATH_QUERIES.items():
+        placement = operator_placement(analyse(text))
+        assert placement == (BY_CENTRE if name in PATHS_BY_CENTRE else SINGLE_OWNER), name
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_path_queries_in_the_fleet_equal_one_engine(seed: int) -> None:
+    """Property paths placed by centre over 1-4 routed partitions, registered before the stream or halfway, with
+    workers and the answers service crashing and restoring from checkpoints: per update one engine's deltas.
+    (The single-owner ones run in the fleet tests: this simulation holds routed shards only.)"""
+    check_seeded_run(generate_patch(300, seed=seed, subjects=6),
+                     {name: PATH_QUERIES[name] for name in sorted(PATHS_BY_CENTRE)}, seed)

@@ -1,0 +1,62 @@
+"""Property paths: how they are rewritten and where their closure lives (explain), what an anchored closure keeps,
+and the bound on a closure's pairs (a query over it stops, alone, with one line; at registration it is refused)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cbgp.algebra import ContinuousEngine
+from cbgp.engine.engine import EngineError
+
+EX = "http://ex.org/"
+P = f"PREFIX : <{EX}> "
+
+
+def chain(engine: ContinuousEngine, n: int, start: int = 0) -> list:
+    out = []
+    for i in range(start, start + n):
+        out += engine.apply_terms(1, f"<{EX}n{i}>", f"<{EX}next>", f"<{EX}n{i + 1}>")
+    return out
+
+
+def test_explain_shows_the_rewriting_and_the_closure():
+    engine = ContinuousEngine()
+    engine.register("q", P + "SELECT * WHERE { :n0 (:next/^:prev)+ ?y . ?y :p|:q ?z }")
+    text = engine.explain("q")
+    assert "Closure <http://ex.org/n0> (<http://ex.org/next>/^<http://ex.org/prev>)+ ?y, anchored at the subject" \
+        in text
+    assert "BGP ?_path1 <http://ex.org/next> ?_path3 . ?_path2 <http://ex.org/prev> ?_path3" in text
+    assert "Distinct" in text and "Union" in text
+
+
+def test_an_anchored_closure_keeps_what_its_anchor_reaches_only():
+    engine = ContinuousEngine()
+    engine.register("from_n5", P + "SELECT * WHERE { :n5 :next+ ?y }")
+    engine.register("to_n3", P + "SELECT * WHERE { ?x :next+ :n3 }")
+    chain(engine, 10)  # n0 -> n1 -> ... -> n10
+    closures = {name: [op for op in engine.operator_queries[name].root.walk() if op.name == "Closure"][0]
+                for name in ("from_n5", "to_n3")}
+    assert closures["from_n5"].entries() == 5 and closures["to_n3"].entries() == 3
+    deltas = engine.apply_terms(-1, f"<{EX}n6>", f"<{EX}next>", f"<{EX}n7>")  # cuts the path after n6
+    assert sorted(engine.decode_row(n, row)["y"] for n, sign, row in deltas if sign < 0) == \
+        [f"<{EX}n{i}>" for i in (10, 7, 8, 9)]
+    assert closures["from_n5"].entries() == 1
+
+
+def test_a_closure_over_its_bound_stops_its_query_alone(monkeypatch, caplog):
+    monkeypatch.setenv("CBGP_MAX_PATH_PAIRS", "20")
+    engine = ContinuousEngine(keep_graph=True)
+    engine.register("all", P + "SELECT * WHERE { ?x :next+ ?y }")
+    engine.register("anchored", P + "SELECT * WHERE { :n0 :next+ ?y }")
+    with caplog.at_level(logging.ERROR):
+        deltas = chain(engine, 8)  # 8 * 9 / 2 = 36 pairs for the unanchored closure
+    assert "the path ?x <http://ex.org/next>+ ?y would hold more than 20 pairs (CBGP_MAX_PATH_PAIRS)" in caplog.text
+    assert engine.explain("all").startswith("SELECT query stopped: the path")
+    assert engine.state_entries("all") == 0
+    assert sum(1 for name, _sign, _row in deltas if name == "anchored") == 8
+    assert not [d for d in chain(engine, 2, start=8) if d[0] == "all"]  # it answers nothing more
+    with pytest.raises(EngineError, match="would hold more than 20 pairs"):  # over the bound at registration
+        engine.register("late", P + "SELECT * WHERE { ?x :next* ?y }")
+    assert "late" not in engine.operator_queries
