@@ -413,7 +413,7 @@ class Builder:
     def _path(self, s: Any, path: Any, o: Any, graph: Any) -> Operator:
         """An alternative, negated property set or ``?``/``*``/``+`` path between ``s`` and ``o``: a set of
         pairs, as pyoxigraph answers (a negated set of one direction: one answer per triple)."""
-        from rdflib import URIRef, Variable
+        from rdflib import Variable
         from rdflib.paths import AlternativePath, MulPath, NegatedPath
 
         self._check_negated(path)
