@@ -6,11 +6,13 @@ property sets -- into BGPs, unions and DISTINCT, the operators the engine alread
 - `ZeroLength`: a leaf fed every change, answering (n, n) for every node n of the active graph (a subject or an
   object of one of its triples), as pyoxigraph does; a constant end only counts that term.
 - `Closure`: the set of pairs (x, y) joined by one or more steps of its child relation (the inner path, a
-  multiset of (start, end) pairs), kept exact under deletions and cycles by recomputing the reach of the sources
-  a removed step could cut (delete and re-derive, restricted to those sources) and extending the others by
-  breadth-first search.  A constant end anchors it: only that source's reach (or, at the object end, the reach
-  over reversed steps) is kept, so its state and work are what the anchor reaches.  With both ends variables
-  every source's reach is kept: quadratic in the worst case, and bounded by `CBGP_MAX_PATH_PAIRS`.
+  multiset of (start, end) pairs), kept exact under deletions and cycles by a spanning tree per source (as the
+  streaming regular-path-query work does): a new step grows the trees that hold its start by breadth-first
+  search; a removed step that is in no tree changes nothing, one that is cuts its subtree off, which is
+  re-attached through the other steps into it, and what is not re-attached is no longer reached.  A constant
+  end anchors it: only that source's tree (or, at the object end, the tree over reversed steps) is kept, so its
+  state and work are what the anchor reaches.  With both ends variables every source has a tree: quadratic in
+  the worst case, and bounded by `CBGP_MAX_PATH_PAIRS`.
 
 Semantics, cost and the bound: docs/semantics.md (property paths) and docs/design/internals.md.
 """
@@ -106,6 +108,25 @@ class ZeroLength(Leaf):
         return self.label + " (zero-length: the nodes of the graph, evaluated by the operator layer)"
 
 
+class _Tree:
+    """What one source reaches: a spanning tree (``parent`` of every reached node but the root, ``children``),
+    and whether the source reaches itself (``cyclic``: a step into it from the tree or from itself)."""
+
+    __slots__ = ("root", "parent", "children", "cyclic")
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.parent: dict[int, int] = {}
+        self.children: dict[int, set[int]] = {}
+        self.cyclic = False
+
+    def holds(self, node: int) -> bool:
+        return node == self.root or node in self.parent
+
+    def size(self) -> int:
+        return len(self.parent) + self.cyclic
+
+
 class Closure(Operator):
     """The pairs joined by one or more steps of the child relation (schema: ``step_start``, ``step_end`` and
     the graph variable, if any), bound to ``start`` and ``end`` (``("var", name)`` or ``("term", id)``)."""
@@ -124,7 +145,7 @@ class Closure(Operator):
         position = {v: i for i, v in enumerate(child.schema)}
         self.positions = (position[step_start], position[step_end],
                           position[graph_var] if graph_var is not None else None)
-        # Anchored at the subject: the reach of that term; at the object only: the reach over reversed steps.
+        # Anchored at the subject: the tree of that term; at the object only: the tree over reversed steps.
         if start[0] == "term":
             self.sources, self.reverse = frozenset([start[1]]), False
         elif end[0] == "term":
@@ -132,9 +153,12 @@ class Closure(Operator):
         else:
             self.sources, self.reverse = None, False  # every node with a step out of it
         self.max_pairs = limit(PAIRS_SETTING, DEFAULT_MAX_PATH_PAIRS)
-        self.steps: dict = {}  # context (graph id or None) -> node -> {next node: multiplicity}
-        self.reach: dict = {}  # context -> source -> set of nodes reached in one or more steps
-        self.reached_by: dict = {}  # context -> node -> sources that reach it
+        # per context (graph id or None): steps out of and into each node ({node: multiplicity}), the trees by
+        # source, and the sources whose tree holds each node (not as its root)
+        self.out: dict = {}
+        self.into: dict = {}
+        self.trees: dict = {}
+        self.held_by: dict = {}
         self.pairs = 0
 
     def mode(self) -> str:
@@ -154,16 +178,9 @@ class Closure(Operator):
             if self.reverse:
                 u, v = v, u
             context = row[i_graph] if i_graph is not None else None
-            steps = self.steps.setdefault(context, {})
-            out_of = steps.setdefault(u, {})
-            old = out_of.get(v, 0)
+            old = _bump(self.out.setdefault(context, {}), u, v, n)
+            _bump(self.into.setdefault(context, {}), v, u, n)
             new = old + n
-            if new:
-                out_of[v] = new
-            else:
-                del out_of[v]
-                if not out_of:
-                    del steps[u]
             if old <= 0 < new:
                 added.setdefault(context, []).append((u, v))
             elif new <= 0 < old:
@@ -173,69 +190,100 @@ class Closure(Operator):
             self._update(context, added.get(context, []), removed.get(context, []), out)
         self.emit(out)
 
-    def _sources_of(self, context: object, node: int) -> set:
-        """The sources whose reach a step out of ``node`` can change."""
-        found = set(self.reached_by.get(context, {}).get(node, ()))
-        if self.sources is None or node in self.sources:
+    def _holders(self, context: object, node: int) -> set:
+        """The sources whose tree holds ``node`` (as a reached node, or as the root)."""
+        found = set(self.held_by.get(context, {}).get(node, ()))
+        if node in self.trees.get(context, {}):
             found.add(node)
         return found
 
     def _update(self, context: object, added: list, removed: list, out: Delta) -> None:
-        cut: set = set()
-        for u, _v in removed:
-            cut |= self._sources_of(context, u)
-        grown: set = set()
+        """The steps all changed already: cut the trees the removed steps were in, then grow the trees that hold
+        a new step's start, then check which sources reach themselves."""
+        trees = self.trees.setdefault(context, {})
+        touched: set = set()
+        for u, v in removed:
+            for source in self._holders(context, u):
+                tree = trees[source]
+                touched.add(source)
+                if tree.parent.get(v) == u:
+                    self._cut(context, tree, v, out)
         for u, _v in added:
-            grown |= self._sources_of(context, u)
-        steps = self.steps.get(context, {})
-        for source in cut:  # delete and re-derive, for the sources a removed step could cut only
-            self._set_reach(context, source, self._search(steps, [source], set()), out)
-        for source in grown - cut:
-            reach = self.reach.get(context, {}).get(source, set())
-            frontier = [v for u, v in added if (u == source or u in reach) and v not in reach]
-            if frontier:
-                self._set_reach(context, source, self._search(steps, frontier, set(reach), seeded=True), out)
+            if self.sources is None or u in self.sources:
+                if u not in trees:
+                    trees[u] = _Tree(u)
+        for u, v in added:
+            for source in self._holders(context, u):
+                tree = trees[source]
+                touched.add(source)
+                if not tree.holds(v):
+                    self._grow(context, tree, [(u, v)], out)
+        into = self.into.get(context, {})
+        for source in touched:
+            tree = trees.get(source)
+            if tree is None:
+                continue
+            cyclic = any(tree.holds(w) for w in into.get(source, ()))
+            if cyclic != tree.cyclic:
+                self._count(1 if cyclic else -1)
+                tree.cyclic = cyclic
+                self._pair(context, source, source, 1 if cyclic else -1, out)
+            if not tree.parent and not tree.cyclic and not self.out.get(context, {}).get(source):
+                del trees[source]
 
-    @staticmethod
-    def _search(steps: dict, frontier: list, seen: set, seeded: bool = False) -> set:
-        """Breadth-first: ``seen`` plus every node one or more steps from ``frontier`` (``seeded``: the frontier
-        nodes are themselves reached)."""
-        if seeded:
-            frontier = [v for v in frontier if not (v in seen or seen.add(v))]
+    def _grow(self, context: object, tree: _Tree, steps: list, out: Delta) -> None:
+        """Attach each step's end (its start held) and breadth-first what it reaches."""
+        following = self.out.get(context, {})
+        frontier = []
+        for u, v in steps:
+            if tree.holds(u) and not tree.holds(v):
+                self._attach(context, tree, v, u, out)
+                frontier.append(v)
         while frontier:
-            following = []
+            reached = []
             for node in frontier:
-                for after in steps.get(node, ()):
-                    if after not in seen:
-                        seen.add(after)
-                        following.append(after)
-            frontier = following
-        return seen
+                for after in following.get(node, ()):
+                    if not tree.holds(after):
+                        self._attach(context, tree, after, node, out)
+                        reached.append(after)
+            frontier = reached
 
-    def _set_reach(self, context: object, source: int, reach: set, out: Delta) -> None:
-        reaches = self.reach.setdefault(context, {})
-        old = reaches.get(source, set())
-        if reach == old:
-            return
-        reached_by = self.reached_by.setdefault(context, {})
-        growth = len(reach) - len(old)
+    def _cut(self, context: object, tree: _Tree, top: int, out: Delta) -> None:
+        """The step into ``top`` from its parent is gone: detach its subtree, re-attach what another step into
+        it from the rest of the tree still reaches, and retract the others."""
+        cut = [top]
+        for node in cut:
+            cut.extend(tree.children.get(node, ()))
+        detached = set(cut)
+        siblings = tree.children.get(tree.parent[top])
+        siblings.discard(top)
+        if not siblings:
+            del tree.children[tree.parent[top]]
+        for node in cut:
+            del tree.parent[node]
+            tree.children.pop(node, None)
+            holders = self.held_by[context][node]
+            holders.discard(tree.root)
+            if not holders:
+                del self.held_by[context][node]
+            self._pair(context, tree.root, node, -1, out)
+        self._count(-len(cut))
+        into = self.into.get(context, {})
+        steps = [(w, node) for node in cut for w in into.get(node, ()) if w not in detached and tree.holds(w)]
+        self._grow(context, tree, steps, out)  # (a node re-attached is asserted again: its retraction cancels)
+
+    def _attach(self, context: object, tree: _Tree, node: int, parent: int, out: Delta) -> None:
+        self._count(1)
+        tree.parent[node] = parent
+        tree.children.setdefault(parent, set()).add(node)
+        self.held_by.setdefault(context, {}).setdefault(node, set()).add(tree.root)
+        self._pair(context, tree.root, node, 1, out)
+
+    def _count(self, growth: int) -> None:
         if growth > 0 and self.pairs + growth > self.max_pairs:
             raise PathLimitError(f"the path {self.label} would hold more than {self.max_pairs:,} pairs "
                                  f"({PAIRS_SETTING}); anchor it with a constant end or raise the limit")
         self.pairs += growth
-        for node in old - reach:
-            self._pair(context, source, node, -1, out)
-            holders = reached_by[node]
-            holders.discard(source)
-            if not holders:
-                del reached_by[node]
-        for node in reach - old:
-            self._pair(context, source, node, 1, out)
-            reached_by.setdefault(node, set()).add(source)
-        if reach:
-            reaches[source] = reach
-        else:
-            reaches.pop(source, None)
 
     def _pair(self, context: object, source: int, node: int, diff: int, out: Delta) -> None:
         first, last = (node, source) if self.reverse else (source, node)
@@ -250,3 +298,16 @@ class Closure(Operator):
 
     def describe(self) -> str:
         return f"Closure {self.label}, {self.mode()}: {self.pairs} pair(s)"
+
+
+def _bump(adjacency: dict, node: int, other: int, n: int) -> int:
+    """Add ``n`` to the multiplicity of the step between ``node`` and ``other``; the old multiplicity."""
+    steps = adjacency.setdefault(node, {})
+    old = steps.get(other, 0)
+    if old + n:
+        steps[other] = old + n
+    else:
+        del steps[other]
+        if not steps:
+            del adjacency[node]
+    return old

@@ -62,13 +62,20 @@ GROUPS = {
         "construct": "CONSTRUCT { ?x :reaches ?y } WHERE { ?x (:p|:q)+ ?y }",
     },
 }
-STREAMS = {"rewritten": 300, "closures": 400, "combined": 300}
+# Spanning trees cut and re-attached: longer streams over six nodes, a third of them deletions.
+GROUPS["trees"] = {name: GROUPS["closures"][name] for name in ("plus", "plus_anchored", "plus_object_anchored",
+                                                              "cycle", "closure_of_alternative")}
+STREAMS = {"rewritten": 300, "closures": 400, "combined": 300, "trees": 150}
+SIX = [f"<http://ex.org/{n}>" for n in "abcdef"]
 cyclic = st.lists(st.tuples(st.sampled_from([1, 1, 1, -1]), st.sampled_from(["<http://ex.org/a>",
                                                                               "<http://ex.org/b>",
                                                                               "<http://ex.org/c>"]),
                             st.sampled_from(["<http://ex.org/p>", "<http://ex.org/q>"]),
                             st.sampled_from(["<http://ex.org/a>", "<http://ex.org/b>", "<http://ex.org/c>"]),
                             st.just(None)), min_size=1, max_size=30)
+longer = st.lists(st.tuples(st.sampled_from([1, 1, -1]), st.sampled_from(SIX),
+                            st.sampled_from(["<http://ex.org/p>", "<http://ex.org/p>", "<http://ex.org/q>"]),
+                            st.sampled_from(SIX), st.just(None)), min_size=20, max_size=80)
 
 
 def _group_test(group: str, stream_strategy):  # noqa: ANN001, ANN202
@@ -84,6 +91,7 @@ def _group_test(group: str, stream_strategy):  # noqa: ANN001, ANN202
 test_rewritten_paths_match_pyoxigraph_after_every_update = _group_test("rewritten", streams)
 test_closures_match_pyoxigraph_after_every_update = _group_test("closures", streams)
 test_closures_on_dense_cycles_match_pyoxigraph = _group_test("closures", cyclic)
+test_trees_cut_and_reattached_match_pyoxigraph = _group_test("trees", longer)
 test_paths_under_operators_match_pyoxigraph_after_every_update = _group_test("combined", streams)
 
 
