@@ -364,6 +364,24 @@ def build_updates(dataset: Dataset, delete_fraction: float = 0.2, window_fractio
         inserts.append(triple)
     n_static = len(set(dataset.static))
     n = len(inserts)
+    updates, deleted = with_deletes(inserts, n_static, delete_fraction, window_fraction, rng)
+    stats = {
+        "static_triples": n_static,
+        "stream_triples": n - n_static,
+        "duplicates_dropped": duplicates,
+        "inserts": n,
+        "deletes": deleted,
+        "updates": len(updates),
+    }
+    return UpdateStream(updates, n_static, dataset.source, stats)
+
+
+def with_deletes(inserts: list[Triple], n_static: int, delete_fraction: float, window_fraction: float,
+                 rng: random.Random) -> tuple[list[UpdateRow], int]:
+    """``inserts`` (distinct triples) as updates, ``delete_fraction`` of them deleted uniformly within
+    ``window_fraction`` of the stream after their insert (the first ``n_static``: after all of them); the
+    number deleted."""
+    n = len(inserts)
     window = max(2.0, window_fraction * n)
     keyed: list[tuple[float, int, int]] = [(float(i), 0, i) for i in range(n)]  # (time, kind, index)
     deleted = 0
@@ -379,15 +397,7 @@ def build_updates(dataset: Dataset, delete_fraction: float = 0.2, window_fractio
     for _, kind, i in keyed:
         s, p, o = inserts[i]
         updates.append((-1 if kind else 1, s, p, o))
-    stats = {
-        "static_triples": n_static,
-        "stream_triples": n - n_static,
-        "duplicates_dropped": duplicates,
-        "inserts": n,
-        "deletes": deleted,
-        "updates": len(updates),
-    }
-    return UpdateStream(updates, n_static, dataset.source, stats)
+    return updates, deleted
 
 
 def load_or_generate(data_dir: Path | None, users: int = 1000, seed: int = 1) -> Dataset:
