@@ -3,7 +3,7 @@
 Each test's data is inserted as a stream in a random order, with about a third of the triples deleted and
 re-inserted (and a few inserted twice); the answers rebuilt from our deltas must then equal the expected results.
 A test is *in scope* when `cbgp.algebra.analyse` accepts its query (a rejection names an unsupported construct:
-FROM, property paths, SERVICE, ...) and its result file can be read; every test of the vendored suites counts in
+FROM, SERVICE, ...) and its result file can be read; every test of the vendored suites counts in
 the total.
 
 Comparison: solution multisets (order is ignored, except that an ORDER BY with LIMIT/OFFSET picks the rows);

@@ -12,7 +12,8 @@ rdflib's SPARQL expression evaluator (where rdflib and SPARQL differ, SPARQL's: 
 MINUS; GRAPH <iri> / GRAPH ?g; GROUP BY (variables or expressions) with COUNT [DISTINCT] (incl. *), SUM, AVG,
 MIN, MAX, SAMPLE, GROUP_CONCAT [DISTINCT], HAVING; ORDER BY with LIMIT/OFFSET as a maintained window (ties
 broken by the terms; ORDER BY alone changes no answer of a multiset); variables in predicate position
-(`PatternLeaf`).  Rejected with the construct, line and column: property paths, SERVICE, FROM / FROM NAMED,
+(`PatternLeaf`); property paths (`cbgp.algebra.paths`).  Rejected with the construct, line and column: an inverse
+IRI inside a negated property set, SERVICE, FROM / FROM NAMED,
 DESCRIBE, RAND/NOW/UUID/STRUUID/BNODE (their answers could not be retracted), EXISTS inside another expression,
 aggregates inside EXISTS, and an EXISTS pattern that reads an outer variable where its own part does not bind it.
 """
