@@ -293,6 +293,12 @@ def _explain(path: str, as_json: bool, out: TextIO, views: list) -> None:
                     text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed)
                 out.write(f"BGP leaf{number}: " + text + "\n")
             out.write(f"placement in the fleet: {placement} ({OPERATORS_WHERE[placement]})\n")
+            closures = [op for op in operators.root.walk() if op.name == "Closure"]
+            if closures:
+                keeper = "the answers service" if placement == BY_CENTRE else "the query's owner"
+                for closure in closures:
+                    out.write(f"property path {closure.label}: its closure kept by {keeper}, "
+                              f"{closure.mode()}, at most CBGP_MAX_PATH_PAIRS pairs\n")
         return
     plan = decompose(query)
     if as_json:

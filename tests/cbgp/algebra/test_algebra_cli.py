@@ -105,3 +105,15 @@ def test_explain_reads_a_service_clause_as_the_fleet_does_and_replay_refuses_it(
     refused = cbgp("replay", "--patch", "updates.rdfp", "--query", "s=plain_service.rq", cwd=files)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "plain_service.rq:2:36: SERVICE is not supported by `cbgp replay`, which has no endpoint" in refused.stderr
+
+
+def test_explain_says_where_a_property_path_closure_lives(files: Path):
+    (files / "reach.rq").write_text("PREFIX ex: <http://ex/>\nSELECT * WHERE { ex:a ex:knows+ ?y }\n")
+    (files / "star.rq").write_text("PREFIX ex: <http://ex/>\nSELECT * WHERE { ?x ex:knows* ex:a }\n")
+    by_centre = cbgp("explain", "reach.rq", cwd=files).stdout
+    assert "placement in the fleet: by-centre" in by_centre
+    assert ("property path <http://ex/a> <http://ex/knows>+ ?y: its closure kept by the answers service, "
+            "anchored at the subject") in by_centre
+    single = cbgp("explain", "star.rq", cwd=files).stdout
+    assert "placement in the fleet: single-owner" in single
+    assert "its closure kept by the query's owner, anchored at the object (reversed steps)" in single
