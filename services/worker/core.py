@@ -192,6 +192,8 @@ class WorkerCore:
     def _drop(self, shard: Shard, query_id: str) -> None:
         """Free what ``shard`` holds of ``query_id``: its engine queries, its evaluator queries (their waiting
         probes die), a registration waiting for its point."""
+        if query_id not in shard.versions and not any(info.query_id == query_id for info, _seq in shard.pending):
+            return  # (a query the shard never held: every registration sets its version; a burst reads thousands)
         probe_names = {name for name, info in shard.probe_queries.items() if info.query_id == query_id}
         for name, (owner, _part) in list(shard.outputs.items()):
             if owner != query_id:
@@ -235,9 +237,12 @@ class WorkerCore:
             tail = log_tail(self.record_reader, partition, shard.position, start=self.log_start(partition))
             shard.change_offset, shard.mark_offset = tail.change_offset, tail.mark_offset
             last_mark = tail.mark_seq
-            placed = [i for i in infos if i in owed or not passed(self.registration_seq(i), tail.change_seq, last_mark)]
-            infos = [i for i in infos if i not in placed]
-            owed = [i for i in owed if i not in placed]
+            owing = {id(i) for i in owed}  # (by identity: thousands of registrations, compared field by field)
+            placed = [i for i in infos if id(i) in owing
+                      or not passed(self.registration_seq(i), tail.change_seq, last_mark)]
+            placing = {id(i) for i in placed}
+            infos = [i for i in infos if id(i) not in placing]
+            owed = [i for i in owed if id(i) not in placing]
         started = time.monotonic()
         # From the shard's checkpoint when one serves (see services.state.shards), whatever queries it holds,
         # else from offset 0.
@@ -247,7 +252,8 @@ class WorkerCore:
             start = adopt(shard, saved, infos)
             for partition_, floor in saved["floors"].items():  # (those read in its log before `start`)
                 self.probes.floors.setdefault(partition_, floor)
-            dropped = stale(shard, [i for i in infos if i not in owed])
+            owing = {id(i) for i in owed}
+            dropped = stale(shard, [i for i in infos if id(i) not in owing])
             for query_id in dropped:
                 self._drop(shard, query_id)
             late = [i for i in infos if shard.versions.get(i.query_id) != i.version]
@@ -257,7 +263,8 @@ class WorkerCore:
                 # Applied at their point of the log, as when they were first read: the same snapshot, deltas and
                 # probes with the same keys, which the answers service and the receivers take once.
                 placed += late
-                infos = [i for i in infos if i not in late]
+                lacking = {id(i) for i in late}
+                infos = [i for i in infos if id(i) not in lacking]
                 late = []
         else:
             start = 0
@@ -393,10 +400,10 @@ class WorkerCore:
              changes: Iterable[Change] = ()) -> list[Output]:
         """Apply the pending registrations whose point ``point`` is: a record with a change at seq ``past``
         comes (``changes``: its changes), or a Frontier mark of seq ``mark`` was read."""
-        due = [(info, seq) for info, seq in shard.pending if past > seq or mark >= seq]
+        due = [item for item in shard.pending if past > item[1] or mark >= item[1]]
         if not due:
             return []
-        shard.pending = [item for item in shard.pending if item not in due]
+        shard.pending = [item for item in shard.pending if not (past > item[1] or mark >= item[1])]
         return self._apply_at(shard, due, point, changes)
 
     def _apply_at(self, shard: Shard, registrations: list[tuple[QueryInfo, int]], point: int,

@@ -47,8 +47,25 @@ PROBES_RECEIVED = Gauge("cbgp_probes_received", "Probes a routed partition held 
 PROBES_WAITING = Gauge("cbgp_probes_waiting", "Probes waiting at a routed partition for its frontier or for a "
                        "registration.", ["partition"])
 STATE_REPORT_SECONDS = 1.0
-PLAN_WINDOW_RECORDS = 100  # plans read per turn of the loop, at most (each late one replays its shard's log)
+# Plans read per turn of the loop: windows are read on while they bring plans, up to PLAN_BURST_RECORDS plans or
+# PLAN_BURST_POINTS distinct registration offsets (each may replay its shards' logs: the bound keeps a burst of
+# late registrations from holding the loop past max.poll.interval), so a burst registered at one offset is
+# placed together: one replay of each shard's log for all of it.
+PLAN_WINDOW_RECORDS = 1000
+PLAN_BURST_RECORDS = 10_000
+PLAN_BURST_POINTS = 100
 
+
+
+def _registered_at(value: bytes | None) -> int | None:
+    """The updates.encoded offset a plan was registered at (None: an unregistration, or a record on_plans will
+    reject)."""
+    if value is None:
+        return None
+    try:
+        return codec.decode("QueryPlan", value).get("registered_at_seq")
+    except codec.CodecError:
+        return None
 
 class DictionaryTerms:
     """The dictionary topic, read on demand for operator queries (FILTER, aggregates...: their whole shard
@@ -191,11 +208,21 @@ class WorkerService:
         now = time.monotonic()
         if now < self.next_plans_poll:
             return
-        msgs = read_window(self.plans, self.t_plans, dict(enumerate(self.core.plan_positions)),
-                           max_records=PLAN_WINDOW_RECORDS)
-        # A full window: more plans wait; read them at the next turn of the loop (after the data path and the
-        # consumer's poll: a burst of late registrations must not hold the loop past max.poll.interval).
-        self.next_plans_poll = now if len(msgs) >= PLAN_WINDOW_RECORDS else now + WINDOW_POLL_SECONDS
+        positions = dict(enumerate(self.core.plan_positions))
+        msgs: list[Message] = []
+        points: set = set()
+        while True:
+            window = read_window(self.plans, self.t_plans, positions, max_records=PLAN_WINDOW_RECORDS)
+            for msg in window:
+                if msg.error() is None:
+                    positions[msg.partition()] = msg.offset() + 1
+                    points.add(_registered_at(msg.value()))
+            msgs += window
+            if not window or len(msgs) >= PLAN_BURST_RECORDS or len(points) >= PLAN_BURST_POINTS:
+                break
+        # Stopped at a bound: more plans wait; read them at the next turn of the loop (after the data path and
+        # the consumer's poll).
+        self.next_plans_poll = now if window else now + WINDOW_POLL_SECONDS
         self._apply_plans(msgs)
 
     def poll_plans(self, timeout: float) -> None:
