@@ -174,6 +174,12 @@ class SeqRelease:
         pins += [offset for gate in state.gates.values() for offset in gate.marks]
         return (min(pins) if pins else next_offset), json.dumps(stored, separators=(",", ":"))
 
+    def stopped(self) -> list[tuple[str, int, str]]:
+        """The operator queries that stopped (``OperatorTree.failed``): (query id, version, why)."""
+        return [(key[0], key[1], assembler.assembler.tree.failed) for state in self.partitions.values()
+                for key, assembler in state.assemblers.items()
+                if isinstance(assembler, Operators) and assembler.assembler.tree.failed is not None]
+
     def held(self) -> int:
         return sum(len(state.heap) + sum(len(g.items) for g in state.gates.values())
                    for state in self.partitions.values())

@@ -21,6 +21,7 @@ from services.answers.release import SeqRelease
 from services.metrics.exposition import record_consumer_lag
 from services.runtime.runner import Step, run_processor
 from services.wire.records import Output, kv
+from services.wire.stopped import StoppedQueries
 from services.runtime.life import origin_ms, service_command
 from services.kafka.fetch import GroupInput
 from services.kafka.replay import read_range
@@ -61,6 +62,7 @@ class AnswersService:
             args, settings, SERVICE, {answers_checkpoint.KIND: "checkpoints.deltas"})
         self.last_answers: dict[int, bytes | None] = {}
         self.unpicklable: set[int] = set()
+        self.stopped = StoppedQueries(settings.topic("queries.status"))
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Restore each newly assigned partition from its answers partition (the service's changelog).
@@ -161,7 +163,7 @@ class AnswersService:
         records = _decoded(msgs)
         self.dictionary.wait_for({i for deltas in records if deltas is not None for i in deltas.values})
         # the last checkpoint, to Kafka with this batch; then the streams queries.plans ended
-        outputs: list[Output] = self._checkpoint_records() + self.core.settle(self.assigned)
+        outputs: list[Output] = self._checkpoint_records() + self.core.settle(self.assigned) + self._stopped()
         offsets: dict[int, int] = {}
         lookup = self.dictionary.terms.get
         release = self.release
@@ -213,11 +215,15 @@ class AnswersService:
     def idle(self) -> Step | None:
         """End the streams queries.plans has left behind (unregistered or re-registered queries) in a transaction
         of their own: nothing is consumed, so nothing else commits with them.  Otherwise a checkpoint, if due."""
-        outputs = self.core.settle(self.assigned)
+        outputs = self.core.settle(self.assigned) + self._stopped()
         if not outputs and self.checkpointer.due():
             self.checkpoint()  # idle: save what the last transactions changed
         outputs += self._checkpoint_records()  # (a transaction of their own, or with the ended streams)
         return Step(outputs) if outputs else None
+
+    def _stopped(self) -> list[Output]:
+        """An ERROR status for each operator query that stopped since the last scan (services.wire.stopped)."""
+        return self.stopped.statuses(self.release.stopped()) if self.stopped.due() else []
 
     def _checkpoint_records(self) -> list[Output]:
         return self.checkpoints.outputs() if self.checkpoints is not None else []

@@ -181,19 +181,22 @@ class WorkerCore:
         if old is not None:
             out.extend(self.outputs.end_stream(old, partition, offset, routed_assigned))
         self.plans[info.query_id] = info
-        self._drop_everywhere(info.query_id)  # a re-registration starts from a fresh snapshot
+        self._drop_everywhere(info.query_id, pending=old is not None)  # a re-registration starts afresh
         log.info(kv(event="registered", query=info.query_id, version=info.version, mode=info_mode(info)))
         return info
 
-    def _drop_everywhere(self, query_id: str) -> None:
+    def _drop_everywhere(self, query_id: str, pending: bool = True) -> None:
+        """``_drop`` in every shard (``pending``: the query may wait for its point in some; not when its plan is
+        the first this worker reads: a burst of thousands must not scan every shard's pending list each)."""
         for shard in self.shards.values():
-            self._drop(shard, query_id)
+            self._drop(shard, query_id, pending)
 
-    def _drop(self, shard: Shard, query_id: str) -> None:
+    def _drop(self, shard: Shard, query_id: str, pending: bool = True) -> None:
         """Free what ``shard`` holds of ``query_id``: its engine queries, its evaluator queries (their waiting
         probes die), a registration waiting for its point."""
-        if query_id not in shard.versions and not any(info.query_id == query_id for info, _seq in shard.pending):
-            return  # (a query the shard never held: every registration sets its version; a burst reads thousands)
+        if query_id not in shard.versions and not (
+                pending and any(info.query_id == query_id for info, _seq in shard.pending)):
+            return  # (a query the shard never held: every registration sets its version)
         probe_names = {name for name, info in shard.probe_queries.items() if info.query_id == query_id}
         for name, (owner, _part) in list(shard.outputs.items()):
             if owner != query_id:
@@ -581,6 +584,17 @@ class WorkerCore:
 
     def _learning(self, shard: Shard, changes: Iterable[Change]) -> Iterator[Change]:
         return learning(shard, changes, self.term_reader)
+
+    def stopped(self) -> list[tuple[str, int, str]]:
+        """The single-owner operator queries that stopped (``OperatorTree.failed``): (query id, version, why)."""
+        out = []
+        for shard in self.shards.values():
+            for name, op in shard.engine.operators.items():
+                failed = getattr(getattr(op, "query", None), "failed", None)
+                if failed is not None:
+                    query_id = shard.outputs[name][0]
+                    out.append((query_id, shard.versions.get(query_id, 0), failed))
+        return out
 
     def state_by_query(self) -> dict[str, int]:
         totals: dict[str, int] = {}

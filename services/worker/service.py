@@ -21,6 +21,7 @@ from services.metrics.instruments import STATE_BYTES, STATE_ENTRIES, top_queries
 from services.runtime.runner import Step, run_processor
 from services.runtime import recovery
 from services.wire.records import Output, kv
+from services.wire.stopped import StoppedQueries
 from services.runtime.life import origin_ms, service_command
 from services.kafka.fetch import Fetcher, GroupInput, idle_pause
 from services.kafka.replay import read_range, require_from
@@ -137,6 +138,7 @@ class WorkerService:
                                log_start=lambda partition: end_offsets(settings, self.t_routed)[partition][0],
                                encoded_start=lambda: end_offsets(settings, self.t_encoded)[0][0])
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
+        self.stopped = StoppedQueries(settings.topic("queries.status"))
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
         # The one fetching reader of updates.encoded, assigned at the lowest whole-shard position; its epoch
@@ -477,11 +479,17 @@ class WorkerService:
         return offsets
 
     def _report(self) -> None:
-        """Per-partition and per-query state gauges, and a log line when they change (at most 1/s)."""
+        """Per-partition and per-query state gauges, a log line when they change, and the statuses of queries
+        that stopped (at most 1/s; every N s with N thousand queries)."""
         now = time.monotonic()
-        if now - self.last_report < STATE_REPORT_SECONDS:
+        # (summing every query's state costs in proportion to the queries: with thousands, less often)
+        if now - self.last_report < STATE_REPORT_SECONDS * max(1, len(self.core.plans) // 1000):
             return
         self.last_report = now
+        told = self.stopped.statuses(self.core.stopped())  # (services.wire.stopped: once each)
+        if told:
+            self.pending.extend(told)
+            self.dirty = True
         if self.routed_in is not None:
             record_consumer_lag(self.routed_in.fetcher.consumer, self.routed_in.fetcher.positions)
         for (kind, partition), shard in self.core.shards.items():
