@@ -57,7 +57,6 @@ PLAN_BURST_RECORDS = 10_000
 PLAN_BURST_POINTS = 100
 
 
-
 def _registered_at(value: bytes | None) -> int | None:
     """The updates.encoded offset a plan was registered at (None: an unregistration, or a record on_plans will
     reject)."""
@@ -67,6 +66,7 @@ def _registered_at(value: bytes | None) -> int | None:
         return codec.decode("QueryPlan", value).get("registered_at_seq")
     except codec.CodecError:
         return None
+
 
 class DictionaryTerms:
     """The dictionary topic, read on demand for operator queries (FILTER, aggregates...: their whole shard
