@@ -378,8 +378,9 @@ class Builder:
         blanks: dict = {}
 
         def unblank(term: Any) -> Any:
-            return blanks.setdefault(term, fresh()) if isinstance(term, BNode) and term not in blanks else \
-                blanks.get(term, term)
+            if isinstance(term, BNode) and term not in blanks:
+                blanks[term] = fresh()
+            return blanks.get(term, term)
 
         plain: list = []
         paths: list = []
