@@ -184,6 +184,13 @@ def expression_text(expr: Any) -> str:
     return str(expr)
 
 
+def _path_schema(s: Any, o: Any, graph: Any) -> tuple[str, ...]:
+    """The variables a path's leaf binds: its ends' and the graph's, sorted."""
+    from rdflib import Variable
+
+    return tuple(sorted({str(t) for t in (s, o, graph) if isinstance(t, Variable)}))
+
+
 @dataclass
 class EngineLeaf:
     """A BGP registered in the engine: its operator, the query the engine gets and the pushed filters."""
@@ -426,11 +433,8 @@ class Builder:
             return Distinct(op)
         if isinstance(path, NegatedPath):
             excluded = frozenset(self.terms.dictionary.encode(self._term(arg)) for arg in path.args)
-            names = {str(t) for t in (s, o) if isinstance(t, Variable)}
-            if isinstance(graph, Variable):
-                names.add(str(graph))
-            leaf = PatternLeaf(tuple(sorted(names)), [(self._end(s), ("not", excluded), self._end(o),
-                                                       self._graph_spec(graph))], "BGP " + label)
+            leaf = PatternLeaf(_path_schema(s, o, graph), [(self._end(s), ("not", excluded), self._end(o),
+                                                            self._graph_spec(graph))], "BGP " + label)
             self.pattern_leaves.append(leaf)
             return leaf
         if not isinstance(path, MulPath):
@@ -458,12 +462,7 @@ class Builder:
                 self._check_negated(inner)
 
     def _zero_length(self, s: Any, o: Any, graph: Any, label: str) -> Operator:
-        from rdflib import Variable
-
-        names = {str(t) for t in (s, o) if isinstance(t, Variable)}
-        if isinstance(graph, Variable):
-            names.add(str(graph))
-        leaf = ZeroLength(tuple(sorted(names)), self._end(s), self._end(o), self._graph_spec(graph), label)
+        leaf = ZeroLength(_path_schema(s, o, graph), self._end(s), self._end(o), self._graph_spec(graph), label)
         self.pattern_leaves.append(leaf)
         return leaf
 

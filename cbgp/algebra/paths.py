@@ -75,7 +75,8 @@ class ZeroLength(Leaf):
         anchor = self.anchor
         if anchor is not None and s != anchor and o != anchor:
             return
-        if not _graph_binding(self.graph, g, {}):
+        graph: dict = {}  # the graph variable's binding, if any
+        if not _graph_binding(self.graph, g, graph):
             return
         if (diff > 0) == (quad in self.quads):
             return  # a duplicate insert or the delete of an absent triple
@@ -95,8 +96,7 @@ class ZeroLength(Leaf):
             else:
                 del self.counts[key]
             if (old == 0) != (new == 0):
-                binding: dict = {}
-                _graph_binding(self.graph, g, binding)
+                binding = dict(graph)
                 if _end_binding(self.subject, node, binding) and _end_binding(self.object, node, binding):
                     add(out, tuple(binding.get(v) for v in self.schema), 1 if new else -1)
         self.push(out)
@@ -122,9 +122,6 @@ class _Tree:
 
     def holds(self, node: int) -> bool:
         return node == self.root or node in self.parent
-
-    def size(self) -> int:
-        return len(self.parent) + self.cyclic
 
 
 class Closure(Operator):
@@ -254,7 +251,6 @@ class Closure(Operator):
         cut = [top]
         for node in cut:
             cut.extend(tree.children.get(node, ()))
-        detached = set(cut)
         siblings = tree.children.get(tree.parent[top])
         siblings.discard(top)
         if not siblings:
@@ -269,7 +265,7 @@ class Closure(Operator):
             self._pair(context, tree.root, node, -1, out)
         self._count(-len(cut))
         into = self.into.get(context, {})
-        steps = [(w, node) for node in cut for w in into.get(node, ()) if w not in detached and tree.holds(w)]
+        steps = [(w, node) for node in cut for w in into.get(node, ()) if tree.holds(w)]  # (the cut are not held)
         self._grow(context, tree, steps, out)  # (a node re-attached is asserted again: its retraction cancels)
 
     def _attach(self, context: object, tree: _Tree, node: int, parent: int, out: Delta) -> None:
