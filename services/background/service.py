@@ -27,7 +27,7 @@ from services.metrics.instruments import UPDATES_OUT
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_consumer, make_producer
 from services.runtime.life import Stopper, service_command
-from services.wire.records import kv
+from services.wire.records import kv, query_error
 from services.kafka.replay import require_from
 from services.kafka.fetch import WINDOW_POLL_SECONDS, read_window, record_ok
 
@@ -88,9 +88,7 @@ def run(settings: KafkaSettings, args: argparse.Namespace, stopper: Stopper, rea
             publish_requests(core.due())
             for alert in core.alerts:
                 for query_id in alert.query_ids:
-                    status = {"query_id": query_id, "status": "ERROR", "message": alert.message, "line": None,
-                              "column": None, "request_id": None, "at_ms": int(time.time() * 1000), "queries": []}
-                    publish(t_status, codec.encode("QueryStatus", status), [])
+                    publish(t_status, query_error(query_id, alert.message), [])
                 log.warning(kv(event="accuracy-alert", queries=",".join(alert.query_ids), message=alert.message))
             core.alerts.clear()
             if producer.flush(30) > 0:

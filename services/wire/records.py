@@ -8,6 +8,7 @@ Spark job import these; the Kafka plumbing (``services.runtime.life``) produces 
 - :func:`routes` (from ``cbgp.change``): the routed partitions (and the role of the centre) of one change, the
   one routing function;
 - :func:`dead_letter`: the one ``DeadLetter`` record builder of every service;
+- :func:`query_error`: an ``ERROR`` ``QueryStatus`` about one query from a service other than the registry;
 - :data:`WHOLE_QUERY_PART`: ``PartDelta.part`` of a query's own answers (what the answers service numbers);
 - :data:`ORIGIN_HEADER`: the header carrying the raw record's time, for end-to-end latency;
 - :func:`kv`: one structured log line (``key=value``).
@@ -24,7 +25,7 @@ from cbgp.terms import stable_term_id
 from services import codec
 from services.metrics.instruments import REJECTED_INPUTS
 
-__all__ = ["Output", "ORIGIN_HEADER", "WHOLE_QUERY_PART", "dead_letter", "query_partition", "kv"]
+__all__ = ["Output", "ORIGIN_HEADER", "WHOLE_QUERY_PART", "dead_letter", "query_error", "query_partition", "kv"]
 
 WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers; parts of a multi-part query are 0, 1, ...
 
@@ -94,6 +95,13 @@ def excerpt(original: bytes | None) -> tuple[bytes, str]:
     if len(original) <= size:
         return original, ""
     return original[:size], f" [excerpt: the first {size:,} of {len(original):,} bytes]"
+
+
+def query_error(query_id: str, message: str) -> bytes:
+    """An ``ERROR`` QueryStatus about ``query_id`` (an accuracy alert, a query stopped at a bound), encoded."""
+    return codec.encode("QueryStatus", {"query_id": query_id, "status": "ERROR", "message": message, "line": None,
+                                        "column": None, "request_id": None, "at_ms": int(time.time() * 1000),
+                                        "queries": []})
 
 
 def dead_letter(deadletter_topic: str, service: str, source_topic: str, partition: int, offset: int, reason: str,

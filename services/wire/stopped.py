@@ -12,8 +12,7 @@ from typing import Iterable
 
 from prometheus_client import Gauge
 
-from services import codec
-from services.wire.records import Output
+from services.wire.records import Output, query_error
 
 SCAN_SECONDS = 1.0
 QUERIES_STOPPED = Gauge("cbgp_queries_stopped", "Queries this process stopped: their state would pass a bound "
@@ -42,8 +41,6 @@ class StoppedQueries:
             if (query_id, version) in self.told:
                 continue
             self.told.add((query_id, version))
-            status = {"query_id": query_id, "status": "ERROR", "message": f"query stopped: {reason}", "line": None,
-                      "column": None, "request_id": None, "at_ms": int(time.time() * 1000), "queries": []}
-            out.append(Output(self.topic, codec.encode("QueryStatus", status), query_id.encode(), 0))
+            out.append(Output(self.topic, query_error(query_id, f"query stopped: {reason}"), query_id.encode(), 0))
         QUERIES_STOPPED.set(len(self.told))
         return out
