@@ -403,10 +403,12 @@ class WorkerCore:
              changes: Iterable[Change] = ()) -> list[Output]:
         """Apply the pending registrations whose point ``point`` is: a record with a change at seq ``past``
         comes (``changes``: its changes), or a Frontier mark of seq ``mark`` was read."""
-        due = [item for item in shard.pending if past > item[1] or mark >= item[1]]
+        due, waiting = [], []
+        for item in shard.pending:
+            (due if past > item[1] or mark >= item[1] else waiting).append(item)
         if not due:
             return []
-        shard.pending = [item for item in shard.pending if not (past > item[1] or mark >= item[1])]
+        shard.pending = waiting
         return self._apply_at(shard, due, point, changes)
 
     def _apply_at(self, shard: Shard, registrations: list[tuple[QueryInfo, int]], point: int,
