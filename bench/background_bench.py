@@ -1,4 +1,4 @@
-"""Background-data benchmark: Dehghanzadeh et al.'s experiment (Tables 1 and 2) against a real Virtuoso (issue 19).
+"""Background-data benchmark: Dehghanzadeh et al.'s experiment (Tables 1 and 2) against a real Virtuoso.
 
 Usage:
   .venv/bin/python bench/background_bench.py [--endpoint auto|virtuoso|oxigraph|memory] [--minutes 180]

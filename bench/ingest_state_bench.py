@@ -1,4 +1,4 @@
-"""Ingest with its state in memory and on disk (``--state-on-disk``, issue 16 item 2): cost per update and memory.
+"""Ingest with its state in memory and on disk (``--state-on-disk``): cost per update and memory.
 
 Usage: .venv/bin/python bench/ingest_state_bench.py [--updates 600000] [--repeat 3] [--data DIR]
 

@@ -1,4 +1,4 @@
-"""The whole fleet users run, end to end, on the LSBench stream, by-centre vs single-owner placement (issue 17).
+"""The whole fleet users run, end to end, on the LSBench stream, by-centre vs single-owner placement.
 
     .venv/bin/python bench/lsbench_fleet.py [--updates 150000] [--workers 1,2] [--with-4]
         [--placements by-centre,single-owner] [--workloads mix,heavy] [--heavy FILE.rq] [--repeat N]

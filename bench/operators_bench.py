@@ -1,4 +1,4 @@
-"""Cost of the continuous SPARQL operators (issue 18) per delta, and of FILTER push-down, on the LSBench stream.
+"""Cost of the continuous SPARQL operators per delta, and of FILTER push-down, on the LSBench stream.
 
 Usage:
   .venv/bin/python bench/operators_bench.py [--data DIR] [--limit N] [--only NAME,...] [--repeat N]

@@ -1,4 +1,4 @@
-"""Restore time after short and long histories over the same final state (issue 16): ingest, and the workers'
+"""Restore time after short and long histories over the same final state: ingest, and the workers'
 shards and the answers service's partitions in memory.
 
 Ingest's state (presence set, seq, published terms) is restored on the embedded broker after a history of
@@ -31,7 +31,7 @@ answers core over 4 partitions, each checkpointed (``services.answers.checkpoint
 checkpoint was taken; then every partition is restored from its checkpoint plus the answers and deltas after it,
 and from offset 0, timed, and the restored answer streams checked equal to the live ones.
 
-One line per case, then one JSON line in issue 16's format ("worker", "answers": from the checkpoint, in memory;
+One line per case, then one JSON line in the restore figures' format ("worker", "answers": from the checkpoint, in memory;
 "ingest_from_offset_0" / "worker_from_offset_0" / "answers_from_offset_0": the same without a checkpoint;
 "worker_from_kafka_checkpoint" / "ingest_from_kafka_snapshot": from the checkpoint read back from Kafka, with
 none on disk):

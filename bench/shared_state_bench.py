@@ -1,4 +1,4 @@
-"""Many queries of one shape over one LSBench stream: what each extra query costs (issue 16 item 4).
+"""Many queries of one shape over one LSBench stream: what each extra query costs.
 
 Every case registers N queries ``SELECT * WHERE { ?post sib:hashtag "TAG" . ?fan sib:like ?post }``, one
 per hashtag (the N most frequent hashtags of the stream; past the number of distinct hashtags the list is
