@@ -270,9 +270,10 @@ class PartitionEvaluator:
                 self._continue(probe, out, origin_here=True)
         return out
 
-    def pending(self, name: str) -> bool:
-        """Whether probes of the query's registration (``snapshot``) that started here are still alive."""
-        return any(q == name and snap for q, _seq, snap in self.live)
+    def pending(self, name: str, through: int = -1) -> bool:
+        """Whether probes of the query's registration (``snapshot``), or of its updates up to seq ``through``,
+        that started here are still alive."""
+        return any(q == name and (snap or seq <= through) for q, seq, snap in self.live)
 
     def release_waiting(self, name: str) -> Outputs:
         """After a query's registration and history replay here: answer the probes that reached this partition

@@ -39,7 +39,7 @@ def shard_blob(shard: Shard, floors: dict[int, tuple] | None = None) -> bytes | 
                            # multi-centre queries (services.worker.probes); their QueryInfo is rebound on adopt
                            "frontier": shard.frontier, "evaluator": shard.evaluator,
                            "probe_names": sorted(shard.probe_queries), "registered_at": shard.registered_at,
-                           "ready_sent": shard.ready_sent, "probe_channels": shard.probe_channels,
+                           "ready_through": shard.ready_through, "ready_sent": shard.ready_sent, "probe_channels": shard.probe_channels,
                            "floors": floors})
     except Exception as exc:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError...
         log.warning(kv(event="shard-checkpoint-skipped", kind=shard.kind, partition=shard.partition,
@@ -91,6 +91,7 @@ def adopt(shard: Shard, saved: dict[str, Any], infos: list[QueryInfo]) -> int:
     by_name = {name: info for info in infos for name, _part, _plan in info.probe_programs()}
     shard.probe_queries = {name: by_name[name] for name in saved["probe_names"] if name in by_name}
     shard.registered_at = saved["registered_at"]
+    shard.ready_through = saved.get("ready_through", {})
     shard.ready_sent = saved["ready_sent"]
     shard.probe_channels = saved["probe_channels"]
     return saved["position"]

@@ -151,6 +151,9 @@ class ProbeRouting:
         shard.probe_channels.update({key: taken for key, taken in channels.items() if key[1] == name})
         shard.probe_queries[name] = info
         shard.registered_at[name] = upto
+        # Frontiers past the point went out before the query was known: its mark waits for the probes of the
+        # records replayed up to there, or the answers service would release their deltas early.
+        shard.ready_through[name] = scratch.applied
         self.registered.setdefault(here, []).append((here, (name, upto)))
         return steps
 
@@ -167,6 +170,7 @@ class ProbeRouting:
             shard.evaluator.unregister(name)  # its waiting probes die; their origins drop their counts too
         shard.probe_queries.pop(name, None)
         shard.registered_at.pop(name, None)
+        shard.ready_through.pop(name, None)
         shard.ready_sent.discard(name)
 
     # -- input
@@ -293,7 +297,8 @@ class ProbeRouting:
                 info = shard.probe_queries[name]
                 by_query.setdefault((info.query_id, info.version), []).append(name)
             for (query_id, version), names in by_query.items():
-                if any(name in shard.ready_sent or evaluator.pending(name) for name in names):
+                if any(name in shard.ready_sent or evaluator.pending(name, shard.ready_through.get(name, -1))
+                       for name in names):
                     continue
                 as_of = max(shard.registered_at[name] for name in names)
                 value = codec.encode_probe_ready(query_id, version, shard.partition, as_of)

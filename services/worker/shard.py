@@ -239,6 +239,7 @@ class Shard:
     evaluator: PartitionEvaluator | None = None
     probe_queries: dict[str, QueryInfo] = field(default_factory=dict)
     registered_at: dict[str, int] = field(default_factory=dict)
+    ready_through: dict[str, int] = field(default_factory=dict)  # ... and the seq it replayed its log to then
     ready_sent: set[str] = field(default_factory=set)
     # (sender partition, query) -> the last (cause, chunk) probe segment taken from it (services.worker.probes:
     # a second owner's copy of a segment is dropped)

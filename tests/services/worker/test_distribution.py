@@ -111,7 +111,8 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
                     late: set[str] = frozenset(), crash_rate: float = 0.0,
                     worker_crash_rate: float = 0.0, two_owners: bool = False,
                     registered: dict | None = None, checkpoint_rate: float = 0.0, stats: dict | None = None,
-                    checkpoints_until_late: bool = False) -> dict[str, list[tuple[int, str, tuple]]]:
+                    checkpoints_until_late: bool = False, late_point: float = 0.5, late_read: float = 0.5
+                    ) -> dict[str, list[tuple[int, str, tuple]]]:
     """The fleet's cores in memory, each routed partition its own worker, processed in a random order;
     ``late`` queries are registered halfway; with ``worker_crash_rate`` a worker dies after a commit now and
     then and a new one restores its shard from the log at the committed offset, as the service does.
@@ -125,6 +126,8 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     the workers' restores after a crash, and those that used a checkpoint; ``["other_queries"]`` those whose
     checkpoint held other queries than the plans); ``checkpoints_until_late``: none is taken after the late
     registration (a long checkpoint interval), so the restores after it adopt checkpoints saved before it.
+    ``late_point``: where in updates.encoded the late queries are registered (a fraction of its records);
+    ``late_read``: how far the workers have gone through their logs when they read that registration.
     Returns per query the answers (seq, sign, sorted binding) in answer order; ``registered["seq"]`` is set to
     the seq the late queries are registered at (the last change of updates.encoded before their offset)."""
     ingest = IngestProcessor(SETTINGS, n_routed, n_deltas)
@@ -224,15 +227,16 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     late_done = not late
     twin: dict | None = None  # two_owners: the new owner of routed partition twin["p"], until the old one stops
     while any(cursors[p] < len(routed[p]) for p in range(n_routed)) or twin is not None:
-        if not late_done and sum(cursors) >= sum(len(v) for v in routed.values()) // 2:
+        if not late_done and sum(cursors) >= sum(len(v) for v in routed.values()) * late_read:
             late_done = True
             if two_owners:  # the old owner's last commit, or an older one: before the late registration
                 p = rng.randrange(n_routed)
                 start, metadata = rng.randint(max(0, cursors[p] - 3), cursors[p]), workers[p].metadata()
                 known = len(plan_log)
-            register(sorted(late), len(encoded) // 2)  # every worker applies it when it reads it
+            point = int(len(encoded) * late_point)
+            register(sorted(late), point)  # every worker applies it when it reads it
             if registered is not None:
-                registered["seq"] = max((change.seq for off, value in enumerate(encoded[:len(encoded) // 2])
+                registered["seq"] = max((change.seq for off, value in enumerate(encoded[:point])
                                          for change in decode_changes("encoded", value)), default=-1)
             if two_owners:  # the new owner restores meanwhile, and reads the registration then or later
                 core = WorkerCore(topics, n_routed, 1, n_deltas, reader, assemble_in_spark=False, record_reader=records,
@@ -901,3 +905,20 @@ def test_path_queries_in_the_fleet_equal_one_engine(seed: int) -> None:
     (The single-owner ones run in the fleet tests: this simulation holds routed shards only.)"""
     check_seeded_run(generate_patch(300, seed=seed, subjects=6),
                      {name: PATH_QUERIES[name] for name in sorted(PATHS_BY_CENTRE)}, seed)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_a_registration_read_long_after_its_point_waits_for_the_probes_of_the_records_replayed(seed: int) -> None:
+    """Multi-centre queries registered near the start of the stream, their plans read by every worker only
+    near its end: each worker has sent frontiers far past the registration's point, then replays its log from
+    there for the new queries.  The probes of those replayed records are answered after the frontiers that
+    cover them, so a partition marks the registration ready only once they are done; the answers service
+    releases none of them early, and drops none as a repeat (an example client once saw one answer of an
+    INSERT and never the other)."""
+    rng = random.Random(seed)
+    lines = generate_patch(240, seed=seed, subjects=5)
+    queries = {name: BY_CENTRE_QUERIES[name] for name in ("path", "triangle", "product")}
+    registered: dict = {}
+    got = run_distributed(lines, queries, 2 + seed % 3, 1 + seed % 2, rng, late=set(queries), registered=registered,
+                          late_point=0.1 * (seed % 3), late_read=0.9)
+    assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
