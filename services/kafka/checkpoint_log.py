@@ -15,10 +15,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from services.kafka.client import end_offsets
+from services.kafka.replay import records_between
 from services.kafka.config import KafkaSettings
 from services.wire.records import Output, kv
 from services.wire.sealed import CheckpointKeyMissing, mac
@@ -74,23 +75,9 @@ def _records(consumer: Consumer, topic: str, partition: int, low: int, high: int
     instead of a connection per shard.  Transaction markers take offsets, so the end is the consumer's position."""
     if high <= low:
         return
-    tp = TopicPartition(topic, partition)
-    consumer.assign([TopicPartition(topic, partition, low)])
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            for msg in consumer.consume(500, 0.1):
-                if msg.error() is not None:
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(msg.error())
-                if msg.offset() >= high:
-                    return
-                yield msg
-            if consumer.position([tp])[0].offset >= high:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading the checkpoints of {topic}[{partition}] {low}..{high} timed out")
+        yield from records_between(consumer, topic, partition, low, high, 500, timeout,
+                                   f"reading the checkpoints of {topic}[{partition}] {low}..{high}")
     finally:
         consumer.unassign()
 

@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
 
-__all__ = ["read_range", "require_from",]
+__all__ = ["read_range", "records_between", "require_from"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -40,27 +40,39 @@ def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, 
     try:
         # Every record in [start, end) is needed: refuse a log that no longer starts at or below ``start``.
         require_log_start(consumer, topic, {partition: start}, end={partition: end})
-        consumer.assign([TopicPartition(topic, partition, start if start > 0 else OFFSET_BEGINNING)])
-        deadline = time.monotonic() + timeout
-        tp = TopicPartition(topic, partition)
-        while True:
-            msgs = consumer.consume(batch, 0.2)
-            for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(err)
-                if msg.offset() >= end:
-                    return
-                yield msg
-            position = consumer.position([tp])[0].offset
-            if position >= end:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"replay of {topic}[{partition}] {start}..{end} stuck at {position}")
+        yield from records_between(consumer, topic, partition, start if start > 0 else OFFSET_BEGINNING, end,
+                                   batch, timeout, f"replay of {topic}[{partition}] {start}..{end}")
     finally:
         consumer.close()
+
+
+def records_between(consumer: Consumer, topic: str, partition: int, start: int, end: int, batch: int = 2000,
+                    timeout: float = 120.0, what: str = "") -> Iterator[Message]:
+    """The committed records of ``topic[partition]`` from ``start`` up to ``end`` through ``consumer`` (assigned
+    here).  Transaction markers take offsets, so the end is the consumer's position, not the last record's
+    offset.  Raises :class:`TimeoutError` (naming ``what``) if the range cannot be read in time."""
+    consumer.assign([TopicPartition(topic, partition, start)])
+    deadline = time.monotonic() + timeout
+    tp = TopicPartition(topic, partition)
+    wanted = end - max(start, 0)
+    while True:
+        # (consume waits its whole timeout unless it gets as many records as it asks for: ask for no more than
+        # the range holds, and wait briefly, or each short read costs the timeout)
+        for msg in consumer.consume(max(1, min(batch, wanted)), 0.01):
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(err)
+            if msg.offset() >= end:
+                return
+            yield msg
+        position = consumer.position([tp])[0].offset
+        if position >= end:
+            return
+        wanted = end - max(position, start, 0)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what or topic} stuck at {position}")
 
 
 def require_from(settings: KafkaSettings, topic: str, needed: dict[int, int], timeout: float = 30.0) -> None:
