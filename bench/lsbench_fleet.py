@@ -24,6 +24,9 @@ Measured:
   update; the ``cbgp publish`` client's CPU is reported apart (``publish-cli``), not in the fleet total;
 - per worker: its share of the state entries (``cbgp_query_state_entries`` summed over queries, and
   ``cbgp_state_entries`` summed over partitions, both from its /metrics at the end) and of the workers' CPU.
+- per data-path service (ingest, each worker, answers), from its ``cbgp_hop_latency_seconds`` histogram at the
+  end: p50/p99 of the time from the produce of the update behind each batch to the service polling it, having
+  processed it and having committed it (``hops``): where the produce-to-answer latency goes, hop by hop.
 
 Paced (``--paced RATE``): instead of one ``cbgp publish`` burst, the same updates are produced at RATE updates/s
 (messages of 50, as bench/fleet_bench.py does), and once every answer is out the answers topic is read: the
@@ -109,6 +112,43 @@ def metrics(url: str) -> dict[str, float]:
 
 def total(page: dict[str, float], metric: str) -> float:
     return sum(v for k, v in page.items() if k == metric or k.startswith(metric + "{"))
+
+
+def histogram_quantile(page: dict[str, float], metric: str, q: float, **labels: str) -> float | None:
+    """The ``q`` quantile of a Prometheus histogram's buckets on ``page`` (those with ``labels``), interpolated
+    linearly inside its bucket as Prometheus' histogram_quantile does; None when it observed nothing."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    buckets = []
+    for key, value in page.items():
+        if key.startswith(metric + "_bucket{") and all(w in key for w in wanted):
+            bound = key.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), value))
+    buckets.sort()
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank, lower, below = q * buckets[-1][1], 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def hop_latencies(pages: dict[str, dict[str, float]]) -> dict[str, dict[str, list[float | None]]]:
+    """Per data-path service, per point (polled, processed, committed): [p50, p99] ms from the produce of the
+    update behind each batch (``cbgp_hop_latency_seconds``)."""
+    out = {}
+    for name, page in pages.items():
+        points = {}
+        for point in ("polled", "processed", "committed"):
+            quantiles = [histogram_quantile(page, "cbgp_hop_latency_seconds", q, point=point) for q in (0.5, 0.99)]
+            if quantiles[0] is not None:
+                points[point] = [round(1000 * x, 1) if x is not None else None for x in quantiles]
+        if points:
+            out[name] = points
+    return out
 
 
 def wait_for_answers(answers_url: str, expected: int, t0: float, stall: float, timeout: float) -> tuple[float | None, float]:
@@ -278,6 +318,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             raise RuntimeError(f"cbgp publish failed ({pub.returncode}): {pub.stderr[-1000:]}")
         t_done, emitted = wait_for_answers(answers_url, expected, t0, args.stall, args.timeout)
         per_cpu = cpu.stop()  # (includes the 3 s of confirmation, idle by then)
+        hops = hop_latencies({name: metrics(url) for name, url in fleet["metrics"].items()})
         states = {}
         for name, url in fleet["metrics"].items():
             if name.startswith("worker-"):
@@ -314,7 +355,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             "cpu_s": {k: round(v, 2) for k, v in per_cpu.items()}, "fleet_cpu_s": round(fleet_cpu, 2),
             "cpu_us_per_update": {k: round(1e6 * v / n_updates, 1) for k, v in per_cpu.items()},
             "fleet_cpu_us_per_update": round(1e6 * fleet_cpu / n_updates, 1),
-            "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "latency": latency,
+            "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "latency": latency, "hops": hops,
             "run_dir": str(run_dir) if args.keep else None}
 
 
@@ -327,7 +368,10 @@ def describe(r: dict) -> str:
             f"{r['fleet_cpu_us_per_update']:.0f} us/update ({procs}); publish-cli {r['publish_cli_cpu_s']:.1f} s; "
             f"workers [query-state/state-entries, cpu share] {ws}"
             + (f"; latency at {r['latency']['rate']:,.0f}/s p50 {r['latency']['p50_ms']:.0f} ms p99 "
-               f"{r['latency']['p99_ms']:.0f} ms max {r['latency']['max_ms']:.0f} ms" if r.get("latency") else ""))
+               f"{r['latency']['p99_ms']:.0f} ms max {r['latency']['max_ms']:.0f} ms" if r.get("latency") else "")
+            + ("; hops from produce, p50/p99 ms: " + ", ".join(
+                f"{name} " + " ".join(f"{point} {p50:.0f}/{p99:.0f}" for point, (p50, p99) in points.items())
+                for name, points in r["hops"].items()) if r.get("hops") else ""))
 
 
 def _pct(x: float | None) -> str:

@@ -243,10 +243,13 @@ class IngestService:
     def process(self, msgs: list[Message]) -> Step | None:
         outputs: list[Output] = self._checkpoint_records()  # (the last snapshot, to Kafka with this batch)
         offsets: dict[int, int] = {}
+        oldest: int | None = None
         for msg in msgs:
             if msg.partition() not in self.owned:
                 continue  # revoked meanwhile
             ts_type, ts = msg.timestamp()
+            if ts > 0 and (oldest is None or ts < oldest):
+                oldest = ts
             headers = msg.headers()
             raw = RawRecord(msg.value(), {k: v for k, v in headers if v is not None} if headers else {},
                             msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
@@ -257,7 +260,7 @@ class IngestService:
         outputs.extend(self.processor.flush())
         assert self.consumer is not None
         tps = [TopicPartition(self.raw_topic, p, o) for p, o in offsets.items()]
-        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())], len(msgs), offsets)
+        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())], len(msgs), offsets, oldest)
 
     def committed(self, step: Step) -> None:
         if self.remote is not None:

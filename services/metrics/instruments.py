@@ -77,6 +77,19 @@ PROCESSING_LATENCY = Histogram(
     "cbgp_processing_latency_seconds", "Time to process one polled batch, poll to commit.", ["service"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+# Where the time between an update's produce and its answers goes, hop by hop: from the produce of the raw update
+# behind a batch's oldest input to the service polling that batch, having processed it, and having committed its
+# outputs (the next hop's "polled" minus this hop's "committed" is the time the records waited in Kafka).
+HOP_LATENCY = Histogram(
+    "cbgp_hop_latency_seconds", "Produce of the raw update behind a batch's oldest input to this service's point "
+    "(polled, processed, committed) for that batch.", ["service", "point"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+TRANSACTION_STEP = Histogram(
+    "cbgp_transaction_step_seconds", "Time of one step of a batch's transaction (process: the state in memory; "
+    "commit: produce, offsets and the broker's acknowledgements).", ["service", "step"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
 REJECTED_INPUTS = Counter("cbgp_rejected_inputs", "Inputs sent to the dead-letter topic, by reason code.",
                           ["service", "reason"])
 RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress of a partition, 0..1.", ["partition"])

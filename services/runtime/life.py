@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -28,7 +28,7 @@ from services.wire.sealed import CheckpointKeyMissing
 from services.wire.sealed import key as checkpoint_key
 # Re-exported: the services import their input and replay helpers from here.
 
-__all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction", "run_service", "wait_for_topics", "ORIGIN_HEADER", "origin_ms", "kv",
+__all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction", "run_service", "wait_for_topics", "ORIGIN_HEADER", "origin_ms", "oldest_origin", "kv",
            "LogTruncated",]
 
 log = logging.getLogger("cbgp.runtime")
@@ -53,6 +53,12 @@ def origin_ms(msg: Message) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def oldest_origin(msgs: Iterable[Message]) -> int | None:
+    """The earliest ``cbgp-origin-ms`` of ``msgs`` (None: none carries one): a batch's ``Step.origin_ms``."""
+    origins = [origin for origin in map(origin_ms, msgs) if origin is not None]
+    return min(origins) if origins else None
 
 
 # ---------------------------------------------------------------------------------------- process setup

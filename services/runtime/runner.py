@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence
 
 from confluent_kafka import Producer, TopicPartition
 
-from services.metrics.instruments import PROCESSING_LATENCY, UPDATES_IN, UPDATES_OUT
+from services.metrics.instruments import HOP_LATENCY, PROCESSING_LATENCY, TRANSACTION_STEP, UPDATES_IN, UPDATES_OUT
 from services.wire.records import Output
 from services.runtime.life import Stopper, commit_transaction
 from services.wire.topology import TOPOLOGIES, Topology
@@ -37,6 +37,7 @@ class Step:
     offsets: list[GroupOffsets] = field(default_factory=list)  # empty: outputs only (nothing was consumed)
     inputs: int = 0  # input changes the batch held (cbgp_updates_in_total)
     detail: Any = None  # the processor's own note for committed() (e.g. the positions the offsets move to)
+    origin_ms: int | None = None  # produce time (epoch ms) of the raw update behind the batch's oldest input
 
 
 class Processor(Protocol):
@@ -84,24 +85,34 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
     service = processor.service
     updates_in, updates_out = UPDATES_IN.labels(service), UPDATES_OUT.labels(service)
     latency = PROCESSING_LATENCY.labels(service)
+    hops = [HOP_LATENCY.labels(service, point) for point in ("polled", "processed", "committed")]
+    steps = [TRANSACTION_STEP.labels(service, name) for name in ("process", "commit")]
     clean = False
     try:
         processor.open()
         ready[0] = True
         while not stopper.stopping:
             batch = processor.poll()  # step 1
-            started = time.monotonic()
+            started, polled_at = time.monotonic(), time.time()
             step = processor.process(batch)  # step 2
             if step is None:
                 step = processor.idle()
                 if step is None:
                     continue
+            processed = time.monotonic()
             commit_transaction(processor.producer, step.outputs, step.offsets)  # step 3 (a), (b), (c)
             processor.committed(step)  # step 4
             if step.offsets:
+                done = time.monotonic()
                 updates_in.inc(step.inputs)
                 updates_out.inc(len(step.outputs))
-                latency.observe(time.monotonic() - started)
+                latency.observe(done - started)
+                steps[0].observe(processed - started)
+                steps[1].observe(done - processed)
+                if step.origin_ms is not None:
+                    since = polled_at - step.origin_ms / 1000
+                    for hop, seconds in zip(hops, (0.0, processed - started, done - started)):
+                        hop.observe(max(0.0, since + seconds))
         clean = True
     finally:
         ready[0] = False

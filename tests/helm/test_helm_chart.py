@@ -610,7 +610,7 @@ METRICS = [
     "cbgp_state_bytes", "cbgp_consumer_lag", "cbgp_processing_latency_seconds", "cbgp_rejected_inputs_total",
     "cbgp_restore_progress_ratio", "cbgp_answer_latency_seconds", "cbgp_background_estimated_accuracy",
     "cbgp_background_refreshes_total", "cbgp_background_view_triples", "cbgp_checkpoint_bytes",
-    "cbgp_checkpoint_last_timestamp_seconds",
+    "cbgp_checkpoint_last_timestamp_seconds", "cbgp_hop_latency_seconds", "cbgp_transaction_step_seconds",
 ]
 
 
@@ -623,7 +623,7 @@ def test_dashboard_has_a_panel_for_every_metric_and_ships_in_a_configmap(rendere
     for metric in METRICS:
         assert any(re.search(rf"\b{metric}(_bucket)?\b", e) for e in exprs), f"no panel plots {metric}"
     for e in exprs:  # histograms are plotted as quantiles of their buckets, never as raw series
-        if "latency_seconds" in e:
+        if "latency_seconds" in e or "_step_seconds" in e:
             assert "histogram_quantile" in e and "_bucket" in e, e
     cm = one(rendered["default"], "ConfigMap", "rel-cbgp-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"

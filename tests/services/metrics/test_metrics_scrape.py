@@ -97,6 +97,12 @@ def test_each_service_exposes_its_metrics_and_they_move_when_data_flows(kafka_se
         assert value(after[service], "cbgp_processing_latency_seconds_count", service=service) > \
             value(before[service], "cbgp_processing_latency_seconds_count", service=service), service
         assert "cbgp_consumer_lag" in names(after[service]), service
+        # every hop saw the updates' produce time: polled <= committed, both after the produce
+        for point in ("polled", "committed"):
+            assert value(after[service], "cbgp_hop_latency_seconds_count", service=service, point=point) > \
+                value(before[service], "cbgp_hop_latency_seconds_count", service=service, point=point), (service, point)
+        assert value(after[service], "cbgp_hop_latency_seconds_sum", service=service, point="polled") <= \
+            value(after[service], "cbgp_hop_latency_seconds_sum", service=service, point="committed"), service
     assert value(after["ingest"], "cbgp_rejected_inputs_total", service="ingest", reason="malformed-rdf") >= 1
     assert value(after["worker"], "cbgp_state_entries") > 0
     assert value(after["worker"], "cbgp_state_bytes") > 0
