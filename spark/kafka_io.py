@@ -232,7 +232,9 @@ def _read_messages(options: Mapping[str, str], part: KafkaPartition) -> Iterator
     position, last_progress = part.start, time.monotonic()
     try:
         while position < part.end:
-            msgs = consumer.consume(num_messages=min(10_000, part.end - position), timeout=1.0)
+            # (a range ending on a transaction marker holds fewer records than offsets: consume() would wait out
+            # its whole timeout for the last of them, so wait briefly and look at the position)
+            msgs = consumer.consume(num_messages=min(10_000, part.end - position), timeout=0.05)
             good = []
             for msg in msgs:
                 err = msg.error()
@@ -271,6 +273,25 @@ def _read_messages(options: Mapping[str, str], part: KafkaPartition) -> Iterator
         consumer.close()
 
 
+class WindowedGate:
+    """Whether a windowed query needs updates.encoded now (option ``onlyForWindowedQueries``: the plans topic),
+    and from where: the lowest offset at which a registered windowed query was registered (its plan's
+    ``registered_at_seq``); a windowed query sees the updates from its registration on, and while none is
+    registered the windows duty reads nothing at all."""
+
+    def __init__(self, options: Mapping[str, str], plans_topic: str) -> None:
+        self.config = client_config(options)
+        self.plans_topic = plans_topic
+
+    def floor(self) -> int | None:
+        """None: no windowed query is registered."""
+        from spark.plan_topic import plan_cache
+
+        seqs = [plan.registered_at_seq for plan in plan_cache(self.config, self.plans_topic).refresh().values()
+                if plan.window is not None]
+        return min(seqs) if seqs else None
+
+
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader; offsets ``{"<partition>": next_offset}`` live in Spark's checkpoint."""
 
@@ -281,6 +302,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_per_trigger = int(options.get("maxOffsetsPerTrigger", "0")) or None
         self._available_now_target: dict[str, int] | None = None
         self._latest: dict[str, int] | None = None
+        plans = options.get("onlyForWindowedQueries")
+        self.gate = WindowedGate(options, plans) if plans else None
 
     def initialOffset(self) -> dict:
         return self.planner.resolve(_parse_offsets(self.options.get("startingOffsets", ""), "earliest"))
@@ -294,6 +317,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         end = self._latest = self.planner.resolve("latest")
+        # (the offsets before the plans: a query registered after them has its registration offset at or past them)
+        if self.gate is not None and start and self.gate.floor() is None:
+            return dict(start)  # nothing needs the topic now: no batch at all
         if self._available_now_target is not None:
             end = {p: min(o, self._available_now_target.get(p, o)) for p, o in end.items()}
         # Never go backwards (a partition's end cannot shrink below what was already read).
@@ -308,10 +334,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest if self._latest is not None else self.planner.resolve("latest")
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
+        floor = self.gate.floor() if self.gate is not None else None
+        begin = {p: max(int(start.get(p, 0)), floor or 0) for p in end}  # (below the floor nobody needs it)
         return split_ranges([
-            KafkaPartition(self.topic, int(p), int(start.get(p, 0)), int(e))
+            KafkaPartition(self.topic, int(p), begin[p], int(e))
             for p, e in sorted(end.items(), key=lambda kv: int(kv[0]))
-            if int(e) > int(start.get(p, 0))
+            if int(e) > begin[p]
         ], int(self.options.get("minPartitions", "0") or 0))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -58,6 +58,9 @@ class PlanCache:
             return
         self.plans[query_id] = RegisteredPlan(query_id, record["version"], text, window, record["registered_at_seq"])
 
+    def close(self) -> None:
+        self._tail.close()
+
     def get(self, query_id: str) -> RegisteredPlan | None:
         """The plan of ``query_id``, refreshing once if it is not known yet."""
         plan = self.plans.get(query_id)

@@ -52,7 +52,9 @@ class TopicTail:
         from confluent_kafka import TopicPartition
 
         while any(self._positions[p] < ends[p] for p in self.partitions) and time.monotonic() < deadline:
-            for msg in self._consumer.consume(batch, timeout=0.2):
+            # (a short wait: consume() waits out its timeout unless a whole batch comes, and a refresh usually
+            # finds a record or two; the positions below tell when the end is reached)
+            for msg in self._consumer.consume(batch, timeout=0.01):
                 if msg.error():
                     continue
                 self._positions[msg.partition()] = msg.offset() + 1
@@ -63,6 +65,21 @@ class TopicTail:
                 position = self._consumer.position([TopicPartition(self.topic, p)])[0].offset
                 if position >= 0:
                     self._positions[p] = max(self._positions[p], position)
+
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def close_instances() -> None:
+    """Close and forget this process's instances (their consumers), as before its brokers go away."""
+    with _LOCK:
+        instances = list(_INSTANCES.values())
+        _INSTANCES.clear()
+    for instance in instances:
+        close = getattr(instance, "close", None)
+        if close is not None:
+            close()
 
 
 def per_process(cls: Callable[[Mapping[str, Any], str], T], client_config: Mapping[str, Any], topic: str) -> T:

@@ -224,3 +224,33 @@ def test_an_unregistered_windowed_query_state_is_removed_by_its_expiry_timer(
                     offset)
     run_stateful_once(spark, kafka_settings, "windows", checkpoint)
     assert _window_state_keys(spark, checkpoint) == {"stays"}
+
+
+def test_the_windows_duty_reads_nothing_while_no_windowed_query_is_registered(kafka_settings: KafkaSettings) -> None:
+    """The source of the windows duty on the broker: with only plain queries registered it reports no new
+    offsets, so Spark runs no batch at all; once a windowed query is registered it reads from that query's
+    registration offset, not the updates nobody needed before it."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from spark.job import kafka_options
+    from spark.kafka_io import KafkaStreamReader
+    from spark.topic_tail import close_instances
+
+    ensure_topics(kafka_settings)
+    publish_plan(kafka_settings, "plain", PREFIX + "SELECT ?x WHERE { ?x :p ?y }")
+    ingest = IngestProcessor(kafka_settings, kafka_settings.partitions, kafka_settings.partitions)
+    offset = publish_records(kafka_settings, ingest, random_records(random.Random(1), 6), 0)
+    options = {**kafka_options(kafka_settings), "subscribe": kafka_settings.topic("updates.encoded"),
+               "onlyForWindowedQueries": kafka_settings.topic("queries.plans")}
+    reader = KafkaStreamReader(options)
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadAllAvailable()) == start, "a batch with no windowed query registered"
+    publish_plan(kafka_settings, "windowed", QUERIES["sliding"])  # registered at the current end: 6
+    publish_records(kafka_settings, ingest, random_records(random.Random(2), 3), offset)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"0": 9}
+    assert [(p.start, p.end) for p in reader.partitions(start, end)] == [(6, 9)]
+    unpublish_plan(kafka_settings, "windowed")
+    assert reader.latestOffset(end, ReadAllAvailable()) == end
+    reader.stop()
+    close_instances()  # (the plans' reader of this process, before the broker goes)
