@@ -39,8 +39,8 @@ def shard_blob(shard: Shard, floors: dict[int, tuple] | None = None) -> bytes | 
                            # multi-centre queries (services.worker.probes); their QueryInfo is rebound on adopt
                            "frontier": shard.frontier, "evaluator": shard.evaluator,
                            "probe_names": sorted(shard.probe_queries), "registered_at": shard.registered_at,
-                           "ready_through": shard.ready_through, "ready_sent": shard.ready_sent, "probe_channels": shard.probe_channels,
-                           "floors": floors})
+                           "ready_through": shard.ready_through, "ready_sent": shard.ready_sent,
+                           "probe_channels": shard.probe_channels, "floors": floors})
     except Exception as exc:  # noqa: BLE001 - pickle raises PicklingError, TypeError, AttributeError...
         log.warning(kv(event="shard-checkpoint-skipped", kind=shard.kind, partition=shard.partition,
                        reason=f"{type(exc).__name__}: {exc}"))
