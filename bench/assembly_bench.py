@@ -154,7 +154,8 @@ def run_duty(workload_class, args: argparse.Namespace, spark, settings: KafkaSet
     from spark.job import start_stateful
 
     workload = workload_class(settings, random.Random(7), args.updates)
-    query = start_stateful(spark, settings, workload.duty, work / f"cp-{workload.duty}", 1.0)
+    query = start_stateful(spark, settings, workload.duty, work / f"cp-{workload.duty}", 1.0,
+                           single_owner=True)  # (its parts come as a single-owner worker sends them)
     rows, latencies, throughputs = [], [], []
     try:
         # deltas.parts holds the assembly's inputs too: answers = records - inputs (- earlier answers)

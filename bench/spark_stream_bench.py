@@ -380,7 +380,8 @@ def run_assembly(spark, broker: EmbeddedBroker, work: Path, args) -> dict:  # no
     feed = AssemblyFeed(settings, Vocabulary(args.assembly_subjects), total, seed=11)
     print(f"  assembly: generated {len(feed.transactions):,} transactions, {feed.part_deltas:,} part deltas, "
           f"{feed.total_answers:,} answer deltas in {time.perf_counter() - generated:.1f} s", flush=True)
-    query = start_stateful(spark, settings, "assembly", work / "cp-assembly", args.trigger)
+    query = start_stateful(spark, settings, "assembly", work / "cp-assembly", args.trigger,
+                           single_owner=True)  # (its parts come as a single-owner worker sends them)
     progress, result = feed_and_measure(query, feed, args.assembly_rate, args.warmup + args.duration + 60,
                                         "assembly", args)
     finished = max([feed.done_by(off)[0] for _e, off, _p in progress.ends()] or [0])

@@ -192,10 +192,14 @@ class AssemblyProcessor(state_log.QueryStateProcessor):
 
 def start_assembly(spark: SparkSession, kafka_options: Mapping[str, str], topics: Mapping[str, str],
                    deltas_partitions: int, checkpoint_dir: str, interval_s: float | None,
-                   kafka_config: Mapping[str, Any], commit_group: str) -> StreamingQuery:
-    """Start the assembly query (``interval_s=None``: availableNow, one pass, for tests and cron)."""
+                   kafka_config: Mapping[str, Any], commit_group: str, single_owner: bool = False) -> StreamingQuery:
+    """Start the assembly query (``interval_s=None``: availableNow, one pass, for tests and cron); it reads only
+    while a product is registered whose parts the workers send here (``single_owner``: the workers run with
+    ``--placement single-owner``)."""
     source = (spark.readStream.format("cbgpkafka").options(**kafka_options)
-              .option("subscribe", topics["deltas.parts"]).option("commitGroup", commit_group).load())
+              .option("subscribe", topics["deltas.parts"]).option("commitGroup", commit_group)
+              .option("onlyWhenNeededBy", "assembly").option("plansTopic", topics["queries.plans"])
+              .option("fleetSingleOwner", str(single_owner).lower()).load())
     assembled = decode_part_deltas(source).groupBy("query_id").transformWithStateInPandas(
         AssemblyProcessor(dict(kafka_config), topics["queries.plans"], deltas_partitions),
         OUTPUT_SCHEMA, "append", "None")

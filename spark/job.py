@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -98,8 +99,9 @@ DUTIES = ("windows", "assembly", "compaction")  # start order: the answer paths 
 
 
 def start_stateful(spark: SparkSession, settings: KafkaSettings, duty: str, checkpoint_dir: str | Path,
-                   interval_s: float | None) -> StreamingQuery:
-    """Start ``spark.window_stream`` or ``spark.assembly_stream`` against the fleet's topics."""
+                   interval_s: float | None, single_owner: bool = False) -> StreamingQuery:
+    """Start ``spark.window_stream`` or ``spark.assembly_stream`` against the fleet's topics (``single_owner``:
+    the workers run with ``--placement single-owner``)."""
     from services.kafka.client import end_offsets
     from spark.assembly_stream import start_assembly
     from spark.window_stream import start_windows
@@ -107,9 +109,9 @@ def start_stateful(spark: SparkSession, settings: KafkaSettings, duty: str, chec
     topics = {name: settings.topic(name)
               for name in ("updates.encoded", "deltas.parts", "queries.plans", "dictionary")}
     deltas_partitions = len(end_offsets(settings, topics["deltas.parts"]))
-    start = start_windows if duty == "windows" else start_assembly
-    return start(spark, kafka_options(settings), topics, deltas_partitions, str(checkpoint_dir), interval_s,
-                 settings.client_config(), f"{settings.topic_prefix}spark-{duty}")
+    args = (spark, kafka_options(settings), topics, deltas_partitions, str(checkpoint_dir), interval_s,
+            settings.client_config(), f"{settings.topic_prefix}spark-{duty}")
+    return start_windows(*args) if duty == "windows" else start_assembly(*args, single_owner=single_owner)
 
 
 # ------------------------------------------------------------------ checkpoints belong to one cluster
@@ -266,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="micro-batch interval of the window and assembly queries (default 1)")
     parser.add_argument("--only", action="append", choices=DUTIES, metavar="DUTY",
                         help=f"run only these duties (repeatable; {', '.join(DUTIES)}; default all)")
+    parser.add_argument("--placement", choices=["by-centre", "single-owner"],
+                        default=os.environ.get("CBGP_PLACEMENT", "by-centre"),
+                        help="the workers' --placement (env CBGP_PLACEMENT, default by-centre): with single-owner "
+                             "they send every product's parts here to multiply, so the assembly duty reads them")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark setting (repeatable)")
     parser.add_argument("--log-level", default="INFO")
@@ -326,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                                             None if args.once else args.compact_interval,
                                             max_offsets_per_trigger=args.max_offsets_per_trigger,
                                             publish_current=args.publish_current)
-        return lambda: start_stateful(spark, settings, duty, checkpoints[duty], interval)
+        return lambda: start_stateful(spark, settings, duty, checkpoints[duty], interval,
+                                      args.placement == "single-owner")
 
     def before_restart(duty: str) -> None:
         # A query that fails because its checkpoint's offsets are past the topic's end (the broker was

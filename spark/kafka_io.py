@@ -273,23 +273,42 @@ def _read_messages(options: Mapping[str, str], part: KafkaPartition) -> Iterator
         consumer.close()
 
 
-class WindowedGate:
-    """Whether a windowed query needs updates.encoded now (option ``onlyForWindowedQueries``: the plans topic),
-    and from where: the lowest offset at which a registered windowed query was registered (its plan's
-    ``registered_at_seq``); a windowed query sees the updates from its registration on, and while none is
-    registered the windows duty reads nothing at all."""
+class DutyGate:
+    """Whether a duty's queries need its source topic now, from the plans topic (option ``onlyWhenNeededBy``:
+    ``windows`` or ``assembly``, with ``plansTopic``): while no registered query needs it the source reports no
+    new offsets, so Spark runs no batch and the duty costs nothing.
 
-    def __init__(self, options: Mapping[str, str], plans_topic: str) -> None:
+    - ``windows``: a windowed query is registered; it sees updates.encoded from its registration offset (its
+      plan's ``registered_at_seq``), so the source reads from the lowest of those;
+    - ``assembly``: a product whose parts the workers send to the Spark job (``RegisteredPlan.assembled_by_spark``;
+      option ``fleetSingleOwner``: the workers run with ``--placement single-owner``)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.duty = options["onlyWhenNeededBy"]
+        if self.duty not in ("windows", "assembly"):
+            raise KafkaSourceError(f"onlyWhenNeededBy must be windows or assembly, got {self.duty!r}")
+        if "plansTopic" not in options:
+            raise KafkaSourceError("option plansTopic is required with onlyWhenNeededBy")
         self.config = client_config(options)
-        self.plans_topic = plans_topic
+        self.plans_topic = options["plansTopic"]
+        self.single_owner = options.get("fleetSingleOwner", "false").lower() == "true"
+        self._assembled: dict[tuple[str, int], bool] = {}  # (query id, version) -> assembled_by_spark
 
-    def floor(self) -> int | None:
-        """None: no windowed query is registered."""
+    def floor(self) -> dict[str, int] | None:
+        """None while nothing needs the topic; else the lowest offset per partition anything needs."""
         from spark.plan_topic import plan_cache
 
-        seqs = [plan.registered_at_seq for plan in plan_cache(self.config, self.plans_topic).refresh().values()
-                if plan.window is not None]
-        return min(seqs) if seqs else None
+        plans = plan_cache(self.config, self.plans_topic).refresh().values()
+        if self.duty == "windows":
+            seqs = [plan.registered_at_seq for plan in plans if plan.window is not None]
+            return {"0": min(seqs)} if seqs else None
+        assembled = self._assembled
+        live = {}
+        for plan in plans:
+            key = (plan.query_id, plan.version)
+            live[key] = assembled[key] if key in assembled else plan.assembled_by_spark(self.single_owner)
+        self._assembled = live
+        return {} if any(live.values()) else None
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -302,8 +321,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_per_trigger = int(options.get("maxOffsetsPerTrigger", "0")) or None
         self._available_now_target: dict[str, int] | None = None
         self._latest: dict[str, int] | None = None
-        plans = options.get("onlyForWindowedQueries")
-        self.gate = WindowedGate(options, plans) if plans else None
+        self.gate = DutyGate(options) if options.get("onlyWhenNeededBy") else None
+        # The latest offsets found while nothing needed the topic (taken before the plans were read): what lies
+        # below them came before any query that needs it, so a batch after a quiet spell starts there.
+        self._idle_end: dict[str, int] = {}
 
     def initialOffset(self) -> dict:
         return self.planner.resolve(_parse_offsets(self.options.get("startingOffsets", ""), "earliest"))
@@ -319,6 +340,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = self._latest = self.planner.resolve("latest")
         # (the offsets before the plans: a query registered after them has its registration offset at or past them)
         if self.gate is not None and start and self.gate.floor() is None:
+            self._idle_end = end
             return dict(start)  # nothing needs the topic now: no batch at all
         if self._available_now_target is not None:
             end = {p: min(o, self._available_now_target.get(p, o)) for p, o in end.items()}
@@ -334,8 +356,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest if self._latest is not None else self.planner.resolve("latest")
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
-        floor = self.gate.floor() if self.gate is not None else None
-        begin = {p: max(int(start.get(p, 0)), floor or 0) for p in end}  # (below the floor nobody needs it)
+        floor = (self.gate.floor() or {}) if self.gate is not None else {}
+        begin = {p: max(int(start.get(p, 0)), floor.get(p, 0), self._idle_end.get(p, 0)) for p in end}
         return split_ranges([
             KafkaPartition(self.topic, int(p), begin[p], int(e))
             for p, e in sorted(end.items(), key=lambda kv: int(kv[0]))

@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cbgp.query.plan import BY_CENTRE
 from cbgp.windows.spec import WindowError, WindowSpec
 from services import codec
-from services.wire.registrations import read_registration
+from services.wire.registrations import read_query, read_registration, recorded_placement
 from spark.topic_tail import TopicTail, per_process
 
 __all__ = ["PlanCache", "RegisteredPlan", "plan_cache"]
@@ -25,6 +26,24 @@ class RegisteredPlan:
     sparql: str  # the plain SPARQL (RSP-QL window clauses removed)
     window: WindowSpec | None
     registered_at_seq: int
+    placement: str | None = None  # where the registry placed it (plan_json's "placement"; None: not recorded)
+
+    def assembled_by_spark(self, fleet_single_owner: bool) -> bool:
+        """Whether the workers send this query's part deltas to the Spark job to multiply (as
+        ``services.worker.shard.QueryInfo`` decides, with workers that assemble in Spark): a product (several
+        parts, no window, no operators) placed on a single owner, by the fleet's placement or the registry's
+        record; a record that does not say counts as single owner."""
+        if self.window is not None or not (fleet_single_owner or self.placement != BY_CENTRE):
+            return False
+        from cbgp.engine.assembly import needs_assembly
+
+        from cbgp.query.sparql import QueryError
+
+        try:
+            parsed, _operators = read_query(self.sparql, None)
+        except QueryError:
+            return False  # (the workers dead-letter it)
+        return parsed is not None and needs_assembly(parsed)
 
 
 class PlanCache:
@@ -52,11 +71,13 @@ class PlanCache:
         try:
             record = codec.decode("QueryPlan", value)
             text, window = read_registration(record["sparql"], record["options"])
-        except (codec.CodecError, WindowError) as exc:
+            placement = recorded_placement(record["plan_json"])
+        except (codec.CodecError, WindowError, ValueError) as exc:
             self.plans.pop(query_id, None)
             self.invalid[query_id] = str(exc)
             return
-        self.plans[query_id] = RegisteredPlan(query_id, record["version"], text, window, record["registered_at_seq"])
+        self.plans[query_id] = RegisteredPlan(query_id, record["version"], text, window, record["registered_at_seq"],
+                                              placement)
 
     def close(self) -> None:
         self._tail.close()

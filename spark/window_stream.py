@@ -327,7 +327,7 @@ def start_windows(spark: SparkSession, kafka_options: Mapping[str, str], topics:
     """Start the window query (``interval_s=None``: availableNow, one pass, for tests and cron)."""
     source: DataFrame = (spark.readStream.format("cbgpkafka").options(**kafka_options)
                          .option("subscribe", topics["updates.encoded"]).option("commitGroup", commit_group)
-                         .option("onlyForWindowedQueries", topics["queries.plans"])
+                         .option("onlyWhenNeededBy", "windows").option("plansTopic", topics["queries.plans"])
                          # (one partition, the total order: read and fanned out on every core, the stateful
                          # stage puts each query's changes back in offset order)
                          .option("minPartitions", str(spark.sparkContext.defaultParallelism)).load())

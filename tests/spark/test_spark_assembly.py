@@ -122,8 +122,9 @@ def test_assembly_is_exact_per_update_across_restarts(spark: SparkSession, kafka
     checkpoint = tmp_path / "checkpoint"
     for start in range(0, len(updates), 80):  # three rounds, each a restart from the checkpoint
         publisher.publish(updates[start:start + 80])
-        run_stateful_once(spark, kafka_settings, "assembly", checkpoint)
-    run_stateful_once(spark, kafka_settings, "assembly", checkpoint)  # nothing new: must produce nothing
+        run_stateful_once(spark, kafka_settings, "assembly", checkpoint, single_owner=True)
+    # nothing new: must produce nothing
+    run_stateful_once(spark, kafka_settings, "assembly", checkpoint, single_owner=True)
 
     outputs = assembled(kafka_settings, publisher.dictionary)
     oracle = OracleGraph()
@@ -166,10 +167,51 @@ def test_an_unregistered_query_gets_no_more_answers_and_its_state_goes(spark: Sp
     publisher = PartPublisher(kafka_settings, {"product": QUERIES["product"]})
     robot, tea = (f"{EX}type", iri(f"{EX}Robot")), (f"{EX}likes", iri(f"{EX}Tea"))
     publisher.publish([(1, 1, iri(f"{EX}r1"), iri(robot[0]), robot[1]), (2, 1, iri(f"{EX}p1"), iri(tea[0]), tea[1])])
-    run_stateful_once(spark, kafka_settings, "assembly", tmp_path / "cp")
+    run_stateful_once(spark, kafka_settings, "assembly", tmp_path / "cp", single_owner=True)
     before = assembled(kafka_settings, publisher.dictionary)["product"]
     assert [(r["sign"], r["terms"]) for r in before] == [("PLUS", {"x": iri(f"{EX}r1"), "y": iri(f"{EX}p1")})]
     unpublish_plan(kafka_settings, "product")
     publisher.publish([(3, 1, iri(f"{EX}r2"), iri(robot[0]), robot[1])])
-    run_stateful_once(spark, kafka_settings, "assembly", tmp_path / "cp")
+    run_stateful_once(spark, kafka_settings, "assembly", tmp_path / "cp", single_owner=True)
     assert len(assembled(kafka_settings, publisher.dictionary)["product"]) == 1
+
+
+def test_the_assembly_duty_reads_only_while_the_workers_send_it_a_products_parts(kafka_settings: KafkaSettings) -> None:
+    """The source of the assembly duty on the broker: a product placed by centre is multiplied by the answers
+    service, so with only such queries it reports no new offsets (no batch); a product placed on a single owner,
+    by the registry's record or by the fleet's placement, opens it, and it reads from where it stood idle."""
+    import json
+
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from services import codec
+    from services.kafka.client import make_producer
+    from spark.job import kafka_options
+    from spark.kafka_io import KafkaStreamReader
+    from spark.topic_tail import close_instances
+
+    ensure_topics(kafka_settings)
+    publish_plan(kafka_settings, "by-centre", QUERIES["product"])
+    producer = make_producer(kafka_settings)
+    for i in range(5):  # by-centre deltas (PartDeltaBatch records): nothing for the job
+        producer.produce(kafka_settings.topic("deltas.parts"), f"x{i}".encode(), partition=0)
+    producer.flush(30)
+    base = {**kafka_options(kafka_settings), "subscribe": kafka_settings.topic("deltas.parts"),
+            "onlyWhenNeededBy": "assembly", "plansTopic": kafka_settings.topic("queries.plans")}
+    reader = KafkaStreamReader(base)
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadAllAvailable()) == start, "a batch for a product placed by centre"
+    fleet_single_owner = KafkaStreamReader({**base, "fleetSingleOwner": "true"})
+    assert fleet_single_owner.latestOffset(start, ReadAllAvailable()) != start
+    fleet_single_owner.stop()
+
+    record = {"query_id": "owned", "sparql": QUERIES["product"], "options": {}, "projected": ["x", "y"],
+              "plan_json": json.dumps({"placement": "single-owner"}), "registered_at_seq": 0, "version": 1}
+    producer.produce(kafka_settings.topic("queries.plans"), codec.encode("QueryPlan", record), b"owned", partition=0)
+    producer.produce(kafka_settings.topic("deltas.parts"), b"part", partition=0)
+    producer.flush(30)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end["0"] == 6
+    assert [(p.partition, p.start, p.end) for p in reader.partitions(start, end)] == [(0, 5, 6)]
+    reader.stop()
+    close_instances()

@@ -241,7 +241,7 @@ def test_the_windows_duty_reads_nothing_while_no_windowed_query_is_registered(ka
     ingest = IngestProcessor(kafka_settings, kafka_settings.partitions, kafka_settings.partitions)
     offset = publish_records(kafka_settings, ingest, random_records(random.Random(1), 6), 0)
     options = {**kafka_options(kafka_settings), "subscribe": kafka_settings.topic("updates.encoded"),
-               "onlyForWindowedQueries": kafka_settings.topic("queries.plans")}
+               "onlyWhenNeededBy": "windows", "plansTopic": kafka_settings.topic("queries.plans")}
     reader = KafkaStreamReader(options)
     start = reader.initialOffset()
     assert reader.latestOffset(start, ReadAllAvailable()) == start, "a batch with no windowed query registered"
