@@ -37,6 +37,9 @@ class _Partition:
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
     gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
+    # (as_of, query, version) of the gates every routed partition marked ready, lowest first: the ones the
+    # frontiers may open (an entry whose gate opened, or whose as_of a later mark raised, is stale and skipped)
+    ready_gates: list = field(default_factory=list)
     # products' assemblers, operator queries' operators
     assemblers: dict[tuple[str, int], Assembler | GraphAssembler | Operators] = field(default_factory=dict)
     # gated registrations released -> the seq their snapshot is as of
@@ -229,6 +232,8 @@ class SeqRelease:
             gate = state.gates.setdefault(key, _Gate())
             gate.ready[routed] = max(as_of, gate.ready.get(routed, -1))  # two owners: the later snapshot
             gate.marks.append(offset)
+            if len(gate.ready) >= self.n_routed:
+                heapq.heappush(state.ready_gates, (max(gate.ready.values()), *key))
         return self._release(partition)
 
     def on_deltas(self, partition: int, offset: int, origin: int | None, deltas: PartDeltaColumns) -> list[Released]:
@@ -262,10 +267,14 @@ class SeqRelease:
     def _open(self, state: _Partition, limit: int) -> list[Released]:
         """Release the gates whose partitions are all ready and whose as_of the frontiers have passed."""
         out: list[Released] = []
-        for key, gate in list(state.gates.items()):
-            if len(gate.ready) < self.n_routed or limit < max(gate.ready.values()):
-                continue
-            upto = max(gate.ready.values())
+        ready = state.ready_gates
+        while ready and ready[0][0] <= limit:
+            as_of, *name = heapq.heappop(ready)
+            key = (name[0], name[1])
+            gate = state.gates.get(key)
+            if gate is None or max(gate.ready.values()) != as_of:
+                continue  # opened already, or a later mark raised its as_of (its own entry comes later)
+            upto = as_of
             del state.gates[key]
             state.opened[key] = upto
             # a bundle's origin: its earliest record's (the answers' latency counts from the oldest change in it)
@@ -340,7 +349,7 @@ class SeqRelease:
         state = self.partitions[partition]
         limit = self.watermark(partition)
         heap = state.heap
-        opened = self._open(state, limit) if state.gates else []
+        opened = self._open(state, limit) if state.ready_gates else []
         groups: list[tuple[int, int | None, PartDeltaColumns, list[tuple[PartDeltaColumns, int]]]] = []
         while heap and heap[0][0] <= limit:
             *_key, offset, deltas, i = heapq.heappop(heap)
