@@ -15,7 +15,7 @@ ingest, registry, workers, answers, Spark job, supervisor), by centre value:
    the same file and queries (and stays there 3 s), and the CPU of every process of the fleet over that time;
 3. the resident memory of every service at the end;
 4. with ``--kill-worker``: worker 0 is killed with SIGKILL and started again as the fleet started it; its restore
-   time (start to /readyz, and the restore_seconds its shards log), then ``--extra`` more updates of the stream are
+   time (start to /readyz, to its first assignment with its shards restored, and the restore_seconds they log), then ``--extra`` more updates of the stream are
    published and the count must reach ``cbgp replay``'s on the whole file (no answer lost or repeated);
 5. ``--sample`` queries (seeded) checked row by row: every answer of theirs on the answers topic, as (sign,
    binding) multisets, equals ``cbgp replay``'s on the same updates.
@@ -176,9 +176,17 @@ def kill_and_restart_worker(root_pid: int, run_dir: Path, timeout: float) -> dic
                 ready = time.monotonic() - t0
         except OSError:
             time.sleep(0.2)
+    assigned = None  # ... and to the end of its restore: the group gave it partitions, their shards restored
+    while assigned is None and time.monotonic() - t0 < timeout:
+        text = log_path.read_text(errors="replace")
+        if re.search(r"event=assigned partitions=\d", text):
+            assigned = time.monotonic() - t0
+        else:
+            time.sleep(0.2)
     text = log_path.read_text(errors="replace")
     restores = [float(x) for x in re.findall(r"event=shard-restored .*?restore_seconds=([\d.]+)", text)]
     return {"ready_seconds": round(ready, 2) if ready is not None else None,
+            "restored_seconds": round(assigned, 2) if assigned is not None else None,
             "shard_restore_seconds": round(sum(restores), 2), "shards": len(restores)}
 
 
@@ -287,8 +295,9 @@ def main() -> int:
                   f"{'ok' if r['ok'] else 'MISMATCH ' + str(r['emitted']) + '/' + str(r['expected'])} "
                   f"{r['updates_per_s'] or 0:,} updates/s, fleet CPU {r['fleet_cpu_us_per_update']} us/update; "
                   f"memory MB {r['memory_mb']}"
-                  + (f"; after kill -9 of worker 0: ready in {r['restart']['ready_seconds']} s (shards "
-                     f"{r['restart']['shard_restore_seconds']} s), "
+                  + (f"; after kill -9 of worker 0: ready in {r['restart']['ready_seconds']} s, its "
+                     f"{r['restart']['shards']} shards restored {r['restart']['restored_seconds']} s after its start "
+                     f"(restoring took {r['restart']['shard_restore_seconds']} s), "
                      f"{'exact' if r['exact_after_restart'] else 'MISMATCH'} with {args.extra:,} more updates "
                      f"({r['emitted_after_restart']:,}/{r['expected_after_restart']:,})" if "restart" in r else "")
                   + (f"; sample of {r['sample']['queries']} queries ({r['sample']['answering']} answering, "
