@@ -15,8 +15,8 @@ ingest, registry, workers, answers, Spark job, supervisor), by centre value:
    the same file and queries (and stays there 3 s), and the CPU of every process of the fleet over that time;
 3. the resident memory of every service at the end;
 4. with ``--kill-worker``: worker 0 is killed with SIGKILL and started again as the fleet started it; its restore
-   time (start to /readyz, to its first assignment with its shards restored, and the restore_seconds they log), then ``--extra`` more updates of the stream are
-   published and the count must reach ``cbgp replay``'s on the whole file (no answer lost or repeated);
+   time (start to /readyz, to its first assignment with its shards restored, and the restore_seconds they log),
+   then ``--extra`` more updates of the stream are published and the count must reach ``cbgp replay``'s on the whole file (no answer lost or repeated);
 5. ``--sample`` queries (seeded) checked row by row: every answer of theirs on the answers topic, as (sign,
    binding) multisets, equals ``cbgp replay``'s on the same updates.
 
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -151,9 +152,11 @@ def fleet_rows(settings: KafkaSettings, names: set[str]) -> dict[str, Counter]:
     return rows
 
 
-def kill_and_restart_worker(root_pid: int, run_dir: Path, timeout: float) -> dict:
-    """SIGKILL worker 0 and start it again with its command line and environment: seconds to its /readyz, and
-    the restore_seconds its shards logged."""
+def kill_and_restart_worker(root_pid: int, run_dir: Path, timeout: float,
+                            started: list[subprocess.Popen]) -> dict:
+    """SIGKILL worker 0 and start it again with its command line and environment (added to ``started``, for
+    the caller to stop: it is not the supervisor's child): seconds to its /readyz and to its first assignment,
+    and the restore_seconds its shards logged."""
     root = psutil.Process(root_pid)
     victim = next(pid for pid, name in _service_of(root.children()).items() if name == "worker-0")
     proc = psutil.Process(victim)
@@ -164,14 +167,14 @@ def kill_and_restart_worker(root_pid: int, run_dir: Path, timeout: float) -> dic
     log_path = run_dir / "worker-0-restarted.log"
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        started.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True))
     ready = None
     while ready is None and time.monotonic() - t0 < timeout:
         text = log_path.read_text(errors="replace")
         found = re.search(r"metrics_port=(\d+)", text)
         url = f"http://127.0.0.1:{found.group(1) if found else port}/readyz"
         try:
-            import urllib.request
             if urllib.request.urlopen(url, timeout=1).status == 200:
                 ready = time.monotonic() - t0
         except OSError:
@@ -196,6 +199,7 @@ def run_one(n: int, queries: list[tuple[str, str]], patch: Path, n_updates: int,
     proc, fleet = start_fleet(run_dir, workers, "by-centre", args.ready_timeout)
     settings = KafkaSettings(bootstrap_servers=fleet["broker"])
     answers_url = fleet["metrics"]["answers"]
+    restarted: list[subprocess.Popen] = []
     try:
         cpu = CpuTracker(proc.pid)
         registration = register_all(settings, queries, args.timeout)
@@ -214,7 +218,7 @@ def run_one(n: int, queries: list[tuple[str, str]], patch: Path, n_updates: int,
         memory = memory_mb(proc.pid)
         after: dict = {}
         if args.kill_worker and t_done is not None:
-            after["restart"] = kill_and_restart_worker(proc.pid, run_dir, args.ready_timeout)
+            after["restart"] = kill_and_restart_worker(proc.pid, run_dir, args.ready_timeout, restarted)
             print(f"  {n:,} queries: worker 0 killed and restarted: {after['restart']}", file=sys.stderr, flush=True)
             extra = subprocess.run([*CBGP, "publish", str(args.extra_patch), "--format", "patch",
                                     "--bootstrap-servers", fleet["broker"]], cwd=ROOT, capture_output=True, text=True,
@@ -233,6 +237,12 @@ def run_one(n: int, queries: list[tuple[str, str]], patch: Path, n_updates: int,
                                "answering": sum(1 for c in want.values() if c), "differ": differ[:10]}
         after["final_emitted"] = int(total(metrics(answers_url), "cbgp_deltas_emitted_total"))
     finally:
+        for worker in restarted:
+            worker.terminate()
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
         stop_fleet(proc)
         shutil.rmtree(run_dir, ignore_errors=True)
     ok = t_done is not None
