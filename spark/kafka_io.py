@@ -325,6 +325,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # The latest offsets found while nothing needed the topic (taken before the plans were read): what lies
         # below them came before any query that needs it, so a batch after a quiet spell starts there.
         self._idle_end: dict[str, int] = {}
+        self._floor: dict[str, int] | None = None  # the gate's floor latestOffset found, for the batch it plans
 
     def initialOffset(self) -> dict:
         return self.planner.resolve(_parse_offsets(self.options.get("startingOffsets", ""), "earliest"))
@@ -339,9 +340,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         end = self._latest = self.planner.resolve("latest")
         # (the offsets before the plans: a query registered after them has its registration offset at or past them)
-        if self.gate is not None and start and self.gate.floor() is None:
-            self._idle_end = end
-            return dict(start)  # nothing needs the topic now: no batch at all
+        if self.gate is not None:
+            self._floor = self.gate.floor()
+            if start and self._floor is None:
+                self._idle_end = end
+                return dict(start)  # nothing needs the topic now: no batch at all
         if self._available_now_target is not None:
             end = {p: min(o, self._available_now_target.get(p, o)) for p, o in end.items()}
         # Never go backwards (a partition's end cannot shrink below what was already read).
@@ -356,8 +359,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._latest if self._latest is not None else self.planner.resolve("latest")
 
     def partitions(self, start: dict, end: dict) -> list[KafkaPartition]:
-        floor = (self.gate.floor() or {}) if self.gate is not None else {}
-        begin = {p: max(int(start.get(p, 0)), floor.get(p, 0), self._idle_end.get(p, 0)) for p in end}
+        # (the floor latestOffset found; a batch planned before a restart is planned again without it)
+        floor = self._floor if self._floor is not None or self.gate is None else self.gate.floor()
+        begin = {p: max(int(start.get(p, 0)), (floor or {}).get(p, 0), self._idle_end.get(p, 0)) for p in end}
         return split_ranges([
             KafkaPartition(self.topic, int(p), begin[p], int(e))
             for p, e in sorted(end.items(), key=lambda kv: int(kv[0]))

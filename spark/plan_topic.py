@@ -11,7 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cbgp.engine.assembly import needs_assembly
 from cbgp.query.plan import BY_CENTRE
+from cbgp.query.sparql import QueryError
 from cbgp.windows.spec import WindowError, WindowSpec
 from services import codec
 from services.wire.registrations import read_query, read_registration, recorded_placement
@@ -35,10 +37,6 @@ class RegisteredPlan:
         record; a record that does not say counts as single owner."""
         if self.window is not None or not (fleet_single_owner or self.placement != BY_CENTRE):
             return False
-        from cbgp.engine.assembly import needs_assembly
-
-        from cbgp.query.sparql import QueryError
-
         try:
             parsed, _operators = read_query(self.sparql, None)
         except QueryError:

@@ -66,7 +66,6 @@ class TopicTail:
                 if position >= 0:
                     self._positions[p] = max(self._positions[p], position)
 
-
     def close(self) -> None:
         self._consumer.close()
 

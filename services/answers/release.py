@@ -269,8 +269,8 @@ class SeqRelease:
         out: list[Released] = []
         ready = state.ready_gates
         while ready and ready[0][0] <= limit:
-            as_of, *name = heapq.heappop(ready)
-            key = (name[0], name[1])
+            as_of, query_id, version = heapq.heappop(ready)
+            key = (query_id, version)
             gate = state.gates.get(key)
             if gate is None or max(gate.ready.values()) != as_of:
                 continue  # opened already, or a later mark raised its as_of (its own entry comes later)
