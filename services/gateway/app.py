@@ -20,6 +20,7 @@ from cbgp.results import NotAcceptable, content_type, negotiate, serialize, shap
 from services.gateway.core import (ADMIN, READ, READ_WRITE, Grant, Subscriber, allows, net_change, problem,
                                    sepa_error, sepa_notification, sse_event, subscription_id)
 from services.gateway.openapi import OPENAPI
+from services.gateway.relay import RELAY_HEADER
 from services.wire.pages import PageError, page, page_params
 from services.gateway.query import QueryRefused, run_query
 from services.gateway.service import (EVICTED, NOTIFICATION_LATENCY, NOTIFICATIONS, REFUSED, REQUESTS, SUBSCRIBERS,
@@ -219,11 +220,24 @@ def make_app(gw: Gateway) -> web.Application:
         await gw.wait_plan(query_id, False)
         return _json(reply)
 
+    async def here(request: web.Request, query_id: str) -> web.Response | None:
+        """None when ``query_id``'s answers are (now) on this replica; else the one-line error to send."""
+        if gw.relays is None or gw.holds(query_id):
+            return None
+        if request.headers.get(RELAY_HEADER):  # another replica thinks this one holds it: never relay twice
+            return _problem(421, f"replica {gw.share.index} of {gw.share.count} does not hold query {query_id!r} "
+                            f"(replica {gw.owner(query_id)} does): check --share and --peers")
+        failed = await gw.stream_here(query_id)
+        return None if failed is None else _problem(502, failed)
+
     async def current(request: web.Request) -> web.Response:
         query_id = request.match_info["id"]
         info = hub.registered(query_id)
         if info is None:
             return _problem(404, f"no query with id {query_id!r} is registered")
+        elsewhere = await here(request, query_id)
+        if elsewhere is not None:
+            return elsewhere
         shape = shape_of(info.sparql, tuple(info.projected))
         try:
             media = negotiate(shape.form, request.headers.get("Accept"), request.query.get("format"))
@@ -236,6 +250,22 @@ def make_app(gw: Gateway) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": content_type(media), "Vary": "Accept",
                                                 "X-CBGP-Version": str(info.version), "X-CBGP-Answer": str(last)})
 
+    async def replica_copy(request: web.Request) -> web.Response:
+        """What another replica needs to follow a query held here: its current answers with multiplicities, and
+        the number of the last answer they reflect (then it reads the answers as SSE)."""
+        query_id = request.match_info["id"]
+        info = hub.registered(query_id)
+        if info is None:
+            return _problem(404, f"no query with id {query_id!r} is registered")
+        elsewhere = await here(request, query_id)
+        if elsewhere is not None:
+            return elsewhere
+        stream = hub.stream(query_id)
+        if stream is None or stream.version != info.version:
+            return _json({"query": query_id, "version": info.version, "last": 0, "rows": []})
+        return _json({"query": query_id, "version": stream.version, "last": stream.next_n - 1,
+                      "rows": [{"binding": b, "multiplicity": m} for b, m in stream.current.values()]})
+
     # ------------------------------------------------------------------ SSE
 
     async def answers_sse(request: web.Request) -> web.StreamResponse:
@@ -243,6 +273,9 @@ def make_app(gw: Gateway) -> web.Application:
         info = hub.registered(query_id)
         if info is None:
             return _problem(404, f"no query with id {query_id!r} is registered")
+        elsewhere = await here(request, query_id)
+        if elsewhere is not None:
+            return elsewhere
         try:
             start = int(request.query.get("from", "1"))
             if start < 1:
@@ -460,6 +493,10 @@ def make_app(gw: Gateway) -> web.Application:
                 info = hub.registered(query_id)
                 if info is None:
                     return
+            failed = await gw.stream_here(info.query_id)
+            if failed is not None:
+                await send(sepa_error(502, "unavailable", failed))
+                return
             stream = hub.stream(info.query_id)
             spuid = f"sepa://subscription/{uuid.uuid4().hex}"
             wake = asyncio.Event()
@@ -527,6 +564,7 @@ def make_app(gw: Gateway) -> web.Application:
     app.router.add_delete("/queries/{id}", delete_query)
     app.router.add_get("/queries/{id}/current", current)
     app.router.add_get("/queries/{id}/answers", answers_sse)
+    app.router.add_get("/replica/queries/{id}", replica_copy)
     app.router.add_post("/update", update)
     app.router.add_get("/query", query)
     app.router.add_post("/query", query)

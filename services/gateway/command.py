@@ -53,6 +53,19 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
         env = "CBGP_GATEWAY_" + flag[2:].upper().replace("-", "_")
         p.add_argument(flag, dest=field, type=kind, default=kind(os.environ.get(env, getattr(defaults, field))),
                        help=f"{text} (default {getattr(defaults, field)}, env {env})")
+    p.add_argument("--share", default=os.environ.get("CBGP_GATEWAY_SHARE", "0/1"),
+                   help="with several replicas: INDEX/COUNT, or host/COUNT (the index the host name ends with, a "
+                        "StatefulSet's ordinal); this replica holds the answers of the queries on its share of the "
+                        "answers partitions and follows the others from their replicas (default 0/1: all; env "
+                        "CBGP_GATEWAY_SHARE)")
+    p.add_argument("--peers", default=os.environ.get("CBGP_GATEWAY_PEERS", ""),
+                   help="with --share: every replica's URL, comma-separated in index order, or one with {i} for the "
+                        "index (env CBGP_GATEWAY_PEERS)")
+    p.add_argument("--peer-token-file", default=os.environ.get("CBGP_GATEWAY_PEER_TOKEN_FILE"),
+                   help="a token the replicas share: sent to, and accepted (scope read) from, the other replicas "
+                        "(env CBGP_GATEWAY_PEER_TOKEN_FILE)")
+    p.add_argument("--peer-ca", default=os.environ.get("CBGP_GATEWAY_PEER_CA"),
+                   help="verify https --peers against this CA (default: the system's)")
     p.add_argument("--history", type=int, default=100_000,
                    help="answers kept per query for ?from=N / Last-Event-ID (default 100000; 0 = all)")
     p.add_argument("--log-level", default=os.environ.get("CBGP_LOG_LEVEL", "INFO"),

@@ -9,6 +9,8 @@
 - SEPA notifications (:func:`sepa_notification`): ``{"notification": {"spuid", "alias", "sequence",
   "addedResults", "removedResults"}}`` with SPARQL 1.1 Query Results JSON inside, as the SEPA broker (and its
   clients, e.g. ``sepy``) speak it; a notification carries the net change of the answers it covers.
+- Shares (:class:`Share`): with several replicas, each holds the answers of the queries on its share of the
+  ``answers`` partitions; another replica follows a query it does not hold from the one that does.
 - Auth (:class:`Tokens`): bearer tokens with a ``read``, ``read-write`` or ``admin`` scope, each with an owner name
   (a token may replace or remove only its own owner's queries, unless it is ``admin``).
 """
@@ -17,13 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from http import HTTPStatus
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-__all__ = ["Answer", "Grant", "Hub", "Limits", "QueryInfo", "Stream", "Subscriber", "Tokens", "TokenError", "READ", "READ_WRITE", "ADMIN",
-           "problem", "sepa_notification", "sse_event", "subscription_id", "binding_key"]
+__all__ = ["Answer", "Grant", "Hub", "Limits", "QueryInfo", "Share", "Stream", "Subscriber", "Tokens", "TokenError",
+           "READ", "READ_WRITE", "ADMIN", "problem", "sepa_notification", "sse_event", "subscription_id",
+           "binding_key"]
 
 READ, READ_WRITE, ADMIN = "read", "read-write", "admin"
 SCOPES = (READ, READ_WRITE, ADMIN)  # each allows what the ones before it allow
@@ -53,6 +57,20 @@ class Answer:
     query_id: str
     text: str = ""
     folded: bool = True  # False: already in the stream's seed (answers.current), history only
+
+    @classmethod
+    def from_json(cls, data: Any, folded: bool = True) -> "Answer":
+        """An answer as another replica's SSE stream sent it (:meth:`to_json`); ValueError if it is not one."""
+        try:
+            answer = cls(data["n"], data["sign"], data["binding"], data["seq"], data["snapshot"],
+                         data["produced_at_ms"], data["version"], data["query"], folded=folded)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not an answer: {exc}") from None
+        if not (isinstance(answer.n, int) and answer.n >= 1 and answer.sign in ("+", "-")
+                and isinstance(answer.binding, dict) and isinstance(answer.version, int)
+                and isinstance(answer.query_id, str) and isinstance(answer.produced_at_ms, int)):
+            raise ValueError("not an answer: a field has the wrong type")
+        return answer
 
     def to_json(self) -> dict[str, Any]:
         return {"query": self.query_id, "version": self.version, "n": self.n, "seq": self.seq, "sign": self.sign,
@@ -136,6 +154,52 @@ class Limits:
     sepa_idle_s: float = 60.0  # a query registered for SEPA subscriptions is unregistered after this long unused
 
 
+@dataclass(frozen=True)
+class Share:
+    """Which queries this replica holds: those whose ``answers`` partition ``p`` has ``p % count == index`` (the
+    answers topic is keyed by query, so a replica reads and keeps only its share of it)."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str, hostname: str = "") -> "Share":
+        """``I/N``, or ``host/N``: ``I`` is the number the host name ends with (a StatefulSet's pod ordinal)."""
+        index_text, sep, count_text = text.partition("/")
+        if index_text == "host":
+            found = re.search(r"(\d+)$", hostname)
+            if found is None:
+                raise ValueError(f"--share {text}: the host name {hostname!r} does not end with a number")
+            index_text = found.group(1)
+        if not sep or not index_text.isdigit() or not count_text.isdigit():
+            raise ValueError(f"--share {text!r}: expected INDEX/COUNT (e.g. 0/3) or host/COUNT")
+        share = cls(int(index_text), int(count_text))
+        if not 0 <= share.index < share.count:
+            raise ValueError(f"--share {text}: the index must be from 0 to {share.count - 1}")
+        return share
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 1
+
+    def owner(self, partition: int) -> int:
+        """The replica holding the queries of ``answers`` partition ``partition``."""
+        return partition % self.count
+
+    def holds(self, partition: int) -> bool:
+        return self.owner(partition) == self.index
+
+    def peers(self, text: str) -> list[str]:
+        """Every replica's base URL, by index: from a comma-separated list of ``count`` URLs, or one URL with
+        ``{i}`` where the index goes (``http://cbgp-gateway-{i}.cbgp-gateway-peers:8080``)."""
+        urls = [u.strip().rstrip("/") for u in text.split(",") if u.strip()]
+        if len(urls) == 1 and "{i}" in urls[0]:
+            urls = [urls[0].replace("{i}", str(i)) for i in range(self.count)]
+        if len(urls) != self.count or not all(u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"--peers: expected {self.count} http(s) URLs (or one with {{i}}), got {text!r}")
+        return urls
+
+
 @dataclass
 class QueryInfo:
     """A registered query, from its ``QueryPlan`` record."""
@@ -196,6 +260,8 @@ class Hub:
         self.answers_read = 0
         self.last_answer_ms = 0
         self.plan_listeners: list[Callable[[str], None]] = []
+        self.idle_listeners: list[Callable[[str], None]] = []  # called when a query's last subscriber leaves
+        self.held: Callable[[str], bool] = lambda _query_id: True  # this replica keeps the query's answers
 
     # ------------------------------------------------------------------ input (from the topic reader)
 
@@ -205,7 +271,8 @@ class Hub:
         else:
             info = QueryInfo.from_plan(plan)
             self.plans[query_id] = info
-            self._stream_for(query_id, info.version)
+            if self.held(query_id):
+                self._stream_for(query_id, info.version)
         for sub in self.subscribers.get(query_id, ()):
             sub.wake()
         for listener in self.plan_listeners:
@@ -220,6 +287,23 @@ class Hub:
             if stream is not None:
                 for binding, multiplicity in rows:
                     stream.current[binding_key(binding)] = [binding, multiplicity]
+
+    def follow(self, query_id: str, version: int, rows: Iterable[tuple[dict[str, Any], int]]) -> Stream:
+        """A new stream for a query another replica holds, from that replica's current answers ``rows`` (the
+        answers relayed after it that ``rows`` already reflect come with ``Answer.folded`` False)."""
+        stream = self.streams.get(query_id)
+        if stream is None or stream.version != version or stream.answers:
+            stream = self.streams[query_id] = Stream(query_id, version, self.history)
+        stream.current = {}
+        for binding, multiplicity in rows:
+            stream.current[binding_key(binding)] = [binding, multiplicity]
+        for sub in self.subscribers.get(query_id, ()):
+            sub.wake()
+        return stream
+
+    def forget(self, query_id: str) -> None:
+        """Drop a followed query's stream (nobody here subscribes to it any more)."""
+        self.streams.pop(query_id, None)
 
     def apply_answers(self, answers: Iterable[Answer]) -> None:
         touched: set[str] = set()
@@ -266,6 +350,8 @@ class Hub:
             subs.discard(sub)
             if not subs:
                 del self.subscribers[sub.query_id]
+                for listener in self.idle_listeners:
+                    listener(sub.query_id)
 
     def subscriber_count(self) -> Counter:
         return Counter(sub.kind for subs in self.subscribers.values() for sub in subs)
@@ -280,7 +366,7 @@ class Hub:
                 "window": info.window(), "projected": info.projected, "registered_at_seq": info.registered_at_seq,
                 "answers": (stream.next_n - 1) if stream else 0,
                 "current": sum(m for _b, m in stream.current.values()) if stream else 0,
-                "subscribers": len(self.subscribers.get(query_id, ()))}
+                "subscribers": len(self.subscribers.get(query_id, ())), "held": self.held(query_id)}
 
 
 # ---------------------------------------------------------------------------------------- wire formats

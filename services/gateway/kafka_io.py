@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary, to_oxigraph
 from services import codec
 from services.codec import sparql_json_term
-from services.gateway.core import Answer
+from services.gateway.core import Answer, Share
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_producer
 from services.kafka.fetch import Fetcher
@@ -35,13 +35,15 @@ def decode_answer(value: bytes) -> Answer:
 
 
 class Follower(threading.Thread):
-    """Reads plans and answers for ever; ``deliver(batch)`` is called in this thread (it must hand over to the
-    event loop itself, e.g. with ``loop.call_soon_threadsafe``)."""
+    """Reads every plan, and the answers of the partitions in ``share``, for ever; ``deliver(batch)`` is called in
+    this thread (it must hand over to the event loop itself, e.g. with ``loop.call_soon_threadsafe``).  The first
+    batch is ``[("partitions", count)]``: how many partitions ``answers`` has."""
 
-    def __init__(self, settings: KafkaSettings, deliver: Callable[[Batch], None]) -> None:
+    def __init__(self, settings: KafkaSettings, deliver: Callable[[Batch], None], share: Share = Share()) -> None:
         super().__init__(name="gateway-follower", daemon=True)
         self.settings = settings
         self.deliver = deliver
+        self.share = share
         self.stopping = False
         self.ready = threading.Event()
         self.records = 0
@@ -53,7 +55,14 @@ class Follower(threading.Thread):
         targets: dict[tuple[str, int], int] = {}
         starts: dict[tuple[str, int], int] = {}
         for topic in (t_plans, t_answers):
-            for partition, (low, high) in end_offsets(settings, topic).items():
+            ends = end_offsets(settings, topic)
+            if topic == t_answers:
+                self.deliver([("partitions", len(ends))])
+                ends = {p: offsets for p, offsets in ends.items() if self.share.holds(p)}
+                if not self.share.whole:
+                    log.info("gateway: replica %d of %d holds answers partitions %s", self.share.index,
+                             self.share.count, sorted(ends))
+            for partition, (low, high) in ends.items():
                 targets[(topic, partition)], starts[(topic, partition)] = high, low
         truncated = sorted(p for (topic, p), low in starts.items() if topic == t_answers and low > 0)
         seeded_below: dict[int, int] = {}  # answers partition -> offset below which answers are in the seed

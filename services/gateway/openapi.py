@@ -154,7 +154,8 @@ OPENAPI: dict[str, Any] = {
                     "responses": {
                         "200": _results("current answers, in the order of the query's ORDER BY"),
                         "406": _problem("no accepted type fits the query's form"),
-                        "404": _problem("not registered"), **_AUTH}},
+                        "404": _problem("not registered"),
+                        "502": _problem("the replica holding the query (--share) cannot be reached"), **_AUTH}},
         },
         "/queries/{id}/answers": {
             "parameters": [_ID],
@@ -171,7 +172,26 @@ OPENAPI: dict[str, Any] = {
                                                "oldest kept (--history) were asked for",
                                 "content": {"text/event-stream": {"schema": {"type": "string"}}}},
                         "400": _problem("bad from / Last-Event-ID"),
-                        "404": _problem("not registered"), **_AUTH}},
+                        "404": _problem("not registered"),
+                        "421": _problem("asked by another replica, but this replica does not hold the query"),
+                        "502": _problem("the replica holding the query (--share) cannot be reached"), **_AUTH}},
+        },
+        "/replica/queries/{id}": {
+            "parameters": [_ID],
+            "get": {"operationId": "replicaCopy",
+                    "summary": "for another gateway replica (--share): the current answers with multiplicities and "
+                               "the number of the last answer they reflect",
+                    "responses": {
+                        "200": {"description": "the holder's copy", "content": {"application/json": {"schema": {
+                            "type": "object", "required": ["query", "version", "last", "rows"],
+                            "properties": {"query": {"type": "string"}, "version": {"type": "integer"},
+                                           "last": {"type": "integer"},
+                                           "rows": {"type": "array", "items": {"type": "object", "properties": {
+                                               "binding": {"type": "object"},
+                                               "multiplicity": {"type": "integer"}}}}}}}}},
+                        "404": _problem("not registered"),
+                        "421": _problem("asked by another replica, but this replica does not hold the query"),
+                        **_AUTH}},
         },
         "/update": {
             "post": {"operationId": "sparqlUpdate", "summary": "SPARQL 1.1 Update, published to updates.raw",

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from services.gateway.app import make_app
-from services.gateway.core import ADMIN, Limits, Tokens
+from services.gateway.core import ADMIN, READ, Limits, Share, Tokens
 from services.gateway.service import Gateway, log
 
 __all__ = ["serve"]
@@ -51,6 +51,26 @@ def _tokens(args: argparse.Namespace) -> Tokens:
     return tokens
 
 
+def _share(args: argparse.Namespace, tokens: Tokens) -> tuple[Share, list[str], str | None]:
+    """This replica's share, every replica's URL, and the token the replicas use with each other (accepted here
+    with scope read)."""
+    share = Share.parse(args.share, socket.gethostname())
+    if share.whole:
+        return share, [], None
+    peers = share.peers(args.peers)
+    token = None
+    if args.peer_token_file:
+        token = Path(args.peer_token_file).read_text(encoding="utf-8").strip()
+        if len(token) < 16:
+            raise SystemExit(f"cbgp gateway: the token in {args.peer_token_file} is shorter than 16 characters")
+        if tokens.required:
+            tokens.add(token, READ, "gateway-peer")
+    elif tokens.required:
+        raise SystemExit("cbgp gateway: --share with tokens needs --peer-token-file (the replicas' shared token)")
+    log.info("event=share index=%d count=%d peers=%s", share.index, share.count, ",".join(peers))
+    return share, peers, token
+
+
 def _ssl_context(args: argparse.Namespace, tokens: Tokens) -> ssl.SSLContext | None:
     if not args.tls_cert:
         return None
@@ -68,8 +88,11 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     from services.metrics.exposition import start_metrics_server
 
     tokens = _tokens(args)
+    share, peers, peer_token = _share(args, tokens)
     limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits) if hasattr(args, f.name)})
-    gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope, limits=limits)
+    gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope, limits=limits,
+                 share=share, peers=peers, peer_token=peer_token,
+                 peer_ssl=ssl.create_default_context(cafile=args.peer_ca) if args.peer_ca else None)
     loop = asyncio.get_running_loop()
     gw.start(loop)
     app = make_app(gw)
@@ -95,6 +118,8 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     await stop.wait()
     log.info("event=stopping")
     await runner.cleanup()
+    if gw.relays is not None:
+        await gw.relays.close()
     gw.stop()
     if metrics_server is not None:
         metrics_server.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.gateway.core import READ_WRITE, Answer, Grant, Hub, Limits, Tokens
+from services.gateway.core import READ_WRITE, Answer, Grant, Hub, Limits, Share, Tokens
+from services.gateway.relay import Relays
+from services.wire.records import query_partition
 
 log = logging.getLogger("cbgp.gateway")
 
@@ -36,7 +39,9 @@ class Gateway:
     """The gateway's parts: the hub (event-loop side), the topic reader, the publisher, the graph source."""
 
     def __init__(self, settings: Any, tokens: Tokens, *, history: int = 100_000, client_cert_scope: str = READ_WRITE,
-                 fleet_every: float = 2.0, limits: Limits = Limits()) -> None:
+                 fleet_every: float = 2.0, limits: Limits = Limits(), share: Share = Share(),
+                 peers: list[str] | None = None, peer_token: str | None = None,
+                 peer_ssl: ssl.SSLContext | None = None) -> None:
         from services.gateway.kafka_io import FleetSampler, Follower, GraphSource, Publisher
 
         self.settings = settings
@@ -52,14 +57,36 @@ class Gateway:
         self.unused: dict[str, float] = {}  # ... and since when nobody subscribes to them
         self.client_cert_scope = client_cert_scope
         self.hub = Hub(history)
+        self.share = share
+        self.answers_partitions = 1  # (read from the topic before any plan)
+        self.relays: Relays | None = None
+        if not share.whole:
+            self.hub.held = self.holds
+            self.relays = Relays(self.hub, peers or [], self.owner, peer_token, peer_ssl)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.follower = Follower(settings, self._deliver)
+        self.follower = Follower(settings, self._deliver, share)
         self.publisher = Publisher(settings)
         self.graph = GraphSource(settings)
         self.fleet = FleetSampler(settings, fleet_every)
         self.ready = False
         self.plan_waiters: dict[str, list[asyncio.Future]] = {}
         self.hub.plan_listeners.append(self._plan_arrived)
+
+    # ------------------------------------------------------------------ shares (several replicas)
+
+    def owner(self, query_id: str) -> int:
+        """The replica holding ``query_id``'s answers (by its ``answers`` partition)."""
+        return self.share.owner(query_partition(query_id, self.answers_partitions))
+
+    def holds(self, query_id: str) -> bool:
+        return self.owner(query_id) == self.share.index
+
+    async def stream_here(self, query_id: str) -> str | None:
+        """Make ``query_id``'s answers available here (following the replica that holds them if this one does
+        not); None, or why they are not (one line)."""
+        if self.relays is None or self.holds(query_id):
+            return None
+        return await self.relays.open(query_id)
 
     # ------------------------------------------------------------------ topic side -> loop
 
@@ -113,11 +140,14 @@ class Gateway:
                 answers = []
             if kind == "plan":
                 self.hub.apply_plan(*item)
+            elif kind == "partitions":
+                self.answers_partitions = item
             elif kind == "seed":
                 self.hub.seed(item)
             elif kind == "ready":
                 self.ready = True
-                log.info("event=ready queries=%d answers=%d", len(self.hub.plans), self.hub.answers_read)
+                log.info("event=ready queries=%d answers=%d share=%d/%d", len(self.hub.plans),
+                         self.hub.answers_read, self.share.index, self.share.count)
         if answers:
             ANSWERS_READ.inc(len(answers))
             self.hub.apply_answers(answers)

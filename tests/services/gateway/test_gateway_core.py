@@ -1,5 +1,5 @@
 """The gateway's Kafka-free parts: streams and their fold, SEPA notifications as sepy parses them, SSE framing,
-token scopes (no broker: these run in `make test-fast` too)."""
+token scopes, replicas' shares (no broker: these run in `make test-fast` too)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from services.gateway.core import (ADMIN, READ, READ_WRITE, Answer, Hub, Stream, Subscriber, TokenError, Tokens, allows,
-                                   net_change, sepa_notification, sse_event, subscription_id)
+from services.gateway.core import (ADMIN, READ, READ_WRITE, Answer, Hub, Share, Stream, Subscriber, TokenError, Tokens,
+                                   allows, net_change, sepa_notification, sse_event, subscription_id)
 
 
 def ans(n: int, sign: str, x: str, version: int = 1, query: str = "q") -> Answer:
@@ -79,6 +79,57 @@ def test_hub_supersedes_a_stream_on_a_new_version_and_wakes_subscribers() -> Non
     assert hub.stream("q") is not old and hub.stream("q").version == 2 and hub.stream("q").next_n == 2
     hub.detach(sub)
     assert hub.subscriber_count() == {}
+
+
+def test_a_share_is_read_from_its_flag_or_the_host_name_and_names_every_replica() -> None:
+    assert Share.parse("1/3") == Share(1, 3) and Share.parse("host/3", "cbgp-gateway-2") == Share(2, 3)
+    for bad, host in [("3/3", ""), ("1", ""), ("a/2", ""), ("host/2", "gateway"), ("-1/2", "")]:
+        with pytest.raises(ValueError, match="--share"):
+            Share.parse(bad, host)
+    share = Share(1, 3)
+    assert [share.owner(p) for p in range(6)] == [0, 1, 2, 0, 1, 2] and share.holds(4) and not share.holds(3)
+    assert share.peers("http://gw-{i}.peers:8080") == [f"http://gw-{i}.peers:8080" for i in range(3)]
+    assert share.peers("http://a:1, http://b:2/,https://c:3") == ["http://a:1", "http://b:2", "https://c:3"]
+    for bad in ("http://a:1,http://b:2", "", "ftp://{i}"):
+        with pytest.raises(ValueError, match="--peers"):
+            share.peers(bad)
+
+
+def test_an_answer_from_another_replica_is_checked_before_it_is_kept() -> None:
+    good = ans(7, "-", "a")
+    assert Answer.from_json(json.loads(good.encoded())).to_json() == good.to_json()
+    for bad in ({}, [], {**good.to_json(), "n": 0}, {**good.to_json(), "sign": "*"},
+                {**good.to_json(), "binding": "x"}, {**good.to_json(), "query": 3}):
+        with pytest.raises(ValueError, match="not an answer"):
+            Answer.from_json(bad)
+
+
+def test_a_followed_stream_starts_from_the_holders_fold_and_keeps_its_numbers() -> None:
+    """A replica follows a query it does not hold: the holder's current answers (as of answer 2), then its history
+    (answers 1-2: not folded again) and what comes after."""
+    def x(value: str) -> dict:
+        return {"x": {"type": "uri", "value": value}}
+
+    hub = Hub()
+    hub.held = lambda query_id: query_id != "q"
+    idle: list[str] = []
+    hub.idle_listeners.append(idle.append)
+    hub.apply_plan("q", {"query_id": "q", "sparql": "SELECT", "version": 1, "plan_json": "{}"})
+    assert hub.stream("q") is None and hub.describe("q")["held"] is False
+    stream = hub.follow("q", 1, [(x("b"), 2)])
+    history = [ans(1, "+", "b"), ans(2, "+", "b")]
+    for a in history:
+        a.folded = False
+    hub.apply_answers([*history, ans(3, "-", "b"), ans(4, "+", "c")])
+    assert hub.stream("q") is stream and [a.n for a in stream.since(1)] == [1, 2, 3, 4]
+    assert stream.rows() == [x("b"), x("c")]
+    assert hub.follow("q", 1, [(x("d"), 1)]) is not stream  # seeded anew once it has answers: a new stream
+    sub = Subscriber("q", "sse", lambda: None)
+    hub.attach(sub)
+    hub.detach(sub)
+    assert idle == ["q"]
+    hub.forget("q")
+    assert hub.stream("q") is None
 
 
 def test_sse_event_framing_and_subscription_ids() -> None:
