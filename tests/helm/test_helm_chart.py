@@ -41,6 +41,7 @@ VARIANTS = {
     "sparkApplication+production": ["-f", str(PRODUCTION), *SPARK_APP],
     "chart-created-secret": SASL_CREATED,
     "ingest-state-on-disk": ["--set", "ingest.stateOnDisk=true", "--set", "ingest.persistence.enabled=true"],
+    "gateway-replicas": ["--set", "gateway.replicas=3"],
 }
 
 
@@ -70,6 +71,11 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
 
+def workloads(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The services' pods: Deployments, and the gateway's StatefulSet when it has several replicas."""
+    return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+
 def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
     assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
@@ -78,7 +84,7 @@ def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def pod_specs(docs: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
     for d in docs:
-        if d["kind"] in ("Deployment", "Job"):
+        if d["kind"] in ("Deployment", "StatefulSet", "Job"):
             yield f'{d["kind"]}/{d["metadata"]["name"]}', d["spec"]["template"]["spec"]
         elif d["kind"] == "CronJob":
             yield f'CronJob/{d["metadata"]["name"]}', d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -214,7 +220,7 @@ def test_writable_paths_are_volumes(variant: str, rendered) -> None:
 def test_every_deployment_has_liveness_and_readiness_probes_on_the_metrics_port(variant: str, rendered) -> None:
     docs = rendered[variant]
     port = int(config(docs)["CBGP_METRICS_PORT"])
-    deployments = by_kind(docs, "Deployment")
+    deployments = workloads(docs)
     assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in deployments} >= {
         "ingest", "registry", "worker", "answers"}
     for d in deployments:
@@ -229,7 +235,7 @@ def test_every_deployment_has_liveness_and_readiness_probes_on_the_metrics_port(
 def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
     docs = rendered["default"]
     args = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
-            for d in by_kind(docs, "Deployment")}
+            for d in workloads(docs)}
     assert args == {
         "rel-cbgp-ingest": ["ingest"],
         "rel-cbgp-registry": ["registry", "--web-port", "6066"],  # its view on loopback unless exposed
@@ -241,7 +247,7 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
         "rel-cbgp-spark": ["spark-job", "--master", "local[2]", "--state-dir", "/var/lib/cbgp/state",
                            "--trigger-interval", "1", "--compact-interval", "60"],
     }
-    for d in by_kind(docs, "Deployment"):
+    for d in workloads(docs):
         pod = d["spec"]["template"]["spec"]
         assert pod["containers"][0]["image"] == "cbgp:0.1.0"  # the chart's appVersion
         assert pod["containers"][0]["envFrom"] == [{"configMapRef": {"name": "rel-cbgp"}}]
@@ -252,9 +258,9 @@ def test_each_service_runs_its_own_cbgp_entry_point(rendered) -> None:
 @pytest.mark.parametrize("variant", ["default", "production"])
 def test_each_deployment_has_a_metrics_service_and_a_disruption_budget(variant: str, rendered) -> None:
     docs = rendered[variant]
-    services = by_kind(docs, "Service")
+    services = [s for s in by_kind(docs, "Service") if s["spec"].get("clusterIP") != "None"]  # (not the peers')
     pdbs = by_kind(docs, "PodDisruptionBudget")
-    for d in by_kind(docs, "Deployment"):
+    for d in workloads(docs):
         labels = d["spec"]["template"]["metadata"]["labels"]
         assert d["spec"]["selector"]["matchLabels"].items() <= labels.items()
         selecting = [s for s in services if s["spec"]["selector"].items() <= labels.items()]
@@ -318,6 +324,34 @@ def test_gateway_serves_http_and_takes_its_tokens_from_a_secret(tmp_path: Path) 
     assert {"name": "CBGP_GATEWAY_TOKENS", "valueFrom": {"secretKeyRef": {"name": "rel-cbgp-gateway", "key": "tokens"}}} \
         in container["env"]
     assert not [d for d in render("--set", "gateway.enabled=false") if "gateway" in d["metadata"]["name"]]
+
+
+def test_several_gateway_replicas_are_pods_by_ordinal_that_share_the_queries_and_reach_each_other() -> None:
+    docs = render("--set", "gateway.replicas=3")
+    assert not [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "rel-cbgp-gateway"]
+    gateway = one(docs, "StatefulSet", "rel-cbgp-gateway")
+    assert gateway["spec"]["replicas"] == 3 and gateway["spec"]["serviceName"] == "rel-cbgp-gateway-peers"
+    pod = gateway["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    flag = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert flag["--share"] == "host/3"
+    assert flag["--peers"] == "http://rel-cbgp-gateway-{i}.rel-cbgp-gateway-peers.cbgp.svc:8080"
+    assert flag["--peer-token-file"] == "/etc/cbgp/gateway-peer/token"
+    assert {"name": "gateway-peer", "secret": {"secretName": "rel-cbgp-gateway-peer", "defaultMode": 288}} \
+        in pod["volumes"]
+    peers = one(docs, "Service", "rel-cbgp-gateway-peers")["spec"]
+    assert peers["clusterIP"] == "None" and peers["selector"] == gateway["spec"]["selector"]["matchLabels"]
+    assert len(base64.b64decode(one(docs, "Secret", "rel-cbgp-gateway-peer")["data"]["token"])) >= 16
+    from services.gateway.core import Share
+
+    share = Share.parse(flag["--share"], "rel-cbgp-gateway-2")  # (the gateway reads them so)
+    assert share.peers(flag["--peers"])[share.index] == "http://rel-cbgp-gateway-2.rel-cbgp-gateway-peers.cbgp.svc:8080"
+    tls = render("--set", "gateway.replicas=2", "--set", "gateway.tls.enabled=true", "--set",
+                 "gateway.tls.existingSecret=gw-tls", "--set", "gateway.tls.clientCA=true", "--set", "gateway.auth.mode=none")
+    args = one(tls, "StatefulSet", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--peers") + 1].startswith("https://") and "--peer-ca" in args
+    assert "--peer-token-file" not in args and not [d for d in tls if d["metadata"]["name"] == "rel-cbgp-gateway-peer"]
+    assert one(render(), "Deployment", "rel-cbgp-gateway")  # one replica: a Deployment, as before
 
 
 def test_every_pod_that_saves_or_verifies_state_takes_the_checkpoint_key_generated_or_given() -> None:
@@ -482,7 +516,7 @@ def test_production_values_configure_a_replicated_authenticated_cluster(rendered
     assert by_kind(docs, "ServiceMonitor")
     assert not [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] in ("rel-cbgp-kafka", "rel-cbgp-gateway")], \
         "with existingSecret the chart must not create credentials"
-    gateway = one(docs, "Deployment", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
+    gateway = one(docs, "StatefulSet", "rel-cbgp-gateway")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "CBGP_GATEWAY_TOKENS",
             "valueFrom": {"secretKeyRef": {"name": "cbgp-gateway-tokens", "key": "tokens"}}} in gateway["env"]
 
@@ -597,9 +631,9 @@ def test_service_monitor_scrapes_every_metrics_service(rendered) -> None:
     (sm,) = by_kind(docs, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     selector = sm["spec"]["selector"]["matchLabels"]
-    services = by_kind(docs, "Service")
-    assert len(services) == len(by_kind(docs, "Deployment"))
-    for svc in services:
+    services = [s for s in by_kind(docs, "Service") if "metrics" in {p["name"] for p in s["spec"]["ports"]}]
+    assert len(services) == len(workloads(docs))  # (the gateway's headless peers Service has no metrics port:
+    for svc in services:                           # its pods are scraped once, through the gateway's Service)
         assert selector.items() <= svc["metadata"]["labels"].items(), svc["metadata"]["name"]
         assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
     assert sm["spec"]["endpoints"][0]["path"] == "/metrics"

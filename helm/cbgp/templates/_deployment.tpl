@@ -2,14 +2,15 @@
 One Deployment, shared by every service and by the Spark job in deployment mode.
 Arguments (dict): root, component, spec (the component's values), args (container args),
 image, replicas, hpa (true: an HPA owns the replica count), recreate (one pod at a time), stateVolume,
-ports (optional: container ports besides metrics).
+ports (optional: container ports besides metrics), statefulSet (optional: the headless Service's name; a
+StatefulSet instead, its pods named by ordinal, as gateway replicas sharing the queries need).
 */}}
 {{- define "cbgp.deployment" -}}
 {{- $root := .root }}
 {{- $spec := .spec }}
 {{- $ctx := dict "root" $root "component" .component }}
 apiVersion: apps/v1
-kind: Deployment
+kind: {{ if .statefulSet }}StatefulSet{{ else }}Deployment{{ end }}
 metadata:
   name: {{ include "cbgp.componentName" $ctx }}
   labels:
@@ -19,6 +20,10 @@ spec:
   replicas: {{ .replicas }}
   {{- end }}
   revisionHistoryLimit: 3
+  {{- if .statefulSet }}
+  serviceName: {{ .statefulSet }}
+  podManagementPolicy: Parallel
+  {{- end }}
   selector:
     matchLabels:
       {{- include "cbgp.selectorLabels" $ctx | nindent 6 }}

@@ -18,7 +18,6 @@ import queue
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
