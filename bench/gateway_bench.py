@@ -1,9 +1,10 @@
 """The gateway under 1,000 concurrent subscribers: notification latency and the gateway's CPU per notification.
 
     .venv/bin/python bench/gateway_bench.py [--subscribers 1000] [--queries 10] [--rate 50] [--seconds 20]
-                                            [--ws-share 0.5]
+                                            [--ws-share 0.5] [--replicas 1] [--slow-clients 0]
 
-Starts an embedded broker and one ``cbgp gateway`` process (auth off), writes ``--queries`` QueryPlan records to
+Starts an embedded broker and ``--replicas`` ``cbgp gateway`` processes (auth off; several share the queries,
+``--share I/N``, and the subscribers of each query are spread over them as a Service would), writes ``--queries`` QueryPlan records to
 ``queries.plans`` as the registry would, and opens ``--subscribers`` clients spread evenly over the queries: a
 ``--ws-share`` of them SEPA WebSocket subscriptions (``/subscribe`` with the query's text, reusing its
 registration), the rest SSE streams (``/queries/ID/answers``).  Then it writes Answer records to ``answers`` as the
@@ -17,6 +18,10 @@ on the gateway: its process CPU (user + system, psutil) over the production wind
 (SSE events + SEPA notifications written) and by answers delivered.  The broker and the client process share the
 machine: on a loaded 2-core box the figures include their contention.
 
+``--slow-clients K``: K more SSE clients subscribe, from answer 1, to a query given a backlog of large answers
+first, with a 4 KB receive buffer, and never read: the gateway must evict each after ``--slow-client-timeout``
+(5 s here) while the others' latency stays as it was.
+
 Prints a table and, last, one JSON line (``GB_DEBUG=1``: also the SSE latency per half second of the run, on
 stderr: count, max, median ms).
 """
@@ -28,6 +33,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,7 +52,7 @@ import aiohttp  # noqa: E402
 from cbgp.query.plan import decompose  # noqa: E402
 from cbgp.query.sparql import parse_query  # noqa: E402
 from services import codec  # noqa: E402
-from services.kafka.broker import EmbeddedBroker
+from services.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from services.kafka.topics import ensure_topics
 from services.kafka.client import make_producer, produce_sync  # noqa: E402
 from services.wire.records import query_partition  # noqa: E402
@@ -150,43 +156,82 @@ def produce_answers(settings, queries: int, rate: float, seconds: float, counts:
     producer.flush(30)
 
 
+def produce_backlog(settings, query: int, answers: int, size: int) -> None:  # noqa: ANN001
+    """``answers`` large answers of query ``query`` (what the slow clients subscribe to from answer 1)."""
+    producer = make_producer(settings)
+    for n in range(1, answers + 1):
+        binding = {"x": {"type": "literal", "value": "x" * size, "datatype": None, "lang": None}}
+        record = {"query_id": f"q{query}", "n": n, "seq": n, "sign": "+" if n % 2 else "-", "binding": binding,
+                  "snapshot": False, "produced_at_ms": int(time.time() * 1000), "version": 1}
+        producer.produce(settings.topic("answers"), codec.encode("Answer", record), f"q{query}".encode(),
+                         partition=query_partition(f"q{query}", settings.partitions))
+        producer.poll(0)
+    producer.flush(60)
+
+
+async def slow_client(port: int, query: int, stop: asyncio.Event) -> None:
+    """An SSE client that asks for everything and reads nothing (its receive buffer: 4 KB)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    _reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(f"GET /queries/q{query}/answers?from=1 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    await stop.wait()
+    writer.close()
+
+
+def start_gateways(tmp: Path, env: dict[str, str], replicas: int, slow_timeout: float) -> list[tuple[str, subprocess.Popen]]:
+    ports = [free_port() for _ in range(replicas)]
+    peers = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    started = []
+    for i, port in enumerate(ports):
+        log = open(tmp / f"gateway-{i}.log", "w")
+        share = ["--share", f"{i}/{replicas}", "--peers", peers] if replicas > 1 else []
+        started.append((f"http://127.0.0.1:{port}", subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "cbgp"), "gateway", "--port", str(port), "--host", "127.0.0.1",
+             "--log-level", "INFO", "--auth", "none",  # (its own, on loopback)
+             "--max-connections-per-client", "100000", "--slow-client-timeout", str(slow_timeout), *share],
+            env=env, stderr=log, stdout=log)))
+    return started
+
+
 async def run(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     broker = EmbeddedBroker(tmp / "broker").start()
-    gateway = None
+    gateways: list[tuple[str, subprocess.Popen]] = []
     try:
         settings = broker.settings(topic_prefix="gb.", partitions=4)
         ensure_topics(settings)
-        publish_plans(settings, args.queries)
-        env = {**os.environ, **settings.to_env()}
-        log = open(tmp / "gateway.log", "w")
-        gateway = subprocess.Popen([str(ROOT / ".venv" / "bin" / "cbgp"), "gateway", "--port", "0", "--host",
-                                    "127.0.0.1", "--log-level", "INFO", "--auth", "none",  # (its own, on loopback)
-                                    "--max-connections-per-client", "100000"], env=env,
-                                   stderr=log, stdout=log)
-        port = None
-        deadline = time.monotonic() + 60
-        while port is None and time.monotonic() < deadline:
-            found = re.search(r"event=started port=(\d+)", (tmp / "gateway.log").read_text())
-            port = int(found.group(1)) if found else None
-            await asyncio.sleep(0.2)
-        if port is None:
-            raise RuntimeError("gateway did not start: " + (tmp / "gateway.log").read_text()[-2000:])
-        url = f"http://127.0.0.1:{port}"
+        heavy = args.queries  # the slow clients' query (no other subscriber's): a backlog first
+        publish_plans(settings, args.queries + 1)
+        if args.slow_clients:
+            produce_backlog(settings, heavy, 2_000, 2_000)
+        gateways = start_gateways(tmp, {**os.environ, **settings.to_env()}, args.replicas, 5.0)
+        urls = [url for url, _proc in gateways]
         clients = Clients()
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            while True:
-                async with session.get(url + "/readyz") as r:
-                    if r.status == 200:
-                        break
-                await asyncio.sleep(0.2)
+            deadline = time.monotonic() + 60
+            for url in urls:
+                while True:
+                    try:
+                        async with session.get(url + "/readyz") as r:
+                            if r.status == 200:
+                                break
+                    except aiohttp.ClientConnectionError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"gateway {url} did not start: see {tmp}")
+                    await asyncio.sleep(0.2)
             n_ws = int(args.subscribers * args.ws_share)
             tasks = []
             t_connect = time.monotonic()
             for cid in range(args.subscribers):
                 query = cid % args.queries
+                url = urls[(cid // args.queries) % len(urls)]  # a query's subscribers spread over the replicas
                 coro = clients.ws(session, url, cid, query) if cid < n_ws else clients.sse(session, url, cid, query)
                 tasks.append(asyncio.create_task(coro))
                 if cid % 50 == 49:
@@ -197,10 +242,13 @@ async def run(args: argparse.Namespace) -> dict:
             if clients.ready < args.subscribers:
                 raise RuntimeError(f"only {clients.ready} of {args.subscribers} subscribers connected: "
                                    f"{clients.errors[:3]}")
-            proc = psutil.Process(gateway.pid)
-            rss_idle = proc.memory_info().rss
+            stop_slow = asyncio.Event()
+            slow = [asyncio.create_task(slow_client(int(urls[k % len(urls)].rsplit(":", 1)[1]), heavy, stop_slow))
+                    for k in range(args.slow_clients)]
+            procs = [psutil.Process(proc.pid) for _url, proc in gateways]
+            rss_idle = [p.memory_info().rss for p in procs]
             await asyncio.sleep(1.0)
-            cpu0 = proc.cpu_times()
+            cpu0 = [p.cpu_times() for p in procs]
             me = psutil.Process()
             me0 = me.cpu_times()
             load0 = os.getloadavg()[0]
@@ -219,14 +267,15 @@ async def run(args: argparse.Namespace) -> dict:
                 if delivered >= expected:
                     break
                 await asyncio.sleep(0.1)
-            cpu1 = proc.cpu_times()
+            cpu1 = [p.cpu_times() for p in procs]
             me1 = me.cpu_times()
             window = time.monotonic() - t0
-            rss = proc.memory_info().rss
-            gw_metrics = await (await session.get(url + "/metrics")).text()
+            rss = [p.memory_info().rss for p in procs]
+            gw_metrics = [await (await session.get(url + "/metrics")).text() for url in urls]
+            stop_slow.set()
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *slow, return_exceptions=True)
         if os.environ.get("GB_DEBUG"):
             t00 = min(x[0] for x in clients.slow)
             by = {}
@@ -237,10 +286,15 @@ async def run(args: argparse.Namespace) -> dict:
                 print(b * 0.5, len(by[b]), round(max(by[b])), round(statistics.median(by[b])), file=sys.stderr)
         complete = all(sorted(clients.received[cid]) == list(range(1, counts.get(cid % args.queries, 0) + 1))
                        for cid in range(args.subscribers))
-        cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        cpus = [(b.user - a.user) + (b.system - a.system) for a, b in zip(cpu0, cpu1)]
+        cpu = sum(cpus)
         lat = sorted(clients.latencies)
-        written = sum(float(v) for v in re.findall(r'^cbgp_gateway_notifications_total\{kind="(?:sse|ws)"\} (\S+)$',
-                                                   gw_metrics, re.M))
+
+        def total(metric: str, text: str) -> float:
+            return sum(float(v) for v in re.findall(rf'^{metric}(?:\{{[^}}]*\}})? (\S+)$', text, re.M))
+
+        written = sum(total("cbgp_gateway_notifications_total", text) for text in gw_metrics)
+        evicted = sum(total("cbgp_gateway_evicted_total", text) for text in gw_metrics)
 
         def pct(p: float) -> float:
             return round(1000 * lat[min(len(lat) - 1, int(p * len(lat)))], 1) if lat else float("nan")
@@ -256,14 +310,19 @@ async def run(args: argparse.Namespace) -> dict:
             "gateway_cpu_s": round(cpu, 2), "gateway_cores": round(cpu / window, 3),
             "gateway_cpu_us_per_notification": round(1e6 * cpu / max(written, 1), 1),
             "gateway_cpu_us_per_answer_delivered": round(1e6 * cpu / max(answers_delivered, 1), 1),
-            "gateway_rss_mb": round(rss / 2**20, 1), "gateway_rss_mb_before": round(rss_idle / 2**20, 1),
+            "gateway_rss_mb": round(sum(rss) / 2**20, 1), "gateway_rss_mb_before": round(sum(rss_idle) / 2**20, 1),
+            "replicas": args.replicas, "replica_rss_mb": [round(r / 2**20, 1) for r in rss],
+            "replica_cores": [round(c / window, 3) for c in cpus],
+            "replica_answers_read": [int(total("cbgp_gateway_answers_read_total", text)) for text in gw_metrics],
+            "slow_clients": args.slow_clients, "evicted": int(evicted),
             "connect_s": round(connect_s, 1), "errors": clients.errors[:3],
             "client_cores": round(((me1.user - me0.user) + (me1.system - me0.system)) / window, 3),
             "load_avg_1m_at_start": round(load0, 2), "cpus": os.cpu_count(),
         }
     finally:
-        if gateway is not None:
+        for _url, gateway in gateways:
             gateway.terminate()
+        for _url, gateway in gateways:
             try:
                 gateway.wait(15)
             except subprocess.TimeoutExpired:
@@ -278,6 +337,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="answers per second written, all queries together")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--ws-share", type=float, default=0.5, help="share of subscribers on the SEPA WebSocket")
+    parser.add_argument("--replicas", type=int, default=1, help="gateway replicas sharing the queries")
+    parser.add_argument("--slow-clients", type=int, default=0, help="SSE clients that never read (to be evicted)")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     rows = [("subscribers (ws / sse)", f"{result['subscribers']} ({result['ws']} / {result['sse']})"),
@@ -293,14 +354,18 @@ def main() -> int:
             ("gateway CPU per notification", f"{result['gateway_cpu_us_per_notification']} us"),
             ("gateway CPU per answer delivered", f"{result['gateway_cpu_us_per_answer_delivered']} us"),
             ("gateway RSS", f"{result['gateway_rss_mb']} MB"),
-            ("client process (all 1,000 subscribers)", f"{result['client_cores']} core"),
+            ("replicas: RSS / cores / answers read", " | ".join(
+                f"{m} MB / {c} / {a}" for m, c, a in zip(result["replica_rss_mb"], result["replica_cores"],
+                                                          result["replica_answers_read"]))),
+            ("slow clients evicted", f"{result['evicted']} of {result['slow_clients']}"),
+            ("client process (all subscribers)", f"{result['client_cores']} core"),
             ("machine load at start (1 min)", f"{result['load_avg_1m_at_start']} on {result['cpus']} CPUs"),
             ("connect all subscribers", f"{result['connect_s']} s")]
     width = max(len(r[0]) for r in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     print(json.dumps(result))
-    return 0 if result["complete"] else 1
+    return 0 if result["complete"] and result["evicted"] >= result["slow_clients"] else 1
 
 
 if __name__ == "__main__":

@@ -136,6 +136,7 @@ class Gateway:
                 answers.append(item)
                 continue
             if answers:
+                ANSWERS_READ.inc(len(answers))
                 self.hub.apply_answers(answers)
                 answers = []
             if kind == "plan":
