@@ -38,7 +38,7 @@ class RelayError(Exception):
 class _Relay:
     def __init__(self) -> None:
         self.task: asyncio.Task | None = None
-        self.started = asyncio.Event()  # set once the stream is seeded, or on the first failure (error then)
+        self.started = asyncio.Event()  # the copy reached the holder's fold (or failed first: error then)
         self.error: str | None = None
         self.idle_handle: asyncio.TimerHandle | None = None
 
@@ -47,14 +47,16 @@ class Relays:
     """The queries this replica follows from their holders, one task each (used on the event loop only)."""
 
     def __init__(self, hub: Hub, peers: list[str], owner: Callable[[str], int], token: str | None,
-                 ssl_context: ssl.SSLContext | None = None, linger: float = 30.0, timeout: float = 10.0) -> None:
+                 ssl_context: ssl.SSLContext | None = None, linger: float = 30.0, timeout: float = 10.0,
+                 on_change: Callable[[int], None] = lambda _n: None, on_failure: Callable[[], None] = lambda: None
+                 ) -> None:
         self.hub, self.peers, self.owner = hub, peers, owner
+        self.on_change, self.on_failure = on_change, on_failure  # (metrics: relays open, failed reads)
         self.headers = {RELAY_HEADER: "1", **({"Authorization": f"Bearer {token}"} if token else {})}
         self.ssl_context = ssl_context
         self.linger, self.timeout = linger, timeout
         self.relays: dict[str, _Relay] = {}
         self.session: aiohttp.ClientSession | None = None
-        self.relayed = 0  # answers received from holders
         hub.idle_listeners.append(self._idle)
 
     def holder_url(self, query_id: str) -> str:
@@ -66,6 +68,7 @@ class Relays:
         if relay is None:
             relay = self.relays[query_id] = _Relay()
             relay.task = asyncio.get_running_loop().create_task(self._run(query_id, relay))
+            self.on_change(len(self.relays))
         if relay.idle_handle is not None:
             relay.idle_handle.cancel()
             relay.idle_handle = None
@@ -91,6 +94,7 @@ class Relays:
             relay.task.cancel()
         if not self.hub.subscribers.get(query_id):
             self.hub.forget(query_id)
+        self.on_change(len(self.relays))
         log.info("event=relay-closed query=%s", query_id)
 
     async def close(self) -> None:
@@ -107,6 +111,7 @@ class Relays:
             try:
                 await self._follow(query_id, relay)
                 backoff = 0.5
+                await asyncio.sleep(0.05)
                 continue  # registered again, or the holder's history no longer reaches back: seed anew
             except asyncio.CancelledError:
                 raise
@@ -115,6 +120,7 @@ class Relays:
                 relay.error = f"the replica holding query {query_id!r} ({self.holder_url(query_id)}) failed: " \
                               f"{str(exc) or type(exc).__name__}"
                 log.warning("event=relay-failed query=%s reason=%r retry_s=%.1f", query_id, relay.error, backoff)
+                self.on_failure()
             relay.started.set()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)
@@ -133,6 +139,7 @@ class Relays:
         stream = self.hub.stream(query_id)
         resume = stream is not None and stream.answers
         if not resume:
+            relay.started.clear()  # (subscribers wait until the new copy reaches the holder's fold)
             async with session.get(f"{base}/replica/queries/{quote(query_id, safe='')}") as reply:
                 body = await _read_json(reply, MAX_SNAPSHOT_BYTES)
             version, folded_through = int(body["version"]), int(body["last"])
@@ -175,7 +182,6 @@ class Relays:
                     if answer.query_id != query_id or answer.version != version:
                         raise RelayError("the holder sent an answer of another query or version")
                     answer.folded = answer.n > folded_through
-                    self.relayed += 1
                     self.hub.apply_answers([answer])
                     if answer.n >= folded_through:
                         relay.started.set()

@@ -31,6 +31,8 @@ NOTIFICATION_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
 ANSWERS_READ = Counter("cbgp_gateway_answers_read", "Answer records the gateway read from the answers topic.")
 REFUSED = Counter("cbgp_gateway_refused", "Requests refused by a limit, by the limit's name.", ["limit"])
+RELAYS = Gauge("cbgp_gateway_relays", "Queries this replica follows from the replica holding them (--share).")
+RELAY_FAILURES = Counter("cbgp_gateway_relay_failures", "Failed reads from a replica holding a followed query.")
 EVICTED = Counter("cbgp_gateway_evicted", "Clients dropped for not reading (--slow-client-timeout), by kind.", ["kind"])
 LOOP_STALL_S = 5.0  # the event loop must tick within this long for /readyz (probes also run on another thread)
 
@@ -62,7 +64,8 @@ class Gateway:
         self.relays: Relays | None = None
         if not share.whole:
             self.hub.held = self.holds
-            self.relays = Relays(self.hub, peers or [], self.owner, peer_token, peer_ssl)
+            self.relays = Relays(self.hub, peers or [], self.owner, peer_token, peer_ssl,
+                                 on_change=RELAYS.set, on_failure=RELAY_FAILURES.inc)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.follower = Follower(settings, self._deliver, share)
         self.publisher = Publisher(settings)
