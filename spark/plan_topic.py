@@ -11,12 +11,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cbgp.engine.assembly import needs_assembly
-from cbgp.query.plan import BY_CENTRE
+from cbgp.query.plan import SINGLE_OWNER, decompose
 from cbgp.query.sparql import QueryError
 from cbgp.windows.spec import WindowError, WindowSpec
 from services import codec
-from services.wire.registrations import read_query, read_registration, recorded_placement
+from services.wire.registrations import multiplied_in_spark, read_query, read_registration, recorded_placement
 from spark.topic_tail import TopicTail, per_process
 
 __all__ = ["PlanCache", "RegisteredPlan", "plan_cache"]
@@ -31,17 +30,19 @@ class RegisteredPlan:
     placement: str | None = None  # where the registry placed it (plan_json's "placement"; None: not recorded)
 
     def assembled_by_spark(self, fleet_single_owner: bool) -> bool:
-        """Whether the workers send this query's part deltas to the Spark job to multiply (as
-        ``services.worker.shard.QueryInfo`` decides, with workers that assemble in Spark): a product (several
-        parts, no window, no operators) placed on a single owner, by the fleet's placement or the registry's
-        record; a record that does not say counts as single owner."""
-        if self.window is not None or not (fleet_single_owner or self.placement != BY_CENTRE):
+        """Whether the workers send this query's part deltas to the Spark job to multiply, as they decide it
+        (``services.wire.registrations.multiplied_in_spark``): the fleet's placement, else the registry's
+        record, else the query's own decomposition's."""
+        if self.window is not None:
             return False
         try:
             parsed, _operators = read_query(self.sparql, None)
         except QueryError:
             return False  # (the workers dead-letter it)
-        return parsed is not None and needs_assembly(parsed)
+        if parsed is None:
+            return False
+        placement = SINGLE_OWNER if fleet_single_owner else self.placement or decompose(parsed).placement
+        return multiplied_in_spark(parsed, None, placement)
 
 
 class PlanCache:

@@ -71,6 +71,17 @@ def _share(args: argparse.Namespace, tokens: Tokens) -> tuple[Share, list[str], 
     return share, peers, token
 
 
+def _peer_ssl(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """How this replica verifies the others (``--peer-ca``, else the system's CAs) and, serving TLS, the
+    certificate it shows them (its own: replicas requiring client certificates accept it if their CA signed it)."""
+    if not args.peer_ca and not args.tls_cert:
+        return None
+    context = ssl.create_default_context(cafile=args.peer_ca)
+    if args.tls_cert:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    return context
+
+
 def _ssl_context(args: argparse.Namespace, tokens: Tokens) -> ssl.SSLContext | None:
     if not args.tls_cert:
         return None
@@ -91,8 +102,7 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     share, peers, peer_token = _share(args, tokens)
     limits = Limits(**{f.name: getattr(args, f.name) for f in fields(Limits) if hasattr(args, f.name)})
     gw = Gateway(settings, tokens, history=args.history, client_cert_scope=args.client_cert_scope, limits=limits,
-                 share=share, peers=peers, peer_token=peer_token,
-                 peer_ssl=ssl.create_default_context(cafile=args.peer_ca) if args.peer_ca else None)
+                 share=share, peers=peers, peer_token=peer_token, peer_ssl=None if share.whole else _peer_ssl(args))
     loop = asyncio.get_running_loop()
     gw.start(loop)
     app = make_app(gw)

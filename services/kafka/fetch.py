@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from cbgp.query.limits import limit
 from services.kafka.client import make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
@@ -55,8 +56,10 @@ log = logging.getLogger("cbgp.runtime")
 # ingest for good: 51 records read, then none in 60 s (bench/lsbench_fleet.py --updates 600000).
 LISTEN_SECONDS = 0.03
 LISTEN_MAX_SECONDS = 2.0
-IDLE_PAUSE_SECONDS = 0.015
-IDLE_PAUSE_MAX_SECONDS = 0.06
+# Both pauses are settings (CBGP_IDLE_PAUSE_MS, CBGP_IDLE_PAUSE_MAX_MS): the first is what a busy stage may add to
+# an answer's latency, the last what an idle fleet costs (docs/operations.md, "Latency and idle cost").
+IDLE_PAUSE_SECONDS = limit("CBGP_IDLE_PAUSE_MS", 15) / 1000
+IDLE_PAUSE_MAX_SECONDS = max(IDLE_PAUSE_SECONDS, limit("CBGP_IDLE_PAUSE_MAX_MS", 60) / 1000)
 
 
 class Fetcher:

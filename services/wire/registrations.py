@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from cbgp.change import Change
+from cbgp.engine.assembly import needs_assembly
 from cbgp.query.plan import BY_CENTRE, SINGLE_OWNER
 from cbgp.query.sparql import ParsedQuery, QueryError, parse_query
 from cbgp.windows.spec import WindowError, WindowSpec
 from cbgp.windows.rspql import parse_rspql
 from cbgp.windows.spec import window_from_options
 
-__all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "read_query",
-           "read_registration", "read_stream", "read_views", "recorded_placement", "stream_iri"]
+__all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "multiplied_in_spark",
+           "read_query", "read_registration", "read_stream", "read_views", "recorded_placement", "stream_iri"]
 
 QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream", "cross_product")  # stored with the plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
@@ -54,6 +55,14 @@ def change_seq_before(changes_in: Callable[[int, int], Iterable[Change]], end: i
         seq = max((change.seq for change in changes_in(start, end)), default=0)
         end, chunk = start, min(chunk * 8, 512)
     return seq
+
+
+def multiplied_in_spark(parsed: ParsedQuery | None, window: WindowSpec | None, placement: str) -> bool:
+    """Whether workers that assemble in Spark (``--assembly spark``) send this query's parts to the Spark job to
+    multiply: a product (several parts, no GRAPH ?g variable) without a window or operators (``parsed`` None),
+    placed (``placement``: the record's, or the query's own decomposition's) on a single owner.  The workers and
+    the Spark job's gate both decide by this."""
+    return parsed is not None and window is None and placement != BY_CENTRE and needs_assembly(parsed)
 
 
 def recorded_placement(plan_json: str) -> str | None:

@@ -12,7 +12,6 @@ from collections import Counter
 from itertools import chain
 from typing import Callable, Iterable, Iterator
 
-from cbgp.engine.assembly import needs_assembly
 from cbgp.distributed.evaluator import Outputs as ProbeOutputs
 from cbgp.query.plan import BY_CENTRE, decompose
 from cbgp.query.sparql import QueryError
@@ -167,8 +166,7 @@ class WorkerCore:
             out.append(self.outputs.dead("queries.plans", partition, offset, "invalid-plan", str(exc), value))
             return None
         info = QueryInfo(record["query_id"], record["version"], plan, record["registered_at_seq"], partition, offset,
-                         window, plan is not None and self.assemble_in_spark and window is None
-                         and needs_assembly(plan.query), self.single_owner, operators,
+                         window, self.assemble_in_spark, self.single_owner, operators,
                          stream if operators is not None else None, placement,
                          registered_at_change_seq=record.get("registered_at_change_seq", -1))
         problem = info.placement_problem()

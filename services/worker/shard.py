@@ -20,6 +20,7 @@ from services.wire.idempotence import WHOLE_SOURCE_PARTITION
 from services.metrics.instruments import RESTORE_PROGRESS
 from services.wire.records import WHOLE_QUERY_PART
 from services.worker.shard_engine import ShardDictionary, WorkerEngine
+from services.wire.registrations import multiplied_in_spark
 
 # Reads log records of a shard: (kind, partition, start, end) -> changes in offset order.
 LogReader = Callable[[str, int, int, int], Iterable[Change]]
@@ -49,7 +50,7 @@ class QueryInfo:
     plans_partition: int
     plans_offset: int
     window: WindowSpec | None = None
-    assembled: bool = False  # parts published separately; the Spark job multiplies them
+    assemble_in_spark: bool = False  # the worker runs with --assembly spark
     single_owner: bool = False  # the fleet runs with --placement single-owner (for comparison)
     # An operator query (cbgp.algebra's OperatorQuerySpec: FILTER, OPTIONAL, aggregates, ASK, CONSTRUCT...):
     # evaluated whole by its single owner on the total order, the algebra in place of the BGP engine.
@@ -76,6 +77,12 @@ class QueryInfo:
         if self.operators is not None:
             return BY_CENTRE if self._leaf_parts is not None and self.stream is None else SINGLE_OWNER
         return self.plan.placement if self.plan is not None else SINGLE_OWNER
+
+    @cached_property
+    def assembled(self) -> bool:
+        """Parts published separately, for the Spark job to multiply (``multiplied_in_spark``)."""
+        parsed = self.plan.query if self.plan is not None and self.operators is None else None
+        return self.assemble_in_spark and multiplied_in_spark(parsed, self.window, self.placement)
 
     def placement_problem(self) -> str | None:
         """Why this worker cannot evaluate the query as the registry placed it (a by-centre record of a query
