@@ -237,6 +237,7 @@ class CpuTracker:
 
 
 PROFILE_DIR: list[str | None] = [None]  # --profile
+FLEET_ENV: dict[str, str] = {}  # --fleet-env KEY=VALUE: settings every process of the fleet gets
 
 
 def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> tuple[subprocess.Popen, dict]:
@@ -245,6 +246,7 @@ def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> 
     env["CBGP_PLACEMENT"] = placement  # read by every worker (services/worker/service.py --placement default)
     if PROFILE_DIR[0]:
         env["CBGP_PROFILE"] = PROFILE_DIR[0]  # every service's cProfile stats, written when it stops
+    env.update(FLEET_ENV)
     run_dir.mkdir(parents=True, exist_ok=True)
     err_path = run_dir / "run.stderr"
     with open(err_path, "w") as err:
@@ -577,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run from the first publish")
     parser.add_argument("--stall", type=float, default=60.0, help="give up when no answer moved for this long")
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
+    parser.add_argument("--fleet-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every process of the fleet, e.g. CBGP_IDLE_PAUSE_MS=2 (repeatable)")
     parser.add_argument("--paced", type=float, default=None, metavar="RATE",
                         help="produce the updates at RATE updates/s and report answer latency (p50, p99, max)")
     parser.add_argument("--in-memory", action="store_true",
@@ -584,6 +588,11 @@ def main(argv: list[str] | None = None) -> int:
                              "partition counts), and the evaluator alone against one engine (see in_memory)")
     args = parser.parse_args(argv)
     PROFILE_DIR[0] = str(args.profile.resolve()) if args.profile else None
+    for item in args.fleet_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("CBGP_"):
+            parser.error(f"--fleet-env {item!r}: expected CBGP_NAME=VALUE")
+        FLEET_ENV[key] = value
     worker_counts = [int(w) for w in args.workers.split(",")] + ([4] if args.with_4 else [])
     placements = args.placements.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="lsbench-fleet-"))
@@ -629,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{w:5s} {p:12s} workers={n}: {describe(median_run)}{spread}", flush=True)
         print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data": dataset.source,
                           "updates": len(updates), "repeat": args.repeat, "expected": expected,
-                          "replay_seconds": replay_s, "heavy_query": heavy.read_text(),
+                          "replay_seconds": replay_s, "heavy_query": heavy.read_text(), "fleet_env": FLEET_ENV,
                           "cores": os.cpu_count(), "results": results}))
     finally:
         if not args.keep:

@@ -55,6 +55,8 @@ from services.kafka.client import end_offsets, make_consumer, make_producer  # n
 from services.kafka.config import KafkaSettings  # noqa: E402
 from services.kafka.replay import read_range  # noqa: E402
 
+KEEP = [False]  # --keep
+
 
 def register_all(settings: KafkaSettings, queries: list[tuple[str, str]], timeout: float) -> dict:
     """Send every REGISTER at once; wait for each reply.  Seconds, registrations/s, statuses by kind."""
@@ -244,7 +246,8 @@ def run_one(n: int, queries: list[tuple[str, str]], patch: Path, n_updates: int,
             except subprocess.TimeoutExpired:
                 worker.kill()
         stop_fleet(proc)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        if not KEEP[0]:
+            shutil.rmtree(run_dir, ignore_errors=True)
     ok = t_done is not None
     seconds = (t_done if ok else time.time()) - t0
     fleet_cpu = sum(per_cpu.values())
@@ -267,10 +270,12 @@ def main() -> int:
     parser.add_argument("--kill-worker", action="store_true",
                         help="with the largest query count: kill -9 worker 0 after the stream, restart it, publish more")
     parser.add_argument("--extra", type=int, default=5000, help="updates published after the restart (default 5000)")
+    parser.add_argument("--keep", action="store_true", help="keep each fleet's directory (logs)")
     parser.add_argument("--sample", type=int, default=100, help="queries checked row by row (default 100; 0: none)")
     args = parser.parse_args()
     counts = [int(c) for c in args.queries.split(",")]
     kill = args.kill_worker
+    KEEP[0] = args.keep
     tmp = Path(tempfile.mkdtemp(prefix="many-fleet-"))
     try:
         stream = lsbench.build_updates(lsbench.load_or_generate(args.data)).updates
@@ -316,7 +321,10 @@ def main() -> int:
                      if "sample" in r else ""), flush=True)
         print(json.dumps({"updates": len(updates), "workers": args.workers, "results": results}))
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep:
+            print(f"kept: {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -57,7 +57,7 @@ log = logging.getLogger("cbgp.runtime")
 LISTEN_SECONDS = 0.03
 LISTEN_MAX_SECONDS = 2.0
 # Both pauses are settings (CBGP_IDLE_PAUSE_MS, CBGP_IDLE_PAUSE_MAX_MS): the first is what a busy stage may add to
-# an answer's latency, the last what an idle fleet costs (docs/operations.md, "Latency and idle cost").
+# an answer's latency, the last what an idle fleet costs (docs/operations.md, docs/benchmarks.md).
 IDLE_PAUSE_SECONDS = limit("CBGP_IDLE_PAUSE_MS", 15) / 1000
 IDLE_PAUSE_MAX_SECONDS = max(IDLE_PAUSE_SECONDS, limit("CBGP_IDLE_PAUSE_MAX_MS", 60) / 1000)
 
