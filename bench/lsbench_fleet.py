@@ -37,7 +37,8 @@ Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-conne
 2-hop path ``?a foaf:knows ?b . ?b sib:like ?post`` over the like stream, centre ?b; ``--heavy FILE`` for another);
 ``operators`` = the 5 queries of bench/queries_operators/ (OPTIONAL, GROUP BY/HAVING, FILTER over a 3-hop path,
 FILTER on a star's attribute, NOT EXISTS; by centre their leaves run on the workers and the operators in the
-answers service).
+answers service); ``paths`` = the 3 property-path queries of bench/queries_paths/ (``knows+`` from and to a user,
+a sequence).
 
 In memory (``--in-memory``: no fleet, no Kafka, for profiling the workers' CPU per update): ingest's records
 made in memory, then per partition count in ``--workers`` (one routed partition per worker core) the workers'
@@ -83,6 +84,7 @@ from idle_bench import _group, _service_of  # noqa: E402 - the same process grou
 CBGP = [sys.executable, "-m", "services.commands.main"]
 QUERY_DIR = ROOT / "bench" / "queries"
 OPERATOR_QUERY_DIR = ROOT / "bench" / "queries_operators"  # OPTIONAL, GROUP BY/HAVING, FILTERs, NOT EXISTS
+PATH_QUERY_DIR = ROOT / "bench" / "queries_paths"  # knows+ from and to a user, a sequence
 HEAVY_DEFAULT = """# 2-hop path over the like stream (var-connected, single centre ?b): friends of someone, what they like
 PREFIX foaf: <http://xmlns.com/foaf/0.1/>
 PREFIX sib: <http://www.ins.cwi.nl/sib/vocabulary/>
@@ -569,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-4", action="store_true", help="also 4 workers")
     parser.add_argument("--placements", default="by-centre,single-owner")
     parser.add_argument("--workloads", default="mix,heavy",
-                        help="mix (the 10 bench queries), heavy (one query), operators (bench/queries_operators)")
+                        help="mix (the 10 bench queries), heavy (one query), operators (bench/queries_operators), "
+                             "paths (bench/queries_paths)")
     parser.add_argument("--heavy", type=Path, default=None, help="the heavy query (default: a 2-hop path, see above)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write every service's cProfile stats to DIR/<service>-<pid>.prof (CBGP_PROFILE)")
@@ -604,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
         heavy = tmp / "heavy.rq"
         heavy.write_text(args.heavy.read_text() if args.heavy else HEAVY_DEFAULT)
         workloads = {"mix": {p.stem: p for p in sorted(QUERY_DIR.glob("*.rq"))}, "heavy": {"heavy": heavy},
-                     "operators": {p.stem: p for p in sorted(OPERATOR_QUERY_DIR.glob("*.rq"))}}
+                     "operators": {p.stem: p for p in sorted(OPERATOR_QUERY_DIR.glob("*.rq"))},
+                     "paths": {p.stem: p for p in sorted(PATH_QUERY_DIR.glob("*.rq"))}}
         workloads = {w: workloads[w] for w in args.workloads.split(",")}
         print(f"data: {dataset.source}, first {len(updates):,} updates "
               f"({sum(1 for u in updates if u[0] < 0):,} deletions); {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)

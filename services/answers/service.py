@@ -139,7 +139,8 @@ class AnswersService:
         ``on_assign`` restores the partitions assigned (in ``poll``)."""
         self.plans.load()
         self.input = GroupInput(self.settings, self.group, [self.t_source], self.args.batch,
-                                on_assign=self.on_assign, on_revoke=self.on_revoke)
+                                on_assign=self.on_assign, on_revoke=self.on_revoke,
+                                member_name=f"{self.group}.{self.args.instance_id}")
         self.consumer = self.input.member
 
     def poll(self) -> list[Message]:

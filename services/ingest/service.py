@@ -216,7 +216,8 @@ class IngestService:
 
     def open(self) -> None:
         self.consumer = GroupInput(self.settings, self.group, [self.raw_topic], self.args.batch,
-                                   on_assign=self.on_assign, on_revoke=self.on_revoke)
+                                   on_assign=self.on_assign, on_revoke=self.on_revoke,
+                                   member_name=f"{self.group}.{self.args.instance_id}")
 
     def on_assign(self, _member: Consumer, assigned: list[TopicPartition]) -> None:
         # The state is global (one order, one presence set), so it is rebuilt whenever any assigned raw

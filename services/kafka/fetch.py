@@ -277,7 +277,8 @@ class GroupInput:
 
     def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], max_records: int, *,
                  on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
-                 on_revoke: Callable[[Consumer, list[TopicPartition]], None] | None = None) -> None:
+                 on_revoke: Callable[[Consumer, list[TopicPartition]], None] | None = None,
+                 member_name: str | None = None) -> None:
         self.user_assign = on_assign
         self.user_revoke = on_revoke
         self.closing = False
@@ -287,7 +288,12 @@ class GroupInput:
         self.callback_error: Exception | None = None
         self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records)
         self.taken: list[TopicPartition] | None = None  # an assignment taken, not yet handed to on_assign
-        self.member = make_consumer(settings, group, topics, on_assign=self._assigned, on_revoke=self._revoked)
+        # A named member is static (group.instance.id): restarted, it takes its own partitions back at once,
+        # without a rebalance.  Its killed predecessor is still a member until its session expires, and a
+        # rebalance started meanwhile waited for it; on noida-db one whose leader was gone never finished.
+        named = {"group.instance.id": member_name, "client.id": member_name} if member_name else {}
+        self.member = make_consumer(settings, group, topics, on_assign=self._assigned, on_revoke=self._revoked,
+                                    **named)
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         try:

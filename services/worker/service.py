@@ -333,7 +333,8 @@ class WorkerService:
         self.load_plans()
         self.plans.unassign()
         self.routed_in = GroupInput(self.settings, self.group, [self.t_routed], self.args.batch,
-                                    on_assign=self.on_assign, on_revoke=self.on_revoke)
+                                    on_assign=self.on_assign, on_revoke=self.on_revoke,
+                                    member_name=f"{self.group}.{self.args.instance_id}")
         self.consumer = self.routed_in.member
 
     def poll(self) -> tuple[list[Message], tuple[int, list[Message]]]:
