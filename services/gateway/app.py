@@ -220,24 +220,26 @@ def make_app(gw: Gateway) -> web.Application:
         await gw.wait_plan(query_id, False)
         return _json(reply)
 
-    async def here(request: web.Request, query_id: str) -> web.Response | None:
-        """None when ``query_id``'s answers are (now) on this replica; else the one-line error to send."""
-        if gw.relays is None or gw.holds(query_id):
-            return None
-        if request.headers.get(RELAY_HEADER):  # another replica thinks this one holds it: never relay twice
-            return _problem(421, f"replica {gw.share.index} of {gw.share.count} does not hold query {query_id!r} "
-                            f"(replica {gw.owner(query_id)} does): check --share and --peers")
-        failed = await gw.stream_here(query_id)
-        return None if failed is None else _problem(502, failed)
-
-    async def current(request: web.Request) -> web.Response:
+    async def query_here(request: web.Request) -> tuple[str, Any] | web.Response:
+        """The requested query's id and registration, once its answers are on this replica (following the replica
+        that holds them if need be); else the one-line error to send."""
         query_id = request.match_info["id"]
         info = hub.registered(query_id)
         if info is None:
             return _problem(404, f"no query with id {query_id!r} is registered")
-        elsewhere = await here(request, query_id)
-        if elsewhere is not None:
-            return elsewhere
+        if gw.relays is None or gw.holds(query_id):
+            return query_id, info
+        if request.headers.get(RELAY_HEADER):  # another replica thinks this one holds it: never relay twice
+            return _problem(421, f"replica {gw.share.index} of {gw.share.count} does not hold query {query_id!r} "
+                            f"(replica {gw.owner(query_id)} does): check --share and --peers")
+        failed = await gw.stream_here(query_id)
+        return (query_id, info) if failed is None else _problem(502, failed)
+
+    async def current(request: web.Request) -> web.Response:
+        found = await query_here(request)
+        if isinstance(found, web.Response):
+            return found
+        query_id, info = found
         shape = shape_of(info.sparql, tuple(info.projected))
         try:
             media = negotiate(shape.form, request.headers.get("Accept"), request.query.get("format"))
@@ -253,13 +255,10 @@ def make_app(gw: Gateway) -> web.Application:
     async def replica_copy(request: web.Request) -> web.Response:
         """What another replica needs to follow a query held here: its current answers with multiplicities, and
         the number of the last answer they reflect (then it reads the answers as SSE)."""
-        query_id = request.match_info["id"]
-        info = hub.registered(query_id)
-        if info is None:
-            return _problem(404, f"no query with id {query_id!r} is registered")
-        elsewhere = await here(request, query_id)
-        if elsewhere is not None:
-            return elsewhere
+        found = await query_here(request)
+        if isinstance(found, web.Response):
+            return found
+        query_id, info = found
         stream = hub.stream(query_id)
         if stream is None or stream.version != info.version:
             return _json({"query": query_id, "version": info.version, "last": 0, "rows": []})
@@ -269,13 +268,10 @@ def make_app(gw: Gateway) -> web.Application:
     # ------------------------------------------------------------------ SSE
 
     async def answers_sse(request: web.Request) -> web.StreamResponse:
-        query_id = request.match_info["id"]
-        info = hub.registered(query_id)
-        if info is None:
-            return _problem(404, f"no query with id {query_id!r} is registered")
-        elsewhere = await here(request, query_id)
-        if elsewhere is not None:
-            return elsewhere
+        found = await query_here(request)
+        if isinstance(found, web.Response):
+            return found
+        query_id, info = found
         try:
             start = int(request.query.get("from", "1"))
             if start < 1:
