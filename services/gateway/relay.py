@@ -197,9 +197,14 @@ class Relays:
 
 async def _read_json(reply: aiohttp.ClientResponse, limit: int) -> Any:
     """The reply's JSON body, at most ``limit`` bytes; RelayError with the holder's one line if it is an error."""
-    body = await reply.content.read(limit + 1)
-    if len(body) > limit:
-        raise RelayError(f"a reply larger than {limit:,} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await reply.content.read(1 << 20):
+        size += len(chunk)
+        if size > limit:
+            raise RelayError(f"a reply larger than {limit:,} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
         data = json.loads(body)
     except ValueError:
