@@ -11,12 +11,12 @@ Split from ``services.runtime.life`` (one job per module); ``services.runtime.li
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Iterable, Sequence
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from cbgp.query.limits import limit
 from services.kafka.client import make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
@@ -56,10 +56,18 @@ log = logging.getLogger("cbgp.runtime")
 # ingest for good: 51 records read, then none in 60 s (bench/lsbench_fleet.py --updates 600000).
 LISTEN_SECONDS = 0.03
 LISTEN_MAX_SECONDS = 2.0
+
+
+def _pause_seconds(name: str, default_ms: int) -> float:
+    """A pause from the environment, in milliseconds (a value that is not a positive integer: the default)."""
+    raw = os.environ.get(name, "")
+    return (int(raw) if raw.isdigit() and int(raw) > 0 else default_ms) / 1000
+
+
 # Both pauses are settings (CBGP_IDLE_PAUSE_MS, CBGP_IDLE_PAUSE_MAX_MS): the first is what a busy stage may add to
 # an answer's latency, the last what an idle fleet costs (docs/operations.md, docs/benchmarks.md).
-IDLE_PAUSE_SECONDS = limit("CBGP_IDLE_PAUSE_MS", 15) / 1000
-IDLE_PAUSE_MAX_SECONDS = max(IDLE_PAUSE_SECONDS, limit("CBGP_IDLE_PAUSE_MAX_MS", 60) / 1000)
+IDLE_PAUSE_SECONDS = _pause_seconds("CBGP_IDLE_PAUSE_MS", 15)
+IDLE_PAUSE_MAX_SECONDS = max(IDLE_PAUSE_SECONDS, _pause_seconds("CBGP_IDLE_PAUSE_MAX_MS", 60))
 
 
 class Fetcher:
