@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -46,6 +45,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import aiohttp  # noqa: E402
 
@@ -56,6 +56,7 @@ from services.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from services.kafka.topics import ensure_topics
 from services.kafka.client import make_producer, produce_sync  # noqa: E402
 from services.wire.records import query_partition  # noqa: E402
+from lsbench_fleet import metrics, total  # noqa: E402
 
 EX = "http://example.org/"
 
@@ -271,7 +272,7 @@ async def run(args: argparse.Namespace) -> dict:
             me1 = me.cpu_times()
             window = time.monotonic() - t0
             rss = [p.memory_info().rss for p in procs]
-            gw_metrics = [await (await session.get(url + "/metrics")).text() for url in urls]
+            pages = [metrics(url + "/metrics") for url in urls]
             stop_slow.set()
             for task in tasks:
                 task.cancel()
@@ -289,12 +290,8 @@ async def run(args: argparse.Namespace) -> dict:
         cpus = [(b.user - a.user) + (b.system - a.system) for a, b in zip(cpu0, cpu1)]
         cpu = sum(cpus)
         lat = sorted(clients.latencies)
-
-        def total(metric: str, text: str) -> float:
-            return sum(float(v) for v in re.findall(rf'^{metric}(?:\{{[^}}]*\}})? (\S+)$', text, re.M))
-
-        written = sum(total("cbgp_gateway_notifications_total", text) for text in gw_metrics)
-        evicted = sum(total("cbgp_gateway_evicted_total", text) for text in gw_metrics)
+        written = sum(total(page, "cbgp_gateway_notifications_total") for page in pages)
+        evicted = sum(total(page, "cbgp_gateway_evicted_total") for page in pages)
 
         def pct(p: float) -> float:
             return round(1000 * lat[min(len(lat) - 1, int(p * len(lat)))], 1) if lat else float("nan")
@@ -313,7 +310,7 @@ async def run(args: argparse.Namespace) -> dict:
             "gateway_rss_mb": round(sum(rss) / 2**20, 1), "gateway_rss_mb_before": round(sum(rss_idle) / 2**20, 1),
             "replicas": args.replicas, "replica_rss_mb": [round(r / 2**20, 1) for r in rss],
             "replica_cores": [round(c / window, 3) for c in cpus],
-            "replica_answers_read": [int(total("cbgp_gateway_answers_read_total", text)) for text in gw_metrics],
+            "replica_answers_read": [int(total(page, "cbgp_gateway_answers_read_total")) for page in pages],
             "slow_clients": args.slow_clients, "evicted": int(evicted),
             "connect_s": round(connect_s, 1), "errors": clients.errors[:3],
             "client_cores": round(((me1.user - me0.user) + (me1.system - me0.system)) / window, 3),

@@ -143,9 +143,9 @@ def final_answers(deltas: Iterable[tuple[str, str]]) -> Counter:
 
 
 def metric_total(url: str, metric: str) -> float:
-    """The sum of ``metric`` over all its label sets at ``url`` (0 if absent)."""
+    """The sum of ``metric`` over all its label sets (or its one unlabelled sample) at ``url`` (0 if absent)."""
     text = urllib.request.urlopen(url, timeout=5).read().decode()
-    return sum(float(v) for v in re.findall(rf"^{metric}\{{[^}}]*\}} (\S+)$", text, re.M))
+    return sum(float(v) for v in re.findall(rf"^{metric}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
 
 
 def publish_patch(settings: KafkaSettings, lines: list[str], per_message: int = 50) -> None:

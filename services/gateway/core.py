@@ -59,11 +59,11 @@ class Answer:
     folded: bool = True  # False: already in the stream's seed (answers.current), history only
 
     @classmethod
-    def from_json(cls, data: Any, folded: bool = True) -> "Answer":
+    def from_json(cls, data: Any) -> "Answer":
         """An answer as another replica's SSE stream sent it (:meth:`to_json`); ValueError if it is not one."""
         try:
             answer = cls(data["n"], data["sign"], data["binding"], data["seq"], data["snapshot"],
-                         data["produced_at_ms"], data["version"], data["query"], folded=folded)
+                         data["produced_at_ms"], data["version"], data["query"])
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not an answer: {exc}") from None
         if not (isinstance(answer.n, int) and answer.n >= 1 and answer.sign in ("+", "-")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import re
 import threading
 import time
 from typing import Any, Iterator
@@ -28,7 +27,7 @@ from services.kafka.client import end_offsets
 from services.kafka.topics import ensure_topics
 from services.wire.records import query_partition
 from tests.fixtures.broker import fresh_settings
-from tests.fleet_support import Fleet, wait_for
+from tests.fleet_support import Fleet, metric_total, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -112,11 +111,6 @@ def _sse(r: Replicas, i: int, query_id: str) -> list[tuple[int, str, str]]:
     return [(e["n"], e["sign"], json.dumps(e["binding"], sort_keys=True)) for e in events]
 
 
-def _metric(r: Replicas, i: int, name: str) -> float:
-    text = r.get(i, "/metrics").text
-    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-
-
 def test_each_replica_holds_its_share_and_either_serves_every_query_alike(replicas: Replicas) -> None:
     r = replicas
     queries = _ids(r, 0, 3, "share") + _ids(r, 1, 3, "share")
@@ -140,7 +134,7 @@ def test_each_replica_holds_its_share_and_either_serves_every_query_alike(replic
             "Accept": "application/sparql-results+json"}).json()["results"]["bindings"] for i in (0, 1)]
         assert currents[0] == currents[1] and len(currents[0]) == (1 if query_id in (queries[0], queries[4]) else 2)
     # Between them the replicas read every answer record once (a follower's copies come from the holder).
-    read = [_metric(r, i, "cbgp_gateway_answers_read_total") for i in (0, 1)]
+    read = [metric_total(r.urls[i] + "/metrics", "cbgp_gateway_answers_read_total") for i in (0, 1)]
     total = sum(r.get(r.holder(q), f"/queries/{q}").json()["answers"] for q in [*queries, "warmup"])
     assert read[0] > 0 and read[1] > 0 and sum(read) == total
 
@@ -207,7 +201,7 @@ def test_a_follower_goes_on_from_the_next_answer_when_the_holder_comes_back(repl
     r.update(f"DELETE DATA {{ <{EX}x1> <{EX}restarted> <{EX}y> }}")
     r.start(1)
     got = [events.get(timeout=60), events.get(timeout=60)]
-    assert _metric(r, 0, "cbgp_gateway_relay_failures_total") > 0 and _metric(r, 0, "cbgp_gateway_relays") >= 2
+    assert metric_total(r.urls[0] + "/metrics", "cbgp_gateway_relay_failures_total") > 0 and metric_total(r.urls[0] + "/metrics", "cbgp_gateway_relays") >= 2
     assert [(e["n"], e["sign"], e["binding"]["s"]["value"]) for e in got] == [(2, "+", EX + "x2"), (3, "-", EX + "x1")]
     time.sleep(1.0)
     assert events.empty()
