@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 from typing import Callable
 
 __all__ = ["register"]
@@ -72,11 +73,17 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
     def run(args: argparse.Namespace) -> int:
+        from services.gateway.core import Share
         from services.gateway.server import serve
         from services.kafka.config import KafkaSettings
         from services.kafka.client import quiet_librdkafka
         from services.runtime.life import setup_logging
 
+        try:  # (one line for a bad --share or --peers, as argparse gives for the other flags)
+            args.share = Share.parse(args.share, socket.gethostname())
+            args.peers = [] if args.share.whole else args.share.peers(args.peers)
+        except ValueError as exc:
+            p.error(str(exc))
         setup_logging("gateway", args.log_level)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
         settings = quiet_librdkafka(KafkaSettings.from_args(args))

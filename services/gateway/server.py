@@ -54,10 +54,9 @@ def _tokens(args: argparse.Namespace) -> Tokens:
 def _share(args: argparse.Namespace, tokens: Tokens) -> tuple[Share, list[str], str | None]:
     """This replica's share, every replica's URL, and the token the replicas use with each other (accepted here
     with scope read)."""
-    share = Share.parse(args.share, socket.gethostname())
+    share, peers = args.share, args.peers  # (parsed and checked with the flags)
     if share.whole:
         return share, [], None
-    peers = share.peers(args.peers)
     token = None
     if args.peer_token_file:
         token = Path(args.peer_token_file).read_text(encoding="utf-8").strip()

@@ -153,3 +153,17 @@ def test_tokens_scopes_and_owners() -> None:
         Tokens.parse("abc read")
     assert allows(ADMIN, READ_WRITE) and not allows(READ_WRITE, ADMIN)
     assert allows(READ_WRITE, READ) and allows(READ, READ) and not allows(READ, READ_WRITE) and not allows(None, READ)
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--share", "3/2"], "cbgp gateway: error: --share 3/2: the index must be from 0 to 1"),
+    (["--share", "1/2", "--peers", "http://a"], "cbgp gateway: error: --peers: expected 2 http(s) URLs"),
+])
+def test_a_bad_share_or_peers_flag_is_one_line_before_anything_starts(flags: list[str], line: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "services.commands.main", "gateway", "--auth", "none", *flags],
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert line in done.stderr.strip().splitlines()[-1]
