@@ -43,9 +43,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
     raise TimeoutError(f"{what} not reached in {timeout} s")
 
 
-def ingest_snapshot_at_end(settings: KafkaSettings) -> Any:
+def ingest_snapshot_at_end(settings: KafkaSettings, seq: int = 0) -> Any:
     """Ingest's last snapshot in Kafka (a ``CheckpointLog`` record) if it reflects every record of updates.encoded,
-    which is not empty; else None (for ``wait_for``)."""
+    which is not empty, and every change up to ``seq``; else None (for ``wait_for``).  "Every record" alone
+    is only what ingest has committed so far: a caller that published N changes passes ``seq=N``."""
+    from services.state import presence
     from services.kafka.checkpoint_log import CheckpointLog
 
     remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, "test")
@@ -54,7 +56,12 @@ def ingest_snapshot_at_end(settings: KafkaSettings) -> Any:
     finally:
         remote.close()
     high = end_offsets(settings, settings.topic("updates.encoded"))[0][1]
-    return saved if saved is not None and saved.position == high and high > 0 else None
+    if saved is None or saved.position != high or high == 0:
+        return None
+    if seq == 0:
+        return saved
+    loaded = presence.load_snapshot(saved.blob)
+    return saved if loaded is not None and loaded[0]["facts"]["seq"] >= seq else None
 
 QUERIES = {
     # single star: by centre value over updates.routed

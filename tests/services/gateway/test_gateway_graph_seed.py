@@ -72,7 +72,9 @@ def test_a_gateway_answers_query_from_ingests_snapshot_after_the_log_below_it_wa
             if i == 5:  # the first gateway's graph reads the log this far
                 wait_for(lambda: len(rows(first)) == 12, 60.0, "the first gateway's graph of 6 updates")
 
-        position = wait_for(lambda: ingest_snapshot_at_end(settings), 60.0, "ingest's snapshot of every change").position
+        changes = 12 * 2 + 2  # (ingest numbers every change: its snapshot of them all is at this seq)
+        position = wait_for(lambda: ingest_snapshot_at_end(settings, changes), 60.0,
+                            "ingest's snapshot of every change").position
         admin = AdminClient(settings.admin_config())
         for future in admin.delete_records([TopicPartition(encoded, 0, position)], request_timeout=10).values():
             future.result(10)
