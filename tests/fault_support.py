@@ -152,6 +152,19 @@ class FaultReport:
 # ---------------------------------------------------------------------------------------- oracle
 
 
+def unassigned(admin, group) -> dict[str, list[int]]:
+    """The partitions of the topics a described consumer group consumes that no member of it owns."""
+    owned: dict[str, set[int]] = {}
+    for member in group.members:
+        for tp in member.assignment.topic_partitions:
+            owned.setdefault(tp.topic, set()).add(tp.partition)
+    if not owned:
+        return {}
+    topics = admin.list_topics(timeout=10).topics
+    return {topic: sorted(set(topics[topic].partitions) - parts) for topic, parts in owned.items()
+            if topic in topics and set(topics[topic].partitions) - parts}
+
+
 def oracle_answers(lines: list[str], queries: dict[str, str]) -> dict[str, Counter]:
     """pyoxigraph's answers over the graph the patch lines leave, as canonical binding JSON multisets."""
     graph = OracleGraph()
@@ -307,10 +320,28 @@ class FaultRun:
                 continue
             state = {g: (d.state.name, [len(m.assignment.topic_partitions) for m in d.members])
                      for g, d in described.items()}
-            if all(name == "STABLE" and len(sizes) == want[g] and all(sizes) for g, (name, sizes) in state.items()):
+            orphans = unassigned(admin, described["workers"])
+            if orphans:
+                state["workers unassigned"] = orphans
+            if not orphans and all(name == "STABLE" and len(sizes) == want[g] and all(sizes)
+                                   for g, (name, sizes) in state.items()):
                 return
             time.sleep(0.3)
         self.log(f"groups not stable after {timeout:.0f}s: {state}")
+
+    def wait_assigned(self, name: str, timeout: float = 60.0) -> None:
+        """Until the current process of worker ``name`` has taken partitions from a finished rebalance.  A worker
+        stopped before that leaves its group in the middle of a rebalance, and noida-db 0.2.3 then completes
+        the rebalance with the leaver's share and starts no new one: its partitions would have no owner
+        (Kafka starts another rebalance)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.fleet.logs / f"{name}.log", "rb") as f:
+                f.seek(self.log_offset[name])
+                if re.search(rb"event=assigned partitions=\d", f.read()):
+                    return
+            time.sleep(0.2)
+        self.log(f"{name} took no partitions in {timeout:.0f}s")
 
     def add_worker(self, static: bool | None = None) -> str:
         name = f"w{self.next_worker}"
@@ -409,6 +440,7 @@ class FaultRun:
                     self.log(f"add worker {self.add_worker(static=False)}")
                     self.report.rebalances += 1
                 elif event == "remove":
+                    self.wait_assigned(self.dynamic_workers[0])
                     name = self.dynamic_workers.pop(0)
                     code = self.fleet.stop(name)
                     self.log(f"remove worker {name} (SIGTERM, exit {code})")
