@@ -101,6 +101,7 @@ class AnswerReader:
         self.fetcher = Fetcher(settings, "bench-answers", 10000)  # idles unassigned: noida-db does not long-poll
         self.fetcher.set_positions({(topic, p): OFFSET_BEGINNING for p in end_offsets(settings, topic)})
         self.seen: list[tuple[int, int | None]] = []  # (produced_at_ms, origin_ms) of every answer so far
+        self.query_ids: list[str] = []  # the query of each of them
 
     def wait_emitted(self, expected: int, timeout: float) -> None:
         """Until the answers service has emitted ``expected`` answers in total (a /metrics poll every 0.2 s)."""
@@ -121,8 +122,9 @@ class AnswerReader:
                 if msg.error() is not None:
                     continue
                 origin = dict(msg.headers() or ()).get(ORIGIN_HEADER)
-                self.seen.append((codec.decode("Answer", msg.value())["produced_at_ms"],
-                                  int(origin) if origin else None))
+                answer = codec.decode("Answer", msg.value())
+                self.seen.append((answer["produced_at_ms"], int(origin) if origin else None))
+                self.query_ids.append(answer["query_id"])
         return list(self.seen)
 
     def close(self) -> None:

@@ -81,9 +81,27 @@ def _cpu(procs: list[psutil.Process]) -> dict[int, float]:
     return out
 
 
-def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool) -> dict:
+def add_fleet_env_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fleet-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every process of the fleet, e.g. CBGP_IDLE_PAUSE_MS=2 (repeatable)")
+
+
+def fleet_env(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, str]:
+    """The ``--fleet-env`` settings (the benches strip the caller's own CBGP_* variables)."""
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("CBGP_"):
+            parser.error(f"--fleet-env {item!r}: expected CBGP_NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool,
+                 settings: dict[str, str] | None = None) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="cbgp-idle-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CBGP_")}  # its own embedded broker
+    env.update(settings or {})
     stderr_path = run_dir / "run.stderr"
     with open(stderr_path, "w") as err:
         run = subprocess.Popen([sys.executable, "-m", "services.commands.run", "--no-demo", "--run-dir", str(run_dir / "run")],
@@ -137,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds to wait after every service is ready (default 20)")
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
+    add_fleet_env_flag(parser)
     args = parser.parse_args(argv)
+    settings = fleet_env(parser, args.fleet_env)
     runs = []
     for i in range(args.repeat):
-        result = measure_once(args.seconds, args.settle, args.ready_timeout, args.keep)
+        result = measure_once(args.seconds, args.settle, args.ready_timeout, args.keep, settings)
         runs.append(result)
         print(f"run {i + 1}: total {result['total_cores']:.3f} cores over {args.seconds:.0f} s "
               f"({result['processes']} processes)", flush=True)
@@ -154,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'total':22s} {statistics.median(totals):6.3f} core  [{min(totals):.3f}-{max(totals):.3f}]")
     print(json.dumps({"total_cores": median_run["total_cores"], "per_process": median_run["per_process"],
                       "total_cores_runs": totals, "total_cores_range": [min(totals), max(totals)],
-                      "seconds": args.seconds}))
+                      "seconds": args.seconds, "fleet_env": settings}))
     return 0
 
 

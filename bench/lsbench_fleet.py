@@ -79,7 +79,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import lsbench  # noqa: E402
 from services.kafka.config import KafkaSettings
 from services.kafka.client import make_producer  # noqa: E402
-from idle_bench import _group, _service_of  # noqa: E402 - the same process grouping as the idle bench
+from idle_bench import _group, _service_of, add_fleet_env_flag, fleet_env  # noqa: E402 - as the idle bench
 
 CBGP = [sys.executable, "-m", "services.commands.main"]
 QUERY_DIR = ROOT / "bench" / "queries"
@@ -140,17 +140,26 @@ def histogram_quantile(page: dict[str, float], metric: str, q: float, **labels: 
 
 def hop_latencies(pages: dict[str, dict[str, float]]) -> dict[str, dict[str, list[float | None]]]:
     """Per data-path service, per point (polled, processed, committed): [p50, p99] ms from the produce of the
-    update behind each batch (``cbgp_hop_latency_seconds``)."""
+    update behind each batch (``cbgp_hop_latency_seconds``); and "queued": the time the batch's oldest input record
+    waited in Kafka before the poll (``cbgp_queue_wait_seconds``)."""
     out = {}
     for name, page in pages.items():
         points = {}
-        for point in ("polled", "processed", "committed"):
-            quantiles = [histogram_quantile(page, "cbgp_hop_latency_seconds", q, point=point) for q in (0.5, 0.99)]
+        series = [(point, "cbgp_hop_latency_seconds", {"point": point}) for point in ("polled", "processed", "committed")]
+        series.append(("queued", "cbgp_queue_wait_seconds", {}))
+        for point, metric, labels in series:
+            quantiles = [histogram_quantile(page, metric, q, **labels) for q in (0.5, 0.99)]
             if quantiles[0] is not None:
                 points[point] = [round(1000 * x, 1) if x is not None else None for x in quantiles]
         if points:
             out[name] = points
     return out
+
+
+def percentiles(ms: list[int]) -> dict[str, float]:
+    """p50, p99 and max of answer latencies in ms."""
+    ms = sorted(ms)
+    return {"p50_ms": statistics.median(ms), "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max_ms": ms[-1]}
 
 
 def wait_for_answers(answers_url: str, expected: int, t0: float, stall: float, timeout: float) -> tuple[float | None, float]:
@@ -334,14 +343,15 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             from fleet_bench import AnswerReader
             reader = AnswerReader(settings, answers_url)
             try:
-                lat = sorted(produced - origin for produced, origin in reader.until(expected, 300) if origin)
+                timed = [(query, produced - origin)
+                         for query, (produced, origin) in zip(reader.query_ids, reader.until(expected, 300)) if origin]
             finally:
                 reader.close()
-            if not lat:
+            if not timed:
                 raise RuntimeError("no answer carries its update's origin time (cbgp-origin-ms): no latency")
-            latency = {"rate": args.paced, "p50_ms": statistics.median(lat),
-                       "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))], "max_ms": lat[-1],
-                       "answers_timed": len(lat)}
+            latency = {"rate": args.paced, **percentiles([ms for _query, ms in timed]), "answers_timed": len(timed),
+                       "by_query": {query: percentiles([ms for q, ms in timed if q == query])
+                                    for query in sorted({q for q, _ms in timed})}}
     finally:
         stop_fleet(proc)
         if not args.keep:
@@ -373,6 +383,9 @@ def describe(r: dict) -> str:
             f"workers [query-state/state-entries, cpu share] {ws}"
             + (f"; latency at {r['latency']['rate']:,.0f}/s p50 {r['latency']['p50_ms']:.0f} ms p99 "
                f"{r['latency']['p99_ms']:.0f} ms max {r['latency']['max_ms']:.0f} ms" if r.get("latency") else "")
+            + ("; by query p50/p99 ms: " + ", ".join(f"{q} {v['p50_ms']:.0f}/{v['p99_ms']:.0f}"
+                                                      for q, v in r["latency"]["by_query"].items())
+               if r.get("latency") else "")
             + ("; hops from produce, p50/p99 ms: " + ", ".join(
                 f"{name} " + " ".join(f"{point} {p50:.0f}/{p99:.0f}" for point, (p50, p99) in points.items())
                 for name, points in r["hops"].items()) if r.get("hops") else ""))
@@ -582,8 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run from the first publish")
     parser.add_argument("--stall", type=float, default=60.0, help="give up when no answer moved for this long")
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
-    parser.add_argument("--fleet-env", action="append", default=[], metavar="KEY=VALUE",
-                        help="a setting for every process of the fleet, e.g. CBGP_IDLE_PAUSE_MS=2 (repeatable)")
+    add_fleet_env_flag(parser)
     parser.add_argument("--paced", type=float, default=None, metavar="RATE",
                         help="produce the updates at RATE updates/s and report answer latency (p50, p99, max)")
     parser.add_argument("--in-memory", action="store_true",
@@ -591,11 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                              "partition counts), and the evaluator alone against one engine (see in_memory)")
     args = parser.parse_args(argv)
     PROFILE_DIR[0] = str(args.profile.resolve()) if args.profile else None
-    for item in args.fleet_env:
-        key, sep, value = item.partition("=")
-        if not sep or not key.startswith("CBGP_"):
-            parser.error(f"--fleet-env {item!r}: expected CBGP_NAME=VALUE")
-        FLEET_ENV[key] = value
+    FLEET_ENV.update(fleet_env(parser, args.fleet_env))
     worker_counts = [int(w) for w in args.workers.split(",")] + ([4] if args.with_4 else [])
     placements = args.placements.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="lsbench-fleet-"))

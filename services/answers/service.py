@@ -22,7 +22,7 @@ from services.metrics.exposition import record_consumer_lag
 from services.runtime.runner import Step, run_processor
 from services.wire.records import Output, kv
 from services.wire.stopped import StoppedQueries
-from services.runtime.life import oldest_origin, origin_ms, service_command
+from services.runtime.life import oldest_origin, oldest_produced, origin_ms, service_command
 from services.kafka.fetch import GroupInput
 from services.kafka.replay import read_range
 from services.kafka.fetch import record_ok
@@ -187,7 +187,8 @@ class AnswersService:
         tps = [TopicPartition(self.t_source, p, o, metadata=m) for p, (o, m) in commits.items()]
         assert self.consumer is not None
         return Step(outputs, [(tps, self.consumer.consumer_group_metadata())],
-                    sum(len(deltas) for deltas in records if deltas is not None), commits, oldest_origin(msgs))
+                    sum(len(deltas) for deltas in records if deltas is not None), commits, oldest_origin(msgs),
+                    oldest_produced(msgs))
 
     def committed(self, step: Step) -> None:
         if self.checkpoints is not None:

@@ -261,7 +261,9 @@ class IngestService:
         outputs.extend(self.processor.flush())
         assert self.consumer is not None
         tps = [TopicPartition(self.raw_topic, p, o) for p, o in offsets.items()]
-        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())], len(msgs), offsets, oldest)
+        # (a raw record's produce time is both the update's and the input's)
+        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())], len(msgs), offsets,
+                    origin_ms=oldest, input_ms=oldest)
 
     def committed(self, step: Step) -> None:
         if self.remote is not None:

@@ -28,8 +28,9 @@ from services.wire.sealed import CheckpointKeyMissing
 from services.wire.sealed import key as checkpoint_key
 # Re-exported: the services import their input and replay helpers from here.
 
-__all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction", "run_service", "wait_for_topics", "ORIGIN_HEADER", "origin_ms", "oldest_origin", "kv",
-           "LogTruncated",]
+__all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
+           "run_service", "wait_for_topics", "ORIGIN_HEADER", "origin_ms", "oldest_origin", "oldest_produced", "kv",
+           "LogTruncated"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -59,6 +60,12 @@ def oldest_origin(msgs: Iterable[Message]) -> int | None:
     """The earliest ``cbgp-origin-ms`` of ``msgs`` (None: none carries one): a batch's ``Step.origin_ms``."""
     origins = [origin for origin in map(origin_ms, msgs) if origin is not None]
     return min(origins) if origins else None
+
+
+def oldest_produced(msgs: Iterable[Message]) -> int | None:
+    """The earliest Kafka timestamp (epoch ms, as its producer set it) of ``msgs``: a batch's ``Step.input_ms``."""
+    stamps = [ts for _kind, ts in (msg.timestamp() for msg in msgs) if ts > 0]
+    return min(stamps) if stamps else None
 
 
 # ---------------------------------------------------------------------------------------- process setup

@@ -17,7 +17,8 @@ from typing import Any, Protocol, Sequence
 
 from confluent_kafka import Producer, TopicPartition
 
-from services.metrics.instruments import HOP_LATENCY, PROCESSING_LATENCY, TRANSACTION_STEP, UPDATES_IN, UPDATES_OUT
+from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE_WAIT, TRANSACTION_STEP, UPDATES_IN,
+                                          UPDATES_OUT)
 from services.wire.records import Output
 from services.runtime.life import Stopper, commit_transaction
 from services.wire.topology import TOPOLOGIES, Topology
@@ -38,6 +39,7 @@ class Step:
     inputs: int = 0  # input changes the batch held (cbgp_updates_in_total)
     detail: Any = None  # the processor's own note for committed() (e.g. the positions the offsets move to)
     origin_ms: int | None = None  # produce time (epoch ms) of the raw update behind the batch's oldest input
+    input_ms: int | None = None  # produce time (epoch ms) of the batch's oldest input record (the stage before's)
 
 
 class Processor(Protocol):
@@ -86,6 +88,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
     updates_in, updates_out = UPDATES_IN.labels(service), UPDATES_OUT.labels(service)
     latency = PROCESSING_LATENCY.labels(service)
     hops = [HOP_LATENCY.labels(service, point) for point in ("polled", "processed", "committed")]
+    queued = QUEUE_WAIT.labels(service)
     steps = [TRANSACTION_STEP.labels(service, name) for name in ("process", "commit")]
     clean = False
     try:
@@ -113,6 +116,8 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
                     since = polled_at - step.origin_ms / 1000
                     for hop, seconds in zip(hops, (0.0, processed - started, done - started)):
                         hop.observe(max(0.0, since + seconds))
+                if step.input_ms is not None:
+                    queued.observe(max(0.0, polled_at - step.input_ms / 1000))
         clean = True
     finally:
         ready[0] = False

@@ -22,7 +22,7 @@ from services.runtime.runner import Step, run_processor
 from services.runtime import recovery
 from services.wire.records import Output, kv
 from services.wire.stopped import StoppedQueries
-from services.runtime.life import oldest_origin, origin_ms, service_command
+from services.runtime.life import oldest_origin, oldest_produced, origin_ms, service_command
 from services.kafka.fetch import Fetcher, GroupInput, idle_pause
 from services.kafka.replay import read_range, require_from
 from services.kafka.fetch import WINDOW_POLL_SECONDS, read_window, record_ok
@@ -356,7 +356,8 @@ class WorkerService:
         self.core.forget_bases()  # (loaded, if at all, for this poll's registrations and restores)
         if not (count or outputs or self.dirty):
             return None
-        return Step(outputs, self._offsets(), count, origin_ms=oldest_origin(routed + encoded[1]))
+        return Step(outputs, self._offsets(), count, origin_ms=oldest_origin(routed + encoded[1]),
+                    input_ms=oldest_produced(routed + encoded[1]))
 
     def committed(self, step: Step) -> None:
         # (a transaction of checkpoint records alone changed nothing to checkpoint)

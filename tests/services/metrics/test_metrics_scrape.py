@@ -103,6 +103,10 @@ def test_each_service_exposes_its_metrics_and_they_move_when_data_flows(kafka_se
                 value(before[service], "cbgp_hop_latency_seconds_count", service=service, point=point), (service, point)
         assert value(after[service], "cbgp_hop_latency_seconds_sum", service=service, point="polled") <= \
             value(after[service], "cbgp_hop_latency_seconds_sum", service=service, point="committed"), service
+        # the wait in Kafka before this service's poll: every batch (also those of records no update is behind,
+        # such as frontier marks, which have no hop latency)
+        assert value(after[service], "cbgp_queue_wait_seconds_count", service=service) >= \
+            value(after[service], "cbgp_hop_latency_seconds_count", service=service, point="polled") > 0, service
     assert value(after["ingest"], "cbgp_rejected_inputs_total", service="ingest", reason="malformed-rdf") >= 1
     assert value(after["worker"], "cbgp_state_entries") > 0
     assert value(after["worker"], "cbgp_state_bytes") > 0
