@@ -297,6 +297,10 @@ class AnswersCore:
         state.current.clear()
         return out
 
+    def refused(self, partition: int, offset: int, message: str, value: bytes) -> Output:
+        """The dead letter of a deltas.parts record that does not decode (``message``: what is wrong)."""
+        return self._dead(partition, offset, "schema-mismatch", message, value)
+
     def _dead(self, partition: int, offset: int, reason: str, message: str, value: bytes) -> Output:
         return dead_letter(self.t_deadletter, SERVICE, self.t_source, partition, offset, reason, message, value)
 

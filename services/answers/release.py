@@ -30,10 +30,15 @@ class _Gate:
 @dataclass
 class _Partition:
     frontiers: dict[int, int] = field(default_factory=dict)  # routed partition -> highest completed seq
-    released_end: int = 0  # restart: deltas of records before this offset with seq <= released_seq were ...
-    released_seq: int = -1  # ... released before the restart: skipped when read again
+    applied: dict[int, int] = field(default_factory=dict)  # routed partition -> highest applied seq (>= completed)
+    released_end: int = 0  # restart: deltas of records before this offset with seq <= released_seq (a probed
+    released_seq: int = -1  # query's; released_applied for the others) were released before the restart:
+    released_applied: int = -1  # skipped when read again
     counts: dict[tuple[str, int], dict[tuple[int, ...], int]] = field(default_factory=dict)  # DISTINCT rows
-    heap: list = field(default_factory=list)  # (seq, source partition, source offset, index, tie, record, i)
+    # Held deltas, (seq, source partition, source offset, index, tie, record, i): probed queries' (released at
+    # the lowest completed frontier) and the others' (at the lowest applied frontier, often well before)
+    heap: list = field(default_factory=list)
+    fast: list = field(default_factory=list)
     # deltas.parts offset -> [deltas still held, frontiers before that record, origin ms]
     records: dict[int, list] = field(default_factory=dict)
     gates: dict[tuple[str, int], _Gate] = field(default_factory=dict)  # gated registrations not released yet
@@ -104,13 +109,16 @@ class SeqRelease:
         try:
             stored = json.loads(metadata or "{}")
             state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}
+            # (only where it is ahead of the completed frontier; none in metadata committed before it was kept)
+            state.applied = {**state.frontiers, **{int(p): int(s) for p, s in stored.get("applied", {}).items()}}
             state.released_end = int(stored.get("end", 0))
             # ([query, version, as_of]; [query, version] as committed before as_of was kept: as of unknown)
             state.opened = {(entry[0], int(entry[1])): int(entry[2]) if len(entry) > 2 else -1
                             for entry in stored.get("opened", [])}
         except (ValueError, AttributeError, TypeError, IndexError):
-            state.frontiers, state.released_end, state.opened = {}, 0, {}
+            state.frontiers, state.applied, state.released_end, state.opened = {}, {}, 0, {}
         state.released_seq = self._lowest(state.frontiers)
+        state.released_applied = max(state.released_seq, self._lowest(state.applied))
         return state
 
     def checkpoint(self, partition: int, metadata: str) -> dict:
@@ -131,7 +139,8 @@ class SeqRelease:
         registration's while its gate was still shut (nothing of it was released)."""
         if offset >= state.released_end or (deltas.gated and (deltas.query_id, deltas.version) not in state.opened):
             return []
-        return [i for i in range(len(deltas)) if deltas.seq[i] <= state.released_seq]
+        limit = state.released_seq if deltas.probed else state.released_applied
+        return [i for i in range(len(deltas)) if deltas.seq[i] <= limit]
 
     def restore_counts(self, partition: int, offset: int, deltas: PartDeltaColumns) -> None:
         """Count the released rows of a DISTINCT batch read before the committed read position, or fold a
@@ -171,6 +180,9 @@ class SeqRelease:
         state = self.partitions[partition]
         end = max(next_offset, state.released_end)
         stored: dict = {"frontiers": state.frontiers, "end": end}
+        ahead = {p: seq for p, seq in state.applied.items() if seq > state.frontiers.get(p, -1)}
+        if ahead:
+            stored["applied"] = ahead
         if state.opened:
             stored["opened"] = sorted([q, v, as_of] for (q, v), as_of in state.opened.items())
         pins = [min(state.records)] if state.records else []
@@ -184,12 +196,16 @@ class SeqRelease:
                 if isinstance(assembler, Operators) and assembler.assembler.tree.failed is not None]
 
     def held(self) -> int:
-        return sum(len(state.heap) + sum(len(g.items) for g in state.gates.values())
+        return sum(len(state.heap) + len(state.fast) + sum(len(g.items) for g in state.gates.values())
                    for state in self.partitions.values())
 
     def watermark(self, partition: int) -> int:
         """The highest seq every routed partition has completed, as seen on this deltas.parts partition."""
         return self._lowest(self.partitions[partition].frontiers)
+
+    def applied_watermark(self, partition: int) -> int:
+        """The highest seq every routed partition has applied, as seen on this deltas.parts partition."""
+        return self._lowest(self.partitions[partition].applied)
 
     def _lowest(self, frontiers: dict[int, int]) -> int:
         return min((frontiers.get(p, -1) for p in range(self.n_routed)), default=-1)
@@ -197,30 +213,32 @@ class SeqRelease:
     # -- records
 
     def on_record(self, partition: int, offset: int, value: bytes, origin: int | None = None,
-                  deltas: PartDeltaColumns | None = None) -> list[Released] | None:
+                  deltas: PartDeltaColumns | None = None) -> list[Released]:
         """One deltas.parts record, whichever it is (``deltas``: its PartDeltaColumns, if already decoded): a
-        ProbeReady mark, a Frontier record or a batch of deltas.  None when it is none of these (the answers
-        core dead-letters it)."""
+        ProbeReady mark, a Frontier record or a batch of deltas.  Raises :class:`codec.CodecError` (what is wrong,
+        in one line) when it is none of these or does not decode: the caller dead-letters it, nothing moved."""
         if deltas is not None:
             return self.on_deltas(partition, offset, origin, deltas)
-        try:
-            mark = codec.probe_ready_of(value)
-            if mark is not None:  # a routed partition's share of a probed registration is in
-                return self.on_ready(partition, offset, mark["query_id"], mark["version"], mark["partition"],
-                                     mark["as_of"])
-            frontier = codec.frontier_of(value)
-            if frontier is not None:
-                return self.on_frontier(partition, frontier)
-            return self.on_deltas(partition, offset, origin, codec.part_delta_columns(value))
-        except codec.CodecError:
-            return None
+        mark = codec.probe_ready_of(value)
+        if mark is not None:  # a routed partition's share of a probed registration is in
+            return self.on_ready(partition, offset, mark["query_id"], mark["version"], mark["partition"],
+                                 mark["as_of"])
+        frontier = codec.frontiers_of(value)
+        if frontier is not None:
+            return self.on_frontier(partition, *frontier)
+        return self.on_deltas(partition, offset, origin, codec.part_delta_columns(value))
 
-    def on_frontier(self, partition: int, frontiers: dict[int, int]) -> list[Released]:
-        """A Frontier record: raise the frontiers it names and release what they allow."""
+    def on_frontier(self, partition: int, frontiers: dict[int, int],
+                    applied: dict[int, int] | None = None) -> list[Released]:
+        """A Frontier record: raise the completed and applied frontiers it names (applied: as completed when it
+        has none) and release what they allow."""
         state = self.partitions[partition]
         for routed, seq in frontiers.items():
             if seq > state.frontiers.get(routed, -1):
                 state.frontiers[routed] = seq
+        for routed, seq in (frontiers if applied is None else applied).items():
+            if seq > state.applied.get(routed, -1):
+                state.applied[routed] = seq
         return self._release(partition)
 
     def on_ready(self, partition: int, offset: int, query_id: str, version: int, routed: int,
@@ -259,9 +277,10 @@ class SeqRelease:
         if deltas.gated and key not in state.opened:
             state.gates.setdefault(key, _Gate()).items.extend((offset, deltas, i) for i in range(len(deltas)))
             return self._release(partition)
+        heap = state.heap if deltas.probed else state.fast
         for i in range(len(deltas)):
-            heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
-                                        deltas.index[i], next(self._tie), offset, deltas, i))
+            heapq.heappush(heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
+                                  deltas.index[i], next(self._tie), offset, deltas, i))
         return self._release(partition)
 
     def _open(self, state: _Partition, limit: int) -> list[Released]:
@@ -333,8 +352,9 @@ class SeqRelease:
                                            min(times) if times else None, True))
             for offset, deltas, i in later:
                 state.records.setdefault(offset, [0, origins.get(offset)])[0] += 1
-                heapq.heappush(state.heap, (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i],
-                                            deltas.index[i], next(self._tie), offset, deltas, i))
+                heapq.heappush(state.heap if deltas.probed else state.fast,
+                               (deltas.seq[i], deltas.source_partition[i], deltas.source_offset[i], deltas.index[i],
+                                next(self._tie), offset, deltas, i))
         return out
 
     @staticmethod
@@ -346,23 +366,26 @@ class SeqRelease:
                 del state.records[offset]
 
     def _release(self, partition: int) -> list[Released]:
+        """Release the held deltas the frontiers allow: a probed query's up to the lowest completed frontier, the
+        others' up to the lowest applied one (each query's own deltas stay in seq order: they are all in one
+        heap); a gate opens once every partition completed past its as_of."""
         state = self.partitions[partition]
         limit = self.watermark(partition)
-        heap = state.heap
         opened = self._open(state, limit) if state.ready_gates else []
         groups: list[tuple[int, int | None, PartDeltaColumns, list[tuple[PartDeltaColumns, int]]]] = []
-        while heap and heap[0][0] <= limit:
-            *_key, offset, deltas, i = heapq.heappop(heap)
-            record = state.records[offset]
-            record[0] -= 1
-            if record[0] == 0:
-                del state.records[offset]
-            if (deltas.part >= 0 or deltas.distinct) and not _first_release(state, deltas, [i]):
-                continue
-            if groups and _same_stream(groups[-1][2], deltas):
-                groups[-1][3].append((deltas, i))
-            else:
-                groups.append((offset, record[1], deltas, [(deltas, i)]))
+        for heap, upto in ((state.heap, limit), (state.fast, self.applied_watermark(partition))):
+            while heap and heap[0][0] <= upto:
+                *_key, offset, deltas, i = heapq.heappop(heap)
+                record = state.records[offset]
+                record[0] -= 1
+                if record[0] == 0:
+                    del state.records[offset]
+                if (deltas.part >= 0 or deltas.distinct) and not _first_release(state, deltas, [i]):
+                    continue
+                if groups and _same_stream(groups[-1][2], deltas):
+                    groups[-1][3].append((deltas, i))
+                else:
+                    groups.append((offset, record[1], deltas, [(deltas, i)]))
         out: list[Released] = []
         for offset, origin, deltas, items in groups:
             picked = _gather(deltas, items)
@@ -518,7 +541,8 @@ def _first_release(state: _Partition, deltas: PartDeltaColumns, indices: list[in
 
 def _same_stream(a: PartDeltaColumns, b: PartDeltaColumns) -> bool:
     return (a is b or (a.query_id == b.query_id and a.variables == b.variables and a.version == b.version
-                       and a.distinct == b.distinct and a.part == b.part and a.gated == b.gated))
+                       and a.distinct == b.distinct and a.part == b.part and a.gated == b.gated
+                       and a.probed == b.probed))
 
 
 def _pick(deltas: PartDeltaColumns, indices: list[int]) -> PartDeltaColumns:
@@ -540,4 +564,5 @@ def _gather(template: PartDeltaColumns, items: list[tuple[PartDeltaColumns, int]
         event_time.append(source.event_time_ms[i])
         values.extend(source.values[i * k:(i + 1) * k])
     return PartDeltaColumns(template.query_id, template.part, template.variables, seq, diff, values, src, offset,
-                            index, snapshot, event_time, template.version, template.distinct, template.gated)
+                            index, snapshot, event_time, template.version, template.distinct, template.gated,
+                            template.probed)

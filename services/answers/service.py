@@ -173,9 +173,10 @@ class AnswersService:
             if partition not in self.assigned:
                 continue
             offsets[partition] = offset + 1
-            ready = release.on_record(partition, offset, msg.value(), origin_ms(msg), record)
-            if ready is None:  # undecodable: the core dead-letters it
-                outputs.extend(self.core.on_record(partition, offset, msg.value(), None, lookup))
+            try:
+                ready = release.on_record(partition, offset, msg.value(), origin_ms(msg), record)
+            except codec.CodecError as exc:  # undecodable (a corrupt Frontier, say): dead-lettered, saying why
+                outputs.append(self.core.refused(partition, offset, str(exc), msg.value()))
                 continue
             for source_offset, origin, deltas in ready:
                 outputs.extend(self.core.on_record(partition, source_offset, msg.value(), origin, lookup, deltas))

@@ -32,7 +32,7 @@ from services.codec.changes import (decode_encoded, decode_routed, encode_encode
                                     encode_routed, encode_routed_batch, encoded_changes, encoded_columns, inserted_at,
                                     encoded_records, routed_changes)
 from services.codec.control import (encode_frontier, encode_probe_batch, encode_probe_ready, frontier_of,
-                                    probe_batch_of, probe_ready_of)
+                                    frontiers_of, probe_batch_of, probe_ready_of)
 from services.codec.deltas import (PartDeltaColumns, decode_part_delta, encode_part_delta, encode_part_delta_batch,
                                    part_delta_columns, part_deltas)
 from services.codec.generic import decode, decode_any, encode
@@ -46,7 +46,7 @@ __all__ = [
     "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
     "term_to_avro", "decode_encoded", "decode_routed", "encode_encoded", "encode_encoded_batch", "encode_routed",
     "encode_routed_batch", "encoded_changes", "encoded_columns", "inserted_at", "encoded_records", "routed_changes",
-    "encode_frontier", "encode_probe_batch", "encode_probe_ready", "frontier_of", "probe_batch_of",
+    "encode_frontier", "encode_probe_batch", "encode_probe_ready", "frontier_of", "frontiers_of", "probe_batch_of",
     "probe_ready_of", "PartDeltaColumns", "decode_part_delta", "encode_part_delta", "encode_part_delta_batch",
     "part_delta_columns", "part_deltas", "decode", "decode_any", "encode", "HEADER_LEN", "MAGIC", "NAMESPACE",
     "SCHEMA_DIR", "CodecError", "crc64_avro", "fingerprint", "record_names", "reg", "schema", "writer_name"

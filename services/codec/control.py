@@ -12,20 +12,31 @@ from typing import Any, Mapping, Sequence
 from services.codec.generic import decode, encode
 from services.codec.registry import CodecError, writer_name
 
-def encode_frontier(frontiers: Mapping[int, int]) -> bytes:
-    """One Frontier record: routed partition -> the highest seq it has completed (see schemas/Frontier.avsc)."""
+def encode_frontier(frontiers: Mapping[int, int], applied: Mapping[int, int] | None = None) -> bytes:
+    """One Frontier record: routed partition -> the highest seq it has completed, and (a worker's, on
+    deltas.parts) the highest it has applied, for the same partitions (see schemas/Frontier.avsc)."""
     partitions = sorted(frontiers)
-    return encode("Frontier", {"partition": partitions, "seq": [frontiers[p] for p in partitions]})
+    return encode("Frontier", {"partition": partitions, "seq": [frontiers[p] for p in partitions],
+                               "applied": [applied[p] for p in partitions] if applied is not None else []})
 
 
 def frontier_of(data: bytes) -> dict[int, int] | None:
-    """The frontiers of a Frontier record, or None when ``data`` is another record (cheap: the header only)."""
+    """The completed frontiers of a Frontier record, or None when ``data`` is another record (cheap: the
+    header only)."""
+    both = frontiers_of(data)
+    return None if both is None else both[0]
+
+
+def frontiers_of(data: bytes) -> tuple[dict[int, int], dict[int, int]] | None:
+    """The completed and applied frontiers of a Frontier record (applied: as completed where the record has
+    none), or None when ``data`` is another record."""
     if writer_name(data) != "Frontier":
         return None
     record = decode("Frontier", data)
-    if len(record["partition"]) != len(record["seq"]):
-        raise CodecError("corrupt Frontier: partition and seq arrays differ in length")
-    return dict(zip(record["partition"], record["seq"]))
+    partitions, seqs, applied = record["partition"], record["seq"], record["applied"] or record["seq"]
+    if not len(partitions) == len(seqs) == len(applied):
+        raise CodecError("corrupt Frontier: partition, seq and applied arrays differ in length")
+    return dict(zip(partitions, seqs)), {p: max(a, s) for p, s, a in zip(partitions, seqs, applied)}
 
 
 _PROBE_COLUMNS = ("probe_query", "probe_seq", "probe_sign", "probe_pattern", "probe_step", "probe_width",

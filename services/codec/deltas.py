@@ -37,7 +37,8 @@ class PartDeltaColumns:
     event_time_ms: list[int | None]
     version: int = 0  # the query's registration version (QueryPlan.version)
     distinct: bool = False  # rows are a DISTINCT query's underlying projections: the answers service counts them
-    gated: bool = False  # a probe-evaluated query: its registration is released once every partition is ready
+    gated: bool = False  # a by-centre query: its registration is released once every partition is ready
+    probed: bool = True  # evaluated in part by probes: released at the completed frontier (else the applied one)
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -48,10 +49,11 @@ class PartDeltaColumns:
 
 
 def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], rows: Sequence[tuple],
-                            version: int = 0, distinct: bool = False, gated: bool = False) -> bytes:
+                            version: int = 0, distinct: bool = False, gated: bool = False,
+                            probed: bool = True) -> bytes:
     """One PartDeltaBatch of ``(seq, diff, values, source_partition, source_offset, index, snapshot,
     event_time_ms)`` rows (diff: +1 or -1; values: the term ids of ``variables``, in their order) of the
-    query's registration ``version``; ``distinct``, ``gated``: see PartDeltaBatch."""
+    query's registration ``version``; ``distinct``, ``gated``, ``probed``: see PartDeltaBatch."""
     k = len(variables)
     if any(len(row[2]) != k for row in rows):
         raise CodecError(f"PartDeltaBatch of {query_id}: every delta must bind the {k} variables {list(variables)}")
@@ -61,7 +63,7 @@ def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], 
     columns[1] = [_SIGN_NAME[diff] for diff in columns[1]]
     return encode("PartDeltaBatch", {"query_id": query_id, "part": part, "variables": list(variables),
                                      "values": values, **dict(zip(_PART_DELTA_COLUMNS, columns)),
-                                     "version": version, "distinct": distinct, "gated": gated})
+                                     "version": version, "distinct": distinct, "gated": gated, "probed": probed})
 
 
 def part_delta_columns(data: bytes) -> PartDeltaColumns:
@@ -79,7 +81,7 @@ def part_delta_columns(data: bytes) -> PartDeltaColumns:
                          f"{len(seq) * len(variables)} values, got {len(values)}")
     return PartDeltaColumns(record["query_id"], record["part"], variables, seq, [_DIFF[s] for s in symbols], values,
                             src, offset, index, snapshot, event_time, record["version"], record["distinct"],
-                            record["gated"])
+                            record["gated"], record["probed"])
 
 
 def part_deltas(data: bytes) -> list[dict[str, Any]]:

@@ -53,7 +53,8 @@ class WorkerOutputs:
         self.published_terms: set[int] = set()  # made terms already written to the dictionary topic
         self.term_outputs: list[Output] = []  # ... and those to write in this transaction, before the deltas
         self.batched_origin: int | None = None
-        self.frontier_sent: dict[int, int] = {}  # routed partition -> frontier last written to deltas.parts
+        # routed partition -> (completed, applied) frontiers last written to deltas.parts
+        self.frontier_sent: dict[int, tuple[int, int]] = {}
         # ProbeReady marks owed after this transaction's deltas: (query, version, routed partition, as_of) of the
         # gated registrations a routed shard snapshotted (a multi-centre query's come from the probe routing).
         self.ready_due: list[tuple[str, int, int, int]] = []
@@ -121,11 +122,11 @@ class WorkerOutputs:
         for (query_id, variables, part, _run), rows in self.batched.items():
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
             info = self.plans.get(query_id)
-            version, distinct, gated = ((info.version, info.counted_distinct, info.gated) if info is not None
-                                        else (0, False, False))
+            version, distinct, gated, probed = ((info.version, info.counted_distinct, info.gated, info.uses_probes)
+                                                if info is not None else (0, False, False, True))
             for start in range(0, len(rows), MAX_BATCH_DELTAS):
-                value = codec.encode_part_delta_batch(query_id, part, variables,
-                                                      rows[start:start + MAX_BATCH_DELTAS], version, distinct, gated)
+                value = codec.encode_part_delta_batch(query_id, part, variables, rows[start:start + MAX_BATCH_DELTAS],
+                                                      version, distinct, gated, probed)
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
         self.batched, self.batched_origin, self.batch_runs = {}, None, {}
         for query_id, version, routed, as_of in self.ready_due:  # after the snapshot deltas they mark complete
@@ -190,14 +191,20 @@ class WorkerOutputs:
 
     def _frontiers(self) -> list[Output]:
         """After this transaction's deltas, a Frontier record on every deltas.parts partition for the routed
-        shards that moved: every delta they caused up to that seq precedes it (the answers service's release
-        rule).  Nothing when nothing moved, so an idle worker writes nothing."""
-        moved = {p: s.completed() for (kind, p), s in self.shards.items()
-                 if kind == "routed" and s.completed() > self.frontier_sent.get(p, -1)}
+        shards that moved: every delta they caused up to the completed seq precedes it, and every delta they
+        caused without probes up to the applied seq (the answers service's release rule).  Nothing when nothing
+        moved, so an idle worker writes nothing."""
+        moved = {}
+        for (kind, p), shard in self.shards.items():
+            if kind == "routed":
+                marks = (shard.completed(), shard.applied())
+                sent = self.frontier_sent.get(p, (-1, -1))
+                if marks[0] > sent[0] or marks[1] > sent[1]:
+                    moved[p] = marks
         if not moved:
             return []
         self.frontier_sent.update(moved)
-        value = codec.encode_frontier(moved)
+        value = codec.encode_frontier({p: c for p, (c, _a) in moved.items()}, {p: a for p, (_c, a) in moved.items()})
         return [Output(self.topics["deltas.parts"], value, None, partition) for partition in range(self.n_deltas)]
 
     def snapshot(self, shard: Shard, infos: list[QueryInfo], net: dict[str, Multiset], offset: int | None = None,

@@ -259,6 +259,11 @@ class Shard:
     change_offset: int = -1
     mark_offset: int = -1
 
+    def applied(self) -> int:
+        """The seq this routed partition has applied every change of up to (its log is in seq order): every
+        delta those changes caused without probes has been emitted."""
+        return max(self.frontier, self.last_seq)
+
     def completed(self) -> int:
         """The seq every answer delta of this routed partition's changes has been emitted up to: its frontier,
         held below the oldest change whose probes are still travelling."""

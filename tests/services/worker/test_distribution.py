@@ -367,7 +367,8 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
                 else:  # or the group gives the partition back unchanged: this instance keeps what it released
                     release.restore(d, committed[1], keep_counts=True)
                 last_crash, offset = offset, committed[0]
-        assert not release.partitions[d].heap, "every delta is released once every frontier passed the end"
+        assert not release.partitions[d].heap and not release.partitions[d].fast, \
+            "every delta is released once every frontier passed the end"
         assert not release.partitions[d].gates, "every probed registration is released"
         numbers: dict[tuple[str, int], int] = {}
         for out in log:
@@ -618,6 +619,56 @@ def test_a_restored_release_counts_distinct_rows_once_and_keeps_nothing_of_plain
     release.restore_counts(0, 1, batch(True))
     release.restore_counts(0, 2, batch(True))  # the same delta key: the other owner's copy
     assert release.partitions[0].counts == {("q", 1): {(7,): 1}}
+
+
+def test_a_query_without_probes_is_released_at_the_applied_frontier_a_probed_one_at_the_completed() -> None:
+    """A worker's Frontier says how far each routed partition has applied its changes and how far every delta
+    they cause, probes included, has been sent.  A query evaluated without probes has all its deltas of a change
+    once the change is applied: released then, while a probed query's wait for the completed frontier.  The
+    commit keeps both, so a restart skips exactly what was released."""
+    release = SeqRelease(2)
+    release.restore(0, None)
+
+    def batch(query: str, source: int, offset: int, probed: bool) -> PartDeltaColumns:
+        return PartDeltaColumns(query, -1, ["x"], [5], [1], [7], [source], [offset], [0], [False], [None], 1,
+                                probed=probed)
+    seqs = lambda released: [(cols.query_id, seq) for _o, _origin, cols in released for seq in cols.seq]  # noqa: E731
+    assert release.on_deltas(0, 0, None, batch("star", 0, 10, False)) == []
+    assert release.on_deltas(0, 1, None, batch("cycle", 1, 11, True)) == []
+    # an old worker's record (no applied frontiers): applied = completed, nothing moves
+    frontier = codec.frontiers_of(codec.encode_frontier({0: 3, 1: 3}))
+    assert frontier == ({0: 3, 1: 3}, {0: 3, 1: 3})
+    assert release.on_frontier(0, *frontier) == []
+    completed, applied = codec.frontiers_of(codec.encode_frontier({0: 3, 1: 4}, {0: 6, 1: 5}))
+    assert seqs(release.on_frontier(0, completed, applied)) == [("star", 5)]
+    assert release.held() == 1
+    offset, metadata = release.commit_position(0, 2)
+    assert offset == 1 and json.loads(metadata)["applied"] == {"0": 6, "1": 5}
+
+    restarted = SeqRelease(2)
+    assert restarted.restore(0, metadata) == 2
+    assert restarted.on_deltas(0, 1, None, batch("cycle", 1, 11, True)) == []  # read again from the commit: held
+    assert restarted.on_deltas(0, 0, None, batch("star", 0, 10, False)) == []  # (a copy: released before it)
+    assert restarted.held() == 1
+    assert seqs(restarted.on_frontier(0, {0: 5, 1: 5}, {0: 6, 1: 5})) == [("cycle", 5)]
+    assert restarted.held() == 0
+
+
+def test_a_frontier_whose_arrays_differ_in_length_is_dead_lettered_and_moves_nothing() -> None:
+    """A Frontier naming two partitions with one applied seq is corrupt: the release refuses it saying so in one
+    line, no frontier moves, and the answers core's dead letter carries that line."""
+    from services.answers.core import AnswersCore
+
+    release = SeqRelease(2)
+    release.restore(0, None)
+    corrupt = codec.encode("Frontier", {"partition": [0, 1], "seq": [3, 4], "applied": [9]})
+    with pytest.raises(codec.CodecError, match="corrupt Frontier: partition, seq and applied arrays differ") as refused:
+        release.on_record(0, 5, corrupt)
+    assert release.watermark(0) == -1 and release.applied_watermark(0) == -1
+    dead = AnswersCore("a", "c", "d", "parts").refused(0, 5, str(refused.value), corrupt)
+    record = codec.decode("DeadLetter", dead.value)
+    assert dead.topic == "d" and record["reason"] == "schema-mismatch" and record["offset"] == 5
+    assert record["message"] == str(refused.value) and "\n" not in record["message"]
 
 
 def test_an_opened_gate_keeps_its_as_of_across_restarts_and_drops_later_copies() -> None:
