@@ -95,13 +95,15 @@ def _registry_commands(commands: argparse._SubParsersAction) -> dict[str, Handle
     """``cbgp registry`` (the faust service of ``services.registry.service``) and the user commands."""
     from services.kafka.config import add_kafka_flags
     from services.commands.user import user_commands
+    from services.runtime.life import port_number
 
     p = commands.add_parser("registry", help="run the query registry service (admin -> queries.plans + status)")
     add_kafka_flags(p)
-    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+    p.add_argument("--metrics-port", type=port_number(), default=None, metavar="PORT",
                    help="serve /metrics /healthz /readyz on this port (0 = any free port)")
-    p.add_argument("--web-port", type=int, default=6066, metavar="PORT",
-                   help="faust web port for GET /queries and /queries/{id} (default 6066; one per instance)")
+    p.add_argument("--web-port", type=port_number(), default=6066, metavar="PORT",
+                   help="faust web port for GET /queries and /queries/{id} (default 6066, one per instance; 0 = any "
+                        "free port)")
     p.add_argument("--web-host", default="127.0.0.1", help="faust web bind address (default 127.0.0.1)")
     p.add_argument("--state-dir", default=".cbgp-state", metavar="DIR",
                    help="directory for faust's data dir (default .cbgp-state)")
@@ -109,9 +111,11 @@ def _registry_commands(commands: argparse._SubParsersAction) -> dict[str, Handle
 
     def run_registry(args: argparse.Namespace) -> int:
         from services.kafka.config import KafkaSettings
+        from services.kafka.broker import free_port
         from services.registry.service import run_service  # lazy: importing faust costs a second
 
-        return run_service(KafkaSettings.from_args(args), metrics_port=args.metrics_port, web_port=args.web_port,
+        web_port = args.web_port or free_port(args.web_host)  # (faust's web server takes no 0)
+        return run_service(KafkaSettings.from_args(args), metrics_port=args.metrics_port, web_port=web_port,
                            web_host=args.web_host, state_dir=args.state_dir, log_level=args.log_level)
 
     return {"registry": run_registry, **user_commands(commands)}

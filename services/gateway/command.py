@@ -15,15 +15,15 @@ __all__ = ["register"]
 def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
     from services.gateway.core import Limits
     from services.kafka.config import add_kafka_flags
+    from services.runtime.life import port_number
 
     p = add_kafka_flags(commands.add_parser(
         "gateway", help="serve live answers: SEPA WebSocket, SPARQL protocol, SSE, REST and the web console"))
     p.add_argument("--host", default=os.environ.get("CBGP_GATEWAY_HOST", "127.0.0.1"),
                    help="bind address (default 127.0.0.1, env CBGP_GATEWAY_HOST; 0.0.0.0 to serve other machines)")
-    p.add_argument("--port", type=int, default=int(os.environ.get("CBGP_GATEWAY_PORT", "8080")),
+    p.add_argument("--port", type=port_number("CBGP_GATEWAY_PORT"), default=os.environ.get("CBGP_GATEWAY_PORT", "8080"),
                    help="HTTP port (default 8080, env CBGP_GATEWAY_PORT; 0 = any free port)")
-    metrics_env = os.environ.get("CBGP_METRICS_PORT")
-    p.add_argument("--metrics-port", type=int, default=int(metrics_env) if metrics_env else None,
+    p.add_argument("--metrics-port", type=port_number("CBGP_METRICS_PORT"), default=os.environ.get("CBGP_METRICS_PORT"),
                    help="also serve /metrics /healthz /readyz on this port (env CBGP_METRICS_PORT; they are on --port "
                         "too)")
     p.add_argument("--tokens-file", default=os.environ.get("CBGP_GATEWAY_TOKENS_FILE"),

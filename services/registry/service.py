@@ -445,12 +445,12 @@ def run_service(settings: KafkaSettings, *, metrics_port: int | None = None, web
     log.handlers[:] = [own]
     log.setLevel(min(logging.INFO, logging.getLevelName(log_level.upper())))
     log.propagate = False
-    log.info("starting: broker %s, web view http://%s:%d/queries, metrics %s, state in %s",
-             settings.bootstrap_servers, web_host, web_port,
-             f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port is not None else "off", state_dir)
     current: list[RegistryService | None] = [None]
     metrics = (start_metrics_server(metrics_port, ready=lambda: current[0] is not None and current[0].ready)
                if metrics_port is not None else None)
+    log.info("starting: broker %s, web view http://%s:%d/queries, metrics %s, state in %s",
+             settings.bootstrap_servers, web_host, web_port,
+             f"{metrics.url}/metrics" if metrics is not None else "off", state_dir)
     try:
         while True:
             stopper = Stopper()  # faust's own handlers replace it during a life and are gone after one

@@ -29,7 +29,7 @@ from services.wire.sealed import key as checkpoint_key
 # Re-exported: the services import their input and replay helpers from here.
 
 __all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
-           "run_service", "wait_for_topics", "ORIGIN_HEADER", "origin_ms", "oldest_origin", "oldest_produced", "kv",
+           "run_service", "wait_for_topics", "port_number", "ORIGIN_HEADER", "origin_ms", "oldest_origin", "oldest_produced", "kv",
            "LogTruncated"]
 
 log = logging.getLogger("cbgp.runtime")
@@ -71,9 +71,26 @@ def oldest_produced(msgs: Iterable[Message]) -> int | None:
 # ---------------------------------------------------------------------------------------- process setup
 
 
+def port_number(env: str | None = None) -> Callable[[str], int]:
+    """An argparse type: a TCP port, 0-65535 (0: any free one).  A default given as the text of ``env`` is
+    checked by argparse the same way, so a bad flag or variable is one usage line, not a traceback at bind."""
+    where = f" (the flag, or env {env})" if env else ""
+
+    def parse(text: str) -> int:
+        try:
+            port = int(text)
+        except ValueError:
+            port = -1
+        if not 0 <= port <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port number from 0 to 65535{where}")
+        return port
+    return parse
+
+
 def add_service_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--metrics-port`` (env CBGP_METRICS_PORT, default 9400, 0 = any free port) and ``--log-level``."""
-    parser.add_argument("--metrics-port", type=int, default=None,
+    parser.add_argument("--metrics-port", type=port_number("CBGP_METRICS_PORT"),
+                        default=os.environ.get("CBGP_METRICS_PORT"),
                         help=f"port of /metrics /healthz /readyz (env CBGP_METRICS_PORT, default {DEFAULT_METRICS_PORT}; 0 = any)")
     parser.add_argument("--log-level", default=os.environ.get("CBGP_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -81,9 +98,7 @@ def add_service_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
 
 
 def metrics_port(args: argparse.Namespace) -> int:
-    if args.metrics_port is not None:
-        return args.metrics_port
-    return int(os.environ.get("CBGP_METRICS_PORT", DEFAULT_METRICS_PORT))
+    return args.metrics_port if args.metrics_port is not None else DEFAULT_METRICS_PORT
 
 
 def default_instance_id() -> str:

@@ -138,7 +138,7 @@ def add_state_flags(parser: argparse.ArgumentParser, service: str, what: str) ->
                              "<prefix>{service}-<instance-id> (default $CBGP_STATE_DIR or .run/state; empty: "
                              "only in Kafka)")
     parser.add_argument("--checkpoint-interval", type=float,
-                        default=float(os.environ.get("CBGP_CHECKPOINT_INTERVAL", "10")), metavar="SECONDS",
+                        default=os.environ.get("CBGP_CHECKPOINT_INTERVAL", "10"), metavar="SECONDS",
                         help="at most this often under load, checkpoint after a committed transaction (default "
                              "$CBGP_CHECKPOINT_INTERVAL or 10; 0: after every transaction; negative: never, and "
                              "restores read the logs from 0)")

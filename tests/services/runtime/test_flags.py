@@ -1,0 +1,41 @@
+"""Bad ports and intervals, from a flag or from the environment, are one usage line (exit 2) before a service
+starts: not a traceback when the server binds."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from services.runtime.life import port_number
+
+
+def test_a_port_is_a_number_from_0_to_65535() -> None:
+    parse = port_number("CBGP_X_PORT")
+    assert parse("0") == 0 and parse("65535") == 65535 and parse(" 8080 ") == 8080
+    for bad in ("-1", "65536", "http", "", "80.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"is not a port number from 0 to 65535 \(the flag, "
+                                                             r"or env CBGP_X_PORT\)"):
+            parse(bad)
+
+
+@pytest.mark.parametrize("args, env, line", [
+    (["gateway", "--auth", "none", "--port", "70000"], {},
+     "cbgp gateway: error: argument --port: '70000' is not a port number from 0 to 65535"),
+    (["gateway", "--auth", "none"], {"CBGP_GATEWAY_PORT": "http"},
+     "cbgp gateway: error: argument --port: 'http' is not a port number from 0 to 65535 (the flag, or env "
+     "CBGP_GATEWAY_PORT)"),
+    (["worker"], {"CBGP_METRICS_PORT": "9o00"},
+     "cbgp worker: error: argument --metrics-port: '9o00' is not a port number from 0 to 65535"),
+    (["registry", "--web-port", "-3"], {},
+     "cbgp registry: error: argument --web-port: '-3' is not a port number from 0 to 65535"),
+    (["ingest"], {"CBGP_CHECKPOINT_INTERVAL": "often"},
+     "cbgp ingest: error: argument --checkpoint-interval: invalid float value: 'often'"),
+])
+def test_a_bad_port_or_interval_is_one_usage_line(args: list[str], env: dict[str, str], line: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "services.commands.main", *args], capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin", **env})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(line)
