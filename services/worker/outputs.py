@@ -141,7 +141,9 @@ class WorkerOutputs:
         """Forget the answer deltas not yet flushed of routed partition ``partition`` and of the whole queries
         it owns (the partition was revoked: they belong to its next owner); return how many were dropped."""
         dropped = self.probes.drop_from(partition)
-        self.ready_due = [due for due in self.ready_due if due[2] != partition]
+        kept_marks = [due for due in self.ready_due if due[2] != partition]
+        dropped += len(self.ready_due) - len(kept_marks)  # (a snapshot with no rows still owes its ProbeReady)
+        self.ready_due = kept_marks
         for key, rows in list(self.batched.items()):
             whole_owner = query_partition(key[0], self.n_routed)
             kept = [r for r in rows if not (r[3] == partition or (r[3] == WHOLE_SOURCE_PARTITION

@@ -248,7 +248,7 @@ class ProbeRouting:
             self.registered[dest] = kept
         for dest in list(self.segments):
             kept = [segment for segment in self.segments[dest] if segment[0] != partition]
-            dropped += sum(len(g[3]) + len(g[4]) for g in self.segments[dest] if g[0] == partition)
+            dropped += sum(max(1, len(g[3]) + len(g[4])) for g in self.segments[dest] if g[0] == partition)
             self.segments[dest] = kept
         self.open_segments = {key: g for key, g in self.open_segments.items() if key[1] != partition}
         return dropped

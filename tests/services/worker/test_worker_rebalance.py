@@ -121,6 +121,40 @@ def test_snapshots_of_a_revoked_partition_are_left_to_its_next_owner(kafka_setti
         member.close()
 
 
+def test_a_revoked_partition_whose_snapshot_had_no_rows_is_restored_and_marks_the_registration_ready(
+        kafka_settings: KafkaSettings) -> None:
+    """A registration by centre that has no answers in a partition still owes the answers service that partition's
+    ProbeReady mark (its gate opens once every partition sent one).  Revoked before the transaction, the mark is
+    dropped with the snapshot: the shard must be restored, not resumed, if it comes back, so that it owes the mark
+    again.  (Resumed, the registration looked applied and the gate stayed shut: its answers never came.)"""
+    settings = kafka_settings
+    publish_encoded(settings, generate_patch(100, seed=5))
+    args = argparse.Namespace(group=None, instance_id="revoke-mark-test", batch=100, assembly="worker")
+    service = WorkerService(settings, args)
+    member = make_consumer(settings, service.group)
+    service.consumer = member
+    routed = settings.topic("updates.routed")
+    every = [TopicPartition(routed, p) for p in range(settings.partitions)]
+    try:
+        service.load_plans()
+        service.on_assign(member, member.committed(every, timeout=30))
+        for partition in range(settings.partitions):
+            service._process([m for m in read_partition(settings, routed, partition)], [])
+        publish_plan(settings, "none", f"SELECT ?x WHERE {{ ?x <{EX}absent> ?y }}")  # by centre, no answers
+        service.load_plans()
+        marks = lambda: {due[2] for due in service.core.outputs.ready_due if due[0] == "none"}  # noqa: E731
+        assert marks() == set(range(settings.partitions)) and not service.core.outputs.batched
+        service.on_revoke(member, [TopicPartition(routed, 0)])
+        assert marks() == set(range(1, settings.partitions))
+        assert 0 not in service.parked, "a shard whose ProbeReady mark was dropped must be restored, not resumed"
+        service.on_assign(member, member.committed([TopicPartition(routed, 0)], timeout=30))
+        service._process([m for m in read_partition(settings, routed, 0)], [])  # (nothing committed: from 0)
+        assert marks() == set(range(settings.partitions)), "the restored shard owes the mark again"
+    finally:
+        service.close()
+        member.close()
+
+
 def read_partition(settings: KafkaSettings, topic: str, partition: int) -> list:
     from services.kafka.replay import read_range
 
