@@ -31,7 +31,10 @@ def admin_request(settings: KafkaSettings, command: dict[str, Any], wait: float 
     consumer = make_consumer(settings, f"cbgp-cli-{request_id}", fetch_wait_max_ms=50)
     try:
         consumer.assign([TopicPartition(status_topic, 0, start)])
-        producer = make_producer(settings)
+        # Not idempotent: librdkafka's idempotent producer delivers its first record only once its producer id
+        # came, on a 500 ms timer (0.5-1.0 s of a 1.5 s command).  A command sent twice by a retry is harmless:
+        # REGISTER of the same text is idempotent, and this reply is the first one with its request_id.
+        producer = make_producer(settings, idempotent=False)
         producer.produce(settings.topic("admin"), value=encode("AdminCommand", command))
         # The broker answered end_offsets above: give its acknowledgement time of its own (a first write to
         # the admin topic may create it), so that a short --wait bounds the wait for the registry's reply only.
