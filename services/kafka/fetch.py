@@ -59,9 +59,15 @@ LISTEN_MAX_SECONDS = 2.0
 
 
 def _pause_seconds(name: str, default_ms: int) -> float:
-    """A pause from the environment, in milliseconds (a value that is not a positive integer: the default)."""
-    raw = os.environ.get(name, "")
-    return (int(raw) if raw.isdigit() and int(raw) > 0 else default_ms) / 1000
+    """A pause from the environment, in milliseconds (a value that is not a positive integer: the default, and a
+    warning in the log that says so)."""
+    raw = os.environ.get(name, "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw) / 1000
+    if raw:
+        log.warning(kv(event="setting-ignored", setting=name, value=raw,
+                       reason=f"not a whole number of milliseconds above 0: using {default_ms}"))
+    return default_ms / 1000
 
 
 # Both pauses are settings (CBGP_IDLE_PAUSE_MS, CBGP_IDLE_PAUSE_MAX_MS): the first is what a busy stage may add to

@@ -39,3 +39,13 @@ def test_a_bad_port_or_interval_is_one_usage_line(args: list[str], env: dict[str
                           timeout=60, env={"PATH": "/usr/bin", **env})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(line)
+
+
+def test_an_idle_pause_that_is_not_a_whole_number_of_milliseconds_is_ignored_and_said_to_be() -> None:
+    done = subprocess.run([sys.executable, "-c", "import services.kafka.fetch as f; "
+                           "print(f.IDLE_PAUSE_SECONDS, f.IDLE_PAUSE_MAX_SECONDS)"],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin", "CBGP_IDLE_PAUSE_MS": "2.5", "CBGP_IDLE_PAUSE_MAX_MS": "120"})
+    assert done.returncode == 0 and done.stdout.split() == ["0.015", "0.12"]
+    warning, = [line for line in done.stderr.splitlines() if "setting-ignored" in line]
+    assert "setting=CBGP_IDLE_PAUSE_MS value=2.5" in warning and "using 15" in warning
