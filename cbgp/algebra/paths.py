@@ -296,6 +296,12 @@ class Closure(Operator):
         return f"Closure {self.label}, {self.mode()}: {self.pairs} pair(s)"
 
 
+def closure_pairs(root: Operator) -> int | None:
+    """The pairs the closures of an operator tree hold (``cbgp_path_pairs``), or None when it has none."""
+    closures = [op for op in root.walk() if isinstance(op, Closure)]
+    return sum(op.pairs for op in closures) if closures else None
+
+
 def _bump(adjacency: dict, node: int, other: int, n: int) -> int:
     """Add ``n`` to the multiplicity of the step between ``node`` and ``other``; the old multiplicity."""
     steps = adjacency.setdefault(node, {})

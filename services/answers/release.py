@@ -12,6 +12,7 @@ from itertools import count
 
 from typing import Callable
 
+from cbgp.algebra.paths import closure_pairs
 from cbgp.engine.assembly import Assembler, GraphAssembler, assembler_for
 from services import codec
 from services.codec import PartDeltaColumns
@@ -194,6 +195,16 @@ class SeqRelease:
         return [(key[0], key[1], assembler.assembler.tree.failed) for state in self.partitions.values()
                 for key, assembler in state.assemblers.items()
                 if isinstance(assembler, Operators) and assembler.assembler.tree.failed is not None]
+
+    def path_pairs(self) -> dict[str, int]:
+        """The pairs the property-path closures of each by-centre operator query hold here (``cbgp_path_pairs``)."""
+        totals: dict[str, int] = {}
+        for state in self.partitions.values():
+            for (query_id, _version), assembler in state.assemblers.items():
+                pairs = closure_pairs(assembler.assembler.tree.root) if isinstance(assembler, Operators) else None
+                if pairs is not None:
+                    totals[query_id] = totals.get(query_id, 0) + pairs
+        return totals
 
     def held(self) -> int:
         return sum(len(state.heap) + len(state.fast) + sum(len(g.items) for g in state.gates.values())

@@ -28,6 +28,7 @@ from services.kafka.replay import read_range
 from services.kafka.fetch import record_ok
 
 from services.answers.core import SERVICE, HELD_DELTAS, AnswersCore
+from services.metrics.instruments import PATH_PAIRS, set_by_query
 
 log = logging.getLogger("cbgp.answers")
 
@@ -226,7 +227,10 @@ class AnswersService:
 
     def _stopped(self) -> list[Output]:
         """An ERROR status for each operator query that stopped since the last scan (services.wire.stopped)."""
-        return self.stopped.statuses(self.release.stopped()) if self.stopped.due() else []
+        if not self.stopped.due():
+            return []
+        set_by_query(PATH_PAIRS, self.release.path_pairs())  # (the scan's cadence: about once a second)
+        return self.stopped.statuses(self.release.stopped())
 
     def _checkpoint_records(self) -> list[Output]:
         return self.checkpoints.outputs() if self.checkpoints is not None else []

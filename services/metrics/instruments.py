@@ -15,7 +15,7 @@ __all__ = [
     "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
     "PROCESSING_LATENCY", "REJECTED_INPUTS", "RESTORE_PROGRESS", "ANSWER_LATENCY", "RESTORE_MISSING_OFFSETS",
     "BACKGROUND_REFRESHES", "BACKGROUND_VIEW_TRIPLES", "BACKGROUND_ACCURACY", "CHECKPOINT_BYTES", "CHECKPOINT_TIME",
-    "OTHER_QUERIES", "QueryLabels", "top_queries",
+    "OTHER_QUERIES", "QueryLabels", "top_queries", "set_by_query", "PATH_PAIRS",
 ]
 
 # Per-query series are bounded: a fleet of ten thousand queries must not make ten thousand series per metric.
@@ -64,6 +64,17 @@ def top_queries(values: dict[str, float], maximum: int | None = None) -> dict[st
     kept[OTHER_QUERIES] = sum(v for _q, v in ranked[maximum:])
     return kept
 
+def set_by_query(gauge: Gauge, values: dict[str, float]) -> None:
+    """Set a per-query gauge (label ``query``) to ``values``, bounded by :func:`top_queries`, and drop the series
+    of queries gone or out of the top."""
+    kept = top_queries(values)
+    for query, value in kept.items():
+        gauge.labels(query).set(value)
+    for labels in list(gauge._metrics):
+        if labels[0] not in kept:
+            gauge.remove(*labels)
+
+
 # prometheus-client appends "_total" to counter names, so Counter("cbgp_updates_in") exposes
 # cbgp_updates_in_total.
 
@@ -100,6 +111,8 @@ TRANSACTION_STEP = Histogram(
 )
 REJECTED_INPUTS = Counter("cbgp_rejected_inputs", "Inputs sent to the dead-letter topic, by reason code.",
                           ["service", "reason"])
+PATH_PAIRS = Gauge("cbgp_path_pairs", "Pairs the property-path closures of one query hold in this process (bound: "
+                   "CBGP_MAX_PATH_PAIRS; the largest queries by themselves, the rest as _other).", ["query"])
 RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress of a partition, 0..1.", ["partition"])
 RESTORE_MISSING_OFFSETS = Gauge(
     "cbgp_restore_missing_offsets", "Offsets a restore needed that the log no longer has (deleted by retention or "

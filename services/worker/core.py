@@ -12,6 +12,7 @@ from collections import Counter
 from itertools import chain
 from typing import Callable, Iterable, Iterator
 
+from cbgp.algebra.paths import closure_pairs
 from cbgp.distributed.evaluator import Outputs as ProbeOutputs
 from cbgp.query.plan import BY_CENTRE, decompose
 from cbgp.query.sparql import QueryError
@@ -595,6 +596,18 @@ class WorkerCore:
                     query_id = shard.outputs[name][0]
                     out.append((query_id, shard.versions.get(query_id, 0), failed))
         return out
+
+    def path_pairs_by_query(self) -> dict[str, int]:
+        """The pairs the property-path closures of each query hold on this worker (its single-owner queries')."""
+        totals: dict[str, int] = {}
+        for shard in self.shards.values():
+            for name, op in shard.engine.operators.items():
+                query = getattr(op, "query", None)  # (a FleetOperatorQuery's; a gated leaf part has none)
+                pairs = closure_pairs(query.root) if query is not None else None
+                if pairs is not None:
+                    query_id = shard.outputs[name][0]
+                    totals[query_id] = totals.get(query_id, 0) + pairs
+        return totals
 
     def state_by_query(self) -> dict[str, int]:
         totals: dict[str, int] = {}

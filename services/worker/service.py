@@ -17,7 +17,7 @@ from prometheus_client import Gauge
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_consumer, make_producer
 from services.metrics.exposition import record_consumer_lag
-from services.metrics.instruments import STATE_BYTES, STATE_ENTRIES, top_queries
+from services.metrics.instruments import PATH_PAIRS, STATE_BYTES, STATE_ENTRIES, set_by_query
 from services.runtime.runner import Step, run_processor
 from services.runtime import recovery
 from services.wire.records import Output, kv
@@ -509,12 +509,8 @@ class WorkerService:
             for labels in list(gauge._metrics):  # partitions no longer held: no stale values
                 if labels[0] not in held:
                     gauge.remove(*labels)
-        by_query = top_queries(self.core.state_by_query())  # the largest by themselves, the rest as _other
-        for name, entries in by_query.items():
-            QUERY_STATE.labels(name).set(entries)
-        for labels in list(QUERY_STATE._metrics):  # queries gone (or out of the top) hold no series any more
-            if labels[0] not in by_query:
-                QUERY_STATE.remove(*labels)
+        set_by_query(QUERY_STATE, self.core.state_by_query())  # the largest by themselves, the rest as _other
+        set_by_query(PATH_PAIRS, self.core.path_pairs_by_query())
 
     def close(self, clean: bool = True) -> None:
         if clean and self.checkpointer.unsaved:

@@ -6,7 +6,9 @@ every answer: per update for live deltas, at registration for the snapshot, at t
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +23,8 @@ from services.kafka.topics import ensure_topics
 from services.registry.core import operator_placement
 from tests.fixtures.broker import fresh_settings
 from tests.fleet.test_operators_fleet_e2e import expected_of, publish
-from tests.fleet_support import EX, Fleet, generate_patch, publish_patch, read_answers, read_current, wait_answers
+from tests.fleet_support import (EX, Fleet, generate_patch, publish_patch, read_answers, read_current, wait_answers,
+                                 wait_for)
 from tests.operators_support import changes_of_lines, oracle_deltas
 
 pytestmark = [pytest.mark.slow]
@@ -45,6 +48,15 @@ SINGLE_OWNER = {"star", "negated"}
 def test_the_queries_are_placed_as_the_test_says():
     for name, text in {**EARLY, **LATE}.items():
         assert (operator_placement(analyse(text)) == BY_CENTRE) == (name not in SINGLE_OWNER), name
+
+
+def path_pairs(fleet: Fleet, name: str, query: str) -> int:
+    """``cbgp_path_pairs{query=...}`` of process ``name`` (its current life: the last port it logged)."""
+    text = fleet.log_text(name)
+    port = re.findall(r"event=started metrics_port=(\d+)", text)[-1]
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    found = re.search(rf'^cbgp_path_pairs{{query="{re.escape(query)}"}} (\S+)$', page, re.M)
+    return int(float(found.group(1))) if found else 0
 
 
 @pytest.mark.timeout(420)
@@ -84,6 +96,13 @@ def test_paths_in_the_fleet_early_late_and_after_kill_9(kafka_broker, tmp_path: 
             time.sleep(1.0)  # anything duplicated would arrive right after the expected count
             got = read_answers(settings)
             current = read_current(settings)
+            # cbgp_path_pairs: an anchored closure by centre lives in the answers service and holds what its
+            # anchor reaches; the single-owner `*` in the worker that owns it (its closure: s2's knows+)
+            wait_for(lambda: path_pairs(fleet, "answers", "reach") == len(final["reach"]), 10.0,
+                     "cbgp_path_pairs of reach at the answers service: what s0 reaches")
+            star = lambda: sum(path_pairs(member, f"w{i}", "star") for i, member in enumerate(fleets))  # noqa: E731
+            wait_for(lambda: 0 < star() and len(final["star"]) - 1 <= star() <= len(final["star"]), 10.0,
+                     "cbgp_path_pairs of star at its worker: what s2 reaches in one step or more")
         finally:
             for member in fleets:
                 member.__exit__(None, None, None)

@@ -60,3 +60,16 @@ def test_a_closure_over_its_bound_stops_its_query_alone(monkeypatch, caplog):
     with pytest.raises(EngineError, match="would hold more than 20 pairs"):  # over the bound at registration
         engine.register("late", P + "SELECT * WHERE { ?x :next* ?y }")
     assert "late" not in engine.operator_queries
+
+
+def test_closure_pairs_counts_what_a_query_s_closures_hold_and_none_without_one():
+    from cbgp.algebra.paths import closure_pairs
+
+    engine = ContinuousEngine()
+    engine.register("from_n5", P + "SELECT * WHERE { :n5 :next+ ?y }")
+    engine.register("both", P + "SELECT * WHERE { :n5 :next+ ?y . ?x :next* :n2 }")
+    engine.register("plain", P + "SELECT * WHERE { ?x :next ?y }")
+    chain(engine, 10)
+    pairs = {name: closure_pairs(engine.operator_queries[name].root) for name in ("from_n5", "both")}
+    assert pairs == {"from_n5": 5, "both": 5 + 2}  # (n6..n10 from n5; n0, n1 to n2)
+    assert "plain" not in engine.operator_queries or closure_pairs(engine.operator_queries["plain"].root) is None
