@@ -21,9 +21,11 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
         "gateway", help="serve live answers: SEPA WebSocket, SPARQL protocol, SSE, REST and the web console"))
     p.add_argument("--host", default=os.environ.get("CBGP_GATEWAY_HOST", "127.0.0.1"),
                    help="bind address (default 127.0.0.1, env CBGP_GATEWAY_HOST; 0.0.0.0 to serve other machines)")
-    p.add_argument("--port", type=port_number("CBGP_GATEWAY_PORT"), default=os.environ.get("CBGP_GATEWAY_PORT", "8080"),
+    p.add_argument("--port", type=port_number("CBGP_GATEWAY_PORT"),
+                   default=os.environ.get("CBGP_GATEWAY_PORT", "8080"),
                    help="HTTP port (default 8080, env CBGP_GATEWAY_PORT; 0 = any free port)")
-    p.add_argument("--metrics-port", type=port_number("CBGP_METRICS_PORT"), default=os.environ.get("CBGP_METRICS_PORT"),
+    p.add_argument("--metrics-port", type=port_number("CBGP_METRICS_PORT"),
+                   default=os.environ.get("CBGP_METRICS_PORT"),
                    help="also serve /metrics /healthz /readyz on this port (env CBGP_METRICS_PORT; they are on --port "
                         "too)")
     p.add_argument("--tokens-file", default=os.environ.get("CBGP_GATEWAY_TOKENS_FILE"),

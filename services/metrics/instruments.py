@@ -64,6 +64,7 @@ def top_queries(values: dict[str, float], maximum: int | None = None) -> dict[st
     kept[OTHER_QUERIES] = sum(v for _q, v in ranked[maximum:])
     return kept
 
+
 def set_by_query(gauge: Gauge, values: dict[str, float]) -> None:
     """Set a per-query gauge (label ``query``) to ``values``, bounded by :func:`top_queries`, and drop the series
     of queries gone or out of the top."""

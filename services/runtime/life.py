@@ -29,8 +29,8 @@ from services.wire.sealed import key as checkpoint_key
 # Re-exported: the services import their input and replay helpers from here.
 
 __all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
-           "run_service", "wait_for_topics", "port_number", "ORIGIN_HEADER", "origin_ms", "oldest_origin", "oldest_produced", "kv",
-           "LogTruncated"]
+           "run_service", "wait_for_topics", "port_number", "ORIGIN_HEADER", "origin_ms", "oldest_origin",
+           "oldest_produced", "kv", "LogTruncated"]
 
 log = logging.getLogger("cbgp.runtime")
 
