@@ -10,6 +10,7 @@ worker that owned them now.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -95,18 +96,9 @@ def test_snapshots_of_a_revoked_partition_are_left_to_its_next_owner(kafka_setti
     the committed metadata: both made it, and the two differently numbered copies doubled the answers in a
     kill -9 fault run) and the shard must not be parked without it."""
     settings = kafka_settings
-    publish_encoded(settings, generate_patch(300, seed=4))
-    args = argparse.Namespace(group=None, instance_id="revoke-snapshot-test", batch=100, assembly="worker")
-    service = WorkerService(settings, args)
-    member = make_consumer(settings, service.group)
-    service.consumer = member
+    service, member = worker_over(settings, generate_patch(300, seed=4), "revoke-snapshot-test")
     routed = settings.topic("updates.routed")
-    every = [TopicPartition(routed, p) for p in range(settings.partitions)]
     try:
-        service.load_plans()
-        service.on_assign(member, member.committed(every, timeout=30))
-        for partition in range(settings.partitions):  # apply everything published, as the loop would
-            service._process([m for m in read_partition(settings, routed, partition)], [])
         publish_plan(settings, "path", QUERIES["path"])  # by centre: a snapshot from every partition
         service.load_plans()  # applies the new plan: snapshots queued, as at the start of an iteration
         queued = {row[3] for rows in service.core.outputs.batched.values() for row in rows}
@@ -128,18 +120,9 @@ def test_a_revoked_partition_whose_snapshot_had_no_rows_is_restored_and_marks_th
     dropped with the snapshot: the shard must be restored, not resumed, if it comes back, so that it owes the mark
     again.  (Resumed, the registration looked applied and the gate stayed shut: its answers never came.)"""
     settings = kafka_settings
-    publish_encoded(settings, generate_patch(100, seed=5))
-    args = argparse.Namespace(group=None, instance_id="revoke-mark-test", batch=100, assembly="worker")
-    service = WorkerService(settings, args)
-    member = make_consumer(settings, service.group)
-    service.consumer = member
+    service, member = worker_over(settings, generate_patch(100, seed=5), "revoke-mark-test")
     routed = settings.topic("updates.routed")
-    every = [TopicPartition(routed, p) for p in range(settings.partitions)]
     try:
-        service.load_plans()
-        service.on_assign(member, member.committed(every, timeout=30))
-        for partition in range(settings.partitions):
-            service._process([m for m in read_partition(settings, routed, partition)], [])
         publish_plan(settings, "none", f"SELECT ?x WHERE {{ ?x <{EX}absent> ?y }}")  # by centre, no answers
         service.load_plans()
         marks = lambda: {due[2] for due in service.core.outputs.ready_due if due[0] == "none"}  # noqa: E731
@@ -153,6 +136,23 @@ def test_a_revoked_partition_whose_snapshot_had_no_rows_is_restored_and_marks_th
     finally:
         service.close()
         member.close()
+
+
+def worker_over(settings: KafkaSettings, lines: list[str], instance_id: str) -> tuple[WorkerService, Any]:
+    """A worker service (and a member of its group, to play the group's calls) holding every partition, with
+    ``lines`` published and applied as its loop would."""
+    publish_encoded(settings, lines)
+    args = argparse.Namespace(group=None, instance_id=instance_id, batch=100, assembly="worker")
+    service = WorkerService(settings, args)
+    member = make_consumer(settings, service.group)
+    service.consumer = member
+    routed = settings.topic("updates.routed")
+    service.load_plans()
+    service.on_assign(member, member.committed([TopicPartition(routed, p) for p in range(settings.partitions)],
+                                               timeout=30))
+    for partition in range(settings.partitions):
+        service._process([m for m in read_partition(settings, routed, partition)], [])
+    return service, member
 
 
 def read_partition(settings: KafkaSettings, topic: str, partition: int) -> list:
