@@ -62,6 +62,15 @@ SIBFO = "http://www.ins.cwi.nl/sib/forum/"
 SIBFR = "http://www.ins.cwi.nl/sib/friendship/"
 SIBG = "http://www.ins.cwi.nl/sib/group/"
 SIBGM = "http://www.ins.cwi.nl/sib/group/membership/"
+SUBCLASS_OF = "<http://www.w3.org/2000/01/rdf-schema#subClassOf>"
+# A small SIOC/SIB class hierarchy (LSBench has none) for class-hierarchy paths (rdf:type/rdfs:subClassOf*),
+# published before the stream: insertions as the stream's updates are, (diff, s, p, o).
+CLASS_HIERARCHY = [(1, f"<{a}>", SUBCLASS_OF, f"<{b}>") for a, b in (
+    (f"{SIB}Photo", f"{SIOC}Item"), (f"{SIB}Post", f"{SIOC}Post"), (f"{SIB}Comment", f"{SIOC}Post"),
+    (f"{SIOC}Post", f"{SIOC}Item"), (f"{SIB}User", f"{SIOC}UserAccount"), (f"{SIB}Group", f"{SIOC}Usergroup"),
+    (f"{SIOCT}ImageGallery", f"{SIOC}Container"), (f"{SIOC}Forum", f"{SIOC}Container"),
+    (f"{SIOC}Container", "http://www.w3.org/2000/01/rdf-schema#Resource"),
+    (f"{SIOC}Item", "http://www.w3.org/2000/01/rdf-schema#Resource"))]
 SIBPO = "http://www.ins.cwi.nl/sib/post/"
 SIBC = "http://www.ins.cwi.nl/sib/post/comment/"
 SIBPHO = "http://www.ins.cwi.nl/sib/photoalbum/photo/"

@@ -37,8 +37,8 @@ Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-conne
 2-hop path ``?a foaf:knows ?b . ?b sib:like ?post`` over the like stream, centre ?b; ``--heavy FILE`` for another);
 ``operators`` = the 5 queries of bench/queries_operators/ (OPTIONAL, GROUP BY/HAVING, FILTER over a 3-hop path,
 FILTER on a star's attribute, NOT EXISTS; by centre their leaves run on the workers and the operators in the
-answers service); ``paths`` = the 3 property-path queries of bench/queries_paths/ (``knows+`` from and to a user,
-a sequence).
+answers service); ``paths`` = the 4 property-path queries of bench/queries_paths/ (``knows+`` from and to a user,
+a class hierarchy's ``*`` over a small SIOC/SIB hierarchy published before the stream, a sequence).
 
 In memory (``--in-memory``: no fleet, no Kafka, for profiling the workers' CPU per update): ingest's records
 made in memory, then per partition count in ``--workers`` (one routed partition per worker core) the workers'
@@ -84,7 +84,7 @@ from idle_bench import _group, _service_of, add_fleet_env_flag, fleet_env  # noq
 CBGP = [sys.executable, "-m", "services.commands.main"]
 QUERY_DIR = ROOT / "bench" / "queries"
 OPERATOR_QUERY_DIR = ROOT / "bench" / "queries_operators"  # OPTIONAL, GROUP BY/HAVING, FILTERs, NOT EXISTS
-PATH_QUERY_DIR = ROOT / "bench" / "queries_paths"  # knows+ from and to a user, a sequence
+PATH_QUERY_DIR = ROOT / "bench" / "queries_paths"  # knows+ from and to a user, a class hierarchy, a sequence
 HEAVY_DEFAULT = """# 2-hop path over the like stream (var-connected, single centre ?b): friends of someone, what they like
 PREFIX foaf: <http://xmlns.com/foaf/0.1/>
 PREFIX sib: <http://www.ins.cwi.nl/sib/vocabulary/>
@@ -610,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dataset = lsbench.load_or_generate(args.data)
         updates = lsbench.build_updates(dataset).updates[:args.updates]
+        if "paths" in args.workloads.split(","):  # (the class-hierarchy path's subClassOf triples, first)
+            updates = lsbench.CLASS_HIERARCHY + updates
         patch = tmp / "lsbench.rdfp"
         patch.write_text("\n".join(patch_lines(updates)) + "\n")
         heavy = tmp / "heavy.rq"

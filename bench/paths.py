@@ -46,14 +46,8 @@ REPLY = f"<{lsbench.SIOC}reply_of>"
 CREATOR = f"<{lsbench.SIOC}creator_of>"
 
 
-SUB = "<http://www.w3.org/2000/01/rdf-schema#subClassOf>"
-ONTOLOGY = [(1, f"<{a}>", SUB, f"<{b}>") for a, b in (
-    (f"{lsbench.SIB}Photo", f"{lsbench.SIOC}Item"), (f"{lsbench.SIB}Post", f"{lsbench.SIOC}Post"),
-    (f"{lsbench.SIB}Comment", f"{lsbench.SIOC}Post"), (f"{lsbench.SIOC}Post", f"{lsbench.SIOC}Item"),
-    (f"{lsbench.SIB}User", f"{lsbench.SIOC}UserAccount"), (f"{lsbench.SIB}Group", f"{lsbench.SIOC}Usergroup"),
-    (f"{lsbench.SIOCT}ImageGallery", f"{lsbench.SIOC}Container"), (f"{lsbench.SIOC}Forum", f"{lsbench.SIOC}Container"),
-    (f"{lsbench.SIOC}Container", "http://www.w3.org/2000/01/rdf-schema#Resource"),
-    (f"{lsbench.SIOC}Item", "http://www.w3.org/2000/01/rdf-schema#Resource"))]
+SUB = lsbench.SUBCLASS_OF
+ONTOLOGY = lsbench.CLASS_HIERARCHY
 
 
 def make_queries(updates: list) -> tuple[dict[str, str], str]:

@@ -143,8 +143,9 @@ KNOWS = "<http://xmlns.com/foaf/0.1/knows>"
 SIB = "http://www.ins.cwi.nl/sib/vocabulary/"
 LATE = (f"SELECT * WHERE {{ ?post <http://www.w3.org/1999/02/22-rdf-syntax-ns#type> <{SIB}Post> . "
         f"?post <{SIB}hashtag> ?tag }}")  # a star registered after the checkpoint (``registered_after``)
-# ... and a whole query (a variable predicate under a FILTER: its single owner evaluates it on updates.encoded)
-LATE_WHOLE = f"SELECT ?post ?p WHERE {{ ?post ?p ?tag FILTER(?p = <{SIB}hashtag>) }}"
+# ... and a whole query (variable predicates in patterns that share no end, under a FILTER: its single owner
+# evaluates it on updates.encoded)
+LATE_WHOLE = f"SELECT ?post ?p WHERE {{ ?post ?p ?tag . ?tag ?q ?about FILTER(?p = <{SIB}hashtag>) }}"
 ANSWERING = {"friends_of_friends": f"SELECT * WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}",
              "distinct_fof": f"SELECT DISTINCT ?a ?c WHERE {{ ?a {KNOWS} ?b . ?b {KNOWS} ?c }}"}
 

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, TextIO
 
+from cbgp.change import ROLE_BOTH, ROLE_OBJECT, ROLE_SUBJECT
 from cbgp.engine.engine import EngineError
 from cbgp.query.plan import BY_CENTRE, SINGLE_OWNER, decompose
 from cbgp.query.sparql import QueryError
@@ -223,15 +224,27 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
 WINDOWED_PLACEMENT = "spark-window"
 # Operator queries in the fleet: their BGP leaves by centre value when each leaf is, else one owner.
 OPERATORS_WHERE = {
-    BY_CENTRE: ("every BGP leaf's parts evaluated by centre value on updates.routed like a BGP query's; the "
-                "answers service releases their deltas in seq order and runs the operators over them; ASK "
-                "answers ?ask true/false, CONSTRUCT ?subject ?predicate ?object (a derived stream: single-owner)"),
-    SINGLE_OWNER: ("the whole query by its single owner (a BGP leaf with a variable predicate, or one not placed "
-                   "by centre): the worker holding routed partition query_partition(id) reads updates.encoded, "
+    BY_CENTRE: ("every BGP leaf's parts evaluated by centre value on updates.routed like a BGP query's, and every "
+                "pattern leaf where its subject, its object or each node lives; the answers service releases "
+                "their deltas in seq order and runs the operators over them; ASK answers ?ask true/false, "
+                "CONSTRUCT ?subject ?predicate ?object (a derived stream: single-owner)"),
+    SINGLE_OWNER: ("the whole query by its single owner (variable predicates in patterns that share no subject "
+                   "or object, or a BGP leaf not placed by centre): the worker holding routed partition "
+                   "query_partition(id) reads updates.encoded, "
                    "the total order, and runs the BGP leaves and the operators above them; answers numbered by "
                    "the answers service; ASK answers ?ask true/false, CONSTRUCT ?subject ?predicate ?object"),
     WINDOWED_PLACEMENT: ("the Spark job runs the BGP leaves and the operators over the window's content at each "
                          "instant; workers hold nothing; ASK answers ?ask true/false")}
+
+# Where a routed shard evaluates a pattern leaf of a query placed by centre (cbgp.algebra.by_centre.pattern_role).
+PATTERN_KEYS = {ROLE_SUBJECT: "subject", ROLE_OBJECT: "object", ROLE_BOTH: "node"}
+PATTERN_WHERE = {
+    "subject": "by centre: each change where the value of its subject lives (its updates.routed partition), with "
+               "every other triple of a solution",
+    "object": "by centre: each change where the value of its object lives (its updates.routed partition), with "
+              "every other triple of a solution",
+    "node": "by centre: each node counted where its value lives (its updates.routed partition), from the changes "
+            "that touch it"}
 
 
 def plan_json(query) -> dict:  # noqa: ANN001
@@ -270,10 +283,16 @@ def _explain(path: str, as_json: bool, out: TextIO, views: list) -> None:
         placement = BY_CENTRE if parts is not None else SINGLE_OWNER
         if window is not None:
             placement = WINDOWED_PLACEMENT
+        keyed = {part.leaf: PATTERN_KEYS[part.role] for part in parts or () if part.pattern is not None}
+        if placement != BY_CENTRE:
+            keyed = {}
+        first = len(operators.engine_leaves)
         if as_json:
             data = {"form": query.form, "columns": list(query.columns), "placement": placement,
                     "where": OPERATORS_WHERE[placement], "operators": operators.root.explain(),
-                    "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves]}
+                    "bgps": [plan_json(leaf.query) for leaf in operators.engine_leaves],
+                    "pattern_leaves": [{"leaf": leaf.describe(), "keyed_by": keyed.get(first + number)}
+                                       for number, leaf in enumerate(operators.pattern_leaves)]}
             if window is not None:
                 data["window"] = _window_json(window)
             _write_json(data, views, out)
@@ -292,6 +311,9 @@ def _explain(path: str, as_json: bool, out: TextIO, views: list) -> None:
                 if pushed:  # (by centre too: the shards keep the changes it rejects out of their state)
                     text += "\nFILTER pushed into pattern(s) " + " ".join(f"t{i}" for i in pushed)
                 out.write(f"BGP leaf{number}: " + text + "\n")
+            for number, leaf in enumerate(operators.pattern_leaves):
+                if first + number in keyed:
+                    out.write(f"pattern leaf {leaf.label}: {PATTERN_WHERE[keyed[first + number]]}\n")
             out.write(f"placement in the fleet: {placement} ({OPERATORS_WHERE[placement]})\n")
             closures = [op for op in operators.root.walk() if op.name == "Closure"]
             if closures:

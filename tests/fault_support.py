@@ -75,8 +75,9 @@ FAULT_QUERIES = {
     "optional": f"SELECT ?x ?n WHERE {{ ?x <{EX}type> <{EX}Person> OPTIONAL {{ ?x <{EX}name> ?n }} }}",
     "counted": (f"SELECT ?x (COUNT(?y) AS ?c) WHERE {{ ?x <{EX}knows> ?y . ?y <{EX}knows> ?z }} GROUP BY ?x "
                 f"HAVING (COUNT(?y) > 1)"),
-    # a whole query (a variable-predicate leaf: its single owner evaluates it on updates.encoded)
-    "likers": f"SELECT ?x ?p WHERE {{ ?x ?p <{EX}Pizza> FILTER(?p != <{EX}type>) }}",
+    # a whole query (variable predicates whose patterns share no end: its single owner evaluates it on
+    # updates.encoded)
+    "likers": f"SELECT ?x ?p WHERE {{ ?x ?p ?y . ?y ?q <{EX}Pizza> FILTER(?p != <{EX}type>) }}",
 }
 KILL_ROTATION = ("ingest", "worker", "answers", "registry")
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec
-from cbgp.algebra.operators import Delta, add, remapper
+from cbgp.algebra.operators import Delta, Leaf, add, remapper
 from cbgp.algebra.continuous import OperatorTree
 from cbgp.algebra.expressions import Terms
+from cbgp.algebra.leaf import PatternLeaf
+from cbgp.algebra.paths import ZeroLength
+from cbgp.change import ROLE_BOTH, ROLE_OBJECT, ROLE_SUBJECT
 from cbgp.engine.assembly import assembler_for, split_parts
 from cbgp.query.plan import BY_CENTRE, Plan, decompose
 from cbgp.query.sparql import parse_query
@@ -23,17 +26,58 @@ class LeafPart:
     """One part of one BGP leaf of an operator query, as the fleet evaluates it."""
 
     index: int  # its number among all the leaves' parts: PartDelta.part
-    leaf: int  # the leaf (OperatorTree's engine leaves, in order)
+    leaf: int  # the leaf (OperatorTree's engine leaves in order, then its pattern leaves)
     part: int  # its index in the leaf's decomposition; -1: the leaf whole (a leaf of one part)
-    plan: Plan  # what a routed shard registers: in its engine, or in its evaluator when ``plan.probed``
+    plan: Plan | None  # what a routed shard registers: in its engine, or in its evaluator when ``plan.probed``
     # A leaf (or a product leaf's part) with FILTERs pushed into its patterns: its query with them, and the
     # query's prologue (the filters' IRIs), so a shard can keep the changes they reject out of its state (its
     # engine's, or its evaluator's for a leaf joined by probes).
     pushed: EngineLeaf | None = None
     prologue: object = None
+    # A pattern leaf (a variable predicate, a negated property set, a zero-length path): how to build it
+    # (``pattern_leaf``), and the roles of the changes a routed shard feeds it (``pattern_role``).
+    pattern: tuple | None = None
+    role: int = 0
+
+    @property
+    def probed(self) -> bool:
+        """Joined by probes between the routed shards (in their evaluators, not their engines)."""
+        return self.plan is not None and self.plan.probed
+
+    def pattern_leaf(self) -> Leaf:
+        """A new, unattached copy of this part's pattern leaf."""
+        kind, *args = self.pattern  # type: ignore[misc]
+        if kind == "zero":
+            return ZeroLength(*args)
+        schema, patterns, label = args
+        return PatternLeaf(schema, list(patterns), label)
 
 
-def _leaf_parts(engine_leaves: list[EngineLeaf], prologue: object = None) -> tuple[LeafPart, ...] | None:
+def pattern_role(leaf: Leaf) -> int | None:
+    """The roles of the routed changes a shard feeds a pattern leaf so that each solution is found on exactly one
+    shard, or None (its patterns share no end: only one owner of every change can evaluate it).
+
+    A zero-length path counts each node where the node lives: both roles, each end counted for its own.  A
+    pattern leaf whose patterns all have the same subject (a variable or a constant) is evaluated where that
+    subject lives, every triple of a solution there; the same object, where that lives."""
+    if isinstance(leaf, ZeroLength):
+        return ROLE_BOTH
+    if isinstance(leaf, PatternLeaf):
+        if len({pattern[0] for pattern in leaf.patterns}) == 1:
+            return ROLE_SUBJECT
+        if len({pattern[2] for pattern in leaf.patterns}) == 1:
+            return ROLE_OBJECT
+    return None
+
+
+def _pattern_recipe(leaf: Leaf) -> tuple:
+    if isinstance(leaf, ZeroLength):
+        return ("zero", leaf.schema, leaf.subject, leaf.object, leaf.graph, leaf.label)
+    return ("pattern", leaf.schema, tuple(leaf.patterns), leaf.label)  # type: ignore[attr-defined]
+
+
+def _leaf_parts(engine_leaves: list[EngineLeaf], pattern_leaves: list[Leaf] = (),  # type: ignore[assignment]
+                prologue: object = None) -> tuple[LeafPart, ...] | None:
     out: list[LeafPart] = []
     for number, engine_leaf in enumerate(engine_leaves):
         plan = decompose(engine_leaf.query)
@@ -47,6 +91,11 @@ def _leaf_parts(engine_leaves: list[EngineLeaf], prologue: object = None) -> tup
             part_plan = decompose(parse_query(part.sparql))
             pushed = _part_filters(engine_leaf, plan.parts[part.index].patterns, part_plan)
             out.append(LeafPart(len(out), number, part.index, part_plan, pushed, prologue if pushed else None))
+    for number, leaf in enumerate(pattern_leaves, start=len(engine_leaves)):
+        role = pattern_role(leaf)
+        if role is None:
+            return None
+        out.append(LeafPart(len(out), number, -1, None, pattern=_pattern_recipe(leaf), role=role))
     return tuple(out)
 
 
@@ -67,13 +116,13 @@ def _part_filters(engine_leaf: EngineLeaf, indices: tuple[int, ...], part_plan: 
 
 def leaf_parts(spec: OperatorQuerySpec) -> tuple[LeafPart, ...] | None:
     """The parts the fleet evaluates by centre for an operator query, or None when it cannot be placed so:
-    a leaf with a variable predicate (matched against every change, ``PatternLeaf``), a leaf that is not
-    placed by centre itself, or no leaf at all (VALUES alone)."""
+    a pattern leaf whose patterns share no end (``pattern_role``), a BGP leaf that is not placed by centre
+    itself, or no leaf at all (VALUES alone)."""
     builder = Builder(spec, Terms(TermDictionary(stable=True), spec.prologue), pushdown=True)
     builder.build_root()
-    if builder.pattern_leaves or not builder.engine_leaves:
+    if not builder.engine_leaves and not builder.pattern_leaves:
         return None
-    return _leaf_parts(builder.engine_leaves, spec.prologue)
+    return _leaf_parts(builder.engine_leaves, builder.pattern_leaves, spec.prologue)
 
 
 class OperatorAssembler:
@@ -86,13 +135,14 @@ class OperatorAssembler:
     def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary) -> None:
         self.tree = OperatorTree(spec, dictionary, pushdown=False)
         engine_leaves = self.tree.builder.engine_leaves
-        parts = _leaf_parts(engine_leaves) if not self.tree.builder.pattern_leaves else None
+        parts = _leaf_parts(engine_leaves, self.tree.builder.pattern_leaves)
         if not parts:
             raise ValueError("the query cannot be evaluated by centre (see leaf_parts)")
         self.parts = parts
         self.columns = self.tree.columns
         self.form = self.tree.form
-        self.leaves = [engine_leaf.leaf for engine_leaf in engine_leaves]
+        # (a pattern leaf here is fed its shards' deltas like a BGP leaf: it never sees a change itself)
+        self.leaves = [engine_leaf.leaf for engine_leaf in engine_leaves] + list(self.tree.builder.pattern_leaves)
         # A leaf of several parts: its product's assembler, and its answers' remapping to the leaf's schema.
         self.assemblers = {}
         self._assembled_to_leaf = {}
@@ -139,4 +189,4 @@ class OperatorAssembler:
                 + sum(assembler.state_entries() for assembler in self.assemblers.values()))
 
 
-__all__ = ["LeafPart", "OperatorAssembler", "leaf_parts"]
+__all__ = ["LeafPart", "OperatorAssembler", "leaf_parts", "pattern_role"]

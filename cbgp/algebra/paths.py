@@ -68,7 +68,9 @@ class ZeroLength(Leaf):
         self.quads: set[Quad] = set()
         self.counts: dict[tuple[int, int], int] = {}  # (graph, node) -> triples it is a subject or object of
 
-    def change(self, diff: int, quad: Quad) -> None:
+    def change(self, diff: int, quad: Quad, ends: int = 3) -> None:
+        """``ends``: which ends of the triple this leaf counts (1 the subject, 2 the object, 3 both: a routed
+        shard counts the nodes it owns, the bits of the change's role)."""
         if self.never:
             return
         s, _p, o, g = quad
@@ -87,6 +89,8 @@ class ZeroLength(Leaf):
         out: Delta = {}
         for node in {s, o}:
             if anchor is not None and node != anchor:
+                continue
+            if ends != 3 and not ends & ((1 if node == s else 0) | (2 if node == o else 0)):
                 continue
             key = (g, node)
             old = self.counts.get(key, 0)

@@ -119,8 +119,9 @@ class QueryInfo:
         """``(engine name, PartDelta.part, query)`` this query registers in a shard's engine (none for a
         probed query: it lives in the shard's evaluator)."""
         if self.operator_parts is not None:  # (a leaf with pushed FILTERs: behind their gate, GatedLeafPart)
-            return [(f"{self.query_id}#{part.index}", part.index, part if part.pushed is not None else part.plan)
-                    for part in self.operator_parts if not part.plan.probed]
+            return [(f"{self.query_id}#{part.index}", part.index,
+                     part if part.pushed is not None or part.pattern is not None else part.plan)
+                    for part in self.operator_parts if not part.probed]
         if self.operators is not None:
             return [(self.query_id, WHOLE_QUERY_PART, self.operators)]
         if self.probed:
@@ -145,7 +146,7 @@ class QueryInfo:
         """Evaluated at least in part by the routed shards' evaluators: a multi-centre query, or a by-centre
         product with multi-centre parts (the rest of it in the engine), or an operator query with such a leaf."""
         if self.operator_parts is not None:
-            return any(part.plan.probed for part in self.operator_parts)
+            return any(part.probed for part in self.operator_parts)
         return self.probed or (self.partitioned and bool(self.plan.probed_parts))
 
     def probe_programs(self) -> list[tuple[str, int, Plan]]:
@@ -158,7 +159,7 @@ class QueryInfo:
             return []
         if self.operator_parts is not None:
             return [(f"{self.query_id}@{self.version}/{part.index}", part.index, part.plan)
-                    for part in self.operator_parts if part.plan.probed]
+                    for part in self.operator_parts if part.probed]
         probed = self.plan.probed_parts
         return [(f"{self.query_id}@{self.version}/{part.index}", part.index, decompose(parse_query(part.sparql)))
                 for part in split_parts(self.plan.query) if part.index in probed]

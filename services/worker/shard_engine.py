@@ -128,6 +128,44 @@ class GatedLeafPart:
         return self.engine.state_bytes()
 
 
+class PatternLeafPart:
+    """A pattern leaf of an operator query placed by centre (``cbgp.algebra.by_centre.LeafPart.pattern``: a
+    variable predicate, a negated property set, a zero-length path): fed the changes of the shard whose role it
+    takes, so each of its solutions is found on one shard (a zero-length path counts the ends the shard owns).
+    Its deltas are the leaf's rows; it reads ids only, no terms."""
+
+    def __init__(self, part: object) -> None:
+        self.leaf = part.pattern_leaf()  # type: ignore[attr-defined]
+        self.role = part.role  # type: ignore[attr-defined]
+        self.zero = type(self.leaf).__name__ == "ZeroLength"
+        self.columns = tuple(self.leaf.schema)
+        self.out: list[dict] = []
+        self.leaf.sink = self.out.append
+
+    def initial(self) -> list[tuple[int, tuple]]:
+        return []
+
+    def apply(self, diff: int, s: int, p: int, o: int, g: int, role: int = ROLE_BOTH) -> list[tuple[int, tuple]]:
+        ends = role & self.role
+        if not ends:
+            return []
+        if self.zero:
+            self.leaf.change(diff, (s, p, o, g), ends)
+        else:
+            self.leaf.change(diff, (s, p, o, g))
+        if not self.out:
+            return []
+        deltas = [(n, row) for delta in self.out for row, n in delta.items()]
+        self.out.clear()
+        return deltas
+
+    def state_entries(self) -> int:
+        return self.leaf.entries()
+
+    def state_bytes(self) -> int:
+        return 64 * self.leaf.entries()
+
+
 def is_operator_spec(query: object) -> bool:
     """An operator query spec (``cbgp.algebra.OperatorQuerySpec``), told apart without importing rdflib."""
     return type(query).__name__ == "OperatorQuerySpec"
@@ -139,17 +177,20 @@ class WorkerEngine(Engine):
 
     def __init__(self, dictionary: TermDictionary | None = None) -> None:
         super().__init__(dictionary)
-        self.operators: dict[str, FleetOperatorQuery | GatedLeafPart] = {}
+        self.operators: dict[str, FleetOperatorQuery | GatedLeafPart | PatternLeafPart] = {}
         self.initial_rows: dict[str, list[tuple[int, tuple]]] = {}  # an operator query's rows before any change
 
     def register(self, name: str, query, initial=None):  # noqa: ANN001, ANN201
-        gated = type(query).__name__ == "LeafPart"  # (told apart without importing rdflib)
-        if not gated and not is_operator_spec(query):
+        part = type(query).__name__ == "LeafPart"  # (told apart without importing rdflib)
+        if not part and not is_operator_spec(query):
             return super().register(name, query, initial)
         if name in self.queries or name in self.operators:
             raise EngineError(f"a query named {name!r} is already registered")
-        op = self.operators[name] = (GatedLeafPart(query, self.dictionary) if gated
-                                     else FleetOperatorQuery(query, self.dictionary))
+        if part:
+            op = PatternLeafPart(query) if query.pattern is not None else GatedLeafPart(query, self.dictionary)
+        else:
+            op = FleetOperatorQuery(query, self.dictionary)
+        self.operators[name] = op
         self.initial_rows[name] = op.initial()
         self.apply = self._apply_with_operators  # type: ignore[method-assign]
         return []
@@ -168,9 +209,11 @@ class WorkerEngine(Engine):
 
     def term_predicates(self) -> frozenset[int] | None:
         """The predicates of the changes whose terms the operators read: those of the pushed FILTERs when every
-        operator here is a gated leaf, else None (an operator query reads every change's)."""
+        operator here is a leaf part, else None (an operator query reads every change's)."""
         predicates: set[int] = set()
         for op in self.operators.values():
+            if isinstance(op, PatternLeafPart):
+                continue
             if not isinstance(op, GatedLeafPart):
                 return None
             if op.gate is not None:

@@ -66,13 +66,14 @@ def test_explain_shows_the_operator_tree_and_its_bgp_leaves(files: Path):
     assert result.returncode == 0, result.stderr
     assert "LeftJoin (OPTIONAL) on ?x" in result.stdout and "Filter" in result.stdout
     assert "BGP leaf0" in result.stdout
-    # where the fleet runs them (issue 18 item 2): the BGP leaves by centre, the operators over their deltas
+    # where the fleet runs them: the BGP leaves by centre, the operators over their deltas
     assert "placement in the fleet: by-centre (every BGP leaf's parts evaluated by centre value" in result.stdout
     as_json = cbgp("explain", "--json", "count.rq", cwd=files)
     data = json.loads(as_json.stdout)
     assert data["form"] == "SELECT" and data["columns"] == ["x", "n"] and len(data["bgps"]) == 1
     assert data["placement"] == "by-centre" and "updates.routed" in data["where"]
-    (files / "pred.rq").write_text("SELECT * WHERE { ?x ?p ?y FILTER(isIRI(?y)) }")  # no centre to key by
+    # variable predicates in patterns that share no end: no centre to key them by
+    (files / "pred.rq").write_text("SELECT * WHERE { ?x ?p ?y . ?y ?q ?z FILTER(isIRI(?z)) }")
     data = json.loads(cbgp("explain", "--json", "pred.rq", cwd=files).stdout)
     assert data["placement"] == "single-owner" and "updates.encoded" in data["where"]
 
@@ -114,6 +115,19 @@ def test_explain_says_where_a_property_path_closure_lives(files: Path):
     assert "placement in the fleet: by-centre" in by_centre
     assert ("property path <http://ex/a> <http://ex/knows>+ ?y: its closure kept by the answers service, "
             "anchored at the subject") in by_centre
-    single = cbgp("explain", "star.rq", cwd=files).stdout
-    assert "placement in the fleet: single-owner" in single
+    star = cbgp("explain", "star.rq", cwd=files).stdout
+    assert "placement in the fleet: by-centre" in star
+    assert "its closure kept by the answers service, anchored at the object (reversed steps)" in star
+    assert ("pattern leaf ?x <http://ex/knows>* <http://ex/a>: by centre: each node counted where its value lives"
+            in star)
+    (files / "chained.rq").write_text("PREFIX ex: <http://ex/>\nSELECT * WHERE { ?x ex:knows* ex:a . ?x ?p ?y . "
+                                      "?y ?q ?z }\n")
+    single = cbgp("explain", "chained.rq", cwd=files).stdout
+    assert "placement in the fleet: single-owner" in single and "pattern leaf" not in single
     assert "its closure kept by the query's owner, anchored at the object (reversed steps)" in single
+    negated = json.loads(cbgp("explain", "--json", "star.rq", cwd=files).stdout)
+    assert negated["placement"] == "by-centre" and [leaf["keyed_by"] for leaf in negated["pattern_leaves"]] == ["node"]
+    (files / "negated.rq").write_text("PREFIX ex: <http://ex/>\nSELECT * WHERE { ?x !ex:knows ?y . ?y ?p ex:a . "
+                                      "?z ?q ex:a }\n")
+    negated = json.loads(cbgp("explain", "--json", "negated.rq", cwd=files).stdout)
+    assert sorted(leaf["keyed_by"] for leaf in negated["pattern_leaves"]) == ["object", "subject"]

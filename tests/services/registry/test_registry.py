@@ -89,10 +89,10 @@ def test_operator_queries_are_accepted_with_their_class_placement_and_answer_var
 
 
 def test_operator_queries_a_worker_must_evaluate_whole_are_single_owner() -> None:
-    """A leaf with a variable predicate matches every change (no centre to key it by), and a derived stream
-    is written by its owner: both evaluated whole by one worker."""
+    """Variable predicates in patterns that share no end (no one centre meets a solution's triples), and a
+    derived stream (written by its owner): both evaluated whole by one worker."""
     registry = Registry()
-    decision = _register(registry, "pred", "SELECT * WHERE { ?x ?p ?y FILTER(?y > 1) }")
+    decision = _register(registry, "pred", "SELECT * WHERE { ?x ?p ?y . ?y ?q ?z FILTER(?z > 1) }")
     assert "evaluated by its single owner" in decision.status["message"]
     assert json.loads(decision.plan[1]["plan_json"])["placement"] == "single-owner"
     derived = _register(registry, "derived", f"CONSTRUCT {{ ?y <{EX}knownBy> ?x }} WHERE {{ ?x <{EX}knows> ?y }}",
