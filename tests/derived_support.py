@@ -1,4 +1,4 @@
-"""Derived streams (issue 18 item 3): a CONSTRUCT registered with ``stream=<iri>`` feeds named graph ``<iri>``
+"""Derived streams: a CONSTRUCT registered with ``stream=<iri>`` feeds named graph ``<iri>``
 through updates.raw, and a BGP query reads it back.  The queries the tests register, and pyoxigraph as the oracle:
 the CONSTRUCT over the base graph (default graph) and any query over a sequence of quad changes."""
 

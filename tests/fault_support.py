@@ -465,7 +465,7 @@ class FaultRun:
         return self.report
 
     def run_below_floor(self, lose_disks: tuple[str, ...] = (), late: tuple[str, ...] = ()) -> dict[str, dict[str, int]]:
-        """Issue 16's retention run: every query registered, the first half of the stream published and answered,
+        """The retention run: every query registered, the first half of the stream published and answered,
         checkpoints taken (every second), then every record below ``cbgp topics floor`` deleted as retention
         would (``AdminClient.delete_records``), every data-path service (ingest, the workers, answers) killed -9
         at once and started again, the second half published.  Returns the floor it deleted below (topic ->

@@ -1,4 +1,4 @@
-"""Operator queries (issue 18) in the fleet: the queries the tests register, their QueryPlan records as the
+"""Operator queries in the fleet: the queries the tests register, their QueryPlan records as the
 registry makes them, and pyoxigraph as the oracle of their per-update deltas (aligned on ingest's seq)."""
 
 from __future__ import annotations

@@ -307,7 +307,7 @@ class IngestService:
             processor = self.processor
             # Where updates.routed stands (no transaction of ingest is open): below each end, every change up to
             # the snapshot's seq; above it, none. So the snapshot is each routed partition's graph at that offset,
-            # a base a worker can move along the partition's log (docs/design-bounded-input-logs.md).
+            # a base a worker can move along the partition's log (docs/design/bounded-input-logs.md).
             routed = recovery.log_ends(self.watermarks, {processor.t_routed: range(processor.n_routed)})
             saved.facts["routed_ends"] = {str(p): end for p, end in routed[processor.t_routed].items()}
             terms = [(term_id, processor.dictionary.decode(term_id)) for term_id in processor.published]

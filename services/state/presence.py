@@ -8,7 +8,7 @@ the default graph is 0), so the keys sort like the ids.
 
 Why the insert seq: the presence set is the graph as of one seq, a *base* a worker can move to any other seq
 along the change log, and a registration replayed from a base must see each quad inserted when it really was
-(``docs/design-bounded-input-logs.md``).
+(``docs/design/bounded-input-logs.md``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A shard's graph at an offset of its log, from a base rather than from offset 0 (steps 4 and 5 of
-``docs/design-bounded-input-logs.md``).  No Kafka here.
+``docs/design/bounded-input-logs.md``).  No Kafka here.
 
 How it works: docs/design/internals.md, services.worker.snapshots.
 """
@@ -164,7 +164,7 @@ class Bases:
 
     def whole_below(self, changes_in: Callable[[int, int], Iterable[Change]], point: int) -> Iterable[Change]:
         """updates.encoded's changes below ``point`` for a whole shard's queries: the graph there as inserts, moved
-        from ingest's snapshot (step 5 of ``docs/design-bounded-input-logs.md``), else the log from offset 0
+        from ingest's snapshot (step 5 of ``docs/design/bounded-input-logs.md``), else the log from offset 0
         (``changes_in(start, end)``)."""
         base = self.whole() if point > 0 else None
         return changes_in(0, point) if base is None else base.at(changes_in, point)[0]

@@ -1,4 +1,4 @@
-"""SERVICE through the fleet (issue 19): a query joining a mention stream with follower counts on a real Virtuoso
+"""SERVICE through the fleet: a query joining a mention stream with follower counts on a real Virtuoso
 endpoint, the fleet as real processes on the embedded broker (ingest, worker, answers, background).
 
 The background service fills the view graph, a count changes on Virtuoso through SPARQL Update, and after the

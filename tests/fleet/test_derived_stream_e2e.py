@@ -1,4 +1,4 @@
-"""Derived streams (issue 18 item 3) through the fleet as real processes on the embedded broker: a CONSTRUCT
+"""Derived streams through the fleet as real processes on the embedded broker: a CONSTRUCT
 registered with ``stream=<iri>`` writes its triple deltas to updates.raw, ingest puts them in named graph <iri>,
 and a BGP query reads them back with ``GRAPH <iri>`` joined with the base graph.  Checked against pyoxigraph over
 the total order read back from updates.encoded: after every run of derived changes the derived graph equals the

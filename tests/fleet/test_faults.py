@@ -53,7 +53,7 @@ def test_answers_survive_kill_9_of_each_service_in_rotation_and_rebalances(embed
 @pytest.mark.timeout(600)
 def test_records_below_the_floor_deleted_and_every_data_path_service_killed_at_once(
         embedded_broker: EmbeddedBroker, tmp_path: Path) -> None:
-    """Issue 16's retention run (``FaultRun.run_below_floor``): half the stream, checkpoints, every record below
+    """The retention run (``FaultRun.run_below_floor``): half the stream, checkpoints, every record below
     ``cbgp topics floor`` deleted (updates.routed and updates.encoded included), ingest, the workers and answers
     killed -9 at once and restarted -- with their disks lost, as on other machines -- then a late registration of
     each placement (a star, a single-centre path, a multi-centre path, a product, an operator query by centre, a

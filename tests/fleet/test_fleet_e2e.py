@@ -216,7 +216,7 @@ def test_unregister_stops_output_and_frees_state(kafka_settings: KafkaSettings, 
         publish_patch(kafka_settings, second)
         got = wait_answers(kafka_settings, {"star": len(after["star"])})
         for query in gone:
-            # Unregistering ends the stream: one '-' per current answer, then nothing (issue 14 item 3).
+            # Unregistering ends the stream: one '-' per current answer, then nothing.
             ended = len(before[query]) + sum(final_answers(before[query]).values())
             assert len(got[query]) == ended, f"{query}: an unregistered query kept producing answers"
             assert not final_answers((a["sign"], a["key"]) for a in got[query]), f"{query}: answers not retracted"
@@ -282,7 +282,7 @@ def test_worker_restarted_after_sigterm_resumes_without_loss_or_duplicates(kafka
 def test_a_worker_killed_mid_stream_restores_its_shards_from_their_checkpoints(
         kafka_settings: KafkaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placement: str,
         disk: str) -> None:
-    """Issue 16: a worker checkpointing after every transaction is killed -9 mid-stream; its successor opens the
+    """A worker checkpointing after every transaction is killed -9 mid-stream; its successor opens the
     shards from their checkpoints (at or behind the committed offsets: the kill may fall between a commit and its
     checkpoint) and replays only the log after them, and the answers equal the replay.  By centre (routed shards)
     with its disk kept; single owner (whole shards, one per routed partition's owner group) with its disk lost,

@@ -1,4 +1,4 @@
-"""Ingest survives retention below its checkpoint (issue 16 item 1), on the embedded broker.
+"""Ingest survives retention below its checkpoint, on the embedded broker.
 
 Ingest processes a first part of a stream and checkpoints; it is killed -9; a second life restores from that
 checkpoint, processes a second part without checkpointing and is killed -9 too (so the checkpoint is stale);
@@ -75,7 +75,7 @@ def _rows(messages: list) -> list[tuple]:
 def test_ingest_restores_from_a_stale_checkpoint_after_the_log_below_it_was_deleted(
         kafka_broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
         on_disk: bool) -> None:
-    """(``state-on-disk``: the presence set and the terms stay in the store, issue 16 item 2; no snapshot goes to
+    """(``state-on-disk``: the presence set and the terms stay in the store; no snapshot goes to
     Kafka, each life opens the store.)"""
     s = fresh_settings(kafka_broker, partitions=4)
     ensure_topics(s)

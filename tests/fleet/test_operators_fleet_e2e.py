@@ -1,4 +1,4 @@
-"""Operator queries (issue 18) through the fleet as real processes on the embedded broker: FILTER, OPTIONAL
+"""Operator queries through the fleet as real processes on the embedded broker: FILTER, OPTIONAL
 and GROUP BY + COUNT + HAVING registered before the data, COUNT DISTINCT over a UNION, an ASK and a CONSTRUCT
 registered mid-stream, and the worker killed (-9) and restarted between the halves of the stream.  pyoxigraph
 re-evaluating each query after every update is the oracle of every answer: per update (seq) for live deltas,

@@ -1,4 +1,4 @@
-"""Issue 14 item 3 end to end: a re-registered id does not inherit the old query's answers.
+"""Re-registration end to end: a re-registered id does not inherit the old query's answers.
 
 The scenario of the issue, through the CLI against a real fleet (embedded broker, registry, ingest, a worker,
 answers): register ``late``, publish, unregister (``current`` fails in one line, answers.current has no live

@@ -1,4 +1,4 @@
-"""A Spark state dir belongs to the broker it was made against (issue 14 item 1): a second ``make run`` starts
+"""A Spark state dir belongs to the broker it was made against: a second ``make run`` starts
 a fresh broker but finds the last run's checkpoints in ``.run/spark``."""
 
 from __future__ import annotations

@@ -333,7 +333,7 @@ def test_streaming_job_resumes_and_keeps_answers_current_exact(
 
 
 def test_a_new_registration_version_replaces_the_querys_folded_answers(spark: SparkSession, tmp_path: Path) -> None:
-    """Issue 14 item 3: a re-registered id's answers are a new stream numbered from n = 1 (Answer.version);
+    """A re-registered id's answers are a new stream numbered from n = 1 (Answer.version);
     the fold keeps only the latest version's rows, tombstones the old ones and drops late old deltas."""
     schema = "query_id string, n long, sign int, binding string, error string, version int"
     a, b, c = (json.dumps({"x": t}, separators=(",", ":")) for t in ("<http://ex/a>", "<http://ex/b>", "<http://ex/c>"))
@@ -439,7 +439,7 @@ def test_a_version_rewrites_only_touched_queries_and_spark_reads_every_query_id(
 def test_a_first_compaction_on_a_log_whose_start_was_deleted_seeds_itself_from_answers_current(
     spark: SparkSession, kafka_settings: KafkaSettings, tmp_path: Path
 ) -> None:
-    """Issue 16: answers is bounded, so a compaction first started after retention deleted the log's start (a
+    """The answers topic is bounded, so a compaction first started after retention deleted the log's start (a
     Spark job deployed later, or one that lost its state dir) must not fold only what is left.  It seeds its
     snapshot from answers.current at a consistent cut and folds from there: its answers equal the whole log's,
     its n each query's highest, and no gap is reported -- also for a query with no delta left below the cut,

@@ -85,7 +85,7 @@ def test_job_compacts_periodically_and_exits_cleanly_on_sigterm(kafka_settings: 
 
 
 def test_a_second_run_against_a_fresh_broker_with_the_same_state_dir_answers_from_that_broker(tmp_path: Path) -> None:
-    # issue 14 item 1: `make run` twice = a fresh broker each time, the same .run/spark
+    # `make run` twice = a fresh broker each time, the same .run/spark
     import pyarrow.parquet as pq
 
     from services.kafka.broker import EmbeddedBroker

@@ -45,7 +45,7 @@ QUERIES = {
                          "WHERE { WINDOW :w { ?x :type :Robot . ?x :name ?n } }",
     "event": PREFIX + "SELECT ?x FROM NAMED WINDOW :w ON :s [RANGE PT3S STEP PT1S EVENT]\n"
                       "WHERE { WINDOW :w { ?x :type :Person . ?x :likes ?d } }",
-    # operators over windows (issue 18): an aggregate with HAVING, a COUNT over an OPTIONAL with a FILTER
+    # operators over windows: an aggregate with HAVING, a COUNT over an OPTIONAL with a FILTER
     # (answers over an empty window: 0), an ASK (false, then flipped), a FILTER per event
     "having": PREFIX + "SELECT ?y (COUNT(?x) AS ?n) FROM NAMED WINDOW :w ON :s [RANGE PT5S STEP PT1S]\n"
                        "WHERE { WINDOW :w { ?x :likes ?y } } GROUP BY ?y HAVING (COUNT(?x) > 1)",
@@ -55,7 +55,7 @@ QUERIES = {
                     "WHERE { WINDOW :w { ?x :knows ?y . ?y :knows ?x } }",
     "event_filter": PREFIX + "SELECT ?x ?n FROM NAMED WINDOW :w ON :s [RANGE PT3S STEP PT1S EVENT]\n"
                              "WHERE { WINDOW :w { ?x :name ?n FILTER(isLiteral(?n) && STR(?n) != \"R2\") } }",
-    # background data (issue 19): a SERVICE clause's local view, as the fleet rewrites it, is not windowed
+    # background data: a SERVICE clause's local view, as the fleet rewrites it, is not windowed
     "background": PREFIX + "SELECT ?x ?d ?c FROM NAMED WINDOW :w ON :s [RANGE PT4S STEP PT1S]\n"
                            "WHERE { WINDOW :w { ?x :likes ?d . GRAPH <urn:cbgp:service-view:drinks> { ?d :caffeine ?c } } }",
 }

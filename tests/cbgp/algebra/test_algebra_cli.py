@@ -1,4 +1,4 @@
-"""`cbgp replay` and `cbgp explain` with operator queries (issue 18): the installed command, real files."""
+"""`cbgp replay` and `cbgp explain` with operator queries: the installed command, real files."""
 
 from __future__ import annotations
 

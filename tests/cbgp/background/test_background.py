@@ -1,4 +1,4 @@
-"""Local views for SERVICE joins (issue 19, Dehghanzadeh et al.): the Fig. 2 example and the policies, no endpoint."""
+"""Local views for SERVICE joins (Dehghanzadeh et al.): the Fig. 2 example and the policies, no endpoint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A local view against a real SPARQL endpoint (issue 19): Virtuoso (Debian's virtuoso-opensource, started on a
+"""A local view against a real SPARQL endpoint: Virtuoso (Debian's virtuoso-opensource, started on a
 free port with its own database by cbgp.background.endpoint), and the pyoxigraph fallback.
 
 Per endpoint (started once per module): the view is filled by one bulk SERVICE query through SPARQLWrapper, a

@@ -1,4 +1,4 @@
-"""SERVICE views as named graphs of the stream (issue 19 in the fleet): the rewritten query over the view graph
+"""SERVICE views as named graphs of the stream (in the fleet): the rewritten query over the view graph
 answers what the original query answers with SERVICE evaluated against the endpoint's data (pyoxigraph on both
 sides), and refreshes keep the graph equal to a fresh fill, whatever triples the keys share."""
 

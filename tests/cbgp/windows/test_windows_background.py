@@ -1,4 +1,4 @@
-"""Background data in windowed queries (issue 19: a SERVICE clause over a window, Dehghanzadeh et al.): the graph a
+"""Background data in windowed queries (a SERVICE clause over a window, Dehghanzadeh et al.): the graph a
 SERVICE is rewritten to (``GRAPH <urn:cbgp:service-view:...>``, the local view) is not windowed -- its quads are
 in the content from their ADD to their DEL, however old -- while the stream's quads come and go with the window.
 At every grid instant the answers rebuilt from the reports equal pyoxigraph's over that content, computed here

@@ -1,4 +1,4 @@
-"""Operators over event-time windows (issue 18: FILTER, OPTIONAL, UNION, aggregates, ASK... in a windowed
+"""Operators over event-time windows (FILTER, OPTIONAL, UNION, aggregates, ASK... in a windowed
 query): at every grid instant, the answers rebuilt from the reports equal pyoxigraph's answers over the window
 content of that instant, computed from the definition (`tests.cbgp.windows.test_windows`); per-event windows: the sum
 over the events in the window of pyoxigraph's answers over each event alone.  Random streams with deletions,

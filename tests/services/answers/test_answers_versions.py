@@ -1,4 +1,4 @@
-"""AnswersCore and registration versions (issue 14 item 3), without Kafka.
+"""AnswersCore and registration versions, without Kafka.
 
 Every registration of a query id is its own answer stream: numbered from n = 1, told apart by
 ``(query, version, n)``; a newer version or an unregistration ends the old stream by retracting its current

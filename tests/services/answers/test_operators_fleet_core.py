@@ -1,4 +1,4 @@
-"""Operator queries (issue 18) through the fleet's transforms in memory: ingest -> the worker core's whole
+"""Operator queries through the fleet's transforms in memory: ingest -> the worker core's whole
 shard under ``--placement single-owner`` (the algebra in place of the BGP engine) -> seq release -> answers core, compared per update with
 pyoxigraph re-evaluating each query; registered late (snapshot, then live deltas) and restored mid-stream."""
 

@@ -1,4 +1,4 @@
-"""What the user commands say about bad input and a wrong broker address (issue 14 items 6 and 7):
+"""What the user commands say about bad input and a wrong broker address:
 ``publish`` checks its input with ingest's parsers and limits, ``deadletter`` shows what the fleet rejected,
 ``-`` reads standard input, and an unreachable broker is one line within seconds, exit code 2."""
 

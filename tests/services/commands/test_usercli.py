@@ -142,7 +142,7 @@ def test_register_list_unregister(registry_settings: KafkaSettings, tmp_path: Pa
     assert cbgp(["register", "pathy", str(bad), *f]) == 1
     out = capsys.readouterr().out.strip()
     assert out.startswith("rejected: an inverse IRI inside a negated property set") and out.endswith("(line 3, column 8)")
-    filtered = tmp_path / "filtered.rq"  # beyond a BGP: the leaves by centre, the operators after (issue 18)
+    filtered = tmp_path / "filtered.rq"  # beyond a BGP: the leaves by centre, the operators after
     filtered.write_text(f"SELECT ?x WHERE {{\n  ?x <{EX}p> ?y .\n  FILTER(?y > 1)\n}}")
     assert cbgp(["register", "filtered", str(filtered), *f]) == 0
     assert capsys.readouterr().out.strip().startswith("accepted: operators: SELECT with FILTER over 1 BGP; "
@@ -233,7 +233,7 @@ def test_watch_starts_at_n_drops_duplicates_and_warns_on_gaps(kafka_settings: Ka
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_watch_from_answers_retention_deleted_says_where_they_went(kafka_settings: KafkaSettings) -> None:
-    """Issue 16: ``cbgp watch --from N`` below what retention left says so, and where the answers they add up to
+    """``cbgp watch --from N`` below what retention left says so, and where the answers they add up to
     are -- instead of the warning for a gap a producer left."""
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient

@@ -1,4 +1,4 @@
-"""``cbgp gateway`` end to end (issue 21): one fleet (ingest, registry, worker, answers) and one gateway as real
+"""``cbgp gateway`` end to end: one fleet (ingest, registry, worker, answers) and one gateway as real
 processes on the embedded broker, shared by the tests of this module, with bearer tokens configured:
 
 - the real SEPA client ``sepy`` subscribes over WebSocket, updates through ``/update`` and receives the added,
@@ -547,7 +547,7 @@ def test_console_in_chromium_register_publish_row_appears_and_disappears(gw: Gw,
 
 
 def test_a_gateway_started_after_retention_deleted_answers_gets_the_current_ones_from_answers_current(gw: Gw) -> None:
-    """Issue 16: answers keeps 7 days, so a gateway may start on an answers partition whose first answers are gone.
+    """The answers topic keeps 7 days, so a gateway may start on an answers partition whose first answers are gone.
     Their fold cannot be rebuilt from the log: the new gateway seeds its current answers from answers.current (the
     answers service writes both in one transaction) and folds only what follows; its history says what is gone."""
     from confluent_kafka import TopicPartition

@@ -1,4 +1,4 @@
-"""The gateway's ``/query`` graph starts from ingest's snapshot in Kafka (issue 16: a reader of updates.encoded
+"""The gateway's ``/query`` graph starts from ingest's snapshot in Kafka (a reader of updates.encoded
 that no longer needs it from offset 0).
 
 A real fleet (ingest checkpointing after every transaction, a gateway): triples go in through ``/update``, the

@@ -344,7 +344,7 @@ def test_hostile_inputs_are_reported_services_keep_running_and_good_input_is_ans
 
     # A 400 KB literal.  Kafka's 1 MB record limit bounds what can be published at all (a 1 MB literal is
     # refused to the producer); at 900 KB the answers service cannot produce the Answer (MSG_SIZE_TOO_LARGE)
-    # and restarts forever on it -- see the report of issue 5.
+    # and restarts forever on it -- as a report once showed.
     big = "x" * 400_000
     good = [f'A <{EX}s{i}> <{EX}name> "n{i}" .' for i in range(6)]
     hostile = {

@@ -382,7 +382,7 @@ def test_workers_leave_windowed_queries_to_the_spark_job_and_split_multi_part_on
 
 
 def test_the_registry_plan_record_decides_where_a_query_is_placed() -> None:
-    """Workers place a query as the registry's plan_json says (issue 15: the record is read, not re-derived), so
+    """Workers place a query as the registry's plan_json says (the record is read, not re-derived), so
     a worker of another version cannot split a query the registry gave one owner; a record placing by centre a
     query this worker cannot split, or naming no known placement, is dead-lettered as invalid-plan."""
     core = WorkerCore({"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter"}, 4, 4, 4,

@@ -1,4 +1,4 @@
-"""Ingest's snapshot in Kafka is a *base* (issue 16, ``docs/design-bounded-input-logs.md`` step 2): the graph as of
+"""Ingest's snapshot in Kafka is a *base* (``docs/design/bounded-input-logs.md`` step 2): the graph as of
 its seq, each present quad with the seq of the insert that made it present, and where each partition of
 updates.routed stood, so a worker can start a routed partition's state from it and move it along that partition's
 log instead of reading the log from offset 0.

@@ -1,4 +1,4 @@
-"""Checkpoints kept in Kafka (``services.kafka.checkpoint_log``, issue 16 item 1): chunked blobs a reader takes
+"""Checkpoints kept in Kafka (``services.kafka.checkpoint_log``): chunked blobs a reader takes
 whole or not at all, trimmed by their writer, refused when their HMAC does not match, and the positions
 ``cbgp topics floor`` reads."""
 

@@ -1,4 +1,4 @@
-"""Retention is explicit (issue 16 item 3): every catalogue topic sets ``retention.ms`` for its role, the broker
+"""Retention is explicit: every catalogue topic sets ``retention.ms`` for its role, the broker
 stores it, and ``cbgp topics floor`` says per partition the lowest offset the fleet still needs."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from services.kafka.config import KafkaSettings
 from services.commands.floor import floor
 from services.kafka.topics import KEPT, TOPICS, WEEK_MS, spec
 
-REPLAYED: set[str] = set()  # a restore reads it from offset 0 (none left: issue 16)
+REPLAYED: set[str] = set()  # a restore reads it from offset 0 (none left)
 # a restore reads them from its checkpoint's position (or from ingest's snapshot's)
 CHECKPOINTED = {"deltas.parts", "updates.routed", "updates.encoded"}
 CHECKPOINTS = {"checkpoints.ingest", "checkpoints.routed", "checkpoints.whole", "checkpoints.deltas"}  # trimmed by their writers
@@ -30,7 +30,7 @@ def test_every_topic_has_an_explicit_retention_chosen_for_its_role_and_documente
         assert "retention.ms" in configs and "cleanup.policy" in configs, t.name
         if t.name in REPLAYED:  # never deleted by age nor by size
             assert configs == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}, t.name
-            assert "retention.ms=-1, retention.bytes=-1" in t.doc and "issue 16" in t.doc, t.name
+            assert "retention.ms=-1, retention.bytes=-1" in t.doc, t.name
         elif t.name in CHECKPOINTS:  # never deleted by age nor by size: the writer deletes its older checkpoints
             assert configs == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}, t.name
             assert "delete_records" in t.doc, t.name

@@ -1,4 +1,4 @@
-"""Restores never go silently wrong (issue 16, retention): a log whose records a restore needs were deleted
+"""Restores never go silently wrong (retention): a log whose records a restore needs were deleted
 (retention, ``AdminClient.delete_records``) is refused in one line naming topic, partition, needed offset and
 log start, and the service stops with exit code 3; topics a restore reads from offset 0 may not be configured,
 nor found on the broker, with a retention that would delete them.

@@ -1,4 +1,4 @@
-"""Derived streams (issue 18 item 3) at registration: ``stream=<iri>`` is for CONSTRUCT queries only, and a
+"""Derived streams at registration: ``stream=<iri>`` is for CONSTRUCT queries only, and a
 derived stream must not read its own graph, use ``GRAPH ?g``, or close a cycle with other derived streams; each
 rejection is one line naming the problem and, where there is one, its place.  No broker."""
 

@@ -58,7 +58,7 @@ def test_each_query_class_is_accepted_with_the_plan_decompose_gives(name: str) -
     assert plan["projected"] == list(expected.query.projected)
 
 
-OPERATOR_QUERIES = {  # issue 18: beyond a BGP; their BGP leaves by centre, the operators at the answers service
+OPERATOR_QUERIES = {  # beyond a BGP; their BGP leaves by centre, the operators at the answers service
     "filter": (f"SELECT ?x ?a WHERE {{ ?x <{EX}age> ?a FILTER(?a > 30) }}", ["x", "a"], "FILTER"),
     "optional": (f"SELECT * WHERE {{ ?x <{EX}type> <{EX}P> OPTIONAL {{ ?x <{EX}name> ?n }} }}", ["x", "n"], "OPTIONAL"),
     "count": (f"SELECT ?t (COUNT(?x) AS ?c) WHERE {{ ?x <{EX}type> ?t }} GROUP BY ?t HAVING (COUNT(?x) > 1)",
@@ -293,7 +293,7 @@ def test_service_accepts_each_class_and_publishes_the_decomposed_plan(registry: 
 def test_the_plan_carries_the_seq_of_the_last_change_before_its_registration(registry: Registered) -> None:
     """``registered_at_change_seq``: the seq a by-centre registration answers as of, found by the registry in
     updates.encoded once, so that workers need not read the log next to every plan at every restore (the log
-    there may be deleted one day: docs/design-bounded-input-logs.md).  It equals what a worker finds itself for
+    there may be deleted one day: docs/design/bounded-input-logs.md).  It equals what a worker finds itself for
     an older plan (``change_seq_before`` over the same log)."""
     from cbgp.change import INSERT, ROLE_BOTH, change_of
     from services.codec import encode_encoded_batch, encoded_changes
@@ -328,10 +328,10 @@ def test_the_plan_carries_the_seq_of_the_last_change_before_its_registration(reg
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sparql,line,column,words", [
-    # out of scope of the operators too (issue 18: FILTER, OPTIONAL... are accepted)
+    # out of scope of the operators too (FILTER, OPTIONAL... are accepted)
     ("SELECT * WHERE {\n  ?x !(^<http://ex.org/p>) ?y .\n}", 2, 8, "negated property set"),
     ("SELECT * WHERE { ?x <http://ex.org/p> ?y FILTER(?y < RAND()) }", 1, 54, "RAND()"),
-    # the cause is the brace left open, at its position (issue 14 item 4: syntax errors name a cause)
+    # the cause is the brace left open, at its position (syntax errors name a cause)
     ("SELECT * WHERE { ?x <http://ex.org/p> ?y \n ?y", 1, 16, "'{' is never closed"),
 ])
 def test_service_rejects_bad_queries_with_line_and_column(registry: Registered, sparql: str, line: int, column: int,

@@ -1,4 +1,4 @@
-"""``cbgp_consumer_lag`` of a caught-up reader is 0, also on topics written in transactions (issue 14: an idle
+"""``cbgp_consumer_lag`` of a caught-up reader is 0, also on topics written in transactions (an idle
 fleet read 1, the commit marker after the last record counted as lag)."""
 
 from __future__ import annotations

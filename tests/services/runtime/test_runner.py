@@ -1,4 +1,4 @@
-"""The one runner loop (``services.runtime.runner``) and the processors it drives (issue 15).
+"""The one runner loop (``services.runtime.runner``) and the processors it drives.
 
 - every data-path service is a processor of the runner: its service name is a topology's key (what
   ``cbgp describe`` prints), and it has every step the runner calls;

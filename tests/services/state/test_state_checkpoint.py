@@ -1,4 +1,4 @@
-"""Ingest's state checkpoint (issue 16 item 1), without Kafka: the store writes a checkpoint and its data in one
+"""Ingest's state checkpoint, without Kafka: the store writes a checkpoint and its data in one
 batch, a checkpoint plus the tail of the logs after its positions gives exactly the state of an uninterrupted
 run, and a checkpoint that cannot belong to the logs is refused.
 """
@@ -227,7 +227,7 @@ def test_ingests_snapshot_for_kafka_round_trips_its_state_and_refuses_another_fo
 
 
 def test_with_the_state_on_disk_ingest_writes_the_same_logs_and_restores_by_opening_the_store(tmp_path: Path) -> None:
-    """Issue 16 item 2 (``--state-on-disk``): presence set and published terms in the store, memory holding only
+    """The state on disk (``--state-on-disk``): presence set and published terms in the store, memory holding only
     what changed since the last checkpoint.  The encoded rows and dictionary entries equal the in-memory run's
     (set semantics, refreshes, term publication), across checkpoints and a restore that loads nothing and reads
     the tail; SPARQL Update requests (whose WHERE reads the whole graph) too; a term cache smaller than the

@@ -1,4 +1,4 @@
-"""Derived streams (issue 18 item 3) through the fleet's transforms in memory, the loop closed: ingest -> the
+"""Derived streams through the fleet's transforms in memory, the loop closed: ingest -> the
 worker core (whole shards) -> the CONSTRUCT's triple deltas as updates.raw records -> ingest again -> a BGP query
 reading ``GRAPH <iri>``.  pyoxigraph is the oracle: the derived graph equals the CONSTRUCT of the base graph as
 of the last input record the owner applied (checked after every round trip, with the derived records lagging
@@ -203,7 +203,7 @@ def test_a_next_owner_retracts_a_stream_whose_end_its_previous_owner_did_not_com
 
 
 def test_a_shard_feeding_a_derived_stream_restores_from_its_checkpoint(tmp_path: Path) -> None:
-    """Issue 16: the whole shard that owns a CONSTRUCT with ``stream=`` is checkpointed like any other (its output
+    """The whole shard that owns a CONSTRUCT with ``stream=`` is checkpointed like any other (its output
     state is its engine's); killed after a later commit, it restores from the checkpoint plus the log after it,
     sends nothing again, and goes on writing the derived graph exactly (pyoxigraph's CONSTRUCT and the reader's
     re-evaluation per seq)."""

@@ -1,4 +1,4 @@
-"""A worker restores its shards from their checkpoints plus the log after them (issue 16), in memory: the logs
+"""A worker restores its shards from their checkpoints plus the log after them, in memory: the logs
 are ingest's own records, the store is RocksDB in a temporary directory.
 
 - after a restart at a committed offset past the checkpoint, the shards replay only the log after it and make

@@ -1,4 +1,4 @@
-"""A multi-centre registration replays the graph as of its seq, not the history that led there (issue 16).
+"""A multi-centre registration replays the graph as of its seq, not the history that led there.
 
 Once the routed logs are cut below a floor, a partition that applies a registration (late, or again after a
 restore) can only move a base (ingest's snapshot) to the registration's point: it knows the graph there, each

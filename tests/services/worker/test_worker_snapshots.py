@@ -1,5 +1,5 @@
 """A routed partition's graph before a registration's point, moved from a base (ingest's snapshot) instead of
-read from offset 0 (``services.worker.snapshots``, issue 16 step 4): forwards or backwards along the log, it is
+read from offset 0 (``services.worker.snapshots``): forwards or backwards along the log, it is
 the graph the log from 0 gives, each quad with the seq of its insert, and it reads only the records between the
 base and the point."""
 

@@ -1,5 +1,5 @@
-"""Whole shards from ingest's snapshot instead of updates.encoded from offset 0 (issue 16, step 5 of
-``docs/design-bounded-input-logs.md``).
+"""Whole shards from ingest's snapshot instead of updates.encoded from offset 0 (step 5 of
+``docs/design/bounded-input-logs.md``).
 
 A whole shard (a query its single owner evaluates on the total order: ``--placement single-owner``, an operator
 query with a variable-predicate leaf, a derived stream) needs the graph at an offset of updates.encoded when a
