@@ -22,6 +22,7 @@ from services import codec
 from services.kafka.client import end_offsets, read_all
 from services.kafka.topics import ensure_topics
 from services.registry.core import operator_placement
+from tests.cbgp.algebra.test_paths_watdiv import queries as watdiv_queries, watdiv
 from tests.fixtures.broker import fresh_settings
 from tests.fleet.test_operators_fleet_e2e import expected_of, publish
 from tests.fleet_support import (EX, Fleet, generate_patch, publish_patch, read_answers, read_current, wait_answers,
@@ -162,3 +163,54 @@ def test_a_closure_over_its_bound_stops_alone_and_says_so_on_the_status_topic(ka
     assert sum(1 for s in statuses if s["status"] == "ERROR") == 2, "each stop is told once"
     assert Counter((a["seq"], a["sign"], a["key"]) for a in got["reach"]) == expected_of(deltas, "reach")
     assert current["reach"] == final["reach"]
+
+
+WATDIV_UPDATES = 3000
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not watdiv.DEFAULT_DATA.exists(), reason="shared Stream-WatDiv data not present")
+def test_every_path_form_on_stream_watdiv_through_the_fleet_by_centre(kafka_broker, tmp_path: Path) -> None:
+    """The eight path queries of every form that `cbgp replay` is checked on over Stream-WatDiv with deletions
+    (``tests/cbgp/algebra/test_paths_watdiv.py``), each placed by centre, through 2 workers on 4 partitions: four
+    registered before the stream, four halfway.  Per update deltas, snapshots and answers.current equal
+    pyoxigraph's."""
+    settings = fresh_settings(kafka_broker, partitions=4)
+    ensure_topics(settings)
+    updates = watdiv.updates(watdiv.load(limit=WATDIV_UPDATES))
+    texts = watdiv_queries(updates)
+    assert all(operator_placement(analyse(text)) == BY_CENTRE for text in texts.values())
+    names = sorted(texts)
+    early, late = {n: texts[n] for n in names[::2]}, {n: texts[n] for n in names[1::2]}
+    lines = [f"{'A' if d > 0 else 'D'} {s} {p} {o} ." for d, s, p, o in updates]
+    first, second = lines[:len(lines) // 2], lines[len(lines) // 2:]
+    changes = changes_of_lines(lines)
+    half_seq = len(changes_of_lines(first))
+    deltas, final, snapshot = oracle_deltas(changes, None, early, late, half_seq)
+    live = {name: expected_of(deltas, name) for name in texts}
+    in_first = {name: sum(n for (seq, _s, _k), n in live[name].items() if seq <= half_seq) for name in early}
+    with Fleet(settings, tmp_path / "logs") as fleet:
+        publish(settings, early)
+        fleet.start("ingest", "ingest", "--instance-id", "i1")
+        fleet.start("w0", "worker", "--worker-id", "w0")
+        fleet.start("w1", "worker", "--worker-id", "w1")
+        fleet.start("answers", "answers", "--instance-id", "a1")
+        publish_patch(settings, first)
+        wait_answers(settings, in_first, timeout=150)
+        publish(settings, late, seq=end_offsets(settings, settings.topic("updates.encoded"))[0][1])
+        wait_answers(settings, {name: sum(snapshot[name].values()) for name in late}, timeout=90)
+        publish_patch(settings, second)
+        wait_answers(settings, {name: sum(live[name].values()) + sum(snapshot.get(name, Counter()).values())
+                                for name in texts}, timeout=240)
+        time.sleep(1.0)  # anything duplicated would arrive right after the expected count
+        got = read_answers(settings)
+        current = read_current(settings)
+    assert all(live[name] or snapshot.get(name) for name in texts), "the stream must change every query"
+    for name in texts:
+        answers = got[name]
+        assert [a["n"] for a in answers] == list(range(1, len(answers) + 1)), f"{name}: numbering has gaps/repeats"
+        assert Counter(a["key"] for a in answers if a["snapshot"]) == snapshot.get(name, Counter()), \
+            f"{name}: snapshot differs from pyoxigraph"
+        got_live = Counter((a["seq"], a["sign"], a["key"]) for a in answers if not a["snapshot"])
+        assert got_live == live[name], f"{name}: per-update deltas differ from pyoxigraph"
+        assert current.get(name, Counter()) == final[name], f"{name}: answers.current differs from pyoxigraph"
