@@ -537,6 +537,19 @@ def assert_late_answers(got: dict[str, list[tuple[int, str, tuple]]], want: dict
             Counter({key: k for key, k in want[name].items() if key[0] > as_of}), f"{name}: live deltas differ"
 
 
+def check_late_takeover(seed: int, monkeypatch, queries: dict[str, str], crash_rate: float = 0.0) -> None:
+    """``queries`` registered late while two workers own a routed partition (``two_owners``), over 1-4 routed
+    partitions; odd seeds cut each ingest transaction into records of 2 changes.  Exact as with one owner."""
+    if seed % 2:
+        monkeypatch.setattr("services.ingest.core.MAX_BATCH_CHANGES", 2)
+    rng = random.Random(seed)
+    lines = generate_patch(200, seed=seed, subjects=5)
+    registered: dict = {}
+    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
+                          crash_rate=crash_rate, registered=registered)
+    assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_two_owners_of_a_routed_partition_during_a_late_registration_answer_once(seed: int, monkeypatch) -> None:
     """A rebalance on a broker that does not fence the old owner: a new worker restores a routed partition
@@ -545,16 +558,9 @@ def test_two_owners_of_a_routed_partition_during_a_late_registration_answer_once
     answers are exact as in a run with one owner.  Odd seeds cut each ingest transaction into records of 2
     changes, so the registration can fall inside a transaction and the routed record at its point can hold
     changes from both sides of it (their deltas belong to the snapshot)."""
-    if seed % 2:
-        monkeypatch.setattr("services.ingest.core.MAX_BATCH_CHANGES", 2)
-    rng = random.Random(seed)
-    lines = generate_patch(200, seed=seed, subjects=5)
     queries = {name: BY_CENTRE_QUERIES[name] for name in ("product", "product_distinct", "attrs", "path",
                                                           "ground")}
-    registered: dict = {}
-    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
-                          crash_rate=0.1 * (seed % 3 == 0), registered=registered)
-    assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+    check_late_takeover(seed, monkeypatch, queries, crash_rate=0.1 * (seed % 3 == 0))
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -564,15 +570,8 @@ def test_two_owners_during_a_late_multi_centre_registration_answer_once(seed: in
     send its own registration probes, made from a longer log, beside the other owner's (both taken: 26 of 60
     such streams went wrong).  Now it rebuilds the query's outputs from the log, step by step as the other
     owner made them, with the same segments and delta keys, and the receivers take one copy."""
-    if seed % 2:
-        monkeypatch.setattr("services.ingest.core.MAX_BATCH_CHANGES", 2)
-    rng = random.Random(seed)
-    lines = generate_patch(200, seed=seed, subjects=5)
     queries = {name: BY_CENTRE_QUERIES[name] for name in ("path3", "product_path3", "triangle", "attrs")}
-    registered: dict = {}
-    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
-                          crash_rate=0.1 * (seed % 3 == 0), registered=registered)
-    assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+    check_late_takeover(seed, monkeypatch, queries, crash_rate=0.1 * (seed % 3 == 0))
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -818,31 +817,17 @@ def test_two_owners_during_a_late_operator_registration_answer_once(seed: int, m
     """The takeover above with operator queries registered during it (a leaf joined by probes, a product
     leaf, an aggregate whose first row is its answer before any change): exact as with one owner, the
     operators' first answers once."""
-    if seed % 2:
-        monkeypatch.setattr("services.ingest.core.MAX_BATCH_CHANGES", 2)
-    rng = random.Random(seed)
-    lines = generate_patch(200, seed=seed, subjects=5)
     queries = {name: OPERATOR_QUERIES[name] for name in ("optional_name", "count_paths", "union_path3",
                                                           "minus_product", "having")}
-    registered: dict = {}
-    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
-                          registered=registered)
-    assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+    check_late_takeover(seed, monkeypatch, queries)
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_two_owners_during_a_late_registration_of_pattern_leaves_answer_once(seed: int, monkeypatch) -> None:
     """The takeover above with pattern leaves registered during it (a zero-length path, a negated property set,
     variable predicates): each shard's share once."""
-    if seed % 2:
-        monkeypatch.setattr("services.ingest.core.MAX_BATCH_CHANGES", 2)
-    rng = random.Random(seed)
-    lines = generate_patch(200, seed=seed, subjects=5)
     queries = {name: PATH_QUERIES[name] for name in ("star", "star_unanchored", "negated_inverse", "any_predicate")}
-    registered: dict = {}
-    got = run_distributed(lines, queries, 1 + seed % 4, 1 + seed % 2, rng, late=set(queries), two_owners=True,
-                          registered=registered)
-    assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+    check_late_takeover(seed, monkeypatch, queries)
 
 
 @pytest.mark.parametrize("seed", range(4))
