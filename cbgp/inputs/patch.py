@@ -126,8 +126,10 @@ def _read_iri(text: str, pos: int, allow_patch_forms: bool) -> tuple[str, int]:
     if "\\" in value:
         value = _unescape(value, _IRI_ESCAPE_RE, "IRI", pos)
     if allow_patch_forms and value.startswith("_:"):
-        # Jena writes blank nodes in patches as <_:label>.
-        return "_:" + value[2:], m.end()
+        # Jena writes blank nodes in patches as <_:label>: the label as one written _:label would be
+        if _BNODE_RE.fullmatch(value) is None:
+            raise PatchSyntaxError("malformed blank node label in <_:...>", pos)
+        return value, m.end()
     _check_iri(value, pos)
     return "<" + value + ">", m.end()
 

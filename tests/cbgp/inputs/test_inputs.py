@@ -145,6 +145,18 @@ def test_patch_blank_nodes_keep_their_labels_across_the_patch():
                                         (-1, "_:x", "<http://e/p>", "_:y", None)]
 
 
+def test_jena_blank_node_form_takes_only_a_label_that_would_be_valid_as_underscore_colon():
+    """``<_:label>`` is Jena's way of writing ``_:label``: its label obeys the same rule, so an empty one, or one
+    with a space or a NUL, is an error line rather than a term no other parser would give back."""
+    patch = ("A <_:> <http://e/p> <http://e/o> .\nA <_:a b> <http://e/p> <http://e/o> .\n"
+             "A <_:a\x00> <http://e/p> <http://e/o> .\nA <_:b1.x> <http://e/p> <http://e/o> .\n")
+    items = list(parse_patch(patch))
+    assert [(e.line, e.message) for e in errors(items)] == [
+        (line, "malformed blank node label in <_:...>") for line in (1, 2, 3)]
+    assert quads(items) == [(1, "_:b1.x", "<http://e/p>", "<http://e/o>", None)]
+    assert parse_term("_:b1.x") == "_:b1.x"
+
+
 def test_patch_rejects_literal_subject_and_bad_positions_with_clear_messages():
     patch = (
         'A "lit" <http://e/p> <http://e/o> .\n'
