@@ -21,6 +21,12 @@ _OP = {"ADD": b"\x00", "DEL": b"\x02"}
 _ROLE = {"SUBJECT": b"\x00", "OBJECT": b"\x02", "BOTH": b"\x04"}
 
 
+def encode_dictionary_entry(term_id: int, term: str) -> bytes:
+    """``encode("DictionaryEntry", {"id": term_id, "term": term})`` (same bytes, ~6x faster): ingest writes one
+    per new term, a third of the records of a stream like LSBench."""
+    return header("DictionaryEntry") + write_long(term_id) + write_string(term)
+
+
 def encode_routed(seq: int, op: str, s: int, p: int, o: int, g: int, event_time_ms: int | None, role: str) -> bytes:
     """``encode("RoutedUpdate", {...})`` for the data path (same bytes, ~5x faster)."""
     return b"".join((header("RoutedUpdate"), write_long(seq), _OP[op], write_long(s), write_long(p), write_long(o),

@@ -448,8 +448,8 @@ class IngestProcessor:
         term_id = self.dictionary.encode(term)
         if term_id not in self.published:
             self._published_now(term_id, term)
-            out.append(Output(self.t_dictionary, codec.encode("DictionaryEntry", {"id": term_id, "term": term}),
-                              str(term_id).encode(), term_id % self.n_dictionary))
+            out.append(Output(self.t_dictionary, codec.encode_dictionary_entry(term_id, term), str(term_id).encode(),
+                              term_id % self.n_dictionary))
         return term_id
 
     def _dead(self, out: list[Output], raw: RawRecord, reason: str, message: str, line: int | None,

@@ -278,7 +278,7 @@ class WorkerOutputs:
         for term_id in row:
             if term_id in made and term_id not in self.published_terms and topic is not None:
                 self.published_terms.add(term_id)
-                value = codec.encode("DictionaryEntry", {"id": term_id, "term": dictionary.decode(term_id)})
+                value = codec.encode_dictionary_entry(term_id, dictionary.decode(term_id))
                 self.term_outputs.append(Output(topic, value, str(term_id).encode(), term_id % self.n_dictionary))
         return columns, row
 

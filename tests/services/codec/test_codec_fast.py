@@ -116,6 +116,14 @@ ENCODED_ROWS = st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), LONGS, LONGS,
 
 
 @FAST
+@given(st.integers(-2**63, 2**63 - 1), st.text(max_size=40))
+def test_dictionary_entries_are_written_as_the_generic_writer_writes_them(term_id: int, term: str) -> None:
+    data = codec.encode_dictionary_entry(term_id, term)
+    assert data == codec.encode("DictionaryEntry", {"id": term_id, "term": term})
+    assert codec.decode("DictionaryEntry", data) == {"id": term_id, "term": term}
+
+
+@FAST
 @given(ROUTED_ROWS)
 def test_routed_batches_read_back_as_written(rows: list[tuple]) -> None:
     changes = [Change(*row) for row in rows]
