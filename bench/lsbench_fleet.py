@@ -197,6 +197,29 @@ def expected_counts(patch: Path, queries: dict[str, Path]) -> tuple[dict[str, in
     return counts, time.monotonic() - t0
 
 
+def wait_quiet(root_pid: int, cores: float = 0.3, timeout: float = 90.0) -> float:
+    """Wait until the fleet uses under ``cores`` over a second (the Spark job's first batches start its Python
+    workers: seconds of CPU that are the job's start, not the stream's); the seconds waited."""
+    root, started = psutil.Process(root_pid), time.monotonic()
+
+    def total() -> float:
+        out = 0.0
+        for p in [root] + root.children(recursive=True):
+            try:
+                t = p.cpu_times()
+                out += t.user + t.system
+            except psutil.Error:
+                pass
+        return out
+
+    while time.monotonic() - started < timeout:
+        before, t0 = total(), time.monotonic()
+        time.sleep(1.0)
+        if (total() - before) / (time.monotonic() - t0) < cores:
+            break
+    return time.monotonic() - started
+
+
 class CpuTracker:
     """CPU seconds per process group of the fleet (the tree under services.commands.run), sampled every second, so that
     processes that start and end during the run (Spark's Python workers) are counted up to their last sample."""
@@ -275,8 +298,11 @@ def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> 
         broker = re.search(r"run: embedded broker at (\S+)", text)
         ports = dict(re.findall(r"run: ports: ([\w-]+): .*?metrics (http://127\.0\.0\.1:\d+/metrics)", text))
         spark_log = logs / "spark-job.log"
+        # (the Spark job warm: its compaction's first batch done, which starts its Python workers -- seconds of
+        # CPU that are the job's start, not the stream's)
+        spark_text = spark_log.read_text(errors="replace") if spark_log.exists() else ""
         ready = (broker and "run: started" in text and "registry" in ports and "answers" in ports
-                 and spark_log.exists() and "running windows" in spark_log.read_text(errors="replace")
+                 and "running windows" in spark_text and "batch 0 folded" in spark_text
                  and all("event=assigned" in (logs / f"{n}.log").read_text(errors="replace")
                          for n in [f"worker-{i}" for i in range(workers)] + ["answers"] if (logs / f"{n}.log").exists())
                  and all((logs / f"worker-{i}.log").exists() for i in range(workers)))
@@ -312,6 +338,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             subprocess.run([*CBGP, "register", name, str(path), *bootstrap], cwd=ROOT, check=True,
                            capture_output=True, text=True, timeout=120)
         time.sleep(3.0)  # the plans reach every worker (registered before any data: nothing to snapshot)
+        settled = wait_quiet(proc.pid)
         settings = KafkaSettings(bootstrap_servers=fleet["broker"])  # services.commands.run's topics
         producer = make_producer(settings, linger_ms=1) if args.paced else None
         cpu = CpuTracker(proc.pid)
@@ -364,7 +391,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
         for k in ("query_state_entries", "state_entries", "cpu_s"):
             s[f"{k}_share"] = round(s[k] / sums[k], 3) if sums[k] else None
     return {"ok": ok, "emitted": int(emitted), "expected": expected, "seconds": round(seconds, 2),
-            "publish_seconds": round(t_published - t0, 2),
+            "publish_seconds": round(t_published - t0, 2), "settled_seconds": round(settled, 1),
             "updates_per_s": round(n_updates / seconds, 1) if ok else None,
             "cpu_s": {k: round(v, 2) for k, v in per_cpu.items()}, "fleet_cpu_s": round(fleet_cpu, 2),
             "cpu_us_per_update": {k: round(1e6 * v / n_updates, 1) for k, v in per_cpu.items()},
