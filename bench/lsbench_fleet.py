@@ -79,7 +79,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import lsbench  # noqa: E402
 from services.kafka.config import KafkaSettings
 from services.kafka.client import make_producer  # noqa: E402
-from idle_bench import _group, _service_of, add_fleet_env_flag, fleet_env  # noqa: E402 - as the idle bench
+from idle_bench import _cpu, _group, _service_of, add_fleet_env_flag, fleet_env  # noqa: E402 - as the idle bench
 
 CBGP = [sys.executable, "-m", "services.commands.main"]
 QUERY_DIR = ROOT / "bench" / "queries"
@@ -203,14 +203,7 @@ def wait_quiet(root_pid: int, cores: float = 0.3, timeout: float = 90.0) -> floa
     root, started = psutil.Process(root_pid), time.monotonic()
 
     def total() -> float:
-        out = 0.0
-        for p in [root] + root.children(recursive=True):
-            try:
-                t = p.cpu_times()
-                out += t.user + t.system
-            except psutil.Error:
-                pass
-        return out
+        return sum(_cpu([root] + root.children(recursive=True)).values())
 
     while time.monotonic() - started < timeout:
         before, t0 = total(), time.monotonic()

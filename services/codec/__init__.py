@@ -29,8 +29,8 @@ from services.codec.answers import (BindingWriter, answer_binding, canonical_bin
                                     encode_answer_record, encode_current_answer, encode_current_answer_record,
                                     json_string, sparql_json_term, term_from_avro, term_to_avro)
 from services.codec.changes import (decode_encoded, decode_routed, encode_dictionary_entry, encode_encoded,
-                                    encode_encoded_batch, encode_routed, encode_routed_batch, encoded_changes, encoded_columns, inserted_at,
-                                    encoded_records, routed_changes)
+                                    encode_encoded_batch, encode_routed, encode_routed_batch, encoded_changes,
+                                    encoded_columns, inserted_at, encoded_records, routed_changes)
 from services.codec.control import (encode_frontier, encode_probe_batch, encode_probe_ready, frontier_of,
                                     frontiers_of, probe_batch_of, probe_ready_of)
 from services.codec.deltas import (PartDeltaColumns, decode_part_delta, encode_part_delta, encode_part_delta_batch,
@@ -45,7 +45,8 @@ __all__ = [
     "BindingWriter", "answer_binding", "canonical_binding", "current_key", "encode_answer", "encode_answer_record",
     "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
     "term_to_avro", "decode_encoded", "decode_routed", "encode_dictionary_entry", "encode_encoded",
-    "encode_encoded_batch", "encode_routed", "encode_routed_batch", "encoded_changes", "encoded_columns", "inserted_at", "encoded_records", "routed_changes",
+    "encode_encoded_batch", "encode_routed", "encode_routed_batch", "encoded_changes", "encoded_columns",
+    "inserted_at", "encoded_records", "routed_changes",
     "encode_frontier", "encode_probe_batch", "encode_probe_ready", "frontier_of", "frontiers_of", "probe_batch_of",
     "probe_ready_of", "PartDeltaColumns", "decode_part_delta", "encode_part_delta", "encode_part_delta_batch",
     "part_delta_columns", "part_deltas", "decode", "decode_any", "encode", "HEADER_LEN", "MAGIC", "NAMESPACE",
