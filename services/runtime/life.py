@@ -156,7 +156,8 @@ def produce_all(producer: Producer, outputs: Sequence[Output]) -> None:
 
 
 def commit_transaction(producer: Producer, outputs: Sequence[Output],
-                       offsets: Sequence[tuple[Sequence[TopicPartition], Any]], timeout: float = 30.0) -> None:
+                       offsets: Sequence[tuple[Sequence[TopicPartition], Any]], timeout: float = 30.0, *,
+                       life: int | None = None) -> None:
     """Produce ``outputs`` and commit the consumed ``offsets`` in one Kafka transaction.
 
     Steps, in order (the order is the guarantee):
@@ -173,9 +174,10 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
     :class:`TransactionFailed`, before the commit if it is seen by then (the transaction is aborted), or
     after it: a broker that restarts forgets its open transactions (noida-db aborts them in its snapshot
     and then acknowledges the commit of the forgotten transaction without writing it), so the outcome is
-    unknown and only a restore from what the broker kept is safe.
+    unknown and only a restore from what the broker kept is safe.  ``life`` is ``broker_outages()`` when the
+    caller's clients were made (by default, when the current service life started).
     """
-    life = _LIFE[0]
+    life = _LIFE[0] if life is None else life
 
     def outage() -> bool:
         producer.poll(0)  # serves pending error callbacks, so an outage reported meanwhile is counted

@@ -20,6 +20,7 @@ from confluent_kafka import Producer, TopicPartition
 from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE_WAIT, TRANSACTION_STEP, UPDATES_IN,
                                           UPDATES_OUT)
 from services.wire.records import Output
+from services.kafka.client import broker_outages
 from services.runtime.life import Stopper, commit_transaction
 from services.wire.topology import TOPOLOGIES, Topology
 
@@ -90,7 +91,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
     hops = [HOP_LATENCY.labels(service, point) for point in ("polled", "processed", "committed")]
     queued = QUEUE_WAIT.labels(service)
     steps = [TRANSACTION_STEP.labels(service, name) for name in ("process", "commit")]
-    clean = False
+    clean, life = False, broker_outages()  # an outage before this life's clients exist is not theirs
     try:
         processor.open()
         ready[0] = True
@@ -103,7 +104,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
                 if step is None:
                     continue
             processed = time.monotonic()
-            commit_transaction(processor.producer, step.outputs, step.offsets)  # step 3 (a), (b), (c)
+            commit_transaction(processor.producer, step.outputs, step.offsets, life=life)  # step 3 (a), (b), (c)
             processor.committed(step)  # step 4
             if step.offsets:
                 done = time.monotonic()
