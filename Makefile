@@ -34,12 +34,15 @@ run: setup
 	$(PY) -m services.commands.run
 
 ## Everything CI checks: unit, property, end-to-end (embedded broker), Spark, Helm/Docker validation.
+## The in-memory tests run on both cores (a file per worker); those that start real processes (`slow`: broker,
+## Spark, services with timeouts) one at a time after them.
 test: setup tools chromium virtuoso
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
+	$(PY) -m pytest -q -m slow
 
 ## Only the engine tests (no broker, no Spark): a fast inner loop.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
 
 ## The engine against pyoxigraph re-evaluation and pathway (installed into its own venv by bench/setup.sh).
 bench: setup
