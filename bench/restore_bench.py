@@ -185,7 +185,7 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
         raw = RawRecord(("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode())
         for out in ingest.process(raw):
             if out.topic == "m.dictionary" and made is not None:
-                entry = codec.decode("DictionaryEntry", out.value)
+                entry = codec.decode_dictionary_entry(out.value)
                 made.setdefault("terms", {})[entry["id"]] = entry["term"]
             if out.topic in ("m.updates.routed", "m.updates.encoded"):
                 kind = "routed" if out.topic == "m.updates.routed" else "whole"

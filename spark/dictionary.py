@@ -69,7 +69,7 @@ class FleetTerms(TermDictionary):
         if msg.value() is None:
             return
         try:
-            entry = codec.decode("DictionaryEntry", msg.value())
+            entry = codec.decode_dictionary_entry(msg.value())
         except codec.CodecError:
             return
         self.add(entry["id"], entry["term"])

@@ -40,7 +40,7 @@ class Dictionary:
         for msg in msgs:
             if msg.error() is None and msg.value() is not None:
                 try:
-                    entry = codec.decode("DictionaryEntry", msg.value())
+                    entry = codec.decode_dictionary_entry(msg.value())
                 except codec.CodecError:
                     continue  # ingest's own output; a foreign record here is not ours to reject
                 self.terms[entry["id"]] = entry["term"]

@@ -18,7 +18,8 @@ The package, one job a module (callers import from ``services.codec``, which re-
 - ``registry``: the schema registry, fingerprints, :class:`CodecError`;
 - ``generic``: any record to and from bytes through fastavro (:func:`encode`, :func:`decode`);
 - ``binary``: Avro's binary primitives for the fixed-layout (hot-path) writers and readers;
-- ``changes``: graph changes on updates.encoded / updates.routed (format-1 records, format-2 batches);
+- ``changes``: graph changes on updates.encoded / updates.routed (format-1 records, format-2 and
+  format-3 batches);
 - ``deltas``: query-part deltas on deltas.parts (PartDelta, PartDeltaBatch);
 - ``control``: Frontier, ProbeBatch and ProbeReady records;
 - ``answers``: answer semantics (SparqlTerm conversions, canonical bindings, answers.current keys, Answer
@@ -28,9 +29,9 @@ The package, one job a module (callers import from ``services.codec``, which re-
 from services.codec.answers import (BindingWriter, answer_binding, canonical_binding, current_key, encode_answer,
                                     encode_answer_record, encode_current_answer, encode_current_answer_record,
                                     json_string, sparql_json_term, term_from_avro, term_to_avro)
-from services.codec.changes import (decode_encoded, decode_routed, encode_dictionary_entry, encode_encoded,
-                                    encode_encoded_batch, encode_routed, encode_routed_batch, encoded_changes,
-                                    encoded_columns, inserted_at, encoded_records, routed_changes)
+from services.codec.changes import (decode_dictionary_entry, decode_encoded, decode_routed, encode_dictionary_entry,
+                                    encode_encoded, encode_encoded_batch, encode_routed, encode_routed_batch,
+                                    encoded_changes, encoded_columns, inserted_at, encoded_records, routed_changes)
 from services.codec.control import (encode_frontier, encode_probe_batch, encode_probe_ready, frontier_of,
                                     frontiers_of, probe_batch_of, probe_ready_of)
 from services.codec.deltas import (PartDeltaColumns, decode_part_delta, encode_part_delta, encode_part_delta_batch,
@@ -44,7 +45,8 @@ from services.codec.registry import (HEADER_LEN, MAGIC, NAMESPACE, SCHEMA_DIR, C
 __all__ = [
     "BindingWriter", "answer_binding", "canonical_binding", "current_key", "encode_answer", "encode_answer_record",
     "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
-    "term_to_avro", "decode_encoded", "decode_routed", "encode_dictionary_entry", "encode_encoded",
+    "term_to_avro", "decode_dictionary_entry", "decode_encoded", "decode_routed", "encode_dictionary_entry",
+    "encode_encoded",
     "encode_encoded_batch", "encode_routed", "encode_routed_batch", "encoded_changes", "encoded_columns",
     "inserted_at", "encoded_records", "routed_changes",
     "encode_frontier", "encode_probe_batch", "encode_probe_ready", "frontier_of", "frontiers_of", "probe_batch_of",

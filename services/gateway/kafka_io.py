@@ -238,7 +238,7 @@ class GraphSource:
                 changes.extend(codec.encoded_changes(msg.value()))
         for msg in self._drain(self.settings.topic("dictionary")):
             if msg.value() is not None:
-                self._add_term(codec.decode("DictionaryEntry", msg.value()))
+                self._add_term(codec.decode_dictionary_entry(msg.value()))
         for seq, diff, s, p, o, g, _t, _role, refresh in changes:
             self.seq = max(self.seq, seq)
             if refresh:

@@ -235,7 +235,7 @@ class IngestProcessor:
         return self.accept(raw) + self.flush()
 
     def flush(self) -> list[Output]:
-        """The changes accepted since the last flush, as EncodedBatch and RoutedBatch records."""
+        """The changes accepted since the last flush, as EncodedColumns and RoutedColumns records."""
         if not self.pending_encoded:
             return []
         if self.track_changes:

@@ -56,10 +56,10 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
                  "instance's disk holds no checkpoint at the logs' ends"),
         ),
         sinks=(
-            Edge("updates.encoded", "none", f"{_ONE}: the total order, seq 1, 2, ... (EncodedBatch records)"),
+            Edge("updates.encoded", "none", f"{_ONE}: the total order, seq 1, 2, ... (EncodedColumns records)"),
             Edge("updates.routed", "centre term id",
                  "services.wire.records.routes: id % N of the subject and of the object (BOTH when equal); "
-                 "RoutedBatch and Frontier records"),
+                 "RoutedColumns and Frontier records"),
             Edge("dictionary", "term id", "term id % N, once per new term"),
             Edge("deadletter", "none", f"{_ONE}: a rejected statement"),
             Edge("checkpoints.ingest", "kind/partition", f"{_ONE}: the whole state, in the transaction after the "

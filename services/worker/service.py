@@ -95,7 +95,7 @@ class DictionaryTerms:
                     for msg in self.fetcher.poll():
                         if msg.error() is None and msg.value() is not None:
                             try:
-                                entry = codec.decode("DictionaryEntry", msg.value())
+                                entry = codec.decode_dictionary_entry(msg.value())
                             except codec.CodecError:
                                 continue
                             self.terms[entry["id"]] = entry["term"]

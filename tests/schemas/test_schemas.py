@@ -77,6 +77,7 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 
 def test_catalogue_of_records_is_complete() -> None:
     assert NAMES == sorted(["RawUpdate", "EncodedUpdate", "RoutedUpdate", "EncodedBatch", "RoutedBatch",
+                            "EncodedColumns", "RoutedColumns",
                             "DictionaryEntry", "AdminCommand",
                             "QueryStatus", "QueryPlan", "PartDelta", "PartDeltaBatch", "SparqlTerm", "Answer", "CurrentAnswer",
                             "DeadLetter", "Frontier", "ProbeBatch", "ProbeReady"])

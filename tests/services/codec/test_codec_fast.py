@@ -46,12 +46,13 @@ def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict)
     assert codec.decode_part_delta(generic) == codec.decode("PartDelta", generic)
 
 
-@pytest.mark.parametrize("name", ["RoutedUpdate", "EncodedUpdate", "PartDelta"])
+@pytest.mark.parametrize("name", ["RoutedUpdate", "EncodedUpdate", "PartDelta", "DictionaryEntry"])
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
 def test_bad_bytes_fail_as_in_the_generic_reader(name: str, data: st.DataObject) -> None:
     """Truncated, padded, bit-flipped or foreign records: the fast reader raises exactly when decode() does."""
-    fast = {**CHANGE_READERS, "PartDelta": codec.decode_part_delta}[name]
+    fast = {**CHANGE_READERS, "PartDelta": codec.decode_part_delta,
+            "DictionaryEntry": codec.decode_dictionary_entry}[name]
     good = codec.encode(name, data.draw(current_records(name)))
     variants = [good[:cut] for cut in range(len(good))] + [good + b"\x00", codec.encode("DeadLetter", {
         "service": "x", "source_topic": "t", "partition": 0, "offset": 0, "reason": "r", "message": "m",
@@ -105,7 +106,7 @@ def test_answers_are_written_as_the_generic_writer_writes_them(query_id, n, seq,
                                                         ensure_ascii=False)
 
 
-# -- change batches (data format 2): what ingest writes on updates.encoded / updates.routed
+# -- change batches (data format 3, and 2 still read): what ingest writes on updates.encoded / updates.routed
 
 LONGS = st.integers(-(1 << 63), (1 << 63) - 1)
 EVENT_TIMES = st.none() | st.integers(0, 1 << 45)
@@ -120,30 +121,55 @@ ENCODED_ROWS = st.lists(st.tuples(LONGS, st.sampled_from([1, -1]), LONGS, LONGS,
 def test_dictionary_entries_are_written_as_the_generic_writer_writes_them(term_id: int, term: str) -> None:
     data = codec.encode_dictionary_entry(term_id, term)
     assert data == codec.encode("DictionaryEntry", {"id": term_id, "term": term})
-    assert codec.decode("DictionaryEntry", data) == {"id": term_id, "term": term}
+    assert codec.decode("DictionaryEntry", data) == codec.decode_dictionary_entry(data) == {"id": term_id, "term": term}
+
+
+def routed_batch_v2(changes: list[Change], inserted_at: list[int] = ()) -> bytes:
+    """The same changes as ingest wrote them in data format 2 (Avro arrays), before the packed columns."""
+    seq, diff, s, p, o, g, event_time, role, _refresh = zip(*changes)
+    return codec.encode("RoutedBatch", {"seq": seq, "op": [OP[x] for x in diff], "s": s, "p": p, "o": o, "g": g,
+                                        "event_time_ms": event_time, "role": [ROLE_NAMES[r] for r in role],
+                                        "inserted_at": inserted_at})
+
+
+def encoded_batch_v2(changes: list[Change], sources: list[tuple[int, int]], topic: str) -> bytes:
+    seq, diff, s, p, o, g, event_time, _role, refresh = zip(*changes)
+    partition, offset = zip(*sources)
+    return codec.encode("EncodedBatch", {"seq": seq, "op": [OP[x] for x in diff], "s": s, "p": p, "o": o, "g": g,
+                                         "event_time_ms": event_time, "source_topic": topic,
+                                         "source_partition": partition, "source_offset": offset, "refresh": refresh})
+
+
+OP = {1: "ADD", -1: "DEL"}
 
 
 @FAST
 @given(ROUTED_ROWS)
-def test_routed_batches_read_back_as_written(rows: list[tuple]) -> None:
+def test_routed_batches_read_back_as_written_and_as_format_2_reads(rows: list[tuple]) -> None:
     changes = [Change(*row) for row in rows]
     data = codec.encode_routed_batch(changes)
-    assert codec.routed_changes(data) == changes
+    assert codec.routed_changes(data) == changes == codec.routed_changes(routed_batch_v2(changes))
     assert all(type(change) is Change for change in codec.routed_changes(data))
-    record = codec.decode("RoutedBatch", data)  # the generic reader agrees: it is plain Avro
-    assert record["s"] == [row[2] for row in rows] and record["role"] == [ROLE_NAMES[row[7]] for row in rows]
+    record = codec.decode("RoutedColumns", data)  # the generic reader agrees: it is plain Avro
+    assert record["count"] == len(rows) and record["role"] == bytes(row[7] for row in rows)
+    assert record["s"] == b"".join(row[2].to_bytes(8, "little", signed=True) for row in rows)
 
 
 @FAST
 @given(ENCODED_ROWS)
-def test_encoded_batches_read_back_as_written(rows: list[tuple]) -> None:
+def test_encoded_batches_read_back_as_written_and_as_format_2_reads(rows: list[tuple]) -> None:
     changes = [Change(*row[:7], ROLE_BOTH, row[9]) for row in rows]
-    data = codec.encode_encoded_batch(changes, [(row[7], row[8]) for row in rows], "t.updates.raw")
-    assert codec.encoded_changes(data) == changes
-    assert codec.encoded_records(data) == [
+    sources = [(row[7], row[8]) for row in rows]
+    data = codec.encode_encoded_batch(changes, sources, "t.updates.raw")
+    v2 = encoded_batch_v2(changes, sources, "t.updates.raw")
+    assert codec.encoded_changes(data) == changes == codec.encoded_changes(v2)
+    assert all(type(change.refresh) is bool for change in codec.encoded_changes(data))
+    assert codec.encoded_records(data) == codec.encoded_records(v2) == [
         {"seq": seq, "op": "ADD" if sign > 0 else "DEL", "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
          "source": {"topic": "t.updates.raw", "partition": partition, "offset": offset}, "refresh": refresh}
         for seq, sign, s, p, o, g, t, partition, offset, refresh in rows]
+    assert [list(column) for column in codec.encoded_columns(data)] == [
+        list(column) for column in codec.encoded_columns(v2)] == [list(column) for column in zip(*rows)][:7]
 
 
 @FAST
@@ -168,10 +194,67 @@ def test_batches_with_unequal_columns_or_of_the_wrong_kind_are_refused() -> None
     with pytest.raises(codec.CodecError, match="non-zero length"):
         codec.routed_changes(empty)
     routed = codec.encode_routed_batch([Change(1, 1, 2, 3, 4, 0, None, ROLE_BOTH)])
-    with pytest.raises(codec.CodecError, match="expected EncodedUpdate but the message was written as RoutedBatch"):
+    with pytest.raises(codec.CodecError, match="expected EncodedUpdate but the message was written as RoutedColumns"):
         codec.encoded_changes(routed)
     with pytest.raises(codec.CodecError, match="truncated"):
         codec.routed_changes(routed[:5])
+
+
+PACKED_FIELDS = {"count": 2, "seq": (1, 2), "diff": (1, -1), "s": (5, 6), "p": (7, 7), "o": (8, 9), "g": (0, 0),
+                 "event_time_ms": (10, 0), "event_time_null": (0, 1), "role": (1, 3), "inserted_at": ()}
+
+
+def packed_routed(**fields: object) -> bytes:
+    """A RoutedColumns record written field by field (so that a test can make any field wrong)."""
+    wide = {"seq", "s", "p", "o", "g", "event_time_ms", "inserted_at"}
+    values = {**PACKED_FIELDS, **fields}
+    record = {name: value if isinstance(value, (int, bytes)) else
+              b"".join(x.to_bytes(8 if name in wide else 1, "little", signed=True) for x in value)
+              for name, value in values.items()}
+    return codec.encode("RoutedColumns", record)
+
+
+def test_packed_columns_read_as_written_field_by_field() -> None:
+    assert codec.routed_changes(packed_routed()) == [Change(1, 1, 5, 7, 8, 0, 10, ROLE_SUBJECT),
+                                                     Change(2, -1, 6, 7, 9, 0, None, ROLE_BOTH)]
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"count": 0, **{name: () for name in PACKED_FIELDS if name != "count"}}, "count 0, at least 1"),
+    ({"count": 3}, "seq holds 16 bytes, not 3 items of 8"),
+    ({"count": 1 << 60}, "seq holds 16 bytes"),
+    ({"s": (5,)}, "s holds 8 bytes, not 2 items of 8"),
+    ({"diff": (1, 0)}, "diff must be 2 bytes, each one of \\[1, 255\\]"),
+    ({"diff": (1,)}, "diff must be 2 bytes"),
+    ({"role": (1, 4)}, "role must be 2 bytes, each one of \\[1, 2, 3\\]"),
+    ({"event_time_null": (0, 2)}, "event_time_null must be 2 bytes"),
+    ({"inserted_at": (0,)}, "inserted_at holds 8 bytes, not 2"),
+])
+def test_packed_columns_of_the_wrong_length_or_range_are_refused(fields: dict, error: str) -> None:
+    data = packed_routed(**fields)
+    with pytest.raises(codec.CodecError, match=f"corrupt RoutedColumns: {error}"):
+        codec.routed_changes(data)
+        codec.inserted_at(data)
+
+
+@FAST
+@given(ROUTED_ROWS, st.data())
+def test_damaged_packed_records_raise_codec_errors_only(rows: list[tuple], drawn: st.DataObject) -> None:
+    """Any byte changed, cut or added: the reader returns changes or raises CodecError, nothing else."""
+    data = bytearray(codec.encode_routed_batch([Change(*row) for row in rows], None, [0] * len(rows)))
+    at = drawn.draw(st.integers(codec.HEADER_LEN, len(data) - 1))
+    damage = drawn.draw(st.sampled_from(["flip", "cut", "add"]))
+    if damage == "flip":
+        data[at] ^= drawn.draw(st.integers(1, 255))
+    elif damage == "cut":
+        del data[at:]
+    else:
+        data[at:at] = drawn.draw(st.binary(min_size=1, max_size=9))
+    for reader in (codec.routed_changes, codec.inserted_at):
+        try:
+            reader(bytes(data))
+        except codec.CodecError:
+            pass
 
 
 VARIABLES = st.lists(st.text(min_size=1, max_size=4), max_size=4, unique=True)
@@ -308,5 +391,9 @@ def test_change_batches_say_what_each_delete_undoes_and_older_ones_say_nothing()
     assert codec.routed_changes(routed) == changes and codec.encoded_changes(encoded) == changes
     assert codec.inserted_at(codec.encode_routed_batch(changes)) == []
     assert codec.inserted_at(codec.encode_frontier({0: 4})) == []
-    with pytest.raises(codec.CodecError, match="corrupt RoutedBatch"):
+    assert codec.inserted_at(routed_batch_v2(changes, [0, 1])) == [0, 1]
+    assert codec.inserted_at(routed_batch_v2(changes)) == []
+    with pytest.raises(codec.CodecError, match="corrupt RoutedColumns"):
         codec.inserted_at(codec.encode_routed_batch(changes, None, [0]))
+    with pytest.raises(codec.CodecError, match="corrupt RoutedBatch"):
+        codec.inserted_at(routed_batch_v2(changes, [0]))
