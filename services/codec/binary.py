@@ -8,8 +8,11 @@ to the generic :func:`services.codec.generic.decode` for anything not written wi
 from __future__ import annotations
 
 import functools
+import sys
+from array import array
+from typing import Sequence
 
-from services.codec.registry import HEADER_LEN, MAGIC, fingerprint
+from services.codec.registry import HEADER_LEN, MAGIC, CodecError, fingerprint
 
 # ---------------------------------------------------------------------------------------- hot-path writers
 #
@@ -107,3 +110,38 @@ def read_current(record_name: str, data: bytes, read):  # noqa: ANN001, ANN202 -
 def cached_string(text: str) -> bytes:
     """:func:`write_string` for query ids and variable names, which repeat on every record."""
     return write_string(text)
+
+
+# ---------------------------------------------------------------------------------------- packed columns
+#
+# Columns of fixed-width little-endian integers in one Avro ``bytes`` field (data format 3): one copy a column,
+# where fastavro reads and writes an Avro array value by value.  ``code`` is an ``array`` type code: "q" 64-bit,
+# "i" 32-bit, "b" 8-bit, all signed.
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def pack_ints(code: str, values: Sequence[int]) -> bytes:
+    packed = array(code, values)
+    if not _LITTLE_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_ints(code: str, data: bytes, count: int, name: str, field: str, optional: bool = False) -> array:
+    """``count`` integers of type ``code`` (empty when ``optional`` and the column is); :class:`CodecError`
+    naming the record and the field when the column holds another number of them."""
+    packed = array(code)
+    if not (optional and not data) and len(data) != count * packed.itemsize:
+        raise CodecError(f"corrupt {name}: {field} holds {len(data)} bytes, not {count} items of {packed.itemsize}")
+    packed.frombytes(data)
+    if not _LITTLE_ENDIAN:
+        packed.byteswap()
+    return packed
+
+
+def check_flags(data: bytes, count: int, name: str, field: str, allowed: bytes) -> bytes:
+    """A column of ``count`` single bytes, each one of ``allowed``."""
+    if len(data) != count or data.translate(None, allowed):
+        raise CodecError(f"corrupt {name}: {field} must be {count} bytes, each one of {list(allowed)}")
+    return data

@@ -8,14 +8,14 @@ Readers return :class:`cbgp.change.Change` (diff +1 for Avro ``ADD``, -1 for ``D
 
 from __future__ import annotations
 
-import sys
 from array import array
 from itertools import repeat
 from typing import Any, Sequence
 
 from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change, change_of
 
-from services.codec.binary import read_current, header, write_long, optional, optional_long, write_string, read_string, read_long
+from services.codec.binary import (check_flags, header, optional, optional_long, pack_ints, read_current, read_long,
+                                   read_string, unpack_ints, write_long, write_string)
 from services.codec.generic import record_columns, decode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -140,8 +140,8 @@ def encode_routed_batch(changes: Sequence[Change], roles: Sequence[int] | None =
     delete's insert seq, 0 for an insert (see the schema; empty: no delete)."""
     seq, diff, s, p, o, g, event_time, own, _refresh = zip(*changes)
     return b"".join((header("RoutedColumns"), write_long(len(seq)), *map(_blob, (
-        _pack("q", seq), _pack("b", diff), _pack("q", s), _pack("q", p), _pack("q", o), _pack("q", g),
-        *_event_times(event_time), bytes(roles or own), _pack("q", inserted_at)))))
+        pack_ints("q", seq), pack_ints("b", diff), *(pack_ints("q", column) for column in (s, p, o, g)),
+        *_event_times(event_time), bytes(roles or own), pack_ints("q", inserted_at)))))
 
 
 def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int, int]], source_topic: str,
@@ -151,9 +151,9 @@ def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int,
     seq, diff, s, p, o, g, event_time, _role, refresh = zip(*changes)
     partition, offset = zip(*sources)
     return b"".join((header("EncodedColumns"), write_long(len(seq)), *map(_blob, (
-        _pack("q", seq), _pack("b", diff), _pack("q", s), _pack("q", p), _pack("q", o), _pack("q", g),
-        *_event_times(event_time), source_topic.encode("utf-8"), _pack("i", partition), _pack("q", offset),
-        bytes(refresh) if any(refresh) else b"", _pack("q", inserted_at)))))
+        pack_ints("q", seq), pack_ints("b", diff), *(pack_ints("q", column) for column in (s, p, o, g)),
+        *_event_times(event_time), source_topic.encode("utf-8"), pack_ints("i", partition), pack_ints("q", offset),
+        bytes(refresh) if any(refresh) else b"", pack_ints("q", inserted_at)))))
 
 
 def inserted_at(data: bytes) -> list[int]:
@@ -163,7 +163,7 @@ def inserted_at(data: bytes) -> list[int]:
     name = writer_name(data)
     if name in _PACKED:
         columns = _packed(name, data)
-        return list(_unpack("q", columns["inserted_at"], columns["count"], name, "inserted_at", optional=True))
+        return list(unpack_ints("q", columns["inserted_at"], columns["count"], name, "inserted_at", optional=True))
     if name not in ("RoutedBatch", "EncodedBatch"):
         return []
     record = decode(name, data)
@@ -175,13 +175,13 @@ def inserted_at(data: bytes) -> list[int]:
 
 def routed_changes(data: bytes) -> list[Change]:
     """The changes of an updates.routed record (RoutedColumns, RoutedBatch or a format-1 RoutedUpdate), each with its
-    role (none for a Frontier mark or a ProbeBatch); raises :class:`CodecError`."""
+    role (none for a Frontier mark or probes); raises :class:`CodecError`."""
     name = writer_name(data)
     if name == "RoutedColumns":
         r = _packed(name, data)
         n = r["count"]
         return list(map(change_of, zip(*_change_columns(r, name), _roles(r["role"], n), repeat(False))))
-    if name in ("Frontier", "ProbeBatch"):
+    if name in ("Frontier", "ProbeBatch", "ProbeColumns"):
         return []
     if name != "RoutedBatch":
         return [decode_routed(data)]
@@ -229,8 +229,8 @@ def encoded_records(data: bytes) -> list[dict[str, Any]]:
         return [{"seq": seq, "op": _OP_NAME[diff], "s": s, "p": p, "o": o, "g": g, "event_time_ms": t,
                  "source": {"topic": topic, "partition": partition, "offset": offset}, "refresh": refresh}
                 for seq, diff, s, p, o, g, t, partition, offset, refresh in zip(
-                    *_change_columns(r, name), _unpack("i", r["source_partition"], n, name, "source_partition"),
-                    _unpack("q", r["source_offset"], n, name, "source_offset"), _refresh(r, name))]
+                    *_change_columns(r, name), unpack_ints("i", r["source_partition"], n, name, "source_partition"),
+                    unpack_ints("q", r["source_offset"], n, name, "source_offset"), _refresh(r, name))]
     if name != "EncodedBatch":
         return [decode("EncodedUpdate", data)]
     record = decode("EncodedBatch", data)
@@ -247,19 +247,11 @@ def encoded_records(data: bytes) -> list[dict[str, Any]]:
 # little-endian integers.  fastavro reads and writes an array of longs value by value (about 0.5 us each, ten
 # columns a change), where these are one copy a column; the Avro record around them still names its schema.
 
-_LITTLE_ENDIAN = sys.byteorder == "little"
 _PACKED = ("RoutedColumns", "EncodedColumns")
 _BLOBS = {"RoutedColumns": ("seq", "diff", "s", "p", "o", "g", "event_time_ms", "event_time_null", "role",
                             "inserted_at"),
           "EncodedColumns": ("seq", "diff", "s", "p", "o", "g", "event_time_ms", "event_time_null", "source_topic",
                              "source_partition", "source_offset", "refresh", "inserted_at")}
-
-
-def _pack(code: str, values: Sequence[int]) -> bytes:
-    packed = array(code, values)
-    if not _LITTLE_ENDIAN:
-        packed.byteswap()
-    return packed.tobytes()
 
 
 def _blob(data: bytes) -> bytes:
@@ -269,8 +261,8 @@ def _blob(data: bytes) -> bytes:
 def _event_times(times: Sequence[int | None]) -> tuple[bytes, bytes]:
     """The event_time_ms and event_time_null columns."""
     if None not in times:
-        return _pack("q", times), b""
-    return _pack("q", [0 if t is None else t for t in times]), bytes(t is None for t in times)
+        return pack_ints("q", times), b""
+    return pack_ints("q", [0 if t is None else t for t in times]), bytes(t is None for t in times)
 
 
 def _packed(name: str, data: bytes) -> dict[str, Any]:
@@ -303,41 +295,25 @@ def _packed(name: str, data: bytes) -> dict[str, Any]:
     return record
 
 
-def _unpack(code: str, data: bytes, count: int, name: str, field: str, optional: bool = False) -> array:
-    """``count`` integers of type ``code`` (empty when ``optional`` and the column is)."""
-    packed = array(code)
-    if not (optional and not data) and len(data) != count * packed.itemsize:
-        raise CodecError(f"corrupt {name}: {field} holds {len(data)} bytes, not {count} items of {packed.itemsize}")
-    packed.frombytes(data)
-    if not _LITTLE_ENDIAN:
-        packed.byteswap()
-    return packed
-
-
-def _flags(data: bytes, count: int, name: str, field: str, allowed: bytes) -> bytes:
-    if len(data) != count or data.translate(None, allowed):
-        raise CodecError(f"corrupt {name}: {field} must be {count} bytes, each one of {list(allowed)}")
-    return data
-
-
 def _change_columns(r: dict[str, Any], name: str) -> tuple[Sequence, ...]:
     """``(seq, diff, s, p, o, g, event_time_ms)`` of a packed record, validated."""
     n = r["count"]
-    columns = [_unpack("q", r["seq"], n, name, "seq"), array("b", _flags(r["diff"], n, name, "diff", b"\x01\xff"))]
-    columns.extend(_unpack("q", r[field], n, name, field) for field in ("s", "p", "o", "g"))
-    times: Sequence[int | None] = _unpack("q", r["event_time_ms"], n, name, "event_time_ms")
+    columns = [unpack_ints("q", r["seq"], n, name, "seq"),
+               array("b", check_flags(r["diff"], n, name, "diff", b"\x01\xff"))]
+    columns.extend(unpack_ints("q", r[field], n, name, field) for field in ("s", "p", "o", "g"))
+    times: Sequence[int | None] = unpack_ints("q", r["event_time_ms"], n, name, "event_time_ms")
     if r["event_time_null"]:
-        nulls = _flags(r["event_time_null"], n, name, "event_time_null", b"\x00\x01")
+        nulls = check_flags(r["event_time_null"], n, name, "event_time_null", b"\x00\x01")
         times = [None if null else t for t, null in zip(times, nulls)]
     columns.append(times)
     return tuple(columns)
 
 
 def _roles(data: bytes, count: int) -> bytes:
-    return _flags(data, count, "RoutedColumns", "role", bytes((ROLE_SUBJECT, ROLE_OBJECT, ROLE_BOTH)))
+    return check_flags(data, count, "RoutedColumns", "role", bytes((ROLE_SUBJECT, ROLE_OBJECT, ROLE_BOTH)))
 
 
 def _refresh(r: dict[str, Any], name: str) -> Any:
     if not r["refresh"]:
         return repeat(False)
-    return map(bool, _flags(r["refresh"], r["count"], name, "refresh", b"\x00\x01"))
+    return map(bool, check_flags(r["refresh"], r["count"], name, "refresh", b"\x00\x01"))

@@ -7,8 +7,10 @@ each record cheaply.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Mapping, Sequence
 
+from services.codec.binary import check_flags, pack_ints, unpack_ints
 from services.codec.generic import decode, encode
 from services.codec.registry import CodecError, writer_name
 
@@ -47,32 +49,34 @@ _ACK_COLUMNS = ("ack_query", "ack_seq", "ack_delta", "ack_snapshot")
 def encode_probe_batch(probes: Sequence[Any] = (), acks: Sequence[Any] = (),
                        registered: Sequence[tuple[str, int]] = (), floors: Sequence[tuple[int, int, list[str]]] = (),
                        segments: Sequence[tuple] | None = None) -> bytes:
-    """One ProbeBatch record (schemas/ProbeBatch.avsc) of ``cbgp.distributed.evaluator`` probes and acks (written column
-    by column), ``(query, as_of)`` registrations, ``(partition, floor, queries)`` floors and
+    """One ProbeColumns record (schemas/ProbeColumns.avsc) of ``cbgp.distributed.evaluator`` probes and acks (packed
+    column by column), ``(query, as_of)`` registrations, ``(partition, floor, queries)`` floors and
     ``(sender, cause, chunk, acks, probes[, query])`` segments (how the columns divide into what each step
     made, per query)."""
     index: dict[str, int] = {}
     probe_query = [index.setdefault(p.query, len(index)) for p in probes]
     ack_query = [index.setdefault(a.query, len(index)) for a in acks]
-    return encode("ProbeBatch", {
-        "queries": list(index), "probe_query": probe_query,
-        "probe_seq": [p.seq for p in probes], "probe_sign": [p.diff for p in probes],
-        "probe_triple": [term for p in probes for term in p.triple],
-        "probe_pattern": [p.pattern for p in probes], "probe_step": [p.step for p in probes],
-        "probe_width": [len(p.binding) for p in probes],
-        "probe_binding": [term for p in probes for term in p.binding],
-        "probe_origin": [p.origin for p in probes], "probe_snapshot": [p.snapshot for p in probes],
-        "probe_born_ms": [p.born_ms for p in probes],
-        "ack_query": ack_query, "ack_seq": [a.seq for a in acks], "ack_delta": [a.delta for a in acks],
-        "ack_snapshot": [a.snapshot for a in acks],
+    return encode("ProbeColumns", {
+        "probes": len(probes), "acks": len(acks), "segmented": segments is not None,
+        "queries": list(index), "probe_query": pack_ints("i", probe_query),
+        "probe_seq": pack_ints("q", [p.seq for p in probes]), "probe_sign": pack_ints("b", [p.diff for p in probes]),
+        "probe_triple": pack_ints("q", [term for p in probes for term in p.triple]),
+        "probe_pattern": pack_ints("i", [p.pattern for p in probes]),
+        "probe_step": pack_ints("i", [p.step for p in probes]),
+        "probe_width": pack_ints("i", [len(p.binding) for p in probes]),
+        "probe_binding": pack_ints("q", [term for p in probes for term in p.binding]),
+        "probe_origin": pack_ints("i", [p.origin for p in probes]),
+        "probe_snapshot": bytes(bool(p.snapshot) for p in probes),
+        "probe_born_ms": pack_ints("q", [p.born_ms for p in probes]),
+        "ack_query": pack_ints("i", ack_query), "ack_seq": pack_ints("q", [a.seq for a in acks]),
+        "ack_delta": pack_ints("i", [a.delta for a in acks]), "ack_snapshot": bytes(bool(a.snapshot) for a in acks),
         "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
         "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors],
-        "segments": None if segments is None else [
+        "segments": [] if segments is None else [
             {"sender": g[0], "cause": g[1], "chunk": g[2], "acks": g[3], "probes": g[4]} for g in segments],
-        "segment_query": None if segments is None or any(len(g) < 6 for g in segments) else [
-            g[5] for g in segments],
-        # (null when every probe follows its default route: the usual record costs nothing more)
-        "probe_route": [p.route for p in probes] if any(p.route for p in probes) else None})
+        "segment_query": [] if segments is None or any(len(g) < 6 for g in segments) else [g[5] for g in segments],
+        # (empty when every probe follows its default route: the usual record costs nothing more)
+        "probe_route": pack_ints("i", [p.route for p in probes]) if any(p.route for p in probes) else b""})
 
 
 def probe_batch_of(data: bytes) -> dict[str, Any] | None:
@@ -82,7 +86,10 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
     ``(query, seq, delta, snapshot)`` tuples, in their order; ``segments`` ``(sender, cause, chunk, acks,
     probes, query)`` tuples (query None: written before segments were per query), or None for a record written
     before segments."""
-    if writer_name(data) != "ProbeBatch":
+    name = writer_name(data)
+    if name == "ProbeColumns":
+        return _probe_columns(decode(name, data))
+    if name != "ProbeBatch":
         return None
     record = decode("ProbeBatch", data)
     queries = record["queries"]
@@ -105,18 +112,62 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
                        tuple(bindings[start:end]), origin[i], snapshot[i], born[i], route[i]))
         start = end
     acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
-    segments = record.get("segments")
+    return _with_segments("ProbeBatch", record, probes, acks, record.get("segments"))
+
+
+def _with_segments(name: str, record: dict[str, Any], probes: list, acks: list,
+                   segments: list[dict] | None) -> dict[str, Any]:
+    """probe_batch_of's answer, with the segments checked against the columns."""
     if segments is not None:
         named = record.get("segment_query") or [None] * len(segments)
         if len(named) != len(segments):
-            raise CodecError(f"corrupt ProbeBatch: {len(named)} segment queries for {len(segments)} segments")
+            raise CodecError(f"corrupt {name}: {len(named)} segment queries for {len(segments)} segments")
         segments = [(g["sender"], g["cause"], g["chunk"], g["acks"], g["probes"], query)
                     for g, query in zip(segments, named)]
-        if sum(g[3] for g in segments) != len(acks) or sum(g[4] for g in segments) != n:
-            raise CodecError(f"corrupt ProbeBatch: its segments count {sum(g[3] for g in segments)} acks and "
-                             f"{sum(g[4] for g in segments)} probes, the record holds {len(acks)} and {n}")
+        if sum(g[3] for g in segments) != len(acks) or sum(g[4] for g in segments) != len(probes):
+            raise CodecError(f"corrupt {name}: its segments count {sum(g[3] for g in segments)} acks and "
+                             f"{sum(g[4] for g in segments)} probes, the record holds {len(acks)} and {len(probes)}")
     return {"probes": probes, "acks": acks, "registered": record["registered"], "floors": record["floors"],
             "segments": segments}
+
+
+_FLAG = b"\x00\x01"
+
+
+def _probe_columns(record: dict[str, Any]) -> dict[str, Any]:
+    """probe_batch_of for a ProbeColumns record: every column checked against its count."""
+    name, n, n_acks, queries = "ProbeColumns", record["probes"], record["acks"], record["queries"]
+    if n < 0 or n_acks < 0:
+        raise CodecError(f"corrupt {name}: {n} probes, {n_acks} acks")
+
+    def column(field: str, code: str, count: int = n) -> Any:
+        return unpack_ints(code, record[field], count, name, field)
+
+    query, seq, pattern, step = column("probe_query", "i"), column("probe_seq", "q"), column("probe_pattern", "i"), \
+        column("probe_step", "i")
+    diff = array("b", check_flags(record["probe_sign"], n, name, "probe_sign", b"\x01\xff"))
+    width, origin, born = column("probe_width", "i"), column("probe_origin", "i"), column("probe_born_ms", "q")
+    snapshot = check_flags(record["probe_snapshot"], n, name, "probe_snapshot", _FLAG)
+    triples = column("probe_triple", "q", 4 * n)
+    if min(width, default=0) < 0:
+        raise CodecError(f"corrupt {name}: a negative probe_width")
+    bindings = column("probe_binding", "q", sum(width))
+    route = unpack_ints("i", record["probe_route"], n, name, "probe_route", optional=True) or [0] * n
+    ack_query, ack_seq, ack_delta = column("ack_query", "i", n_acks), column("ack_seq", "q", n_acks), \
+        column("ack_delta", "i", n_acks)
+    ack_snapshot = check_flags(record["ack_snapshot"], n_acks, name, "ack_snapshot", _FLAG)
+    bounds = [bound for indices in (query, ack_query) if indices for bound in (min(indices), max(indices))]
+    if bounds and not 0 <= min(bounds) <= max(bounds) < len(queries):
+        raise CodecError(f"corrupt {name}: query indices must name one of the {len(queries)} queries")
+    probes = []
+    start = 0
+    for i in range(n):
+        end = start + width[i]
+        probes.append((queries[query[i]], seq[i], diff[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
+                       tuple(bindings[start:end]), origin[i], snapshot[i] == 1, born[i], route[i]))
+        start = end
+    acks = [(queries[q], s, d, snap == 1) for q, s, d, snap in zip(ack_query, ack_seq, ack_delta, ack_snapshot)]
+    return _with_segments(name, record, probes, acks, record["segments"] if record["segmented"] else None)
 
 
 def encode_probe_ready(query_id: str, version: int, partition: int, as_of: int) -> bytes:

@@ -82,7 +82,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
         sinks=(
             Edge("deltas.parts", "query id", f"{_BY_QUERY}; idempotence keys of services.wire.idempotence"),
             Edge("updates.routed", "centre term id",
-                 "ProbeBatch records (no key) of multi-centre queries, to the partition of the next centre value"),
+                 "ProbeColumns records (no key) of multi-centre queries, to the partition of the next centre value"),
             Edge("dictionary", "term id", "terms an operator query makes (counts, BIND values, booleans)"),
             Edge("updates.raw", "none", f"{_ONE}: a derived stream's triples (CONSTRUCT with stream=<iri>)"),
             Edge("deadletter", "none", f"{_ONE}: an undecodable input record"),

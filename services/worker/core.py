@@ -542,7 +542,7 @@ class WorkerCore:
         return out
 
     def on_probe_batch(self, shard: Shard, offset: int, record: dict) -> list[Output]:
-        """A ProbeBatch record at ``offset`` of a routed shard (probes and acks for it, floors)."""
+        """A probe record at ``offset`` of a routed shard (probes and acks for it, floors)."""
         shard.position = offset + 1
         out: list[Output] = []
         self.outputs.probe_outputs(shard, self.probes.on_batch(shard, record, lambda name: self._known(shard, name)),

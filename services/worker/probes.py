@@ -24,7 +24,7 @@ QueryInfo = Any
 log = logging.getLogger("cbgp.worker")
 
 FLOOR_SECONDS = 1.0  # at most one floor broadcast per second per partition (they only let versions go)
-MAX_PER_RECORD = 2000  # probes and acks per ProbeBatch record (a probe is 20-60 bytes: records stay far below 1 MB)
+MAX_PER_RECORD = 2000  # probes and acks per ProbeColumns record (a probe is 70-150 bytes: far below 1 MB)
 
 # Reads the raw records of a routed partition: (partition, start, end) -> (offset, value) in offset order
 # (end None: to the partition's end).
@@ -176,7 +176,7 @@ class ProbeRouting:
     # -- input
 
     def on_batch(self, shard: Shard, record: dict, known: Callable[[str], bool | None]) -> Outputs:
-        """One ProbeBatch read from the shard's log.  ``known(name)``: True (registered here), None (not yet
+        """One probe record read from the shard's log.  ``known(name)``: True (registered here), None (not yet
         read from queries.plans: the probe waits), False (unregistered or replaced: the probe dies)."""
         evaluator = shard.evaluator
         out = Outputs()
@@ -343,7 +343,7 @@ def _merged(acks: list[Ack]) -> list[Ack]:
 
 
 def _encode(chunks: list, registered: list, floors: list) -> bytes:
-    """One ProbeBatch of segment chunks ``((sender, cause, chunk, acks, probes), items)``."""
+    """One ProbeColumns record of segment chunks ``((sender, cause, chunk, acks, probes), items)``."""
     acks: list = []
     probes: list = []
     for (_sender, _cause, _chunk, n_acks, _n_probes, _query), items in chunks:
@@ -353,7 +353,7 @@ def _encode(chunks: list, registered: list, floors: list) -> bytes:
 
 
 def taken_steps(channels: dict, record: dict, only: str | None = None) -> list[tuple[list, list]]:
-    """The (acks, probes) of a ProbeBatch's segments that a shard takes (``channels``: its last (cause,
+    """The (acks, probes) of a probe record's segments that a shard takes (``channels``: its last (cause,
     chunk) taken per (sender, query), updated): each (sender, query, cause, chunk) once, in the order one owner
     of the sender makes them (a second owner's copy comes again, or out of that order, and is dropped).
     ``only``: the segments of that query alone.  A record written before segments is one step; one written

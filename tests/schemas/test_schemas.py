@@ -80,7 +80,7 @@ def test_catalogue_of_records_is_complete() -> None:
                             "EncodedColumns", "RoutedColumns",
                             "DictionaryEntry", "AdminCommand",
                             "QueryStatus", "QueryPlan", "PartDelta", "PartDeltaBatch", "SparqlTerm", "Answer", "CurrentAnswer",
-                            "DeadLetter", "Frontier", "ProbeBatch", "ProbeReady"])
+                            "DeadLetter", "Frontier", "ProbeBatch", "ProbeColumns", "ProbeReady"])
 
 
 @pytest.mark.parametrize("path", sorted(SCHEMAS.glob("*.avsc")), ids=lambda p: p.stem)

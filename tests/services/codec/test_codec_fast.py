@@ -337,17 +337,41 @@ ACKS = st.lists(st.builds(Ack, st.just(3), st.sampled_from(["q@1", "other@1"]), 
                 max_size=40)
 
 
+def probe_batch_v3(probes, acks, registered=(), floors=(), segments=None) -> bytes:  # noqa: ANN001
+    """The same probes as workers wrote them before the packed columns: a ProbeBatch of Avro arrays."""
+    index: dict[str, int] = {}
+    probe_query = [index.setdefault(p.query, len(index)) for p in probes]
+    ack_query = [index.setdefault(a.query, len(index)) for a in acks]
+    return codec.encode("ProbeBatch", {
+        "queries": list(index), "probe_query": probe_query, "probe_seq": [p.seq for p in probes],
+        "probe_sign": [p.diff for p in probes], "probe_triple": [t for p in probes for t in p.triple],
+        "probe_pattern": [p.pattern for p in probes], "probe_step": [p.step for p in probes],
+        "probe_width": [len(p.binding) for p in probes], "probe_binding": [t for p in probes for t in p.binding],
+        "probe_origin": [p.origin for p in probes], "probe_snapshot": [p.snapshot for p in probes],
+        "probe_born_ms": [p.born_ms for p in probes], "ack_query": ack_query, "ack_seq": [a.seq for a in acks],
+        "ack_delta": [a.delta for a in acks], "ack_snapshot": [a.snapshot for a in acks],
+        "registered": [{"query": q, "as_of": as_of} for q, as_of in registered],
+        "floors": [{"partition": p, "floor": f, "queries": list(qs)} for p, f, qs in floors],
+        "segments": None if segments is None else [
+            {"sender": g[0], "cause": g[1], "chunk": g[2], "acks": g[3], "probes": g[4]} for g in segments],
+        "segment_query": None if segments is None or any(len(g) < 6 for g in segments) else [g[5] for g in segments],
+        "probe_route": [p.route for p in probes] if any(p.route for p in probes) else None})
+
+
 @FAST
 @given(PROBES, ACKS, st.lists(st.tuples(st.sampled_from(["q@1", "r@2"]), LONGS), max_size=3))
 def test_probe_batches_carry_probes_and_acks_column_by_column_unchanged(probes, acks, registered) -> None:
-    """ProbeBatch is written column by column (one query table, flattened triples and bindings): every
-    probe and ack reads back as it was written, in order, whatever its binding's width and route."""
+    """Probes are written column by column (one query table, flattened triples and bindings, packed): every
+    probe and ack reads back as it was written, in order, whatever its binding's width and route, and as it
+    reads from a record of the Avro arrays written before."""
     data = codec.encode_probe_batch(probes, acks, registered, [(1, 5, ["q@1"])])
     record = codec.probe_batch_of(data)
     assert [Probe(3, *item) for item in record["probes"]] == probes
     assert [Ack(3, *item) for item in record["acks"]] == acks
     assert [(r["query"], r["as_of"]) for r in record["registered"]] == registered
     assert record["floors"] == [{"partition": 1, "floor": 5, "queries": ["q@1"]}]
+    assert codec.probe_batch_of(probe_batch_v3(probes, acks, registered, [(1, 5, ["q@1"])])) == record
+    assert codec.routed_changes(data) == []
 
 
 def test_probe_batch_segments_read_back_and_must_cover_its_columns() -> None:
@@ -356,21 +380,33 @@ def test_probe_batch_segments_read_back_and_must_cover_its_columns() -> None:
     probes = [Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)] * 3
     acks = [Ack(0, "q@1", 5, -1, False)] * 2
     segments = [(1, 40, 0, 1, 2, "q@1"), (1, 41, 0, 1, 0, "q@1"), (2, -1, 0, 0, 1, "q@1")]
-    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=segments))["segments"] == segments
     unnamed = [segment[:5] for segment in segments]  # as written before segments were per query
-    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=unnamed))["segments"] == \
-        [(*segment, None) for segment in unnamed]
-    assert codec.probe_batch_of(codec.encode_probe_batch(probes, acks))["segments"] is None
-    with pytest.raises(codec.CodecError, match="segments count 2 acks"):
-        codec.probe_batch_of(codec.encode_probe_batch(probes, acks, segments=[(1, 40, 0, 2, 2)]))
+    for encode in (codec.encode_probe_batch, probe_batch_v3):
+        assert codec.probe_batch_of(encode(probes, acks, segments=segments))["segments"] == segments
+        assert codec.probe_batch_of(encode(probes, acks, segments=unnamed))["segments"] == \
+            [(*segment, None) for segment in unnamed]
+        assert codec.probe_batch_of(encode(probes, acks))["segments"] is None
+        with pytest.raises(codec.CodecError, match="segments count 2 acks"):
+            codec.probe_batch_of(encode(probes, acks, segments=[(1, 40, 0, 2, 2)]))
 
 
 def test_a_probe_batch_whose_columns_disagree_is_refused() -> None:
-    data = codec.encode_probe_batch([Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)])
-    record = codec.decode("ProbeBatch", data)
+    probe = Probe(0, "q@1", 5, 1, (1, 2, 3, 0), 0, 1, (7, 8), 0, False)
+    record = codec.decode("ProbeBatch", probe_batch_v3([probe], []))
     record["probe_binding"] = [7]  # one value short of probe_width's 2
     with pytest.raises(codec.CodecError, match="corrupt ProbeBatch"):
         codec.probe_batch_of(codec.encode("ProbeBatch", record))
+    good = codec.decode("ProbeColumns", codec.encode_probe_batch([probe], [Ack(0, "q@1", 5, -1, False)]))
+    for field, value, error in [("probe_binding", good["probe_binding"][:8], "probe_binding holds 8 bytes, not 2"),
+                                ("probes", 2, "probe_query holds 4 bytes, not 2"),
+                                ("probe_sign", b"\x02", "probe_sign must be 1 bytes"),
+                                ("probe_snapshot", b"\x07", "probe_snapshot must be 1 bytes"),
+                                ("ack_query", b"\x05\x00\x00\x00", "query indices must name one of the 1"),
+                                ("probe_width", b"\xff\xff\xff\xff", "a negative probe_width"),
+                                ("acks", -1, "1 probes, -1 acks"),
+                                ("probe_route", b"\x00", "probe_route holds 1 bytes")]:
+        with pytest.raises(codec.CodecError, match=f"corrupt ProbeColumns: {error}"):
+            codec.probe_batch_of(codec.encode("ProbeColumns", {**good, field: value}))
 
 
 def test_routed_batches_take_the_roles_beside_the_changes() -> None:
