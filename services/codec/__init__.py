@@ -26,9 +26,10 @@ The package, one job a module (callers import from ``services.codec``, which re-
   and CurrentAnswer writers).
 """
 
-from services.codec.answers import (BindingWriter, answer_binding, canonical_binding, current_key, encode_answer,
-                                    encode_answer_record, encode_current_answer, encode_current_answer_record,
-                                    json_string, sparql_json_term, term_from_avro, term_to_avro)
+from services.codec.answers import (BindingWriter, answer_binding, canonical_binding, current_key, decode_answer,
+                                    encode_answer, encode_answer_record, encode_current_answer,
+                                    encode_current_answer_record, json_string, sparql_json_term, term_from_avro,
+                                    term_to_avro)
 from services.codec.changes import (decode_dictionary_entry, decode_encoded, decode_routed, encode_dictionary_entry,
                                     encode_encoded, encode_encoded_batch, encode_routed, encode_routed_batch,
                                     encoded_changes, encoded_columns, inserted_at, encoded_records, routed_changes)
@@ -43,7 +44,8 @@ from services.codec.registry import (HEADER_LEN, MAGIC, NAMESPACE, SCHEMA_DIR, C
 # fingerprints of the schema history); they keep their old address ``codec.writer_name`` / ``codec.reg``.
 
 __all__ = [
-    "BindingWriter", "answer_binding", "canonical_binding", "current_key", "encode_answer", "encode_answer_record",
+    "BindingWriter", "answer_binding", "canonical_binding", "current_key", "decode_answer", "encode_answer",
+    "encode_answer_record",
     "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
     "term_to_avro", "decode_dictionary_entry", "decode_encoded", "decode_routed", "encode_dictionary_entry",
     "encode_encoded",

@@ -38,6 +38,13 @@ def test_changes_read_as_the_generic_reader_reads_them(name: str, drawn: st.Data
 
 
 @FAST
+@given(current_records("Answer"))
+def test_answers_read_as_the_generic_reader_reads_them(record: dict) -> None:
+    data = codec.encode("Answer", record)
+    assert codec.decode_answer(data) == codec.decode("Answer", data)
+
+
+@FAST
 @given(current_records("PartDelta"))
 def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict) -> None:
     generic = codec.encode("PartDelta", record)
@@ -46,13 +53,13 @@ def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict)
     assert codec.decode_part_delta(generic) == codec.decode("PartDelta", generic)
 
 
-@pytest.mark.parametrize("name", ["RoutedUpdate", "EncodedUpdate", "PartDelta", "DictionaryEntry"])
+@pytest.mark.parametrize("name", ["RoutedUpdate", "EncodedUpdate", "PartDelta", "DictionaryEntry", "Answer"])
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
 def test_bad_bytes_fail_as_in_the_generic_reader(name: str, data: st.DataObject) -> None:
     """Truncated, padded, bit-flipped or foreign records: the fast reader raises exactly when decode() does."""
     fast = {**CHANGE_READERS, "PartDelta": codec.decode_part_delta,
-            "DictionaryEntry": codec.decode_dictionary_entry}[name]
+            "DictionaryEntry": codec.decode_dictionary_entry, "Answer": codec.decode_answer}[name]
     good = codec.encode(name, data.draw(current_records(name)))
     variants = [good[:cut] for cut in range(len(good))] + [good + b"\x00", codec.encode("DeadLetter", {
         "service": "x", "source_topic": "t", "partition": 0, "offset": 0, "reason": "r", "message": "m",
@@ -100,6 +107,8 @@ def test_answers_are_written_as_the_generic_writer_writes_them(query_id, n, seq,
     assert codec.encode_answer(query_id, n, seq, sign, terms, snapshot, at, version) == codec.encode("Answer", {
         "query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot,
         "produced_at_ms": at, "version": version})
+    data = codec.encode_answer(query_id, n, seq, sign, terms, snapshot, at, version)
+    assert codec.decode_answer(data) == codec.decode("Answer", data)
     assert codec.encode_current_answer(query_id, terms, n, seq, version) == codec.encode("CurrentAnswer", {
         "query_id": query_id, "binding": binding, "multiplicity": n, "last_n": seq, "version": version})
     assert codec.canonical_binding(terms) == json.dumps(terms, sort_keys=True, separators=(",", ":"),
