@@ -258,7 +258,7 @@ class AnswersService:
         if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = None
             return
-        self.checkpointer.saved()
+        self.checkpointer.saved(time.monotonic() - started)
         if saved:
             log.info(kv(event="checkpoint", partitions=saved, seconds=f"{time.monotonic() - started:.3f}"))
 

@@ -206,7 +206,7 @@ class IngestService:
         # (not with the state on disk: a snapshot of it would have to fit in memory)
         self.remote = (CheckpointLog(settings, {KIND: settings.topic("checkpoints.ingest")}, args.instance_id)
                        if args.checkpoint_interval >= 0 and not self.on_disk else None)
-        self.checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0))
+        self.checkpointer = Checkpointer(max(args.checkpoint_interval, 0.0), budget=recovery.checkpoint_budget(args))
         self.logs = {self.processor.t_encoded: sorted(end_offsets(settings, self.processor.t_encoded)),
                      self.processor.t_dictionary: list(range(self.partitions[1]))}
         self.watermarks = (Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks"))
@@ -291,6 +291,7 @@ class IngestService:
         whole state, as a snapshot for the next transaction, to Kafka."""
         if self.store is None and self.remote is None:
             return
+        started = time.monotonic()
         ends = ends or recovery.log_ends(self.watermarks, self.logs)
         saved = checkpoint_record(self.processor, ends)
         if self.store is not None:
@@ -315,7 +316,7 @@ class IngestService:
             self.remote.queue([(KIND, 0, blob, ends[processor.t_encoded][0])])
         if self.store is None and self.remote is None:
             return  # (the store failed just now, and there is no other place)
-        self.checkpointer.saved()
+        self.checkpointer.saved(time.monotonic() - started)
         log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
                     terms=saved.facts["terms"], positions=saved.describe()))
 

@@ -21,7 +21,7 @@ from services.kafka.checkpoint_log import CheckpointLog
 from services.wire.records import kv
 from services.kafka.replay import read_range
 from services.state import presence
-from services.state.checkpointing import Checkpoint, Checkpointer, unusable
+from services.state.checkpointing import DEFAULT_CHECKPOINT_BUDGET, Checkpoint, Checkpointer, unusable
 from services.state.shards import ShardCheckpoints
 from services.state.store import Store, StoreError
 
@@ -142,6 +142,22 @@ def add_state_flags(parser: argparse.ArgumentParser, service: str, what: str) ->
                         help="at most this often under load, checkpoint after a committed transaction (default "
                              "$CBGP_CHECKPOINT_INTERVAL or 10; 0: after every transaction; negative: never, and "
                              "restores read the logs from 0)")
+    parser.add_argument("--checkpoint-budget", type=_fraction,
+                        default=os.environ.get("CBGP_CHECKPOINT_BUDGET", str(DEFAULT_CHECKPOINT_BUDGET)),
+                        metavar="FRACTION",
+                        help="with a positive interval, the share of the time checkpoints may take: after one that "
+                             "took t seconds the next waits at least t / FRACTION (default $CBGP_CHECKPOINT_BUDGET "
+                             f"or {DEFAULT_CHECKPOINT_BUDGET})")
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction of the time in (0, 1] is needed, got {value}")
+    return value
 
 
 def shard_checkpoints(args: argparse.Namespace, settings: KafkaSettings, service: str,
@@ -154,7 +170,11 @@ def shard_checkpoints(args: argparse.Namespace, settings: KafkaSettings, service
         return None, Checkpointer(0.0)
     store = open_store(getattr(args, "state_dir", ""), f"{settings.topic_prefix}{service}-{args.instance_id}")
     remote = CheckpointLog(settings, {kind: settings.topic(name) for kind, name in kinds.items()}, args.instance_id)
-    return ShardCheckpoints(store, remote), Checkpointer(interval)
+    return ShardCheckpoints(store, remote), Checkpointer(interval, budget=checkpoint_budget(args))
+
+
+def checkpoint_budget(args: argparse.Namespace) -> float:
+    return getattr(args, "checkpoint_budget", DEFAULT_CHECKPOINT_BUDGET)
 
 
 def open_store(state_dir: str | Path, name: str) -> Store | None:

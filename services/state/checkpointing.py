@@ -65,25 +65,40 @@ def unusable(checkpoint: Checkpoint, watermarks: Mapping[str, Mapping[int, tuple
     return None
 
 
+# The share of its time a service may spend writing checkpoints (``--checkpoint-budget``).
+DEFAULT_CHECKPOINT_BUDGET = 0.05
+
+
 class Checkpointer:
     """When to checkpoint: :meth:`committed` after each committed transaction, :meth:`due` says whether one is
     due now (changes are unsaved and ``interval`` seconds passed since the last), :meth:`saved` after writing one.
-    ``interval=0``: after every committed transaction."""
+    ``interval=0``: after every committed transaction.
 
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    A checkpoint's cost grows with the state (a snapshot of it all goes to Kafka), so with a positive interval
+    checkpoints also take at most ``budget`` of the time: after one that took ``t`` seconds, the next waits at
+    least ``t / budget`` (a state that takes 1 s to save is saved at most every 20 s with the default 5%)."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic,
+                 budget: float = DEFAULT_CHECKPOINT_BUDGET) -> None:
         if interval < 0:
             raise ValueError(f"checkpoint interval must be >= 0 seconds, got {interval}")
+        if not 0 < budget <= 1:
+            raise ValueError(f"checkpoint budget must be a fraction of the time in (0, 1], got {budget}")
         self.interval = interval
+        self.budget = budget
         self.clock = clock
         self.last = clock()
+        self.pause = interval
         self.unsaved = False
 
     def committed(self) -> None:
         self.unsaved = True
 
     def due(self) -> bool:
-        return self.unsaved and self.clock() - self.last >= self.interval
+        return self.unsaved and self.clock() - self.last >= self.pause
 
-    def saved(self) -> None:
+    def saved(self, took: float = 0.0) -> None:
+        """A checkpoint was written; it took ``took`` seconds."""
         self.unsaved = False
         self.last = self.clock()
+        self.pause = max(self.interval, took / self.budget) if self.interval > 0 else 0.0

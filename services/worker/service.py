@@ -394,7 +394,7 @@ class WorkerService:
         if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = self.core.checkpoints = None
             return
-        self.checkpointer.saved()
+        self.checkpointer.saved(time.monotonic() - started)
         if saved:
             log.info(kv(event="checkpoint", shards=saved, seconds=f"{time.monotonic() - started:.3f}"))
 

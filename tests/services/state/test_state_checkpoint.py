@@ -184,8 +184,31 @@ def test_checkpoints_are_due_after_a_commit_at_most_every_interval() -> None:
     every = Checkpointer(0, clock=lambda: now[0])
     every.committed()
     assert every.due()
+    every.saved(took=3.0)  # (0: after every transaction, however long the last one took)
+    every.committed()
+    assert every.due()
     with pytest.raises(ValueError):
         Checkpointer(-1)
+
+
+def test_checkpoints_take_at_most_their_budget_of_the_time() -> None:
+    """A checkpoint that took t seconds is followed by the next after max(interval, t / budget): a state that
+    takes long to save is saved less often, one that is quick as often as the interval allows."""
+    now = [0.0]
+    checkpointer = Checkpointer(10, clock=lambda: now[0], budget=0.05)
+    checkpointer.saved(took=2.0)  # 2 s: the next waits 40 s
+    checkpointer.committed()
+    now[0] += 39.9
+    assert not checkpointer.due()
+    now[0] += 0.1
+    assert checkpointer.due()
+    checkpointer.saved(took=0.1)  # quick again: every 10 s
+    checkpointer.committed()
+    now[0] += 10
+    assert checkpointer.due()
+    for budget in (0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="checkpoint budget"):
+            Checkpointer(10, budget=budget)
 
 
 def test_a_store_in_use_elsewhere_turns_checkpoints_off_with_one_line_instead_of_failing(
