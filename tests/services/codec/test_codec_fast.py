@@ -418,6 +418,18 @@ def test_a_probe_batch_whose_columns_disagree_is_refused() -> None:
             codec.probe_batch_of(codec.encode("ProbeColumns", {**good, field: value}))
 
 
+@FAST
+@given(PROBES, ACKS, st.data())
+def test_damaged_probe_records_raise_codec_errors_only(probes, acks, drawn: st.DataObject) -> None:  # noqa: ANN001
+    data = bytearray(codec.encode_probe_batch(probes, acks, segments=[(0, 1, 0, len(acks), len(probes), "q@1")]))
+    at = drawn.draw(st.integers(codec.HEADER_LEN, len(data) - 1))
+    data[at] ^= drawn.draw(st.integers(1, 255))
+    try:
+        codec.probe_batch_of(bytes(data))
+    except codec.CodecError:
+        pass
+
+
 def test_routed_batches_take_the_roles_beside_the_changes() -> None:
     """Ingest keeps one Change per change and the role of each routed copy beside it."""
     changes = [Change(1, 1, 2, 3, 4, 0), Change(2, -1, 5, 3, 2, 0, 7)]
