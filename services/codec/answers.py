@@ -8,7 +8,8 @@ import functools
 import json
 from typing import Any, Mapping, Sequence
 
-from services.codec.binary import cached_string, header, read_current, read_long, read_string, write_long, write_string
+from services.codec.binary import (cached_string, header, optional, read_boolean, read_current, read_long, read_string,
+                                   write_long, write_string)
 from services.codec.generic import decode
 from services.codec.registry import HEADER_LEN
 
@@ -134,22 +135,13 @@ def encode_current_answer(query_id: str, terms: Mapping[str, str], multiplicity:
 _TERM_TYPES = ("uri", "literal", "bnode")  # the TermType enum's symbols
 
 
-def _optional_string(data: bytes, pos: int) -> tuple[str | None, int]:
-    branch, pos = read_long(data, pos)
-    if branch == 0:
-        return None, pos
-    if branch != 1:
-        raise IndexError(f"union branch {branch}")
-    return read_string(data, pos)
-
-
 def _read_term(data: bytes, pos: int) -> tuple[dict[str, Any], int]:
     index, pos = read_long(data, pos)
     if not 0 <= index < len(_TERM_TYPES):
         raise IndexError(f"TermType index {index}")
     value, pos = read_string(data, pos)
-    datatype, pos = _optional_string(data, pos)
-    lang, pos = _optional_string(data, pos)
+    datatype, pos = optional(data, pos, read_string)
+    lang, pos = optional(data, pos, read_string)
     return {"type": _TERM_TYPES[index], "value": value, "datatype": datatype, "lang": lang}, pos
 
 
@@ -173,12 +165,10 @@ def _read_answer(data: bytes) -> tuple[dict[str, Any], int]:
     seq, pos = read_long(data, pos)
     sign, pos = read_string(data, pos)
     binding, pos = _read_binding(data, pos)
-    snapshot = data[pos]
-    if snapshot > 1:
-        raise IndexError(f"boolean byte {snapshot}")
-    produced_at_ms, pos = read_long(data, pos + 1)
+    snapshot, pos = read_boolean(data, pos)
+    produced_at_ms, pos = read_long(data, pos)
     version, pos = read_long(data, pos)
-    return {"query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot == 1,
+    return {"query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot,
             "produced_at_ms": produced_at_ms, "version": version}, pos
 
 

@@ -86,13 +86,21 @@ def read_string(data: bytes, pos: int) -> tuple[str, int]:
     return data[pos:end].decode("utf-8"), end
 
 
-def optional(data: bytes, pos: int) -> tuple[int | None, int]:
+def optional(data: bytes, pos: int, read=read_long):  # noqa: ANN001, ANN201 - read_long or read_string
+    """A ``["null", T]`` union: ``(None or the T that ``read`` reads, next pos)``."""
     branch, pos = read_long(data, pos)
     if branch == 0:
         return None, pos
     if branch != 1:
         raise IndexError(f"union branch {branch}")
-    return read_long(data, pos)
+    return read(data, pos)
+
+
+def read_boolean(data: bytes, pos: int) -> tuple[bool, int]:
+    byte = data[pos]
+    if byte > 1:
+        raise IndexError(f"boolean byte {byte}")
+    return byte == 1, pos + 1
 
 
 def read_current(record_name: str, data: bytes, read):  # noqa: ANN001, ANN202 - internal dispatch

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change, change_of
 
-from services.codec.binary import (check_flags, header, optional, optional_long, pack_ints, read_current, read_long,
-                                   read_string, unpack_ints, write_long, write_string)
+from services.codec.binary import (check_flags, header, optional, optional_long, pack_ints, read_boolean, read_current,
+                                   read_long, read_string, unpack_ints, write_long, write_string)
 from services.codec.generic import record_columns, decode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -104,10 +104,8 @@ def _read_encoded(data: bytes) -> tuple[tuple, int]:
     _topic, pos = read_string(data, pos)
     _partition, pos = read_long(data, pos)
     _offset, pos = read_long(data, pos)
-    refresh = data[pos]
-    if refresh > 1:
-        raise IndexError(f"boolean byte {refresh}")
-    return Change(*change, ROLE_BOTH, bool(refresh)), pos + 1
+    refresh, pos = read_boolean(data, pos)
+    return Change(*change, ROLE_BOTH, refresh), pos
 
 
 def decode_encoded(data: bytes) -> Change:

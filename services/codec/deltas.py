@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from services.codec.binary import (cached_string, read_current, header, write_long, optional, optional_long, read_string,
-                                   read_long)
+from services.codec.binary import (cached_string, header, optional, optional_long, read_boolean, read_current,
+                                   read_long, read_string, write_long)
 from services.codec.generic import record_columns, decode, encode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -116,13 +116,11 @@ def _read_part_delta(data: bytes) -> tuple[dict, int]:
     source_partition, pos = read_long(data, pos)
     source_offset, pos = read_long(data, pos)
     index, pos = read_long(data, pos)
-    snapshot = data[pos]
-    if snapshot > 1:
-        raise IndexError(f"boolean byte {snapshot}")
-    event_time_ms, pos = optional(data, pos + 1)
+    snapshot, pos = read_boolean(data, pos)
+    event_time_ms, pos = optional(data, pos)
     return {"query_id": query_id, "part": part, "seq": seq, "sign": ("PLUS", "MINUS")[branch], "binding": binding,
             "source_partition": source_partition, "source_offset": source_offset, "index": index,
-            "snapshot": bool(snapshot), "event_time_ms": event_time_ms}, pos
+            "snapshot": snapshot, "event_time_ms": event_time_ms}, pos
 
 
 def decode_part_delta(data: bytes) -> dict[str, Any]:
