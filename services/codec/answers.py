@@ -8,8 +8,8 @@ import functools
 import json
 from typing import Any, Mapping, Sequence
 
-from services.codec.binary import (cached_string, header, optional, read_boolean, read_current, read_long, read_string,
-                                   write_long, write_string)
+from services.codec.binary import (cached_string, header, optional, read_boolean, read_current, read_long, read_map,
+                                   read_string, write_long, write_string)
 from services.codec.generic import decode
 from services.codec.registry import HEADER_LEN
 
@@ -145,26 +145,12 @@ def _read_term(data: bytes, pos: int) -> tuple[dict[str, Any], int]:
     return {"type": _TERM_TYPES[index], "value": value, "datatype": datatype, "lang": lang}, pos
 
 
-def _read_binding(data: bytes, pos: int) -> tuple[dict[str, dict[str, Any]], int]:
-    binding: dict[str, dict[str, Any]] = {}
-    while True:
-        count, pos = read_long(data, pos)
-        if count == 0:
-            return binding, pos
-        if count < 0:  # a block with its size in bytes
-            count = -count
-            _size, pos = read_long(data, pos)
-        for _ in range(count):  # (each entry reads at least 5 bytes: a hostile count ends at the data's end)
-            var, pos = read_string(data, pos)
-            binding[var], pos = _read_term(data, pos)
-
-
 def _read_answer(data: bytes) -> tuple[dict[str, Any], int]:
     query_id, pos = read_string(data, HEADER_LEN)
     n, pos = read_long(data, pos)
     seq, pos = read_long(data, pos)
     sign, pos = read_string(data, pos)
-    binding, pos = _read_binding(data, pos)
+    binding, pos = read_map(data, pos, _read_term)
     snapshot, pos = read_boolean(data, pos)
     produced_at_ms, pos = read_long(data, pos)
     version, pos = read_long(data, pos)

@@ -96,6 +96,23 @@ def optional(data: bytes, pos: int, read=read_long):  # noqa: ANN001, ANN201 - r
     return read(data, pos)
 
 
+def read_map(data: bytes, pos: int, read):  # noqa: ANN001, ANN201 - read_long or a record reader
+    """An Avro map with string keys: ``({key: the value ``read`` reads}, next pos)``.  Blocks may carry their
+    byte size (a negative count: legal Avro, not what our writers produce); a hostile count ends at the data's end,
+    since every entry reads at least one byte."""
+    found = {}
+    while True:
+        count, pos = read_long(data, pos)
+        if count == 0:
+            return found, pos
+        if count < 0:
+            count = -count
+            _size, pos = read_long(data, pos)
+        for _ in range(count):
+            key, pos = read_string(data, pos)
+            found[key], pos = read(data, pos)
+
+
 def read_boolean(data: bytes, pos: int) -> tuple[bool, int]:
     byte = data[pos]
     if byte > 1:

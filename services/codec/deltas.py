@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from services.codec.binary import (cached_string, header, optional, optional_long, read_boolean, read_current,
-                                   read_long, read_string, write_long)
+                                   read_long, read_map, read_string, write_long)
 from services.codec.generic import record_columns, decode, encode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -102,17 +102,7 @@ def _read_part_delta(data: bytes) -> tuple[dict, int]:
     branch, pos = read_long(data, pos)
     if not 0 <= branch < 2:
         raise IndexError(f"Sign index {branch}")
-    binding: dict[str, int] = {}
-    while True:
-        count, pos = read_long(data, pos)
-        if count == 0:
-            break
-        if count < 0:  # a block with its byte size (legal Avro, not what our writers produce)
-            count = -count
-            _size, pos = read_long(data, pos)
-        for _ in range(count):
-            var, pos = read_string(data, pos)
-            binding[var], pos = read_long(data, pos)
+    binding, pos = read_map(data, pos, read_long)
     source_partition, pos = read_long(data, pos)
     source_offset, pos = read_long(data, pos)
     index, pos = read_long(data, pos)
