@@ -165,8 +165,13 @@ def unpack_ints(code: str, data: bytes, count: int, name: str, field: str, optio
     return packed
 
 
-def check_flags(data: bytes, count: int, name: str, field: str, allowed: bytes) -> bytes:
-    """A column of ``count`` single bytes, each one of ``allowed``."""
+def check_flags(data: bytes, count: int, name: str, field: str, allowed: bytes = b"\x00\x01") -> bytes:
+    """A column of ``count`` single bytes, each one of ``allowed`` (by default 0 or 1: a flag)."""
     if len(data) != count or data.translate(None, allowed):
         raise CodecError(f"corrupt {name}: {field} must be {count} bytes, each one of {list(allowed)}")
     return data
+
+
+def unpack_signs(data: bytes, count: int, name: str, field: str) -> array:
+    """A column of ``count`` signed bytes, each 1 (an insert) or -1 (a delete)."""
+    return array("b", check_flags(data, count, name, field, b"\x01\xff"))

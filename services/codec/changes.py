@@ -8,14 +8,13 @@ Readers return :class:`cbgp.change.Change` (diff +1 for Avro ``ADD``, -1 for ``D
 
 from __future__ import annotations
 
-from array import array
 from itertools import repeat
 from typing import Any, Sequence
 
 from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change, change_of
 
 from services.codec.binary import (check_flags, header, optional, optional_long, pack_ints, read_boolean, read_current,
-                                   read_long, read_string, unpack_ints, write_long, write_string)
+                                   read_long, read_string, unpack_ints, unpack_signs, write_long, write_string)
 from services.codec.generic import record_columns, decode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -297,11 +296,11 @@ def _change_columns(r: dict[str, Any], name: str) -> tuple[Sequence, ...]:
     """``(seq, diff, s, p, o, g, event_time_ms)`` of a packed record, validated."""
     n = r["count"]
     columns = [unpack_ints("q", r["seq"], n, name, "seq"),
-               array("b", check_flags(r["diff"], n, name, "diff", b"\x01\xff"))]
+               unpack_signs(r["diff"], n, name, "diff")]
     columns.extend(unpack_ints("q", r[field], n, name, field) for field in ("s", "p", "o", "g"))
     times: Sequence[int | None] = unpack_ints("q", r["event_time_ms"], n, name, "event_time_ms")
     if r["event_time_null"]:
-        nulls = check_flags(r["event_time_null"], n, name, "event_time_null", b"\x00\x01")
+        nulls = check_flags(r["event_time_null"], n, name, "event_time_null")
         times = [None if null else t for t, null in zip(times, nulls)]
     columns.append(times)
     return tuple(columns)
@@ -314,4 +313,4 @@ def _roles(data: bytes, count: int) -> bytes:
 def _refresh(r: dict[str, Any], name: str) -> Any:
     if not r["refresh"]:
         return repeat(False)
-    return map(bool, check_flags(r["refresh"], r["count"], name, "refresh", b"\x00\x01"))
+    return map(bool, check_flags(r["refresh"], r["count"], name, "refresh"))

@@ -7,10 +7,9 @@ each record cheaply.
 
 from __future__ import annotations
 
-from array import array
 from typing import Any, Mapping, Sequence
 
-from services.codec.binary import check_flags, pack_ints, unpack_ints
+from services.codec.binary import check_flags, pack_ints, unpack_ints, unpack_signs
 from services.codec.generic import decode, encode
 from services.codec.registry import CodecError, writer_name
 
@@ -104,20 +103,26 @@ def probe_batch_of(data: bytes) -> dict[str, Any] | None:
         raise CodecError(f"corrupt ProbeBatch: {n} probes need {n} items in every probe_* array, {4 * n} "
                          f"probe_triple values and the sum of probe_width binding values; query indices must "
                          f"name one of the {len(queries)} queries")
+    return _probe_record("ProbeBatch", record, (query, seq, diff, triples, pattern, step, width, bindings, origin,
+                                                snapshot, born, route),
+                         [record[f] for f in _ACK_COLUMNS], record.get("segments"))
+
+
+def _probe_record(name: str, record: dict[str, Any], probe_columns: tuple, ack_columns: Sequence,
+                  segments: list[dict] | None) -> dict[str, Any]:
+    """probe_batch_of's answer from a record's checked columns (``(query, seq, diff, triples, pattern, step, width,
+    bindings, origin, snapshot, born, route)`` and ``(query, seq, delta, snapshot)``, queries as indices), with
+    the segments checked against them."""
+    queries = record["queries"]
+    query, seq, diff, triples, pattern, step, width, bindings, origin, snapshot, born, route = probe_columns
     probes = []
     start = 0
-    for i in range(n):
+    for i in range(len(seq)):
         end = start + width[i]
         probes.append((queries[query[i]], seq[i], diff[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
                        tuple(bindings[start:end]), origin[i], snapshot[i], born[i], route[i]))
         start = end
-    acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*[record[f] for f in _ACK_COLUMNS])]
-    return _with_segments("ProbeBatch", record, probes, acks, record.get("segments"))
-
-
-def _with_segments(name: str, record: dict[str, Any], probes: list, acks: list,
-                   segments: list[dict] | None) -> dict[str, Any]:
-    """probe_batch_of's answer, with the segments checked against the columns."""
+    acks = [(queries[q], s, d, snap) for q, s, d, snap in zip(*ack_columns)]
     if segments is not None:
         named = record.get("segment_query") or [None] * len(segments)
         if len(named) != len(segments):
@@ -131,9 +136,6 @@ def _with_segments(name: str, record: dict[str, Any], probes: list, acks: list,
             "segments": segments}
 
 
-_FLAG = b"\x00\x01"
-
-
 def _probe_columns(record: dict[str, Any]) -> dict[str, Any]:
     """probe_batch_of for a ProbeColumns record: every column checked against its count."""
     name, n, n_acks, queries = "ProbeColumns", record["probes"], record["acks"], record["queries"]
@@ -145,9 +147,9 @@ def _probe_columns(record: dict[str, Any]) -> dict[str, Any]:
 
     query, seq, pattern, step = column("probe_query", "i"), column("probe_seq", "q"), column("probe_pattern", "i"), \
         column("probe_step", "i")
-    diff = array("b", check_flags(record["probe_sign"], n, name, "probe_sign", b"\x01\xff"))
+    diff = unpack_signs(record["probe_sign"], n, name, "probe_sign")
     width, origin, born = column("probe_width", "i"), column("probe_origin", "i"), column("probe_born_ms", "q")
-    snapshot = check_flags(record["probe_snapshot"], n, name, "probe_snapshot", _FLAG)
+    snapshot = list(map(bool, check_flags(record["probe_snapshot"], n, name, "probe_snapshot")))
     triples = column("probe_triple", "q", 4 * n)
     if min(width, default=0) < 0:
         raise CodecError(f"corrupt {name}: a negative probe_width")
@@ -155,19 +157,13 @@ def _probe_columns(record: dict[str, Any]) -> dict[str, Any]:
     route = unpack_ints("i", record["probe_route"], n, name, "probe_route", optional=True) or [0] * n
     ack_query, ack_seq, ack_delta = column("ack_query", "i", n_acks), column("ack_seq", "q", n_acks), \
         column("ack_delta", "i", n_acks)
-    ack_snapshot = check_flags(record["ack_snapshot"], n_acks, name, "ack_snapshot", _FLAG)
+    ack_snapshot = list(map(bool, check_flags(record["ack_snapshot"], n_acks, name, "ack_snapshot")))
     bounds = [bound for indices in (query, ack_query) if indices for bound in (min(indices), max(indices))]
     if bounds and not 0 <= min(bounds) <= max(bounds) < len(queries):
         raise CodecError(f"corrupt {name}: query indices must name one of the {len(queries)} queries")
-    probes = []
-    start = 0
-    for i in range(n):
-        end = start + width[i]
-        probes.append((queries[query[i]], seq[i], diff[i], tuple(triples[4 * i:4 * i + 4]), pattern[i], step[i],
-                       tuple(bindings[start:end]), origin[i], snapshot[i] == 1, born[i], route[i]))
-        start = end
-    acks = [(queries[q], s, d, snap == 1) for q, s, d, snap in zip(ack_query, ack_seq, ack_delta, ack_snapshot)]
-    return _with_segments(name, record, probes, acks, record["segments"] if record["segmented"] else None)
+    segments = record["segments"] if record["segmented"] else None
+    return _probe_record(name, record, (query, seq, diff, triples, pattern, step, width, bindings, origin, snapshot,
+                                        born, route), (ack_query, ack_seq, ack_delta, ack_snapshot), segments)
 
 
 def encode_probe_ready(query_id: str, version: int, partition: int, as_of: int) -> bytes:
