@@ -22,7 +22,8 @@ from services.metrics.exposition import record_consumer_lag
 from services.runtime.runner import Step, run_processor
 from services.wire.records import Output, kv
 from services.wire.stopped import StoppedQueries
-from services.runtime.life import oldest_origin, oldest_produced, origin_ms, service_command
+from services.runtime.life import (checkpoint_at_stop, oldest_origin, oldest_produced, origin_ms, require_broker_kept,
+                                   service_command)
 from services.kafka.fetch import GroupInput
 from services.kafka.replay import read_range
 from services.kafka.fetch import record_ok
@@ -254,6 +255,7 @@ class AnswersService:
                 blobs.append((answers_checkpoint.KIND, partition, blob, position, needs))
             else:
                 self.unpicklable.add(partition)  # (said once)
+        require_broker_kept(self.producer, "the answers service's checkpoint")  # (answers_end: of the log it wrote)
         saved = self.checkpoints.save(blobs)
         if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = None
@@ -264,7 +266,7 @@ class AnswersService:
 
     def close(self, clean: bool = True) -> None:
         if clean and self.checkpointer.unsaved:
-            self.checkpoint()  # a clean stop: every transaction committed
+            checkpoint_at_stop(self.checkpoint)  # a clean stop: every transaction committed
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.input is not None:

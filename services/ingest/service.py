@@ -19,7 +19,7 @@ from services.kafka.client import end_offsets, make_producer
 from services.metrics.exposition import record_consumer_lag
 from services.runtime.runner import Step, run_processor
 from services.wire.records import Output, kv
-from services.runtime.life import Stopper, service_command
+from services.runtime.life import Stopper, checkpoint_at_stop, require_broker_kept, service_command
 from services.kafka.fetch import GroupInput
 from services.kafka.checkpoint_log import CheckpointLog
 from services.runtime import recovery
@@ -293,6 +293,9 @@ class IngestService:
             return
         started = time.monotonic()
         ends = ends or recovery.log_ends(self.watermarks, self.logs)
+        routed = (recovery.log_ends(self.watermarks, {self.processor.t_routed: range(self.processor.n_routed)})
+                  if self.remote is not None else None)
+        require_broker_kept(self.producer, "ingest's checkpoint")  # (the ends above must be of the log it wrote)
         saved = checkpoint_record(self.processor, ends)
         if self.store is not None:
             try:
@@ -309,7 +312,7 @@ class IngestService:
             # Where updates.routed stands (no transaction of ingest is open): below each end, every change up to
             # the snapshot's seq; above it, none. So the snapshot is each routed partition's graph at that offset,
             # a base a worker can move along the partition's log (docs/design/bounded-input-logs.md).
-            routed = recovery.log_ends(self.watermarks, {processor.t_routed: range(processor.n_routed)})
+            assert routed is not None
             saved.facts["routed_ends"] = {str(p): end for p, end in routed[processor.t_routed].items()}
             terms = [(term_id, processor.dictionary.decode(term_id)) for term_id in processor.published]
             blob = presence.snapshot(processor.present, terms, saved.to_json())
@@ -322,7 +325,7 @@ class IngestService:
 
     def close(self, clean: bool) -> None:
         if clean and self.checkpointer.unsaved:
-            self.checkpoint()  # a clean stop: every transaction committed, so the next life starts from here
+            checkpoint_at_stop(self.checkpoint)  # every transaction committed: the next life starts from here
         if self.consumer is not None:
             self.consumer.close()  # leaves the group now rather than after the session timeout
         self.producer.flush(5)

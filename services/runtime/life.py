@@ -29,8 +29,8 @@ from services.wire.sealed import key as checkpoint_key
 # Re-exported: the services import their input and replay helpers from here.
 
 __all__ = ["Output", "Stopper", "TransactionFailed", "add_service_flags", "setup_logging", "commit_transaction",
-           "run_service", "wait_for_topics", "port_number", "ORIGIN_HEADER", "origin_ms", "oldest_origin",
-           "oldest_produced", "kv", "LogTruncated"]
+           "run_service", "require_broker_kept", "checkpoint_at_stop", "set_life", "wait_for_topics", "port_number",
+           "ORIGIN_HEADER", "origin_ms", "oldest_origin", "oldest_produced", "kv", "LogTruncated"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -114,17 +114,55 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     )
 
 
-class Stopper:
-    """Turns SIGTERM/SIGINT into a flag the loop checks between batches (the batch in hand is finished)."""
+# How long a data-path service may take to stop once asked (CBGP_STOP_GRACE_SECONDS): its last checkpoint and
+# leaving its groups.  Closing a consumer while its group rebalances can block in librdkafka for good (a worker
+# SIGTERMed 76 ms after a revocation never exited); everything it committed is in Kafka by then, so it exits
+# anyway, and the group sees it leave after its session timeout.
+DEFAULT_STOP_GRACE_SECONDS = 20.0
 
-    def __init__(self) -> None:
+
+class Stopper:
+    """Turns SIGTERM/SIGINT into a flag the loop checks between batches (the batch in hand is finished).
+
+    With ``grace`` (seconds), a process still running that long after the first signal exits (code 0) with one
+    line in the log, once no transaction is in flight: a stop must not hang on a client that cannot close."""
+
+    def __init__(self, grace: float | None = None) -> None:
         self.stopping = False
+        self.grace = grace
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
 
     def _stop(self, signum: int, _frame: object) -> None:
         log.info(kv(event="stop-requested", signal=signal.Signals(signum).name))
+        if not self.stopping and self.grace is not None:
+            threading.Thread(target=self._deadline, args=(self.grace,), name="stop-deadline", daemon=True).start()
         self.stopping = True
+
+    @staticmethod
+    def _deadline(grace: float) -> None:
+        time.sleep(grace)
+        while _WATCHDOG.since is not None:  # a transaction in flight: let it end (it has its own watchdog)
+            time.sleep(0.5)
+        log.error(kv(event="stop-timeout", seconds=grace, reason="the service did not stop in time (a client that "
+                     "cannot close): exiting now; everything it committed is kept"))
+        logging.shutdown()
+        os._exit(0)
+
+
+def stop_grace() -> float:
+    """``CBGP_STOP_GRACE_SECONDS`` (default DEFAULT_STOP_GRACE_SECONDS); a value that is not a positive number
+    is ignored with a warning."""
+    raw = os.environ.get("CBGP_STOP_GRACE_SECONDS", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_STOP_GRACE_SECONDS
+    except ValueError:
+        value = -1.0
+    if value > 0:
+        return value
+    log.warning(kv(event="setting-ignored", setting="CBGP_STOP_GRACE_SECONDS", value=raw,
+                   reason=f"not a number of seconds above 0: using {DEFAULT_STOP_GRACE_SECONDS:g}"))
+    return DEFAULT_STOP_GRACE_SECONDS
 
 
 def wait_for_topics(settings: KafkaSettings, service: str, stopper: "Stopper") -> bool:
@@ -230,7 +268,33 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
 
 
 SLOW_TRANSACTION_SECONDS = 0.5  # a transaction taking longer is logged with the time of each step
-_LIFE = [0]  # broker_outages() when the current service life started
+_LIFE = [0]  # broker_outages() when the current service life started (set again by run_processor)
+
+
+def set_life(outages: int) -> None:
+    """The current life began when ``broker_outages()`` was ``outages``."""
+    _LIFE[0] = outages
+
+
+def checkpoint_at_stop(checkpoint: Callable[[], None]) -> None:
+    """A clean stop's last checkpoint, skipped with one line when the broker was lost meanwhile (see
+    :func:`require_broker_kept`): the next life restores from what the broker kept."""
+    try:
+        checkpoint()
+    except TransactionFailed as exc:
+        log.warning(kv(event="checkpoint-skipped", reason=str(exc)))
+
+
+def require_broker_kept(producer: Producer, what: str) -> None:
+    """Raise :class:`TransactionFailed` when the broker was lost since the current life began, before ``what``
+    (a checkpoint) is saved.  A broker that restarts can forget transactions it acknowledged just before it
+    stopped (noida-db does), and positions read from it afterwards describe its log without them: a state that
+    includes them, saved at those positions, would be restored as if they were on the log (ingest once marked
+    their terms published and never wrote them again).  The next life restores from what the broker kept."""
+    producer.poll(0)  # serves pending error callbacks, so an outage reported meanwhile is counted
+    if broker_outages() != _LIFE[0]:
+        raise TransactionFailed(f"the broker connection was lost since this life began: {what} not saved, starting "
+                                "again from what the broker kept")
 
 
 class _TransactionWatchdog:
@@ -297,7 +361,8 @@ def run_service(name: str, loop: Callable[[Stopper], None], stopper: Stopper) ->
 
 def run_lives(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> int:
     while not stopper.stopping:
-        _LIFE[0] = broker_outages()
+        began = broker_outages()
+        set_life(began)
         try:
             loop(stopper)
         except TooManyFailures as exc:
@@ -314,7 +379,7 @@ def run_lives(name: str, loop: Callable[[Stopper], None], stopper: Stopper) -> i
             time.sleep(1.0)
             continue
         except Exception as exc:  # noqa: BLE001 - see below
-            if broker_outages() == _LIFE[0]:
+            if broker_outages() == began:
                 raise  # a bug, not the broker: crash loudly and let the orchestrator restart the process
             # The broker was lost during this life: a client call may fail in ways its API does not promise
             # (an empty metadata answer, a half-torn-down handle).  The committed logs are intact, so a new
@@ -361,7 +426,7 @@ def service_command(commands: argparse._SubParsersAction, name: str, description
                 print(f"cbgp {name}: error: {exc}", file=sys.stderr)
                 return 2
         settings = KafkaSettings.from_args(args)
-        stopper = Stopper()
+        stopper = Stopper(grace=stop_grace())
         ready = [False]
         server = start_metrics_server(metrics_port(args), lambda: ready[0])  # /healthz answers while waiting
         logging.getLogger(f"cbgp.{name}").info(kv(event="started", metrics_port=server.port,

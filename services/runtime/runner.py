@@ -21,7 +21,7 @@ from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE
                                           UPDATES_OUT)
 from services.wire.records import Output
 from services.kafka.client import broker_outages
-from services.runtime.life import Stopper, commit_transaction
+from services.runtime.life import Stopper, commit_transaction, set_life
 from services.wire.topology import TOPOLOGIES, Topology
 
 __all__ = ["Processor", "Step", "run_processor"]
@@ -92,6 +92,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
     queued = QUEUE_WAIT.labels(service)
     steps = [TRANSACTION_STEP.labels(service, name) for name in ("process", "commit")]
     clean, life = False, broker_outages()  # an outage before this life's clients exist is not theirs
+    set_life(life)  # (what require_broker_kept compares with, for a processor run without run_lives too)
     try:
         processor.open()
         ready[0] = True

@@ -22,7 +22,8 @@ from services.runtime.runner import Step, run_processor
 from services.runtime import recovery
 from services.wire.records import Output, kv
 from services.wire.stopped import StoppedQueries
-from services.runtime.life import oldest_origin, oldest_produced, origin_ms, service_command
+from services.runtime.life import (checkpoint_at_stop, oldest_origin, oldest_produced, origin_ms, require_broker_kept,
+                                   service_command)
 from services.kafka.fetch import Fetcher, GroupInput, idle_pause
 from services.kafka.replay import read_range, require_from
 from services.kafka.fetch import WINDOW_POLL_SECONDS, read_window, record_ok
@@ -390,7 +391,9 @@ class WorkerService:
         held = [(kind, p) for kind, p in self.core.shards
                 if (kind == "routed" and p in self.assigned) or (kind == "whole" and p in self.encoded)]
         started = time.monotonic()
-        saved = self.checkpoints.save(self.core.checkpoint_blobs(held))
+        blobs = self.core.checkpoint_blobs(held)
+        require_broker_kept(self.producer, "the worker's checkpoint")  # (its inputs may be gone from the broker)
+        saved = self.checkpoints.save(blobs)
         if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = self.core.checkpoints = None
             return
@@ -514,7 +517,7 @@ class WorkerService:
 
     def close(self, clean: bool = True) -> None:
         if clean and self.checkpointer.unsaved:
-            self.checkpoint()  # a clean stop: every transaction committed
+            checkpoint_at_stop(self.checkpoint)  # a clean stop: every transaction committed
         if self.routed_in is not None:
             self.routed_in.close()  # leave the group now, not after the session timeout
         for partition in list(self.encoded):
