@@ -3,6 +3,7 @@ that after a broker restart) makes the process start again from scratch, same PI
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,43 @@ def test_a_restore_runs_after_the_rebalance_callback_returned(kafka_settings) ->
         assert calls[-1][0] == partitions[1:]
     finally:
         group.close()
+
+
+HUNG_STOP = '''
+import logging, os, sys, time
+sys.path.insert(0, sys.argv[1])
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from services.runtime.life import Stopper, _WATCHDOG
+stopper = Stopper(grace=0.5)
+if sys.argv[2] == "transaction":
+    _WATCHDOG.since = time.monotonic()  # a transaction in flight: the deadline waits for it to end
+print("ready", flush=True)
+while not stopper.stopping:
+    time.sleep(0.01)
+started = time.monotonic()
+if sys.argv[2] == "transaction":
+    time.sleep(1.5)
+    print(f"transaction ended {time.monotonic() - started:.1f}", flush=True)
+    _WATCHDOG.since = None
+time.sleep(60)  # a close that never returns
+print("not stopped", flush=True)
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ["closing", "transaction"])
+def test_a_service_that_cannot_close_exits_after_its_stop_grace(tmp_path: Path, case: str) -> None:
+    """SIGTERM to a data-path service whose close hangs (a consumer leaving a rebalancing group can block in
+    librdkafka): it exits with code 0 and one stop-timeout line once the grace has passed, not before a
+    transaction in flight ended."""
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_STOP)
+    proc = subprocess.Popen([sys.executable, str(script), str(ROOT), case], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "not stopped" not in out and "event=stop-timeout" in err, (out, err)
+    if case == "transaction":
+        assert "transaction ended" in out, "the process exited during a transaction"
