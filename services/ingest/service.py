@@ -13,6 +13,7 @@ import time
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from services import codec
+from services.ingest.checkpoint import Capture, CheckpointWriter
 from services.ingest.core import SERVICE, IngestProcessor, RawRecord
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_producer
@@ -211,6 +212,7 @@ class IngestService:
                      self.processor.t_dictionary: list(range(self.partitions[1]))}
         self.watermarks = (Consumer(settings.consumer_config(f"{settings.topic_prefix}watermarks"))
                            if self.store or self.remote else None)
+        self.writer = CheckpointWriter()  # checkpoints are written in its background thread
         self.positions: dict[int, int] = {}  # next raw offset per partition that the processor's state includes
         self.owned: set[int] = set()  # raw partitions assigned now
 
@@ -225,6 +227,7 @@ class IngestService:
         # a standby replica takes over.  An unchanged re-assignment keeps it.
         committed = {tp.partition: tp.offset for tp in assigned}  # GroupInput passes the committed offsets
         if any(self.positions.get(p) != offset for p, offset in committed.items()):
+            self._written(wait=True)  # (the store is read next: no write of the old state may be in progress)
             self.processor = IngestProcessor(self.settings, *self.partitions)
             ends = restore(self.processor, self.settings, self.store, self.remote, self.on_disk)
             if any(self.processor.unsaved()):
@@ -284,48 +287,78 @@ class IngestService:
         return Step(records) if records else None  # (a transaction of their own)
 
     def _checkpoint_records(self) -> list[Output]:
+        self._written()  # (a snapshot finished meanwhile goes out now)
         return self.remote.take() if self.remote is not None else []
 
-    def checkpoint(self, ends: dict[str, dict[int, int]] | None = None) -> None:
-        """Save the state as of the logs' ends: the changes since the last checkpoint to the store, and the
-        whole state, as a snapshot for the next transaction, to Kafka."""
+    def checkpoint(self, ends: dict[str, dict[int, int]] | None = None, wait: bool = False) -> None:
+        """Take a checkpoint of the state as of the logs' ends: the changes since the last one for the store, and
+        the whole state as a snapshot for Kafka, both written in the background (:mod:`services.ingest.checkpoint`;
+        the snapshot goes out with the first transaction after it is ready).  None is taken while the previous one
+        is being written; ``wait``: wait for that one, and for this one (a clean stop)."""
         if self.store is None and self.remote is None:
             return
+        self._written(wait)
+        if self.writer.busy():
+            return  # (due again once the one being written is done)
         started = time.monotonic()
+        processor = self.processor
         ends = ends or recovery.log_ends(self.watermarks, self.logs)
-        routed = (recovery.log_ends(self.watermarks, {self.processor.t_routed: range(self.processor.n_routed)})
+        routed = (recovery.log_ends(self.watermarks, {processor.t_routed: range(processor.n_routed)})
                   if self.remote is not None else None)
         require_broker_kept(self.producer, "ingest's checkpoint")  # (the ends above must be of the log it wrote)
-        saved = checkpoint_record(self.processor, ends)
+        saved = checkpoint_record(processor, ends)
+        if self.on_disk:  # the state is the store's: written here (no snapshot to Kafka then)
+            assert self.store is not None
+            save_checkpoint(processor, self.store, ends, saved)
+            self.checkpointer.saved(time.monotonic() - started)
+            log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
+                        terms=saved.facts["terms"], positions=saved.describe(),
+                        seconds=f"{time.monotonic() - started:.3f}"))
+            return
+        capture = Capture(saved, ends[processor.t_encoded][0], taken_at=started)
         if self.store is not None:
-            try:
-                save_checkpoint(self.processor, self.store, ends, saved)
-            except StoreError as exc:  # a full or broken disk: keep serving, restores will read more of the logs
-                if self.on_disk:
-                    raise  # (the state is there: no serving without it)
-                log.warning(kv(event="checkpoints-off", store="disk", reason=str(exc)))
-                self.store.close()
-                self.store, self.processor.track_changes = None, False
-                self.processor.take_changes()
+            capture.changed, capture.new_terms = processor.take_changes()
         if self.remote is not None:
-            processor = self.processor
             # Where updates.routed stands (no transaction of ingest is open): below each end, every change up to
             # the snapshot's seq; above it, none. So the snapshot is each routed partition's graph at that offset,
             # a base a worker can move along the partition's log (docs/design/bounded-input-logs.md).
             assert routed is not None
             saved.facts["routed_ends"] = {str(p): end for p, end in routed[processor.t_routed].items()}
-            terms = [(term_id, processor.dictionary.decode(term_id)) for term_id in processor.published]
-            blob = presence.snapshot(processor.present, terms, saved.to_json())
-            self.remote.queue([(KIND, 0, blob, ends[processor.t_encoded][0])])
-        if self.store is None and self.remote is None:
-            return  # (the store failed just now, and there is no other place)
-        self.checkpointer.saved(time.monotonic() - started)
+            capture.present, capture.published = dict(processor.present), list(processor.published)
+        capture.capture_seconds = time.monotonic() - started
+        self.checkpointer.saved(capture.capture_seconds)  # (commits from here on are the next one's)
+        self.writer.start(capture, self.store, processor.dictionary.decode)
+        if wait:
+            self._written(wait=True)
+
+    def wait_for_checkpoint(self) -> None:
+        """Until the checkpoint being written (if any) is in the store and queued for Kafka."""
+        self._written(wait=True)
+
+    def _written(self, wait: bool = False) -> None:
+        """Take a checkpoint the background finished writing: queue its snapshot for the next transaction; a
+        store that failed is given up (restores then read more of the logs) while Kafka's snapshots go on."""
+        written = self.writer.done(wait)
+        if written is None:
+            return
+        saved = written.capture.checkpoint
+        if written.store_error is not None and self.store is not None:
+            log.warning(kv(event="checkpoints-off", store="disk", reason=str(written.store_error)))
+            self.store.close()
+            self.store, self.processor.track_changes = None, False
+            self.processor.take_changes()
+        if written.blob is not None and self.remote is not None:
+            self.remote.queue([(KIND, 0, written.blob, written.capture.position)])
+        self.checkpointer.took(written.capture.capture_seconds + written.seconds)
         log.info(kv(event="checkpoint", seq=saved.facts["seq"], present=saved.facts["present"],
-                    terms=saved.facts["terms"], positions=saved.describe()))
+                    terms=saved.facts["terms"], positions=saved.describe(),
+                    seconds=f"{time.monotonic() - written.capture.taken_at:.3f}",
+                    capture_s=f"{written.capture.capture_seconds:.3f}", background_s=f"{written.seconds:.3f}"))
 
     def close(self, clean: bool) -> None:
-        if clean and self.checkpointer.unsaved:
-            checkpoint_at_stop(self.checkpoint)  # every transaction committed: the next life starts from here
+        if clean and self.checkpointer.unsaved:  # every transaction committed: the next life starts from here
+            checkpoint_at_stop(lambda: self.checkpoint(wait=True))
+        self.writer.close()  # (a write in progress ends before its store is closed)
         if self.consumer is not None:
             self.consumer.close()  # leaves the group now rather than after the session timeout
         self.producer.flush(5)

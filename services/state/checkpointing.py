@@ -98,7 +98,13 @@ class Checkpointer:
         return self.unsaved and self.clock() - self.last >= self.pause
 
     def saved(self, took: float = 0.0) -> None:
-        """A checkpoint was written; it took ``took`` seconds."""
+        """A checkpoint was written (or taken, to be written in the background); it took ``took`` seconds."""
         self.unsaved = False
         self.last = self.clock()
         self.pause = max(self.interval, took / self.budget) if self.interval > 0 else 0.0
+
+    def took(self, seconds: float) -> None:
+        """The checkpoint taken at the last :meth:`saved` was written in the background in ``seconds`` in all:
+        the next one waits for that too."""
+        if self.interval > 0:
+            self.pause = max(self.pause, seconds / self.budget)

@@ -48,6 +48,7 @@ def _one_batch(service: IngestService) -> None:
         assert time.monotonic() < deadline, "ingest read nothing"
     commit_transaction(service.producer, step.outputs, step.offsets)
     service.committed(step)
+    service.wait_for_checkpoint()
 
 
 def _wait_for_watermarks(service: IngestService) -> None:
