@@ -67,14 +67,16 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     return result
 
 
-def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0) -> dict[str, dict[str, int]]:
+def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
+         names: tuple[str, ...] | None = None) -> dict[str, dict[str, int]]:
     """``cbgp topics trim``: delete every record below :func:`floor` (``AdminClient.delete_records``), the safe form
     of retention for the logs kept by default; returns ``{topic: {partition: offset}}`` of the partitions whose log
     now starts there (would, with ``dry_run``).  Safe at any time: a floor only rises, and what is registered or
-    restored after it was computed needs nothing below it."""
+    restored after it was computed needs nothing below it.  ``names``: only these catalogue topics."""
     admin = AdminClient(settings.admin_config())
     trimmed: dict[str, dict[str, int]] = {}
-    for topic, parts in floor(settings, timeout=timeout).items():
+    specs = TOPICS if names is None else [spec for spec in TOPICS if spec.name in names]
+    for topic, parts in floor(settings, specs, timeout=timeout).items():
         lows = {p: low for p, (low, _high) in end_offsets(settings, topic, timeout).items()}
         wanted = [TopicPartition(topic, int(p), offset) for p, offset in parts.items() if offset > lows[int(p)]]
         if wanted and not dry_run:

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 from services.codec import CodecError, decode, encoded_changes, term_from_avro
+from services.commands.trimmer import Trimmer
 from services.kafka.broker import EmbeddedBroker
 from services.kafka.run_env import write_run_env
 from services.kafka.config import KafkaSettings, add_kafka_flags
@@ -434,6 +435,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     children: list[ChildProcess] = []
     view: LiveView | None = None
     background: BackgroundDemo | None = None
+    trimmer: Trimmer | None = None
     summary: dict[str, Any] = {"queries": {}, "children": {}, "broker_pid": None}
     env_file: Path | None = None
     try:
@@ -456,8 +458,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write(f"run: {len(created)} topic(s) created with prefix {settings.topic_prefix!r}\n")
         # Step 3: the services, with a checkpoint key of this run's unless one is given (services that checkpoint
         # refuse to start without one).
+        os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (the trimmer reads checkpoints too)
         env = {**os.environ, **settings.to_env()}
-        env.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))
         if args.no_spark:
             env["CBGP_ASSEMBLY"] = "worker"  # nobody else would multiply multi-part queries
         registry = None
@@ -493,7 +495,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         # Step 4: the demo (with an endpoint for the SERVICE query when the background service runs).
         if not args.no_demo and not stop.stopping:
             _register_and_publish(settings, registry, err, background)
-        # Step 5: the live view, until asked to stop.
+        # Step 5: the live view, until asked to stop; the embedded broker's internal logs trimmed meanwhile.
+        if broker is not None and args.trim_interval > 0:
+            trimmer = Trimmer(settings, args.trim_interval, run_dir / "logs" / "trimmer.log").start()
         view = LiveView(settings, err, spark_status_path=None if args.no_spark else spark_status_path)
         clock = Clock(settings) if not args.no_demo else None
         started = time.monotonic()
@@ -515,6 +519,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     finally:
         # Step 6: children (SIGTERM, then SIGKILL after the grace period), then the broker last.
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        if trimmer is not None:
+            trimmer.close()
         if view is not None:
             view.close()
         for child in children:
@@ -550,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=".run", help="broker data, logs and state (default .run)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="S",
                         help="seconds a child gets to exit after SIGTERM before SIGKILL (default 10)")
+    parser.add_argument("--trim-interval", type=float, default=os.environ.get("CBGP_TRIM_INTERVAL", "30"),
+                        metavar="S", help="with the embedded broker, delete what the fleet no longer needs of its "
+                        "internal logs every S seconds (services.commands.trimmer; default $CBGP_TRIM_INTERVAL or 30; "
+                        "0: never)")
     parser.add_argument("--json", action="store_true",
                         help="also print the run's summary (RUN_DIR/summary.json) as one JSON line on stdout")
     return run(parser.parse_args(argv))
