@@ -9,6 +9,7 @@ since one, so a restore that refused a checkpoint for another query set would ne
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
 from services.wire.records import kv
@@ -45,6 +46,30 @@ def shard_blob(shard: Shard, floors: dict[int, tuple] | None = None) -> bytes | 
         log.warning(kv(event="shard-checkpoint-skipped", kind=shard.kind, partition=shard.partition,
                        reason=f"{type(exc).__name__}: {exc}"))
         return None
+
+
+@dataclass(slots=True)
+class Due:
+    """A shard to checkpoint, as it is when the checkpoint is taken: its position and queries, what its restore
+    reads of other logs (``needs``), the probe floors it goes with, and whether it can be checkpointed at all."""
+
+    key: tuple[str, int]
+    shard: Shard | None
+    position: int
+    versions: tuple
+    needs: dict[str, int]
+    floors: dict[int, tuple]
+    checkpointable: bool
+
+
+def make_checkpoints(due: list[Due]) -> list[tuple[Due, bytes | None]]:
+    """Each shard's checkpoint (None: it cannot be taken), ``Due.shard`` dropped: what a child process forked to
+    checkpoint returns (``services.state.forked``)."""
+    made = []
+    for item in due:
+        blob = shard_blob(item.shard, item.floors) if item.shard is not None else None
+        made.append((replace(item, shard=None), blob))
+    return made
 
 
 def usable(saved: dict[str, Any] | None, shard: Shard, reader: LogReader, start: int = 0) -> str | None:

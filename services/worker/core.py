@@ -28,7 +28,7 @@ from services.worker.outputs import WorkerOutputs
 from cbgp.change import Change
 from services.worker.shard import LogReader, QueryInfo, Shard, TermReader, parse_metadata, tracking_seq, with_progress, decode_changes, info_mode, shard_label
 from services.state.shards import ShardCheckpoints
-from services.worker.checkpoint import adopt, checkpointable, shard_blob, stale, usable
+from services.worker.checkpoint import Due, adopt, checkpointable, make_checkpoints, stale, usable
 from services.worker.shard_terms import learn, learning
 from services.worker.probes import ProbeRouting, RecordReader
 
@@ -325,7 +325,11 @@ class WorkerCore:
         """``(kind, partition, checkpoint, position, needs)`` of the ``held`` shards that can be checkpointed and
         moved since the last call (called once a transaction committed: their state is exactly their log below
         their position; ``needs``: what a restore from it reads of other logs, :meth:`_needs`)."""
-        blobs = []
+        return self.checkpoints_made(make_checkpoints(self.checkpoints_due(held)))
+
+    def checkpoints_due(self, held: Iterable[tuple[str, int]]) -> list[Due]:
+        """The ``held`` shards that moved since their last checkpoint (and whose queries pickle)."""
+        due = []
         for key in held:
             shard = self.shards.get(key)
             if shard is None:
@@ -333,12 +337,20 @@ class WorkerCore:
             versions = tuple(shard.versions.items())
             if self._checkpointed.get(key) == (shard.position, versions) or (key, versions) in self._unpicklable:
                 continue
-            blob = shard_blob(shard, self.probes.floors if shard.evaluator is not None else {})
+            due.append(Due(key, shard, shard.position, versions, self._needs(shard),
+                           self.probes.floors if shard.evaluator is not None else {}, checkpointable(shard)))
+        return due
+
+    def checkpoints_made(self, made: list[tuple[Due, bytes | None]]) -> list[tuple[str, int, bytes, int, dict[str, int]]]:
+        """The checkpoints :func:`make_checkpoints` made of :meth:`checkpoints_due`'s shards (here, or in a child
+        process: then ``Due.shard`` is None), as ``checkpoint_blobs`` returns them, and what they cover noted."""
+        blobs = []
+        for due, blob in made:
             if blob is not None:
-                blobs.append((*key, blob, shard.position, self._needs(shard)))
-                self._checkpointed[key] = (shard.position, versions)
-            elif checkpointable(shard):
-                self._unpicklable.add((key, versions))  # (logged once: an operator query's closures, say)
+                blobs.append((*due.key, blob, due.position, due.needs))
+                self._checkpointed[due.key] = (due.position, due.versions)
+            elif due.checkpointable:
+                self._unpicklable.add((due.key, due.versions))  # (logged once: an operator query's closures, say)
         return blobs
 
     def _needs(self, shard: Shard) -> dict[str, int]:

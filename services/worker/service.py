@@ -29,7 +29,9 @@ from services.kafka.replay import read_range, require_from
 from services.kafka.fetch import WINDOW_POLL_SECONDS, read_window, record_ok
 from cbgp.change import Change
 from services.worker.shard import Shard, decode_changes, shard_label
+from services.worker.checkpoint import make_checkpoints
 from services.worker.core import WorkerCore
+from services.state.forked import ForkedJob, fork_available
 from services.worker.shard import changes_of
 from services.worker.snapshots import IngestSnapshot
 from services import codec
@@ -38,6 +40,8 @@ from cbgp.query.plan import BY_CENTRE, SINGLE_OWNER
 log = logging.getLogger("cbgp.worker")
 
 SERVICE = "worker"
+# Shard checkpoints are pickled in a forked child (services.state.forked) unless CBGP_FORKED_CHECKPOINTS=0.
+FORKED_CHECKPOINTS = fork_available() and os.environ.get("CBGP_FORKED_CHECKPOINTS", "1") not in ("0", "false", "no")
 QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds for one query (the largest; the rest as _other).",
                     ["query"])
 FRONTIER = Gauge("cbgp_frontier_seq", "Highest seq a routed partition held by this worker has completed "
@@ -139,6 +143,7 @@ class WorkerService:
                                log_start=lambda partition: end_offsets(settings, self.t_routed)[partition][0],
                                encoded_start=lambda: end_offsets(settings, self.t_encoded)[0][0])
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
+        self.forked: ForkedJob | None = None  # a checkpoint being pickled in a child process
         self.stopped = StoppedQueries(settings.topic("queries.status"))
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -381,25 +386,61 @@ class WorkerService:
         return Step(records) if records else None  # (a transaction of their own: nothing else is pending)
 
     def _checkpoint_records(self) -> list[Output]:
+        self._forked_done()  # (a checkpoint pickled meanwhile goes out now)
         return self.checkpoints.outputs() if self.checkpoints is not None else []
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, background: bool = True) -> None:
         """Save the held shards that moved since their last checkpoint: only after a committed transaction (or
-        none pending), so each holds exactly its log below its position (``services.state.shards``)."""
-        if self.checkpoints is None or self.pending:
+        none pending), so each holds exactly its log below its position (``services.state.shards``).  Pickled in
+        a forked child while the worker goes on (``services.state.forked``; ``CBGP_FORKED_CHECKPOINTS=0``, or
+        ``background=False``: here), saved once it is done; none is taken meanwhile."""
+        if self.checkpoints is None:
             return
-        held = [(kind, p) for kind, p in self.core.shards
-                if (kind == "routed" and p in self.assigned) or (kind == "whole" and p in self.encoded)]
+        self._forked_done()
+        if self.pending or self.forked is not None:
+            return
         started = time.monotonic()
-        blobs = self.core.checkpoint_blobs(held)
+        due = self.core.checkpoints_due(self._held())
         require_broker_kept(self.producer, "the worker's checkpoint")  # (its inputs may be gone from the broker)
-        saved = self.checkpoints.save(blobs)
+        if due and background and FORKED_CHECKPOINTS:
+            self.forked = ForkedJob(lambda: make_checkpoints(due))
+            self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
+            return
+        self._save(self.core.checkpoints_made(make_checkpoints(due)), started)
+
+    def _held(self) -> list[tuple[str, int]]:
+        return [(kind, p) for kind, p in self.core.shards
+                if (kind == "routed" and p in self.assigned) or (kind == "whole" and p in self.encoded)]
+
+    def _forked_done(self, wait: bool = False) -> None:
+        """Save what a forked checkpoint made, once its child has exited (``wait``: until it has); the shards
+        given up meanwhile are left to their new owner."""
+        job = self.forked
+        if job is None or not job.finished(wait):
+            return
+        self.forked = None
+        try:
+            made = job.result()
+        except RuntimeError as exc:
+            log.warning(kv(event="checkpoint-failed", reason=str(exc)))
+            return
+        held = set(self._held())
+        self._save(self.core.checkpoints_made([(due, blob) for due, blob in made if due.key in held]), job.started,
+                   forked=job)
+
+    def _save(self, blobs: list, started: float, forked: ForkedJob | None = None) -> None:
+        saved = self.checkpoints.save(blobs) if self.checkpoints is not None else None
         if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = self.core.checkpoints = None
             return
-        self.checkpointer.saved(time.monotonic() - started)
+        took = time.monotonic() - started
+        if forked is None:
+            self.checkpointer.saved(took)
+        else:
+            self.checkpointer.took(took)
         if saved:
-            log.info(kv(event="checkpoint", shards=saved, seconds=f"{time.monotonic() - started:.3f}"))
+            log.info(kv(event="checkpoint", shards=saved, seconds=f"{took:.3f}",
+                        **({"fork_s": f"{forked.fork_seconds:.3f}"} if forked is not None else {})))
 
     def _poll_inputs(self) -> tuple[list[Message], tuple[int, list[Message]]]:
         """Routed records and (epoch, encoded records) already fetched; when both inputs are idle, listen
@@ -516,8 +557,14 @@ class WorkerService:
         set_by_query(PATH_PAIRS, self.core.path_pairs_by_query())
 
     def close(self, clean: bool = True) -> None:
+        if self.forked is not None:
+            if clean:
+                self._forked_done(wait=True)
+            else:
+                self.forked.cancel()
+                self.forked = None
         if clean and self.checkpointer.unsaved:
-            checkpoint_at_stop(self.checkpoint)  # a clean stop: every transaction committed
+            checkpoint_at_stop(lambda: self.checkpoint(background=False))  # a clean stop: every transaction committed
         if self.routed_in is not None:
             self.routed_in.close()  # leave the group now, not after the session timeout
         for partition in list(self.encoded):

@@ -1,0 +1,47 @@
+"""services.state.forked: a function run in a forked child sees the memory as of the fork while the parent goes
+on, and its result, or its failure, comes back; a cancelled child leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from services.state.forked import ForkedJob
+
+
+def test_the_child_works_on_the_state_as_of_the_fork_while_the_parent_changes_it(tmp_path: Path) -> None:
+    state = {i: [i] for i in range(50_000)}
+
+    def snapshot() -> tuple[int, int, int]:
+        time.sleep(0.3)  # the parent changes the state meanwhile
+        return len(state), sum(v[0] for v in state.values()), os.getpid()
+
+    expected = (len(state), sum(range(50_000)))
+    job = ForkedJob(snapshot, directory=str(tmp_path))
+    for i in range(50_000):
+        state[i][0] = -1
+    state[-1] = [7]
+    assert not job.finished()  # still running: the parent was not held up
+    assert job.finished(wait=True) and job.exit == 0
+    size, total, pid = job.result()
+    assert (size, total) == expected and pid != os.getpid()
+    assert list(tmp_path.iterdir()) == [], "the result file is removed once read"
+
+
+def test_a_failure_in_the_child_is_reported_and_a_cancelled_child_is_reaped(tmp_path: Path) -> None:
+    def fails() -> None:
+        raise ValueError("cannot pickle that")
+
+    job = ForkedJob(fails, directory=str(tmp_path))
+    assert job.finished(wait=True) and job.exit == 1
+    with pytest.raises(RuntimeError, match="ValueError: cannot pickle that"):
+        job.result()
+    slow = ForkedJob(lambda: time.sleep(30), directory=str(tmp_path))
+    slow.cancel()
+    assert slow.exit is not None and slow.exit != 0
+    with pytest.raises(ChildProcessError):
+        os.waitpid(slow.pid, os.WNOHANG)  # reaped: no zombie left
+    assert list(tmp_path.iterdir()) == []
