@@ -47,6 +47,15 @@ def partition_blob(core: AnswersCore, release: SeqRelease, partition: int, posit
         return None
 
 
+def partition_blobs(core: AnswersCore, release: SeqRelease,
+                    due: list[tuple[int, int, str, int, bytes | None, bool]]) -> list[tuple[int, int, int, bytes | None]]:
+    """``(partition, position, answers_end, blob)`` of each ``(partition, position, metadata, answers_end,
+    last_answer, warn)`` in ``due`` (:func:`partition_blob`; what a child process forked to checkpoint returns)."""
+    return [(partition, position, answers_end, partition_blob(core, release, partition, position, metadata,
+                                                              answers_end, last_answer, warn=warn))
+            for partition, position, metadata, answers_end, last_answer, warn in due]
+
+
 def last_answer_before(read: Callable[[int, int], list[bytes | None]], end: int, low: int,
                        saved_last: bytes | None) -> bytes | None:
     """What a restore compares with a checkpoint's last Answer (``unusable``): the last record before ``end``, read

@@ -29,6 +29,7 @@ from services.kafka.replay import read_range
 from services.kafka.fetch import record_ok
 
 from services.answers.core import SERVICE, HELD_DELTAS, AnswersCore
+from services.state.forked import FORKED_CHECKPOINTS, ForkedJob
 from services.metrics.instruments import PATH_PAIRS, set_by_query
 
 log = logging.getLogger("cbgp.answers")
@@ -64,6 +65,7 @@ class AnswersService:
             args, settings, SERVICE, {answers_checkpoint.KIND: "checkpoints.deltas"})
         self.last_answers: dict[int, bytes | None] = {}
         self.unpicklable: set[int] = set()
+        self.forked: ForkedJob | None = None  # a checkpoint being pickled in a child process
         self.stopped = StoppedQueries(settings.topic("queries.status"))
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -234,39 +236,84 @@ class AnswersService:
         return self.stopped.statuses(self.release.stopped())
 
     def _checkpoint_records(self) -> list[Output]:
+        self._forked_done()  # (a checkpoint pickled meanwhile goes out now)
         return self.checkpoints.outputs() if self.checkpoints is not None else []
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, background: bool = True) -> None:
         """Checkpoint every assigned partition (``services.answers.checkpoint``): called once every transaction
-        committed, so each partition's state is exactly what its last commit and its answers describe."""
+        committed, so each partition's state is exactly what its last commit and its answers describe.  Pickled
+        in a forked child, as the workers' are (``services.state.forked``; ``CBGP_FORKED_CHECKPOINTS=0``, or
+        ``background=False``: here), saved once it is done; none is taken meanwhile."""
         if self.checkpoints is None or self.consumer is None:
             return
+        self._forked_done()
+        if self.forked is not None:
+            return
         started = time.monotonic()
-        blobs = []
+        due = []
         for partition in sorted(self.assigned & set(self.commits)):
             position, metadata = self.commits[partition]
             _low, answers_end = self.consumer.get_watermark_offsets(TopicPartition(self.t_answers, partition),
                                                                     timeout=30)
-            blob = answers_checkpoint.partition_blob(self.core, self.release, partition, position, metadata,
-                                                     answers_end, self.last_answers.get(partition),
-                                                     warn=partition not in self.unpicklable)
+            due.append((partition, position, metadata, answers_end, self.last_answers.get(partition),
+                        partition not in self.unpicklable))
+        require_broker_kept(self.producer, "the answers service's checkpoint")  # (answers_end: of the log it wrote)
+        core, release = self.core, self.release
+        if due and background and FORKED_CHECKPOINTS:
+            try:
+                self.forked = ForkedJob(lambda: answers_checkpoint.partition_blobs(core, release, due))
+            except OSError as exc:  # no fork, or no room for its file: pickled here
+                log.warning(kv(event="checkpoint-in-place", reason=f"{type(exc).__name__}: {exc}"))
+            else:
+                self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
+                return
+        self._save(answers_checkpoint.partition_blobs(core, release, due), started)
+
+    def _forked_done(self, wait: bool = False) -> None:
+        """Save what a forked checkpoint made, once its child has exited (``wait``: until it has); the partitions
+        given up meanwhile are left to their new owner."""
+        job = self.forked
+        if job is None or not job.finished(wait):
+            return
+        self.forked = None
+        try:
+            made = job.result()
+        except RuntimeError as exc:
+            log.warning(kv(event="checkpoint-failed", reason=str(exc)))
+            return
+        self._save([item for item in made if item[0] in self.assigned], job.started, forked=job)
+
+    def _save(self, made: list[tuple[int, int, int, bytes | None]], started: float,
+              forked: ForkedJob | None = None) -> None:
+        blobs = []
+        for partition, position, answers_end, blob in made:
             if blob is not None:
                 needs = {"answers": answers_checkpoint.answers_needed(answers_end)}  # (for `cbgp topics floor`)
                 blobs.append((answers_checkpoint.KIND, partition, blob, position, needs))
             else:
                 self.unpicklable.add(partition)  # (said once)
-        require_broker_kept(self.producer, "the answers service's checkpoint")  # (answers_end: of the log it wrote)
-        saved = self.checkpoints.save(blobs)
+        saved = self.checkpoints.save(blobs) if self.checkpoints is not None else None
         if saved is None:  # the store failed (said in one line): no more checkpoints
             self.checkpoints = None
             return
-        self.checkpointer.saved(time.monotonic() - started)
+        took = time.monotonic() - started
+        if forked is None:
+            self.checkpointer.saved(took)
+        else:
+            self.checkpointer.took(took)
         if saved:
-            log.info(kv(event="checkpoint", partitions=saved, seconds=f"{time.monotonic() - started:.3f}"))
+            log.info(kv(event="checkpoint", partitions=saved, seconds=f"{took:.3f}",
+                        **({"fork_s": f"{forked.fork_seconds:.3f}"} if forked is not None else {})))
 
     def close(self, clean: bool = True) -> None:
+        if self.forked is not None:
+            if clean:
+                self._forked_done(wait=True)
+            else:
+                self.forked.cancel()
+                self.forked = None
         if clean and self.checkpointer.unsaved:
-            checkpoint_at_stop(self.checkpoint)  # a clean stop: every transaction committed
+            checkpoint_at_stop(lambda: self.checkpoint(background=False))  # a clean stop: every transaction committed
         if self.checkpoints is not None:
             self.checkpoints.close()
         if self.input is not None:

@@ -16,12 +16,14 @@ import time
 from pathlib import Path
 
 from services.commands.floor import trim
+from services.kafka.client import end_offsets
 from services.kafka.config import KafkaSettings
 
 __all__ = ["INTERNAL_LOGS", "Trimmer"]
 
 # The logs only the fleet reads, each needed back to its floor at most.
 INTERNAL_LOGS = ("updates.raw", "updates.encoded", "updates.routed", "deltas.parts")
+WATCHED = ("checkpoints.ingest", "checkpoints.routed", "checkpoints.whole", "checkpoints.deltas")
 
 
 class Trimmer:
@@ -43,12 +45,22 @@ class Trimmer:
         self.stopping.set()
         self.thread.join(30)
 
+    def _ends(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """The watermarks of the internal logs and of the checkpoints their floors follow: while none moves,
+        the floors do not either."""
+        return {name: end_offsets(self.settings, self.settings.topic(name)) for name in INTERNAL_LOGS + WATCHED}
+
     def _run(self) -> None:
+        seen: dict | None = None  # the logs' watermarks at the last trim: unchanged, nothing can be trimmed
         with open(self.log_path, "a", encoding="utf-8") as log:
             while not self.stopping.wait(self.interval):
                 started = time.monotonic()
                 try:
+                    ends = self._ends()
+                    if ends == seen:
+                        continue  # an idle fleet: no trim, no cost
                     cut = trim(self.settings, names=INTERNAL_LOGS)
+                    seen = self._ends()
                 except Exception as exc:  # noqa: BLE001 - one line; the next interval tries again
                     log.write(f"ts={time.strftime('%Y-%m-%dT%H:%M:%S')} event=trim-failed "
                               f"reason={type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n")

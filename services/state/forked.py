@@ -18,11 +18,10 @@ import tempfile
 import time
 from typing import Any, Callable
 
-__all__ = ["ForkedJob", "fork_available"]
+__all__ = ["FORKED_CHECKPOINTS", "ForkedJob"]
 
-
-def fork_available() -> bool:
-    return hasattr(os, "fork")
+# The workers and the answers service pickle their checkpoints in a forked child unless CBGP_FORKED_CHECKPOINTS=0.
+FORKED_CHECKPOINTS = hasattr(os, "fork") and os.environ.get("CBGP_FORKED_CHECKPOINTS", "1") not in ("0", "false", "no")
 
 
 class ForkedJob:
@@ -31,7 +30,12 @@ class ForkedJob:
     def __init__(self, fn: Callable[[], Any], directory: str | None = None) -> None:
         fd, self.path = tempfile.mkstemp(prefix="cbgp-forked-", suffix=".pickle", dir=directory)
         self.started = time.monotonic()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            os.close(fd)
+            os.unlink(self.path)
+            raise
         if self.pid == 0:  # the child: fn, its outcome to the file, and out without any cleanup of the parent's
             code = 1
             try:

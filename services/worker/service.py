@@ -31,7 +31,7 @@ from cbgp.change import Change
 from services.worker.shard import Shard, decode_changes, shard_label
 from services.worker.checkpoint import make_checkpoints
 from services.worker.core import WorkerCore
-from services.state.forked import ForkedJob, fork_available
+from services.state.forked import FORKED_CHECKPOINTS, ForkedJob
 from services.worker.shard import changes_of
 from services.worker.snapshots import IngestSnapshot
 from services import codec
@@ -40,8 +40,6 @@ from cbgp.query.plan import BY_CENTRE, SINGLE_OWNER
 log = logging.getLogger("cbgp.worker")
 
 SERVICE = "worker"
-# Shard checkpoints are pickled in a forked child (services.state.forked) unless CBGP_FORKED_CHECKPOINTS=0.
-FORKED_CHECKPOINTS = fork_available() and os.environ.get("CBGP_FORKED_CHECKPOINTS", "1") not in ("0", "false", "no")
 QUERY_STATE = Gauge("cbgp_query_state_entries", "State entries a worker holds for one query (the largest; the rest as _other).",
                     ["query"])
 FRONTIER = Gauge("cbgp_frontier_seq", "Highest seq a routed partition held by this worker has completed "
@@ -403,9 +401,13 @@ class WorkerService:
         due = self.core.checkpoints_due(self._held())
         require_broker_kept(self.producer, "the worker's checkpoint")  # (its inputs may be gone from the broker)
         if due and background and FORKED_CHECKPOINTS:
-            self.forked = ForkedJob(lambda: make_checkpoints(due))
-            self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
-            return
+            try:
+                self.forked = ForkedJob(lambda: make_checkpoints(due))
+            except OSError as exc:  # no fork, or no room for its file: pickled here
+                log.warning(kv(event="checkpoint-in-place", reason=f"{type(exc).__name__}: {exc}"))
+            else:
+                self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
+                return
         self._save(self.core.checkpoints_made(make_checkpoints(due)), started)
 
     def _held(self) -> list[tuple[str, int]]:
