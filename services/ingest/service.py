@@ -25,7 +25,7 @@ from services.kafka.fetch import GroupInput
 from services.kafka.checkpoint_log import CheckpointLog
 from services.runtime import recovery
 from services.state.checkpointing import Checkpoint, Checkpointer
-from services.state.store import Store, StoreError
+from services.state.store import Store
 from services.state import presence
 
 log = logging.getLogger("cbgp.ingest")
