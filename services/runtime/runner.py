@@ -11,6 +11,8 @@ Each processor's sources and sinks, as data, are ``TOPOLOGIES[processor.service]
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -19,12 +21,14 @@ from confluent_kafka import Producer, TopicPartition
 
 from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE_WAIT, TRANSACTION_STEP, UPDATES_IN,
                                           UPDATES_OUT)
-from services.wire.records import Output
+from services.wire.records import Output, kv
 from services.kafka.client import broker_outages
 from services.runtime.life import Stopper, commit_transaction, set_life
 from services.wire.topology import TOPOLOGIES, Topology
 
-__all__ = ["Processor", "Step", "run_processor"]
+__all__ = ["Processor", "Step", "min_transaction_gap", "run_processor"]
+
+log = logging.getLogger("cbgp.runtime")
 
 # The input offsets of one consumer group, for the transaction: (partitions at their next offset, with optional
 # commit metadata; the group's metadata from its member).
@@ -66,6 +70,20 @@ class Processor(Protocol):
     def close(self, clean: bool) -> None: ...  # leave the groups now, flush; clean: stopped, all committed
 
 
+def min_transaction_gap() -> float:
+    """``CBGP_MIN_TRANSACTION_MS`` in seconds: the least time from one committed transaction to the next poll
+    (default 0).  A gap gathers more input into each transaction: fewer, fuller ones cost the services and the
+    broker less per update, and every hop's answers wait up to that much longer (docs/benchmarks.md).  A value
+    that is not a whole number of milliseconds is ignored, with one warning line."""
+    raw = os.environ.get("CBGP_MIN_TRANSACTION_MS", "").strip()
+    if raw.isdigit():
+        return int(raw) / 1000
+    if raw:
+        log.warning(kv(event="setting-ignored", setting="CBGP_MIN_TRANSACTION_MS", value=raw,
+                       reason="not a whole number of milliseconds: using 0"))
+    return 0.0
+
+
 def topology(processor: Processor) -> Topology:
     return TOPOLOGIES[processor.service]
 
@@ -74,6 +92,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
     """Poll -> process -> commit until stopped; one life of ``processor``.
 
     Steps per batch (exactly-once), in this order:
+    0. with ``CBGP_MIN_TRANSACTION_MS`` (:func:`min_transaction_gap`), wait until that long after the last commit;
     1. poll a batch (rebalance callbacks restore assigned partitions here);
     2. process it: outputs and input offsets, the state changed in memory only;
     3. one transaction (``commit_transaction``): (a) produce the outputs, (b) add the input offsets of each
@@ -96,7 +115,12 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
     try:
         processor.open()
         ready[0] = True
+        gap, last_commit = min_transaction_gap(), 0.0
         while not stopper.stopping:
+            if gap:
+                wait = last_commit + gap - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)  # (more input gathers meanwhile: fewer, fuller transactions)
             batch = processor.poll()  # step 1
             started, polled_at = time.monotonic(), time.time()
             step = processor.process(batch)  # step 2
@@ -106,6 +130,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
                     continue
             processed = time.monotonic()
             commit_transaction(processor.producer, step.outputs, step.offsets, life=life)  # step 3 (a), (b), (c)
+            last_commit = time.monotonic()
             processor.committed(step)  # step 4
             if step.offsets:
                 done = time.monotonic()

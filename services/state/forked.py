@@ -30,6 +30,7 @@ class ForkedJob:
     def __init__(self, fn: Callable[[], Any], directory: str | None = None) -> None:
         fd, self.path = tempfile.mkstemp(prefix="cbgp-forked-", suffix=".pickle", dir=directory)
         self.started = time.monotonic()
+        parent = os.getpid()
         try:
             self.pid = os.fork()
         except OSError:
@@ -46,6 +47,8 @@ class ForkedJob:
                         outcome = ("error", f"{type(exc).__name__}: {exc}")
                     pickle.dump(outcome, out, protocol=pickle.HIGHEST_PROTOCOL)
                 code = 0 if outcome[0] == "ok" else 1
+                if os.getppid() != parent:  # the service died meanwhile (kill -9): nobody will read it
+                    os.unlink(self.path)
             finally:
                 os._exit(code)
         os.close(fd)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -134,3 +135,74 @@ def test_outputs_and_offsets_commit_together_and_committed_follows(kafka_setting
     assert failing.calls[-1] == "close clean=False" and "process" not in failing.calls
     assert _committed(kafka_settings, failing.group, source) == 30
     assert end_offsets(kafka_settings, sink)[0][1] == before
+
+
+class _Producer:
+    """The producer calls of a transaction, recorded (the loop's cadence is under test, not Kafka)."""
+
+    def __init__(self) -> None:
+        self.commits: list[float] = []
+
+    def poll(self, _timeout: float) -> int:
+        return 0
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, *_args: object, **_kwargs: object) -> None:
+        pass
+
+    def send_offsets_to_transaction(self, *_args: object) -> None:
+        pass
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self.commits.append(time.monotonic())
+
+
+class _Ticker:
+    """A processor with one input record at every poll, committed with its offset."""
+
+    service = "copier"
+
+    def __init__(self, stopper: Stopper, batches: int) -> None:
+        self.producer = _Producer()
+        self.stopper, self.batches, self.polls = stopper, batches, 0
+
+    def open(self) -> None:
+        pass
+
+    def poll(self) -> list[int]:
+        self.polls += 1
+        return [self.polls]
+
+    def process(self, batch: list[int]) -> Step:
+        return Step([], [([TopicPartition("t", 0, batch[0])], None)], 1)
+
+    def committed(self, step: Step) -> None:
+        if len(self.producer.commits) >= self.batches:
+            self.stopper.stopping = True
+
+    def idle(self) -> None:
+        return None
+
+    def close(self, clean: bool) -> None:
+        pass
+
+
+@pytest.mark.parametrize("gap_ms", [0, 80])
+def test_a_minimum_transaction_gap_spaces_the_commits(monkeypatch: pytest.MonkeyPatch, gap_ms: int) -> None:
+    """CBGP_MIN_TRANSACTION_MS: the loop polls again only that long after a commit (input gathers meanwhile),
+    and without it as soon as the commit is done."""
+    monkeypatch.setenv("CBGP_MIN_TRANSACTION_MS", str(gap_ms))
+    stopper = Stopper()
+    ticker = _Ticker(stopper, batches=6)
+    run_processor(ticker, stopper, [False])
+    gaps = [b - a for a, b in zip(ticker.producer.commits, ticker.producer.commits[1:])]
+    assert len(gaps) == 5
+    if gap_ms:
+        assert min(gaps) >= gap_ms / 1000
+    else:
+        assert sum(gaps) < 5 * 0.08 / 2  # (well under the 80 ms gap each, on a busy machine too)
