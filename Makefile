@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 
-.PHONY: setup tools chromium virtuoso test test-fast run bench replay-demo clean
+.PHONY: setup tools chromium virtuoso test test-fast run bench docs clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ test: setup tools chromium virtuoso
 ## Only the engine tests (no broker, no Spark): a fast inner loop.
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
+
+## The documentation: every relative link and anchor resolves, the README stays short (tests/docs).
+docs: setup
+	$(PY) -m pytest -q tests/docs
 
 ## The engine against pyoxigraph re-evaluation and pathway (installed into its own venv by bench/setup.sh).
 bench: setup
