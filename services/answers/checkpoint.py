@@ -47,8 +47,8 @@ def partition_blob(core: AnswersCore, release: SeqRelease, partition: int, posit
         return None
 
 
-def partition_blobs(core: AnswersCore, release: SeqRelease,
-                    due: list[tuple[int, int, str, int, bytes | None, bool]]) -> list[tuple[int, int, int, bytes | None]]:
+def partition_blobs(core: AnswersCore, release: SeqRelease, due: list[tuple[int, int, str, int, bytes | None, bool]]
+                    ) -> list[tuple[int, int, int, bytes | None]]:
     """``(partition, position, answers_end, blob)`` of each ``(partition, position, metadata, answers_end,
     last_answer, warn)`` in ``due`` (:func:`partition_blob`; what a child process forked to checkpoint returns)."""
     return [(partition, position, answers_end, partition_blob(core, release, partition, position, metadata,

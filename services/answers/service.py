@@ -29,7 +29,7 @@ from services.kafka.replay import read_range
 from services.kafka.fetch import record_ok
 
 from services.answers.core import SERVICE, HELD_DELTAS, AnswersCore
-from services.state.forked import FORKED_CHECKPOINTS, ForkedJob
+from services.state.forked import ForkedCheckpoint, ForkedJob
 from services.metrics.instruments import PATH_PAIRS, set_by_query
 
 log = logging.getLogger("cbgp.answers")
@@ -65,7 +65,7 @@ class AnswersService:
             args, settings, SERVICE, {answers_checkpoint.KIND: "checkpoints.deltas"})
         self.last_answers: dict[int, bytes | None] = {}
         self.unpicklable: set[int] = set()
-        self.forked: ForkedJob | None = None  # a checkpoint being pickled in a child process
+        self.forked = ForkedCheckpoint(log)  # a checkpoint being pickled in a child process
         self.stopped = StoppedQueries(settings.topic("queries.status"))
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -247,7 +247,7 @@ class AnswersService:
         if self.checkpoints is None or self.consumer is None:
             return
         self._forked_done()
-        if self.forked is not None:
+        if self.forked.running():
             return
         started = time.monotonic()
         due = []
@@ -259,29 +259,18 @@ class AnswersService:
                         partition not in self.unpicklable))
         require_broker_kept(self.producer, "the answers service's checkpoint")  # (answers_end: of the log it wrote)
         core, release = self.core, self.release
-        if due and background and FORKED_CHECKPOINTS:
-            try:
-                self.forked = ForkedJob(lambda: answers_checkpoint.partition_blobs(core, release, due))
-            except OSError as exc:  # no fork, or no room for its file: pickled here
-                log.warning(kv(event="checkpoint-in-place", reason=f"{type(exc).__name__}: {exc}"))
-            else:
-                self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
-                return
+        if due and background and self.forked.start(lambda: answers_checkpoint.partition_blobs(core, release, due)):
+            self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
+            return
         self._save(answers_checkpoint.partition_blobs(core, release, due), started)
 
     def _forked_done(self, wait: bool = False) -> None:
         """Save what a forked checkpoint made, once its child has exited (``wait``: until it has); the partitions
         given up meanwhile are left to their new owner."""
-        job = self.forked
-        if job is None or not job.finished(wait):
-            return
-        self.forked = None
-        try:
-            made = job.result()
-        except RuntimeError as exc:
-            log.warning(kv(event="checkpoint-failed", reason=str(exc)))
-            return
-        self._save([item for item in made if item[0] in self.assigned], job.started, forked=job)
+        finished = self.forked.done(wait)
+        if finished is not None:
+            made, job = finished
+            self._save([item for item in made if item[0] in self.assigned], job.started, forked=job)
 
     def _save(self, made: list[tuple[int, int, int, bytes | None]], started: float,
               forked: ForkedJob | None = None) -> None:
@@ -306,12 +295,9 @@ class AnswersService:
                         **({"fork_s": f"{forked.fork_seconds:.3f}"} if forked is not None else {})))
 
     def close(self, clean: bool = True) -> None:
-        if self.forked is not None:
-            if clean:
-                self._forked_done(wait=True)
-            else:
-                self.forked.cancel()
-                self.forked = None
+        if clean:
+            self._forked_done(wait=True)
+        self.forked.cancel()
         if clean and self.checkpointer.unsaved:
             checkpoint_at_stop(lambda: self.checkpoint(background=False))  # a clean stop: every transaction committed
         if self.checkpoints is not None:

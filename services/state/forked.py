@@ -11,6 +11,7 @@ the pages it touches take (pickling touches every object).
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -18,7 +19,9 @@ import tempfile
 import time
 from typing import Any, Callable
 
-__all__ = ["FORKED_CHECKPOINTS", "ForkedJob"]
+from services.wire.records import kv
+
+__all__ = ["FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob"]
 
 # The workers and the answers service pickle their checkpoints in a forked child unless CBGP_FORKED_CHECKPOINTS=0.
 FORKED_CHECKPOINTS = hasattr(os, "fork") and os.environ.get("CBGP_FORKED_CHECKPOINTS", "1") not in ("0", "false", "no")
@@ -93,3 +96,45 @@ class ForkedJob:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+class ForkedCheckpoint:
+    """A service's checkpoints made in a forked child, one at a time: :meth:`start` it (False: make it in place),
+    :meth:`done` returns what the child made once it has exited."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self.job: ForkedJob | None = None
+
+    def running(self) -> bool:
+        return self.job is not None
+
+    def start(self, make: Callable[[], Any]) -> bool:
+        """Fork a child to run ``make``; False when checkpoints are made in place (CBGP_FORKED_CHECKPOINTS=0, or a
+        fork, or its file, that failed: one line)."""
+        if not FORKED_CHECKPOINTS:
+            return False
+        try:
+            self.job = ForkedJob(make)
+        except OSError as exc:
+            self.log.warning(kv(event="checkpoint-in-place", reason=f"{type(exc).__name__}: {exc}"))
+            return False
+        return True
+
+    def done(self, wait: bool = False) -> tuple[Any, ForkedJob] | None:
+        """``(what make returned, its job)`` once the child has exited (``wait``: until it has), once; None while
+        it runs, when none was started, or when it failed (one line: the next checkpoint tries again)."""
+        job = self.job
+        if job is None or not job.finished(wait):
+            return None
+        self.job = None
+        try:
+            return job.result(), job
+        except RuntimeError as exc:
+            self.log.warning(kv(event="checkpoint-failed", reason=str(exc)))
+            return None
+
+    def cancel(self) -> None:
+        if self.job is not None:
+            self.job.cancel()
+            self.job = None

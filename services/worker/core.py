@@ -341,7 +341,8 @@ class WorkerCore:
                            self.probes.floors if shard.evaluator is not None else {}, checkpointable(shard)))
         return due
 
-    def checkpoints_made(self, made: list[tuple[Due, bytes | None]]) -> list[tuple[str, int, bytes, int, dict[str, int]]]:
+    def checkpoints_made(self, made: list[tuple[Due, bytes | None]]
+                         ) -> list[tuple[str, int, bytes, int, dict[str, int]]]:
         """The checkpoints :func:`make_checkpoints` made of :meth:`checkpoints_due`'s shards (here, or in a child
         process: then ``Due.shard`` is None), as ``checkpoint_blobs`` returns them, and what they cover noted."""
         blobs = []

@@ -31,7 +31,7 @@ from cbgp.change import Change
 from services.worker.shard import Shard, decode_changes, shard_label
 from services.worker.checkpoint import make_checkpoints
 from services.worker.core import WorkerCore
-from services.state.forked import FORKED_CHECKPOINTS, ForkedJob
+from services.state.forked import ForkedCheckpoint, ForkedJob
 from services.worker.shard import changes_of
 from services.worker.snapshots import IngestSnapshot
 from services import codec
@@ -141,7 +141,7 @@ class WorkerService:
                                log_start=lambda partition: end_offsets(settings, self.t_routed)[partition][0],
                                encoded_start=lambda: end_offsets(settings, self.t_encoded)[0][0])
         self.pending: list[Output] = []  # snapshots owed by restores/plans, produced in the next transaction
-        self.forked: ForkedJob | None = None  # a checkpoint being pickled in a child process
+        self.forked = ForkedCheckpoint(log)  # a checkpoint being pickled in a child process
         self.stopped = StoppedQueries(settings.topic("queries.status"))
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
@@ -395,19 +395,14 @@ class WorkerService:
         if self.checkpoints is None:
             return
         self._forked_done()
-        if self.pending or self.forked is not None:
+        if self.pending or self.forked.running():
             return
         started = time.monotonic()
         due = self.core.checkpoints_due(self._held())
         require_broker_kept(self.producer, "the worker's checkpoint")  # (its inputs may be gone from the broker)
-        if due and background and FORKED_CHECKPOINTS:
-            try:
-                self.forked = ForkedJob(lambda: make_checkpoints(due))
-            except OSError as exc:  # no fork, or no room for its file: pickled here
-                log.warning(kv(event="checkpoint-in-place", reason=f"{type(exc).__name__}: {exc}"))
-            else:
-                self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
-                return
+        if due and background and self.forked.start(lambda: make_checkpoints(due)):
+            self.checkpointer.saved(time.monotonic() - started)  # (commits from here on are the next one's)
+            return
         self._save(self.core.checkpoints_made(make_checkpoints(due)), started)
 
     def _held(self) -> list[tuple[str, int]]:
@@ -417,18 +412,12 @@ class WorkerService:
     def _forked_done(self, wait: bool = False) -> None:
         """Save what a forked checkpoint made, once its child has exited (``wait``: until it has); the shards
         given up meanwhile are left to their new owner."""
-        job = self.forked
-        if job is None or not job.finished(wait):
-            return
-        self.forked = None
-        try:
-            made = job.result()
-        except RuntimeError as exc:
-            log.warning(kv(event="checkpoint-failed", reason=str(exc)))
-            return
-        held = set(self._held())
-        self._save(self.core.checkpoints_made([(due, blob) for due, blob in made if due.key in held]), job.started,
-                   forked=job)
+        finished = self.forked.done(wait)
+        if finished is not None:
+            made, job = finished
+            held = set(self._held())
+            self._save(self.core.checkpoints_made([(due, blob) for due, blob in made if due.key in held]),
+                       job.started, forked=job)
 
     def _save(self, blobs: list, started: float, forked: ForkedJob | None = None) -> None:
         saved = self.checkpoints.save(blobs) if self.checkpoints is not None else None
@@ -559,12 +548,9 @@ class WorkerService:
         set_by_query(PATH_PAIRS, self.core.path_pairs_by_query())
 
     def close(self, clean: bool = True) -> None:
-        if self.forked is not None:
-            if clean:
-                self._forked_done(wait=True)
-            else:
-                self.forked.cancel()
-                self.forked = None
+        if clean:
+            self._forked_done(wait=True)
+        self.forked.cancel()
         if clean and self.checkpointer.unsaved:
             checkpoint_at_stop(lambda: self.checkpoint(background=False))  # a clean stop: every transaction committed
         if self.routed_in is not None:
