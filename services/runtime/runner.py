@@ -100,8 +100,10 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
        outputs nor the offsets happened.  A failure at (c), or a broker lost meanwhile, leaves the outcome
        unknown.  Either way :class:`TransactionFailed` ends this life and the next one restores from the logs;
     4. ``committed``: only now may the processor treat the batch as durable (move its positions, checkpoint).
-       A checkpoint taken here is saved to the instance's disk at once and its Kafka records ride in the next
-       transaction (a step of its own when idle): then, at that transaction's step 4, the older ones are trimmed.
+       A checkpoint is taken here (the state as of this commit, unless the broker was lost in this life), written
+       off the loop (a thread for ingest, a forked child for the workers and answers), saved to the instance's
+       disk once written, and its Kafka records ride in the first transaction after that (a step of its own when
+       idle): then, at that transaction's step 4, the older ones are trimmed.
     A stop request ends the loop between batches: ``close(clean=True)``, every transaction committed.
     """
     service = processor.service
