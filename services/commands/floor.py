@@ -6,6 +6,7 @@ itself imports the topics module.
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -16,7 +17,8 @@ from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import latest_positions
 from services.kafka.replay import read_range
 from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LAST_CHANGE, LATEST, NEEDS, NOTHING,
-                                  OPTIONAL_GROUP, REGISTRATIONS, TOPICS, WHOLE_SHARDS, BrokerUnreachable, TopicSpec)
+                                  OPTIONAL_GROUP, REGISTRATIONS, SPARK_DUTY, TOPICS, WHOLE_SHARDS, BrokerUnreachable,
+                                  TopicSpec)
 
 __all__ = ["floor", "trim"]
 
@@ -35,6 +37,10 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     - for a log whose readers restore from checkpoints (``deltas.parts``), the position of each partition's last
       checkpoint (0 without one); for one those restores read beside their own input (``answers``), what the
       last checkpoint says it needs of it (0 without one);
+    - for a Spark duty that runs only while a registered query needs it (the windows on ``updates.encoded``, the
+      assembly on ``deltas.parts``), its group's committed offset; before its first commit, where it will first
+      read (the lowest registration offset of the windowed queries; 0 while a product is multiplied in Spark):
+      a JVM that starts a minute after the fleet finds its input there; nothing while no query needs it;
     - for a checkpoint topic, the first record of each partition's last checkpoint (its low watermark without
       one);
     - for ``updates.routed``, besides what the workers' checkpoints say their restores read of it: the offsets
@@ -105,6 +111,8 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
         if optional and all(tp.offset < 0 for tp in committed):  # never committed: the duty is not deployed
             return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
         return {tp.partition: max(tp.offset, 0) for tp in committed}  # no commit yet (-1001): from 0
+    if rule.startswith(SPARK_DUTY):
+        return _spark_duty(settings, rule[len(SPARK_DUTY):], name, partitions, timeout)
     if rule.startswith(CHECKPOINTS):
         saved = latest_positions(settings, settings.topic(rule[len(CHECKPOINTS):]))
         return {p: saved[p].position if saved.get(p) is not None else 0 for p in partitions}
@@ -124,6 +132,43 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
     if rule == LAST_CHANGE:
         return _last_change(settings, name, timeout)
     raise ValueError(f"{t.name}: unknown needed_from rule {rule!r}")
+
+
+def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[int],
+                timeout: float) -> dict[int, int]:
+    """What the Spark job's ``duty`` (windows, assembly) reads of ``name``: its group's committed offsets once it
+    committed; before, where its first batch reads (``spark.kafka_io.DutyGate``): from the lowest registration
+    offset of the windowed queries, from the start while a product is multiplied in Spark; the end while no
+    registered query needs the duty.  A product is placed as the Spark job places it: on a single owner in a
+    fleet whose workers run so (env ``CBGP_PLACEMENT``, as theirs), else as its plan records or decomposes."""
+    from cbgp.query.plan import SINGLE_OWNER, decompose
+    from services.wire.registrations import multiplied_in_spark, read_query, read_registration, recorded_placement
+
+    fleet_single_owner = os.environ.get("CBGP_PLACEMENT") == SINGLE_OWNER
+
+    consumer = make_consumer(settings, f"{settings.topic_prefix}spark-{duty}")
+    try:
+        committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
+    finally:
+        consumer.close()
+    if any(tp.offset >= 0 for tp in committed):
+        return {tp.partition: max(tp.offset, 0) for tp in committed}
+    needed = {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+    for _query_id, (_p, plan) in _plans(settings).items():
+        try:
+            text, window = read_registration(plan["sparql"], plan["options"])
+            if duty == "windows":
+                start = plan["registered_at_seq"] if window is not None else None
+            else:
+                parsed, _operators = read_query(text, window)
+                placement = (SINGLE_OWNER if fleet_single_owner or parsed is None
+                             else recorded_placement(plan["plan_json"]) or decompose(parsed).placement)
+                start = 0 if multiplied_in_spark(parsed, window, placement) else None
+        except Exception:  # noqa: BLE001 - a plan the Spark job cannot read it does not serve
+            continue
+        if start is not None:
+            needed = {p: min(offset, max(start, 0)) for p, offset in needed.items()}
+    return needed
 
 
 def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:

@@ -40,6 +40,9 @@ CHECKPOINTS = "checkpoints:"  # CHECKPOINTS + topic: the positions of the last c
 LATEST = "latest"  # a checkpoint topic: from the first record of each partition's last whole checkpoint
 NEEDS = "needs:"  # NEEDS + topic: what the last checkpoints in that topic say their restores read of this one
 OPTIONAL_GROUP = "optional-group:"  # as GROUP, for an optional duty's group: nothing until it first committed
+# SPARK_DUTY + duty (windows, assembly): the Spark duty's group once it committed; before, what the registered
+# queries it serves read when it first runs (nothing while none is registered)
+SPARK_DUTY = "spark-duty:"
 # REGISTRATIONS + checkpoint topic: where the registrations those checkpoints may lack apply in this log (routed)
 REGISTRATIONS = "registrations:"
 # the offsets ingest's snapshot matches (routed: registrations move it to their point; encoded: ingest restores
@@ -112,7 +115,7 @@ TOPICS: tuple[TopicSpec, ...] = (
               " Kept (retention.ms=-1): ingest restores from its snapshot and the log after it, a whole shard from"
               " its checkpoint (or that snapshot moved to its position) and the log after it, the Spark windows"
               " from their group's offsets; the floor (cbgp topics floor) is the lowest of what those read.",
-              needed_from=RULES.join((BASE, WHOLE_SHARDS, OPTIONAL_GROUP + "spark-windows", LAST_CHANGE))),
+              needed_from=RULES.join((BASE, WHOLE_SHARDS, SPARK_DUTY + "windows", LAST_CHANGE))),
     TopicSpec("updates.routed", None, "centre term id", "Each change routed to the star-state partition(s) of its subject and/or object."
               " Kept (retention.ms=-1): a worker restores a shard from its checkpoint and the log after it, and a"
               " registration moves ingest's snapshot to its point of the log; the floor (cbgp topics floor) is the"
@@ -130,8 +133,9 @@ TOPICS: tuple[TopicSpec, ...] = (
               retention_ms=WEEK_MS, needed_from=NOTHING),
     TopicSpec("deltas.parts", None, "query id", "Per-part +/- deltas from the state workers, with idempotence keys."
               " Kept by default (retention.ms=-1), but the answers service restores each partition from its last"
-              " checkpoint in checkpoints.deltas and the deltas after it: what lies below may be deleted.",
-              needed_from=CHECKPOINTS + "checkpoints.deltas"),
+              " checkpoint in checkpoints.deltas and the deltas after it, and the Spark job's assembly reads from"
+              " its group's offsets: what lies below both may be deleted.",
+              needed_from=CHECKPOINTS + "checkpoints.deltas" + RULES + SPARK_DUTY + "assembly"),
     TopicSpec("answers", None, "query id", "Numbered per-query answer deltas (resume from n, detect gaps)."
               + _WEEK + " The answers service restores each partition from its last checkpoint in checkpoints.deltas"
               " and the answers after it; the Spark job's compaction folds them into its Parquet snapshot (its group"

@@ -197,13 +197,59 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_the_parts_floor_keeps_what_the_answers_checkpoints_and_the_spark_assembly_read(
+        kafka_settings: KafkaSettings) -> None:
+    """Two readers of deltas.parts: the answers service from each partition's last checkpoint, and the Spark
+    job's assembly while a product is multiplied there: from its group's offsets, and before its first commit
+    (a JVM that starts a minute after the fleet) from the start.  A product placed by centre holds nothing."""
+    from services import codec
+    from services.kafka.checkpoint_log import checkpoint_records
+
+    s = kafka_settings
+    t_parts = s.topic("deltas.parts")
+    producer = make_producer(s)
+    for i in range(30):
+        producer.produce(t_parts, value=b"p%d" % i, partition=0)
+    for output in checkpoint_records(s.topic("checkpoints.deltas"), 0, b"deltas/0", b"blob", 25, "c1"):
+        producer.produce(output.topic, value=output.value, key=output.key, partition=output.partition,
+                         headers=output.headers)
+    assert producer.flush(10) == 0
+
+    def parts_floor() -> str:
+        return floor(s, [spec("deltas.parts")])[t_parts]["0"]
+
+    def register(query_id: str, placement: str) -> None:
+        producer.produce(s.topic("queries.plans"), key=query_id.encode(), partition=0,
+                         value=codec.encode("QueryPlan", {
+                             "query_id": query_id, "options": {}, "projected": [], "registered_at_seq": 3,
+                             "sparql": "SELECT * WHERE { ?a <http://x/p> ?b . ?c <http://x/q> ?d }",
+                             "plan_json": json.dumps({"placement": placement}), "registered_at_change_seq": -1,
+                             "version": 1}))
+        assert producer.flush(10) == 0
+
+    assert parts_floor() == 25, "no query is multiplied in Spark: only the answers checkpoint counts"
+    register("by-centre-product", "by-centre")
+    assert parts_floor() == 25, "a product placed by centre is multiplied by the answers service"
+    register("single-owner-product", "single-owner")
+    assert parts_floor() == 0, "the assembly's first batch reads from the start"
+    assembly = make_consumer(s, f"{s.topic_prefix}spark-assembly")
+    try:
+        assembly.commit(offsets=[TopicPartition(t_parts, 0, 12)], asynchronous=False)
+    finally:
+        assembly.close()
+    assert parts_floor() == 12, "then from its group's offset"
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_encoded_floor_keeps_what_ingest_whole_shards_spark_windows_and_registrations_read(
         kafka_settings: KafkaSettings) -> None:
     """The readers of updates.encoded below its end: ingest's restore and a whole shard moved from ingest's
     snapshot (the offset it reflects), a whole shard's restore (its checkpoint's needs, else its committed offset,
-    else, never committed, where its queries were registered), the Spark windows (their group's offset) and a
-    registration (the record of the last change).  Without a snapshot, everything is needed."""
+    else, never committed, where its queries were registered), the Spark windows (their group's offset; before
+    their first commit, the registration of the windowed queries) and a registration (the record of the last
+    change).  Without a snapshot, everything is needed."""
     from services import codec
     from services.kafka.checkpoint_log import checkpoint_records
     from services.wire.records import query_partition
@@ -259,6 +305,16 @@ def test_the_encoded_floor_keeps_what_ingest_whole_shards_spark_windows_and_regi
     publish(checkpoint_records(s.topic("checkpoints.whole"), owner, b"whole/%d" % owner, b"blob", high - 3, "w",
                                needs={"updates.encoded": snapshot.encoded_offset - 2}))
     assert encoded_floor() == snapshot.encoded_offset - 2, "its checkpoint's restore checks its last change's record"
+    # A windowed query: the Spark windows, not started or not through their first batch, will read from its
+    # registration offset on.
+    windowed = {"query_id": "windowed", "sparql": "SELECT * WHERE { ?s ?p ?o }",
+                "options": {"window": "sliding", "range": "PT60S", "step": "PT10S"}, "plan_json": "{}",
+                "projected": [], "registered_at_seq": snapshot.encoded_offset - 4, "registered_at_change_seq": -1,
+                "version": 1}
+    producer.produce(s.topic("queries.plans"), key=b"windowed", partition=0,
+                     value=codec.encode("QueryPlan", windowed))
+    assert producer.flush(10) == 0
+    assert encoded_floor() == snapshot.encoded_offset - 4, "the windows' first batch reads from the registration"
     commit("spark-windows", 4)
     assert encoded_floor() == 4, "the Spark windows read from their group's offset"
 
