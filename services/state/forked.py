@@ -4,8 +4,8 @@ A worker's checkpoint pickles its shards' whole state: 0.2-0.66 s for 280,000 st
 answered nothing and the workers waiting for its probes waited too (the fleet's p99 latency at 300,000 LSBench
 updates was 1.7-2.2 s, at those checkpoints).  ``os.fork`` takes 10-30 ms and gives the child the state as of
 that moment, copy-on-write, so the child pickles it on the other core while the service processes the next
-batches; the result comes back through a file.  The child only runs ``fn`` (no Kafka client, no lock another
-thread could hold: the threads are not copied) and leaves with ``os._exit``.  It can briefly double the memory
+batches; the result comes back through a file without a name.  The child only runs ``fn`` (no Kafka client, no
+lock another thread could hold: the threads are not copied) and leaves with ``os._exit``.  It can briefly double the memory
 the pages it touches take (pickling touches every object).
 """
 
@@ -28,33 +28,30 @@ FORKED_CHECKPOINTS = hasattr(os, "fork") and os.environ.get("CBGP_FORKED_CHECKPO
 
 
 class ForkedJob:
-    """``fn()`` run in a child forked now; :meth:`result` reads what it returned once it has exited."""
+    """``fn()`` run in a child forked now; :meth:`result` reads what it returned once it has exited.  The result
+    goes through a file without a name (``tempfile.TemporaryFile``): whoever is killed when, nothing is left on
+    disk."""
 
     def __init__(self, fn: Callable[[], Any], directory: str | None = None) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="cbgp-forked-", suffix=".pickle", dir=directory)
+        self.file = tempfile.TemporaryFile(prefix="cbgp-forked-", suffix=".pickle", dir=directory)
         self.started = time.monotonic()
-        parent = os.getpid()
         try:
             self.pid = os.fork()
         except OSError:
-            os.close(fd)
-            os.unlink(self.path)
+            self.file.close()
             raise
         if self.pid == 0:  # the child: fn, its outcome to the file, and out without any cleanup of the parent's
             code = 1
             try:
-                with os.fdopen(fd, "wb") as out:
+                with os.fdopen(os.dup(self.file.fileno()), "wb") as out:
                     try:
                         outcome: tuple[str, Any] = ("ok", fn())
                     except BaseException as exc:  # noqa: BLE001 - said to the parent, which decides
                         outcome = ("error", f"{type(exc).__name__}: {exc}")
                     pickle.dump(outcome, out, protocol=pickle.HIGHEST_PROTOCOL)
                 code = 0 if outcome[0] == "ok" else 1
-                if os.getppid() != parent:  # the service died meanwhile (kill -9): nobody will read it
-                    os.unlink(self.path)
             finally:
                 os._exit(code)
-        os.close(fd)
         self.fork_seconds = time.monotonic() - self.started
         self.exit: int | None = None
 
@@ -71,8 +68,8 @@ class ForkedJob:
         it failed or died."""
         assert self.exit is not None, "the child is still running"
         try:
-            with open(self.path, "rb") as f:
-                kind, value = pickle.load(f)
+            self.file.seek(0)  # (the child's writes moved the offset the two share)
+            kind, value = pickle.load(self.file)
         except (OSError, EOFError, pickle.UnpicklingError) as exc:
             raise RuntimeError(f"the forked child exited {self.exit} without a result ({exc})") from None
         finally:
@@ -92,10 +89,7 @@ class ForkedJob:
         self.discard()
 
     def discard(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        self.file.close()
 
 
 class ForkedCheckpoint:

@@ -1,9 +1,13 @@
 """services.state.forked: a function run in a forked child sees the memory as of the fork while the parent goes
-on, and its result, or its failure, comes back; a cancelled child leaves nothing behind."""
+on, and its result, or its failure, comes back; neither a cancelled child nor a parent killed before reading
+the result leaves anything behind."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +25,7 @@ def test_the_child_works_on_the_state_as_of_the_fork_while_the_parent_changes_it
 
     expected = (len(state), sum(range(50_000)))
     job = ForkedJob(snapshot, directory=str(tmp_path))
+    assert list(tmp_path.iterdir()) == [], "the result's file has no name"
     for i in range(50_000):
         state[i][0] = -1
     state[-1] = [7]
@@ -28,7 +33,6 @@ def test_the_child_works_on_the_state_as_of_the_fork_while_the_parent_changes_it
     assert job.finished(wait=True) and job.exit == 0
     size, total, pid = job.result()
     assert (size, total) == expected and pid != os.getpid()
-    assert list(tmp_path.iterdir()) == [], "the result file is removed once read"
 
 
 def test_a_failure_in_the_child_is_reported_and_a_cancelled_child_is_reaped(tmp_path: Path) -> None:
@@ -44,4 +48,17 @@ def test_a_failure_in_the_child_is_reported_and_a_cancelled_child_is_reaped(tmp_
     assert slow.exit is not None and slow.exit != 0
     with pytest.raises(ChildProcessError):
         os.waitpid(slow.pid, os.WNOHANG)  # reaped: no zombie left
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_parent_killed_before_it_read_the_result_leaves_no_file(tmp_path: Path) -> None:
+    """A service killed -9 between its checkpoint child's exit and reading what it made (the fault tests do it)
+    leaves nothing in the directory."""
+    parent = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys; from services.state.forked import ForkedJob\n"
+        f"job = ForkedJob(lambda: list(range(100_000)), directory={str(tmp_path)!r})\n"
+        "assert job.finished(wait=True) and job.exit == 0\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")], cwd=Path(__file__).parents[3], capture_output=True, text=True,
+        timeout=60)
+    assert parent.returncode == -signal.SIGKILL, parent.stderr
     assert list(tmp_path.iterdir()) == []
