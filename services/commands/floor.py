@@ -68,7 +68,10 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
         offsets: dict[int, int] | None = None
         for rule in t.rules:
             needed = _needed(settings, t, rule, name, partitions, timeout)
-            offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
+            if needed is not None:  # (None: that reader needs nothing of it now)
+                offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
+        if offsets is None:
+            offsets = {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
         result[name] = {str(p): offsets[p] for p in partitions}
     return result
 
@@ -94,8 +97,8 @@ def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
 
 
 def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partitions: list[int],
-            timeout: float) -> dict[int, int]:
-    """What one reader (``rule``) still needs of topic ``name``, per partition."""
+            timeout: float) -> dict[int, int] | None:
+    """What one reader (``rule``) still needs of topic ``name``, per partition; None when it needs nothing now."""
     if rule == FROM_START:
         return {p: 0 for p in partitions}
     if rule == NOTHING:
@@ -135,17 +138,16 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
 
 
 def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[int],
-                timeout: float) -> dict[int, int]:
+                timeout: float) -> dict[int, int] | None:
     """What the Spark job's ``duty`` (windows, assembly) reads of ``name``: its group's committed offsets once it
     committed; before, where its first batch reads (``spark.kafka_io.DutyGate``): from the lowest registration
-    offset of the windowed queries, from the start while a product is multiplied in Spark; the end while no
+    offset of the windowed queries, from the start while a product is multiplied in Spark; None while no
     registered query needs the duty.  A product is placed as the Spark job places it: on a single owner in a
     fleet whose workers run so (env ``CBGP_PLACEMENT``, as theirs), else as its plan records or decomposes."""
     from cbgp.query.plan import SINGLE_OWNER, decompose
     from services.wire.registrations import multiplied_in_spark, read_query, read_registration, recorded_placement
 
     fleet_single_owner = os.environ.get("CBGP_PLACEMENT") == SINGLE_OWNER
-
     consumer = make_consumer(settings, f"{settings.topic_prefix}spark-{duty}")
     try:
         committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
@@ -153,7 +155,7 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
         consumer.close()
     if any(tp.offset >= 0 for tp in committed):
         return {tp.partition: max(tp.offset, 0) for tp in committed}
-    needed = {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+    first: int | None = None  # the lowest offset a registered query needs the duty to read from
     for _query_id, (_p, plan) in _plans(settings).items():
         try:
             text, window = read_registration(plan["sparql"], plan["options"])
@@ -167,8 +169,8 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
         except Exception:  # noqa: BLE001 - a plan the Spark job cannot read it does not serve
             continue
         if start is not None:
-            needed = {p: min(offset, max(start, 0)) for p, offset in needed.items()}
-    return needed
+            first = max(start, 0) if first is None else min(first, max(start, 0))
+    return None if first is None else {p: first for p in partitions}
 
 
 def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
