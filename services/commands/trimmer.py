@@ -15,8 +15,9 @@ import threading
 import time
 from pathlib import Path
 
+from confluent_kafka import Consumer, TopicPartition
+
 from services.commands.floor import trim
-from services.kafka.client import end_offsets
 from services.kafka.config import KafkaSettings
 
 __all__ = ["INTERNAL_LOGS", "Trimmer"]
@@ -45,22 +46,38 @@ class Trimmer:
         self.stopping.set()
         self.thread.join(30)
 
-    def _ends(self) -> dict[str, dict[int, tuple[int, int]]]:
+    def _ends(self, consumer: Consumer) -> dict[str, dict[int, tuple[int, int]]]:
         """The watermarks of the internal logs and of the checkpoints their floors follow: while none moves,
-        the floors do not either."""
-        return {name: end_offsets(self.settings, self.settings.topic(name)) for name in INTERNAL_LOGS + WATCHED}
+        the floors do not either.  (One consumer for the trimmer's life, not a new one per topic at every look:
+        each connects to the broker and fetches its metadata.)"""
+        topics = consumer.list_topics(timeout=10).topics
+        ends = {}
+        for name in INTERNAL_LOGS + WATCHED:
+            meta = topics.get(self.settings.topic(name))
+            partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
+            ends[name] = {p: consumer.get_watermark_offsets(TopicPartition(meta.topic, p), timeout=10)
+                          for p in partitions}
+        return ends
 
     def _run(self) -> None:
+        consumer = Consumer(self.settings.consumer_config(f"{self.settings.topic_prefix}trimmer",
+                                                          enable_partition_eof=False))
+        try:
+            self._loop(consumer)
+        finally:
+            consumer.close()
+
+    def _loop(self, consumer: Consumer) -> None:
         seen: dict | None = None  # the logs' watermarks at the last trim: unchanged, nothing can be trimmed
         with open(self.log_path, "a", encoding="utf-8") as log:
             while not self.stopping.wait(self.interval):
                 started = time.monotonic()
                 try:
-                    ends = self._ends()
+                    ends = self._ends(consumer)
                     if ends == seen:
                         continue  # an idle fleet: no trim, no cost
                     cut = trim(self.settings, names=INTERNAL_LOGS)
-                    seen = self._ends()
+                    seen = self._ends(consumer)
                 except Exception as exc:  # noqa: BLE001 - one line; the next interval tries again
                     log.write(f"ts={time.strftime('%Y-%m-%dT%H:%M:%S')} event=trim-failed "
                               f"reason={type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}\n")
