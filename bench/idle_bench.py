@@ -1,6 +1,6 @@
 """Idle CPU of the whole local fleet, started exactly as ``make run`` starts it (without the demo).
 
-    .venv/bin/python bench/idle_bench.py [--repeat 3] [--seconds 10] [--settle 20]
+    .venv/bin/python bench/idle_bench.py [--repeat 3] [--seconds 10] [--settle 20] [--first-answer]
 
 Each run starts ``python -m services.commands.run --no-demo --run-dir <tmp>`` (the embedded broker, ingest, the
 registry, 2 workers, answers, the Spark job, and the supervisor with its live view), waits until every
@@ -9,6 +9,10 @@ seconds more, and measures each process's CPU (user + system, psutil over the wh
 JVM and its Python workers count) over ``--seconds``.  It prints one line per process group and, last, one
 JSON line ``{"total_cores": ..., "per_process": {...}}`` (with ``--repeat N``: the median run's figures plus
 ``total_cores_runs`` and the range).
+
+``--first-answer`` registers a star query once the fleet is ready and, after the CPU window, publishes the one
+update that answers it: ``first_answer_ms`` is that answer's latency (its ``produced_at_ms`` minus its update's
+produce time), what the first update after a quiet spell of ``--settle`` + ``--seconds`` pays.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -97,8 +102,59 @@ def fleet_env(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, st
     return env
 
 
+PROBE_QUERY = "SELECT ?name ?age WHERE { ?u <http://example.org/name> ?name ; <http://example.org/age> ?age }\n"
+PROBE_UPDATE = ('A <http://example.org/u1> <http://example.org/name> "u1" .\n'
+                'A <http://example.org/u1> <http://example.org/age> "42" .\n')
+
+
+def _register_probe(run_dir: Path, env: dict[str, str]) -> None:
+    query = run_dir / "probe.rq"
+    query.write_text(PROBE_QUERY)
+    subprocess.run([sys.executable, "-m", "services.commands.main", "register", "idle-probe", str(query)],
+                   cwd=ROOT, env={**env, "CBGP_RUN_DIR": str(run_dir / "run")}, check=True, capture_output=True,
+                   text=True, timeout=120)
+
+
+def _probe_producer(run_dir: Path) -> tuple[Any, Any]:
+    """The run's settings and a producer already connected, made before the quiet spell: a new producer's
+    first delivery waits for its connection (and an idempotent one's for its producer id, 0.5-1 s), which is
+    the client's time, not the fleet's."""
+    from services.kafka.client import make_producer
+    from services.kafka.config import KafkaSettings
+    from services.kafka.run_env import FILE_NAME
+
+    values = dict(line.split("=", 1) for line in (run_dir / "run" / FILE_NAME).read_text().splitlines()
+                  if line.startswith("CBGP_"))
+    settings = KafkaSettings.from_env(values)
+    producer = make_producer(settings, idempotent=False, linger_ms=0)
+    producer.list_topics(settings.topic("updates.raw"), timeout=30)
+    return settings, producer
+
+
+def _first_answer_ms(settings: Any, producer: Any, answers_metrics: str) -> int:
+    """Publish PROBE_UPDATE to the idle fleet; the latency of the answer it makes, in ms."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fleet_bench import AnswerReader
+
+    producer.produce(settings.topic("updates.raw"), PROBE_UPDATE.encode(), partition=0)
+    producer.flush(30)
+    reader = AnswerReader(settings, answers_metrics)
+    try:
+        (produced, origin), = reader.until(1, 120)
+    finally:
+        reader.close()
+    if origin is None:
+        raise RuntimeError("the answer carries no origin time (cbgp-origin-ms)")
+    return produced - origin
+
+
+def _metrics_url(proc: psutil.Process) -> str:
+    cmd = proc.cmdline()
+    return f"http://127.0.0.1:{cmd[cmd.index('--metrics-port') + 1]}/metrics"
+
+
 def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool,
-                 settings: dict[str, str] | None = None) -> dict:
+                 settings: dict[str, str] | None = None, first_answer: bool = False) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="cbgp-idle-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CBGP_")}  # its own embedded broker
     env.update(settings or {})
@@ -119,6 +175,9 @@ def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool
             if time.monotonic() > deadline:
                 raise RuntimeError(f"fleet not ready after {ready_timeout:.0f} s:\n{text[-2000:]}")
             time.sleep(1.0)
+        if first_answer:
+            _register_probe(run_dir, env)
+            probe = _probe_producer(run_dir)
         time.sleep(settle)
         root = psutil.Process(run.pid)
         procs = [root] + root.children(recursive=True)
@@ -132,7 +191,11 @@ def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool
             if pid in before:
                 per[groups[pid]] = per.get(groups[pid], 0.0) + (cpu - before[pid]) / (t1 - t0)
         per = {k: round(v, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
-        return {"total_cores": round(sum(per.values()), 3), "per_process": per, "processes": len(procs)}
+        result = {"total_cores": round(sum(per.values()), 3), "per_process": per, "processes": len(procs)}
+        if first_answer:
+            answers, = [p for p in root.children() if service_of.get(p.pid) == "answers"]
+            result["first_answer_ms"] = _first_answer_ms(*probe, _metrics_url(answers))
+        return result
     finally:
         try:
             os.kill(run.pid, signal.SIGTERM)
@@ -155,15 +218,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds to wait after every service is ready (default 20)")
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
+    parser.add_argument("--first-answer", action="store_true",
+                        help="then the latency of the answer to one update published to the idle fleet")
     add_fleet_env_flag(parser)
     args = parser.parse_args(argv)
     settings = fleet_env(parser, args.fleet_env)
     runs = []
     for i in range(args.repeat):
-        result = measure_once(args.seconds, args.settle, args.ready_timeout, args.keep, settings)
+        result = measure_once(args.seconds, args.settle, args.ready_timeout, args.keep, settings, args.first_answer)
         runs.append(result)
+        first = f", first answer {result['first_answer_ms']} ms" if args.first_answer else ""
         print(f"run {i + 1}: total {result['total_cores']:.3f} cores over {args.seconds:.0f} s "
-              f"({result['processes']} processes)", flush=True)
+              f"({result['processes']} processes){first}", flush=True)
     totals = [r["total_cores"] for r in runs]
     median_run = sorted(runs, key=lambda r: r["total_cores"])[(len(runs) - 1) // 2]
     names = {n for r in runs for n in r["per_process"]}
@@ -174,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'total':22s} {statistics.median(totals):6.3f} core  [{min(totals):.3f}-{max(totals):.3f}]")
     print(json.dumps({"total_cores": median_run["total_cores"], "per_process": median_run["per_process"],
                       "total_cores_runs": totals, "total_cores_range": [min(totals), max(totals)],
-                      "seconds": args.seconds, "fleet_env": settings}))
+                      "seconds": args.seconds, "fleet_env": settings,
+                      **({"first_answer_ms": [r["first_answer_ms"] for r in runs]} if args.first_answer else {})}))
     return 0
 
 

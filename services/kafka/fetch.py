@@ -23,7 +23,8 @@ from services.kafka.truncation import require_log_start
 from services.metrics.exposition import record_consumer_lag
 from services.wire.records import kv
 
-__all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS", "Fetcher",
+__all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS",
+           "IDLE_DEEP_AFTER_SECONDS", "IDLE_PAUSE_DEEP_SECONDS", "idle_pause_seconds", "Fetcher",
            "first_record", "next_listen", "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok",
            "idle_pause", "GroupInput"]
 
@@ -74,6 +75,21 @@ def _pause_seconds(name: str, default_ms: int) -> float:
 # an answer's latency, the last what an idle fleet costs (docs/operations.md, docs/benchmarks.md).
 IDLE_PAUSE_SECONDS = _pause_seconds("CBGP_IDLE_PAUSE_MS", 15)
 IDLE_PAUSE_MAX_SECONDS = max(IDLE_PAUSE_SECONDS, _pause_seconds("CBGP_IDLE_PAUSE_MAX_MS", 60))
+# An input that has read nothing for CBGP_IDLE_DEEP_AFTER_MS (a minute) pauses CBGP_IDLE_PAUSE_DEEP_MS (250 ms):
+# a fleet left idle fetches four times a second instead of sixteen, and the first update after such a quiet spell
+# waits up to that much per stage; a stream with shorter gaps never sees it.  CBGP_IDLE_PAUSE_DEEP_MS at or below
+# CBGP_IDLE_PAUSE_MAX_MS turns it off.
+IDLE_DEEP_AFTER_SECONDS = _pause_seconds("CBGP_IDLE_DEEP_AFTER_MS", 60_000)
+IDLE_PAUSE_DEEP_SECONDS = max(IDLE_PAUSE_MAX_SECONDS, _pause_seconds("CBGP_IDLE_PAUSE_DEEP_MS", 250))
+
+
+def idle_pause_seconds(streak: int, quiet: float) -> float:
+    """The pause after ``streak`` idle pauses in a row, ``quiet`` seconds after the last record read:
+    IDLE_PAUSE_SECONDS doubled per pause up to IDLE_PAUSE_MAX_SECONDS, and IDLE_PAUSE_DEEP_SECONDS once quiet
+    for IDLE_DEEP_AFTER_SECONDS."""
+    if quiet >= IDLE_DEEP_AFTER_SECONDS:
+        return IDLE_PAUSE_DEEP_SECONDS
+    return min(IDLE_PAUSE_MAX_SECONDS, IDLE_PAUSE_SECONDS * (1 << min(streak, 8)))
 
 
 class Fetcher:
@@ -94,6 +110,7 @@ class Fetcher:
         self.parked = False
         self.epoch = 0
         self.idle_streak = 0  # consecutive idle pauses with nothing read
+        self.read_at = time.monotonic()  # when a record was last read (or the fetcher made)
         self.listen = LISTEN_SECONDS  # how long poll() waits (see LISTEN_MAX_SECONDS)
         self.lag_fresh: set[tuple[str, int]] = set()  # partitions whose lag gauge was set at their end since a record
 
@@ -152,7 +169,7 @@ class Fetcher:
         msgs = kept
         if msgs:
             self.lag_fresh.clear()
-            self.idle_streak = 0
+            self.idle_streak, self.read_at = 0, time.monotonic()
             if len(msgs) < self.max_records:
                 self.park()
         return msgs
@@ -265,13 +282,14 @@ def record_ok(msg: Message, log: logging.Logger) -> bool:
 
 
 def idle_pause(fetchers: Sequence[Fetcher]) -> None:
-    """Stop fetching on every fetcher for a moment (nothing was there to read): IDLE_PAUSE_SECONDS, doubled
-    for each further idle pause in a row of the least idle fetcher, up to IDLE_PAUSE_MAX_SECONDS."""
+    """Stop fetching on every fetcher for a moment (nothing was there to read): :func:`idle_pause_seconds` of
+    the least idle fetcher's streak and quiet time."""
     streak = min(fetcher.idle_streak for fetcher in fetchers)
+    quiet = time.monotonic() - max(fetcher.read_at for fetcher in fetchers)
     for fetcher in fetchers:
         fetcher.park()
         fetcher.idle_streak += 1
-    time.sleep(min(IDLE_PAUSE_MAX_SECONDS, IDLE_PAUSE_SECONDS * (1 << min(streak, 8))))
+    time.sleep(idle_pause_seconds(streak, quiet))
     # They stay parked: the next take() or wait() resumes them, so nothing is fetched before it is wanted.
 
 

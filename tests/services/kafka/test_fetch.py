@@ -6,6 +6,7 @@ record or every partition's end sets it back to WINDOW_LISTEN_SECONDS."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -66,3 +67,28 @@ def test_a_window_that_runs_out_mid_fetch_listens_longer_next_time_and_then_star
     for _ in range(12):
         fetch.read_window(broker, "plans", positions)
     assert max(broker.windows) == fetch.LISTEN_MAX_SECONDS
+
+
+class _Input:
+    """Stands for a Fetcher in ``idle_pause``: its idle streak, when it last read a record, and its parking."""
+
+    def __init__(self, streak: int, quiet: float) -> None:
+        self.idle_streak, self.read_at, self.parked = streak, time.monotonic() - quiet, False
+
+    def park(self) -> None:
+        self.parked = True
+
+
+def test_the_idle_pause_doubles_to_its_longest_and_deepens_after_a_quiet_minute(monkeypatch: Any) -> None:
+    """15, 30, 60, 60 ms... while records keep coming now and then; 250 ms once nothing was read for a minute,
+    judged by the input that read last (a worker with one busy input of two never goes deep)."""
+    pauses = [fetch.idle_pause_seconds(streak, quiet=1.0) for streak in range(5)]
+    assert pauses == [0.015, 0.03, 0.06, 0.06, 0.06]
+    assert fetch.idle_pause_seconds(200, quiet=59.0) == 0.06
+    assert fetch.idle_pause_seconds(200, quiet=60.0) == 0.25
+    slept: list[float] = []
+    monkeypatch.setattr(fetch.time, "sleep", slept.append)
+    quiet, busy = _Input(300, quiet=61.0), _Input(300, quiet=2.0)
+    fetch.idle_pause([quiet, busy])  # type: ignore[list-item]
+    fetch.idle_pause([quiet])  # type: ignore[list-item]
+    assert slept == [0.06, 0.25] and quiet.parked and busy.parked and quiet.idle_streak == 302

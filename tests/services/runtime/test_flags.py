@@ -49,3 +49,16 @@ def test_an_idle_pause_that_is_not_a_whole_number_of_milliseconds_is_ignored_and
     assert done.returncode == 0 and done.stdout.split() == ["0.015", "0.12"]
     warning, = [line for line in done.stderr.splitlines() if "setting-ignored" in line]
     assert "setting=CBGP_IDLE_PAUSE_MS value=2.5" in warning and "using 15" in warning
+
+
+def test_the_deep_idle_pause_is_a_setting_and_never_shorter_than_the_longest_idle_pause() -> None:
+    def read(env: dict[str, str]) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", "import services.kafka.fetch as f; "
+                               "print(f.IDLE_DEEP_AFTER_SECONDS, f.IDLE_PAUSE_DEEP_SECONDS)"],
+                              capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin", **env})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert read({}) == ["60.0", "0.25"]
+    assert read({"CBGP_IDLE_DEEP_AFTER_MS": "5000", "CBGP_IDLE_PAUSE_DEEP_MS": "500"}) == ["5.0", "0.5"]
+    assert read({"CBGP_IDLE_PAUSE_DEEP_MS": "20"}) == ["60.0", "0.06"], "at most the longest pause: off"
