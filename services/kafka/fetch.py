@@ -26,7 +26,7 @@ from services.wire.records import kv
 __all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS",
            "IDLE_DEEP_AFTER_SECONDS", "IDLE_PAUSE_DEEP_SECONDS", "idle_pause_seconds", "Fetcher",
            "first_record", "next_listen", "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok",
-           "idle_pause", "GroupInput"]
+           "idle_pause", "ms_setting", "GroupInput"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -59,28 +59,29 @@ LISTEN_SECONDS = 0.03
 LISTEN_MAX_SECONDS = 2.0
 
 
-def _pause_seconds(name: str, default_ms: int) -> float:
-    """A pause from the environment, in milliseconds (a value that is not a positive integer: the default, and a
-    warning in the log that says so)."""
+def ms_setting(name: str, default_ms: int, minimum: int = 1) -> float:
+    """A time from the environment in whole milliseconds, as seconds (a value that is not a whole number of at
+    least ``minimum``: the default, and a warning in the log that says so)."""
     raw = os.environ.get(name, "").strip()
-    if raw.isdigit() and int(raw) > 0:
+    if raw.isdigit() and int(raw) >= minimum:
         return int(raw) / 1000
     if raw:
+        above = f" above {minimum - 1}" if minimum > 0 else ""
         log.warning(kv(event="setting-ignored", setting=name, value=raw,
-                       reason=f"not a whole number of milliseconds above 0: using {default_ms}"))
+                       reason=f"not a whole number of milliseconds{above}: using {default_ms}"))
     return default_ms / 1000
 
 
 # Both pauses are settings (CBGP_IDLE_PAUSE_MS, CBGP_IDLE_PAUSE_MAX_MS): the first is what a busy stage may add to
 # an answer's latency, the last what an idle fleet costs (docs/operations.md, docs/benchmarks.md).
-IDLE_PAUSE_SECONDS = _pause_seconds("CBGP_IDLE_PAUSE_MS", 15)
-IDLE_PAUSE_MAX_SECONDS = max(IDLE_PAUSE_SECONDS, _pause_seconds("CBGP_IDLE_PAUSE_MAX_MS", 60))
+IDLE_PAUSE_SECONDS = ms_setting("CBGP_IDLE_PAUSE_MS", 15)
+IDLE_PAUSE_MAX_SECONDS = max(IDLE_PAUSE_SECONDS, ms_setting("CBGP_IDLE_PAUSE_MAX_MS", 60))
 # An input that has read nothing for CBGP_IDLE_DEEP_AFTER_MS (a minute) pauses CBGP_IDLE_PAUSE_DEEP_MS (250 ms):
 # a fleet left idle fetches four times a second instead of sixteen, and the first update after such a quiet spell
 # waits up to that much per stage; a stream with shorter gaps never sees it.  CBGP_IDLE_PAUSE_DEEP_MS at or below
 # CBGP_IDLE_PAUSE_MAX_MS turns it off.
-IDLE_DEEP_AFTER_SECONDS = _pause_seconds("CBGP_IDLE_DEEP_AFTER_MS", 60_000)
-IDLE_PAUSE_DEEP_SECONDS = max(IDLE_PAUSE_MAX_SECONDS, _pause_seconds("CBGP_IDLE_PAUSE_DEEP_MS", 250))
+IDLE_DEEP_AFTER_SECONDS = ms_setting("CBGP_IDLE_DEEP_AFTER_MS", 60_000)
+IDLE_PAUSE_DEEP_SECONDS = max(IDLE_PAUSE_MAX_SECONDS, ms_setting("CBGP_IDLE_PAUSE_DEEP_MS", 250))
 
 
 def idle_pause_seconds(streak: int, quiet: float) -> float:

@@ -11,8 +11,6 @@ Each processor's sources and sinks, as data, are ``TOPOLOGIES[processor.service]
 
 from __future__ import annotations
 
-import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -21,14 +19,13 @@ from confluent_kafka import Producer, TopicPartition
 
 from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE_WAIT, TRANSACTION_STEP, UPDATES_IN,
                                           UPDATES_OUT)
-from services.wire.records import Output, kv
+from services.wire.records import Output
 from services.kafka.client import broker_outages
+from services.kafka.fetch import ms_setting
 from services.runtime.life import Stopper, commit_transaction, set_life
 from services.wire.topology import TOPOLOGIES, Topology
 
 __all__ = ["Processor", "Step", "min_transaction_gap", "run_processor"]
-
-log = logging.getLogger("cbgp.runtime")
 
 # The input offsets of one consumer group, for the transaction: (partitions at their next offset, with optional
 # commit metadata; the group's metadata from its member).
@@ -75,13 +72,7 @@ def min_transaction_gap() -> float:
     (default 0).  A gap gathers more input into each transaction: fewer, fuller ones cost the services and the
     broker less per update, and every hop's answers wait up to that much longer (docs/benchmarks.md).  A value
     that is not a whole number of milliseconds is ignored, with one warning line."""
-    raw = os.environ.get("CBGP_MIN_TRANSACTION_MS", "").strip()
-    if raw.isdigit():
-        return int(raw) / 1000
-    if raw:
-        log.warning(kv(event="setting-ignored", setting="CBGP_MIN_TRANSACTION_MS", value=raw,
-                       reason="not a whole number of milliseconds: using 0"))
-    return 0.0
+    return ms_setting("CBGP_MIN_TRANSACTION_MS", 0, minimum=0)
 
 
 def topology(processor: Processor) -> Topology:
