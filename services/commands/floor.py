@@ -106,14 +106,10 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
     if rule.startswith((GROUP, OPTIONAL_GROUP)):
         optional = rule.startswith(OPTIONAL_GROUP)
         group = f"{settings.topic_prefix}{rule[len(OPTIONAL_GROUP if optional else GROUP):]}"
-        consumer = make_consumer(settings, group)
-        try:
-            committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
-        finally:
-            consumer.close()
-        if optional and all(tp.offset < 0 for tp in committed):  # never committed: the duty is not deployed
+        committed = _committed(settings, group, name, partitions, timeout)
+        if optional and all(offset < 0 for offset in committed.values()):  # never committed: not deployed
             return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
-        return {tp.partition: max(tp.offset, 0) for tp in committed}  # no commit yet (-1001): from 0
+        return {p: max(offset, 0) for p, offset in committed.items()}  # no commit yet (-1001): from 0
     if rule.startswith(SPARK_DUTY):
         return _spark_duty(settings, rule[len(SPARK_DUTY):], name, partitions, timeout)
     if rule.startswith(CHECKPOINTS):
@@ -137,6 +133,17 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
     raise ValueError(f"{t.name}: unknown needed_from rule {rule!r}")
 
 
+def _committed(settings: KafkaSettings, group: str, name: str, partitions: list[int],
+               timeout: float) -> dict[int, int]:
+    """``group``'s committed offset of each of ``name``'s ``partitions`` (negative: none yet)."""
+    consumer = make_consumer(settings, group)
+    try:
+        return {tp.partition: tp.offset
+                for tp in consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)}
+    finally:
+        consumer.close()
+
+
 def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[int],
                 timeout: float) -> dict[int, int] | None:
     """What the Spark job's ``duty`` (windows, assembly) reads of ``name``: its group's committed offsets once it
@@ -144,17 +151,13 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
     offset of the windowed queries, from the start while a product is multiplied in Spark; None while no
     registered query needs the duty.  A product is placed as the Spark job places it: on a single owner in a
     fleet whose workers run so (env ``CBGP_PLACEMENT``, as theirs), else as its plan records or decomposes."""
-    from cbgp.query.plan import SINGLE_OWNER, decompose
-    from services.wire.registrations import multiplied_in_spark, read_query, read_registration, recorded_placement
+    from cbgp.query.plan import SINGLE_OWNER
+    from services.wire.registrations import read_registration, recorded_placement, spark_multiplies
 
     fleet_single_owner = os.environ.get("CBGP_PLACEMENT") == SINGLE_OWNER
-    consumer = make_consumer(settings, f"{settings.topic_prefix}spark-{duty}")
-    try:
-        committed = consumer.committed([TopicPartition(name, p) for p in partitions], timeout=timeout)
-    finally:
-        consumer.close()
-    if any(tp.offset >= 0 for tp in committed):
-        return {tp.partition: max(tp.offset, 0) for tp in committed}
+    committed = _committed(settings, f"{settings.topic_prefix}spark-{duty}", name, partitions, timeout)
+    if any(offset >= 0 for offset in committed.values()):
+        return {p: max(offset, 0) for p, offset in committed.items()}
     first: int | None = None  # the lowest offset a registered query needs the duty to read from
     for _query_id, (_p, plan) in _plans(settings).items():
         try:
@@ -162,10 +165,8 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
             if duty == "windows":
                 start = plan["registered_at_seq"] if window is not None else None
             else:
-                parsed, _operators = read_query(text, window)
-                placement = (SINGLE_OWNER if fleet_single_owner or parsed is None
-                             else recorded_placement(plan["plan_json"]) or decompose(parsed).placement)
-                start = 0 if multiplied_in_spark(parsed, window, placement) else None
+                multiplied = spark_multiplies(text, window, recorded_placement(plan["plan_json"]), fleet_single_owner)
+                start = 0 if multiplied else None
         except Exception:  # noqa: BLE001 - a plan the Spark job cannot read it does not serve
             continue
         if start is not None:
@@ -278,11 +279,7 @@ def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int]) -> 
         if checkpoint is not None:
             needed = min(needed, checkpoint.needs.get("updates.encoded", checkpoint.position))
             continue
-        consumer = make_consumer(settings, f"{settings.topic_prefix}workers.encoded.{owner}")
-        try:
-            committed = consumer.committed([TopicPartition(name, 0)], timeout=15)[0].offset
-        finally:
-            consumer.close()
+        committed = _committed(settings, f"{settings.topic_prefix}workers.encoded.{owner}", name, [0], 15)[0]
         if committed >= 0:
             needed = min(needed, committed)
         elif whole:
