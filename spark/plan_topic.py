@@ -11,11 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cbgp.query.plan import SINGLE_OWNER, decompose
 from cbgp.query.sparql import QueryError
 from cbgp.windows.spec import WindowError, WindowSpec
 from services import codec
-from services.wire.registrations import multiplied_in_spark, read_query, read_registration, recorded_placement
+from services.wire.registrations import read_registration, recorded_placement, spark_multiplies
 from spark.topic_tail import TopicTail, per_process
 
 __all__ = ["PlanCache", "RegisteredPlan", "plan_cache"]
@@ -31,18 +30,12 @@ class RegisteredPlan:
 
     def assembled_by_spark(self, fleet_single_owner: bool) -> bool:
         """Whether the workers send this query's part deltas to the Spark job to multiply, as they decide it
-        (``services.wire.registrations.multiplied_in_spark``): the fleet's placement, else the registry's
+        (``services.wire.registrations.spark_multiplies``): the fleet's placement, else the registry's
         record, else the query's own decomposition's."""
-        if self.window is not None:
-            return False
         try:
-            parsed, _operators = read_query(self.sparql, None)
+            return spark_multiplies(self.sparql, self.window, self.placement, fleet_single_owner)
         except QueryError:
             return False  # (the workers dead-letter it)
-        if parsed is None:
-            return False
-        placement = SINGLE_OWNER if fleet_single_owner else self.placement or decompose(parsed).placement
-        return multiplied_in_spark(parsed, None, placement)
 
 
 class PlanCache:

@@ -19,14 +19,15 @@ from typing import Callable, Iterable, Mapping
 
 from cbgp.change import Change
 from cbgp.engine.assembly import needs_assembly
-from cbgp.query.plan import BY_CENTRE, SINGLE_OWNER
+from cbgp.query.plan import BY_CENTRE, SINGLE_OWNER, decompose
 from cbgp.query.sparql import ParsedQuery, QueryError, parse_query
 from cbgp.windows.spec import WindowError, WindowSpec
 from cbgp.windows.rspql import parse_rspql
 from cbgp.windows.spec import window_from_options
 
 __all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "multiplied_in_spark",
-           "read_query", "read_registration", "read_stream", "read_views", "recorded_placement", "stream_iri"]
+           "spark_multiplies", "read_query", "read_registration", "read_stream", "read_views", "recorded_placement",
+           "stream_iri"]
 
 QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream", "cross_product")  # stored with the plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
@@ -63,6 +64,19 @@ def multiplied_in_spark(parsed: ParsedQuery | None, window: WindowSpec | None, p
     placed (``placement``: the record's, or the query's own decomposition's) on a single owner.  The workers and
     the Spark job's gate both decide by this."""
     return parsed is not None and window is None and placement != BY_CENTRE and needs_assembly(parsed)
+
+
+def spark_multiplies(text: str, window: WindowSpec | None, recorded: str | None, fleet_single_owner: bool) -> bool:
+    """:func:`multiplied_in_spark` of a registration's plain ``text``, placed as the workers place it: on a single
+    owner in a fleet whose workers run so, else as its plan records (``recorded``) or its own decomposition.
+    Raises ``QueryError`` for a text out of scope (the workers dead-letter it)."""
+    if window is not None:
+        return False
+    parsed, _operators = read_query(text, None)
+    if parsed is None:
+        return False
+    placement = SINGLE_OWNER if fleet_single_owner else recorded or decompose(parsed).placement
+    return multiplied_in_spark(parsed, None, placement)
 
 
 def recorded_placement(plan_json: str) -> str | None:
