@@ -15,9 +15,10 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from services.commands.floor import trim
+from services.kafka.client import watermarks
 from services.kafka.config import KafkaSettings
 
 __all__ = ["INTERNAL_LOGS", "Trimmer"]
@@ -50,14 +51,7 @@ class Trimmer:
         """The watermarks of the internal logs and of the checkpoints their floors follow: while none moves,
         the floors do not either.  (One consumer for the trimmer's life, not a new one per topic at every look:
         each connects to the broker and fetches its metadata.)"""
-        topics = consumer.list_topics(timeout=10).topics
-        ends = {}
-        for name in INTERNAL_LOGS + WATCHED:
-            meta = topics.get(self.settings.topic(name))
-            partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
-            ends[name] = {p: consumer.get_watermark_offsets(TopicPartition(meta.topic, p), timeout=10)
-                          for p in partitions}
-        return ends
+        return {name: watermarks(consumer, self.settings.topic(name)) for name in INTERNAL_LOGS + WATCHED}
 
     def _run(self) -> None:
         consumer = Consumer(self.settings.consumer_config(f"{self.settings.topic_prefix}trimmer",

@@ -28,6 +28,7 @@ __all__ = [
     "make_consumer",
     "produce_sync",
     "end_offsets",
+    "watermarks",
     "wait_assignment",
     "read_all",
     "consume_until",
@@ -200,13 +201,19 @@ def end_offsets(settings: KafkaSettings, topic: str, timeout: float = 10.0) -> d
     """``{partition: (low, high)}`` watermarks of ``topic`` (high = offset the next record will get)."""
     consumer = Consumer(settings.consumer_config("cbgp-watermarks", enable_partition_eof=False))
     try:
-        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise KafkaException(meta.error if meta else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, topic))
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
-                for p in sorted(meta.partitions)}
+        return watermarks(consumer, topic, timeout)
     finally:
         consumer.close()
+
+
+def watermarks(consumer: Consumer, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
+    """:func:`end_offsets` through a consumer the caller keeps (one that looks often: no new connection each
+    time)."""
+    meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+    if meta is None or meta.error is not None:
+        raise KafkaException(meta.error if meta else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, topic))
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            for p in sorted(meta.partitions)}
 
 
 def wait_assignment(consumer: Consumer, timeout: float = 30.0) -> list[TopicPartition]:

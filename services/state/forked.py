@@ -5,8 +5,8 @@ answered nothing and the workers waiting for its probes waited too (the fleet's 
 updates was 1.7-2.2 s, at those checkpoints).  ``os.fork`` takes 10-30 ms and gives the child the state as of
 that moment, copy-on-write, so the child pickles it on the other core while the service processes the next
 batches; the result comes back through a file without a name.  The child only runs ``fn`` (no Kafka client, no
-lock another thread could hold: the threads are not copied) and leaves with ``os._exit``.  It can briefly double the memory
-the pages it touches take (pickling touches every object).
+lock another thread could hold: the threads are not copied) and leaves with ``os._exit``.  It can briefly double
+the memory the pages it touches take (pickling touches every object).
 """
 
 from __future__ import annotations
