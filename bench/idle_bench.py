@@ -121,10 +121,11 @@ def _probe_producer(run_dir: Path) -> tuple[Any, Any]:
     the client's time, not the fleet's."""
     from services.kafka.client import make_producer
     from services.kafka.config import KafkaSettings
-    from services.kafka.run_env import FILE_NAME
+    from services.kafka.run_env import load_run_env
 
-    values = dict(line.split("=", 1) for line in (run_dir / "run" / FILE_NAME).read_text().splitlines()
-                  if line.startswith("CBGP_"))
+    values = {"CBGP_RUN_DIR": str(run_dir / "run")}
+    if load_run_env(values) is None:
+        raise RuntimeError(f"no run file in {run_dir / 'run'}")
     settings = KafkaSettings.from_env(values)
     producer = make_producer(settings, idempotent=False, linger_ms=0)
     producer.list_topics(settings.topic("updates.raw"), timeout=30)
