@@ -21,7 +21,8 @@ Measured:
 - CPU seconds (user+system, psutil, sampled every second so short-lived Spark Python workers count) of every
   process of the fleet from just before the publish to the end, grouped: broker, supervisor (services.commands.run and
   its live view), ingest, registry, worker-i, answers, spark-jvm, spark-python-workers; and us of CPU per
-  update; the ``cbgp publish`` client's CPU is reported apart (``publish-cli``), not in the fleet total;
+  update; the ``cbgp publish`` client's CPU is reported apart (``publish-cli``), not in the fleet total; the
+  kernel's share of each group's CPU (``system_share``: system time over user+system);
 - per worker: its share of the state entries (``cbgp_query_state_entries`` summed over queries, and
   ``cbgp_state_entries`` summed over partitions, both from its /metrics at the end) and of the workers' CPU.
 - per data-path service (ingest, each worker, answers), from its ``cbgp_hop_latency_seconds`` histogram at the
@@ -223,6 +224,8 @@ class CpuTracker:
         self.t_start = time.time()
         self.first: dict[int, float] = {}
         self.last: dict[int, float] = {}
+        self.first_sys: dict[int, float] = {}
+        self.last_sys: dict[int, float] = {}
         self.group: dict[int, str] = {}
         self._sample(baseline=True)
         self.done = threading.Event()
@@ -240,9 +243,12 @@ class CpuTracker:
                 cpu = t.user + t.system
                 if p.pid not in self.first:
                     # born after the start: all its CPU is the run's
-                    self.first[p.pid] = cpu if baseline or p.create_time() < self.t_start else 0.0
+                    before = baseline or p.create_time() < self.t_start
+                    self.first[p.pid] = cpu if before else 0.0
+                    self.first_sys[p.pid] = t.system if before else 0.0
                     self.group[p.pid] = _group(p, self.root.pid, self.service_of)
                 self.last[p.pid] = cpu
+                self.last_sys[p.pid] = t.system
             except psutil.Error:
                 pass
 
@@ -258,6 +264,13 @@ class CpuTracker:
         for pid, cpu in self.last.items():
             per[self.group[pid]] = per.get(self.group[pid], 0.0) + cpu - self.first[pid]
         return dict(sorted(per.items(), key=lambda kv: -kv[1]))
+
+    def system(self) -> dict[str, float]:
+        """The kernel's part of each group's CPU seconds (after ``stop``)."""
+        per: dict[str, float] = {}
+        for pid, cpu in self.last_sys.items():
+            per[self.group[pid]] = per.get(self.group[pid], 0.0) + cpu - self.first_sys[pid]
+        return per
 
 
 # ------------------------------------------------------------------------------------------- one run
@@ -351,6 +364,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             raise RuntimeError(f"cbgp publish failed ({pub.returncode}): {pub.stderr[-1000:]}")
         t_done, emitted = wait_for_answers(answers_url, expected, t0, args.stall, args.timeout)
         per_cpu = cpu.stop()  # (includes the 3 s of confirmation, idle by then)
+        per_sys = cpu.system()
         hops = hop_latencies({name: metrics(url) for name, url in fleet["metrics"].items()})
         states = {}
         for name, url in fleet["metrics"].items():
@@ -389,6 +403,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             "cpu_s": {k: round(v, 2) for k, v in per_cpu.items()}, "fleet_cpu_s": round(fleet_cpu, 2),
             "cpu_us_per_update": {k: round(1e6 * v / n_updates, 1) for k, v in per_cpu.items()},
             "fleet_cpu_us_per_update": round(1e6 * fleet_cpu / n_updates, 1),
+            "system_share": {k: round(per_sys.get(k, 0.0) / v, 2) for k, v in per_cpu.items() if v > 0},
             "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "latency": latency, "hops": hops,
             "run_dir": str(run_dir) if args.keep else None}
 
