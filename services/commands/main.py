@@ -15,6 +15,7 @@ from typing import Callable
 
 from cbgp.engine_cli import run
 from services.kafka.run_env import load_run_env
+from services.runtime.gc_tuning import tune_gc
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -180,6 +181,7 @@ def add_fleet_commands(commands: argparse._SubParsersAction) -> dict[str, Handle
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    tune_gc()  # (every cbgp process: the services, the Spark driver, cbgp replay)
     load_run_env()  # the local fleet make run started, unless a flag or variable names a broker
     if args[:1] == ["spark-job"]:
         return _run_spark_job(args[1:])  # the job has its own flags (--master, --compact-interval, ...)
