@@ -19,6 +19,12 @@ def present_at(history: list[int], as_of: int) -> bool:
     return bisect.bisect_right(history, as_of) % 2 == 1
 
 
+def _foldable_from(history: list[int]) -> int:
+    """The least watermark at which :meth:`PatternStore.collapse` folds something of ``history`` (two flips or
+    more): its first flip, or the second after a leading -1 (present before the history)."""
+    return history[1] if history[0] == -1 else history[0]
+
+
 Quad = tuple[int, int, int, int]
 
 
@@ -48,14 +54,15 @@ def insert_history(graph: dict[Quad, tuple]) -> list[tuple]:
 class PatternStore:
     """The triples matching one pattern, stored at one end: end value (with a GRAPH ?g, (end value, graph))
     -> other value -> flip history.  A history of one flip ``[k]`` (present since k) is never rewritten; those
-    of more flips are remembered in ``dirty`` until :meth:`collapse` has folded them, so a collapse costs the
-    entries that changed, not the whole state."""
+    of more flips wait in ``dirty``, a heap by the seq from which :meth:`collapse` can fold them, so a collapse
+    costs the entries it folds, not the whole state nor the recent flips it must keep (the workers collapse
+    after every probe record, and the watermark trails the newest flips by a few transactions)."""
 
     __slots__ = ("table", "dirty", "size", "pairs", "sketch", "in_sketch", "sketch_max")
 
     def __init__(self) -> None:
         self.table: dict[int, dict[int, list[int]]] = {}
-        self.dirty: set[tuple[int, int]] = set()
+        self.dirty: list[tuple[int, int, int]] = []  # heap of (foldable from seq, key, other)
         self.size = 0  # (key, other) entries, kept as they change: the state metrics read it every second
         # For route choices: the pairs present, and the SKETCH_SIZE smallest hashes of the keys ever inserted
         # (a k-minimum-values sketch of the distinct keys).  Both follow the changes alone, never a collapse,
@@ -84,7 +91,7 @@ class PatternStore:
             self.size += 1
         else:
             history.append(seq)
-            self.dirty.add((key, other))
+            heapq.heappush(self.dirty, (_foldable_from(history), key, other))
 
     def _note(self, hashed: int) -> None:
         sketch = self.sketch
@@ -118,28 +125,39 @@ class PatternStore:
 
     def collapse(self, watermark: int) -> None:
         """Drop flips no read can need (reads are as of seqs >= watermark): keep the state at the watermark."""
-        table = self.table
-        still: set[tuple[int, int]] = set()
-        for key, other in self.dirty:
+        table, due = self.table, self.dirty
+        while due and due[0][0] <= watermark:
+            _from, key, other = heapq.heappop(due)
             bucket = table.get(key)
             history = bucket.get(other) if bucket else None
             if history is None or len(history) < 2:
-                continue
+                continue  # (folded already: an entry is pushed again at each flip)
             cut = bisect.bisect_right(history, watermark)
             if cut == 0 or (cut == 1 and history[0] == -1):
-                still.add((key, other))  # nothing at or below the watermark to fold
-                continue
+                continue  # nothing at or below the watermark to fold (its current entry is still in the heap)
             history = [-1] + history[cut:] if cut % 2 == 1 else history[cut:]
             if history:
                 bucket[other] = history
                 if len(history) > 1:
-                    still.add((key, other))
+                    heapq.heappush(due, (_foldable_from(history), key, other))
             else:
                 del bucket[other]
                 self.size -= 1
                 if not bucket:
                     del table[key]
-        self.dirty = still
+
+    def __setstate__(self, state: tuple) -> None:
+        """Unpickle; a checkpoint written before ``dirty`` was a heap holds a set of ``(key, other)``."""
+        for name, value in state[1].items():
+            setattr(self, name, value)
+        if isinstance(self.dirty, set):
+            pending = []
+            for key, other in self.dirty:
+                history = self.table.get(key, {}).get(other)
+                if history is not None and len(history) > 1:
+                    pending.append((_foldable_from(history), key, other))
+            heapq.heapify(pending)
+            self.dirty = pending
 
     def entries(self) -> int:
         return self.size
