@@ -190,8 +190,8 @@ class AnswersService:
         # Never past a held delta: a restart re-reads it (see services.answers.release).
         commits = {p: release.commit_position(p, o) for p, o in offsets.items()}
         tps = [TopicPartition(self.t_source, p, o, metadata=m) for p, (o, m) in commits.items()]
-        assert self.consumer is not None
-        return Step(outputs, [(tps, self.consumer.consumer_group_metadata())],
+        assert self.input is not None
+        return Step(outputs, [(tps, self.input.consumer_group_metadata())],
                     sum(len(deltas) for deltas in records if deltas is not None), commits, oldest_origin(msgs),
                     oldest_produced(msgs))
 

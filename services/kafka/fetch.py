@@ -321,6 +321,7 @@ class GroupInput:
         self.callback_error: Exception | None = None
         self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records)
         self.taken: list[TopicPartition] | None = None  # an assignment taken, not yet handed to on_assign
+        self._group_metadata: Any = None  # (consumer_group_metadata: cached until the next rebalance)
         # A named member is static (group.instance.id): restarted, it takes its own partitions back at once,
         # without a rebalance.  Its killed predecessor is still a member until its session expires, and a
         # rebalance started meanwhile waited for it; on noida-db one whose leader was gone never finished.
@@ -335,6 +336,7 @@ class GroupInput:
             self.callback_error = self.callback_error or exc
 
     def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._group_metadata = None  # (a new generation)
         if self.closing:
             return  # a rebalance while leaving (others left too): the handle cannot fetch offsets any more
         consumer.assign(partitions)
@@ -350,6 +352,7 @@ class GroupInput:
         self.fetcher.set_positions(positions)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._group_metadata = None
         try:
             self.fetcher.set_positions({})
             if self.taken is not None:
@@ -375,7 +378,13 @@ class GroupInput:
         return self.fetcher.poll()
 
     def consumer_group_metadata(self) -> Any:
-        return self.member.consumer_group_metadata()
+        """The member's group metadata for a transaction's offsets, asked of librdkafka once per assignment: the
+        call waits for librdkafka's main thread, and under load that wait was 3% of a worker's time, paid in
+        every transaction.  The metadata (generation, member id) changes only in a rebalance, whose callbacks
+        drop the cached one; one gone stale all the same fails its transaction, and the next life asks again."""
+        if self._group_metadata is None:
+            self._group_metadata = self.member.consumer_group_metadata()
+        return self._group_metadata
 
     def close(self) -> None:
         self.closing = True

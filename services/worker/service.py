@@ -145,6 +145,7 @@ class WorkerService:
         self.stopped = StoppedQueries(settings.topic("queries.status"))
         self.dirty = False  # plan positions moved: commit the shard offsets with the new metadata
         self.encoded: dict[int, Consumer] = {}  # whole shard partition -> consumer of its group (commits only)
+        self.encoded_metadata: dict[int, object] = {}  # whole shard partition -> that consumer's group metadata
         # The one fetching reader of updates.encoded, assigned at the lowest whole-shard position; its epoch
         # changes on every re-assignment so a batch fetched before a shard opened is never fed to it.
         self.encoded_reader = Fetcher(settings, "worker.encoded", args.batch)
@@ -258,11 +259,14 @@ class WorkerService:
         offset, metadata = (tp.offset, tp.metadata) if tp.offset >= 0 else (self.core.first_position(partition), None)
         self.pending.extend(self.core.open_shard("whole", partition, offset, metadata))
         self.encoded[partition] = committer
+        # (a consumer that never joins its group: its metadata never changes, and asking costs a main-thread wait)
+        self.encoded_metadata[partition] = committer.consumer_group_metadata()
         self._assign_encoded_reader()
 
     def _close_whole(self, partition: int) -> None:
         self.core.close_shard("whole", partition)
         committer = self.encoded.pop(partition, None)
+        self.encoded_metadata.pop(partition, None)
         if committer is not None:
             committer.close()
         if not self.encoded:
@@ -508,11 +512,11 @@ class WorkerService:
         metadata = self.core.metadata()
         routed = [TopicPartition(self.t_routed, p, s.position, metadata=metadata)
                   for (kind, p), s in self.core.shards.items() if kind == "routed" and p in self.assigned]
-        offsets = [(routed, self.consumer.consumer_group_metadata())]
-        for partition, committer in self.encoded.items():
+        assert self.routed_in is not None
+        offsets = [(routed, self.routed_in.consumer_group_metadata())]
+        for partition, group_metadata in self.encoded_metadata.items():
             shard = self.core.shards[("whole", partition)]
-            offsets.append(([TopicPartition(self.t_encoded, 0, shard.position, metadata=metadata)],
-                            committer.consumer_group_metadata()))
+            offsets.append(([TopicPartition(self.t_encoded, 0, shard.position, metadata=metadata)], group_metadata))
         return offsets
 
     def _report(self) -> None:
