@@ -27,6 +27,7 @@ from services.kafka.config import KafkaSettings, add_kafka_flags
 from services.kafka.client import end_offsets
 from services.kafka.topics import ensure_topics
 from services.kafka.broker import EMBEDDED_REBALANCE_TIMEOUT_MS, free_port
+from services.runtime.gc_tuning import tune_gc
 from services.runtime.life import Stopper
 from services.runtime.supervise import ChildProcess, cbgp_command, http_ok
 
@@ -546,6 +547,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_gc()  # (as every cbgp process)
     parser = argparse.ArgumentParser(prog="python -m services.commands.run", description=__doc__.split("\n")[0])
     add_kafka_flags(parser)
     parser.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds (default: Ctrl-C)")
