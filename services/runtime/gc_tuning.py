@@ -3,8 +3,8 @@
 The engine and the services allocate a tuple or a dict per change, binding and probe, and almost none of them
 ever sits in a reference cycle: reference counting frees them.  Python's default collects the youngest
 generation every 700 allocations and walks what survives each time; in the workers that walk was a quarter to a
-third of the engine's CPU (docs/benchmarks.md, the collector).  Collecting every 50,000 allocations keeps the
-cycles that do occur (tracebacks, closures) to a few MB while the walk is paid 70 times less often.
+third of the engine's CPU (docs/benchmarks.md, the collector).  Collecting every 50,000 allocations frees the
+cycles that do occur (tracebacks, closures) a little later, and pays the walk 70 times less often.
 """
 
 from __future__ import annotations
