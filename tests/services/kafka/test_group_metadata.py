@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from services.kafka.client import make_producer
+from services.kafka.client import broker_outages, make_producer
 from services.kafka.fetch import GroupInput
 from services.runtime.life import commit_transaction
 
@@ -30,9 +30,9 @@ def _settle(members: list[GroupInput], partitions: int, timeout: float = 60.0) -
     raise AssertionError(f"no settled assignment within {timeout:.0f} s: {held}")
 
 
-def _commit(producer: Any, member: GroupInput, topic: str, offset: int) -> None:
+def _commit(producer: Any, member: GroupInput, topic: str, offset: int, life: int) -> None:
     tps = [TopicPartition(topic, tp.partition, offset) for tp in member.member.assignment()]
-    commit_transaction(producer, [], [(tps, member.consumer_group_metadata())], timeout=30)
+    commit_transaction(producer, [], [(tps, member.consumer_group_metadata())], timeout=30, life=life)
 
 
 def test_the_group_metadata_is_kept_until_a_rebalance_and_commits_before_and_after_one(kafka_settings) -> None:
@@ -40,18 +40,19 @@ def test_the_group_metadata_is_kept_until_a_rebalance_and_commits_before_and_aft
     group = settings.topic("metadata-test")
     first = GroupInput(settings, group, [topic], 10)
     producer = make_producer(settings, transactional_id=f"{group}.tx")
+    life = broker_outages()  # (the outages earlier tests' broker restarts counted are not this producer's)
     second = None
     try:
         _settle([first], settings.partitions)
         before = first.consumer_group_metadata()
         assert first.consumer_group_metadata() is before  # asked once
-        _commit(producer, first, topic, 0)
+        _commit(producer, first, topic, 0, life)
 
         second = GroupInput(settings, group, [topic], 10)
         _settle([first, second], settings.partitions)
         after = first.consumer_group_metadata()
         assert after is not before  # the rebalance dropped it
-        _commit(producer, first, topic, 0)
+        _commit(producer, first, topic, 0, life)
         committed = first.member.committed(list(first.member.assignment()), timeout=30)
         assert committed and all(tp.offset == 0 for tp in committed)
     finally:

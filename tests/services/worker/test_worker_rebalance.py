@@ -10,6 +10,7 @@ worker that owned them now.
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -47,7 +48,7 @@ def test_revoked_partitions_stop_at_once_and_come_back_only_unchanged(kafka_sett
     args = argparse.Namespace(group=None, instance_id="rebalance-test", batch=100, assembly="worker")
     service = WorkerService(settings, args)
     member = make_consumer(settings, service.group)  # answers committed() for the group, like the real member
-    service.consumer = member
+    play_member(service, member)
     routed = settings.topic("updates.routed")
     every = [TopicPartition(routed, p) for p in range(settings.partitions)]
 
@@ -138,6 +139,13 @@ def test_a_revoked_partition_whose_snapshot_had_no_rows_is_restored_and_marks_th
         member.close()
 
 
+def play_member(service: WorkerService, member: Any) -> None:
+    """``member`` as the worker's group input: its committed offsets and its group metadata (as GroupInput gives
+    them); the test closes it."""
+    service.consumer = member
+    service.routed_in = SimpleNamespace(consumer_group_metadata=member.consumer_group_metadata, close=lambda: None)
+
+
 def worker_over(settings: KafkaSettings, lines: list[str], instance_id: str) -> tuple[WorkerService, Any]:
     """A worker service (and a member of its group, to play the group's calls) holding every partition, with
     ``lines`` published and applied as its loop would."""
@@ -145,7 +153,7 @@ def worker_over(settings: KafkaSettings, lines: list[str], instance_id: str) -> 
     args = argparse.Namespace(group=None, instance_id=instance_id, batch=100, assembly="worker")
     service = WorkerService(settings, args)
     member = make_consumer(settings, service.group)
-    service.consumer = member
+    play_member(service, member)
     routed = settings.topic("updates.routed")
     service.load_plans()
     service.on_assign(member, member.committed([TopicPartition(routed, p) for p in range(settings.partitions)],
