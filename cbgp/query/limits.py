@@ -41,7 +41,7 @@ def limit(name: str, default: int) -> int:
     """A limit from the environment (``name``), else ``default``; a value that is not a positive integer is the
     default (the services check their flags themselves)."""
     raw = os.environ.get(name, "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else default
+    return int(raw) if raw.isascii() and raw.isdigit() and int(raw) > 0 else default
 
 
 def text_problem(text: str, kind: str = "query") -> TextProblem | None:

@@ -11,7 +11,6 @@ Split from ``services.runtime.life`` (one job per module); ``services.runtime.li
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Iterable, Sequence
 
@@ -20,13 +19,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from services.kafka.client import make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
+from services.runtime.settings import ms_setting
 from services.metrics.exposition import record_consumer_lag
 from services.wire.records import kv
 
 __all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS",
            "IDLE_DEEP_AFTER_SECONDS", "IDLE_PAUSE_DEEP_SECONDS", "idle_pause_seconds", "Fetcher",
            "first_record", "next_listen", "WINDOW_POLL_SECONDS", "WINDOW_LISTEN_SECONDS", "read_window", "record_ok",
-           "idle_pause", "ms_setting", "GroupInput"]
+           "idle_pause", "GroupInput"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -57,19 +57,6 @@ log = logging.getLogger("cbgp.runtime")
 # ingest for good: 51 records read, then none in 60 s (bench/lsbench_fleet.py --updates 600000).
 LISTEN_SECONDS = 0.03
 LISTEN_MAX_SECONDS = 2.0
-
-
-def ms_setting(name: str, default_ms: int, minimum: int = 1) -> float:
-    """A time from the environment in whole milliseconds, as seconds (a value that is not a whole number of at
-    least ``minimum``: the default, and a warning in the log that says so)."""
-    raw = os.environ.get(name, "").strip()
-    if raw.isdigit() and int(raw) >= minimum:
-        return int(raw) / 1000
-    if raw:
-        above = f" above {minimum - 1}" if minimum > 0 else ""
-        log.warning(kv(event="setting-ignored", setting=name, value=raw,
-                       reason=f"not a whole number of milliseconds{above}: using {default_ms}"))
-    return default_ms / 1000
 
 
 # Both pauses are settings (CBGP_IDLE_PAUSE_MS, CBGP_IDLE_PAUSE_MAX_MS): the first is what a busy stage may add to

@@ -7,9 +7,10 @@ nothing.  This module holds no Kafka client and no HTTP server, so the Kafka-fre
 
 from __future__ import annotations
 
-import os
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from services.runtime.settings import whole_setting
 
 __all__ = [
     "UPDATES_IN", "UPDATES_OUT", "DELTAS_EMITTED", "STATE_ENTRIES", "STATE_BYTES", "CONSUMER_LAG",
@@ -26,8 +27,7 @@ OTHER_QUERIES = "_other"
 
 
 def _query_labels() -> int:
-    raw = os.environ.get(QUERY_LABELS_SETTING, "")
-    return int(raw) if raw.isdigit() else DEFAULT_QUERY_LABELS
+    return whole_setting(QUERY_LABELS_SETTING, DEFAULT_QUERY_LABELS, unit="queries")
 
 
 class QueryLabels:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
+
+from services.runtime.settings import whole_setting
 
 SETTING = "CBGP_GC_THRESHOLD"
 DEFAULT_THRESHOLD = 50_000
@@ -22,15 +23,8 @@ OLDER_THRESHOLDS = (20, 100)
 def tune_gc(environ: dict[str, str] | os._Environ = os.environ) -> tuple[int, int, int]:
     """Set the collector's thresholds from ``CBGP_GC_THRESHOLD`` (allocations between collections of the youngest
     generation; ``0`` keeps Python's defaults); returns the thresholds in force.  A value that is not a whole
-    number: the default, and one line on stderr that says so."""
-    raw = environ.get(SETTING, "").strip()
-    threshold = DEFAULT_THRESHOLD
-    if raw:
-        if raw.isdigit():
-            threshold = int(raw)
-        else:
-            print(f"cbgp: warning: {SETTING}={raw!r} is not a whole number of allocations: using "
-                  f"{DEFAULT_THRESHOLD}", file=sys.stderr)
+    number: the default, and one warning line that says so (``services.runtime.settings``)."""
+    threshold = whole_setting(SETTING, DEFAULT_THRESHOLD, unit="allocations", environ=environ)
     if threshold > 0:
         gc.set_threshold(threshold, *OLDER_THRESHOLDS)
     return gc.get_threshold()

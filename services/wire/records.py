@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from cbgp.query.limits import limit
 from cbgp.terms import stable_term_id
 from services import codec
 from services.metrics.instruments import REJECTED_INPUTS
+from services.wire.loglines import kv  # (re-exported: every service imports it from here)
 
 __all__ = ["Output", "ORIGIN_HEADER", "WHOLE_QUERY_PART", "dead_letter", "query_error", "query_partition", "kv"]
 
@@ -52,15 +52,6 @@ def query_partition(query_id: str, partitions: int) -> int:
     Explicit and hash-stable in every process (librdkafka's partitioner is not what other clients use).
     """
     return stable_term_id(query_id) % partitions
-
-
-def kv(**fields: Any) -> str:
-    """``key=value`` pairs for one structured log line (values with spaces are quoted)."""
-    parts = []
-    for key, value in fields.items():
-        text = str(value)
-        parts.append(f"{key}={text!r}" if (" " in text or not text) else f"{key}={text}")
-    return " ".join(parts)
 
 
 # Record sizes. An answer carries its terms whole and must fit in one Kafka record (the broker's default

@@ -77,3 +77,13 @@ def test_update_requests_are_measured_too() -> None:
         extractor.apply(deep)
     with pytest.raises(UpdateRequestError, match="lone surrogate"):
         extractor.apply('INSERT DATA { <http://a> <http://b> "\ud800" }')
+
+
+@pytest.mark.parametrize("raw", ["²", "-5", "0", "1.5", "big"])
+def test_a_limit_that_is_not_a_positive_whole_number_is_the_default(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """('²'.isdigit() is true, and int() refuses it: it must not raise from the check every query passes.)"""
+    from cbgp.query.limits import DEFAULT_MAX_QUERY_BYTES, limit
+
+    monkeypatch.setenv("CBGP_MAX_QUERY_BYTES", raw)
+    assert limit("CBGP_MAX_QUERY_BYTES", DEFAULT_MAX_QUERY_BYTES) == DEFAULT_MAX_QUERY_BYTES
+    assert text_problem("SELECT * WHERE { ?s ?p ?o }") is None

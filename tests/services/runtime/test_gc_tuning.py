@@ -29,10 +29,11 @@ def test_a_setting_is_taken_and_zero_keeps_pythons_thresholds():
     assert tune_gc({"CBGP_GC_THRESHOLD": "0"}) == (700, 10, 10)
 
 
-def test_a_bad_value_warns_in_one_line_and_uses_the_default(capsys):
-    assert tune_gc({"CBGP_GC_THRESHOLD": "lots"})[0] == DEFAULT_THRESHOLD
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["cbgp: warning: CBGP_GC_THRESHOLD='lots' is not a whole number of allocations: using 50000"]
+def test_a_bad_value_warns_in_one_line_and_uses_the_default(caplog):
+    with caplog.at_level("WARNING", logger="cbgp.runtime"):
+        assert tune_gc({"CBGP_GC_THRESHOLD": "lots"})[0] == DEFAULT_THRESHOLD
+    assert caplog.messages == ["event=setting-ignored setting=CBGP_GC_THRESHOLD value=lots "
+                               "reason='not a whole number of allocations: using 50000'"]
 
 
 def test_the_cbgp_command_runs_with_the_setting():
