@@ -29,6 +29,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from cbgp.query.limits import DEFAULT_MAX_UPDATE_BYTES, limit
+
 VIRTUOSO = "virtuoso-t"
 ISQL = "isql-vt"
 
@@ -256,7 +258,13 @@ def start_oxigraph(*, writable: bool = False) -> Endpoint:
             parsed = urllib.parse.urlsplit(self.path)
             params = dict(urllib.parse.parse_qsl(parsed.query))
             if self.command == "POST":
-                length = int(self.headers.get("Content-Length") or 0)
+                raw_length = (self.headers.get("Content-Length") or "0").strip()
+                if not (raw_length.isascii() and raw_length.isdigit()):
+                    raise ValueError(f"Content-Length {raw_length[:40]!r} is not a number of bytes")
+                length, most = int(raw_length), limit("CBGP_MAX_UPDATE_BYTES", DEFAULT_MAX_UPDATE_BYTES)
+                if length > most:
+                    raise ValueError(f"a request body of {length:,} bytes, over the limit of {most:,} "
+                                     "(CBGP_MAX_UPDATE_BYTES)")
                 body = self.rfile.read(length).decode()
                 content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
                 if content_type == "application/x-www-form-urlencoded":
@@ -271,8 +279,8 @@ def start_oxigraph(*, writable: bool = False) -> Endpoint:
             if urllib.parse.urlsplit(self.path).path != "/sparql":
                 self._reply(404, b"not found", "text/plain")
                 return
-            params = self._params()
             try:
+                params = self._params()
                 if "update" in params:
                     if not writable:
                         self._reply(403, b"this endpoint is read-only", "text/plain")
@@ -295,6 +303,7 @@ def start_oxigraph(*, writable: bool = False) -> Endpoint:
                         content_type = "application/n-triples"
                 self._reply(200, body, content_type)
             except (SyntaxError, ValueError, OSError) as exc:
+                self.close_connection = True  # (a body left unread must not be taken for the next request)
                 self._reply(400, str(exc).encode(), "text/plain")
 
         do_GET = do_POST = _handle

@@ -154,3 +154,25 @@ def test_a_read_only_endpoint_refuses_updates_over_http_and_listens_on_loopback_
         if address != "127.0.0.1":  # another interface of this machine: nothing listens there
             with pytest.raises(OSError):
                 socket.create_connection((address, port), timeout=2).close()
+
+
+@pytest.mark.parametrize("length, reason", [("ten", "is not a number of bytes"), ("-5", "is not a number of bytes"),
+                                            ("99999999999", "over the limit")])
+def test_the_oxigraph_endpoint_answers_a_bad_content_length_with_one_line_and_goes_on(length: str, reason: str) -> None:
+    """The length a client claims is never trusted: not a number, or more than an update may be, is a 400 naming
+    it (the body is not read), the connection closes, and the next request is answered."""
+    import http.client
+    import urllib.parse
+
+    with start_endpoint("oxigraph") as endpoint:
+        url = urllib.parse.urlsplit(endpoint.query_url)
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        connection.putrequest("POST", url.path)
+        connection.putheader("Content-Type", "application/sparql-query")
+        connection.putheader("Content-Length", length)
+        connection.endheaders()
+        reply = connection.getresponse()
+        assert reply.status == 400 and reason in reply.read().decode()
+        connection.close()
+        rows = SparqlRemote(endpoint.query_url, f"?user <{EX}hasFollowers> ?n", "user").fill()
+        assert list(rows) == []
