@@ -283,8 +283,10 @@ def make_app(gw: Gateway) -> web.Application:
         if last_id:
             try:
                 start = int(last_id) + 1
+                if start < 1:
+                    raise ValueError
             except ValueError:
-                return _problem(400, "Last-Event-ID must be an answer number")
+                return _problem(400, "Last-Event-ID must be an answer number >= 0")
         refused = connection_refused(request)
         if refused is not None:
             return refused

@@ -187,6 +187,9 @@ def test_sse_resumes_with_last_event_id_without_loss_or_repeats(gw: Gw) -> None:
     everything = sse_events(gw, "/queries/sse/answers?live=false", None)
     assert first + rest == everything
     assert [e["sign"] for e in everything].count("-") == 2
+    for bad in ("-4", "three", "9" * 5000):  # (int() refuses more than 4,300 digits)
+        refused = requests.get(gw.url + "/queries/sse/answers", headers={**gw.h(RO), "Last-Event-ID": bad}, timeout=10)
+        assert refused.status_code == 400 and "Last-Event-ID must be an answer number" in refused.text
     # from=N is the same as Last-Event-ID: N-1; folding the stream gives /current.
     assert sse_events(gw, "/queries/sse/answers?from=6&live=false", None) == everything[5:]
     fold: dict[str, int] = {}
