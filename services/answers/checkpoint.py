@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from services.wire.records import kv
+from services.wire.loglines import kv
 from services.answers.release import SeqRelease
 from services.state.shards import dump_shard
 

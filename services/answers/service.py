@@ -20,7 +20,8 @@ from services.runtime import recovery
 from services.answers.release import SeqRelease
 from services.metrics.exposition import record_consumer_lag
 from services.runtime.runner import Step, run_processor
-from services.wire.records import Output, kv
+from services.wire.records import Output
+from services.wire.loglines import kv
 from services.wire.stopped import StoppedQueries
 from services.runtime.life import (checkpoint_at_stop, oldest_origin, oldest_produced, origin_ms, require_broker_kept,
                                    service_command)

@@ -18,7 +18,7 @@ from cbgp.background.view_graphs import ServiceView, ViewGraph, fleet_policy
 from cbgp.query.sparql import QueryError
 from services.metrics.instruments import BACKGROUND_ACCURACY, BACKGROUND_REFRESHES, BACKGROUND_VIEW_TRIPLES
 from services.wire.registrations import read_registration, read_views
-from services.wire.records import kv
+from services.wire.loglines import kv
 
 log = logging.getLogger("cbgp.background")
 

@@ -27,7 +27,8 @@ from services.metrics.instruments import UPDATES_OUT
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_consumer, make_producer
 from services.runtime.life import Stopper, service_command
-from services.wire.records import kv, query_error
+from services.wire.records import query_error
+from services.wire.loglines import kv
 from services.kafka.replay import require_from
 from services.kafka.fetch import WINDOW_POLL_SECONDS, read_window, record_ok
 

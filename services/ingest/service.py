@@ -19,7 +19,8 @@ from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_producer
 from services.metrics.exposition import record_consumer_lag
 from services.runtime.runner import Step, run_processor
-from services.wire.records import Output, kv
+from services.wire.records import Output
+from services.wire.loglines import kv
 from services.runtime.life import Stopper, checkpoint_at_stop, require_broker_kept, service_command
 from services.kafka.fetch import GroupInput
 from services.kafka.checkpoint_log import CheckpointLog

@@ -21,7 +21,8 @@ from confluent_kafka.admin import AdminClient
 from services.kafka.client import end_offsets
 from services.kafka.replay import records_between
 from services.kafka.config import KafkaSettings
-from services.wire.records import Output, kv
+from services.wire.records import Output
+from services.wire.loglines import kv
 from services.wire.sealed import CheckpointKeyMissing, mac
 
 __all__ = ["CHUNK_BYTES", "CheckpointLog", "Saved", "checkpoint_records", "latest", "latest_positions"]

@@ -28,7 +28,7 @@ from services.wire.registrations import change_seq_before
 from services.registry.core import VERSION_HEADER, Decision, Registry, tombstone_version
 from services.kafka.truncation import LogTruncated
 from services.runtime.life import Stopper, wait_for_topics
-from services.wire.records import kv
+from services.wire.loglines import kv
 from services.wire.pages import PageError, page, page_params
 from services.kafka.replay import read_range
 

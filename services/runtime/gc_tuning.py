@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import os
 
-from services.runtime.settings import whole_setting
+from services.wire.settings import whole_setting
 
 SETTING = "CBGP_GC_THRESHOLD"
 DEFAULT_THRESHOLD = 50_000
@@ -23,7 +23,7 @@ OLDER_THRESHOLDS = (20, 100)
 def tune_gc(environ: dict[str, str] | os._Environ = os.environ) -> tuple[int, int, int]:
     """Set the collector's thresholds from ``CBGP_GC_THRESHOLD`` (allocations between collections of the youngest
     generation; ``0`` keeps Python's defaults); returns the thresholds in force.  A value that is not a whole
-    number: the default, and one warning line that says so (``services.runtime.settings``)."""
+    number: the default, and one warning line that says so (``services.wire.settings``)."""
     threshold = whole_setting(SETTING, DEFAULT_THRESHOLD, unit="allocations", environ=environ)
     if threshold > 0:
         gc.set_threshold(threshold, *OLDER_THRESHOLDS)

@@ -23,7 +23,8 @@ from services.kafka.client import broker_outages
 from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated
 from services.metrics.exposition import start_metrics_server
 from services.wire.failures import EXIT_TOO_MANY_FAILURES, TooManyFailures
-from services.wire.records import ORIGIN_HEADER, Output, kv
+from services.wire.records import ORIGIN_HEADER, Output
+from services.wire.loglines import kv
 from services.wire.sealed import CheckpointKeyMissing
 from services.wire.sealed import key as checkpoint_key
 # Re-exported: the services import their input and replay helpers from here.

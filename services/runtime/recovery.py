@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from services.metrics.instruments import RESTORE_PROGRESS
 from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import CheckpointLog
-from services.wire.records import kv
+from services.wire.loglines import kv
 from services.kafka.replay import read_range
 from services.state import presence
 from services.state.checkpointing import DEFAULT_CHECKPOINT_BUDGET, Checkpoint, Checkpointer, unusable

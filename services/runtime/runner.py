@@ -21,7 +21,7 @@ from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE
                                           UPDATES_OUT)
 from services.wire.records import Output
 from services.kafka.client import broker_outages
-from services.runtime.settings import ms_setting
+from services.wire.settings import ms_setting
 from services.runtime.life import Stopper, commit_transaction, set_life
 from services.wire.topology import TOPOLOGIES, Topology
 

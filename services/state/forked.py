@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from services.wire.records import kv
+from services.wire.loglines import kv
 
 __all__ = ["FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob"]
 

@@ -13,7 +13,7 @@ import time
 from typing import Any, Iterable, Protocol
 
 from services.metrics.instruments import CHECKPOINT_BYTES, CHECKPOINT_TIME
-from services.wire.records import kv
+from services.wire.loglines import kv
 from services.state.store import Store, StoreError
 from services.wire.sealed import KEY_SETTING, seal, unseal
 

@@ -23,9 +23,8 @@ from cbgp.query.limits import limit
 from cbgp.terms import stable_term_id
 from services import codec
 from services.metrics.instruments import REJECTED_INPUTS
-from services.wire.loglines import kv  # (re-exported: every service imports it from here)
 
-__all__ = ["Output", "ORIGIN_HEADER", "WHOLE_QUERY_PART", "dead_letter", "query_error", "query_partition", "kv"]
+__all__ = ["Output", "ORIGIN_HEADER", "WHOLE_QUERY_PART", "dead_letter", "query_error", "query_partition"]
 
 WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers; parts of a multi-part query are 0, 1, ...
 

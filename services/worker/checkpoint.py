@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from services.wire.records import kv
+from services.wire.loglines import kv
 from services.state.shards import dump_shard
 from services.worker.shard import LogReader, QueryInfo, Shard
 

@@ -21,7 +21,8 @@ from services.worker import probes as worker_probes
 from services.wire.idempotence import SNAPSHOT_INDEX_BASE
 from services.metrics.instruments import RESTORE_PROGRESS
 from services.wire.registrations import change_seq_before, read_query, read_registration, recorded_placement, stream_iri
-from services.wire.records import Output, kv, query_partition
+from services.wire.records import Output, query_partition
+from services.wire.loglines import kv
 from services.worker.snapshots import Bases, BaseSource
 from services.worker.points import Tail, log_tail, needed_below, passed, point_of
 from services.worker.outputs import WorkerOutputs

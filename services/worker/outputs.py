@@ -21,7 +21,8 @@ from typing import Iterable
 from cbgp.distributed.evaluator import Outputs as ProbeOutputs
 from services import codec
 from services.wire.idempotence import SNAPSHOT_INDEX_BASE, WHOLE_SOURCE_PARTITION
-from services.wire.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, kv, query_partition
+from services.wire.records import ORIGIN_HEADER, WHOLE_QUERY_PART, Output, dead_letter, query_partition
+from services.wire.loglines import kv
 from services.worker.probes import ProbeRouting
 from services.worker.shard import QueryInfo, Shard
 

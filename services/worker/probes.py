@@ -15,7 +15,8 @@ from cbgp.distributed.program import ComponentProgram
 from cbgp.distributed.program import compile_component
 from cbgp.distributed.versioned_state import fold, insert_history
 from services import codec
-from services.wire.records import Output, kv, query_partition
+from services.wire.records import Output, query_partition
+from services.wire.loglines import kv
 
 # The worker core's types, by name (it imports this module): a routed ``Shard`` and a ``QueryInfo``.
 Shard = Any

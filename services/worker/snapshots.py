@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping, NamedTuple
 from cbgp.change import ROLE_BOTH, Change, change_of, routes
 from cbgp.distributed.versioned_state import fold
 from services import codec
-from services.wire.records import kv
+from services.wire.loglines import kv
 from services.worker.points import log_tail
 from services.worker.probes import Before, RecordReader, record_changes
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from services.runtime.settings import ms_setting, whole_setting
+from services.wire.settings import ms_setting, whole_setting
 
 
 @pytest.mark.parametrize("raw, expected", [("", 7), ("  ", 7), ("0", 0), ("12", 12), (" 12 ", 12)])
