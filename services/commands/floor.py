@@ -60,6 +60,7 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     except KafkaException as exc:
         raise BrokerUnreachable(f"cannot list topics on {settings.bootstrap_servers}: {exc.args[0]}") from None
     result: dict[str, dict[str, int]] = {}
+    memo: dict[str, object] = {}  # what more than one rule reads, read once per floor (ingest's snapshot record)
     for t in specs:
         name = settings.topic(t.name)
         if name not in existing:
@@ -67,7 +68,7 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
         partitions = sorted(existing[name].partitions)
         offsets: dict[int, int] | None = None
         for rule in t.rules:
-            needed = _needed(settings, t, rule, name, partitions, timeout)
+            needed = _needed(settings, t, rule, name, partitions, timeout, memo)
             if needed is not None:  # (None: that reader needs nothing of it now)
                 offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
         if offsets is None:
@@ -97,7 +98,7 @@ def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
 
 
 def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partitions: list[int],
-            timeout: float) -> dict[int, int] | None:
+            timeout: float, memo: dict[str, object]) -> dict[int, int] | None:
     """What one reader (``rule``) still needs of topic ``name``, per partition; None when it needs nothing now."""
     if rule == FROM_START:
         return {p: 0 for p in partitions}
@@ -125,7 +126,7 @@ def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partiti
     if rule.startswith(REGISTRATIONS):
         return _registrations(settings, settings.topic(rule[len(REGISTRATIONS):]), name, partitions)
     if rule == BASE:
-        return _base(settings, name, partitions)
+        return _base(settings, name, partitions, memo)
     if rule == WHOLE_SHARDS:
         return _whole_shards(settings, name, partitions)
     if rule == LAST_CHANGE:
@@ -174,17 +175,21 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
     return None if first is None else {p: first for p in partitions}
 
 
-def _base(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
+def _base(settings: KafkaSettings, name: str, partitions: list[int], memo: dict[str, object]) -> dict[int, int]:
     """The offsets of ``name`` ingest's latest snapshot matches (updates.encoded: its position; updates.routed:
     the routed ends it records); 0 without one that records them, or one of another log: its readers then read
-    from offset 0."""
-    from services.runtime.recovery import load_ingest_snapshot
+    from offset 0.  Only the snapshot's record is read (once per floor), not the state it holds."""
+    from services.runtime.recovery import ingest_snapshot_record
 
-    loaded = load_ingest_snapshot(settings, "floor")
-    if name == settings.topic("updates.encoded"):
-        recorded = loaded[0].get("positions", {}).get(name, {}) if loaded is not None else {}
+    if "ingest" not in memo:
+        memo["ingest"] = ingest_snapshot_record(settings, "floor")
+    record = memo["ingest"]
+    if not isinstance(record, dict):
+        recorded = {}
+    elif name == settings.topic("updates.encoded"):
+        recorded = record.get("positions", {}).get(name, {})
     else:
-        recorded = loaded[0].get("facts", {}).get("routed_ends", {}) if loaded is not None else {}
+        recorded = record.get("facts", {}).get("routed_ends", {})
     ends = {int(p): int(end) for p, end in recorded.items()}
     highs = end_offsets(settings, name)
     if any(end > highs[p][1] for p, end in ends.items() if p in highs):

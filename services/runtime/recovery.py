@@ -67,12 +67,24 @@ def load_ingest_snapshot(settings: KafkaSettings, reader: str) -> tuple[dict, di
     """Ingest's latest snapshot in ``checkpoints.ingest``, loaded: ``(checkpoint record, presence set with insert
     seqs, published terms)`` (``services.state.presence.load_snapshot``); None when there is none, it cannot be
     read (one log line, :meth:`CheckpointLog.get`) or it is of another format.  ``reader``: who reads it."""
+    blob = _ingest_snapshot_blob(settings, reader)
+    return presence.load_snapshot(blob) if blob is not None else None
+
+
+def ingest_snapshot_record(settings: KafkaSettings, reader: str) -> dict | None:
+    """The checkpoint record of ingest's latest snapshot alone (its positions and facts), None as
+    :func:`load_ingest_snapshot`: for a reader of where it stands, not of its state."""
+    blob = _ingest_snapshot_blob(settings, reader)
+    return presence.snapshot_record(blob) if blob is not None else None
+
+
+def _ingest_snapshot_blob(settings: KafkaSettings, reader: str) -> bytes | None:
     remote = CheckpointLog(settings, {"ingest": settings.topic("checkpoints.ingest")}, reader)
     try:
         saved = remote.get("ingest", 0)
     finally:
         remote.close()
-    return presence.load_snapshot(saved.blob) if saved is not None else None
+    return saved.blob if saved is not None else None
 
 
 def ingest_snapshot(settings: KafkaSettings, reader: str, logs: Iterable[str]

@@ -103,6 +103,24 @@ def snapshot(present: Presence, terms: Iterable[tuple[int, str]], record: Mappin
 def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] | None:
     """``(checkpoint record, presence set, terms)`` of a :func:`snapshot` blob; None for one of another format or
     whose seal does not verify under this fleet's key (never unpickled then)."""
+    state = _snapshot_state(blob)
+    if state is None:
+        return None
+    if state["format"] == 1:
+        present = dict.fromkeys(_QUAD.iter_unpack(state["present"]), UNKNOWN_SEQ)
+    else:
+        present = {(s, p, o, g): seq for s, p, o, g, seq in _QUAD_SEQ.iter_unpack(state["present"])}
+    return state["checkpoint"], present, state["terms"]
+
+
+def snapshot_record(blob: bytes) -> dict | None:
+    """The checkpoint record of a :func:`snapshot` blob alone (what a reader of its positions needs: the presence
+    set, 130,000 quads after 150,000 LSBench updates, is not rebuilt); None as :func:`load_snapshot`."""
+    state = _snapshot_state(blob)
+    return state["checkpoint"] if state is not None else None
+
+
+def _snapshot_state(blob: bytes) -> dict | None:
     data = unseal(blob)
     if data is None:
         return None
@@ -112,8 +130,4 @@ def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] |
         return None
     if not isinstance(state, dict) or state.get("format") not in (1, SNAPSHOT_FORMAT):
         return None
-    if state["format"] == 1:
-        present = dict.fromkeys(_QUAD.iter_unpack(state["present"]), UNKNOWN_SEQ)
-    else:
-        present = {(s, p, o, g): seq for s, p, o, g, seq in _QUAD_SEQ.iter_unpack(state["present"])}
-    return state["checkpoint"], present, state["terms"]
+    return state

@@ -247,6 +247,11 @@ def test_ingests_snapshot_for_kafka_round_trips_its_state_and_refuses_another_fo
     assert presence.load_snapshot(seal(older)) == ({}, dict.fromkeys(present, presence.UNKNOWN_SEQ), terms)
     assert presence.load_snapshot(seal(pickle.dumps({"format": 0}))) is None
     assert presence.load_snapshot(b"not a pickle") is None
+    # its record alone, for readers of where it stands (`cbgp topics floor`), refused the same way
+    assert presence.snapshot_record(blob) == {"format": 1, "positions": {}}
+    assert presence.snapshot_record(seal(older)) == {}
+    for refused in (older, seal(pickle.dumps({"format": 0})), b"not a pickle", seal(pickle.dumps([1]))):
+        assert presence.snapshot_record(refused) is None
 
 
 def test_with_the_state_on_disk_ingest_writes_the_same_logs_and_restores_by_opening_the_store(tmp_path: Path) -> None:
