@@ -27,12 +27,14 @@ Measured:
   ``cbgp_state_entries`` summed over partitions, both from its /metrics at the end) and of the workers' CPU.
 - per data-path service (ingest, each worker, answers), from its ``cbgp_hop_latency_seconds`` histogram at the
   end: p50/p99 of the time from the produce of the update behind each batch to the service polling it, having
-  processed it and having committed it (``hops``): where the produce-to-answer latency goes, hop by hop.
+  processed it and having committed it (``hops``): where the produce-to-answer latency goes, hop by hop;
+  and the transactions it committed per second of the run (``transactions_per_s``: the turns of its loop).
 
 Paced (``--paced RATE``): instead of one ``cbgp publish`` burst, the same updates are produced at RATE updates/s
 (messages of 50, as bench/fleet_bench.py does), and once every answer is out the answers topic is read: the
 latency of an answer is its ``produced_at_ms`` minus the produce time of the raw record that caused it (the
 ``cbgp-origin-ms`` header); p50/p99/max over every answer.  CPU is then per update at that rate.
+``--latency-trace FILE`` keeps every answer's two times, to see when the slow ones happened.
 
 Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-connected query alone (default: the
 2-hop path ``?a foaf:knows ?b . ?b sib:like ?post`` over the like stream, centre ?b; ``--heavy FILE`` for another);
@@ -155,6 +157,14 @@ def hop_latencies(pages: dict[str, dict[str, float]]) -> dict[str, dict[str, lis
         if points:
             out[name] = points
     return out
+
+
+def transactions(pages: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per data-path service, the transactions it has committed (``cbgp_transaction_step_seconds`` of its commit
+    step): one turn of its loop each."""
+    return {name: count for name, page in pages.items()
+            if (count := sum(v for k, v in page.items()
+                             if k.startswith("cbgp_transaction_step_seconds_count{") and 'step="commit"' in k))}
 
 
 def percentiles(ms: list[int]) -> dict[str, float]:
@@ -349,6 +359,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
         producer = make_producer(settings, linger_ms=1) if args.paced else None
         cpu = CpuTracker(proc.pid)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        turns_before = transactions({name: metrics(url) for name, url in fleet["metrics"].items()})
         t0 = time.time()
         if producer is not None:
             from fleet_bench import produce  # (fleet_bench imports this module)
@@ -365,7 +376,9 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
         t_done, emitted = wait_for_answers(answers_url, expected, t0, args.stall, args.timeout)
         per_cpu = cpu.stop()  # (includes the 3 s of confirmation, idle by then)
         per_sys = cpu.system()
-        hops = hop_latencies({name: metrics(url) for name, url in fleet["metrics"].items()})
+        pages = {name: metrics(url) for name, url in fleet["metrics"].items()}
+        hops = hop_latencies(pages)
+        turns = {name: count - turns_before.get(name, 0) for name, count in transactions(pages).items()}
         states = {}
         for name, url in fleet["metrics"].items():
             if name.startswith("worker-"):
@@ -377,10 +390,15 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             from fleet_bench import AnswerReader
             reader = AnswerReader(settings, answers_url)
             try:
-                timed = [(query, produced - origin)
-                         for query, (produced, origin) in zip(reader.query_ids, reader.until(expected, 300)) if origin]
+                answers = list(zip(reader.query_ids, reader.until(expected, 300)))
             finally:
                 reader.close()
+            timed = [(query, produced - origin) for query, (produced, origin) in answers if origin]
+            if args.latency_trace is not None:
+                with open(args.latency_trace, "a", encoding="utf-8") as trace:
+                    for query, (produced, origin) in answers:
+                        trace.write(json.dumps({"run_dir": run_dir.name, "workers": workers, "placement": placement,
+                                                "query": query, "origin_ms": origin, "produced_ms": produced}) + "\n")
             if not timed:
                 raise RuntimeError("no answer carries its update's origin time (cbgp-origin-ms): no latency")
             latency = {"rate": args.paced, **percentiles([ms for _query, ms in timed]), "answers_timed": len(timed),
@@ -405,6 +423,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             "fleet_cpu_us_per_update": round(1e6 * fleet_cpu / n_updates, 1),
             "system_share": {k: round(per_sys.get(k, 0.0) / v, 2) for k, v in per_cpu.items() if v > 0},
             "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "latency": latency, "hops": hops,
+            "transactions_per_s": {k: round(v / seconds, 1) for k, v in turns.items()},
             "run_dir": str(run_dir) if args.keep else None}
 
 
@@ -423,7 +442,9 @@ def describe(r: dict) -> str:
                if r.get("latency") else "")
             + ("; hops from produce, p50/p99 ms: " + ", ".join(
                 f"{name} " + " ".join(f"{point} {p50:.0f}/{p99:.0f}" for point, (p50, p99) in points.items())
-                for name, points in r["hops"].items()) if r.get("hops") else ""))
+                for name, points in r["hops"].items()) if r.get("hops") else "")
+            + ("; transactions/s: " + ", ".join(f"{name} {n:.0f}" for name, n in r["transactions_per_s"].items())
+               if r.get("transactions_per_s") else ""))
 
 
 def _pct(x: float | None) -> str:
@@ -633,6 +654,10 @@ def main(argv: list[str] | None = None) -> int:
     add_fleet_env_flag(parser)
     parser.add_argument("--paced", type=float, default=None, metavar="RATE",
                         help="produce the updates at RATE updates/s and report answer latency (p50, p99, max)")
+    parser.add_argument("--latency-trace", type=Path, default=None, metavar="FILE",
+                        help="with --paced: append every answer's query, update produce time (origin_ms) and "
+                             "answer produce time (produced_ms) to FILE, one JSON object a line, to see when the "
+                             "slow answers happened")
     parser.add_argument("--in-memory", action="store_true",
                         help="no fleet: the workers' cores in memory, one routed partition each (--workers: the "
                              "partition counts), and the evaluator alone against one engine (see in_memory)")

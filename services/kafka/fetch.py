@@ -19,9 +19,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from services.kafka.client import make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
-from services.wire.settings import ms_setting
 from services.metrics.exposition import record_consumer_lag
 from services.wire.loglines import kv
+from services.wire.settings import ms_setting
 
 __all__ = ["LISTEN_SECONDS", "LISTEN_MAX_SECONDS", "IDLE_PAUSE_SECONDS", "IDLE_PAUSE_MAX_SECONDS",
            "IDLE_DEEP_AFTER_SECONDS", "IDLE_PAUSE_DEEP_SECONDS", "idle_pause_seconds", "Fetcher",

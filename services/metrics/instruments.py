@@ -7,7 +7,6 @@ nothing.  This module holds no Kafka client and no HTTP server, so the Kafka-fre
 
 from __future__ import annotations
 
-
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.wire.settings import whole_setting
