@@ -22,7 +22,8 @@ from services import codec
 from services.codec import canonical_binding, current_key, term_from_avro
 from services.metrics.instruments import ANSWER_LATENCY, DELTAS_EMITTED, QueryLabels
 from services.wire.idempotence import ORDERED_SOURCE_BELOW
-from services.wire.records import (ANSWER_OVERHEAD_BYTES, DEFAULT_MAX_RECORD_BYTES, ORIGIN_HEADER, RECORD_SETTING, WHOLE_QUERY_PART, Output, dead_letter)
+from services.wire.records import (ANSWER_OVERHEAD_BYTES, DEFAULT_MAX_RECORD_BYTES, ORIGIN_HEADER, RECORD_SETTING,
+                                   WHOLE_QUERY_PART, Output, dead_letter)
 from services.wire.loglines import kv
 
 log = logging.getLogger("cbgp.answers")
