@@ -60,7 +60,7 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     except KafkaException as exc:
         raise BrokerUnreachable(f"cannot list topics on {settings.bootstrap_servers}: {exc.args[0]}") from None
     result: dict[str, dict[str, int]] = {}
-    memo: dict[str, object] = {}  # what more than one rule reads, read once per floor (ingest's snapshot record)
+    memo: dict[str, dict | None] = {}  # what more than one rule reads, once per floor (ingest's snapshot record)
     for t in specs:
         name = settings.topic(t.name)
         if name not in existing:
@@ -98,7 +98,7 @@ def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
 
 
 def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partitions: list[int],
-            timeout: float, memo: dict[str, object]) -> dict[int, int] | None:
+            timeout: float, memo: dict[str, dict | None]) -> dict[int, int] | None:
     """What one reader (``rule``) still needs of topic ``name``, per partition; None when it needs nothing now."""
     if rule == FROM_START:
         return {p: 0 for p in partitions}
@@ -175,7 +175,7 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
     return None if first is None else {p: first for p in partitions}
 
 
-def _base(settings: KafkaSettings, name: str, partitions: list[int], memo: dict[str, object]) -> dict[int, int]:
+def _base(settings: KafkaSettings, name: str, partitions: list[int], memo: dict[str, dict | None]) -> dict[int, int]:
     """The offsets of ``name`` ingest's latest snapshot matches (updates.encoded: its position; updates.routed:
     the routed ends it records); 0 without one that records them, or one of another log: its readers then read
     from offset 0.  Only the snapshot's record is read (once per floor), not the state it holds."""
@@ -183,10 +183,8 @@ def _base(settings: KafkaSettings, name: str, partitions: list[int], memo: dict[
 
     if "ingest" not in memo:
         memo["ingest"] = ingest_snapshot_record(settings, "floor")
-    record = memo["ingest"]
-    if not isinstance(record, dict):
-        recorded = {}
-    elif name == settings.topic("updates.encoded"):
+    record = memo["ingest"] or {}  # (none: its readers read from offset 0)
+    if name == settings.topic("updates.encoded"):
         recorded = record.get("positions", {}).get(name, {})
     else:
         recorded = record.get("facts", {}).get("routed_ends", {})
