@@ -71,6 +71,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -479,11 +480,13 @@ def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: i
 
 
 def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], placement: str,
-                    terms: dict[int, str]) -> dict:
+                    terms: dict[int, str], after_turn: Callable[[], object] | None = None,
+                    keep: list | None = None) -> dict:
     """The workers' cores (services.worker.core, codec included) with one routed partition each, fed their
     logs round robin (3 records a turn, then a flush: one transaction), probes written back to the logs they
     go to; the whole shard of each query on its owner (single-owner); ``terms``: the dictionary topic (what
-    FILTERs read).  CPU seconds per core (process time), and the state entries at the end."""
+    FILTERs read).  CPU seconds per core (process time), and the state entries at the end.  ``after_turn``: called
+    after each core's turn (as the runner's last step after a transaction); ``keep``: gets the cores."""
     from cbgp.query.plan import SINGLE_OWNER
     from services import codec
     from services.wire.records import query_partition
@@ -515,6 +518,8 @@ def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], place
         core.open_shard("routed", p, 0, None)
         if placement == SINGLE_OWNER and p in owners:
             core.open_shard("whole", p, 0, None)
+    if keep is not None:
+        keep.extend(cores)
     cpu = [0.0] * n
     cursors, encoded_cursor = [0] * n, [0] * n
     answers = 0
@@ -537,6 +542,8 @@ def cores_in_memory(routed: dict, encoded: list, queries: dict[str, Path], place
                     encoded_cursor[p] += 1
                     busy = True
             outputs += core.flush_batches()
+            if after_turn is not None:
+                after_turn()
             cpu[p] += time.process_time() - started
             for out in outputs:
                 if out.topic == "m.updates.routed":

@@ -113,6 +113,8 @@ REJECTED_INPUTS = Counter("cbgp_rejected_inputs", "Inputs sent to the dead-lette
                           ["service", "reason"])
 PATH_PAIRS = Gauge("cbgp_path_pairs", "Pairs the property-path closures of one query hold in this process (bound: "
                    "CBGP_MAX_PATH_PAIRS; the largest queries by themselves, the rest as _other).", ["query"])
+FROZEN_OBJECTS = Gauge("cbgp_gc_frozen_objects", "Objects the collector no longer walks (frozen after a transaction: "
+                       "the long-lived state; CBGP_GC_FREEZE_INTERVAL_MS).")
 RESTORE_PROGRESS = Gauge("cbgp_restore_progress_ratio", "State restore progress of a partition, 0..1.", ["partition"])
 RESTORE_MISSING_OFFSETS = Gauge(
     "cbgp_restore_missing_offsets", "Offsets a restore needed that the log no longer has (deleted by retention or "

@@ -22,6 +22,7 @@ from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE
 from services.wire.records import Output
 from services.kafka.client import broker_outages
 from services.wire.settings import ms_setting
+from services.runtime.gc_tuning import HeapSettler
 from services.runtime.life import Stopper, commit_transaction, set_life
 from services.wire.topology import TOPOLOGIES, Topology
 
@@ -94,7 +95,9 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
        A checkpoint is taken here (the state as of this commit, unless the broker was lost in this life), written
        off the loop (a thread for ingest, a forked child for the workers and answers), saved to the instance's
        disk once written, and its Kafka records ride in the first transaction after that (a step of its own when
-       idle): then, at that transaction's step 4, the older ones are trimmed.
+       idle): then, at that transaction's step 4, the older ones are trimmed;
+    5. at most every ``CBGP_GC_FREEZE_INTERVAL_MS``, what survives is frozen out of the collector's walks
+       (:class:`services.runtime.gc_tuning.HeapSettler`): the state is not walked again.
     A stop request ends the loop between batches: ``close(clean=True)``, every transaction committed.
     """
     service = processor.service
@@ -109,6 +112,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
         processor.open()
         ready[0] = True
         gap, last_commit = min_transaction_gap(), 0.0
+        heap = HeapSettler()
         while not stopper.stopping:
             if gap:
                 wait = last_commit + gap - time.monotonic()
@@ -125,6 +129,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
             commit_transaction(processor.producer, step.outputs, step.offsets, life=life)  # step 3 (a), (b), (c)
             last_commit = time.monotonic()
             processor.committed(step)  # step 4
+            heap.settle()  # step 5
             if step.offsets:
                 done = time.monotonic()
                 updates_in.inc(step.inputs)
