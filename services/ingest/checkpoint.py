@@ -7,6 +7,10 @@ whole state as one snapshot blob for ``checkpoints.ingest``, which the service q
 once :meth:`CheckpointWriter.done` hands it back.  Written on the service's thread, a checkpoint of the first
 100,000 LSBench updates stopped ingest for 0.25 s every 10 s, and every answer behind it waited (the fleet's
 p99).  No Kafka here.
+
+The thread gives the interpreter's lock back every few hundred quads (:func:`_give_way`): holding it, it made the
+service's thread, back from each Kafka call, wait up to the interpreter's 5 ms switch interval for it, and ingest
+ran at a fraction of its pace for the whole write (docs/benchmarks.md, ingest's snapshot and the lock).
 """
 
 from __future__ import annotations
@@ -94,6 +98,10 @@ class CheckpointWriter:
                 store_error = exc
         blob = None
         if capture.present is not None and capture.published is not None:
-            terms = [(term_id, decode(term_id)) for term_id in capture.published]
-            blob = presence.snapshot(capture.present, terms, capture.checkpoint.to_json())
+            terms = ((term_id, decode(term_id)) for term_id in capture.published)
+            blob = presence.snapshot(capture.present, terms, capture.checkpoint.to_json(), pause=_give_way)
         return Written(capture, blob, store_error, time.monotonic() - started)
+
+
+def _give_way() -> None:
+    time.sleep(0)  # (releases the lock: a thread waiting for it takes it now, not at the next switch interval)

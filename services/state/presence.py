@@ -17,8 +17,8 @@ import pickle
 import struct
 import sys
 from array import array
-from itertools import chain
-from typing import Iterable, Iterator, Mapping
+from itertools import chain, islice
+from typing import Callable, Iterable, Iterator, Mapping
 
 from services.state.store import Store
 from services.wire.sealed import seal, unseal
@@ -90,14 +90,29 @@ def changes(changed: Mapping[Quad, int | None], new_terms: Iterable[tuple[int, s
 SNAPSHOT_FORMAT = 2  # 1: quads without their insert seqs (loaded with UNKNOWN_SEQ)
 
 
-def snapshot(present: Presence, terms: Iterable[tuple[int, str]], record: Mapping) -> bytes:
+SLICE = 512  # quads or terms between two calls of a snapshot's ``pause``
+
+
+def snapshot(present: Presence, terms: Iterable[tuple[int, str]], record: Mapping,
+             pause: Callable[[], object] | None = None) -> bytes:
     """The whole state as one blob (ingest's checkpoint in Kafka): the checkpoint record, the presence set packed
-    40 bytes a quad (its four ids, then its insert seq), and the published terms."""
-    packed = array("q", chain.from_iterable((*quad, seq) for quad, seq in present.items()))
+    40 bytes a quad (its four ids, then its insert seq), and the published terms.  ``pause``: called every
+    ``SLICE`` quads and terms (a background writer gives the interpreter's lock back there: see
+    ``services.ingest.checkpoint``)."""
+    packed, items = array("q"), iter(present.items())
+    while part := list(islice(items, SLICE)):
+        packed.extend(chain.from_iterable((*quad, seq) for quad, seq in part))
+        if pause is not None:
+            pause()
     if sys.byteorder == "little":
         packed.byteswap()  # big-endian, as the store's keys
+    listed, terms = [], iter(terms)
+    while part := list(islice(terms, SLICE)):
+        listed += part
+        if pause is not None:
+            pause()
     return seal(pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "present": packed.tobytes(),
-                              "terms": list(terms)}, protocol=pickle.HIGHEST_PROTOCOL))
+                              "terms": listed}, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] | None:

@@ -307,3 +307,15 @@ def test_with_the_state_on_disk_ingest_writes_the_same_logs_and_restores_by_open
     assert _rows(logs.encoded) == _rows(reference.encoded)
     assert sorted(v for values in logs.dictionary.values() for v in values) == sorted(
         v for values in reference.dictionary.values() for v in values)
+
+
+def test_a_snapshot_written_in_slices_pauses_between_them_and_is_the_same_blob() -> None:
+    """A background writer gives the interpreter's lock back between slices (services.ingest.checkpoint): the
+    pause comes every SLICE quads and terms, and the blob is byte for byte the one written in one go."""
+    present = {(i, 2, i + 1, 0): i + 1 for i in range(3 * presence.SLICE + 7)}
+    terms = [(i, f"<http://example.org/{i}>") for i in range(presence.SLICE + 1)]
+    pauses = []
+    blob = presence.snapshot(present, iter(terms), {"seq": 9}, pause=lambda: pauses.append(1))
+    assert len(pauses) == 4 + 2  # (four slices of quads, two of terms)
+    assert blob == presence.snapshot(present, terms, {"seq": 9})
+    assert presence.load_snapshot(blob) == ({"seq": 9}, present, terms)
