@@ -11,6 +11,7 @@ Each processor's sources and sinks, as data, are ``TOPOLOGIES[processor.service]
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -21,12 +22,18 @@ from services.metrics.instruments import (HOP_LATENCY, PROCESSING_LATENCY, QUEUE
                                           UPDATES_OUT)
 from services.wire.records import Output
 from services.kafka.client import broker_outages
+from services.wire.loglines import kv
 from services.wire.settings import ms_setting
 from services.runtime.gc_tuning import HeapSettler
 from services.runtime.life import Stopper, commit_transaction, set_life
 from services.wire.topology import TOPOLOGIES, Topology
 
 __all__ = ["Processor", "Step", "min_transaction_gap", "run_processor"]
+
+log = logging.getLogger("cbgp.runtime")
+# A turn (poll, process, commit, committed) longer than this is logged with its parts (event=slow-turn): where a
+# stage stopped, and every answer behind it waited.
+SLOW_TURN_SECONDS = ms_setting("CBGP_SLOW_TURN_MS", 250)
 
 # The input offsets of one consumer group, for the transaction: (partitions at their next offset, with optional
 # commit metadata; the group's metadata from its member).
@@ -118,6 +125,7 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
                 wait = last_commit + gap - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)  # (more input gathers meanwhile: fewer, fuller transactions)
+            asked = time.monotonic()
             batch = processor.poll()  # step 1
             started, polled_at = time.monotonic(), time.time()
             step = processor.process(batch)  # step 2
@@ -129,7 +137,13 @@ def run_processor(processor: Processor, stopper: Stopper, ready: list[bool]) -> 
             commit_transaction(processor.producer, step.outputs, step.offsets, life=life)  # step 3 (a), (b), (c)
             last_commit = time.monotonic()
             processor.committed(step)  # step 4
-            heap.settle()  # step 5
+            settled = heap.settle()  # step 5
+            turn_end = time.monotonic()
+            if turn_end - asked > SLOW_TURN_SECONDS:
+                log.info(kv(event="slow-turn", seconds=f"{turn_end - asked:.3f}", poll_s=f"{started - asked:.3f}",
+                            process_s=f"{processed - started:.3f}", commit_s=f"{last_commit - processed:.3f}",
+                            committed_s=f"{turn_end - last_commit:.3f}", inputs=step.inputs, outputs=len(step.outputs),
+                            settled=settled))
             if step.offsets:
                 done = time.monotonic()
                 updates_in.inc(step.inputs)
