@@ -152,6 +152,8 @@ class AnswersService:
         assert self.input is not None
         msgs = [m for m in self.input.poll() if record_ok(m, log)]
         self.plans.poll()
+        if msgs:
+            self.dictionary.follow()  # (ahead of the deltas that will need the terms: see Dictionary)
         return msgs
 
     def process(self, msgs: list[Message]) -> Step | None:
