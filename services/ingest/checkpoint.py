@@ -10,7 +10,7 @@ p99).  No Kafka here.
 
 The thread gives the interpreter's lock back every few hundred quads (:func:`_give_way`): holding it, it made the
 service's thread, back from each Kafka call, wait up to the interpreter's 5 ms switch interval for it, and ingest
-ran at a fraction of its pace for the whole write (docs/benchmarks.md, ingest's snapshot and the lock).
+ran at a tenth of its pace for the whole write (bench/snapshot_lock_bench.py).
 """
 
 from __future__ import annotations
