@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                          "garbage_at_end_max": max(r["garbage_at_end"] for r in results)}
         got = summary[name]
         print(f"settler {name}: longest collection {got['longest_ms_median']} ms {got['longest_ms_range']}, cores' "
-              f"CPU {got['cpu_s_median']} s {got['cpu_s_range']}, cyclic garbage at the end {got['garbage_at_end_max']:,}")
+              f"CPU {got['cpu_s_median']} s {got['cpu_s_range']}, cyclic garbage at the end "
+              f"{got['garbage_at_end_max']:,}")
     print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "updates": args.updates, "summary": summary,
                       "runs": runs}))
     return 0

@@ -43,12 +43,13 @@ class HeapSettler:
     survives (``gc.freeze``), so a later collection walks only what was allocated since.
 
     Why: with the threshold above, the middle generation gathers up to a million survivors before it is walked,
-    and the oldest holds the whole state; in the workers' cores a middle collection took 250 ms once state had
+    and the oldest holds the whole state; in the workers' cores a middle collection took 220-318 ms once state had
     grown (bench/gc_pause_bench.py), a stall every stage waiting on that worker pays.  The cost: cyclic garbage
     that outlives a freeze is never collected (none was found in that bench's run); ``cbgp_gc_frozen_objects``
     shows what is frozen, which should follow the state's size."""
 
-    def __init__(self, environ: dict[str, str] | os._Environ = os.environ, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, environ: dict[str, str] | os._Environ = os.environ,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = whole_setting(FREEZE_SETTING, DEFAULT_FREEZE_INTERVAL_MS, unit="milliseconds",
                                       environ=environ) / 1000
         self.clock = clock
