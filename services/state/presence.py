@@ -99,20 +99,23 @@ def snapshot(present: Presence, terms: Iterable[tuple[int, str]], record: Mappin
     40 bytes a quad (its four ids, then its insert seq), and the published terms.  ``pause``: called every
     ``SLICE`` quads and terms (a background writer gives the interpreter's lock back there: see
     ``services.ingest.checkpoint``)."""
-    packed, items = array("q"), iter(present.items())
-    while part := list(islice(items, SLICE)):
+    packed = array("q")
+    for part in _slices(present.items(), pause):
         packed.extend(chain.from_iterable((*quad, seq) for quad, seq in part))
-        if pause is not None:
-            pause()
     if sys.byteorder == "little":
         packed.byteswap()  # big-endian, as the store's keys
-    listed, terms = [], iter(terms)
-    while part := list(islice(terms, SLICE)):
-        listed += part
-        if pause is not None:
-            pause()
+    listed = [term for part in _slices(terms, pause) for term in part]
     return seal(pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "present": packed.tobytes(),
                               "terms": listed}, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _slices(items: Iterable, pause: Callable[[], object] | None) -> Iterator[list]:
+    """``items`` in lists of ``SLICE``, ``pause`` called after each one has been used."""
+    items = iter(items)
+    while part := list(islice(items, SLICE)):
+        yield part
+        if pause is not None:
+            pause()
 
 
 def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] | None:
