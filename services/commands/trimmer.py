@@ -15,27 +15,38 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from services.commands.floor import trim
-from services.kafka.client import watermarks
+from services.kafka.client import make_consumer, watermarks
 from services.kafka.config import KafkaSettings
+from services.kafka.topics import GROUP, RULES, TOPICS
+from services.wire.settings import ms_setting
 
-__all__ = ["INTERNAL_LOGS", "Trimmer"]
+__all__ = ["INTERNAL_LOGS", "QUICK_LOGS", "QUICK_INTERVAL_SECONDS", "Trimmer"]
 
 # The logs only the fleet reads, each needed back to its floor at most.
 INTERNAL_LOGS = ("updates.raw", "updates.encoded", "updates.routed", "deltas.parts")
 WATCHED = ("checkpoints.ingest", "checkpoints.routed", "checkpoints.whole", "checkpoints.deltas")
+# Those whose floor is one consumer group's committed offset alone: {log: group service}.
+QUICK_LOGS = {spec.name: spec.needed_from[len(GROUP):] for spec in TOPICS if spec.name in INTERNAL_LOGS
+              and spec.needed_from.startswith(GROUP) and RULES not in spec.needed_from}
+# 0: the quick logs wait for the full pass too.
+QUICK_INTERVAL_SECONDS = ms_setting("CBGP_TRIM_QUICK_INTERVAL_MS", 1000, minimum=0)
 
 
 class Trimmer:
-    """A thread that trims ``INTERNAL_LOGS`` every ``interval`` seconds, one line per trim (or failure) in
-    ``log_path``; :meth:`close` stops it."""
+    """A thread that trims ``INTERNAL_LOGS`` every ``interval`` seconds and ``QUICK_LOGS`` every
+    ``quick_interval``, one line per full pass (or failure) in ``log_path``; :meth:`close` stops it."""
 
-    def __init__(self, settings: KafkaSettings, interval: float, log_path: Path) -> None:
+    def __init__(self, settings: KafkaSettings, interval: float, log_path: Path,
+                 quick_interval: float = QUICK_INTERVAL_SECONDS) -> None:
         self.settings, self.interval, self.log_path = settings, interval, log_path
+        self.quick_interval = min(quick_interval, interval) if quick_interval > 0 else interval
         self.stopping = threading.Event()
-        self.trims = 0  # trims that deleted something
+        self.trims = 0  # full passes that deleted something
+        self.quick_trims = 0  # quick trims that deleted something
         self.thread = threading.Thread(target=self._run, name="trimmer", daemon=True)
 
     def start(self) -> "Trimmer":
@@ -53,19 +64,54 @@ class Trimmer:
         each connects to the broker and fetches its metadata.)"""
         return {name: watermarks(consumer, self.settings.topic(name)) for name in INTERNAL_LOGS + WATCHED}
 
+    def _quick(self, admin: AdminClient, consumer: Consumer, groups: dict[str, Consumer]) -> int:
+        """Delete each quick log's records below its group's committed offset; the partitions trimmed.  (The
+        clients are the thread's: no new connection per look.)"""
+        cut = 0
+        for name, group in groups.items():
+            topic = self.settings.topic(name)
+            lows = {p: low for p, (low, _high) in watermarks(consumer, topic).items()}
+            committed = group.committed([TopicPartition(topic, p) for p in lows], timeout=10)
+            wanted = [tp for tp in committed if tp.offset > lows[tp.partition]]
+            if wanted:
+                for future in admin.delete_records(wanted, request_timeout=10).values():
+                    future.result(10)
+                cut += len(wanted)
+        return cut
+
     def _run(self) -> None:
         consumer = Consumer(self.settings.consumer_config(f"{self.settings.topic_prefix}trimmer",
                                                           enable_partition_eof=False))
+        groups = {name: make_consumer(self.settings, f"{self.settings.topic_prefix}{service}")
+                  for name, service in QUICK_LOGS.items()} if self.quick_interval < self.interval else {}
+        admin = AdminClient(self.settings.admin_config())
         try:
-            self._loop(consumer)
+            self._loop(consumer, admin, groups)
         finally:
+            for group in groups.values():
+                group.close()
             consumer.close()
 
-    def _loop(self, consumer: Consumer) -> None:
+    def _loop(self, consumer: Consumer, admin: AdminClient, groups: dict[str, Consumer]) -> None:
         seen: dict | None = None  # the logs' watermarks at the last trim: unchanged, nothing can be trimmed
+        quick_failed = False  # (one line per streak of failed quick trims)
+        due = time.monotonic() + self.interval
         with open(self.log_path, "a", encoding="utf-8") as log:
-            while not self.stopping.wait(self.interval):
+            while not self.stopping.wait(max(0.0, min(self.quick_interval, due - time.monotonic()))):
                 started = time.monotonic()
+                if started < due:
+                    try:
+                        self.quick_trims += self._quick(admin, consumer, groups) > 0
+                        quick_failed = False
+                    except Exception as exc:  # noqa: BLE001 - one line; the next look tries again
+                        if not quick_failed:
+                            log.write(f"ts={time.strftime('%Y-%m-%dT%H:%M:%S')} event=quick-trim-failed "
+                                      f"reason={type(exc).__name__}: "
+                                      f"{str(exc).splitlines()[0] if str(exc) else ''}\n")
+                            log.flush()
+                        quick_failed = True
+                    continue
+                due = started + self.interval
                 try:
                     ends = self._ends(consumer)
                     if ends == seen:
@@ -81,5 +127,6 @@ class Trimmer:
                     where = ",".join(f"{topic.removeprefix(self.settings.topic_prefix)}[{p}]@{offset}"
                                      for topic, parts in sorted(cut.items()) for p, offset in sorted(parts.items()))
                     log.write(f"ts={time.strftime('%Y-%m-%dT%H:%M:%S')} event=trimmed "
-                              f"seconds={time.monotonic() - started:.3f} logs={where or '-'}\n")
+                              f"seconds={time.monotonic() - started:.3f} logs={where or '-'} "
+                              f"quick_trims={self.quick_trims}\n")
                 log.flush()
