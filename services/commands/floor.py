@@ -7,12 +7,12 @@ itself imports the topics module.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from services.kafka.client import end_offsets, make_consumer
+from services.kafka.client import end_offsets, make_consumer, watermarks
 from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import latest_positions
 from services.kafka.replay import read_range
@@ -60,7 +60,16 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     except KafkaException as exc:
         raise BrokerUnreachable(f"cannot list topics on {settings.bootstrap_servers}: {exc.args[0]}") from None
     result: dict[str, dict[str, int]] = {}
-    memo: dict[str, dict | None] = {}  # what more than one rule reads, once per floor (ingest's snapshot record)
+    reads = _Reads(settings)
+    try:
+        _floors(settings, specs, existing, timeout, reads, result)
+    finally:
+        reads.close()
+    return result
+
+
+def _floors(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec], existing: dict, timeout: float,
+            reads: _Reads, result: dict[str, dict[str, int]]) -> None:
     for t in specs:
         name = settings.topic(t.name)
         if name not in existing:
@@ -68,13 +77,12 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
         partitions = sorted(existing[name].partitions)
         offsets: dict[int, int] | None = None
         for rule in t.rules:
-            needed = _needed(settings, t, rule, name, partitions, timeout, memo)
+            needed = _needed(settings, t, rule, name, partitions, timeout, reads)
             if needed is not None:  # (None: that reader needs nothing of it now)
                 offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
         if offsets is None:
-            offsets = {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+            offsets = {p: hi for p, (_, hi) in reads.ends(name, timeout).items()}
         result[name] = {str(p): offsets[p] for p in partitions}
-    return result
 
 
 def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
@@ -97,40 +105,88 @@ def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
     return trimmed
 
 
+class _Reads:
+    """What more than one rule reads, read once per floor: the checkpoints' positions (each checkpoint read whole,
+    to check its MAC), the plans and ingest's snapshot record; and one consumer for every watermark a rule looks
+    up (fresh at each look), instead of a connection per look."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self._consumer: Consumer | None = None
+        self._positions: dict[str, dict] = {}
+        self._plan_records: list | None = None
+        self._ingest: tuple[dict | None] | None = None
+
+    def ends(self, topic: str, timeout: float = 15.0) -> dict[int, tuple[int, int]]:
+        """``topic``'s watermarks now, per partition."""
+        if self._consumer is None:
+            self._consumer = make_consumer(self.settings, f"{self.settings.topic_prefix}floor")
+        return watermarks(self._consumer, topic, timeout)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+
+    def positions(self, topic: str) -> dict:
+        if topic not in self._positions:
+            self._positions[topic] = latest_positions(self.settings, topic)
+        return self._positions[topic]
+
+    def plan_records(self) -> list[tuple[int, int, str | None, dict | None]]:
+        if self._plan_records is None:
+            self._plan_records = list(_plan_records(self.settings, self.ends))
+        return self._plan_records
+
+    def plans(self) -> dict[str, tuple[int, dict]]:
+        """The registered queries' current plans: query id -> (queries.plans partition, QueryPlan record)."""
+        plans: dict[str, tuple[int, dict] | None] = {}
+        for p, _offset, key, plan in self.plan_records():
+            if key is not None:
+                plans[key] = (p, plan) if plan is not None else None
+        return {key: plan for key, plan in plans.items() if plan is not None}
+
+    def ingest_record(self) -> dict | None:
+        if self._ingest is None:
+            from services.runtime.recovery import ingest_snapshot_record
+
+            self._ingest = (ingest_snapshot_record(self.settings, "floor"),)
+        return self._ingest[0]
+
+
 def _needed(settings: KafkaSettings, t: TopicSpec, rule: str, name: str, partitions: list[int],
-            timeout: float, memo: dict[str, dict | None]) -> dict[int, int] | None:
+            timeout: float, reads: _Reads) -> dict[int, int] | None:
     """What one reader (``rule``) still needs of topic ``name``, per partition; None when it needs nothing now."""
     if rule == FROM_START:
         return {p: 0 for p in partitions}
     if rule == NOTHING:
-        return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+        return {p: hi for p, (_, hi) in reads.ends(name, timeout).items()}
     if rule.startswith((GROUP, OPTIONAL_GROUP)):
         optional = rule.startswith(OPTIONAL_GROUP)
         group = f"{settings.topic_prefix}{rule[len(OPTIONAL_GROUP if optional else GROUP):]}"
         committed = _committed(settings, group, name, partitions, timeout)
         if optional and all(offset < 0 for offset in committed.values()):  # never committed: not deployed
-            return {p: hi for p, (_, hi) in end_offsets(settings, name, timeout).items()}
+            return {p: hi for p, (_, hi) in reads.ends(name, timeout).items()}
         return {p: max(offset, 0) for p, offset in committed.items()}  # no commit yet (-1001): from 0
     if rule.startswith(SPARK_DUTY):
-        return _spark_duty(settings, rule[len(SPARK_DUTY):], name, partitions, timeout)
+        return _spark_duty(settings, rule[len(SPARK_DUTY):], name, partitions, timeout, reads)
     if rule.startswith(CHECKPOINTS):
-        saved = latest_positions(settings, settings.topic(rule[len(CHECKPOINTS):]))
+        saved = reads.positions(settings.topic(rule[len(CHECKPOINTS):]))
         return {p: saved[p].position if saved.get(p) is not None else 0 for p in partitions}
     if rule.startswith(NEEDS):
-        saved = latest_positions(settings, settings.topic(rule[len(NEEDS):]))
+        saved = reads.positions(settings.topic(rule[len(NEEDS):]))
         return {p: saved[p].needs.get(t.name, 0) if saved.get(p) is not None else 0 for p in partitions}
     if rule == LATEST:
-        saved = latest_positions(settings, name)
-        lows = {p: low for p, (low, _) in end_offsets(settings, name, timeout).items()}
+        saved = reads.positions(name)
+        lows = {p: low for p, (low, _) in reads.ends(name, timeout).items()}
         return {p: saved[p].first_offset if saved.get(p) is not None else lows[p] for p in partitions}
     if rule.startswith(REGISTRATIONS):
-        return _registrations(settings, settings.topic(rule[len(REGISTRATIONS):]), name, partitions)
+        return _registrations(settings, settings.topic(rule[len(REGISTRATIONS):]), name, partitions, reads)
     if rule == BASE:
-        return _base(settings, name, partitions, memo)
+        return _base(settings, name, partitions, reads)
     if rule == WHOLE_SHARDS:
-        return _whole_shards(settings, name, partitions)
+        return _whole_shards(settings, name, partitions, reads)
     if rule == LAST_CHANGE:
-        return _last_change(settings, name, timeout)
+        return _last_change(settings, name, timeout, reads)
     raise ValueError(f"{t.name}: unknown needed_from rule {rule!r}")
 
 
@@ -146,7 +202,7 @@ def _committed(settings: KafkaSettings, group: str, name: str, partitions: list[
 
 
 def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[int],
-                timeout: float) -> dict[int, int] | None:
+                timeout: float, reads: _Reads) -> dict[int, int] | None:
     """What the Spark job's ``duty`` (windows, assembly) reads of ``name``: its group's committed offsets once it
     committed; before, where its first batch reads (``spark.kafka_io.DutyGate``): from the lowest registration
     offset of the windowed queries, from the start while a product is multiplied in Spark; None while no
@@ -160,7 +216,7 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
     if any(offset >= 0 for offset in committed.values()):
         return {p: max(offset, 0) for p, offset in committed.items()}
     first: int | None = None  # the lowest offset a registered query needs the duty to read from
-    for _query_id, (_p, plan) in _plans(settings).items():
+    for _query_id, (_p, plan) in reads.plans().items():
         try:
             text, window = read_registration(plan["sparql"], plan["options"])
             if duty == "windows":
@@ -175,42 +231,39 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
     return None if first is None else {p: first for p in partitions}
 
 
-def _base(settings: KafkaSettings, name: str, partitions: list[int], memo: dict[str, dict | None]) -> dict[int, int]:
+def _base(settings: KafkaSettings, name: str, partitions: list[int], reads: _Reads) -> dict[int, int]:
     """The offsets of ``name`` ingest's latest snapshot matches (updates.encoded: its position; updates.routed:
     the routed ends it records); 0 without one that records them, or one of another log: its readers then read
     from offset 0.  Only the snapshot's record is read (once per floor), not the state it holds."""
-    from services.runtime.recovery import ingest_snapshot_record
-
-    if "ingest" not in memo:
-        memo["ingest"] = ingest_snapshot_record(settings, "floor")
-    record = memo["ingest"] or {}  # (none: its readers read from offset 0)
+    record = reads.ingest_record() or {}  # (none: its readers read from offset 0)
     if name == settings.topic("updates.encoded"):
         recorded = record.get("positions", {}).get(name, {})
     else:
         recorded = record.get("facts", {}).get("routed_ends", {})
     ends = {int(p): int(end) for p, end in recorded.items()}
-    highs = end_offsets(settings, name)
+    highs = reads.ends(name)
     if any(end > highs[p][1] for p, end in ends.items() if p in highs):
         return {p: 0 for p in partitions}
     return {p: ends.get(p, 0) for p in partitions}
 
 
-def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partitions: list[int]) -> dict[int, int]:
+def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partitions: list[int],
+                   reads: _Reads) -> dict[int, int]:
     """Per routed partition, the lowest offset the registrations its last checkpoint may lack read when they are
     caught up: their point (``services.worker.points.point_of``) and the last Frontier mark before it."""
     from services.worker.points import log_tail, point_of
 
-    saved = latest_positions(settings, checkpoints)
+    saved = reads.positions(checkpoints)
     plans = [(p, offset, plan["registered_at_change_seq"])  # (plans partition, offset, the seq it answers as of)
-             for p, offset, _key, plan in _plan_records(settings) if plan is not None]
-    watermarks = end_offsets(settings, name)
+             for p, offset, _key, plan in reads.plan_records() if plan is not None]
+    ends = reads.ends(name)
 
     def records(partition: int, start: int, end: int | None) -> list[tuple[int, bytes]]:
         return [(m.offset(), m.value()) for m in read_range(settings, name, partition, start, end)]
 
     needed = {}
     for p in partitions:
-        low, high = watermarks[p]
+        low, high = ends[p]
         checkpoint = saved.get(p)
         if checkpoint is None:
             needed[p] = 0  # (its restore reads the log from 0)
@@ -228,13 +281,14 @@ def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partiti
     return needed
 
 
-def _plan_records(settings: KafkaSettings) -> Iterator[tuple[int, int, str | None, dict | None]]:
+def _plan_records(settings: KafkaSettings, ends: Callable[[str], dict[int, tuple[int, int]]]
+                  ) -> Iterator[tuple[int, int, str | None, dict | None]]:
     """Every record of queries.plans: (partition, offset, query id, QueryPlan; None for a tombstone); records
     that cannot be decoded are left out (the workers dead-letter them)."""
     from services.codec import CodecError, decode
 
     t_plans = settings.topic("queries.plans")
-    for p, (_low, high) in sorted(end_offsets(settings, t_plans).items()):
+    for p, (_low, high) in sorted(ends(t_plans).items()):
         for msg in read_range(settings, t_plans, p, 0, high):
             try:
                 plan = decode("QueryPlan", msg.value()) if msg.value() else None
@@ -243,16 +297,7 @@ def _plan_records(settings: KafkaSettings) -> Iterator[tuple[int, int, str | Non
             yield p, msg.offset(), msg.key().decode("utf-8", "replace") if msg.key() else None, plan
 
 
-def _plans(settings: KafkaSettings) -> dict[str, tuple[int, dict]]:
-    """The registered queries' current plans: query id -> (queries.plans partition, QueryPlan record)."""
-    plans: dict[str, tuple[int, dict] | None] = {}
-    for p, _offset, key, plan in _plan_records(settings):
-        if key is not None:
-            plans[key] = (p, plan) if plan is not None else None
-    return {key: plan for key, plan in plans.items() if plan is not None}
-
-
-def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int]) -> dict[int, int]:
+def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int], reads: _Reads) -> dict[int, int]:
     """The lowest offset of updates.encoded a whole shard's restore reads.  A whole shard P (the routed partition
     that owns its queries) restores from its last checkpoint (``checkpoints.whole``; its ``needs``: the record of
     its last change, which the restore checks) and the log after it, else from ingest's snapshot moved to its
@@ -263,9 +308,9 @@ def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int]) -> 
     from services.wire.registrations import read_registration, recorded_placement
     from services.wire.records import query_partition
 
-    n_routed = len(end_offsets(settings, settings.topic("updates.routed")))
+    n_routed = len(reads.ends(settings.topic("updates.routed")))
     owners: dict[int, tuple[int, bool]] = {}  # P -> (lowest registered_at_seq, whether a plan says whole)
-    for query_id, (_p, plan) in _plans(settings).items():
+    for query_id, (_p, plan) in reads.plans().items():
         try:
             _text, window = read_registration(plan["sparql"], plan["options"])
             whole = recorded_placement(plan["plan_json"]) in (None, SINGLE_OWNER)
@@ -275,8 +320,8 @@ def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int]) -> 
             owner = query_partition(query_id, n_routed)
             low, any_whole = owners.get(owner, (plan["registered_at_seq"], False))
             owners[owner] = (min(low, plan["registered_at_seq"]), any_whole or whole)
-    saved = latest_positions(settings, settings.topic("checkpoints.whole"))
-    needed = min((high for _low, high in end_offsets(settings, name).values()), default=0)
+    saved = reads.positions(settings.topic("checkpoints.whole"))
+    needed = min((high for _low, high in reads.ends(name).values()), default=0)
     for owner, (registered, whole) in sorted(owners.items()):
         checkpoint = saved.get(owner)
         if checkpoint is not None:
@@ -290,13 +335,13 @@ def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int]) -> 
     return {p: needed for p in partitions}
 
 
-def _last_change(settings: KafkaSettings, name: str, timeout: float) -> dict[int, int]:
+def _last_change(settings: KafkaSettings, name: str, timeout: float, reads: _Reads) -> dict[int, int]:
     """Per partition, the offset of the last record holding a change (its end when none is left): a registration
     reads it for the seq it answers as of (``services.wire.registrations.change_seq_before``)."""
     from services.codec import CodecError, encoded_changes
 
     needed = {}
-    for p, (low, high) in end_offsets(settings, name, timeout).items():
+    for p, (low, high) in reads.ends(name, timeout).items():
         end, chunk, found = high, 1, None
         while end > low and found is None:
             start = max(low, end - chunk)
