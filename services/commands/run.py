@@ -558,9 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=".run", help="broker data, logs and state (default .run)")
     parser.add_argument("--grace", type=float, default=10.0, metavar="S",
                         help="seconds a child gets to exit after SIGTERM before SIGKILL (default 10)")
-    parser.add_argument("--trim-interval", type=float, default=os.environ.get("CBGP_TRIM_INTERVAL", "30"),
+    parser.add_argument("--trim-interval", type=float, default=os.environ.get("CBGP_TRIM_INTERVAL", "10"),
                         metavar="S", help="with the embedded broker, delete what the fleet no longer needs of its "
-                        "internal logs every S seconds (services.commands.trimmer; default $CBGP_TRIM_INTERVAL or 30; "
+                        "internal logs every S seconds (services.commands.trimmer; default $CBGP_TRIM_INTERVAL or 10; "
                         "0: never)")
     parser.add_argument("--json", action="store_true",
                         help="also print the run's summary (RUN_DIR/summary.json) as one JSON line on stdout")
