@@ -13,9 +13,7 @@ CPU per fetch.  A Kafka broker finds the offset in its segment index instead.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,15 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
 
-from services.kafka.broker import EmbeddedBroker  # noqa: E402
-from services.kafka.client import make_producer  # noqa: E402
-from services.kafka.topics import ensure_topics  # noqa: E402
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from broker_snapshot_cost import cpu_seconds, one_partition_broker  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,11 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
     print(f"{'held batches':>12} | broker CPU per fetch of the newest record, µs (median [range] of {args.repeat})")
-    with tempfile.TemporaryDirectory(prefix="broker-fetch-") as tmp, EmbeddedBroker(Path(tmp) / "broker") as broker:
-        settings = broker.settings(topic_prefix="fetch.", partitions=1)
-        ensure_topics(settings)
-        producer = make_producer(settings, linger_ms=0)
-        topic = settings.topic("updates.encoded")
+    with one_partition_broker("fetch", 0) as (broker, settings, producer, topic, _data_dir):
         consumer = Consumer(settings.consumer_config("fetch.bench", enable_partition_eof=True))
         held = 0
         for target in (int(n) for n in args.batches.split(",")):

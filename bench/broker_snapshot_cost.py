@@ -16,7 +16,9 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,6 +37,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextmanager
+def one_partition_broker(prefix: str, linger_ms: int) -> Iterator[tuple]:
+    """An embedded broker on a temporary directory with the catalogue's topics of one partition: (broker, its
+    settings, a producer lingering ``linger_ms``, the topic measured, the broker's data directory)."""
+    with tempfile.TemporaryDirectory(prefix=f"broker-{prefix}-") as tmp, EmbeddedBroker(Path(tmp) / "broker") as broker:
+        settings = broker.settings(topic_prefix=f"{prefix}.", partitions=1)
+        ensure_topics(settings)
+        yield broker, settings, make_producer(settings, linger_ms=linger_ms), settings.topic("updates.encoded"), \
+            Path(tmp) / "broker"
+
+
 def produce(producer, topic: str, count: int) -> None:
     for _ in range(count):
         while True:
@@ -51,11 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stored", default="0,50000,200000,400000", help="stored record counts to measure at")
     args = parser.parse_args(argv)
     print(f"{'stored records':>14} | {'snapshot MB':>11} | broker CPU for {TRICKLE_RATE} records/s (cores)")
-    with tempfile.TemporaryDirectory(prefix="broker-cost-") as tmp, EmbeddedBroker(Path(tmp) / "broker") as broker:
-        settings = broker.settings(topic_prefix="cost.", partitions=1)
-        ensure_topics(settings)
-        producer = make_producer(settings, linger_ms=5)
-        topic = settings.topic("updates.encoded")
+    with one_partition_broker("cost", 5) as (broker, _settings, producer, topic, data_dir):
         stored = 0
         for target in (int(n) for n in args.stored.split(",")):
             print(f"  storing {target:,} records ...", file=sys.stderr, flush=True)
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.1)
             stored += int(TRICKLE_SECONDS * TRICKLE_RATE)
             used = cpu_seconds(broker.pid) - before
-            size = sum(f.stat().st_size for f in (Path(tmp) / "broker").rglob("*.json")) / 1e6
+            size = sum(f.stat().st_size for f in data_dir.rglob("*.json")) / 1e6
             print(f"{target:>14,} | {size:>11.0f} | {used / TRICKLE_SECONDS:.2f}", flush=True)
     return 0
 
