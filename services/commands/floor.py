@@ -7,12 +7,12 @@ itself imports the topics module.
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from services.kafka.client import end_offsets, make_consumer, watermarks
+from services.kafka.client import make_consumer, watermarks
 from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import latest_positions
 from services.kafka.replay import read_range
@@ -20,7 +20,7 @@ from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LAST_CH
                                   OPTIONAL_GROUP, REGISTRATIONS, SPARK_DUTY, TOPICS, WHOLE_SHARDS, BrokerUnreachable,
                                   TopicSpec)
 
-__all__ = ["floor", "trim"]
+__all__ = ["delete_below", "floor", "trim"]
 
 
 def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec] = TOPICS,
@@ -62,27 +62,22 @@ def floor(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec
     result: dict[str, dict[str, int]] = {}
     reads = _Reads(settings)
     try:
-        _floors(settings, specs, existing, timeout, reads, result)
+        for t in specs:
+            name = settings.topic(t.name)
+            if name not in existing:
+                continue
+            partitions = sorted(existing[name].partitions)
+            offsets: dict[int, int] | None = None
+            for rule in t.rules:
+                needed = _needed(settings, t, rule, name, partitions, timeout, reads)
+                if needed is not None:  # (None: that reader needs nothing of it now)
+                    offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
+            if offsets is None:
+                offsets = {p: hi for p, (_, hi) in reads.ends(name, timeout).items()}
+            result[name] = {str(p): offsets[p] for p in partitions}
     finally:
         reads.close()
     return result
-
-
-def _floors(settings: KafkaSettings, specs: tuple[TopicSpec, ...] | list[TopicSpec], existing: dict, timeout: float,
-            reads: _Reads, result: dict[str, dict[str, int]]) -> None:
-    for t in specs:
-        name = settings.topic(t.name)
-        if name not in existing:
-            continue
-        partitions = sorted(existing[name].partitions)
-        offsets: dict[int, int] | None = None
-        for rule in t.rules:
-            needed = _needed(settings, t, rule, name, partitions, timeout, reads)
-            if needed is not None:  # (None: that reader needs nothing of it now)
-                offsets = needed if offsets is None else {p: min(offsets[p], needed[p]) for p in partitions}
-        if offsets is None:
-            offsets = {p: hi for p, (_, hi) in reads.ends(name, timeout).items()}
-        result[name] = {str(p): offsets[p] for p in partitions}
 
 
 def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
@@ -94,15 +89,29 @@ def trim(settings: KafkaSettings, dry_run: bool = False, timeout: float = 15.0,
     admin = AdminClient(settings.admin_config())
     trimmed: dict[str, dict[str, int]] = {}
     specs = TOPICS if names is None else [spec for spec in TOPICS if spec.name in names]
-    for topic, parts in floor(settings, specs, timeout=timeout).items():
-        lows = {p: low for p, (low, _high) in end_offsets(settings, topic, timeout).items()}
-        wanted = [TopicPartition(topic, int(p), offset) for p, offset in parts.items() if offset > lows[int(p)]]
-        if wanted and not dry_run:
-            for future in admin.delete_records(wanted, request_timeout=timeout).values():
-                future.result(timeout)
-        if wanted:
-            trimmed[topic] = {str(tp.partition): tp.offset for tp in wanted}
+    floors = floor(settings, specs, timeout=timeout)
+    consumer = make_consumer(settings, f"{settings.topic_prefix}floor")
+    try:
+        for topic, parts in floors.items():
+            cut = delete_below(admin, consumer, topic, {int(p): offset for p, offset in parts.items()}, timeout,
+                               dry_run)
+            if cut:
+                trimmed[topic] = {str(tp.partition): tp.offset for tp in cut}
+    finally:
+        consumer.close()
     return trimmed
+
+
+def delete_below(admin: AdminClient, consumer: Consumer, topic: str, offsets: Mapping[int, int],
+                 timeout: float = 15.0, dry_run: bool = False) -> list[TopicPartition]:
+    """Delete the records of each partition of ``topic`` below its offset in ``offsets`` (``consumer`` reads where
+    each log starts now); the partitions cut (would be, with ``dry_run``), at their new start."""
+    lows = {p: low for p, (low, _high) in watermarks(consumer, topic, timeout).items()}
+    wanted = [TopicPartition(topic, p, offset) for p, offset in offsets.items() if offset > lows[p]]
+    if wanted and not dry_run:
+        for future in admin.delete_records(wanted, request_timeout=timeout).values():
+            future.result(timeout)
+    return wanted
 
 
 class _Reads:

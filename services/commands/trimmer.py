@@ -18,7 +18,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from services.commands.floor import trim
+from services.commands.floor import delete_below, trim
 from services.kafka.client import make_consumer, watermarks
 from services.kafka.config import KafkaSettings
 from services.kafka.topics import GROUP, RULES, TOPICS
@@ -70,13 +70,8 @@ class Trimmer:
         cut = 0
         for name, group in groups.items():
             topic = self.settings.topic(name)
-            lows = {p: low for p, (low, _high) in watermarks(consumer, topic).items()}
-            committed = group.committed([TopicPartition(topic, p) for p in lows], timeout=10)
-            wanted = [tp for tp in committed if tp.offset > lows[tp.partition]]
-            if wanted:
-                for future in admin.delete_records(wanted, request_timeout=10).values():
-                    future.result(10)
-                cut += len(wanted)
+            committed = group.committed([TopicPartition(topic, p) for p in watermarks(consumer, topic)], timeout=10)
+            cut += len(delete_below(admin, consumer, topic, {tp.partition: tp.offset for tp in committed}, 10))
         return cut
 
     def _run(self) -> None:
