@@ -310,8 +310,13 @@ def start_fleet(run_dir: Path, workers: int, placement: str, timeout: float) -> 
         text = err_path.read_text(errors="replace")
         if proc.poll() is not None:
             raise RuntimeError(f"services.commands.run exited with {proc.returncode}:\n{text[-2000:]}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"fleet not ready after {timeout:.0f} s:\n{text[-2000:]}")
+        dead = re.findall(r"!! ([\w-]+) exited \(.*?; log (\S+)\)", text)
+        if dead or time.monotonic() > deadline:
+            stop_fleet(proc)  # (not left running behind a failed start)
+            why = f"{dead[0][0]} exited" if dead else f"not ready after {timeout:.0f} s"
+            raise RuntimeError(f"fleet {why}:\n{text[-2000:]}" + "".join(
+                f"\n--- {name}'s log, last lines:\n" + "\n".join(Path(log).read_text(errors="replace").splitlines()[-15:])
+                for name, log in dict(dead).items() if Path(log).exists()))
         broker = re.search(r"run: embedded broker at (\S+)", text)
         ports = dict(re.findall(r"run: ports: ([\w-]+): .*?metrics (http://127\.0\.0\.1:\d+/metrics)", text))
         spark_log = logs / "spark-job.log"
