@@ -433,7 +433,8 @@ class WorkerCore:
         is reading now (a multi-centre registration's history takes those up to its seq)."""
         names = {name for info, _seq in registrations for name in shard.register(info)}
         out: list[Output] = []
-        base = self.bases.get(shard.partition)
+        latest = max(seq for _info, seq in registrations)
+        base = self.bases.get(shard.partition) if self.bases.serves(shard.partition, latest) else None
         moved = base.before(self.record_reader, point) if base is not None else None
         changes = self.reader("routed", shard.partition, 0, point) if moved is None else moved[0].values()
         net = shard.engine.replay(self._learning(shard, changes), names, only=True)

@@ -14,6 +14,7 @@ from cbgp.change import ROLE_BOTH, Change, change_of, routes
 from cbgp.distributed.versioned_state import fold
 from services import codec
 from services.wire.loglines import kv
+from services.wire.settings import whole_setting
 from services.worker.points import log_tail
 from services.worker.probes import Before, RecordReader, record_changes
 
@@ -21,6 +22,9 @@ log = logging.getLogger("cbgp.worker")
 
 Quad = tuple[int, int, int, int]
 FOREVER = 1 << 62  # (a seq past every change)
+# A registration with at most this many changes before it (all partitions counted: its seq) reads them from its
+# routed log while that log is whole, instead of loading ingest's snapshot (see Bases.serves).
+LOG_READ_CHANGES = whole_setting("CBGP_BASE_MIN_CHANGES", 10_000, unit="changes")
 
 
 class IngestSnapshot(NamedTuple):
@@ -136,8 +140,9 @@ class Bases:
     until :meth:`forget` (the end of the poll: a burst of registrations or restores reads it once)."""
 
     def __init__(self, source: BaseSource | None, records: RecordReader | None, log_start: Callable[[int], int],
-                 partitions: int) -> None:
+                 partitions: int, log_read_changes: int = LOG_READ_CHANGES) -> None:
         self.source = source
+        self.log_read_changes = log_read_changes
         self.records = records  # (None: routed bases are not used, as without routed record reads)
         self.log_start = log_start
         self.partitions = partitions
@@ -168,6 +173,14 @@ class Bases:
         (``changes_in(start, end)``)."""
         base = self.whole() if point > 0 else None
         return changes_in(0, point) if base is None else base.at(changes_in, point)[0]
+
+    def serves(self, partition: int, seq: int) -> bool:
+        """Whether a registration as of change ``seq`` in routed partition ``partition`` starts from the base
+        rather than from the log below its point: only when that log is trimmed, or more than
+        ``log_read_changes`` changes precede it.  The snapshot holds the whole graph however early the point: a
+        query registered before the data it waits for (as the quickstart's) would load the graph of the whole
+        burst that follows, only to move it back to the log's first records."""
+        return self.source is not None and (seq > self.log_read_changes or self.log_start(partition) > 0)
 
     def get(self, partition: int) -> RoutedBase | None:
         """Routed partition ``partition``'s base (None: no snapshot serves)."""

@@ -57,11 +57,18 @@ class Worker(InMemoryWorker):
     """A WorkerCore holding every routed partition of ``logs``.  With a ``base`` (ingest's snapshot) and ``cut``,
     the routed logs below the cut are refused, as if retention had deleted them."""
 
-    def __init__(self, logs: dict, base: tuple | None = None, cut: dict[int, int] | None = None) -> None:
+    def __init__(self, logs: dict, base: tuple | None = None, cut: dict[int, int] | None = None,
+                 log_read_changes: int = 0) -> None:
         super().__init__(logs, cut)
+        self.loads = 0  # times the base (ingest's snapshot) was loaded
         self.core = WorkerCore(TOPICS, N, N, N, self.reader, assemble_in_spark=False, record_reader=self.records,
-                               base_source=None if base is None else lambda: base,
+                               base_source=None if base is None else lambda: self._load(base),
                                log_start=lambda partition: self.cut.get(partition, 0))
+        self.core.bases.log_read_changes = log_read_changes  # (0: every registration starts from the base)
+
+    def _load(self, base: tuple) -> tuple:
+        self.loads += 1
+        return base
 
     def register(self, offset: int, name: str, seq: int) -> list:
         plan = {"query_id": name, "sparql": QUERIES[name], "options": {}, "plan_json": "{}", "projected": [],
@@ -165,3 +172,29 @@ def test_a_registration_from_a_base_sends_what_one_from_offset_0_sends() -> None
             _based, at_plan_based, rest_based = registered_late(logs, seq, ahead, names, based)
             assert sent(at_plan_based) == sent(at_plan), (ahead, ends)
             assert sent(rest_based) == sent(rest), (ahead, ends)
+
+
+def test_an_early_registration_reads_its_whole_log_instead_of_loading_ingests_snapshot() -> None:
+    """With few changes before its seq (below ``log_read_changes``) and its logs still whole, a registration reads
+    them from the routed logs: ingest's snapshot, the whole graph however early the point, is not loaded; and it
+    sends byte for byte what one from the snapshot sends.  With a log cut below the point it still needs the
+    snapshot, and loads it."""
+    snapshots: list = []
+    logs = ingest_logs(generate_patch(1600, seed=23), snapshots=snapshots)
+    seqs = [c.seq for value in logs[("whole", 0)] for c in decode_changes("whole", value)]
+    seq = seqs[len(seqs) // 8]
+    names = ("path3", "star", "fof", "names")
+    base = snapshots[-1]  # (past every point: moving it back to the points reads the logs after them)
+    copy = {key: list(values) for key, values in logs.items()}
+    from_base = Worker(copy, base, {}, log_read_changes=0)
+    _w, at_plan, rest = registered_late(logs, seq, 0, names, from_base)
+    assert from_base.loads == 1
+    early = Worker({key: list(values) for key, values in logs.items()}, base, {}, log_read_changes=seq)
+    _w, at_plan_early, rest_early = registered_late(logs, seq, 0, names, early)
+    assert early.loads == 0, "the snapshot was not needed"
+    assert sent(at_plan_early) == sent(at_plan) and sent(rest_early) == sent(rest)
+    assert any(o.topic == TOPICS["deltas.parts"] for o in at_plan + rest)
+    cut = Worker({key: list(values) for key, values in logs.items()}, base, {0: 1}, log_read_changes=seq)
+    _w, at_plan_cut, rest_cut = registered_late(logs, seq, 0, names, cut)
+    assert cut.loads == 1, "a trimmed log needs the snapshot"
+    assert sent(at_plan_cut) == sent(at_plan) and sent(rest_cut) == sent(rest)
