@@ -210,34 +210,49 @@ def _committed(settings: KafkaSettings, group: str, name: str, partitions: list[
         consumer.close()
 
 
+# duty -> {what a plan's start depends on: its start}, for the plans of that duty's last floor: a trimmer that
+# takes a floor every few seconds parses each registered query once, not at every pass.
+_DUTY_STARTS: dict[str, dict[tuple, int | None]] = {}
+
+
 def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[int],
                 timeout: float, reads: _Reads) -> dict[int, int] | None:
     """What the Spark job's ``duty`` (windows, assembly) reads of ``name``: its group's committed offsets once it
     committed; before, where its first batch reads (``spark.kafka_io.DutyGate``): from the lowest registration
     offset of the windowed queries, from the start while a product is multiplied in Spark; None while no
-    registered query needs the duty.  A product is placed as the Spark job places it: on a single owner in a
-    fleet whose workers run so (env ``CBGP_PLACEMENT``, as theirs), else as its plan records or decomposes."""
-    from cbgp.query.plan import SINGLE_OWNER
-    from services.wire.registrations import read_registration, recorded_placement, spark_multiplies
-
-    fleet_single_owner = os.environ.get("CBGP_PLACEMENT") == SINGLE_OWNER
+    registered query needs the duty."""
     committed = _committed(settings, f"{settings.topic_prefix}spark-{duty}", name, partitions, timeout)
     if any(offset >= 0 for offset in committed.values()):
         return {p: max(offset, 0) for p, offset in committed.items()}
+    from cbgp.query.plan import SINGLE_OWNER
+
+    fleet_single_owner = os.environ.get("CBGP_PLACEMENT") == SINGLE_OWNER
+    memo, kept = _DUTY_STARTS.get(duty, {}), {}
     first: int | None = None  # the lowest offset a registered query needs the duty to read from
     for _query_id, (_p, plan) in reads.plans().items():
-        try:
-            text, window = read_registration(plan["sparql"], plan["options"])
-            if duty == "windows":
-                start = plan["registered_at_seq"] if window is not None else None
-            else:
-                multiplied = spark_multiplies(text, window, recorded_placement(plan["plan_json"]), fleet_single_owner)
-                start = 0 if multiplied else None
-        except Exception:  # noqa: BLE001 - a plan the Spark job cannot read it does not serve
-            continue
+        key = (plan["sparql"], tuple(sorted(plan["options"].items())), plan["plan_json"],
+               plan["registered_at_seq"], fleet_single_owner)
+        start = kept[key] = memo[key] if key in memo else _duty_start(duty, plan, fleet_single_owner)
         if start is not None:
             first = max(start, 0) if first is None else min(first, max(start, 0))
+    _DUTY_STARTS[duty] = kept
     return None if first is None else {p: first for p in partitions}
+
+
+def _duty_start(duty: str, plan: dict, fleet_single_owner: bool) -> int | None:
+    """Where ``duty`` must read from for one registered ``plan``, None when it does not need it.  A product is
+    placed as the Spark job places it: on a single owner in a fleet whose workers run so (env ``CBGP_PLACEMENT``,
+    as theirs), else as its plan records or decomposes."""
+    from services.wire.registrations import read_registration, recorded_placement, spark_multiplies
+
+    try:
+        text, window = read_registration(plan["sparql"], plan["options"])
+        if duty == "windows":
+            return plan["registered_at_seq"] if window is not None else None
+        multiplied = spark_multiplies(text, window, recorded_placement(plan["plan_json"]), fleet_single_owner)
+        return 0 if multiplied else None
+    except Exception:  # noqa: BLE001 - a plan the Spark job cannot read it does not serve
+        return None
 
 
 def _base(settings: KafkaSettings, name: str, partitions: list[int], reads: _Reads) -> dict[int, int]:

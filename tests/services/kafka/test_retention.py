@@ -199,12 +199,13 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_the_parts_floor_keeps_what_the_answers_checkpoints_and_the_spark_assembly_read(
-        kafka_settings: KafkaSettings) -> None:
+        kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two readers of deltas.parts: the answers service from each partition's last checkpoint, and the Spark
     job's assembly while a product is multiplied there: from its group's offsets, and before its first commit
     (a JVM that starts a minute after the fleet) from the start.  A product placed by centre holds nothing."""
     from services import codec
     from services.kafka.checkpoint_log import checkpoint_records
+    from services.wire import registrations
 
     s = kafka_settings
     t_parts = s.topic("deltas.parts")
@@ -233,6 +234,10 @@ def test_the_parts_floor_keeps_what_the_answers_checkpoints_and_the_spark_assemb
     assert parts_floor() == 25, "a product placed by centre is multiplied by the answers service"
     register("single-owner-product", "single-owner")
     assert parts_floor() == 0, "the assembly's first batch reads from the start"
+    parsed: list = []
+    multiplies = registrations.spark_multiplies
+    monkeypatch.setattr(registrations, "spark_multiplies", lambda *args: parsed.append(args) or multiplies(*args))
+    assert parts_floor() == 0 and parsed == [], "a trimmer's next floors parse no plan they parsed before"
     assembly = make_consumer(s, f"{s.topic_prefix}spark-assembly")
     try:
         assembly.commit(offsets=[TopicPartition(t_parts, 0, 12)], asynchronous=False)
