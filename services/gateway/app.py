@@ -383,7 +383,8 @@ def make_app(gw: Gateway) -> web.Application:
 
     async def fleet(_request: web.Request) -> web.Response:
         subs = hub.subscriber_count()
-        return _json({**gw.fleet.state, "gateway": {"ready": gw.ready, "queries": len(hub.plans),
+        state = await asyncio.get_running_loop().run_in_executor(gw.admin_pool, gw.fleet.current)
+        return _json({**state, "gateway": {"ready": gw.ready, "queries": len(hub.plans),
                                                      "answers_read": hub.answers_read,
                                                      "subscribers": {"sse": subs.get("sse", 0),
                                                                      "ws": subs.get("ws", 0)}}})

@@ -300,19 +300,45 @@ class GraphSource:
 
 
 class FleetSampler(threading.Thread):
-    """Every ``every`` seconds: end offsets and group positions -> rates, lags, idle/busy (``snapshot()``)."""
+    """Every ``every`` seconds while someone asks (``GET /fleet`` in the last ``keep`` seconds): end offsets and
+    ingest's committed offsets -> rates, lag, idle/busy (:meth:`current`).  Nobody asking, it samples nothing and
+    holds no client: the console polls ``/fleet`` while it is open, and nothing else reads it."""
 
     TOPICS = ("updates.raw", "updates.encoded", "answers")
 
-    def __init__(self, settings: KafkaSettings, every: float = 2.0) -> None:
+    def __init__(self, settings: KafkaSettings, every: float = 2.0, keep: float = 30.0) -> None:
         super().__init__(name="gateway-fleet", daemon=True)
-        self.settings, self.every = settings, every
+        self.settings, self.every, self.keep = settings, every, max(keep, 2 * every)
         self.stopping = False
         self.state: dict[str, Any] = {"state": "unknown", "rates": {}, "lag": {}, "ends": {}, "at_ms": 0}
+        self.samples = 0  # taken so far
         self._prev: tuple[float, dict[str, int]] | None = None
+        self._asked = -float("inf")  # monotonic time of the last request
+        self._sampled = -float("inf")  # ... and of the last sample's end
+        self._cond = threading.Condition()
+        self._ends_reader: Consumer | None = None  # (kept while sampling: no connection per sample)
+        self._ingest_group: Consumer | None = None
 
-    def _ends(self, consumer: Consumer) -> dict[str, dict[int, int]]:
-        out = {}
+    def current(self, wait: float = 2.0) -> dict[str, Any]:
+        """The latest sample, and sampling kept on for ``keep`` seconds more.  After a quiet spell (no sample
+        for two periods) it waits up to ``wait`` seconds for a fresh one."""
+        with self._cond:
+            self._asked = time.monotonic()
+            if self._asked - self._sampled > 2 * self.every:
+                self._cond.notify_all()
+                asked = self._asked
+                self._cond.wait_for(lambda: self._sampled >= asked or self.stopping, timeout=wait)
+            return self.state
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stopping = True
+            self._cond.notify_all()
+
+    def _ends(self) -> dict[str, dict[int, int]]:
+        if self._ends_reader is None:
+            self._ends_reader = Consumer(self.settings.consumer_config("cbgp-gateway-watermarks"))
+        consumer, out = self._ends_reader, {}
         for name in self.TOPICS:
             topic = self.settings.topic(name)
             meta = consumer.list_topics(topic, timeout=5).topics.get(topic)
@@ -320,45 +346,58 @@ class FleetSampler(threading.Thread):
             out[name] = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in parts}
         return out
 
-    def _lag(self, group: str, topic: str, ends: dict[int, int]) -> int | None:
-        consumer = Consumer(self.settings.consumer_config(group))
-        try:
-            committed = consumer.committed([TopicPartition(self.settings.topic(topic), p) for p in ends], timeout=5)
-        finally:
-            consumer.close()
+    def _lag(self, topic: str, ends: dict[int, int]) -> int | None:
+        """Ingest's records of ``topic`` not taken yet (its group's committed offsets against ``ends``)."""
+        if self._ingest_group is None:
+            self._ingest_group = Consumer(self.settings.consumer_config(f"{self.settings.topic_prefix}ingest"))
+        committed = self._ingest_group.committed([TopicPartition(self.settings.topic(topic), p) for p in ends],
+                                                 timeout=5)
         if all(tp.offset < 0 for tp in committed):
             return None  # the group never committed (not running yet)
         return sum(max(0, ends[tp.partition] - max(tp.offset, 0)) for tp in committed)
 
+    def _close_clients(self) -> None:
+        for client in (self._ends_reader, self._ingest_group):
+            if client is not None:
+                client.close()
+        self._ends_reader = self._ingest_group = None
+
     def sample(self) -> dict[str, Any]:
-        consumer = Consumer(self.settings.consumer_config("cbgp-gateway-watermarks"))
-        try:
-            ends = self._ends(consumer)
-        finally:
-            consumer.close()
+        ends = self._ends()
         totals = {name: sum(v.values()) for name, v in ends.items()}
         now = time.monotonic()
         rates = {}
-        if self._prev is not None:
+        if self._prev is not None:  # (after a quiet spell: the mean rate since the last sample)
             then, before = self._prev
             rates = {name: round((totals[name] - before.get(name, 0)) / max(now - then, 1e-6), 2)
                      for name in self.TOPICS}
         self._prev = (now, totals)
-        prefix = self.settings.topic_prefix
         # Ingest's lag only: its input (updates.raw) is not transactional, so end - committed counts records
         # not yet taken.  Groups reading transactional topics (answers on deltas.parts) commit past their
         # records but not past the markers and Frontier marks that follow while idle, so end - committed
         # stays above 0 on an idle fleet: not a backlog, and not shown as one.
-        lag = {"ingest": self._lag(f"{prefix}ingest", "updates.raw", ends["updates.raw"])}
+        lag = {"ingest": self._lag("updates.raw", ends["updates.raw"])}
         busy = any(r > 0 for r in rates.values()) or any(v for v in lag.values())
         self.state = {"state": "busy" if busy else "idle", "rates": rates, "lag": lag,
                       "ends": {name: totals[name] for name in self.TOPICS}, "at_ms": int(time.time() * 1000)}
         return self.state
 
     def run(self) -> None:
-        while not self.stopping:
+        while True:
+            with self._cond:
+                if not self.stopping and time.monotonic() - self._asked > self.keep:
+                    self._close_clients()  # (nobody asks: no client kept either)
+                    self._cond.wait_for(lambda: self.stopping or time.monotonic() - self._asked <= self.keep)
+                if self.stopping:
+                    break
             try:
                 self.sample()
-            except Exception as exc:  # noqa: BLE001 - the broker is away: reported as such
+            except Exception as exc:  # noqa: BLE001 - the broker is away: reported as such, fresh clients next
+                self._close_clients()
                 self.state = {**self.state, "state": "unknown", "error": str(exc)}
-            time.sleep(self.every)
+            with self._cond:
+                self.samples += 1
+                self._sampled = time.monotonic()
+                self._cond.notify_all()
+                self._cond.wait(self.every)
+        self._close_clients()

@@ -180,7 +180,7 @@ class Gateway:
 
     def stop(self) -> None:
         self.follower.stopping = True
-        self.fleet.stopping = True
+        self.fleet.stop()
         self.follower.join(5)
         self.query_pool.shutdown(wait=False, cancel_futures=True)
         self.admin_pool.shutdown(wait=False, cancel_futures=True)
