@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from services.kafka.client import make_consumer, watermarks
 from services.kafka.config import KafkaSettings
 from services.kafka.checkpoint_log import latest_positions
-from services.kafka.replay import read_range
+from services.kafka.replay import RangeReader, read_range
 from services.kafka.topics import (BASE, CHECKPOINTS, FROM_START, GROUP, LAST_CHANGE, LATEST, NEEDS, NOTHING,
                                   OPTIONAL_GROUP, REGISTRATIONS, SPARK_DUTY, TOPICS, WHOLE_SHARDS, BrokerUnreachable,
                                   TopicSpec)
@@ -122,6 +122,7 @@ class _Reads:
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self._consumer: Consumer | None = None
+        self.ranges = RangeReader(settings)  # (the few records a point's bisection reads, at many places)
         self._positions: dict[str, dict] = {}
         self._plan_records: list | None = None
         self._ingest: tuple[dict | None] | None = None
@@ -135,6 +136,7 @@ class _Reads:
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
+        self.ranges.close()
 
     def positions(self, topic: str) -> dict:
         if topic not in self._positions:
@@ -282,8 +284,8 @@ def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partiti
              for p, offset, _key, plan in reads.plan_records() if plan is not None]
     ends = reads.ends(name)
 
-    def records(partition: int, start: int, end: int | None) -> list[tuple[int, bytes]]:
-        return [(m.offset(), m.value()) for m in read_range(settings, name, partition, start, end)]
+    def records(partition: int, start: int, end: int) -> list[tuple[int, bytes | None]]:
+        return reads.ranges.records(name, partition, start, end)
 
     needed = {}
     for p in partitions:
@@ -294,9 +296,10 @@ def _registrations(settings: KafkaSettings, checkpoints: str, name: str, partiti
             continue
         reflected = {int(key.rpartition("/")[2]): offset for key, offset in checkpoint.needs.items()
                      if key.startswith("queries.plans/")}
-        lacking = [seq for plans_p, offset, seq in plans if offset >= reflected.get(plans_p, 0)]
+        # (one point per seq: queries registered together, or before any data, share theirs)
+        lacking = {seq for plans_p, offset, seq in plans if offset >= reflected.get(plans_p, 0)}
         needed[p] = high
-        for seq in lacking:
+        for seq in sorted(lacking):
             point = point_of(records, p, seq, high, start=low) if seq >= 0 else low  # (-1: an older plan)
             if point is None:
                 continue  # its point is still to come: above every record now
@@ -369,10 +372,10 @@ def _last_change(settings: KafkaSettings, name: str, timeout: float, reads: _Rea
         end, chunk, found = high, 1, None
         while end > low and found is None:
             start = max(low, end - chunk)
-            for msg in read_range(settings, name, p, start, end):
+            for offset, value in reads.ranges.records(name, p, start, end):
                 try:
-                    if msg.value() and encoded_changes(msg.value()):
-                        found = msg.offset()
+                    if value and encoded_changes(value):
+                        found = offset
                 except CodecError:
                     continue
             end, chunk = start, min(chunk * 8, 512)

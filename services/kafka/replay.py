@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
 
-__all__ = ["read_range", "records_between", "require_from"]
+__all__ = ["RangeReader", "read_range", "records_between", "require_from"]
 
 log = logging.getLogger("cbgp.runtime")
 
@@ -34,9 +34,7 @@ def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, 
     """
     if end <= start:
         return
-    # auto.offset.reset=error: a position deleted while this runs is an error, never a silent skip to the log start.
-    consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}replay", enable_partition_eof=True,
-                                                 fetch_wait_max_ms=20, auto_offset_reset="error"))
+    consumer = _replay_consumer(settings)
     try:
         # Every record in [start, end) is needed: refuse a log that no longer starts at or below ``start``.
         require_log_start(consumer, topic, {partition: start}, end={partition: end})
@@ -44,6 +42,42 @@ def read_range(settings: KafkaSettings, topic: str, partition: int, start: int, 
                                    batch, timeout, f"replay of {topic}[{partition}] {start}..{end}")
     finally:
         consumer.close()
+
+
+class RangeReader:
+    """:func:`read_range` for many small reads through one consumer, kept until :meth:`close`: a bisection over a
+    log reads a few records at many places, and a consumer per read (a connection, its threads, its metadata)
+    cost more than the reads.  Each read is returned whole, so no read is left half-done on the consumer."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self._consumer: Consumer | None = None
+
+    def records(self, topic: str, partition: int, start: int, end: int) -> list[tuple[int, bytes | None]]:
+        """``(offset, value)`` of every committed record of ``topic[partition]`` in ``[start, end)``; raises as
+        :func:`read_range`."""
+        if end <= start:
+            return []
+        if self._consumer is None:
+            self._consumer = _replay_consumer(self.settings)
+        try:
+            require_log_start(self._consumer, topic, {partition: start}, end={partition: end})
+            return [(m.offset(), m.value()) for m in records_between(
+                self._consumer, topic, partition, start if start > 0 else OFFSET_BEGINNING, end,
+                what=f"read of {topic}[{partition}] {start}..{end}")]
+        finally:
+            self._consumer.unassign()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def _replay_consumer(settings: KafkaSettings) -> Consumer:
+    # auto.offset.reset=error: a position deleted while it reads is an error, never a silent skip to the log start.
+    return Consumer(settings.consumer_config(f"{settings.topic_prefix}replay", enable_partition_eof=True,
+                                             fetch_wait_max_ms=20, auto_offset_reset="error"))
 
 
 def records_between(consumer: Consumer, topic: str, partition: int, start: int, end: int, batch: int = 2000,

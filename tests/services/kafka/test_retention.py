@@ -134,13 +134,16 @@ def test_the_answers_floor_is_what_the_answers_checkpoints_need_and_what_compact
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_lack_read(
-        kafka_settings: KafkaSettings) -> None:
+        kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three readers of updates.routed below the workers' positions: a restore from a shard's checkpoint (what
     its ``needs`` say), a registration moving ingest's snapshot to its point (the routed offsets the snapshot
     matches), and a registration the checkpoint lacks, caught up at its point (the point and the Frontier mark
     before it).  A registration the checkpoint holds (a plan below the queries.plans offset it reflects) holds
-    nothing back; without a checkpoint or a snapshot, everything is needed."""
+    nothing back; without a checkpoint or a snapshot, everything is needed.  Registrations lacked at one seq
+    share one point, found once per partition, and the bisections read through one consumer, not one per read."""
     from services import codec
+    from services.kafka import replay
+    from services.worker import points as worker_points
     from services.kafka.checkpoint_log import checkpoint_records
     from services.state import presence
     from services.worker.points import log_tail, point_of
@@ -163,7 +166,7 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
                                           "registered_at_change_seq": seq, "version": 1})
 
     early, late = seqs[len(seqs) // 5], seqs[len(seqs) // 2]
-    for name, seq in (("held", early), ("lacking", late)):  # queries.plans offsets 0 and 1 of partition 0
+    for name, seq in (("held", early), ("lacking", late), ("lacking-too", late)):  # queries.plans 0, 1, 2 of p0
         producer.produce(s.topic("queries.plans"), value=plan(name, seq), key=name.encode(), partition=0)
     high = {p: len(logs[("routed", p)]) for p in range(N)}
     for p in range(3):  # partition 3: no checkpoint
@@ -192,8 +195,22 @@ def test_the_routed_floor_keeps_what_checkpoints_bases_and_registrations_they_la
     for p in range(3):
         point = point_of(records, p, late, high[p])
         expected[p] = min(high[p] - 2, ends[p], point, log_tail(records, p, point).mark_offset)
+    found: list = []
+    point_of_ = worker_points.point_of
+    monkeypatch.setattr(worker_points, "point_of", lambda *args, **kw: found.append(args[1:3]) or point_of_(*args, **kw))
+    opened: list = []
+
+    class Counted(replay.Consumer):  # type: ignore[misc,valid-type]
+        def __init__(self, *args, **kw) -> None:  # noqa: ANN002, ANN003
+            opened.append(1)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(replay, "Consumer", Counted)
     assert routed_floor() == expected
     assert all(expected[p] > 0 for p in range(3))
+    assert sorted(found) == [(p, late) for p in range(3)], "one point per partition for the two plans at one seq"
+    plans_partitions = sum(1 for _low, high in end_offsets(s, s.topic("queries.plans")).values() if high > 0)
+    assert len(opened) == 1 + plans_partitions, "one consumer for every bisection read, one per plans partition"
 
 
 @pytest.mark.slow
