@@ -385,9 +385,8 @@ def make_app(gw: Gateway) -> web.Application:
         subs = hub.subscriber_count()
         state = await asyncio.get_running_loop().run_in_executor(gw.admin_pool, gw.fleet.current)
         return _json({**state, "gateway": {"ready": gw.ready, "queries": len(hub.plans),
-                                                     "answers_read": hub.answers_read,
-                                                     "subscribers": {"sse": subs.get("sse", 0),
-                                                                     "ws": subs.get("ws", 0)}}})
+                                               "answers_read": hub.answers_read,
+                                               "subscribers": {"sse": subs.get("sse", 0), "ws": subs.get("ws", 0)}}})
 
     # ------------------------------------------------------------------ SEPA WebSocket
 
