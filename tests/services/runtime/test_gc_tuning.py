@@ -74,7 +74,9 @@ def test_the_settler_freezes_what_lives_and_collects_young_garbage_first(unfroze
     del dropped
     settled, frozen = settler.settle(), gc.get_freeze_count()
     assert settled  # (the first call settles: the state a restore built)
-    assert FROZEN_OBJECTS._value.get() == frozen > 0
+    # (what was frozen can die before the count is read again, freed by another thread, but nothing joins it
+    # without a freeze: the gauge is at least the count read after it, and a few objects above it at most)
+    assert 0 < frozen <= FROZEN_OBJECTS._value.get() <= frozen + 100
     assert freed == ["dropped"], "garbage alive only in a cycle must be collected before the freeze, not frozen"
     assert not _in_a_generation(kept)
 
