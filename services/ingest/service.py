@@ -18,7 +18,7 @@ from services.ingest.core import SERVICE, IngestProcessor, RawRecord
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_producer
 from services.metrics.exposition import record_consumer_lag
-from services.runtime.runner import Step, run_processor
+from services.runtime.runner import Step, batch_deadline, run_processor
 from services.wire.records import Output
 from services.wire.loglines import kv
 from services.runtime.life import Stopper, checkpoint_at_stop, require_broker_kept, service_command
@@ -249,7 +249,13 @@ class IngestService:
         outputs: list[Output] = self._checkpoint_records()  # (the last snapshot, to Kafka with this batch)
         offsets: dict[int, int] = {}
         oldest: int | None = None
-        for msg in msgs:
+        deadline = batch_deadline()
+        for i, msg in enumerate(msgs):
+            if offsets and time.monotonic() > deadline:
+                assert self.consumer is not None
+                self.consumer.give_back(msgs[i:])  # (the next transaction's)
+                msgs = msgs[:i]
+                break
             if msg.partition() not in self.owned:
                 continue  # revoked meanwhile
             ts_type, ts = msg.timestamp()

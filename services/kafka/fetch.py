@@ -101,6 +101,7 @@ class Fetcher:
         self.read_at = time.monotonic()  # when a record was last read (or the fetcher made)
         self.listen = LISTEN_SECONDS  # how long poll() waits (see LISTEN_MAX_SECONDS)
         self.lag_fresh: set[tuple[str, int]] = set()  # partitions whose lag gauge was set at their end since a record
+        self.carried: list[Message] = []  # records given back (give_back): the next take() returns them first
 
     def set_positions(self, positions: dict[tuple[str, int], int]) -> None:
         """Read from ``positions`` on (OFFSET_BEGINNING: offset 0); raises :class:`LogTruncated` when a log no
@@ -110,6 +111,7 @@ class Fetcher:
                 require_log_start(self.consumer, topic, {partition: offset})
         self.epoch += 1
         self.positions = dict(positions)
+        self.carried = []  # (read again from the new positions)
         self.parked = False
         if self.positions:
             self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.positions.items()])
@@ -117,7 +119,11 @@ class Fetcher:
             self.consumer.unassign()
 
     def take(self) -> list[Message]:
-        """Records already fetched (up to ``max_records``), without waiting; resumes a parked fetcher."""
+        """Records given back, else those already fetched (up to ``max_records``), without waiting; resumes a
+        parked fetcher."""
+        if self.carried:
+            msgs, self.carried = self.carried, []
+            return msgs
         if not self.positions:
             return []
         self.unpark()
@@ -140,6 +146,12 @@ class Fetcher:
         if first is None:
             return []
         return self._settle([first] + self.consumer.consume(self.max_records - 1, 0))
+
+    def give_back(self, msgs: list[Message]) -> None:
+        """Records taken but not used, in order (a batch that ran out of its time: ``services.runtime.runner.
+        batch_deadline``): the next take() returns them before anything fetched behind them.  Replacing the
+        positions drops them: they are then read again from there."""
+        self.carried = list(msgs) + self.carried
 
     def _settle(self, msgs: list[Message]) -> list[Message]:
         """Track positions and drop partition-EOF events; a short batch means the fetcher is caught up, so it
@@ -363,6 +375,10 @@ class GroupInput:
     def poll(self) -> list[Message]:
         self.serve()
         return self.fetcher.poll()
+
+    def give_back(self, msgs: list[Message]) -> None:
+        """Records of the last poll left for the next one (:meth:`Fetcher.give_back`)."""
+        self.fetcher.give_back(msgs)
 
     def consumer_group_metadata(self) -> Any:
         """The member's group metadata for a transaction's offsets, asked of librdkafka once per assignment: the

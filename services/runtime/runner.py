@@ -28,7 +28,7 @@ from services.runtime.gc_tuning import HeapSettler
 from services.runtime.life import Stopper, commit_transaction, set_life
 from services.wire.topology import TOPOLOGIES, Topology
 
-__all__ = ["Processor", "Step", "min_transaction_gap", "run_processor"]
+__all__ = ["Processor", "Step", "batch_deadline", "min_transaction_gap", "run_processor"]
 
 log = logging.getLogger("cbgp.runtime")
 # A turn (poll, process, commit, committed) longer than this is logged with its parts (event=slow-turn): where a
@@ -81,6 +81,19 @@ def min_transaction_gap() -> float:
     broker less per update, and every hop's answers wait up to that much longer (docs/benchmarks.md).  A value
     that is not a whole number of milliseconds is ignored, with one warning line."""
     return ms_setting("CBGP_MIN_TRANSACTION_MS", 0, minimum=0)
+
+
+# The longest a service processes one batch before it commits what it processed (CBGP_MAX_BATCH_MS): the rest
+# waits for the next transaction, so a backlog flows downstream in slices instead of one transaction of all of it.
+MAX_BATCH_SECONDS = ms_setting("CBGP_MAX_BATCH_MS", 100)
+
+
+def batch_deadline(started: float | None = None) -> float:
+    """When a batch whose processing started at ``started`` (default now, ``time.monotonic()``) stops taking more
+    input: ``CBGP_MAX_BATCH_MS`` (default 100) later.  What is left is given back to its input for the next
+    transaction.  Without it, ingest turned a burst's whole backlog into one transaction of several seconds, and
+    every stage after it waited for that commit before it started (docs/benchmarks.md)."""
+    return (time.monotonic() if started is None else started) + MAX_BATCH_SECONDS
 
 
 def topology(processor: Processor) -> Topology:
