@@ -176,9 +176,10 @@ def save_checkpoint(processor: IngestProcessor, store: Store, ends: dict[str, di
 class IngestService:
     """One life of the ingest service, as :func:`services.runtime.runner.run_processor` drives it.
 
-    Per batch: up to ``--batch`` raw records are transformed by :class:`IngestProcessor` (state changes in memory
-    only); the runner commits dictionary entries, encoded, routed and dead letters with the raw offsets in one
-    transaction; only then (``committed``), at most every ``--checkpoint-interval`` seconds (and when idle or
+    Per batch: up to ``--batch`` raw records, and no more once ``CBGP_MAX_BATCH_MS`` has passed (the rest is given
+    back for the next batch), are transformed by :class:`IngestProcessor` (state changes in memory only); the
+    runner commits dictionary entries, encoded, routed and dead letters with the raw offsets in one transaction;
+    only then (``committed``), at most every ``--checkpoint-interval`` seconds (and when idle or
     stopping), is the state checkpointed to the store under ``--state-dir`` (:func:`save_checkpoint`), so a
     checkpoint never holds a change the logs lack.
     """
