@@ -83,17 +83,14 @@ def min_transaction_gap() -> float:
     return ms_setting("CBGP_MIN_TRANSACTION_MS", 0, minimum=0)
 
 
-# The longest a service processes one batch before it commits what it processed (CBGP_MAX_BATCH_MS): the rest
-# waits for the next transaction, so a backlog flows downstream in slices instead of one transaction of all of it.
 MAX_BATCH_SECONDS = ms_setting("CBGP_MAX_BATCH_MS", 100)
 
 
-def batch_deadline(started: float | None = None) -> float:
-    """When a batch whose processing started at ``started`` (default now, ``time.monotonic()``) stops taking more
-    input: ``CBGP_MAX_BATCH_MS`` (default 100) later.  What is left is given back to its input for the next
-    transaction.  Without it, ingest turned a burst's whole backlog into one transaction of several seconds, and
-    every stage after it waited for that commit before it started (docs/benchmarks.md)."""
-    return (time.monotonic() if started is None else started) + MAX_BATCH_SECONDS
+def batch_deadline() -> float:
+    """When a batch whose processing starts now stops taking input (``time.monotonic()``, ``CBGP_MAX_BATCH_MS``
+    later): it commits what it processed and gives the rest back to its input for the next transaction, so a
+    backlog flows downstream in slices rather than as one long transaction every later stage waits for."""
+    return time.monotonic() + MAX_BATCH_SECONDS
 
 
 def topology(processor: Processor) -> Topology:
