@@ -332,7 +332,7 @@ class IngestService:
             # a base a worker can move along the partition's log (docs/design/bounded-input-logs.md).
             assert routed is not None
             saved.facts["routed_ends"] = {str(p): end for p, end in routed[processor.t_routed].items()}
-            capture.present, capture.published = dict(processor.present), list(processor.published)
+            capture.present, capture.published = dict(processor.present), set(processor.published)
         capture.capture_seconds = time.monotonic() - started
         self.checkpointer.saved(capture.capture_seconds)  # (commits from here on are the next one's)
         self.writer.start(capture, self.store, processor.dictionary.decode)

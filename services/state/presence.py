@@ -23,7 +23,8 @@ from typing import Callable, Iterable, Iterator, Mapping
 from services.state.store import Store
 from services.wire.sealed import seal, unseal
 
-__all__ = ["Quad", "Presence", "UNKNOWN_SEQ", "load_present", "load_terms", "changes", "snapshot", "load_snapshot"]
+__all__ = ["Quad", "Presence", "UNKNOWN_SEQ", "load_present", "load_terms", "changes", "snapshot", "load_snapshot",
+           "TermChunks"]
 
 Quad = tuple[int, int, int, int]
 Presence = dict[Quad, int]  # each present quad -> the seq of the insert that made it present
@@ -87,35 +88,67 @@ def changes(changed: Mapping[Quad, int | None], new_terms: Iterable[tuple[int, s
     return puts, deletes
 
 
-SNAPSHOT_FORMAT = 2  # 1: quads without their insert seqs (loaded with UNKNOWN_SEQ)
+SNAPSHOT_FORMAT = 3  # 1: quads without their insert seqs (loaded with UNKNOWN_SEQ); 2: quads and seqs interleaved,
+# the terms one pickled list
 
 
-SLICE = 512  # quads or terms between two calls of a snapshot's ``pause``
+SLICE = 512  # quads between two calls of a snapshot's ``pause``
+TERM_CHUNK = 16384  # most terms in one pickled chunk of a snapshot's terms
 
 
-def snapshot(present: Presence, terms: Iterable[tuple[int, str]], record: Mapping,
+class TermChunks:
+    """The published terms as a snapshot packs them: pickled lists, each pickled once and reused by every later
+    snapshot, so a snapshot encodes only the terms published since the one before it.  A new chunk is merged
+    with the one before it while that one is not larger (at most ``TERM_CHUNK`` terms): few chunks, each term
+    pickled a few times in all.  Not thread-safe: one writer at a time (ingest's checkpoint thread)."""
+
+    def __init__(self, terms: Iterable[tuple[int, str]] = ()) -> None:
+        self.ids: set[int] = set()
+        self.chunks: list[bytes] = []
+        self._sizes: list[int] = []
+        self._add(list(terms))
+
+    def update(self, published: set[int] | frozenset[int], decode: Callable[[int], str],
+               pause: Callable[[], object] | None = None) -> None:
+        """Hold exactly ``published``, decoding with ``decode`` the ids it does not hold yet (a set that lost ids,
+        as after a restore to an older state, is packed again from nothing); ``pause`` after each chunk."""
+        if not self.ids <= published:
+            self.__init__()  # type: ignore[misc]
+        self._add([(term_id, decode(term_id)) for term_id in published - self.ids], pause)
+
+    def _add(self, terms: list[tuple[int, str]], pause: Callable[[], object] | None = None) -> None:
+        for start in range(0, len(terms), TERM_CHUNK):
+            chunk = terms[start: start + TERM_CHUNK]
+            self.ids.update(term_id for term_id, _ in chunk)
+            while self._sizes and self._sizes[-1] <= len(chunk) and self._sizes[-1] + len(chunk) <= TERM_CHUNK:
+                self._sizes.pop()
+                chunk = pickle.loads(self.chunks.pop()) + chunk
+            self.chunks.append(pickle.dumps(chunk, protocol=pickle.HIGHEST_PROTOCOL))
+            self._sizes.append(len(chunk))
+            if pause is not None:
+                pause()
+
+
+def snapshot(present: Presence, terms: TermChunks | Iterable[tuple[int, str]], record: Mapping,
              pause: Callable[[], object] | None = None) -> bytes:
     """The whole state as one blob (ingest's checkpoint in Kafka): the checkpoint record, the presence set packed
-    40 bytes a quad (its four ids, then its insert seq), and the published terms.  ``pause``: called every
-    ``SLICE`` quads and terms (a background writer gives the interpreter's lock back there: see
+    as two arrays (four ids a quad, then each quad's insert seq) and the published terms (:class:`TermChunks`).
+    ``pause``: called every ``SLICE`` quads (a background writer gives the interpreter's lock back there: see
     ``services.ingest.checkpoint``)."""
-    packed = array("q")
-    for part in _slices(present.items(), pause):
-        packed.extend(chain.from_iterable((*quad, seq) for quad, seq in part))
-    if sys.byteorder == "little":
-        packed.byteswap()  # big-endian, as the store's keys
-    listed = [term for part in _slices(terms, pause) for term in part]
-    return seal(pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "present": packed.tobytes(),
-                              "terms": listed}, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _slices(items: Iterable, pause: Callable[[], object] | None) -> Iterator[list]:
-    """``items`` in lists of ``SLICE``, ``pause`` called after each one has been used."""
-    items = iter(items)
-    while part := list(islice(items, SLICE)):
-        yield part
+    if not isinstance(terms, TermChunks):
+        terms = TermChunks(terms)
+    quads, seqs = array("q"), array("q")
+    keys, values = iter(present.keys()), iter(present.values())
+    for _ in range(0, len(present), SLICE):
+        quads.extend(chain.from_iterable(islice(keys, SLICE)))
         if pause is not None:
             pause()
+    seqs.extend(values)
+    if sys.byteorder == "little":
+        quads.byteswap()  # big-endian, as the store's keys
+        seqs.byteswap()
+    return seal(pickle.dumps({"format": SNAPSHOT_FORMAT, "checkpoint": dict(record), "quads": quads.tobytes(),
+                              "seqs": seqs.tobytes(), "term_chunks": terms.chunks}, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] | None:
@@ -126,9 +159,13 @@ def load_snapshot(blob: bytes) -> tuple[dict, Presence, list[tuple[int, str]]] |
         return None
     if state["format"] == 1:
         present = dict.fromkeys(_QUAD.iter_unpack(state["present"]), UNKNOWN_SEQ)
-    else:
+    elif state["format"] == 2:
         present = {(s, p, o, g): seq for s, p, o, g, seq in _QUAD_SEQ.iter_unpack(state["present"])}
-    return state["checkpoint"], present, state["terms"]
+    else:
+        present = dict(zip(_QUAD.iter_unpack(state["quads"]), (seq for seq, in _SEQ.iter_unpack(state["seqs"]))))
+    terms = (state["terms"] if state["format"] < 3 else
+             list(chain.from_iterable(pickle.loads(chunk) for chunk in state["term_chunks"])))
+    return state["checkpoint"], present, terms
 
 
 def snapshot_record(blob: bytes) -> dict | None:
@@ -146,6 +183,6 @@ def _snapshot_state(blob: bytes) -> dict | None:
         state = pickle.loads(data)
     except Exception:  # noqa: BLE001 - a snapshot of older code: restore from the logs instead
         return None
-    if not isinstance(state, dict) or state.get("format") not in (1, SNAPSHOT_FORMAT):
+    if not isinstance(state, dict) or state.get("format") not in (1, 2, SNAPSHOT_FORMAT):
         return None
     return state

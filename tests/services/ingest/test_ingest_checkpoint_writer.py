@@ -33,7 +33,7 @@ def _capture(processor: IngestProcessor) -> Capture:
     record = Checkpoint({S.topic("updates.encoded"): {0: processor.seq}}, {"seq": processor.seq}, 0)
     capture = Capture(record, processor.seq)
     capture.changed, capture.new_terms = processor.take_changes()
-    capture.present, capture.published = dict(processor.present), list(processor.published)
+    capture.present, capture.published = dict(processor.present), set(processor.published)
     return capture
 
 

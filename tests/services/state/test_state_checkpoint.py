@@ -6,6 +6,7 @@ run, and a checkpoint that cannot belong to the logs is refused.
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,11 @@ def test_ingests_snapshot_for_kafka_round_trips_its_state_and_refuses_another_fo
     older = pickle.dumps({"format": 1, "checkpoint": {}, "present": packed.tobytes(), "terms": terms})
     assert presence.load_snapshot(older) is None  # unsealed: never unpickled (services.wire.sealed)
     assert presence.load_snapshot(seal(older)) == ({}, dict.fromkeys(present, presence.UNKNOWN_SEQ), terms)
+    # and of the format that interleaved each quad with its seq and pickled the terms as one list
+    interleaved = array("q", [n for quad, seq in present.items() for n in (*quad, seq)])
+    interleaved.byteswap()
+    second = seal(pickle.dumps({"format": 2, "checkpoint": {}, "present": interleaved.tobytes(), "terms": terms}))
+    assert presence.load_snapshot(second) == ({}, present, terms)
     assert presence.load_snapshot(seal(pickle.dumps({"format": 0}))) is None
     assert presence.load_snapshot(b"not a pickle") is None
     # its record alone, for readers of where it stands (`cbgp topics floor`), refused the same way
@@ -311,11 +317,40 @@ def test_with_the_state_on_disk_ingest_writes_the_same_logs_and_restores_by_open
 
 def test_a_snapshot_written_in_slices_pauses_between_them_and_is_the_same_blob() -> None:
     """A background writer gives the interpreter's lock back between slices (services.ingest.checkpoint): the
-    pause comes every SLICE quads and terms, and the blob is byte for byte the one written in one go."""
+    pause comes every SLICE quads, and the blob is byte for byte the one written in one go."""
     present = {(i, 2, i + 1, 0): i + 1 for i in range(3 * presence.SLICE + 7)}
     terms = [(i, f"<http://example.org/{i}>") for i in range(presence.SLICE + 1)]
     pauses = []
     blob = presence.snapshot(present, iter(terms), {"seq": 9}, pause=lambda: pauses.append(1))
-    assert len(pauses) == 4 + 2  # (four slices of quads, two of terms)
+    assert len(pauses) == 4  # (four slices of quads)
     assert blob == presence.snapshot(present, terms, {"seq": 9})
     assert presence.load_snapshot(blob) == ({"seq": 9}, present, terms)
+
+
+def test_a_snapshots_terms_are_pickled_once_and_hold_exactly_the_published_set(monkeypatch) -> None:  # noqa: ANN001
+    """Ingest's snapshots reuse the terms the last one packed: across updates each term is decoded once, the
+    chunks stay few and bounded, a snapshot loads exactly the published terms, and a set that lost terms (a
+    restore to an older state) is packed again from nothing."""
+    monkeypatch.setattr(presence, "TERM_CHUNK", 64)
+    names = {i: f"<http://example.org/{i}>" for i in range(1000)}
+    decoded: list[int] = []
+
+    def decode(term_id: int) -> str:
+        decoded.append(term_id)
+        return names[term_id]
+
+    many = presence.TermChunks((i, names[i]) for i in range(200))  # more than a chunk at once: split
+    assert [len(pickle.loads(chunk)) for chunk in many.chunks] == [64, 64, 64, 8]
+    chunks, published = presence.TermChunks(), set()
+    for step in range(1, 40):
+        published |= set(range(step * step % 997, step * step % 997 + step))  # (overlapping growth)
+        chunks.update(set(published), decode)
+        assert chunks.ids == published and len(decoded) == len(published)  # each term decoded once
+        assert len(chunks.chunks) <= 2 * len(published) // 64 + 8
+        assert all(len(pickle.loads(chunk)) <= 64 for chunk in chunks.chunks)
+        _, _, terms = presence.load_snapshot(presence.snapshot({}, chunks, {}))  # type: ignore[misc]
+        assert sorted(terms) == sorted((i, names[i]) for i in published)
+    smaller = set(list(published)[: len(published) // 2])
+    chunks.update(smaller, decode)
+    _, _, terms = presence.load_snapshot(presence.snapshot({}, chunks, {}))  # type: ignore[misc]
+    assert sorted(terms) == sorted((i, names[i]) for i in smaller) and chunks.ids == smaller
