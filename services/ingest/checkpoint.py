@@ -4,10 +4,10 @@ A checkpoint is taken on the service's thread right after a committed transactio
 positions, what changed since the last one, a copy of the presence set and of the published ids: 10-17 ms at
 100,000-130,000 triples), and written by one background thread: the changes to the instance's store, and the
 whole state as one snapshot blob for ``checkpoints.ingest``, which the service queues for its next transaction
-once :meth:`CheckpointWriter.done` hands it back.  The terms of a snapshot are pickled once and reused by the
-next ones (:class:`services.state.presence.TermChunks`): decoding and pickling every term again was half of each
-snapshot's work, which the service paid every few seconds in a burst.  Written on the service's thread, a checkpoint of the first
-100,000 LSBench updates stopped ingest for 0.25 s every 10 s, and every answer behind it waited (the fleet's
+once :meth:`CheckpointWriter.done` hands it back.  The writer keeps the terms it packed
+(:class:`services.state.presence.TermChunks`): terms are only ever added, so a snapshot decodes and pickles only
+those published since the last one.  Written on the service's thread, a checkpoint of the first 100,000 LSBench
+updates stopped ingest for 0.25 s every 10 s, and every answer behind it waited (the fleet's
 p99).  No Kafka here.
 
 The thread gives the interpreter's lock back every few hundred quads (:func:`_give_way`): holding it, it made the
