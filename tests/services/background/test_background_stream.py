@@ -14,6 +14,7 @@ from services.background.service import StreamKeys
 from services.kafka.config import KafkaSettings
 from services.kafka.topics import ensure_topics
 from services.kafka.client import make_producer
+from tests.fleet_support import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,10 +48,12 @@ def test_stream_keys_reads_from_the_horizon_then_follows_and_closes(kafka_settin
     stream = StreamKeys(kafka_settings)
     core = Core(horizon_ms=10_000)
     try:
-        stream.follow(core)
+        # (each follow() listens for a moment, as the service calls it every WINDOW_POLL_SECONDS: on a loaded
+        # broker what was published may come at a later call)
+        wait_for(lambda: stream.follow(core) or core.seen, what="the record inside the horizon")
         assert core.seen == [3]
         _publish(kafka_settings, [4, 5], now)
-        stream.follow(core)
+        wait_for(lambda: stream.follow(core) or len(core.seen) >= 3, what="the records published while following")
         assert core.seen == [3, 4, 5]
         core.horizon_ms = None  # the last windowed WSJ query is gone
         stream.follow(core)
