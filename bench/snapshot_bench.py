@@ -4,8 +4,8 @@
 
 Ingest's checkpoint writer packs a snapshot (``services.state.presence.snapshot``) every few seconds in a burst:
 the presence set and every published term.  Each of ``--snapshots`` rounds publishes ``--new`` more terms and
-packs, side by side in the same round: with a fresh ``TermChunks`` (every term decoded and pickled again: what
-each snapshot did before the chunks were kept) and with the writer's kept one (only the new terms).  Printed:
+packs, side by side in the same round: with a fresh ``TermChunks`` (every term decoded and pickled again) and
+with the writer's kept one (only the new terms).  Printed:
 each way's process CPU per snapshot, median and range over the rounds after the first (the first packs every
 term both ways), and the blob's size.
 """

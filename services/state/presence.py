@@ -103,17 +103,20 @@ class TermChunks:
     pickled a few times in all.  Not thread-safe: one writer at a time (ingest's checkpoint thread)."""
 
     def __init__(self, terms: Iterable[tuple[int, str]] = ()) -> None:
+        self._clear()
+        self._add(list(terms))
+
+    def _clear(self) -> None:
         self.ids: set[int] = set()
         self.chunks: list[bytes] = []
-        self._sizes: list[int] = []
-        self._add(list(terms))
+        self._sizes: list[int] = []  # each chunk's number of terms
 
     def update(self, published: set[int] | frozenset[int], decode: Callable[[int], str],
                pause: Callable[[], object] | None = None) -> None:
         """Hold exactly ``published``, decoding with ``decode`` the ids it does not hold yet (a set that lost ids,
         as after a restore to an older state, is packed again from nothing); ``pause`` after each chunk."""
         if not self.ids <= published:
-            self.__init__()  # type: ignore[misc]
+            self._clear()
         self._add([(term_id, decode(term_id)) for term_id in published - self.ids], pause)
 
     def _add(self, terms: list[tuple[int, str]], pause: Callable[[], object] | None = None) -> None:
@@ -137,13 +140,12 @@ def snapshot(present: Presence, terms: TermChunks | Iterable[tuple[int, str]], r
     ``services.ingest.checkpoint``)."""
     if not isinstance(terms, TermChunks):
         terms = TermChunks(terms)
-    quads, seqs = array("q"), array("q")
-    keys, values = iter(present.keys()), iter(present.values())
+    quads, keys = array("q"), iter(present)
     for _ in range(0, len(present), SLICE):
         quads.extend(chain.from_iterable(islice(keys, SLICE)))
         if pause is not None:
             pause()
-    seqs.extend(values)
+    seqs = array("q", present.values())
     if sys.byteorder == "little":
         quads.byteswap()  # big-endian, as the store's keys
         seqs.byteswap()
