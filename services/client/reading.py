@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import logging
+import signal
 import sys
+import threading
 import time
 import uuid
 from typing import Any, Callable, TextIO
@@ -109,6 +111,23 @@ def _exit_now(out: TextIO) -> None:
     out.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def end_on_ctrl_c(out: TextIO | None = None) -> None:
+    """Make Ctrl-C (or SIGTERM) end this command at once, with status 0, whatever its main thread is waiting on.
+
+    A KeyboardInterrupt only reaches the main thread when it next runs Python code; a follower blocked in the
+    Kafka client on a loaded broker did not end within 90 s of Ctrl-C.  Here the signals are blocked in the
+    main thread (and in every thread started after, librdkafka's included) and one thread waits for them.
+    Call it first in a command process, before any Kafka client exists; never in a process that must go on."""
+    wanted = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+
+    def wait() -> None:
+        signal.sigwait(wanted)
+        _exit_now(sys.stdout if out is None else out)
+
+    threading.Thread(target=wait, name="cbgp-ctrl-c", daemon=True).start()
 
 
 def watch_answers(settings: KafkaSettings, query_id: str, start_n: int = 1, *, count: int | None = None,

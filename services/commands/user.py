@@ -18,7 +18,7 @@ from services.kafka.config import KafkaSettings, add_kafka_flags
 from services.kafka.client import quiet_librdkafka, require_broker
 from services.client.errors import UserError
 from services.client.publish import DEFAULT_CHUNK_BYTES, STDIN, publish_file
-from services.client.reading import current_answers, print_deadletters, results_table, watch_answers
+from services.client.reading import current_answers, end_on_ctrl_c, print_deadletters, results_table, watch_answers
 from services.client.requests import require_plan, admin_request, format_status
 
 Handler = Callable[[argparse.Namespace], int]
@@ -147,6 +147,8 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
         return 0
 
     def run_watch(args: argparse.Namespace) -> int:
+        if args.count is None:
+            end_on_ctrl_c()  # a live watch ends with Ctrl-C
         settings = connect(args)
         plan = require_plan(settings, args.query_id)  # else it would wait forever for answers that never come
         try:
@@ -176,6 +178,8 @@ def user_commands(commands: argparse._SubParsersAction) -> dict[str, Handler]:
         return 0
 
     def run_deadletter(args: argparse.Namespace) -> int:
+        if args.follow:
+            end_on_ctrl_c()
         try:
             print_deadletters(connect(args), max(0, args.start), follow=args.follow)
         except KeyboardInterrupt:
