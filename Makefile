@@ -35,10 +35,11 @@ run: setup
 
 ## Everything CI checks: unit, property, end-to-end (embedded broker), Spark, Helm/Docker validation.
 ## The in-memory tests run on both cores (a file per worker); those that start real processes (`slow`: broker,
-## Spark, services with timeouts) one at a time after them.
+## Spark, services with timeouts) after them, two files at a time: they wait on their processes more than they
+## compute, each worker has its own broker and Spark session, and every port is a free one.
 test: setup tools chromium virtuoso
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow -n 2 --dist loadfile
 
 ## Only the engine tests (no broker, no Spark): a fast inner loop.
 test-fast: setup
