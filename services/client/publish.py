@@ -1,5 +1,5 @@
-"""``cbgp publish``: an updates file checked with ingest's parsers and limits, then sent to ``updates.raw`` in
-records of whole lines (RDF Patch transactions never split, patch prefixes repeated); see
+"""``cbgp publish``: an updates file sent to ``updates.raw`` in records of whole lines (RDF Patch transactions
+never split, patch prefixes repeated), each checked with ingest's parsers and limits before it is sent; see
 :mod:`services.usercli` for the record headers.
 """
 
@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from cbgp.inputs.sparql_update import UPDATE_FORMAT
 from services.kafka.config import KafkaSettings
@@ -81,9 +81,13 @@ class _Meter:
                            f"({100 * sent // self.total}%), {rate / 1e6:.2f} MB/s ")
             self.out.flush()
 
-    def done(self, summary: str) -> None:
-        if self.enabled:
+    def clear(self) -> None:
+        """Wipe the progress line, so that a line printed next starts at the left edge."""
+        if self.enabled and self.last > self.start:
             self.out.write("\r" + " " * 72 + "\r")
+
+    def done(self, summary: str) -> None:
+        self.clear()
         self.out.write(summary + "\n")
         self.out.flush()
 
@@ -97,39 +101,56 @@ def _record_kind(fmt: str) -> str:
     return {"turtle": "Turtle file", UPDATE_FORMAT: "SPARQL Update request"}.get(fmt, "patch transaction or line")
 
 
-def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[tuple[int, str]]:
-    """What ingest would dead-letter in ``data`` (and records the broker would refuse), found locally with
-    ingest's own parsers and limits: ``[(line, reason)]`` in line order, lines counted in ``data``."""
+def check_record(payload: bytes, fmt: str, first: int = 1, head_lines: int = 0) -> list[tuple[int, str]]:
+    """What ingest would dead-letter in one record ``payload`` of :func:`chunk_lines` (and whether the broker
+    would refuse it), found locally with ingest's own parsers and limits: ``[(line, reason)]`` in line order,
+    lines counted in the input the record starts at line ``first`` of; its first ``head_lines`` lines are the
+    repeated patch prefixes (their problems were reported with the record they first came in)."""
     from cbgp.inputs.formats import InputError, parse_input
     from cbgp.inputs.sparql_update import UpdateRequestError, check_request
     from services.ingest.core import oversized_term, position_problem
 
-    problems: list[tuple[int, str]] = []
+    found: list[tuple[int, str]] = []
     if fmt == UPDATE_FORMAT:
         try:
-            check_request(data.decode("utf-8"))
+            check_request(payload.decode("utf-8"))
         except UnicodeDecodeError as exc:
-            problems.append((data.count(b"\n", 0, exc.start) + 1, f"SPARQL Update request is not UTF-8 "
-                             f"(byte {exc.start})"))
+            found.append((payload.count(b"\n", 0, exc.start) + 1, f"SPARQL Update request is not UTF-8 "
+                          f"(byte {exc.start})"))
         except UpdateRequestError as exc:
-            problems.append((exc.line or 1, str(exc)))
+            found.append((exc.line or 1, str(exc)))
     else:
-        for item in parse_input(data, fmt):
+        for item in parse_input(payload, fmt):
             if isinstance(item, InputError):
-                problems.append((item.line, item.message + (f" (column {item.column})" if item.column else "")))
+                found.append((item.line, item.message + (f" (column {item.column})" if item.column else "")))
                 continue
             problem = position_problem(item.s, item.p, item.o, item.g)
             if problem is None:
                 problem = oversized_term(item.s, item.p, item.o, item.g)
             if problem is not None:
-                problems.append((item.line, problem))
-    for first, _lines, payload in chunk_lines(data, fmt, chunk_bytes):
-        if len(payload) > MAX_RECORD_BYTES:
-            problems.append((first, f"a {_record_kind(fmt)} of {len(payload):,} bytes starts here, over the "
-                             f"{MAX_RECORD_BYTES:,}-byte record limit: not sent; split it"
-                             + (" (or convert Turtle to N-Triples)" if fmt == "turtle" else "")))
+                found.append((item.line, problem))
+    problems = [(first + line - 1 - head_lines, reason) for line, reason in found if line > head_lines]
+    if len(payload) > MAX_RECORD_BYTES:
+        problems.append((first, f"a {_record_kind(fmt)} of {len(payload):,} bytes starts here, over the "
+                         f"{MAX_RECORD_BYTES:,}-byte record limit: not sent; split it"
+                         + (" (or convert Turtle to N-Triples)" if fmt == "turtle" else "")))
     problems.sort(key=lambda p: p[0])
     return problems
+
+
+def checked_records(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+                    ) -> Iterator[tuple[int, int, bytes, list[tuple[int, str]]]]:
+    """:func:`chunk_lines`'s records, each with its problems (:func:`check_record`): ``(first_line,
+    line_count, payload, problems)``.  A record is checked as ingest reads it, so ``cbgp publish`` can send
+    each one as soon as it is checked."""
+    for first, lines, payload in chunk_lines(data, fmt, chunk_bytes):
+        body_lines = payload.count(b"\n") + (0 if payload.endswith(b"\n") or not payload else 1)
+        yield first, lines, payload, check_record(payload, fmt, first, max(0, body_lines - lines))
+
+
+def check_input(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[tuple[int, str]]:
+    """Every problem of ``data`` (:func:`checked_records`), in line order, lines counted in ``data``."""
+    return [problem for *_record, problems in checked_records(data, fmt, chunk_bytes) for problem in problems]
 
 
 def _read_input(path: str, fmt: str | None, stdin: Any = None) -> tuple[bytes, str, str]:
@@ -169,31 +190,46 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
     """Check ``path`` (``-``: ``stdin``, default standard input) and send it to ``updates.raw`` (see the module
     docstring); returns ``{records, lines, bytes, problems}``.
 
-    Each problem found locally is printed to ``out`` (default: stderr at call time) as ``FILE:LINE: reason``,
-    before anything is sent; with ``strict`` nothing is sent then (:class:`UserError`).  Otherwise the input
-    is sent as it is (ingest dead-letters the bad parts), except records over the size limit.
-    Progress and the summary go to ``out`` too."""
+    Each record is checked (:func:`checked_records`) and sent at once, so ingest starts on the first while the
+    rest is checked; each problem found is printed to ``out`` (default: stderr at call time) as
+    ``FILE:LINE: reason`` before its record is sent.  The input is sent as it is (ingest dead-letters the bad
+    parts), except records over the size limit.  With ``strict`` the whole input is checked first and nothing is
+    sent if anything is wrong (:class:`UserError`).  Progress and the summary go to ``out`` too."""
     out = sys.stderr if out is None else out
     data, fmt, name = _read_input(path, fmt, stdin)
-    problems = check_input(data, fmt, chunk_bytes)
-    for line, reason in problems[:MAX_PROBLEMS_SHOWN]:
-        out.write(f"{name}:{line}: {reason}\n")
-    if len(problems) > MAX_PROBLEMS_SHOWN:
-        out.write(f"{name}: {len(problems) - MAX_PROBLEMS_SHOWN:,} more problem(s) not shown\n")
-    out.flush()
-    if problems and strict:
-        raise UserError(f"{len(problems)} problem(s) in {name}; nothing published (--strict)")
+    records: Iterable[tuple[int, int, bytes, list[tuple[int, str]]]] = checked_records(data, fmt, chunk_bytes)
+    meter = _Meter(out, progress, len(data))
+    shown = 0
+
+    def report(problems: list[tuple[int, str]]) -> None:
+        nonlocal shown
+        for line, reason in problems[:max(0, MAX_PROBLEMS_SHOWN - shown)]:
+            meter.clear()
+            out.write(f"{name}:{line}: {reason}\n")
+        shown += len(problems)
+        out.flush()
+
+    counts = {"records": 0, "lines": 0, "bytes": 0, "problems": 0}
+    if strict:
+        records = list(records)
+        for *_record, problems in records:
+            report(problems)
+            counts["problems"] += len(problems)
+        if counts["problems"]:
+            _more_not_shown(out, name, shown)
+            raise UserError(f"{counts['problems']} problem(s) in {name}; nothing published (--strict)")
     require_broker(settings)
     topic = settings.topic("updates.raw")
     producer = make_producer(settings)
     errors: list[str] = []
-    meter = _Meter(out, progress, len(data))
-    counts = {"records": 0, "lines": 0, "bytes": 0, "problems": len(problems)}
     start = time.monotonic()
     source = os.path.basename(name).encode()
-    for first, lines, payload in chunk_lines(data, fmt, chunk_bytes):
+    for first, lines, payload, problems in records:
+        if not strict:
+            report(problems)
+            counts["problems"] += len(problems)
         if len(payload) > MAX_RECORD_BYTES:
-            continue  # reported above: the broker would refuse it
+            continue  # reported: the broker would refuse it
         headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source), ("cbgp-first-line", str(first).encode())]
         while True:
             try:
@@ -207,13 +243,21 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
         counts["lines"] += lines
         counts["bytes"] += len(payload)
         meter.tick(counts["lines"], counts["bytes"])
+    _more_not_shown(out, name, shown)
     if producer.flush(60):
         errors.append("some records were not acknowledged within 60 s")
     if errors:
         raise UserError(f"publish to {topic} failed: {errors[0]} ({len(errors)} record(s) affected)")
     elapsed = time.monotonic() - start
-    flagged = f", {len(problems)} with problems listed above" if problems else ""
+    problems = counts["problems"]
+    flagged = f", {problems} with problems listed above" if problems else ""
     meter.done(f"published {counts['lines']:,} line{'' if counts['lines'] == 1 else 's'} ({counts['bytes']:,} bytes, {fmt}{flagged}) in "
                f"{counts['records']} record(s) to {topic} in {elapsed:.1f} s "
                f"({counts['lines'] / max(elapsed, 1e-9):,.0f} lines/s)")
     return counts
+
+
+def _more_not_shown(out: TextIO, name: str, shown: int) -> None:
+    if shown > MAX_PROBLEMS_SHOWN:
+        out.write(f"{name}: {shown - MAX_PROBLEMS_SHOWN:,} more problem(s) not shown\n")
+        out.flush()

@@ -22,7 +22,7 @@ from services.kafka.client import make_producer, read_all
 from services.kafka.broker import free_port
 from services.runtime.supervise import cbgp_command
 from cbgp.inputs.formats import sniff_format
-from services.client.publish import check_input
+from services.client.publish import check_input, checked_records
 
 EX = "http://ex.org/"
 BAD_PATCH = (f"A <{EX}s> <{EX}p> <{EX}o1> .\n"
@@ -66,6 +66,32 @@ def test_check_input_reports_what_ingest_dead_letters() -> None:
     huge = "".join(f'A <{EX}s> <{EX}p> "{i}{"y" * 100}" .\n' for i in range(10_000))
     problems = check_input(f"TX .\n{huge}TC .\n".encode(), "patch")
     assert [line for line, _ in problems] == [1] and "record limit" in problems[0][1]
+
+
+def test_records_checked_one_by_one_find_what_one_whole_check_finds_at_the_same_lines() -> None:
+    """cbgp publish checks and sends record by record: split into many records (patch prefixes repeated at the
+    head of each), the problems and their lines are those of the input checked as one record, and each record's
+    are the lines the real ingest dead-letters in it."""
+    lines = [f"PA ex: <{EX}> .\n"]
+    for i in range(1, 400):
+        if i % 37 == 0:
+            lines.append(f"A ex:s{i} ex:p .\n")                      # two terms
+        elif i % 53 == 0:
+            lines.append(f'A "lit" ex:p ex:o{i} .\n')                # a literal subject
+        elif i % 61 == 0:
+            lines.append(f"TX .\nA ex:s{i} ex:p ex:o .\nA ex:s{i} ex:p ex:o \"open .\nTC .\n")  # 4 lines
+        else:
+            lines.append(f"A ex:s{i} ex:p ex:o{i} .\n")
+    data = "".join(lines).encode()
+    whole = check_input(data, "patch", chunk_bytes=len(data) + 1)
+    assert len(whole) == 10 + 7 + 6 and len({line for line, _ in whole}) == len(whole)
+    assert check_input(data, "patch", chunk_bytes=500) == whole
+    records = list(checked_records(data, "patch", chunk_bytes=500))
+    assert len(records) >= 20 and all(r[2].startswith(lines[0].encode()) for r in records)
+    for first, count, payload, problems in records:
+        dead = [first + line - 1 - (payload.count(b"\n") - count) for line in _ingest_dead_lines(payload, "patch")]
+        assert [line for line, _ in problems] == dead
+    assert [line for line, _ in whole] == [line for *_r, problems in records for line, _ in problems]
 
 
 @pytest.mark.slow
