@@ -226,7 +226,7 @@ def generate(users: int = 1000, seed: int = 1) -> Dataset:
         ]
         for forum in (_iri(SIBFO, f"fo{2 * i}"), _iri(SIBFO, f"fo{2 * i + 1}")):
             static += [(u, p_["moderator_of"], forum), (u, p_["subscriber_of"], forum)]
-        for artist in set(rng.choices(_ARTISTS, artist_weights, k=rng.randint(1, 6))):
+        for artist in dict.fromkeys(rng.choices(_ARTISTS, artist_weights, k=rng.randint(1, 6))):  # (drawn order)
             static.append((u, p_["interest"], _lit(artist)))
     # Friendships: ~9.6 per user, endpoints drawn by activity, stored both ways as foaf:knows.
     friends: list[set[int]] = [set() for _ in range(users)]
@@ -282,7 +282,7 @@ def generate(users: int = 1000, seed: int = 1) -> Dataset:
             item = _iri(SIBPO, f"po{k}")
             post_stream += [(item, a, f"<{SIB}Post>"), (item, a, f"<{SIOC}Post>"),
                             (item, title, _lit("null"))]
-            for word in set(rng.choices(_WORDS, word_weights, k=rng.randint(1, 5))):
+            for word in dict.fromkeys(rng.choices(_WORDS, word_weights, k=rng.randint(1, 5))):
                 post_stream.append((item, p_["hashtag"], _lit(word)))
             posts.append((item, creator))
         post_stream += [

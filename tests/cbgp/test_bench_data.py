@@ -9,6 +9,8 @@ LSBench vocabulary and degree shape the benchmark's queries rely on.  No timing 
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -103,6 +105,17 @@ def test_generator_is_deterministic() -> None:
     a = lsbench.build_updates(lsbench.generate(users=40, seed=9), seed=2).updates
     b = lsbench.build_updates(lsbench.generate(users=40, seed=9), seed=2).updates
     assert a == b
+
+
+def test_generator_gives_the_same_stream_in_every_process() -> None:
+    """Python salts string hashes per process: a stream that followed a set's order of strings changed from run
+    to run (and with it the bench's expected answers)."""
+    script = ("import hashlib, sys; sys.path.insert(0, sys.argv[1]); import lsbench; "
+              "u = lsbench.build_updates(lsbench.generate(users=60, seed=3), seed=2).updates; "
+              "print(hashlib.sha256(repr(u).encode()).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", script, str(BENCH)], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(salt)}).stdout for salt in (1, 2, 3)}
+    assert len(digests) == 1, digests
 
 
 def test_every_benchmark_query_has_answers_on_generated_data(stream: lsbench.UpdateStream) -> None:
