@@ -26,6 +26,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,7 +411,11 @@ def with_deletes(inserts: list[Triple], n_static: int, delete_fraction: float, w
 
 
 def load_or_generate(data_dir: Path | None, users: int = 1000, seed: int = 1) -> Dataset:
-    """The LSBench files when `data_dir` holds them, else the generator (same shape)."""
+    """The LSBench files when `data_dir` holds them, else the generator (same shape; said on stderr, since a bench
+    run from elsewhere, a worktree, would otherwise compare two different streams without knowing)."""
     if data_dir is not None and find_files(data_dir) is not None:
         return load_dir(data_dir)
+    if data_dir is not None:
+        print(f"no LSBench files in {data_dir}: using the generator's stream (users={users}, seed={seed}); "
+              "pass --data DIR to read the files", file=sys.stderr, flush=True)
     return generate(users, seed)
