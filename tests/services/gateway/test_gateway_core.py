@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.gateway.core import (ADMIN, READ, READ_WRITE, Answer, Hub, Share, Stream, Subscriber, TokenError, Tokens,
-                                   allows, net_change, sepa_notification, sse_event, subscription_id)
+                                   allows, binding_key, net_change, sepa_notification, sse_event, subscription_id)
 
 
 def ans(n: int, sign: str, x: str, version: int = 1, query: str = "q") -> Answer:
@@ -167,3 +169,32 @@ def test_a_bad_share_or_peers_flag_is_one_line_before_anything_starts(flags: lis
                           capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert line in done.stderr.strip().splitlines()[-1]
+
+
+_TERMS = st.one_of(
+    st.builds(lambda v: {"type": "uri", "value": v}, st.sampled_from(["a", "b", "a b", ""])),
+    st.builds(lambda v, d: {"type": "literal", "value": v, "datatype": d}, st.sampled_from(["1", "a", ""]),
+              st.sampled_from(["http://www.w3.org/2001/XMLSchema#integer", "x"])),
+    st.builds(lambda v, lang: {"type": "literal", "value": v, "xml:lang": lang}, st.sampled_from(["a", "1"]),
+              st.sampled_from(["en", "de"])),
+    st.builds(lambda v: {"type": "bnode", "value": v}, st.sampled_from(["b0", "a"])))
+_BINDINGS = st.dictionaries(st.sampled_from(["x", "y", "z"]), _TERMS, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_BINDINGS, _BINDINGS)
+def test_two_bindings_fold_together_exactly_when_their_canonical_json_is_the_same(a: dict, b: dict) -> None:
+    same_json = json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert (binding_key(a) == binding_key(b)) == same_json
+    assert sorted([binding_key(a), binding_key(b)])  # always comparable
+
+
+def test_a_binding_of_another_shape_from_a_peer_folds_and_sorts_beside_the_usual_ones() -> None:
+    odd = [{"x": {"type": 1, "value": "a"}}, {"x": ["not", "a", "term"]}, {"x": {"value": "no type"}},
+           {"x": {"type": "uri", "value": ["a"]}}, {"x": {"type": "uri", "value": "a"}, "y": None}]
+    stream = Stream("q", 1, history=0)
+    for n, binding in enumerate(odd + [{"x": {"type": "uri", "value": "a"}}], 1):
+        assert stream.add(Answer(n, "+", binding, n, False, 0, 1, "q"))
+    assert sorted(map(json.dumps, stream.rows())) == sorted(map(json.dumps, odd + [{"x": {"type": "uri", "value": "a"}}]))
+    added, removed = net_change([Answer(1, "+", odd[0], 1, False, 0, 1, "q"), Answer(2, "-", odd[0], 2, False, 0, 1, "q")])
+    assert added == removed == []
