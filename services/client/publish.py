@@ -203,11 +203,12 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
 
     def report(problems: list[tuple[int, str]]) -> None:
         nonlocal shown
-        for line, reason in problems[:max(0, MAX_PROBLEMS_SHOWN - shown)]:
-            meter.clear()
-            out.write(f"{name}:{line}: {reason}\n")
+        printed = problems[:max(0, MAX_PROBLEMS_SHOWN - shown)]
         shown += len(problems)
-        out.flush()
+        if printed:
+            meter.clear()
+            out.writelines(f"{name}:{line}: {reason}\n" for line, reason in printed)
+            out.flush()
 
     counts = {"records": 0, "lines": 0, "bytes": 0, "problems": 0}
     if strict:
