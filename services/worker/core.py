@@ -536,7 +536,6 @@ class WorkerCore:
                     continue
                 if len(deltas) > 1:
                     deltas.sort()
-                self.outputs.note_origin(origin)
                 for name, d_diff, row in deltas:
                     number = numbers.get(name, 0)
                     numbers[name] = number + 1

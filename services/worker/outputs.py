@@ -46,14 +46,16 @@ class WorkerOutputs:
         self.topics, self.plans, self.shards, self.probes = topics, plans, shards, probes
         self.n_routed, self.n_deltas, self.n_dictionary = n_routed, n_deltas, n_dictionary
         # Answer deltas (part -1; a by-centre product's part deltas, part >= 0) since the last flush_batches(),
-        # per query, its variables (a replaced plan may bind others) and part, with the earliest origin time.
+        # per query, its variables (a replaced plan may bind others) and part.
         # Keyed (query, variables, part, run): an operator query's rows leave unbound variables out, and a run
         # starts whenever a query's variables change, so its records keep the order of its deltas.
         self.batched: dict[tuple[str, tuple[str, ...], int, int], list[tuple]] = {}
         self.batch_runs: dict[tuple[str, int], tuple[tuple[str, ...], int]] = {}  # (query, part) -> last key's
         self.published_terms: set[int] = set()  # made terms already written to the dictionary topic
         self.term_outputs: list[Output] = []  # ... and those to write in this transaction, before the deltas
-        self.batched_origin: int | None = None
+        # ... and each batch's latency origin: the earliest produce time (epoch ms) of the raw updates behind its
+        # live deltas, so a query's answers are timed from their own updates, not from the oldest of the turn
+        self.batch_origins: dict[tuple[str, tuple[str, ...], int, int], int] = {}
         # routed partition -> (completed, applied) frontiers last written to deltas.parts
         self.frontier_sent: dict[int, tuple[int, int]] = {}
         # ProbeReady marks owed after this transaction's deltas: (query, version, routed partition, as_of) of the
@@ -108,19 +110,16 @@ class WorkerOutputs:
         self.derived = {}
         return out
 
-    def note_origin(self, origin: int | None) -> None:
-        """The batch's latency origin is its oldest update's (ORIGIN_HEADER of the flushed records)."""
-        if origin and (self.batched_origin is None or origin < self.batched_origin):
-            self.batched_origin = origin
-
     def flush_batches(self) -> list[Output]:
         """The answer deltas collected since the last call, as one PartDeltaBatch record per query (at most
         MAX_BATCH_DELTAS deltas each), in the order they were made; once per transaction."""
         out: list[Output] = []
-        headers = [(ORIGIN_HEADER, str(self.batched_origin).encode())] if self.batched_origin is not None else []
         out.extend(self.term_outputs)
         self.term_outputs = []
-        for (query_id, variables, part, _run), rows in self.batched.items():
+        for batch, rows in self.batched.items():
+            query_id, variables, part, _run = batch
+            origin = self.batch_origins.get(batch)
+            headers = [(ORIGIN_HEADER, str(origin).encode())] if origin is not None else []
             key, partition = query_id.encode(), query_partition(query_id, self.n_deltas)
             info = self.plans.get(query_id)
             version, distinct, gated, probed = ((info.version, info.counted_distinct, info.gated, info.uses_probes)
@@ -129,7 +128,7 @@ class WorkerOutputs:
                 value = codec.encode_part_delta_batch(query_id, part, variables, rows[start:start + MAX_BATCH_DELTAS],
                                                       version, distinct, gated, probed)
                 out.append(Output(self.topics["deltas.parts"], value, key, partition, headers))
-        self.batched, self.batched_origin, self.batch_runs = {}, None, {}
+        self.batched, self.batch_origins, self.batch_runs = {}, {}, {}
         for query_id, version, routed, as_of in self.ready_due:  # after the snapshot deltas they mark complete
             out.append(Output(self.topics["deltas.parts"], codec.encode_probe_ready(query_id, version, routed, as_of),
                               query_id.encode(), query_partition(query_id, self.n_deltas)))
@@ -185,8 +184,6 @@ class WorkerOutputs:
             if delta.query not in shard.outputs:
                 continue  # unregistered meanwhile
             born = delta.born_ms or origin
-            if not delta.snapshot:
-                self.note_origin(born)
             number = numbers.get(delta.query, first)
             numbers[delta.query] = number + 1
             self.part_delta(out, shard, delta.query, delta.diff, delta.row, delta.seq, offset, number,
@@ -257,8 +254,13 @@ class WorkerOutputs:
             last = runs.get((query_id, part))
             if last is None or last[0] != columns:
                 last = runs[(query_id, part)] = (columns, 0 if last is None else last[1] + 1)
-            self.batched.setdefault((query_id, columns, part, last[1]), []).append(
+            batch = (query_id, columns, part, last[1])
+            self.batched.setdefault(batch, []).append(
                 (seq, diff, row, shard.source_partition, offset, index, snapshot, None))
+            if origin and not snapshot:
+                earliest = self.batch_origins.get(batch)
+                if earliest is None or origin < earliest:
+                    self.batch_origins[batch] = origin
             return
         value = codec.encode_part_delta(query_id, part, seq, diff, dict(zip(columns, row)),
                                         shard.source_partition, offset, index, snapshot, None)
