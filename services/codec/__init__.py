@@ -27,7 +27,7 @@ The package, one job a module (callers import from ``services.codec``, which re-
 """
 
 from services.codec.answers import (BindingWriter, answer_binding, canonical_binding, current_key, decode_answer,
-                                    encode_answer, encode_answer_record, encode_current_answer,
+                                    decode_answer_json, encode_answer, encode_answer_record, encode_current_answer,
                                     encode_current_answer_record, json_string, sparql_json_term, term_from_avro,
                                     term_to_avro)
 from services.codec.changes import (decode_dictionary_entry, decode_encoded, decode_routed, encode_dictionary_entry,
@@ -44,7 +44,7 @@ from services.codec.registry import (HEADER_LEN, MAGIC, NAMESPACE, SCHEMA_DIR, C
 # fingerprints of the schema history); they keep their old address ``codec.writer_name`` / ``codec.reg``.
 
 __all__ = [
-    "BindingWriter", "answer_binding", "canonical_binding", "current_key", "decode_answer", "encode_answer",
+    "BindingWriter", "answer_binding", "canonical_binding", "current_key", "decode_answer", "decode_answer_json", "encode_answer",
     "encode_answer_record",
     "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
     "term_to_avro", "decode_dictionary_entry", "decode_encoded", "decode_routed", "encode_dictionary_entry",

@@ -29,9 +29,9 @@ Batch = list[tuple[str, Any]]  # ("plan", (query_id, plan | None)) or ("answer",
 
 
 def decode_answer(value: bytes) -> Answer:
-    r = codec.decode_answer(value)
-    return Answer(r["n"], r["sign"], {v: sparql_json_term(t) for v, t in r["binding"].items()}, r["seq"],
-                  r["snapshot"], r["produced_at_ms"], r["version"], r["query_id"])
+    r = codec.decode_answer_json(value)
+    return Answer(r["n"], r["sign"], r["binding"], r["seq"], r["snapshot"], r["produced_at_ms"], r["version"],
+                  r["query_id"])
 
 
 class Follower(threading.Thread):

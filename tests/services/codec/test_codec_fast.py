@@ -41,7 +41,11 @@ def test_changes_read_as_the_generic_reader_reads_them(name: str, drawn: st.Data
 @given(current_records("Answer"))
 def test_answers_read_as_the_generic_reader_reads_them(record: dict) -> None:
     data = codec.encode("Answer", record)
-    assert codec.decode_answer(data) == codec.decode("Answer", data)
+    generic = codec.decode("Answer", data)
+    assert codec.decode_answer(data) == generic
+    as_json = {**generic, "binding": {var: codec.sparql_json_term(term) for var, term in generic["binding"].items()}}
+    assert codec.decode_answer_json(data) == as_json
+    assert codec.decode_answer_json(data) == as_json  # (its terms now remembered)
 
 
 @FAST
@@ -53,13 +57,32 @@ def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict)
     assert codec.decode_part_delta(generic) == codec.decode("PartDelta", generic)
 
 
-@pytest.mark.parametrize("name", ["RoutedUpdate", "EncodedUpdate", "PartDelta", "DictionaryEntry", "Answer"])
+def test_answers_read_as_json_with_long_terms_and_a_bounded_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lengths of several bytes, every kind of term, and the remembered terms forgotten at their bound."""
+    from services.codec import answers
+
+    monkeypatch.setattr(answers, "JSON_TERMS_KEPT", 5)
+    monkeypatch.setattr(answers, "_json_terms", {})
+    terms = {"s": "<http://example.org/" + "x" * 300 + ">", "b": "_:b1", "l": '"chat"@fr',
+             "t": '"' + "9" * 200 + '"^^<http://www.w3.org/2001/XMLSchema#integer>'}
+    for i in range(12):
+        data = codec.encode_answer("q", i, i, "+", {**terms, "i": f'"{i}"'}, False, 0)
+        generic = codec.decode("Answer", data)
+        want = {var: codec.sparql_json_term(term) for var, term in generic["binding"].items()}
+        assert codec.decode_answer_json(data)["binding"] == want
+        assert codec.decode_answer_json(data)["binding"] == want
+        assert len(answers._json_terms) <= 5
+
+
+@pytest.mark.parametrize("reader", ["RoutedUpdate", "EncodedUpdate", "PartDelta", "DictionaryEntry", "Answer",
+                                    "Answer:json"])
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
-def test_bad_bytes_fail_as_in_the_generic_reader(name: str, data: st.DataObject) -> None:
+def test_bad_bytes_fail_as_in_the_generic_reader(reader: str, data: st.DataObject) -> None:
     """Truncated, padded, bit-flipped or foreign records: the fast reader raises exactly when decode() does."""
-    fast = {**CHANGE_READERS, "PartDelta": codec.decode_part_delta,
-            "DictionaryEntry": codec.decode_dictionary_entry, "Answer": codec.decode_answer}[name]
+    fast = {**CHANGE_READERS, "PartDelta": codec.decode_part_delta, "DictionaryEntry": codec.decode_dictionary_entry,
+            "Answer": codec.decode_answer, "Answer:json": codec.decode_answer_json}[reader]
+    name = reader.split(":")[0]
     good = codec.encode(name, data.draw(current_records(name)))
     variants = [good[:cut] for cut in range(len(good))] + [good + b"\x00", codec.encode("DeadLetter", {
         "service": "x", "source_topic": "t", "partition": 0, "offset": 0, "reason": "r", "message": "m",
