@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from services.codec.binary import (cached_string, header, optional, read_boolean, read_current, read_long, read_map,
                                    read_string, write_long, write_string)
@@ -145,12 +145,12 @@ def _read_term(data: bytes, pos: int) -> tuple[dict[str, Any], int]:
     return {"type": _TERM_TYPES[index], "value": value, "datatype": datatype, "lang": lang}, pos
 
 
-def _read_answer(data: bytes) -> tuple[dict[str, Any], int]:
+def _read_answer(data: bytes, read_term: Callable = _read_term) -> tuple[dict[str, Any], int]:
     query_id, pos = read_string(data, HEADER_LEN)
     n, pos = read_long(data, pos)
     seq, pos = read_long(data, pos)
     sign, pos = read_string(data, pos)
-    binding, pos = read_map(data, pos, _read_term)
+    binding, pos = read_map(data, pos, read_term)
     snapshot, pos = read_boolean(data, pos)
     produced_at_ms, pos = read_long(data, pos)
     version, pos = read_long(data, pos)
@@ -205,16 +205,7 @@ def _read_json_term(data: bytes, pos: int) -> tuple[dict[str, str], int]:
 
 
 def _read_answer_json(data: bytes) -> tuple[dict[str, Any], int]:
-    query_id, pos = read_string(data, HEADER_LEN)
-    n, pos = read_long(data, pos)
-    seq, pos = read_long(data, pos)
-    sign, pos = read_string(data, pos)
-    binding, pos = read_map(data, pos, _read_json_term)
-    snapshot, pos = read_boolean(data, pos)
-    produced_at_ms, pos = read_long(data, pos)
-    version, pos = read_long(data, pos)
-    return {"query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot,
-            "produced_at_ms": produced_at_ms, "version": version}, pos
+    return _read_answer(data, _read_json_term)
 
 
 def decode_answer_json(data: bytes) -> dict[str, Any]:
