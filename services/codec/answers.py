@@ -164,7 +164,9 @@ def decode_answer(data: bytes) -> dict[str, Any]:
     return found if found is not None else decode("Answer", data)
 
 
-JSON_TERMS_KEPT = 1 << 16  # distinct term encodings remembered by decode_answer_json (then forgotten at once)
+# decode_answer_json remembers at most this many distinct term encodings (then forgets them at once), each of at
+# most this many bytes: a few MB for usual IRIs, under 30 MB whatever the stream holds
+JSON_TERMS_KEPT, JSON_TERM_BYTES_KEPT = 1 << 15, 256
 _json_terms: dict[bytes, dict[str, str]] = {}
 
 
@@ -198,9 +200,10 @@ def _read_json_term(data: bytes, pos: int) -> tuple[dict[str, str], int]:
         if parsed_to != end:
             raise IndexError("term ends elsewhere")
         term = sparql_json_term(avro)
-        if len(_json_terms) >= JSON_TERMS_KEPT:
-            _json_terms.clear()
-        _json_terms[key] = term
+        if len(key) <= JSON_TERM_BYTES_KEPT:
+            if len(_json_terms) >= JSON_TERMS_KEPT:
+                _json_terms.clear()
+            _json_terms[key] = term
     return term, end
 
 

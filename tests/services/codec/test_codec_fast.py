@@ -58,7 +58,7 @@ def test_part_deltas_round_trip_through_the_fast_writer_and_reader(record: dict)
 
 
 def test_answers_read_as_json_with_long_terms_and_a_bounded_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lengths of several bytes, every kind of term, and the remembered terms forgotten at their bound."""
+    """Lengths of several bytes, every kind of term, and the remembered terms bounded in number and size."""
     from services.codec import answers
 
     monkeypatch.setattr(answers, "JSON_TERMS_KEPT", 5)
@@ -72,6 +72,7 @@ def test_answers_read_as_json_with_long_terms_and_a_bounded_memory(monkeypatch: 
         assert codec.decode_answer_json(data)["binding"] == want
         assert codec.decode_answer_json(data)["binding"] == want
         assert len(answers._json_terms) <= 5
+        assert all(len(key) <= answers.JSON_TERM_BYTES_KEPT for key in answers._json_terms), "long terms are not kept"
 
 
 @pytest.mark.parametrize("reader", ["RoutedUpdate", "EncodedUpdate", "PartDelta", "DictionaryEntry", "Answer",
