@@ -44,8 +44,8 @@ from services.codec.registry import (HEADER_LEN, MAGIC, NAMESPACE, SCHEMA_DIR, C
 # fingerprints of the schema history); they keep their old address ``codec.writer_name`` / ``codec.reg``.
 
 __all__ = [
-    "BindingWriter", "answer_binding", "canonical_binding", "current_key", "decode_answer", "decode_answer_json", "encode_answer",
-    "encode_answer_record",
+    "BindingWriter", "answer_binding", "canonical_binding", "current_key", "decode_answer", "decode_answer_json",
+    "encode_answer", "encode_answer_record",
     "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
     "term_to_avro", "decode_dictionary_entry", "decode_encoded", "decode_routed", "encode_dictionary_entry",
     "encode_encoded",
