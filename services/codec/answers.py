@@ -167,7 +167,7 @@ def decode_answer(data: bytes) -> dict[str, Any]:
 # decode_answer_json remembers at most this many distinct term encodings (then forgets them at once), each of at
 # most this many bytes: a few MB for usual IRIs, under 30 MB whatever the stream holds
 JSON_TERMS_KEPT, JSON_TERM_BYTES_KEPT = 1 << 15, 256
-_json_terms: dict[bytes, dict[str, str]] = {}
+remembered_terms: dict[bytes, dict[str, str]] = {}  # encoding -> SPARQL JSON term
 
 
 def _read_json_term(data: bytes, pos: int) -> tuple[dict[str, str], int]:
@@ -194,16 +194,16 @@ def _read_json_term(data: bytes, pos: int) -> tuple[dict[str, str], int]:
     if size < 0 or end > len(data):
         raise IndexError("term runs past the end")
     key = data[start:end]
-    term = _json_terms.get(key)
+    term = remembered_terms.get(key)
     if term is None:
         avro, parsed_to = _read_term(data, start)
         if parsed_to != end:
             raise IndexError("term ends elsewhere")
         term = sparql_json_term(avro)
         if len(key) <= JSON_TERM_BYTES_KEPT:
-            if len(_json_terms) >= JSON_TERMS_KEPT:
-                _json_terms.clear()
-            _json_terms[key] = term
+            if len(remembered_terms) >= JSON_TERMS_KEPT:
+                remembered_terms.clear()
+            remembered_terms[key] = term
     return term, end
 
 

@@ -62,7 +62,7 @@ def test_answers_read_as_json_with_long_terms_and_a_bounded_memory(monkeypatch: 
     from services.codec import answers
 
     monkeypatch.setattr(answers, "JSON_TERMS_KEPT", 5)
-    monkeypatch.setattr(answers, "_json_terms", {})
+    monkeypatch.setattr(answers, "remembered_terms", {})
     terms = {"s": "<http://example.org/" + "x" * 300 + ">", "b": "_:b1", "l": '"chat"@fr',
              "t": '"' + "9" * 200 + '"^^<http://www.w3.org/2001/XMLSchema#integer>'}
     for i in range(12):
@@ -71,8 +71,8 @@ def test_answers_read_as_json_with_long_terms_and_a_bounded_memory(monkeypatch: 
         want = {var: codec.sparql_json_term(term) for var, term in generic["binding"].items()}
         assert codec.decode_answer_json(data)["binding"] == want
         assert codec.decode_answer_json(data)["binding"] == want
-        assert len(answers._json_terms) <= 5
-        assert all(len(key) <= answers.JSON_TERM_BYTES_KEPT for key in answers._json_terms), "long terms are not kept"
+        assert len(answers.remembered_terms) <= 5
+        assert all(len(key) <= answers.JSON_TERM_BYTES_KEPT for key in answers.remembered_terms), "long terms are not kept"
 
 
 @pytest.mark.parametrize("reader", ["RoutedUpdate", "EncodedUpdate", "PartDelta", "DictionaryEntry", "Answer",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from services import codec
 from services.ingest.core import IngestProcessor, RawRecord
-from services.runtime.life import ORIGIN_HEADER
+from services.wire.records import ORIGIN_HEADER
 from services.worker.core import WorkerCore
 from tests.fleet_support import QUERIES, generate_patch
 from tests.worker_support import N, SETTINGS, TOPICS, InMemoryWorker
