@@ -13,16 +13,19 @@ TOPICS = {"deltas.parts": "u.deltas.parts", "deadletter": "u.deadletter", "updat
 N = 4
 
 
-def ingest_logs(lines: list[str], per_record: int = 40, snapshots: list | None = None
-                ) -> dict[tuple[str, int], list[bytes]]:
+def ingest_logs(lines: list[str], per_record: int = 40, snapshots: list | None = None,
+                sources: dict[tuple[int, int], int] | None = None) -> dict[tuple[str, int], list[bytes]]:
     """updates.routed per partition and updates.encoded (``("whole", 0)``) as ingest writes them for ``lines``,
     ``per_record`` lines a raw record; ``snapshots``: appended after each raw record, ingest's snapshot then
-    (an ``IngestSnapshot``: presence with insert seqs, routed end offsets, updates.encoded offset, seq)."""
+    (an ``IngestSnapshot``: presence with insert seqs, routed end offsets, updates.encoded offset, seq);
+    ``sources``: filled with (routed partition, offset) -> the number of the raw record it came from."""
     ingest = IngestProcessor(SETTINGS, N, N)
     logs: dict[tuple[str, int], list[bytes]] = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
-    for start in range(0, len(lines), per_record):
+    for number, start in enumerate(range(0, len(lines), per_record)):
         for out in ingest.process(RawRecord(("\n".join(lines[start:start + per_record]) + "\n").encode())):
             if out.topic == "u.updates.routed":
+                if sources is not None:
+                    sources[(out.partition, len(logs[("routed", out.partition)]))] = number
                 logs[("routed", out.partition)].append(out.value)
             elif out.topic == "u.updates.encoded":
                 logs[("whole", 0)].append(out.value)

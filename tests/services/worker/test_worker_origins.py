@@ -9,28 +9,18 @@ probes); each query's record must carry the earliest origin of its own live delt
 from __future__ import annotations
 
 from services import codec
-from services.ingest.core import IngestProcessor, RawRecord
 from services.wire.records import ORIGIN_HEADER
 from services.worker.core import WorkerCore
 from tests.fleet_support import QUERIES, generate_patch
-from tests.worker_support import N, SETTINGS, TOPICS, InMemoryWorker
-
-PER_RECORD = 25
+from tests.worker_support import N, TOPICS, InMemoryWorker, ingest_logs
 
 
 def routed_logs(lines: list[str]) -> tuple[dict, dict[tuple[int, int], int]]:
-    """updates.routed as ingest writes it for ``lines`` (``PER_RECORD`` a raw record), and (partition,
-    offset) -> the produce time given to the raw record each routed record came from (1,000 ms apart)."""
-    ingest = IngestProcessor(SETTINGS, N, N)
-    logs: dict = {("whole", 0): [], **{("routed", p): [] for p in range(N)}}
-    origins: dict[tuple[int, int], int] = {}
-    for number, start in enumerate(range(0, len(lines), PER_RECORD)):
-        raw = RawRecord(("\n".join(lines[start:start + PER_RECORD]) + "\n").encode())
-        for out in ingest.process(raw):
-            if out.topic == "u.updates.routed":
-                origins[(out.partition, len(logs[("routed", out.partition)]))] = 1_000_000 + 1_000 * number
-                logs[("routed", out.partition)].append(out.value)
-    return logs, origins
+    """updates.routed as ingest writes it for ``lines`` (25 a raw record), and (partition, offset) -> the produce
+    time given to the raw record each routed record came from (1,000 ms apart)."""
+    sources: dict[tuple[int, int], int] = {}
+    logs = ingest_logs(lines, 25, sources=sources)
+    return logs, {at: 1_000_000 + 1_000 * number for at, number in sources.items()}
 
 
 class Worker(InMemoryWorker):
