@@ -179,19 +179,21 @@ def _read_json_term(data: bytes, pos: int) -> tuple[dict[str, str], int]:
         raise IndexError(f"TermType byte {data[pos]}")
     byte = data[pos + 1]
     size, end = ((byte >> 1) ^ -(byte & 1), pos + 2) if byte < 0x80 else read_long(data, pos + 1)
+    if size < 0:
+        raise IndexError("negative string size")
     end += size
     for _optional in range(2):  # datatype, lang: ["null", string]
-        if size < 0:
-            raise IndexError("negative string size")
         branch = data[end]
         end += 1
         if branch == 2:  # (branch 1, zigzag)
             byte = data[end]
             size, end = ((byte >> 1) ^ -(byte & 1), end + 1) if byte < 0x80 else read_long(data, end)
+            if size < 0:
+                raise IndexError("negative string size")
             end += size
         elif branch != 0:
             raise IndexError(f"union branch byte {branch}")
-    if size < 0 or end > len(data):
+    if end > len(data):
         raise IndexError("term runs past the end")
     key = data[start:end]
     term = remembered_terms.get(key)
