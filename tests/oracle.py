@@ -7,11 +7,15 @@ checks the contract on the way (a `-` always removes something present).
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pyoxigraph as ox
 
-from cbgp.terms import from_oxigraph, to_oxigraph
+from cbgp.terms import from_oxigraph, from_sparql_json, to_oxigraph
 
 Row = tuple[tuple[str, str], ...]  # sorted (variable, canonical term) pairs
 
@@ -62,3 +66,38 @@ class ReplayedAnswers:
             self.rows[row] -= 1
             if not self.rows[row]:
                 del self.rows[row]
+
+
+def replay_matches_oracle(tmp_path: Path, updates: list[tuple[int, str, str, str]], texts: dict[str, str]) -> Counter:
+    """Run ``cbgp replay`` (the command a user runs) over ``updates`` with the queries ``texts`` and assert that each
+    update's deltas of each query are pyoxigraph's answers after it minus those before it; returns how many updates
+    changed each query's answers."""
+    patch = tmp_path / "stream.rdfp"
+    patch.write_text("".join(f"{'A' if d > 0 else 'D'} {s} {p} {o} .\n" for d, s, p, o in updates))
+    args = [sys.executable, "-m", "services.commands.main", "replay", "--patch", str(patch)]
+    for name, text in texts.items():
+        (tmp_path / f"{name}.rq").write_text(text)
+        args += ["--query", f"{name}={tmp_path / name}.rq"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    by_seq: dict[int, dict[str, Counter]] = {}
+    for line in result.stdout.splitlines():
+        delta = json.loads(line)
+        row = tuple(sorted((v, from_sparql_json(t)) for v, t in delta["binding"].items()))
+        by_seq.setdefault(delta["seq"], {}).setdefault(delta["query"], Counter())[row] += \
+            1 if delta["sign"] == "+" else -1
+    oracle = OracleGraph()
+    before = {name: Counter() for name in texts}
+    changed: Counter = Counter()
+    for seq, (d, s, p, o) in enumerate(updates, 1):
+        oracle.apply(d, s, p, o)
+        for name, text in texts.items():
+            after = oracle.answers(text)
+            want = Counter(after)
+            want.subtract(before[name])
+            want = Counter({row: n for row, n in want.items() if n})
+            got = Counter({row: n for row, n in by_seq.get(seq, {}).get(name, Counter()).items() if n})
+            assert got == want, f"{name} at update {seq} {(d, s, p, o)}"
+            changed[name] += bool(want)
+            before[name] = after
+    return changed
