@@ -1,12 +1,14 @@
-"""The whole fleet users run, end to end, on the LSBench stream, by-centre vs single-owner placement.
+"""The whole fleet users run, end to end, on the LSBench stream (or Stream-WatDiv), by-centre vs single-owner.
 
     .venv/bin/python bench/lsbench_fleet.py [--updates 150000] [--workers 1,2] [--with-4]
         [--placements by-centre,single-owner] [--workloads mix,heavy] [--heavy FILE.rq] [--repeat N]
-        [--in-memory]
+        [--in-memory] [--stream lsbench|watdiv]
 
 Data: the first ``--updates`` updates of the LSBench stream (bench/lsbench.py: the shared
 ``/work/shared/data/lsbench-1000`` files if present, else its generator of the same shape; static graph first,
-then the post/photo/like streams with 20% deletions), written as one RDF Patch file.
+then the post/photo/like streams with 20% deletions), written as one RDF Patch file.  ``--stream watdiv``: the
+Stream-WatDiv stream instead (bench/watdiv.py: ``--data`` is its ``stream.txt.gz``, default the shared one; its
+triples in timestamp order, a fifth deleted again), with the ``watdiv`` workload by default.
 
 Per configuration (workload x placement x workers x repeat), a fresh fleet started as ``make run`` starts it,
 without the demo: ``python -m services.commands.run --no-demo --run-dir <tmp> --workers W`` (embedded broker, ingest,
@@ -41,7 +43,9 @@ Workloads: ``mix`` = the 10 queries of bench/queries/; ``heavy`` = one var-conne
 ``operators`` = the 5 queries of bench/queries_operators/ (OPTIONAL, GROUP BY/HAVING, FILTER over a 3-hop path,
 FILTER on a star's attribute, NOT EXISTS; by centre their leaves run on the workers and the operators in the
 answers service); ``paths`` = the 4 property-path queries of bench/queries_paths/ (``knows+`` from and to a user,
-a class hierarchy's ``*`` over a small SIOC/SIB hierarchy published before the stream, a sequence).
+a class hierarchy's ``*`` over a small SIOC/SIB hierarchy published before the stream, a sequence);
+``watdiv`` = the 8 queries of bench/queries_watdiv/, shaped after WatDiv's basic templates (stars, linear paths,
+a snowflake, a complex cycle) over the Stream-WatDiv vocabulary.
 
 In memory (``--in-memory``: no fleet, no Kafka, for profiling the workers' CPU per update): ingest's records
 made in memory, then per partition count in ``--workers`` (one routed partition per worker core) the workers'
@@ -81,6 +85,7 @@ os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (servi
 sys.path.insert(0, str(ROOT / "bench"))
 
 import lsbench  # noqa: E402
+import watdiv  # noqa: E402
 from services.kafka.config import KafkaSettings
 from services.kafka.client import make_producer  # noqa: E402
 from idle_bench import _cpu, _group, _service_of, add_fleet_env_flag, fleet_env  # noqa: E402 - as the idle bench
@@ -89,6 +94,7 @@ CBGP = [sys.executable, "-m", "services.commands.main"]
 QUERY_DIR = ROOT / "bench" / "queries"
 OPERATOR_QUERY_DIR = ROOT / "bench" / "queries_operators"  # OPTIONAL, GROUP BY/HAVING, FILTERs, NOT EXISTS
 PATH_QUERY_DIR = ROOT / "bench" / "queries_paths"  # knows+ from and to a user, a class hierarchy, a sequence
+WATDIV_QUERY_DIR = ROOT / "bench" / "queries_watdiv"  # WatDiv's basic templates over Stream-WatDiv
 HEAVY_DEFAULT = """# 2-hop path over the like stream (var-connected, single centre ?b): friends of someone, what they like
 PREFIX foaf: <http://xmlns.com/foaf/0.1/>
 PREFIX sib: <http://www.ins.cwi.nl/sib/vocabulary/>
@@ -651,14 +657,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
     parser.add_argument("--with-4", action="store_true", help="also 4 workers")
     parser.add_argument("--placements", default="by-centre,single-owner")
-    parser.add_argument("--workloads", default="mix,heavy",
+    parser.add_argument("--workloads", default=None,
                         help="mix (the 10 bench queries), heavy (one query), operators (bench/queries_operators), "
-                             "paths (bench/queries_paths)")
+                             "paths (bench/queries_paths), watdiv (bench/queries_watdiv); default mix,heavy "
+                             "(watdiv with --stream watdiv)")
+    parser.add_argument("--stream", choices=("lsbench", "watdiv"), default="lsbench",
+                        help="the LSBench stream (default) or Stream-WatDiv (--data: its stream.txt.gz)")
     parser.add_argument("--heavy", type=Path, default=None, help="the heavy query (default: a 2-hop path, see above)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write every service's cProfile stats to DIR/<service>-<pid>.prof (CBGP_PROFILE)")
     parser.add_argument("--repeat", type=int, default=1, help="fleets per configuration: median and range")
-    parser.add_argument("--data", type=Path, default=lsbench.DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="LSBench's directory, or Stream-WatDiv's stream.txt.gz (default: the shared data)")
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run from the first publish")
     parser.add_argument("--stall", type=float, default=60.0, help="give up when no answer moved for this long")
@@ -680,9 +690,18 @@ def main(argv: list[str] | None = None) -> int:
     placements = args.placements.split(",")
     tmp = Path(tempfile.mkdtemp(prefix="lsbench-fleet-"))
     try:
-        dataset = lsbench.load_or_generate(args.data)
-        updates = lsbench.build_updates(dataset).updates[:args.updates]
-        if "paths" in args.workloads.split(","):  # (the class-hierarchy path's subClassOf triples, first)
+        workload_names = (args.workloads or ("watdiv" if args.stream == "watdiv" else "mix,heavy")).split(",")
+        if args.stream == "watdiv":
+            stream_file = args.data or watdiv.DEFAULT_DATA
+            if not stream_file.is_file():
+                raise SystemExit(f"lsbench_fleet: no Stream-WatDiv stream at {stream_file} (--data)")
+            source = str(stream_file)
+            updates = watdiv.updates(watdiv.load(stream_file))[:args.updates]
+        else:
+            dataset = lsbench.load_or_generate(args.data or lsbench.DEFAULT_DATA)
+            source = dataset.source
+            updates = lsbench.build_updates(dataset).updates[:args.updates]
+        if "paths" in workload_names:  # (the class-hierarchy path's subClassOf triples, first)
             updates = lsbench.CLASS_HIERARCHY + updates
         patch = tmp / "lsbench.rdfp"
         patch.write_text("\n".join(patch_lines(updates)) + "\n")
@@ -690,13 +709,14 @@ def main(argv: list[str] | None = None) -> int:
         heavy.write_text(args.heavy.read_text() if args.heavy else HEAVY_DEFAULT)
         workloads = {"mix": {p.stem: p for p in sorted(QUERY_DIR.glob("*.rq"))}, "heavy": {"heavy": heavy},
                      "operators": {p.stem: p for p in sorted(OPERATOR_QUERY_DIR.glob("*.rq"))},
-                     "paths": {p.stem: p for p in sorted(PATH_QUERY_DIR.glob("*.rq"))}}
-        workloads = {w: workloads[w] for w in args.workloads.split(",")}
-        print(f"data: {dataset.source}, first {len(updates):,} updates "
+                     "paths": {p.stem: p for p in sorted(PATH_QUERY_DIR.glob("*.rq"))},
+                     "watdiv": {p.stem: p for p in sorted(WATDIV_QUERY_DIR.glob("*.rq"))}}
+        workloads = {w: workloads[w] for w in workload_names}
+        print(f"data: {source}, first {len(updates):,} updates "
               f"({sum(1 for u in updates if u[0] < 0):,} deletions); {time.strftime('%Y-%m-%d %H:%M %Z')}", flush=True)
         if args.in_memory:
             results = in_memory(updates, workloads, worker_counts, placements, args.repeat)
-            print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data": dataset.source, "in_memory": True,
+            print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data": source, "in_memory": True,
                               "updates": len(updates), "heavy_query": heavy.read_text(), "results": results}))
             return 0
         expected, replay_s = {}, {}
@@ -722,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(row)
             spread = f" [{min(rates):,.0f}-{max(rates):,.0f}] over {len(rates)} runs" if len(rates) > 1 else ""
             print(f"{w:5s} {p:12s} workers={n}: {describe(median_run)}{spread}", flush=True)
-        print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data": dataset.source,
+        print(json.dumps({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "data": source,
                           "updates": len(updates), "repeat": args.repeat, "expected": expected,
                           "replay_seconds": replay_s, "heavy_query": heavy.read_text(), "fleet_env": FLEET_ENV,
                           "cores": os.cpu_count(), "results": results}))
