@@ -2,7 +2,8 @@
 
 `OracleGraph` keeps the graph in a pyoxigraph store and re-evaluates a query
 from scratch; `ReplayedAnswers` folds our delta stream into a multiset and
-checks the contract on the way (a `-` always removes something present).
+checks the contract on the way (a `-` always removes something present);
+`replay_matches_oracle` checks `cbgp replay`'s deltas against it update by update.
 """
 
 from __future__ import annotations
