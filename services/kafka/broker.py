@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -54,11 +55,36 @@ def noida_binary() -> Path:
     return path
 
 
+LOWEST_PICKED_PORT = 10_000
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it; a race with other processes is possible)."""
+    """A TCP port that was free a moment ago, below the kernel's ephemeral range when there is room, so that
+    nothing the kernel hands out between the pick and the bind (a port-0 listener such as another service's
+    metrics server, an outgoing connection such as a Kafka client's) can take it.  A process binding that very
+    port on purpose remains a possible race."""
+    low = ephemeral_low()
+    if low > LOWEST_PICKED_PORT:
+        for _ in range(64):
+            port = random.randrange(LOWEST_PICKED_PORT, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The lowest port of the kernel's ephemeral range (0 when it cannot be read: the kernel then picks)."""
+    try:
+        with open(path) as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def wait_ready(bootstrap: str, timeout: float = 30.0, alive: Callable[[], bool] | None = None) -> None:
