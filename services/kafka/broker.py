@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from pathlib import Path
 from types import TracebackType
 from typing import Callable
@@ -56,23 +57,28 @@ def noida_binary() -> Path:
 
 
 LOWEST_PICKED_PORT = 10_000
+recent_ports: deque[int] = deque(maxlen=1024)  # the ports free_port returned last (a plan picks several in a row)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago, below the kernel's ephemeral range when there is room, so that
     nothing the kernel hands out between the pick and the bind (a port-0 listener such as another service's
-    metrics server, an outgoing connection such as a Kafka client's) can take it.  A process binding that very
-    port on purpose remains a possible race."""
+    metrics server, an outgoing connection such as a Kafka client's) can take it; never one of the last ports it
+    returned, which their users may not have bound yet.  A process binding that very port on purpose remains a
+    possible race."""
     low = ephemeral_low()
     if low > LOWEST_PICKED_PORT:
         for _ in range(64):
             port = random.randrange(LOWEST_PICKED_PORT, low)
+            if port in recent_ports:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
                     s.bind((host, port))
                 except OSError:
                     continue
-                return port
+            recent_ports.append(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

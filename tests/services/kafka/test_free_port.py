@@ -5,6 +5,7 @@ already bound is never returned; without room, or without the range, the kernel 
 from __future__ import annotations
 
 import socket
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,18 @@ def test_a_bound_port_is_never_picked(monkeypatch: Any) -> None:
     finally:
         for s in taken:
             s.close()
+
+
+def test_ports_picked_in_a_row_are_distinct_until_none_is_left_below_the_range(monkeypatch: Any) -> None:
+    """A plan picks its ports one after another before its services bind them: the picks never repeat."""
+    monkeypatch.setattr(broker, "recent_ports", deque(maxlen=1024))
+    low = broker.LOWEST_PICKED_PORT + 8
+    monkeypatch.setattr(broker, "ephemeral_low", lambda: low)
+    monkeypatch.setattr(broker.random, "randrange", lambda start, stop: start + len(broker.recent_ports) % 2)
+    picks = [broker.free_port() for _ in range(3)]
+    assert len(set(picks)) == 3
+    assert picks[:2] == [broker.LOWEST_PICKED_PORT, broker.LOWEST_PICKED_PORT + 1]
+    assert picks[2] >= low  # (the two the random picks can reach are handed out: the kernel picks)
 
 
 def test_without_room_below_the_range_or_without_the_range_the_kernel_picks(monkeypatch: Any, tmp_path: Path) -> None:
