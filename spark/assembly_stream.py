@@ -27,7 +27,7 @@ PART_DELTA_SCHEMA = ("query_id string, part int, seq long, sign int, binding str
 _PART_DELTA_COLUMNS = [c.split()[0] for c in PART_DELTA_SCHEMA.split(", ")]
 OUTPUT_SCHEMA = "key binary, value binary, partition int"
 META_SCHEMA = "version long, sparql string, tail_inputs long"
-MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record
+MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaColumns record
 MIN_TAIL = 20_000  # part deltas replayed at most before the base is rewritten (see spark.state_log)
 
 _LIVE: state_log.LiveCache[Assembler] = state_log.LiveCache()  # per Python worker
@@ -41,7 +41,7 @@ def _part_delta_headers() -> list[bytes]:
 
 def decode_part_deltas(kafka_df: DataFrame) -> DataFrame:
     """The part deltas (part >= 0) of a cbgpkafka DataFrame of ``deltas.parts``.  Only PartDelta records are
-    decoded (the workers' PartDeltaBatch answer records, most of the topic, are left out by a header test in
+    decoded (the workers' PartDeltaColumns answer records, most of the topic, are left out by a header test in
     the JVM); undecodable records are the answers service's to dead-letter, so they are skipped here."""
 
     def decode(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
@@ -101,7 +101,7 @@ def _apply(assembler: Assembler | None, sparql: str, groups: list) -> Iterator[t
 def assemble_group(query_id: str, deltas: pd.DataFrame, assembler: Assembler | None, sparql: str | None,
                    deltas_partitions: int) -> tuple[Assembler | None, list[tuple[bytes, bytes, int]], list]:
     """Apply one query's part deltas (in offset order) to ``assembler``; return it, the output records
-    (PartDeltaBatch records of at most ``MAX_BATCH_DELTAS`` deltas) and the groups applied (the replay record).
+    (PartDeltaColumns records of at most ``MAX_BATCH_DELTAS`` deltas) and the groups applied (the replay record).
 
     ``sparql`` is the query's current plan text (None: unregistered, so the deltas are dropped).  A run of
     snapshot deltas (a new registration or version) starts from empty parts.

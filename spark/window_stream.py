@@ -38,7 +38,7 @@ META_SCHEMA = ("version long, plan_version int, top_seq long, top_time long, lat
                "tail_inputs long")
 GC_DELAY_MS = 10 * 60 * 1000  # watermark delay: how far behind the newest chunk a chunk may still come
 SENTINEL = ""  # the per-chunk row that moves the watermark when no windowed query is registered
-MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record
+MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaColumns record
 MIN_TAIL = 20_000  # inputs replayed at most before the base is rewritten (see spark.state_log)
 TAIL_FACTOR = 4  # ... and at most 4x the window's entries (see spark.state_log)
 TASKS_CONF = "spark.cbgp.windows.tasks"  # Spark conf: tasks (state partitions) the windowed queries run in
@@ -147,7 +147,7 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
     """Feed one query's rows (chunks of its changes, any order) to its evaluator in stream order, advance its
     watermark; return (top seq, top event time, late updates dropped, output records, replay record).
 
-    Output records are PartDeltaBatch records of at most ``MAX_BATCH_DELTAS`` deltas; the replay record
+    Output records are PartDeltaColumns records of at most ``MAX_BATCH_DELTAS`` deltas; the replay record
     (``(rows, watermark)``) is what :func:`replay` needs to redo this batch on a rebuilt evaluator."""
     if len(updates):
         top_seq = max(top_seq, int(updates["top_seq"].max()))

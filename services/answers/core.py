@@ -115,7 +115,7 @@ class AnswersCore:
 
     def on_record(self, partition: int, offset: int, value: bytes, origin: int | None,
                   lookup: Callable[[int], str | None], deltas: codec.PartDeltaColumns | None = None) -> list[Output]:
-        """The outputs of one deltas.parts record (a PartDeltaBatch or one PartDelta): per delta an Answer
+        """The outputs of one deltas.parts record (a PartDeltaColumns or one PartDelta): per delta an Answer
         and the new CurrentAnswer (or tombstone); a dead letter for a record that does not decode or names a
         term id the dictionary does not have.  ``deltas``: ``value`` already decoded (``None``: decode here)."""
         if deltas is None:

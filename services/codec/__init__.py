@@ -20,7 +20,7 @@ The package, one job a module (callers import from ``services.codec``, which re-
 - ``binary``: Avro's binary primitives for the fixed-layout (hot-path) writers and readers;
 - ``changes``: graph changes on updates.encoded / updates.routed (format-1 records, format-2 and
   format-3 batches);
-- ``deltas``: query-part deltas on deltas.parts (PartDelta, PartDeltaBatch);
+- ``deltas``: query-part deltas on deltas.parts (PartDeltaColumns; PartDelta; PartDeltaBatch still read);
 - ``control``: Frontier, ProbeBatch and ProbeReady records;
 - ``answers``: answer semantics (SparqlTerm conversions, canonical bindings, answers.current keys, Answer
   and CurrentAnswer writers).

@@ -153,6 +153,19 @@ def pack_ints(code: str, values: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
+def write_bytes(data: bytes) -> bytes:
+    """An Avro ``bytes`` value: its length, then the bytes (a packed column)."""
+    return write_long(len(data)) + data
+
+
+def pack_event_times(times: Sequence[int | None]) -> tuple[bytes, bytes]:
+    """The ``event_time_ms`` and ``event_time_null`` columns of optional event times (the second empty when
+    every item has one)."""
+    if None not in times:
+        return pack_ints("q", times), b""
+    return pack_ints("q", [0 if t is None else t for t in times]), bytes(t is None for t in times)
+
+
 def unpack_ints(code: str, data: bytes, count: int, name: str, field: str, optional: bool = False) -> array:
     """``count`` integers of type ``code`` (empty when ``optional`` and the column is); :class:`CodecError`
     naming the record and the field when the column holds another number of them."""

@@ -13,8 +13,9 @@ from typing import Any, Sequence
 
 from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change, change_of
 
-from services.codec.binary import (check_flags, header, optional, optional_long, pack_ints, read_boolean, read_current,
-                                   read_long, read_string, unpack_ints, unpack_signs, write_long, write_string)
+from services.codec.binary import (check_flags, header, optional, optional_long, pack_event_times, pack_ints,
+                                   read_boolean, read_current, read_long, read_string, unpack_ints, unpack_signs,
+                                   write_bytes, write_long, write_string)
 from services.codec.generic import record_columns, decode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -136,9 +137,9 @@ def encode_routed_batch(changes: Sequence[Change], roles: Sequence[int] | None =
     the changes' own; ingest passes them beside its one Change object per change); ``inserted_at``: per change, a
     delete's insert seq, 0 for an insert (see the schema; empty: no delete)."""
     seq, diff, s, p, o, g, event_time, own, _refresh = zip(*changes)
-    return b"".join((header("RoutedColumns"), write_long(len(seq)), *map(_blob, (
+    return b"".join((header("RoutedColumns"), write_long(len(seq)), *map(write_bytes, (
         pack_ints("q", seq), pack_ints("b", diff), *(pack_ints("q", column) for column in (s, p, o, g)),
-        *_event_times(event_time), bytes(roles or own), pack_ints("q", inserted_at)))))
+        *pack_event_times(event_time), bytes(roles or own), pack_ints("q", inserted_at)))))
 
 
 def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int, int]], source_topic: str,
@@ -147,9 +148,9 @@ def encode_encoded_batch(changes: Sequence[Change], sources: Sequence[tuple[int,
     (``(partition, offset)`` per change); ``inserted_at`` as in :func:`encode_routed_batch`."""
     seq, diff, s, p, o, g, event_time, _role, refresh = zip(*changes)
     partition, offset = zip(*sources)
-    return b"".join((header("EncodedColumns"), write_long(len(seq)), *map(_blob, (
+    return b"".join((header("EncodedColumns"), write_long(len(seq)), *map(write_bytes, (
         pack_ints("q", seq), pack_ints("b", diff), *(pack_ints("q", column) for column in (s, p, o, g)),
-        *_event_times(event_time), source_topic.encode("utf-8"), pack_ints("i", partition), pack_ints("q", offset),
+        *pack_event_times(event_time), source_topic.encode("utf-8"), pack_ints("i", partition), pack_ints("q", offset),
         bytes(refresh) if any(refresh) else b"", pack_ints("q", inserted_at)))))
 
 
@@ -249,17 +250,6 @@ _BLOBS = {"RoutedColumns": ("seq", "diff", "s", "p", "o", "g", "event_time_ms", 
                             "inserted_at"),
           "EncodedColumns": ("seq", "diff", "s", "p", "o", "g", "event_time_ms", "event_time_null", "source_topic",
                              "source_partition", "source_offset", "refresh", "inserted_at")}
-
-
-def _blob(data: bytes) -> bytes:
-    return write_long(len(data)) + data
-
-
-def _event_times(times: Sequence[int | None]) -> tuple[bytes, bytes]:
-    """The event_time_ms and event_time_null columns."""
-    if None not in times:
-        return pack_ints("q", times), b""
-    return pack_ints("q", [0 if t is None else t for t in times]), bytes(t is None for t in times)
 
 
 def _packed(name: str, data: bytes) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What a worker core writes (``services.worker.core``): answer deltas batched into PartDeltaBatch records per
+"""What a worker core writes (``services.worker.core``): answer deltas batched into PartDeltaColumns records per
 transaction, a registration's netted snapshot, the Frontier marks after them,
 derived streams' RDF Patch records and their retraction, and dead letters.  No Kafka here.
 
@@ -30,7 +30,7 @@ log = logging.getLogger("cbgp.worker")
 
 # Idempotence keys (routed partition P, WHOLE_SOURCE_PARTITION for whole queries, SNAPSHOT_INDEX_BASE + i for
 # snapshot deltas): see services.wire.idempotence.
-MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaBatch record (bindings of a few ids: well under 1 MB)
+MAX_BATCH_DELTAS = 2000  # answer deltas per PartDeltaColumns record (bindings of a few ids: well under 1 MB)
 # Header of a derived stream's updates.raw records: "query@version" (which owner wrote it: see owner_of_output).
 DERIVED_HEADER = "cbgp-derived"
 MAX_DERIVED_BYTES = 512 * 1024  # a derived stream's patch record is split above this (the broker's limit is ~1 MB)
@@ -111,7 +111,7 @@ class WorkerOutputs:
         return out
 
     def flush_batches(self) -> list[Output]:
-        """The answer deltas collected since the last call, as one PartDeltaBatch record per query (at most
+        """The answer deltas collected since the last call, as one PartDeltaColumns record per query (at most
         MAX_BATCH_DELTAS deltas each), in the order they were made; once per transaction."""
         out: list[Output] = []
         out.extend(self.term_outputs)

@@ -183,7 +183,7 @@ class QueryInfo:
     @property
     def gated(self) -> bool:
         """A registration the answers service releases as one snapshot, once every routed partition has sent
-        its share (``PartDeltaBatch.gated``, ``services.answers.release``): every by-centre query's -- a multi-centre
+        its share (``PartDeltaColumns.gated``, ``services.answers.release``): every by-centre query's -- a multi-centre
         query's probes, a product's parts' snapshots as of each partition's own position (multiplied), a star's
         snapshots -- so its first answers are as of one seq, and a second owner's copy of them during a
         rebalance is released once (rule 5 there)."""
@@ -192,7 +192,7 @@ class QueryInfo:
     @property
     def counted_distinct(self) -> bool:  # (a product's DISTINCT is the assembler's)
         """A partitioned DISTINCT query: its deltas are rows with multiplicity, DISTINCT is applied by the
-        answers service (PartDeltaBatch.distinct)."""
+        answers service (PartDeltaColumns.distinct)."""
         return (self.partitioned and self.plan is not None and self.plan.query.distinct
                 and not self.plan.product_by_centre)
 

@@ -79,7 +79,7 @@ def test_catalogue_of_records_is_complete() -> None:
     assert NAMES == sorted(["RawUpdate", "EncodedUpdate", "RoutedUpdate", "EncodedBatch", "RoutedBatch",
                             "EncodedColumns", "RoutedColumns",
                             "DictionaryEntry", "AdminCommand",
-                            "QueryStatus", "QueryPlan", "PartDelta", "PartDeltaBatch", "SparqlTerm", "Answer", "CurrentAnswer",
+                            "QueryStatus", "QueryPlan", "PartDelta", "PartDeltaBatch", "PartDeltaColumns", "SparqlTerm", "Answer", "CurrentAnswer",
                             "DeadLetter", "Frontier", "ProbeBatch", "ProbeColumns", "ProbeReady"])
 
 

@@ -104,7 +104,7 @@ class PartPublisher:
 def assembled(settings: KafkaSettings, dictionary: TermDictionary) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = defaultdict(list)
     for msg in read_all(settings, settings.topic("deltas.parts"), timeout=30):
-        for record in codec.part_deltas(msg.value()):  # the job writes PartDeltaBatch records
+        for record in codec.part_deltas(msg.value()):  # the job writes PartDeltaColumns records
             if record["part"] == -1:
                 record["terms"] = {v: dictionary.decode(t) for v, t in record["binding"].items()}
                 out[record["query_id"]].append(record)
@@ -193,7 +193,7 @@ def test_the_assembly_duty_reads_only_while_the_workers_send_it_a_products_parts
     ensure_topics(kafka_settings)
     publish_plan(kafka_settings, "by-centre", QUERIES["product"])
     producer = make_producer(kafka_settings)
-    for i in range(5):  # by-centre deltas (PartDeltaBatch records): nothing for the job
+    for i in range(5):  # by-centre deltas (PartDeltaColumns records): nothing for the job
         producer.produce(kafka_settings.topic("deltas.parts"), f"x{i}".encode(), partition=0)
     producer.flush(30)
     base = {**kafka_options(kafka_settings), "subscribe": kafka_settings.topic("deltas.parts"),

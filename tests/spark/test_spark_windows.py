@@ -170,7 +170,7 @@ def test_sliding_tumbling_and_per_event_windows_expire_exactly(spark: SparkSessi
         dictionary.add(entry["id"], entry["term"])
     outputs: dict[str, list[dict]] = defaultdict(list)
     for msg in read_all(kafka_settings, kafka_settings.topic("deltas.parts"), timeout=30):
-        for record in codec.part_deltas(msg.value()):  # PartDeltaBatch records (or single PartDeltas)
+        for record in codec.part_deltas(msg.value()):  # PartDeltaColumns records (or single PartDeltas)
             assert record["part"] == -1 and record["source_partition"] == WINDOW_SOURCE_PARTITION
             outputs[record["query_id"]].append(record)
     for query_id, text in QUERIES.items():

@@ -19,7 +19,7 @@ TERMS = {1: "<http://ex/a>", 2: "<http://ex/b>", 3: "<http://ex/c>", 4: '"x"@en'
 
 def batch(version: int, rows: list[tuple[str, int, int]], *, query: str = "late", var: str = "x",
           source_partition: int = 0) -> bytes:
-    """A worker's PartDeltaBatch of ``(sign, term id, source offset)`` rows of ``version``."""
+    """A worker's PartDeltaColumns record of ``(sign, term id, source offset)`` rows of ``version``."""
     return codec.encode_part_delta_batch(query, -1, [var], [
         (offset, 1 if sign == "PLUS" else -1, (term,), source_partition, offset, 0, False, None)
         for sign, term, offset in rows],

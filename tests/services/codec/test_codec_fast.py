@@ -290,6 +290,7 @@ def test_damaged_packed_records_raise_codec_errors_only(rows: list[tuple], drawn
             pass
 
 
+INTS = st.integers(-(1 << 31), (1 << 31) - 1)
 VARIABLES = st.lists(st.text(min_size=1, max_size=4), max_size=4, unique=True)
 
 
@@ -304,31 +305,112 @@ def part_delta_rows(draw: st.DrawFn) -> tuple[list[str], list[tuple]]:
     return variables, rows
 
 
+def part_delta_batch_v3(variables: list[str], rows: list[tuple], **flags: object) -> bytes:
+    """The same deltas as workers wrote them before the packed columns: a PartDeltaBatch of Avro arrays."""
+    seq, diff, values, partition, offset, index, snapshot, event_time = (list(c) for c in zip(*rows))
+    return codec.encode("PartDeltaBatch", {
+        "query_id": "q1", "part": -1, "variables": variables, "values": [v for row in values for v in row],
+        "seq": seq, "sign": ["PLUS" if d > 0 else "MINUS" for d in diff], "source_partition": partition,
+        "source_offset": offset, "index": index, "snapshot": snapshot, "event_time_ms": event_time, **flags})
+
+
 @FAST
-@given(part_delta_rows(), current_records("PartDelta"))
-def test_part_delta_batches_read_back_as_single_part_deltas_read(batch: tuple[list[str], list[tuple]],
-                                                                 single: dict) -> None:
+@given(part_delta_rows(), current_records("PartDelta"), st.booleans(), st.booleans(), st.booleans(), INTS)
+def test_part_delta_columns_read_back_as_the_avro_arrays_and_single_part_deltas_they_replaced(
+        batch: tuple[list[str], list[tuple]], single: dict, distinct: bool, gated: bool, probed: bool,
+        version: int) -> None:
     variables, rows = batch
-    data = codec.encode_part_delta_batch("q1", -1, variables, rows)
+    flags = {"version": version, "distinct": distinct, "gated": gated, "probed": probed}
+    data = codec.encode_part_delta_batch("q1", -1, variables, rows, **flags)
     fields = ("seq", "sign", "binding", "source_partition", "source_offset", "index", "snapshot", "event_time_ms")
     assert codec.part_deltas(data) == [
         {"query_id": "q1", "part": -1, **dict(zip(fields, row)), "binding": dict(zip(variables, row[2])),
          "sign": "PLUS" if row[1] > 0 else "MINUS"} for row in rows]
-    assert codec.part_delta_columns(data).diff == [row[1] for row in rows]
+    columns = codec.part_delta_columns(data)
+    assert columns.diff == [row[1] for row in rows]
+    assert columns == codec.part_delta_columns(part_delta_batch_v3(variables, rows, **flags))  # old logs read alike
+    generic = codec.decode("PartDeltaColumns", data)  # plain Avro: the generic reader agrees
+    assert (generic["count"], generic["variables"], generic["version"]) == (len(rows), variables, version)
     assert codec.part_deltas(codec.encode("PartDelta", single)) == [single]
-    with pytest.raises(codec.CodecError, match="expected PartDelta but the message was written as PartDeltaBatch"):
+    with pytest.raises(codec.CodecError, match="expected PartDelta but the message was written as PartDeltaColumns"):
         codec.decode("PartDelta", data)  # what the Spark assembly relies on to skip answer batches
 
 
 def test_part_delta_batches_whose_values_do_not_fit_their_variables_are_refused() -> None:
-    with pytest.raises(codec.CodecError, match="every delta must bind the 2 variables"):
+    with pytest.raises(codec.CodecError, match="each binding the 2 variables"):
         codec.encode_part_delta_batch("q", -1, ["x", "y"], [(1, 1, (5,), 0, 0, 0, False, None)])
+    with pytest.raises(codec.CodecError, match="a diff is \\+1 or -1, not 0"):
+        codec.encode_part_delta_batch("q", -1, ["x"], [(1, 0, (5,), 0, 0, 0, False, None)])
+    with pytest.raises(codec.CodecError, match="PartDeltaColumns of q: "):
+        codec.encode_part_delta_batch("q", -1, ["x"], [(1, 1, (5,), 1 << 40, 0, 0, False, None)])
     short = codec.encode("PartDeltaBatch", {
         "query_id": "q", "part": -1, "variables": ["x", "y"], "values": [5, 6, 7], "seq": [1, 2],
         "sign": ["PLUS", "PLUS"], "source_partition": [0, 0], "source_offset": [0, 0], "index": [0, 1],
         "snapshot": [False, False], "event_time_ms": [None, None]})
     with pytest.raises(codec.CodecError, match="2 deltas of 2 variables need 4 values, got 3"):
         codec.part_delta_columns(short)
+
+
+DELTA_FIELDS = {"query_id": "q", "part": -1, "variables": ["x", "y"], "count": 2, "seq": (1, 2), "diff": (1, -1),
+                "values": (5, 6, 7, 8), "source_partition": (0, -1), "source_offset": (10, 11), "index": (0, 1),
+                "snapshot": (), "event_time_ms": (10, 0), "event_time_null": (0, 1), "version": 3,
+                "distinct": False, "gated": True, "probed": False}
+
+
+def packed_deltas(**fields: object) -> bytes:
+    """A PartDeltaColumns record written field by field (so that a test can make any field wrong)."""
+    widths = {"seq": 8, "values": 8, "source_offset": 8, "event_time_ms": 8, "source_partition": 4, "index": 4}
+    record = {name: b"".join(x.to_bytes(widths.get(name, 1), "little", signed=True) for x in value)
+              if isinstance(value, tuple) else value for name, value in {**DELTA_FIELDS, **fields}.items()}
+    return codec.encode("PartDeltaColumns", record)
+
+
+def test_packed_deltas_read_as_written_field_by_field() -> None:
+    columns = codec.part_delta_columns(packed_deltas())
+    assert (columns.seq, columns.diff, columns.values, columns.source_partition, columns.source_offset,
+            columns.index, columns.snapshot, columns.event_time_ms) == (
+        [1, 2], [1, -1], [5, 6, 7, 8], [0, -1], [10, 11], [0, 1], [False, False], [10, None])
+    assert (columns.version, columns.distinct, columns.gated, columns.probed) == (3, False, True, False)
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"count": 0, **{name: () for name in ("seq", "diff", "values", "source_partition", "source_offset", "index",
+                                           "event_time_ms", "event_time_null")}}, "count 0, at least 1"),
+    ({"count": 3}, "holds 16 bytes, not 3 items of 8"),
+    ({"count": 1 << 60}, "holds 16 bytes"),
+    ({"values": (5, 6, 7)}, "values holds 24 bytes, not 4 items of 8"),
+    ({"variables": ["x"]}, "values holds 32 bytes, not 2 items of 8"),
+    ({"diff": (1, 0)}, "diff must be 2 bytes, each one of \\[1, 255\\]"),
+    ({"source_partition": (0,)}, "source_partition holds 4 bytes, not 2 items of 4"),
+    ({"index": (0, 1, 2)}, "index holds 12 bytes, not 2 items of 4"),
+    ({"snapshot": (0, 2)}, "snapshot must be 2 bytes, each one of \\[0, 1\\]"),
+    ({"snapshot": (1,)}, "snapshot must be 2 bytes"),
+    ({"event_time_null": (0, 2)}, "event_time_null must be 2 bytes"),
+])
+def test_packed_deltas_of_the_wrong_length_or_range_are_refused(fields: dict, error: str) -> None:
+    with pytest.raises(codec.CodecError, match=f"corrupt PartDeltaColumns: .*{error}"):
+        codec.part_delta_columns(packed_deltas(**fields))
+
+
+@FAST
+@given(part_delta_rows(), st.data())
+def test_damaged_packed_deltas_raise_codec_errors_only(batch: tuple[list[str], list[tuple]],
+                                                      drawn: st.DataObject) -> None:
+    """Any byte changed, cut or added: the reader returns deltas or raises CodecError, nothing else."""
+    variables, rows = batch
+    data = bytearray(codec.encode_part_delta_batch("q1", -1, variables, rows))
+    at = drawn.draw(st.integers(codec.HEADER_LEN, len(data) - 1))
+    damage = drawn.draw(st.sampled_from(["flip", "cut", "add"]))
+    if damage == "flip":
+        data[at] ^= drawn.draw(st.integers(1, 255))
+    elif damage == "cut":
+        del data[at:]
+    else:
+        data[at:at] = drawn.draw(st.binary(min_size=1, max_size=9))
+    try:
+        codec.part_delta_columns(bytes(data))
+    except codec.CodecError:
+        pass
 
 
 @FAST
@@ -360,7 +442,6 @@ def test_the_answers_service_writes_the_bytes_and_keys_of_the_generic_encoders(
         assert current.key == codec.current_key("q", codec.canonical_binding(text))
 
 
-INTS = st.integers(-(1 << 31), (1 << 31) - 1)
 PROBES = st.lists(st.builds(
     Probe, st.just(3), st.sampled_from(["q@1", "q@2", "path3@7"]), LONGS, st.sampled_from([1, -1]),
     st.tuples(LONGS, LONGS, LONGS, LONGS), INTS, INTS, st.lists(LONGS, max_size=6).map(tuple), INTS, st.booleans(),

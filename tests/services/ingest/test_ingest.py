@@ -202,7 +202,7 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
                     core.on_frontier(shard, offset, changes)
                 else:
                     deltas += core.on_record(shard, offset, changes)
-    deltas += core.flush_batches()  # the answer deltas, one PartDeltaBatch per query, then the frontiers
+    deltas += core.flush_batches()  # the answer deltas, one PartDeltaColumns record per query, then the frontiers
     if assembly == "spark":
         deltas = assembled_through_spark_function(deltas, UNPROBED)
     answers = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")

@@ -61,7 +61,7 @@ def test_each_query_record_carries_the_earliest_origin_of_its_own_deltas() -> No
         records = [o for o in worker.flush(turn) if o.topic == TOPICS["deltas.parts"]]
         seen = set()
         for output in records:
-            if codec.writer_name(output.value) not in ("PartDeltaBatch", "PartDelta"):
+            if codec.writer_name(output.value) not in ("PartDeltaColumns", "PartDelta"):
                 continue  # Frontier and ProbeReady marks
             deltas = codec.part_delta_columns(output.value)
             live = [seq for seq, snapshot in zip(deltas.seq, deltas.snapshot) if not snapshot]
