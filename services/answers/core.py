@@ -69,6 +69,7 @@ class AnswersCore:
         # re-registered id the highest version whose stream has ended (its deltas are dropped from then on).
         self.plan_version: dict[str, int] = {}
         self.texts: dict[tuple[str, int], str] = {}  # (query id, version) -> its query (product assemblers)
+        self.classes: dict[tuple[str, int], str] = {}  # (query id, version) -> its plan's query class
         self.ended: dict[str, int] = {}
         self.unsettled = False  # a plan or a restore may have left a stream to end: call settle()
         self.emitted: dict[tuple[str, str], object] = {}  # (query, sign) -> its DELTAS_EMITTED child

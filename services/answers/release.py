@@ -17,7 +17,7 @@ from cbgp.engine.assembly import Assembler, GraphAssembler, assembler_for
 from services import codec
 from services.codec import PartDeltaColumns
 from services.wire.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
-from services.wire.registrations import read_query
+from services.wire.registrations import OPERATORS_CLASS, read_query
 from services.answers.release_operators import Operators
 
 
@@ -68,15 +68,18 @@ class SeqRelease:
     """Holding, ordering and DISTINCT consolidation of the deltas of every held deltas.parts partition."""
 
     def __init__(self, routed_partitions: int, query_text: Callable[[str, int], str | None] | None = None,
-                 terms: dict[int, str] | None = None) -> None:
+                 terms: dict[int, str] | None = None,
+                 query_class: Callable[[str, int], str | None] | None = None) -> None:
         """``query_text(query_id, version)``: a registration's query (what a product's assembler needs), None
         when unknown (its part deltas are then dropped as an unregistered query's).  ``terms``: the answers
         service's dictionary (id -> term), which an operator query's expressions read and its computed values
-        are added to."""
+        are added to.  ``query_class(query_id, version)``: its plan's class, None when unknown; a registration
+        known not to be an operator query is not parsed when its gate opens."""
         self.n_routed = routed_partitions
         self.partitions: dict[int, _Partition] = {}
         self._tie = count()
         self.query_text = query_text
+        self.query_class = query_class
         self.terms: dict[int, str] = {} if terms is None else terms
 
     # -- partitions
@@ -412,6 +415,10 @@ class SeqRelease:
 
     def _operators_of(self, state: _Partition, key: tuple[str, int]) -> Operators | None:
         """The operators of ``key`` if it is an operator query placed by centre (else None)."""
+        if key not in state.assemblers and self.query_class is not None:
+            known = self.query_class(*key)
+            if known is not None and known != OPERATORS_CLASS:
+                return None  # a BGP: no text to parse (the first parse in a process takes a third of a second)
         found = self._assembler_of(state, key, operators_only=True)
         return found if isinstance(found, Operators) else None
 

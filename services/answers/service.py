@@ -53,7 +53,7 @@ class AnswersService:
         self.dictionary = Dictionary(settings)
         self.plans = Plans(settings, self.core)
         self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))), self._query_text,
-                                  self.dictionary.terms)
+                                  self.dictionary.terms, self._query_class)
         self.input: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member
         self.assigned: set[int] = set()  # partitions whose deltas are processed now
@@ -319,6 +319,10 @@ class AnswersService:
             self.plans.load()
             text = self.core.texts.get((query_id, version))
         return text
+
+    def _query_class(self, query_id: str, version: int) -> str | None:
+        """A registration's query class, as its plan says (None: not read yet)."""
+        return self.core.classes.get((query_id, version))
 
 
 def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:

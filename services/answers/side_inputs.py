@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Message
 from services import codec
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets
-from services.wire.registrations import read_registration
+from services.wire.registrations import read_registration, recorded_class
 from services.registry.core import tombstone_version
 from services.kafka.fetch import Fetcher
 from services.kafka.replay import read_range
@@ -136,6 +136,9 @@ class Plans:
             except (codec.CodecError, ValueError):
                 continue  # the registry's own output; not ours to reject
             self.core.texts[(key, plan["version"])] = text
+            query_class = recorded_class(plan["plan_json"])
+            if query_class is not None:
+                self.core.classes[(key, plan["version"])] = query_class
             self.core.on_plan(key, plan["version"])
 
     def close(self) -> None:

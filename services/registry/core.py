@@ -20,7 +20,8 @@ from cbgp.background.view_graphs import view_summary
 from cbgp.query.limits import limit
 from services.wire.records import answer_size_problem
 from services.wire.pages import PageError, page, page_params
-from services.wire.registrations import cross_product_of, graphs_read, read_query, read_registration, read_stream, read_views, stream_iri
+from services.wire.registrations import (OPERATORS_CLASS, cross_product_of, graphs_read, read_query,
+                                         read_registration, read_stream, read_views, stream_iri)
 
 __all__ = ["OPERATORS_CLASS", "QUERY_ID_PATTERN", "VERSION_HEADER", "Decision", "Entry", "Registry", "operator_plan",
            "operator_summary", "plan_summary", "tombstone_version"]
@@ -96,12 +97,6 @@ def plan_summary(plan: Plan) -> str:
             parts.append(f"component {{{','.join(part.variables)}}} [{pats}]")
     count = len(plan.query.patterns)
     return f"{plan.query_class}: {count} pattern{'s' if count != 1 else ''} in {len(parts)} part(s): " + "; ".join(parts)
-
-
-# The class of a query beyond a BGP: its operators run above its BGP leaves, which are placed by
-# centre value like any BGP (the operators then run where the answers service releases the leaves' deltas),
-# unless a leaf has a variable predicate or the query feeds a derived stream (one owner evaluates it whole).
-OPERATORS_CLASS = "operators"
 
 
 def operator_columns(spec: Any) -> list[str]:

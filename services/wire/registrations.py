@@ -79,6 +79,23 @@ def spark_multiplies(text: str, window: WindowSpec | None, recorded: str | None,
     return multiplied_in_spark(parsed, None, placement)
 
 
+# The class of a query beyond a BGP: its operators run above its BGP leaves, which are placed by
+# centre value like any BGP (the operators then run where the answers service releases the leaves' deltas),
+# unless a leaf has a variable predicate or the query feeds a derived stream (one owner evaluates it whole).
+OPERATORS_CLASS = "operators"
+
+
+def recorded_class(plan_json: str) -> str | None:
+    """The query class a QueryPlan's ``plan_json`` names (``operators``, or a BGP's class as ``cbgp.query.plan``
+    names it); None when it names none or is not a JSON object with a string there."""
+    try:
+        plan = json.loads(plan_json or "{}")
+    except ValueError:
+        return None
+    found = plan.get("class") if isinstance(plan, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def recorded_placement(plan_json: str) -> str | None:
     """Where the registry placed a query: ``placement`` in a QueryPlan's ``plan_json`` (``by-centre`` or
     ``single-owner``; None when the record has none, as an older registry's).  Raises ValueError for a

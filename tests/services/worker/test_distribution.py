@@ -982,3 +982,28 @@ def test_a_registration_read_long_after_its_point_waits_for_the_probes_of_the_re
     got = run_distributed(lines, queries, 2 + seed % 3, 1 + seed % 2, rng, late=set(queries), registered=registered,
                           late_point=0.1 * (seed % 3), late_read=0.9)
     assert_late_answers(got, run_whole(lines, queries), queries, registered["seq"])
+
+
+def test_a_gate_opens_without_parsing_a_query_its_plan_names_a_bgp() -> None:
+    """The answers service reads a registration's text only for an operator query (or a product's parts) when its
+    gate opens: the first parse in a process costs a third of a second, which a star's first answers waited for."""
+    read: list[str] = []
+    classes = {"star": "simple var-centric star", "filtered": "operators"}
+    texts = {"star": f"SELECT * WHERE {{ ?x {K} ?y }}", "filtered": f"SELECT * WHERE {{ ?x {K} ?y FILTER(?y != ?x) }}"}
+
+    def text_of(query_id: str, _version: int) -> str:
+        read.append(query_id)
+        return texts[query_id]
+
+    release = SeqRelease(1, text_of, {11: f"<{EX}a>", 21: f"<{EX}b>"}, lambda query_id, _v: classes[query_id])
+    release.restore(0, None)
+    answers = []
+    for offset, query_id in enumerate(classes):
+        part = 0 if classes[query_id] == "operators" else -1  # (an operator query's leaves are its parts)
+        deltas = PartDeltaColumns(query_id, part, ["x", "y"], [1], [1], [11, 21], [0], [0], [0], [True], [None], 1,
+                                  False, True, False)
+        answers += release.on_deltas(0, offset, None, deltas)
+        answers += release.on_ready(0, 10 + offset, query_id, 1, 0, 1)
+    answers += release.on_frontier(0, {0: 1})
+    assert sorted(cols.query_id for _o, _origin, cols in answers) == ["filtered", "star"]
+    assert read == ["filtered"]
