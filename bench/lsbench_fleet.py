@@ -185,7 +185,7 @@ def wait_for_answers(answers_url: str, expected: int, t0: float, stall: float, t
     of it for ``stall`` s, or ``timeout`` s passed since ``t0``): (the time it first equalled it or None, the count)."""
     t_done, emitted, moved_at, last = None, 0.0, time.time(), -1.0
     while True:
-        emitted = total(metrics(answers_url), "cbgp_deltas_emitted_total")
+        emitted = total(metrics(answers_url + "?name[]=cbgp_deltas_emitted_total"), "cbgp_deltas_emitted_total")
         now = time.time()
         if emitted != last:
             moved_at, last = now, emitted

@@ -71,6 +71,22 @@ def test_metrics_endpoint_exposes_the_fixed_names_with_their_labels() -> None:
         assert line in body, line
 
 
+def test_a_scrape_may_ask_for_some_series_only() -> None:
+    """``?name[]=`` as the Prometheus client libraries read it: only those series (a poller of one counter does
+    not pay for the whole page), several names allowed; without it, the whole page."""
+    metrics.DELTAS_EMITTED.labels("q1", "+").inc()
+    metrics.UPDATES_IN.labels("ingest").inc()
+    with start_metrics_server(0, host="127.0.0.1") as server:
+        _status, one = get(server.url + "/metrics?name[]=cbgp_deltas_emitted_total")
+        _status, two = get(server.url + "/metrics?name[]=cbgp_deltas_emitted_total&name[]=cbgp_updates_in_total")
+        _status, whole = get(server.url + "/metrics")
+    samples = [line.split("{")[0] for line in one.splitlines() if line and not line.startswith("#")]
+    assert samples and set(samples) == {"cbgp_deltas_emitted_total"}
+    assert 'cbgp_updates_in_total{service="ingest"}' in two and 'cbgp_deltas_emitted_total{query="q1"' in two
+    assert "process_cpu_seconds_total" in whole and "process_cpu_seconds_total" not in two
+    assert len(one) < len(whole) / 5
+
+
 def test_stop_frees_the_port() -> None:
     server = start_metrics_server(0, host="127.0.0.1")
     url = server.url
