@@ -69,8 +69,10 @@ def multiplied_in_spark(parsed: ParsedQuery | None, window: WindowSpec | None, p
 def spark_multiplies(text: str, window: WindowSpec | None, recorded: str | None, fleet_single_owner: bool) -> bool:
     """:func:`multiplied_in_spark` of a registration's plain ``text``, placed as the workers place it: on a single
     owner in a fleet whose workers run so, else as its plan records (``recorded``) or its own decomposition.
-    Raises ``QueryError`` for a text out of scope (the workers dead-letter it)."""
-    if window is not None:
+    Raises ``QueryError`` for a text out of scope (the workers dead-letter it).  A query recorded by centre in a
+    fleet that places so is not parsed: the answers service multiplies its products (the first parse in a process
+    takes a third of a second, which the trimmer's first pass after a registration paid)."""
+    if window is not None or (recorded == BY_CENTRE and not fleet_single_owner):
         return False
     parsed, _operators = read_query(text, None)
     if parsed is None:

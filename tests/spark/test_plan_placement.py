@@ -40,3 +40,17 @@ def test_the_spark_gate_and_the_workers_agree_on_what_spark_multiplies(shape: st
     assert bool(to_spark) == info.assembled and not (info.assembled and info.partitioned)
     if shape == "product":  # by centre (the answers service multiplies) unless something says single owner
         assert spark == (fleet_single_owner or recorded == SINGLE_OWNER)
+
+
+def test_a_query_placed_by_centre_is_not_parsed_to_know_that_spark_does_not_multiply_it() -> None:
+    """The trimmer and the Spark job's gate ask this of every registered query; by centre, the answers service
+    multiplies a product, so the text is not read at all (a text the parser refuses shows it)."""
+    from cbgp.query.sparql import QueryError
+    from services.wire.registrations import spark_multiplies
+
+    unreadable = "SELECT * WHERE { ?a <http://example.org/p> ?b "
+    assert spark_multiplies(unreadable, None, BY_CENTRE, fleet_single_owner=False) is False
+    with pytest.raises(QueryError):
+        spark_multiplies(unreadable, None, BY_CENTRE, fleet_single_owner=True)
+    with pytest.raises(QueryError):
+        spark_multiplies(unreadable, None, None, fleet_single_owner=False)
