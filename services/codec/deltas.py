@@ -155,8 +155,8 @@ def _packed_columns(r: dict[str, Any]) -> PartDeltaColumns:
 
 
 def part_deltas(data: bytes) -> list[dict[str, Any]]:
-    """The deltas of a deltas.parts record (a PartDeltaBatch or one PartDelta) as PartDelta dicts, for tools
-    and tests (the answers service reads :func:`part_delta_columns`); raises :class:`CodecError`."""
+    """The deltas of a deltas.parts record (PartDeltaColumns, PartDeltaBatch or one PartDelta) as PartDelta dicts,
+    for tools and tests (the answers service reads :func:`part_delta_columns`); raises :class:`CodecError`."""
     cols = part_delta_columns(data)
     return [{"query_id": cols.query_id, "part": cols.part, "seq": cols.seq[i], "sign": _SIGN_NAME[cols.diff[i]],
              "binding": cols.binding(i), "source_partition": cols.source_partition[i],

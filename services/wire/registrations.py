@@ -25,9 +25,9 @@ from cbgp.windows.spec import WindowError, WindowSpec
 from cbgp.windows.rspql import parse_rspql
 from cbgp.windows.spec import window_from_options
 
-__all__ = ["QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read", "multiplied_in_spark",
-           "spark_multiplies", "read_query", "read_registration", "read_stream", "read_views", "recorded_placement",
-           "stream_iri"]
+__all__ = ["OPERATORS_CLASS", "QUERY_OPTIONS", "REGISTER_OPTIONS", "GraphRead", "check_option_keys", "graphs_read",
+           "multiplied_in_spark", "spark_multiplies", "read_query", "read_registration", "read_stream", "read_views",
+           "recorded_class", "recorded_placement", "stream_iri"]
 
 QUERY_OPTIONS = ("window", "range", "step", "lateness", "late", "stream", "cross_product")  # stored with the plan
 REGISTER_OPTIONS = (*QUERY_OPTIONS, "replace")  # what `cbgp register --option` accepts
