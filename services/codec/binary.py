@@ -113,6 +113,15 @@ def read_map(data: bytes, pos: int, read):  # noqa: ANN001, ANN201 - read_long o
             found[key], pos = read(data, pos)
 
 
+def read_bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    """An Avro ``bytes`` value at ``pos`` (a packed column); IndexError when it runs past the end."""
+    size, pos = read_long(data, pos)
+    end = pos + size
+    if size < 0 or end > len(data):
+        raise IndexError("bytes run past the end")
+    return data[pos:end], end
+
+
 def read_boolean(data: bytes, pos: int) -> tuple[bool, int]:
     byte = data[pos]
     if byte > 1:

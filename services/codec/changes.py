@@ -14,8 +14,8 @@ from typing import Any, Sequence
 from cbgp.change import ROLE_BOTH, ROLE_NAMES, ROLE_OBJECT, ROLE_SUBJECT, Change, change_of
 
 from services.codec.binary import (check_flags, header, optional, optional_long, pack_event_times, pack_ints,
-                                   read_boolean, read_current, read_long, read_string, unpack_ints, unpack_signs,
-                                   write_bytes, write_long, write_string)
+                                   read_boolean, read_bytes, read_current, read_long, read_string, unpack_ints,
+                                   unpack_signs, write_bytes, write_long, write_string)
 from services.codec.generic import record_columns, decode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -262,12 +262,7 @@ def _packed(name: str, data: bytes) -> dict[str, Any]:
             count, pos = read_long(data, HEADER_LEN)
             record = {"count": count}
             for field in _BLOBS[name]:
-                size, pos = read_long(data, pos)
-                end = pos + size
-                if size < 0 or end > len(data):
-                    raise IndexError(field)
-                record[field] = data[pos:end]
-                pos = end
+                record[field], pos = read_bytes(data, pos)
         except IndexError:
             raise CodecError(f"corrupt {name}: truncated") from None
         if pos != len(data):

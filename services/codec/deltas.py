@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from services.codec.binary import (cached_string, check_flags, header, optional, optional_long, pack_event_times,
-                                   pack_ints, read_boolean, read_current, read_long, read_map, read_string,
+                                   pack_ints, read_boolean, read_bytes, read_current, read_long, read_map, read_string,
                                    unpack_ints, unpack_signs, write_bytes, write_long)
 from services.codec.generic import record_columns, decode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
@@ -122,12 +122,7 @@ def _read_packed(data: bytes) -> tuple[dict[str, Any], int]:
     count, pos = read_long(data, pos)
     record: dict[str, Any] = {"query_id": query_id, "part": part, "variables": variables, "count": count}
     for field in _PACKED_COLUMNS:
-        size, pos = read_long(data, pos)
-        end = pos + size
-        if size < 0 or end > len(data):
-            raise IndexError(field)
-        record[field] = data[pos:end]
-        pos = end
+        record[field], pos = read_bytes(data, pos)
     record["version"], pos = read_long(data, pos)
     for flag in ("distinct", "gated", "probed"):
         record[flag], pos = read_boolean(data, pos)

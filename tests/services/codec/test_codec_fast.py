@@ -270,11 +270,9 @@ def test_packed_columns_of_the_wrong_length_or_range_are_refused(fields: dict, e
         codec.inserted_at(data)
 
 
-@FAST
-@given(ROUTED_ROWS, st.data())
-def test_damaged_packed_records_raise_codec_errors_only(rows: list[tuple], drawn: st.DataObject) -> None:
-    """Any byte changed, cut or added: the reader returns changes or raises CodecError, nothing else."""
-    data = bytearray(codec.encode_routed_batch([Change(*row) for row in rows], None, [0] * len(rows)))
+def damaged(record: bytes, drawn: st.DataObject) -> bytes:
+    """``record`` with one byte after its header changed, or cut there, or bytes added there."""
+    data = bytearray(record)
     at = drawn.draw(st.integers(codec.HEADER_LEN, len(data) - 1))
     damage = drawn.draw(st.sampled_from(["flip", "cut", "add"]))
     if damage == "flip":
@@ -283,9 +281,17 @@ def test_damaged_packed_records_raise_codec_errors_only(rows: list[tuple], drawn
         del data[at:]
     else:
         data[at:at] = drawn.draw(st.binary(min_size=1, max_size=9))
+    return bytes(data)
+
+
+@FAST
+@given(ROUTED_ROWS, st.data())
+def test_damaged_packed_records_raise_codec_errors_only(rows: list[tuple], drawn: st.DataObject) -> None:
+    """Any byte changed, cut or added: the reader returns changes or raises CodecError, nothing else."""
+    data = damaged(codec.encode_routed_batch([Change(*row) for row in rows], None, [0] * len(rows)), drawn)
     for reader in (codec.routed_changes, codec.inserted_at):
         try:
-            reader(bytes(data))
+            reader(data)
         except codec.CodecError:
             pass
 
@@ -398,17 +404,8 @@ def test_damaged_packed_deltas_raise_codec_errors_only(batch: tuple[list[str], l
                                                       drawn: st.DataObject) -> None:
     """Any byte changed, cut or added: the reader returns deltas or raises CodecError, nothing else."""
     variables, rows = batch
-    data = bytearray(codec.encode_part_delta_batch("q1", -1, variables, rows))
-    at = drawn.draw(st.integers(codec.HEADER_LEN, len(data) - 1))
-    damage = drawn.draw(st.sampled_from(["flip", "cut", "add"]))
-    if damage == "flip":
-        data[at] ^= drawn.draw(st.integers(1, 255))
-    elif damage == "cut":
-        del data[at:]
-    else:
-        data[at:at] = drawn.draw(st.binary(min_size=1, max_size=9))
     try:
-        codec.part_delta_columns(bytes(data))
+        codec.part_delta_columns(damaged(codec.encode_part_delta_batch("q1", -1, variables, rows), drawn))
     except codec.CodecError:
         pass
 
