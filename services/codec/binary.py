@@ -102,15 +102,33 @@ def read_map(data: bytes, pos: int, read):  # noqa: ANN001, ANN201 - read_long o
     since every entry reads at least one byte."""
     found = {}
     while True:
-        count, pos = read_long(data, pos)
+        count, pos = _block(data, pos)
         if count == 0:
             return found, pos
-        if count < 0:
-            count = -count
-            _size, pos = read_long(data, pos)
         for _ in range(count):
             key, pos = read_string(data, pos)
             found[key], pos = read(data, pos)
+
+
+def read_array(data: bytes, pos: int, read):  # noqa: ANN001, ANN201 - read_string, read_long, ...
+    """An Avro array: ``([each item ``read`` reads], next pos)``, its blocks read as :func:`read_map` reads them."""
+    found = []
+    while True:
+        count, pos = _block(data, pos)
+        if count == 0:
+            return found, pos
+        for _ in range(count):
+            item, pos = read(data, pos)
+            found.append(item)
+
+
+def _block(data: bytes, pos: int) -> tuple[int, int]:
+    """The item count of the Avro block at ``pos`` (a negative count is followed by the block's byte size)."""
+    count, pos = read_long(data, pos)
+    if count < 0:
+        count = -count
+        _size, pos = read_long(data, pos)
+    return count, pos
 
 
 def read_bytes(data: bytes, pos: int) -> tuple[bytes, int]:

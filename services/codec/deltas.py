@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from services.codec.binary import (cached_string, check_flags, header, optional, optional_long, pack_event_times,
-                                   pack_ints, read_boolean, read_bytes, read_current, read_long, read_map, read_string,
-                                   unpack_ints, unpack_signs, write_bytes, write_long)
+                                   pack_ints, read_array, read_boolean, read_bytes, read_current, read_long, read_map,
+                                   read_string, unpack_ints, unpack_signs, write_bytes, write_long)
 from services.codec.generic import record_columns, decode
 from services.codec.registry import HEADER_LEN, CodecError, writer_name
 
@@ -61,8 +61,9 @@ def encode_part_delta_batch(query_id: str, part: int, variables: Sequence[str], 
         raise CodecError(f"PartDeltaColumns of {query_id}: at least one delta, each binding the {k} variables "
                          f"{list(variables)}")
     seq, diff, values, source_partition, source_offset, index, snapshot, event_time = zip(*rows)
-    if not set(diff) <= {1, -1}:
-        raise CodecError(f"PartDeltaColumns of {query_id}: a diff is +1 or -1, not {sorted(set(diff) - {1, -1})[0]}")
+    wrong = set(diff) - {1, -1}
+    if wrong:
+        raise CodecError(f"PartDeltaColumns of {query_id}: a diff is +1 or -1, not {sorted(wrong)[0]}")
     try:
         columns = (pack_ints("q", seq), pack_ints("b", diff), pack_ints("q", [v for row in values for v in row]),
                    pack_ints("i", source_partition), pack_ints("q", source_offset), pack_ints("i", index),
@@ -108,17 +109,7 @@ _PACKED_COLUMNS = ("seq", "diff", "values", "source_partition", "source_offset",
 def _read_packed(data: bytes) -> tuple[dict[str, Any], int]:
     query_id, pos = read_string(data, HEADER_LEN)
     part, pos = read_long(data, pos)
-    variables: list[str] = []
-    while True:  # an array of strings, in blocks (a hostile count ends at the data's end: a string takes a byte)
-        count, pos = read_long(data, pos)
-        if count == 0:
-            break
-        if count < 0:
-            count = -count
-            _size, pos = read_long(data, pos)
-        for _ in range(count):
-            variable, pos = read_string(data, pos)
-            variables.append(variable)
+    variables, pos = read_array(data, pos, read_string)  # (a hostile count ends at the data's end)
     count, pos = read_long(data, pos)
     record: dict[str, Any] = {"query_id": query_id, "part": part, "variables": variables, "count": count}
     for field in _PACKED_COLUMNS:
