@@ -40,3 +40,18 @@ def test_an_answer_larger_than_a_record_is_dead_lettered_and_the_stream_goes_on(
     assert [d["reason"] for d in dead] == ["answer-too-large"] and "5,00" in dead[0]["message"]
     assert [(a["n"], a["binding"]["x"]["value"]) for a in answers] == [(1, "http://ex.org/small")]
     assert all(len(o.value) <= 4000 for o in out if o.value is not None)
+
+
+def test_a_corrupt_packed_delta_record_is_dead_lettered_in_one_line_and_the_next_record_is_answered() -> None:
+    """A cut deltas.parts record (a damaged PartDeltaColumns): one dead letter naming the record, in one line, and
+    the good record after it is answered as if the bad one had not come."""
+    core = AnswersCore("a", "c", "d", "parts")
+    core.on_plan("q", 1)
+    good = codec.encode_part_delta_batch("q", -1, ["x"], [(1, 1, (2,), 0, 1, 0, False, None)], version=1)
+    bad = good[:-20]
+    out = core.on_record(0, 7, bad, None, {2: "<http://ex.org/small>"}.get)
+    dead = [codec.decode("DeadLetter", o.value) for o in out if o.topic == "d"]
+    assert [d["reason"] for d in dead] == ["schema-mismatch"] and len(out) == 1
+    assert "PartDeltaColumns" in dead[0]["message"] and "\n" not in dead[0]["message"]
+    out = core.on_record(0, 8, good, None, {2: "<http://ex.org/small>"}.get)
+    assert [codec.decode("Answer", o.value)["n"] for o in out if o.topic == "a"] == [1]
