@@ -68,12 +68,17 @@ def _named_variable(term: str) -> bool:
     return term.startswith("?") and not term.startswith("?_:")  # (a blank node is a term to rdflib's algebra)
 
 
+def _groups_shown(groups: list[set[str]]) -> str:
+    """The first three variable groups in sorted order: both checks name the same three of a larger product."""
+    return " and ".join(sorted(_shown(g) for g in groups)[:3])
+
+
 def bgp_cross_product(patterns: Iterable[tuple[str, str, str]]) -> str | None:
     """:func:`cross_product` of one BGP given as canonical terms (``cbgp.query.sparql.TriplePattern``), without
     rdflib's algebra: a registration of a plain BGP is checked without a second parse."""
     loose = [{v[1:] for v in variables} for variables, anchored in _components(list(patterns), _named_variable)
              if not anchored]
-    return " and ".join(_shown(g) for g in loose[:3]) if len(loose) > 1 else None
+    return _groups_shown(loose) if len(loose) > 1 else None
 
 
 def cross_product(algebra: Any) -> str | None:
@@ -86,7 +91,7 @@ def cross_product(algebra: Any) -> str | None:
         if name == "BGP":
             loose = [variables for variables, anchored in _components(list(node.get("triples", ()))) if not anchored]
             if len(loose) > 1:
-                return " and ".join(_shown(g) for g in loose[:3])
+                return _groups_shown(loose)
         elif name == "Join":
             (left, left_anchored), (right, right_anchored) = _node_variables(node["p1"]), _node_variables(node["p2"])
             if left and right and not left & right and not left_anchored and not right_anchored:
