@@ -485,8 +485,7 @@ def ingest_in_memory(updates: list[lsbench.UpdateRow], partitions: int, chunk: i
             elif out.topic == "m.updates.encoded":
                 encoded.append(out.value)
             elif out.topic == "m.dictionary" and terms is not None:
-                entry = codec.decode_dictionary_entry(out.value)
-                terms[entry["id"]] = entry["term"]
+                terms.update(codec.dictionary_entries(out.value))
     return routed, encoded
 
 

@@ -185,8 +185,7 @@ def worker_restores(lines: list[str], tail: int, runs: int, made: dict | None = 
         raw = RawRecord(("\n".join(lines[start:start + LINES_PER_RECORD]) + "\n").encode())
         for out in ingest.process(raw):
             if out.topic == "m.dictionary" and made is not None:
-                entry = codec.decode_dictionary_entry(out.value)
-                made.setdefault("terms", {})[entry["id"]] = entry["term"]
+                made.setdefault("terms", {}).update(codec.dictionary_entries(out.value))
             if out.topic in ("m.updates.routed", "m.updates.encoded"):
                 kind = "routed" if out.topic == "m.updates.routed" else "whole"
                 logs[(kind, out.partition if kind == "routed" else 0)].append(out.value)

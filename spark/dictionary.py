@@ -69,11 +69,12 @@ class FleetTerms(TermDictionary):
         if msg.value() is None:
             return
         try:
-            entry = codec.decode_dictionary_entry(msg.value())
+            entries = codec.dictionary_entries(msg.value())
         except codec.CodecError:
             return
-        self.add(entry["id"], entry["term"])
-        self._fleet.add(entry["id"])
+        for term_id, term in entries:
+            self.add(term_id, term)
+            self._fleet.add(term_id)
 
 
 def fleet_terms(client_config: Mapping[str, Any], topic: str) -> FleetTerms:

@@ -47,10 +47,9 @@ class Dictionary:
         for msg in msgs:
             if msg.error() is None and msg.value() is not None:
                 try:
-                    entry = codec.decode_dictionary_entry(msg.value())
+                    self.terms.update(codec.dictionary_entries(msg.value()))
                 except codec.CodecError:
                     continue  # ingest's own output; a foreign record here is not ours to reject
-                self.terms[entry["id"]] = entry["term"]
 
     def wait_for(self, ids: set[int], timeout: float = DICTIONARY_WAIT_SECONDS) -> None:
         """Read until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""

@@ -238,7 +238,8 @@ class GraphSource:
                 changes.extend(codec.encoded_changes(msg.value()))
         for msg in self._drain(self.settings.topic("dictionary")):
             if msg.value() is not None:
-                self._add_term(codec.decode_dictionary_entry(msg.value()))
+                for term_id, term in codec.dictionary_entries(msg.value()):
+                    self._add_term(term_id, term)
         for seq, diff, s, p, o, g, _t, _role, refresh in changes:
             self.seq = max(self.seq, seq)
             if refresh:
@@ -279,10 +280,10 @@ class GraphSource:
         log.info("gateway: /query graph seeded from ingest's snapshot: %d triples, %d terms, seq %d, in %.2f s",
                  self.quads, len(terms), self.seq, time.monotonic() - started)
 
-    def _add_term(self, record: dict[str, Any]) -> None:
-        if record["id"] not in self._terms:
+    def _add_term(self, term_id: int, term: str) -> None:
+        if term_id not in self._terms:
             try:
-                self.dictionary.add(record["id"], record["term"])
+                self.dictionary.add(term_id, term)
             except Exception:  # noqa: BLE001 - a repeated entry
                 pass
 

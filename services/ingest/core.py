@@ -10,6 +10,7 @@ dictionary topic, its changelogs; with ``track_changes`` it also keeps what chan
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 from dataclasses import dataclass, field
@@ -147,6 +148,7 @@ class IngestProcessor:
         self.pending_routed: dict[int, tuple[list[Change], list[int]]] = {}
         self.pending_deleted: dict[int, int] = {}  # seq of each pending delete -> the seq of the insert it undoes
         self.pending_origin: int | None = None
+        self.pending_terms: list[tuple[int, str]] = []  # (id, term) of each term published since the last flush
         # What changed since the last checkpoint (kept only when a store is used: ``track_changes``): each quad
         # whose presence changed -> the seq of its insert, or None when absent now, and the terms published.
         self.track_changes = False
@@ -209,10 +211,12 @@ class IngestProcessor:
             self.seq = max(self.seq, seq)
         return changes[0].seq if changes else -1
 
-    def restore_dictionary(self, record: dict) -> None:
-        self.dictionary.add(record["id"], record["term"])
-        if record["id"] not in self.published:
-            self._published_now(record["id"], record["term"])
+    def restore_dictionary(self, value: bytes) -> None:
+        """Re-read one record of the dictionary topic (DictionaryColumns, or a DictionaryEntry)."""
+        for term_id, term in codec.dictionary_entries(value):
+            self.dictionary.add(term_id, term)
+            if term_id not in self.published:
+                self._published_now(term_id, term)
 
     def load_state(self, present: Presence, terms: Iterable[tuple[int, str]], seq: int) -> None:
         """Start from a checkpoint's state (nothing of it counts as changed)."""
@@ -235,9 +239,11 @@ class IngestProcessor:
         return self.accept(raw) + self.flush()
 
     def flush(self) -> list[Output]:
-        """The changes accepted since the last flush, as EncodedColumns and RoutedColumns records."""
+        """The terms and changes accepted since the last flush, as DictionaryColumns, EncodedColumns and
+        RoutedColumns records (one transaction: the terms are there for whoever reads the changes)."""
+        terms = self._dictionary_records() if self.pending_terms else []
         if not self.pending_encoded:
-            return []
+            return terms
         if self.track_changes:
             changed = self.changed
             for change in self.pending_encoded:
@@ -249,9 +255,9 @@ class IngestProcessor:
         def inserted_at(rows: list[Change]) -> list[int]:  # (see the schemas' inserted_at; none: no delete)
             return [0 if change.diff > 0 else deleted[change.seq] for change in rows] if deleted else []
 
-        out = [Output(self.t_encoded, codec.encode_encoded_batch(rows, sources, self.t_raw, inserted_at(rows)), None,
-                      0, headers)
-               for rows, sources in zip(_chunks(self.pending_encoded), _chunks(self.pending_sources))]
+        out = terms + [Output(self.t_encoded, codec.encode_encoded_batch(rows, sources, self.t_raw, inserted_at(rows)),
+                              None, 0, headers)
+                       for rows, sources in zip(_chunks(self.pending_encoded), _chunks(self.pending_sources))]
         for partition, (routed, roles) in sorted(self.pending_routed.items()):
             out.extend(Output(self.t_routed, codec.encode_routed_batch(rows, chunk, inserted_at(rows)), None, partition,
                               headers)
@@ -267,8 +273,8 @@ class IngestProcessor:
         return out
 
     def accept(self, raw: RawRecord) -> list[Output]:
-        """Take one raw record: return what to produce now (dictionary entries before the batches that use
-        them, dead letters); its changes wait for :meth:`flush`.  Nothing in a record stops the service: a line
+        """Take one raw record: return what to produce now (its dead letters); its new terms and changes wait
+        for :meth:`flush`.  Nothing in a record stops the service: a line
         or a record that fails in a way no check foresaw is dead-lettered (``internal-error``), and the good
         lines around it go on."""
         out: list[Output] = []
@@ -390,8 +396,8 @@ class IngestProcessor:
                 self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") + problem, line)
                 return
             try:
-                s_id, p_id, o_id = (self._encode(out, term) for term in (s, p, o))
-                gid = DEFAULT_GRAPH_ID if g is None else self._encode(out, g)
+                s_id, p_id, o_id = (self._encode(term) for term in (s, p, o))
+                gid = DEFAULT_GRAPH_ID if g is None else self._encode(g)
             except TermCollisionError as exc:
                 self._dead(out, raw, "term-collision", str(exc), line)
                 return
@@ -444,13 +450,29 @@ class IngestProcessor:
         (:func:`cbgp.change.routes`, which :meth:`process` runs)."""
         return routes(s, o, self.n_routed)
 
-    def _encode(self, out: list[Output], term: str) -> int:
+    def _encode(self, term: str) -> int:
         term_id = self.dictionary.encode(term)
         if term_id not in self.published:
             self._published_now(term_id, term)
-            out.append(Output(self.t_dictionary, codec.encode_dictionary_entry(term_id, term), str(term_id).encode(),
-                              term_id % self.n_dictionary))
+            self.pending_terms.append((term_id, term))
         return term_id
+
+    def _dictionary_records(self) -> list[Output]:
+        """The terms published since the last flush, as DictionaryColumns records: one per dictionary partition
+        (term id modulo the partitions), in chunks of at most MAX_BATCH_CHANGES terms and MAX_TERM_BATCH_BYTES.
+        A record's key is a hash of its value: the topic is compacted, and no other record has that key unless it
+        holds the same terms."""
+        by_partition: dict[int, list[tuple[int, str]]] = {}
+        for term_id, term in self.pending_terms:
+            by_partition.setdefault(term_id % self.n_dictionary, []).append((term_id, term))
+        self.pending_terms = []
+        out = []
+        for partition, terms in sorted(by_partition.items()):
+            for chunk in _term_chunks(terms):
+                value = codec.encode_dictionary_columns(*zip(*chunk))
+                out.append(Output(self.t_dictionary, value, hashlib.blake2b(value, digest_size=8).hexdigest().encode(),
+                                  partition))
+        return out
 
     def _dead(self, out: list[Output], raw: RawRecord, reason: str, message: str, line: int | None,
               text: bytes | None = None) -> list[Output]:
@@ -471,6 +493,7 @@ class IngestProcessor:
 
 
 MAX_BATCH_CHANGES = 2000  # changes per batch record (~80 KB): far below Kafka's 1 MB default record limit
+MAX_TERM_BATCH_BYTES = 512 * 1024  # UTF-8 bytes of terms per DictionaryColumns record at most (a term: 64 KB)
 
 
 def _quad_order(quad: tuple[str, str, str, str | None]) -> tuple[str, str, str, str]:
@@ -480,6 +503,21 @@ def _quad_order(quad: tuple[str, str, str, str | None]) -> tuple[str, str, str, 
 def _chunks(rows: list) -> Iterator[list]:
     for start in range(0, len(rows), MAX_BATCH_CHANGES):
         yield rows[start:start + MAX_BATCH_CHANGES]
+
+
+def _term_chunks(terms: list[tuple[int, str]]) -> Iterator[list[tuple[int, str]]]:
+    """``terms`` in runs of at most MAX_BATCH_CHANGES terms and MAX_TERM_BATCH_BYTES (counted as 4 bytes a
+    character, UTF-8's most, so that no term is encoded twice)."""
+    chunk: list[tuple[int, str]] = []
+    size = 0
+    for entry in terms:
+        if chunk and (len(chunk) == MAX_BATCH_CHANGES or size + 4 * len(entry[1]) > MAX_TERM_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(entry)
+        size += 4 * len(entry[1])
+    if chunk:
+        yield chunk
 
 
 # Downstream records (answers, current answers) carry terms whole and Kafka's default record limit is ~1 MB:

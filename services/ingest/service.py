@@ -12,7 +12,6 @@ import time
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from services import codec
 from services.ingest.checkpoint import Capture, CheckpointWriter
 from services.ingest.core import SERVICE, IngestProcessor, RawRecord
 from services.kafka.config import KafkaSettings
@@ -99,7 +98,7 @@ def restore(processor: IngestProcessor, settings: KafkaSettings, store: Store | 
                     raise recovery.ForeignLog(f"{topic}[{partition}] has seq {seq} at offset {msg.offset()}, the first "
                                               f"record after the checkpoint, which ends at seq {saved_seq}")
         elif msg.value() is not None:
-            processor.restore_dictionary(codec.decode_dictionary_entry(msg.value()))
+            processor.restore_dictionary(msg.value())
         read[topic][partition] = msg.offset() + 1
         if on_disk:
             assert store is not None

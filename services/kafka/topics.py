@@ -121,7 +121,9 @@ TOPICS: tuple[TopicSpec, ...] = (
               " registration moves ingest's snapshot to its point of the log; the floor (cbgp topics floor) is the"
               " lowest of what those read.",
               needed_from=RULES.join((NEEDS + "checkpoints.routed", REGISTRATIONS + "checkpoints.routed", BASE))),
-    TopicSpec("dictionary", None, "term id", "Term id -> N-Triples term; rebuilt by ingest on restart." + _COMPACTED,
+    TopicSpec("dictionary", None, "term id or value hash",
+              "Term ids -> N-Triples terms (a DictionaryColumns record of one ingest transaction's new terms, or a"
+              " DictionaryEntry of one); rebuilt by ingest on restart." + _COMPACTED,
               "compact", _COMPACT),
     TopicSpec("admin", 1, "none", "REGISTER / UNREGISTER / LIST commands, in the order users sent them." + _WEEK
               + " The registry restores from queries.plans: it needs only what its group has not committed.",

@@ -48,7 +48,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
         "parse, deduplicate, number, dictionary-encode and route raw updates",
         sources=(
             Edge("updates.raw", "none", f"{_ONE}, the graph's change order; consumer group <prefix>ingest"),
-            Edge("dictionary", "term id", "all partitions from the checkpoint's positions (offset 0 without one), "
+            Edge("dictionary", "term id or value hash", "all partitions from the checkpoint's positions (offset 0 without one), "
                  "at start (restore the dictionary)"),
             Edge("updates.encoded", "none", f"{_ONE} from the checkpoint's position (offset 0 without one), at start "
                  "(restore the presence set and seq)"),
@@ -60,7 +60,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("updates.routed", "centre term id",
                  "services.wire.records.routes: id % N of the subject and of the object (BOTH when equal); "
                  "RoutedColumns and Frontier records"),
-            Edge("dictionary", "term id", "term id % N, once per new term"),
+            Edge("dictionary", "term id or value hash", "term id % N, each new term once, in one record per partition a transaction"),
             Edge("deadletter", "none", f"{_ONE}: a rejected statement"),
             Edge("checkpoints.ingest", "kind/partition", f"{_ONE}: the whole state, in the transaction after the "
                  "checkpoint; older snapshots deleted once it committed"),
@@ -83,7 +83,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("deltas.parts", "query id", f"{_BY_QUERY}; idempotence keys of services.wire.idempotence"),
             Edge("updates.routed", "centre term id",
                  "ProbeColumns records (no key) of multi-centre queries, to the partition of the next centre value"),
-            Edge("dictionary", "term id", "terms an operator query makes (counts, BIND values, booleans)"),
+            Edge("dictionary", "term id or value hash", "terms an operator query makes (counts, BIND values, booleans)"),
             Edge("updates.raw", "none", f"{_ONE}: a derived stream's triples (CONSTRUCT with stream=<iri>)"),
             Edge("deadletter", "none", f"{_ONE}: an undecodable input record"),
             Edge("checkpoints.routed", "kind/partition", "shard P's checkpoint to partition P, in the transaction "
@@ -99,7 +99,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("deltas.parts", "query id", "consumer group <prefix>answers (part = -1 records); at assignment, "
                  "from the checkpoint's position (offset 0 without one) to the committed offset (restore)"),
             Edge("queries.plans", "query id", "all partitions, read continuously (registration versions)"),
-            Edge("dictionary", "term id", "all partitions, read continuously (term ids -> terms)"),
+            Edge("dictionary", "term id or value hash", "all partitions, read continuously (term ids -> terms)"),
             Edge("answers", "query id", "the assigned partitions from the checkpoint's answers end (offset 0 "
                  "without one), at assignment (restore)"),
             Edge("checkpoints.deltas", "kind/partition", "partition P's last checkpoint, when P is assigned and "
@@ -167,7 +167,7 @@ TOPOLOGIES: dict[str, Topology] = {t.service: t for t in (
             Edge("queries.plans", "query id", "all partitions from offset 0, read continuously (registered queries)"),
             Edge("answers", "query id", "all partitions from offset 0, read continuously (streams, current answers)"),
             Edge("queries.status", "none", f"{_ONE}: the registry's reply to each admin command it sent"),
-            Edge("dictionary", "term id", "all partitions, on POST /query (the current graph's terms)"),
+            Edge("dictionary", "term id or value hash", "all partitions, on POST /query (the current graph's terms)"),
             Edge("updates.encoded", "none", f"{_ONE}, on POST /query (the current graph, read up to its end)"),
         ),
         sinks=(

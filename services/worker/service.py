@@ -99,10 +99,9 @@ class DictionaryTerms:
                     for msg in self.fetcher.poll():
                         if msg.error() is None and msg.value() is not None:
                             try:
-                                entry = codec.decode_dictionary_entry(msg.value())
+                                self.terms.update(codec.dictionary_entries(msg.value()))
                             except codec.CodecError:
                                 continue
-                            self.terms[entry["id"]] = entry["term"]
                     missing = {i for i in missing if i not in self.terms}
             finally:
                 self.fetcher.park()  # fetch nothing until ids are missing again

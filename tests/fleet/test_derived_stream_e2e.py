@@ -35,8 +35,7 @@ def total_order(settings: KafkaSettings) -> list[tuple]:
     """updates.encoded as ``(seq, sign, s, p, o, g)`` with terms (g None: the default graph), in seq order."""
     terms = {}
     for msg in read_all(settings, settings.topic("dictionary"), timeout=30):
-        entry = codec.decode("DictionaryEntry", msg.value())
-        terms[entry["id"]] = entry["term"]
+        terms.update(codec.dictionary_entries(msg.value()))
     out = []
     for msg in read_all(settings, settings.topic("updates.encoded"), timeout=30):
         for seq, sign, s, p, o, g, _time, _role, refresh in codec.encoded_changes(msg.value()):

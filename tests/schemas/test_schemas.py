@@ -78,7 +78,7 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 def test_catalogue_of_records_is_complete() -> None:
     assert NAMES == sorted(["RawUpdate", "EncodedUpdate", "RoutedUpdate", "EncodedBatch", "RoutedBatch",
                             "EncodedColumns", "RoutedColumns",
-                            "DictionaryEntry", "AdminCommand",
+                            "DictionaryEntry", "DictionaryColumns", "AdminCommand",
                             "QueryStatus", "QueryPlan", "PartDelta", "PartDeltaBatch", "PartDeltaColumns", "SparqlTerm", "Answer", "CurrentAnswer",
                             "DeadLetter", "Frontier", "ProbeBatch", "ProbeColumns", "ProbeReady"])
 

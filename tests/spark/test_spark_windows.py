@@ -166,8 +166,8 @@ def test_sliding_tumbling_and_per_event_windows_expire_exactly(spark: SparkSessi
     # Every term of the answers is on the dictionary topic: ingest's, and those the operators made (a COUNT).
     dictionary = TermDictionary(stable=True)
     for msg in read_all(kafka_settings, kafka_settings.topic("dictionary"), timeout=30):
-        entry = codec.decode("DictionaryEntry", msg.value())
-        dictionary.add(entry["id"], entry["term"])
+        for term_id, term in codec.dictionary_entries(msg.value()):
+            dictionary.add(term_id, term)
     outputs: dict[str, list[dict]] = defaultdict(list)
     for msg in read_all(kafka_settings, kafka_settings.topic("deltas.parts"), timeout=30):
         for record in codec.part_deltas(msg.value()):  # PartDeltaColumns records (or single PartDeltas)

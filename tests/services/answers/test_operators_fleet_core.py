@@ -34,8 +34,7 @@ class Stream:
             outputs += ingest.flush() if hasattr(ingest, "flush") else []
             for out in outputs:
                 if out.topic == "u.dictionary":
-                    entry = codec.decode("DictionaryEntry", out.value)
-                    self.terms[entry["id"]] = entry["term"]
+                    self.terms.update(codec.dictionary_entries(out.value))
                 elif out.topic == "u.updates.encoded":
                     self.log.append(decode_changes("whole", out.value))
         self.lookups = 0
@@ -73,8 +72,7 @@ def answers_of(outputs: list, terms: dict[int, str]) -> dict[str, list[dict]]:
     lookup = dict(terms)
     for out in outputs:
         if out.topic == "u.dictionary":
-            entry = codec.decode("DictionaryEntry", out.value)
-            lookup[entry["id"]] = entry["term"]
+            lookup.update(codec.dictionary_entries(out.value))
     release = SeqRelease(4)
     for partition in range(4):
         release.restore(partition, None)

@@ -15,7 +15,7 @@ from cbgp.terms import stable_term_id
 from services import codec
 from services.answers.core import AnswersCore
 from services.codec import current_key
-from services.ingest.core import IngestProcessor, RawRecord
+from services.ingest.core import MAX_BATCH_CHANGES, MAX_TERM_BATCH_BYTES, IngestProcessor, RawRecord
 from services.kafka.config import KafkaSettings
 from services.answers.release import SeqRelease
 from services.wire.records import Output
@@ -72,12 +72,29 @@ def test_new_terms_go_to_the_dictionary_once_and_before_the_updates_that_use_the
     ingest = IngestProcessor(SETTINGS, 4, 4)
     outputs = ingest.process(RawRecord(f"A {A} {P} {B} .\nA {B} {P} {A} .\n".encode()))
     topics = [o.topic.removeprefix("u.") for o in outputs]
-    first_update = topics.index("updates.encoded")
-    entries = [codec.decode("DictionaryEntry", o.value) for o in outputs if o.topic == "u.dictionary"]
-    assert {e["term"] for e in entries} == {A, P, B} and len(entries) == 3
-    assert topics.index("dictionary") < first_update and topics[:3] == ["dictionary"] * 3
-    for entry, out in zip(entries, [o for o in outputs if o.topic == "u.dictionary"]):
-        assert entry["id"] == stable_term_id(entry["term"]) and out.partition == entry["id"] % 4
+    records = [o for o in outputs if o.topic == "u.dictionary"]
+    assert topics[:len(records)] == ["dictionary"] * len(records)  # before every update
+    entries = [(out, entry) for out in records for entry in codec.dictionary_entries(out.value)]
+    assert sorted(term for _out, (_id, term) in entries) == sorted([A, P, B])
+    for out, (term_id, term) in entries:
+        assert term_id == stable_term_id(term) and out.partition == term_id % 4
+    assert len(records) == len({out.partition for out in records})  # one record per dictionary partition
+    assert len({out.key for out in records}) == len(records)  # (compacted: no two records share a key)
+    again = ingest.process(RawRecord(f"A {B} {P} {B} .\n".encode()))
+    assert not [o for o in again if o.topic == "u.dictionary"]  # every term is known: nothing published twice
+
+
+def test_the_terms_of_a_large_transaction_are_split_into_records_of_bounded_size() -> None:
+    ingest = IngestProcessor(SETTINGS, 4, 1)
+    big = "x" * 60_000
+    lines = "".join(f'A <{EX}s{i}> {P} "{big}{i}" .\n' for i in range(12))
+    lines += "".join(f"A <{EX}t{i}> {P} <{EX}u{i}> .\n" for i in range(2500))
+    records = [o for o in ingest.process(RawRecord(lines.encode())) if o.topic == "u.dictionary"]
+    terms = [term for out in records for _id, term in codec.dictionary_entries(out.value)]
+    assert len(terms) == len(set(terms)) == 1 + 12 * 2 + 2500 * 2
+    assert all(len(out.value) <= MAX_TERM_BATCH_BYTES + 100_000 for out in records)  # (the columns and header)
+    assert all(len(codec.dictionary_entries(out.value)) <= MAX_BATCH_CHANGES for out in records)
+    assert len(records) > 3
 
 
 def test_routing_by_subject_and_object_at_most_twice_with_both_when_partitions_coincide() -> None:
@@ -151,7 +168,7 @@ def test_restore_from_the_encoded_log_gives_the_same_state_as_processing() -> No
         if out.topic == "u.updates.encoded":
             restored.restore_encoded(out.value)
         elif out.topic == "u.dictionary":
-            restored.restore_dictionary(codec.decode("DictionaryEntry", out.value))
+            restored.restore_dictionary(out.value)
     assert restored.present == live.present and restored.seq == live.seq and restored.published == live.published
     more = RawRecord(f"A {A} {P} {B} .\n".encode())
     assert [o.value for o in restored.process(more)] == [o.value for o in live.process(more)]
@@ -170,8 +187,7 @@ def test_worker_and_answers_cores_partitioned_over_four_shards_equal_one_engine(
     dictionary = {}
     for out in outputs:
         if out.topic == "u.dictionary":
-            entry = codec.decode("DictionaryEntry", out.value)
-            dictionary[entry["id"]] = entry["term"]
+            dictionary.update(codec.dictionary_entries(out.value))
         elif out.topic in ("u.updates.routed", "u.updates.encoded"):
             kind = "routed" if out.topic == "u.updates.routed" else "whole"
             log = logs.setdefault((kind, out.partition if kind == "routed" else 0), [])

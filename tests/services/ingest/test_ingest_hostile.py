@@ -66,10 +66,10 @@ def test_an_error_no_check_foresaw_is_dead_lettered_and_the_rest_goes_on(monkeyp
     ingest = IngestProcessor(SETTINGS, 4, 4)
     real = ingest._encode
 
-    def encode(out, term):  # noqa: ANN001, ANN202 - a bug that strikes one term
+    def encode(term):  # noqa: ANN001, ANN202 - a bug that strikes one term
         if "boom" in term:
             raise KeyError("a bug")
-        return real(out, term)
+        return real(term)
 
     monkeypatch.setattr(ingest, "_encode", encode)
     data = GOOD + GOOD.replace("ok", "boom") + GOOD.replace("ok", "fine")

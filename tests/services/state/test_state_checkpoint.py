@@ -53,7 +53,7 @@ class _Logs:
             processor.restore_encoded(value)
         for partition, values in self.dictionary.items():
             for value in values[starts[DICTIONARY][partition]:]:
-                processor.restore_dictionary(codec.decode("DictionaryEntry", value))
+                processor.restore_dictionary(value)
 
 
 def _rows(values: list[bytes]) -> list[tuple]:

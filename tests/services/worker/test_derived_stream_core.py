@@ -64,8 +64,7 @@ class Loop:
         for out in self.ingest.process(RawRecord(value, headers or {})):
             assert out.topic != "u.deadletter", codec.decode("DeadLetter", out.value)["message"]
             if out.topic == "u.dictionary":
-                entry = codec.decode("DictionaryEntry", out.value)
-                self.terms[entry["id"]] = entry["term"]
+                self.terms.update(codec.dictionary_entries(out.value))
             elif out.topic == "u.updates.encoded":
                 self.log.append(decode_changes("whole", out.value))
         raw = []

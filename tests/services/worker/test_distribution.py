@@ -146,8 +146,7 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
     for offset, chunk in enumerate(chunks):
         for out in ingest.process(RawRecord(("\n".join(chunk) + "\n").encode(), offset=offset)):
             if out.topic == "u.dictionary":
-                entry = codec.decode("DictionaryEntry", out.value)
-                dictionary[entry["id"]] = entry["term"]
+                dictionary.update(codec.dictionary_entries(out.value))
             elif out.topic == "u.updates.routed":
                 routed[out.partition].append(out.value)
                 written.add(out.partition)

@@ -48,8 +48,7 @@ class Encoded:
         for start in range(0, len(lines), 40):
             for out in ingest.process(RawRecord(("\n".join(lines[start:start + 40]) + "\n").encode())):
                 if out.topic == "u.dictionary":
-                    entry = codec.decode("DictionaryEntry", out.value)
-                    self.terms[entry["id"]] = entry["term"]
+                    self.terms.update(codec.dictionary_entries(out.value))
                 elif out.topic == "u.updates.encoded":
                     self.log.append(decode_changes("whole", out.value))
             self.snapshots.append(IngestSnapshot(dict(ingest.present), {}, len(self.log), ingest.seq))
