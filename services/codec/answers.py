@@ -8,8 +8,8 @@ import functools
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from services.codec.binary import (cached_string, header, optional, read_boolean, read_current, read_long, read_map,
-                                   read_string, write_long, write_string)
+from services.codec.binary import (cached_string, header, optional, read_block, read_boolean, read_current, read_long,
+                                   read_map, read_string, write_long, write_string)
 from services.codec.generic import decode
 from services.codec.registry import HEADER_LEN
 
@@ -164,60 +164,95 @@ def decode_answer(data: bytes) -> dict[str, Any]:
     return found if found is not None else decode("Answer", data)
 
 
-# decode_answer_json remembers at most this many distinct term encodings (then forgets them at once), each of at
-# most this many bytes: a few MB for usual IRIs, under 30 MB whatever the stream holds
+# decode_answer_json remembers at most this many distinct binding entries (a variable and its term; then forgets
+# them at once), each of at most this many bytes: a few MB for usual IRIs, under 30 MB whatever the stream holds
 JSON_TERMS_KEPT, JSON_TERM_BYTES_KEPT = 1 << 15, 256
-remembered_terms: dict[bytes, dict[str, str]] = {}  # encoding -> SPARQL JSON term
+# entry encoding -> (variable, SPARQL JSON term, (variable, *json_term_fields(term)))
+remembered_entries: dict[bytes, tuple[str, dict[str, str], tuple[str, ...]]] = {}
 
 
-def _read_json_term(data: bytes, pos: int) -> tuple[dict[str, str], int]:
-    """The SparqlTerm at ``pos`` as its SPARQL JSON term, built once per distinct encoding: the gateway reads
-    every answer, and a stream's answers repeat few terms.  The dicts are shared: never change them."""
-    # Where it ends: its type's byte, then three lengths (most are one byte: read inline).
-    start = pos
-    if data[pos] > 4:
-        raise IndexError(f"TermType byte {data[pos]}")
-    byte = data[pos + 1]
-    size, end = ((byte >> 1) ^ -(byte & 1), pos + 2) if byte < 0x80 else read_long(data, pos + 1)
+def json_term_fields(term: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """A SPARQL JSON term as ``(type, value, datatype, xml:lang)``, "" for a field it has not: what an answer's
+    ``key`` (:func:`decode_answer_json`) is made of."""
+    return term["type"], term["value"], term.get("datatype", ""), term.get("xml:lang", "")
+
+
+def _string_end(data: bytes, pos: int) -> int:
+    """Where the Avro string at ``pos`` ends (most lengths are one byte: read inline)."""
+    byte = data[pos]
+    size, end = ((byte >> 1) ^ -(byte & 1), pos + 1) if byte < 0x80 else read_long(data, pos)
     if size < 0:
         raise IndexError("negative string size")
-    end += size
+    return end + size
+
+
+def _read_json_entry(data: bytes, pos: int) -> tuple[tuple[str, dict[str, str], tuple[str, ...]], int]:
+    """The binding map entry at ``pos`` (a variable, then its SparqlTerm) as ``(variable, SPARQL JSON term, its
+    key item)``, built once per distinct encoding: the gateway reads every answer, and a stream's answers repeat
+    few terms.  The dicts are shared: never change them."""
+    start = pos
+    term_at = _string_end(data, pos)
+    if data[term_at] > 4:
+        raise IndexError(f"TermType byte {data[term_at]}")
+    end = _string_end(data, term_at + 1)
     for _optional in range(2):  # datatype, lang: ["null", string]
         branch = data[end]
-        end += 1
         if branch == 2:  # (branch 1, zigzag)
-            byte = data[end]
-            size, end = ((byte >> 1) ^ -(byte & 1), end + 1) if byte < 0x80 else read_long(data, end)
-            if size < 0:
-                raise IndexError("negative string size")
-            end += size
-        elif branch != 0:
+            end = _string_end(data, end + 1)
+        elif branch == 0:
+            end += 1
+        else:
             raise IndexError(f"union branch byte {branch}")
     if end > len(data):
-        raise IndexError("term runs past the end")
+        raise IndexError("entry runs past the end")
     key = data[start:end]
-    term = remembered_terms.get(key)
-    if term is None:
-        avro, parsed_to = _read_term(data, start)
+    found = remembered_entries.get(key)
+    if found is None:
+        var, _ = read_string(data, start)
+        avro, parsed_to = _read_term(data, term_at)
         if parsed_to != end:
             raise IndexError("term ends elsewhere")
         term = sparql_json_term(avro)
+        found = var, term, (var, *json_term_fields(term))
         if len(key) <= JSON_TERM_BYTES_KEPT:
-            if len(remembered_terms) >= JSON_TERMS_KEPT:
-                remembered_terms.clear()
-            remembered_terms[key] = term
-    return term, end
+            if len(remembered_entries) >= JSON_TERMS_KEPT:
+                remembered_entries.clear()
+            remembered_entries[key] = found
+    return found, end
 
 
 def _read_answer_json(data: bytes) -> tuple[dict[str, Any], int]:
-    return _read_answer(data, _read_json_term)
+    """An Answer with SPARQL JSON terms, and its ``key``: the binding's ``(variable, *json_term_fields(term))``
+    tuples, sorted (None if a variable is repeated: the map then holds its last term)."""
+    query_id, pos = read_string(data, HEADER_LEN)
+    n, pos = read_long(data, pos)
+    seq, pos = read_long(data, pos)
+    sign, pos = read_string(data, pos)
+    binding: dict[str, dict[str, str]] = {}
+    items = []
+    while True:
+        count, pos = read_block(data, pos)
+        if count == 0:
+            break
+        for _ in range(count):
+            (var, term, item), pos = _read_json_entry(data, pos)
+            binding[var] = term
+            items.append(item)
+    snapshot, pos = read_boolean(data, pos)
+    produced_at_ms, pos = read_long(data, pos)
+    version, pos = read_long(data, pos)
+    return {"query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot,
+            "produced_at_ms": produced_at_ms, "version": version,
+            "key": tuple(sorted(items)) if len(items) == len(binding) else None}, pos
 
 
 def decode_answer_json(data: bytes) -> dict[str, Any]:
     """:func:`decode_answer` with the binding's terms as SPARQL JSON terms (:func:`sparql_json_term`), what the
-    gateway serves; each distinct term is converted once."""
+    gateway serves, each distinct term converted once; and ``key``, the binding's sorted ``(variable,
+    *json_term_fields(term))`` tuples when read on the fast path (else None): the gateway folds answers by it."""
     found = read_current("Answer", data, _read_answer_json)
     if found is not None:
         return found
     record = decode("Answer", data)
-    return {**record, "binding": {var: sparql_json_term(term) for var, term in record["binding"].items()}}
+    return {**record, "binding": {var: sparql_json_term(term) for var, term in record["binding"].items()},
+            "key": None}

@@ -40,7 +40,8 @@ def binding_key(binding: dict[str, Any]) -> BindingKey:
     """A canonical, hashable, orderable key for a SPARQL JSON binding (fold key): per variable, in order, its
     term's type, value, datatype and language.  A third of the gateway's time went to canonical JSON text
     instead.  A binding of another shape (a peer's relay is input like any other) is keyed by its JSON text, in
-    the same tuple shape, so keys always compare."""
+    the same tuple shape, so keys always compare.  ``codec.decode_answer_json`` makes the same key for the answers
+    it reads (``Answer.key``)."""
     try:
         key = tuple(sorted((var, term["type"], term["value"], term.get("datatype", ""), term.get("xml:lang", ""))
                            for var, term in binding.items()))
@@ -70,6 +71,10 @@ class Answer:
     query_id: str
     text: str = ""
     folded: bool = True  # False: already in the stream's seed (answers.current), history only
+    key: Any = None  # binding_key(binding) when the decoder made it (codec.decode_answer_json), else None
+
+    def fold_key(self) -> "BindingKey":
+        return binding_key(self.binding) if self.key is None else self.key
 
     @classmethod
     def from_json(cls, data: Any) -> "Answer":
@@ -122,7 +127,7 @@ class Stream:
         self.answers.append(answer)
         if not answer.folded:
             return True
-        key = binding_key(answer.binding)
+        key = answer.fold_key()
         entry = self.current.get(key)
         if answer.sign == "+":
             if entry is None:
@@ -394,7 +399,7 @@ def net_change(answers: Iterable[Answer]) -> tuple[list[dict[str, Any]], list[di
     delta: dict[BindingKey, int] = {}
     bindings: dict[BindingKey, dict[str, Any]] = {}
     for answer in answers:
-        key = binding_key(answer.binding)
+        key = answer.fold_key()
         bindings[key] = answer.binding
         delta[key] = delta.get(key, 0) + (1 if answer.sign == "+" else -1)
     added = [bindings[k] for k, d in delta.items() for _ in range(d) if d > 0]

@@ -31,7 +31,7 @@ Batch = list[tuple[str, Any]]  # ("plan", (query_id, plan | None)) or ("answer",
 def decode_answer(value: bytes) -> Answer:
     r = codec.decode_answer_json(value)
     return Answer(r["n"], r["sign"], r["binding"], r["seq"], r["snapshot"], r["produced_at_ms"], r["version"],
-                  r["query_id"])
+                  r["query_id"], key=r["key"])
 
 
 class Follower(threading.Thread):
