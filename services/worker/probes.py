@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Iterable, NamedTuple
 
 from cbgp.change import Change
-from cbgp.distributed.evaluator import Ack, Outputs, PartitionEvaluator, Probe
+from cbgp.distributed.evaluator import Ack, Outputs, PartitionEvaluator, Probe, ack_of, probe_of
 from cbgp.distributed.program import ComponentProgram
 from cbgp.distributed.program import compile_component
 from cbgp.distributed.versioned_state import fold, insert_history
@@ -196,12 +196,12 @@ class ProbeRouting:
         on_probe = evaluator.on_probe
         for acks, probes in steps:
             for query, seq, delta, snapshot in acks:
-                evaluator.on_ack(Ack(here, query, seq, delta, snapshot))
+                evaluator.on_ack(ack_of((here, query, seq, delta, snapshot)))
             for item in probes:
                 query = item[0]
                 if query not in states:
                     states[query] = known(query)
-                on_probe(Probe(here, *item), states[query] is not None, out)
+                on_probe(probe_of((here, *item)), states[query] is not None, out)
             self.received += len(probes)
         if record["floors"]:
             self._collapse(shard)
