@@ -20,7 +20,7 @@ import io
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import pyoxigraph as ox
 
@@ -55,13 +55,13 @@ FORMATS = ("patch", "ntriples", "nquads", "turtle", "jsonl")
 _TEXT_LIMIT = 200
 
 
-@dataclass(frozen=True, slots=True)
-class Update:
+class Update(NamedTuple):
     """One change to the graph: `op` is +1 (insert) or -1 (delete).
 
     `line` is the 1-based source line where the statement starts (0 if unknown);
     `position` is the 1-based index of the statement among the input's A/D lines
-    (patch) or statements (other formats), `cbgp replay`'s "seq".
+    (patch) or statements (other formats), `cbgp replay`'s "seq".  A named tuple: a parser makes one per
+    statement, and a frozen dataclass cost four times as much to build (2.3 against 0.6 us).
     """
 
     op: int
