@@ -30,8 +30,8 @@ from services.codec.answers import (BindingWriter, answer_binding, canonical_bin
                                     decode_answer_json, encode_answer, encode_answer_record, encode_current_answer,
                                     encode_current_answer_record, json_string, sparql_json_term, term_from_avro,
                                     term_to_avro)
-from services.codec.changes import (decode_dictionary_entry, dictionary_entries, encode_dictionary_columns, decode_encoded, decode_routed, encode_dictionary_entry,
-                                    encode_encoded, encode_encoded_batch, encode_routed, encode_routed_batch,
+from services.codec.changes import (decode_dictionary_entry, decode_encoded, decode_routed, dictionary_entries,
+                                    encode_dictionary_columns, encode_dictionary_entry, encode_encoded, encode_encoded_batch, encode_routed, encode_routed_batch,
                                     encoded_changes, encoded_columns, inserted_at, encoded_records, routed_changes)
 from services.codec.control import (encode_frontier, encode_probe_batch, encode_probe_ready, frontier_of,
                                     frontiers_of, probe_batch_of, probe_ready_of)
@@ -47,8 +47,8 @@ __all__ = [
     "BindingWriter", "answer_binding", "canonical_binding", "current_key", "decode_answer", "decode_answer_json",
     "encode_answer", "encode_answer_record",
     "encode_current_answer", "encode_current_answer_record", "json_string", "sparql_json_term", "term_from_avro",
-    "term_to_avro", "decode_dictionary_entry", "dictionary_entries", "encode_dictionary_columns", "decode_encoded", "decode_routed", "encode_dictionary_entry",
-    "encode_encoded",
+    "term_to_avro", "decode_dictionary_entry", "dictionary_entries", "encode_dictionary_columns", "decode_encoded",
+    "decode_routed", "encode_dictionary_entry", "encode_encoded",
     "encode_encoded_batch", "encode_routed", "encode_routed_batch", "encoded_changes", "encoded_columns",
     "inserted_at", "encoded_records", "routed_changes",
     "encode_frontier", "encode_probe_batch", "encode_probe_ready", "frontier_of", "frontiers_of", "probe_batch_of",

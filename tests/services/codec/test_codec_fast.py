@@ -72,7 +72,8 @@ def test_answers_read_as_json_with_long_terms_and_a_bounded_memory(monkeypatch: 
         assert codec.decode_answer_json(data)["binding"] == want
         assert codec.decode_answer_json(data)["binding"] == want
         assert len(answers.remembered_entries) <= 5
-        assert all(len(key) <= answers.JSON_TERM_BYTES_KEPT for key in answers.remembered_entries), "long terms are not kept"
+        assert all(len(key) <= answers.JSON_TERM_BYTES_KEPT for key in answers.remembered_entries), \
+            "long terms are not kept"
 
 
 @FAST
@@ -198,7 +199,8 @@ def test_dictionary_columns_read_back_as_written_and_as_the_generic_reader_reads
 def dictionary_columns(ids: tuple[int, ...], lengths: tuple[int, ...], terms: bytes, count: int | None = None) -> bytes:
     """A DictionaryColumns record written field by field (so that a test can make any field wrong)."""
     return codec.encode("DictionaryColumns", {
-        "count": len(ids) if count is None else count, "ids": b"".join(i.to_bytes(8, "little", signed=True) for i in ids),
+        "count": len(ids) if count is None else count,
+        "ids": b"".join(i.to_bytes(8, "little", signed=True) for i in ids),
         "lengths": b"".join(n.to_bytes(4, "little", signed=True) for n in lengths), "terms": terms})
 
 
