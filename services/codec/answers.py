@@ -8,7 +8,7 @@ import functools
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from services.codec.binary import (cached_string, header, optional, read_block, read_boolean, read_current, read_long,
+from services.codec.binary import (cached_string, header, optional, read_array, read_boolean, read_current, read_long,
                                    read_map, read_string, write_long, write_string)
 from services.codec.generic import decode
 from services.codec.registry import HEADER_LEN
@@ -228,22 +228,15 @@ def _read_answer_json(data: bytes) -> tuple[dict[str, Any], int]:
     n, pos = read_long(data, pos)
     seq, pos = read_long(data, pos)
     sign, pos = read_string(data, pos)
-    binding: dict[str, dict[str, str]] = {}
-    items = []
-    while True:
-        count, pos = read_block(data, pos)
-        if count == 0:
-            break
-        for _ in range(count):
-            (var, term, item), pos = _read_json_entry(data, pos)
-            binding[var] = term
-            items.append(item)
+    entries, pos = read_array(data, pos, _read_json_entry)  # (an Avro map: its blocks are an array's)
+    binding = {var: term for var, term, _item in entries}
+    key = tuple(sorted([item for _var, _term, item in entries])) if len(entries) == len(binding) else None
     snapshot, pos = read_boolean(data, pos)
     produced_at_ms, pos = read_long(data, pos)
     version, pos = read_long(data, pos)
     return {"query_id": query_id, "n": n, "seq": seq, "sign": sign, "binding": binding, "snapshot": snapshot,
             "produced_at_ms": produced_at_ms, "version": version,
-            "key": tuple(sorted(items)) if len(items) == len(binding) else None}, pos
+            "key": key}, pos
 
 
 def decode_answer_json(data: bytes) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def read_map(data: bytes, pos: int, read):  # noqa: ANN001, ANN201 - read_long o
     since every entry reads at least one byte."""
     found = {}
     while True:
-        count, pos = read_block(data, pos)
+        count, pos = _block(data, pos)
         if count == 0:
             return found, pos
         for _ in range(count):
@@ -114,7 +114,7 @@ def read_array(data: bytes, pos: int, read):  # noqa: ANN001, ANN201 - read_stri
     """An Avro array: ``([each item ``read`` reads], next pos)``, its blocks read as :func:`read_map` reads them."""
     found = []
     while True:
-        count, pos = read_block(data, pos)
+        count, pos = _block(data, pos)
         if count == 0:
             return found, pos
         for _ in range(count):
@@ -122,7 +122,7 @@ def read_array(data: bytes, pos: int, read):  # noqa: ANN001, ANN201 - read_stri
             found.append(item)
 
 
-def read_block(data: bytes, pos: int) -> tuple[int, int]:
+def _block(data: bytes, pos: int) -> tuple[int, int]:
     """The item count of the Avro block at ``pos`` (a negative count is followed by the block's byte size)."""
     count, pos = read_long(data, pos)
     if count < 0:
