@@ -116,9 +116,9 @@ def setup_logging(service: str, level: str = "INFO") -> None:
 
 
 # How long a data-path service may take to stop once asked (CBGP_STOP_GRACE_SECONDS): its last checkpoint and
-# leaving its groups.  Closing a consumer while its group rebalances can block in librdkafka for good (a worker
-# SIGTERMed 76 ms after a revocation never exited); everything it committed is in Kafka by then, so it exits
-# anyway, and the group sees it leave after its session timeout.
+# leaving its groups.  Closing a consumer while its group rebalances can block in librdkafka for good, and so can
+# a transaction's call to a stale group coordinator; everything committed is in Kafka by then, and a transaction
+# cut short is aborted by the broker as after a kill, so the process exits anyway.
 DEFAULT_STOP_GRACE_SECONDS = 20.0
 
 
@@ -126,25 +126,30 @@ class Stopper:
     """Turns SIGTERM/SIGINT into a flag the loop checks between batches (the batch in hand is finished).
 
     With ``grace`` (seconds), a process still running that long after the first signal exits (code 0) with one
-    line in the log, once no transaction is in flight: a stop must not hang on a client that cannot close."""
+    line in the log: a stop must not hang on a client that cannot close.  The deadline is started from the
+    signal's wakeup byte, not from the Python handler, which runs only once the main thread is back from C."""
 
     def __init__(self, grace: float | None = None) -> None:
         self.stopping = False
         self.grace = grace
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
+        if grace is not None:
+            read_end, write_end = os.pipe()
+            os.set_blocking(write_end, False)
+            signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            threading.Thread(target=self._deadline, args=(read_end, grace), name="stop-deadline",
+                             daemon=True).start()
 
     def _stop(self, signum: int, _frame: object) -> None:
         log.info(kv(event="stop-requested", signal=signal.Signals(signum).name))
-        if not self.stopping and self.grace is not None:
-            threading.Thread(target=self._deadline, args=(self.grace,), name="stop-deadline", daemon=True).start()
         self.stopping = True
 
     @staticmethod
-    def _deadline(grace: float) -> None:
+    def _deadline(wakeup: int, grace: float) -> None:
+        while os.read(wakeup, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
+            pass
         time.sleep(grace)
-        while _WATCHDOG.since is not None:  # a transaction in flight: let it end (it has its own watchdog)
-            time.sleep(0.5)
         log.error(kv(event="stop-timeout", seconds=grace, reason="the service did not stop in time (a client that "
                      "cannot close): exiting now; everything it committed is kept"))
         logging.shutdown()
