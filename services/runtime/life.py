@@ -6,6 +6,7 @@ How it works: docs/design/internals.md, services.runtime.life.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -120,6 +121,7 @@ def setup_logging(service: str, level: str = "INFO") -> None:
 # a transaction's call to a stale group coordinator; everything committed is in Kafka by then, and a transaction
 # cut short is aborted by the broker as after a kill, so the process exits anyway.
 DEFAULT_STOP_GRACE_SECONDS = 20.0
+LAST_RESORT_SECONDS = 5.0
 
 
 class Stopper:
@@ -127,7 +129,10 @@ class Stopper:
 
     With ``grace`` (seconds), a process still running that long after the first signal exits (code 0) with one
     line in the log: a stop must not hang on a client that cannot close.  The deadline is started from the
-    signal's wakeup byte, not from the Python handler, which runs only once the main thread is back from C."""
+    signal's wakeup byte, not from the Python handler, which runs only once the main thread is back from C.
+    A client call that blocks while holding the interpreter's lock stops that deadline's thread too; for it,
+    :mod:`faulthandler`'s C thread dumps every thread's stack to the log and exits (code 1) LAST_RESORT_SECONDS
+    later."""
 
     def __init__(self, grace: float | None = None) -> None:
         self.stopping = False
@@ -143,6 +148,8 @@ class Stopper:
 
     def _stop(self, signum: int, _frame: object) -> None:
         log.info(kv(event="stop-requested", signal=signal.Signals(signum).name))
+        if not self.stopping and self.grace is not None:
+            faulthandler.dump_traceback_later(self.grace + LAST_RESORT_SECONDS, exit=True)
         self.stopping = True
 
     @staticmethod

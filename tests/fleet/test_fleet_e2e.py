@@ -89,7 +89,7 @@ def test_answers_equal_replay_as_multisets(kafka_settings: KafkaSettings, tmp_pa
         assert_current(kafka_settings, expected)
         assert not any(a["snapshot"] for answers in got.values() for a in answers)
         for name in list(fleet.procs):
-            assert fleet.stop(name) == 0, f"{name} did not exit cleanly on SIGTERM"
+            fleet.stop_cleanly(name)
 
 
 @pytest.mark.timeout(330)

@@ -147,6 +147,10 @@ if sys.argv[2] == "blocked":
 while not stopper.stopping:
     time.sleep(0.01)
 print("stop seen", flush=True)
+if sys.argv[2] == "holding":  # a C call that never returns and holds the interpreter: no Python thread runs
+    libc, mutex = ctypes.PyDLL(None), ctypes.create_string_buffer(64)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
 time.sleep(60)  # a close (or a transaction's call) that never returns
 print("not stopped", flush=True)
 '''
@@ -171,3 +175,24 @@ def test_a_service_that_cannot_close_exits_after_its_stop_grace(tmp_path: Path, 
     assert "not stopped" not in out and "event=stop-timeout" in err, (out, err)
     assert 0.5 <= time.monotonic() - began < 20
     assert ("stop seen" in out) == (case == "closing"), out
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_stuck_holding_the_interpreter_dumps_every_stack_and_exits(tmp_path: Path) -> None:
+    """The last resort: a client call that blocks holding the GIL stops the deadline's Python thread too;
+    faulthandler's C thread dumps where every thread was and exits with code 1, LAST_RESORT_SECONDS after the
+    grace."""
+    from services.runtime.life import LAST_RESORT_SECONDS
+
+    script = tmp_path / "hung.py"
+    script.write_text(HUNG_STOP)
+    proc = subprocess.Popen([sys.executable, str(script), str(ROOT), "holding"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert "stop seen" in out and "not stopped" not in out and "event=stop-timeout" not in err, (out, err)
+    assert "Timeout (" in err and "most recent call first" in err and "hung.py" in err, err
+    assert 0.5 + LAST_RESORT_SECONDS <= time.monotonic() - began < 25
