@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from services.codec import CodecError, decode, encoded_changes, term_from_avro
 from services.commands.trimmer import Trimmer
@@ -185,9 +185,13 @@ class LiveView:
 
     Idle it costs next to nothing: its inputs are read by a :class:`services.runtime.life.Fetcher`, which stops
     fetching once every partition reported its end (the embedded broker answers an empty fetch at once, so a
-    consumer left assigned spins), and the view only listens again after a pause."""
+    consumer left assigned spins), and the view only listens again after a pause.  Of ``updates.encoded`` it
+    reads only the newest records, when it draws: the whole log is the stream itself, which the view would
+    otherwise fetch a second time beside the fleet."""
 
     IDLE_PAUSE_S = 0.25
+    TAIL_RECORDS = 64  # of updates.encoded, read back from its end (with commit markers: about half are records)
+    TAIL_EVERY_S = 0.5  # at most this often
 
     def __init__(self, settings: KafkaSettings, out: TextIO, keep: int = 3, *,
                  spark_status_path: Path | None = None, summary_every: float = 15.0) -> None:
@@ -218,9 +222,10 @@ class LiveView:
         # From where each log starts now: a view, not a restore (retention may have cut answers: 7 days).
         positions = {(self.answers_topic, p): low
                      for p, (low, _high) in end_offsets(settings, self.answers_topic).items()}
-        positions[(self.encoded_topic, 0)] = OFFSET_BEGINNING
         self.fetcher = Fetcher(settings, "run-view", 5000)
         self.fetcher.set_positions(positions)
+        self.tail = Fetcher(settings, "run-view-tail", self.TAIL_RECORDS, check_log_start=False)
+        self._tail_next, self._tail_high, self._tail_at = 0, -1, 0.0
 
     def pump(self, seconds: float) -> None:
         """Consume answers and updates for ``seconds``."""
@@ -244,9 +249,6 @@ class LiveView:
             return
         if msg.value() is None:
             return
-        if msg.topic() == self.encoded_topic:
-            self._encoded_tail.append(msg.value())
-            return
         key = msg.key()
         if key:
             query = key.decode("utf-8", "replace")
@@ -262,9 +264,36 @@ class LiveView:
             kept = self._raw_last[query] = deque(maxlen=self.keep)
         kept.append(msg.value())
 
+    def _read_tail(self) -> None:
+        """The newest records of updates.encoded into ``_encoded_tail`` (at most every TAIL_EVERY_S, and only
+        when its end moved)."""
+        now = time.monotonic()
+        if now < self._tail_at:
+            return
+        self._tail_at = now + self.TAIL_EVERY_S
+        try:
+            low, high = self.tail.consumer.get_watermark_offsets(TopicPartition(self.encoded_topic, 0), timeout=2,
+                                                                 cached=False)
+        except KafkaException:
+            return
+        if high == self._tail_high:
+            return
+        self.tail.set_positions({(self.encoded_topic, 0): max(low, high - self.TAIL_RECORDS, self._tail_next)})
+        while time.monotonic() < now + 2.0:
+            msgs = self.tail.take() or self.tail.wait(0.2)
+            if not msgs:  # at its end (a transaction still open ends it early: read again once it commits)
+                self._tail_high = high
+                break
+            for msg in msgs:
+                if msg.error() is None and msg.value() is not None:
+                    self._encoded_tail.append(msg.value())
+                    self._tail_next = msg.offset() + 1
+        self.tail.park()
+
     @property
     def changes(self) -> int:
         """Graph changes so far: the highest seq of a change (not a refresh) in the newest encoded records."""
+        self._read_tail()
         while self._encoded_tail:
             try:
                 seqs = [change.seq for change in encoded_changes(self._encoded_tail.pop()) if not change.refresh]
@@ -360,6 +389,7 @@ class LiveView:
 
     def close(self) -> None:
         self.fetcher.close()
+        self.tail.close()
 
 
 class BackgroundDemo:

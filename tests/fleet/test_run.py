@@ -161,6 +161,41 @@ def test_live_view_prints_terms_in_ntriples_form_and_counts_changes_not_records(
 
 
 @pytest.mark.slow
+def test_the_view_reads_only_the_newest_graph_changes_not_the_whole_stream(kafka_settings, tmp_path: Path) -> None:
+    """updates.encoded is the stream itself: the view counts its changes from the log's last records, read when
+    it draws, and reads the records committed since the last draw only."""
+    from cbgp.change import Change
+    from services.codec import encode_encoded_batch
+    from services.commands.run import LiveView
+    from services.kafka.client import make_producer
+
+    producer = make_producer(kafka_settings)
+
+    def publish(first: int, count: int) -> None:
+        for seq in range(first, first + count):  # one record per change, as small transactions make them
+            producer.produce(kafka_settings.topic("updates.encoded"), partition=0,
+                             value=encode_encoded_batch([Change(seq, 1, seq, 2, 3, 0)], [(0, seq)], "raw"))
+        assert producer.flush(10) == 0
+
+    publish(1, 400)
+    view = LiveView(kafka_settings, io.StringIO(), spark_status_path=tmp_path / "status.json")
+    read: list[int] = []
+    take, wait = view.tail.take, view.tail.wait
+    view.tail.take = lambda: [msg for msg in take() if not read.append(msg.offset())]
+    view.tail.wait = lambda timeout: [msg for msg in wait(timeout) if not read.append(msg.offset())]
+    try:
+        assert view.changes == 400
+        assert 0 < len(read) <= LiveView.TAIL_RECORDS and min(read) >= 400 - LiveView.TAIL_RECORDS, read
+        publish(401, 3)
+        read.clear()
+        view._tail_at = 0.0  # (the next draw)
+        assert view.changes == 403
+        assert sorted(read) == [400, 401, 402], read
+    finally:
+        view.close()
+
+
+@pytest.mark.slow
 def test_the_view_reads_an_answers_log_cut_by_retention(kafka_settings, tmp_path: Path) -> None:  # noqa: ANN001
     """answers keeps 7 days: the view (not a restore) starts where each log starts now instead of refusing."""
     from confluent_kafka import TopicPartition
