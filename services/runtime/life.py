@@ -117,9 +117,10 @@ def setup_logging(service: str, level: str = "INFO") -> None:
 
 
 # How long a data-path service may take to stop once asked (CBGP_STOP_GRACE_SECONDS): its last checkpoint and
-# leaving its groups.  Closing a consumer while its group rebalances can block in librdkafka for good, and so can
-# a transaction's call to a stale group coordinator; everything committed is in Kafka by then, and a transaction
-# cut short is aborted by the broker as after a kill, so the process exits anyway.
+# leaving its groups.  Closing a consumer while its group rebalances can block in librdkafka for long (on
+# noida-db, holding the interpreter lock), and so may a transaction's call to a stale group coordinator; everything
+# committed is in Kafka by then, and a transaction cut short is aborted as after a kill, so the process exits
+# anyway (docs/operations.md, "A stop that cannot close").
 DEFAULT_STOP_GRACE_SECONDS = 20.0
 LAST_RESORT_SECONDS = 5.0
 
