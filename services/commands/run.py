@@ -209,7 +209,7 @@ class LiveView:
         # answers are counted by their key (the query id), the last `keep` of each query kept undecoded; graph
         # changes are the highest seq of the newest encoded records (seqs number the changes, refreshes aside).
         self._raw_last: dict[str, deque[bytes]] = {}
-        self._encoded_tail: deque[bytes] = deque(maxlen=64)
+        self._encoded_tail: deque[bytes] = deque(maxlen=self.TAIL_RECORDS)
         self._changes = 0
         self._prev = (0, 0, time.monotonic())  # changes, answers, time of the last drawn frame / summary
         self._drawn = 0
