@@ -11,8 +11,8 @@ property sets -- into BGPs, unions and DISTINCT, the operators the engine alread
   search; a removed step that is in no tree changes nothing, one that is cuts its subtree off, which is
   re-attached through the other steps into it, and what is not re-attached is no longer reached.  A constant
   end anchors it: only that source's tree (or, at the object end, the tree over reversed steps) is kept, so its
-  state and work are what the anchor reaches.  With both ends variables every source has a tree: quadratic in
-  the worst case, and bounded by `CBGP_MAX_PATH_PAIRS`.
+  pairs and its work are what the anchor reaches; the steps it keeps are every step of its relation.  With both
+  ends variables every source has a tree: quadratic in the worst case, and bounded by `CBGP_MAX_PATH_PAIRS`.
 
 Semantics, cost and the bound: docs/semantics.md (property paths) and docs/design/internals.md.
 """
@@ -161,6 +161,13 @@ class Closure(Operator):
         self.trees: dict = {}
         self.held_by: dict = {}
         self.pairs = 0
+        self.steps = 0  # distinct steps present (each kept twice: in ``out`` and in ``into``)
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a checkpoint): one written before ``steps`` was kept counts them from ``out``."""
+        self.__dict__.update(state)
+        if "steps" not in state:
+            self.steps = sum(len(following) for adjacency in self.out.values() for following in adjacency.values())
 
     def mode(self) -> str:
         if self.sources is None:
@@ -184,8 +191,10 @@ class Closure(Operator):
             new = old + n
             if old <= 0 < new:
                 added.setdefault(context, []).append((u, v))
+                self.steps += 1
             elif new <= 0 < old:
                 removed.setdefault(context, []).append((u, v))
+                self.steps -= 1
         out: Delta = {}
         for context in set(added) | set(removed):
             self._update(context, added.get(context, []), removed.get(context, []), out)
@@ -294,10 +303,12 @@ class Closure(Operator):
             add(out, tuple(binding.get(v) for v in self.schema), diff)
 
     def entries(self) -> int:
-        return self.pairs
+        """The pairs of its trees and the steps it keeps: every step of its relation, anchored or not (a step
+        out of a node no tree holds yet may be walked once a new step reaches that node)."""
+        return self.pairs + self.steps
 
     def describe(self) -> str:
-        return f"Closure {self.label}, {self.mode()}: {self.pairs} pair(s)"
+        return f"Closure {self.label}, {self.mode()}: {self.pairs} pair(s) over {self.steps} step(s)"
 
 
 def closure_pairs(root: Operator) -> int | None:

@@ -4,10 +4,12 @@ and the bound on a closure's pairs (a query over it stops, alone, with one line;
 from __future__ import annotations
 
 import logging
+import pickle
 
 import pytest
 
 from cbgp.algebra import ContinuousEngine
+from cbgp.algebra.paths import Closure
 from cbgp.engine.engine import EngineError
 
 EX = "http://ex.org/"
@@ -31,18 +33,35 @@ def test_explain_shows_the_rewriting_and_the_closure():
     assert "Distinct" in text and "Union" in text
 
 
-def test_an_anchored_closure_keeps_what_its_anchor_reaches_only():
+def test_an_anchored_closure_holds_the_pairs_its_anchor_reaches_over_every_step():
     engine = ContinuousEngine()
     engine.register("from_n5", P + "SELECT * WHERE { :n5 :next+ ?y }")
     engine.register("to_n3", P + "SELECT * WHERE { ?x :next+ :n3 }")
     chain(engine, 10)  # n0 -> n1 -> ... -> n10
     closures = {name: [op for op in engine.operator_queries[name].root.walk() if op.name == "Closure"][0]
                 for name in ("from_n5", "to_n3")}
-    assert closures["from_n5"].entries() == 5 and closures["to_n3"].entries() == 3
+    assert closures["from_n5"].pairs == 5 and closures["to_n3"].pairs == 3
+    # ... over every step of the relation, which it keeps (a step out of a node not reached yet may be walked
+    # once a new step reaches it), and which its state counts
+    assert closures["from_n5"].steps == closures["to_n3"].steps == 10
+    assert closures["from_n5"].entries() == 15
     deltas = engine.apply_terms(-1, f"<{EX}n6>", f"<{EX}next>", f"<{EX}n7>")  # cuts the path after n6
     assert sorted(engine.decode_row(n, row)["y"] for n, sign, row in deltas if sign < 0) == \
         [f"<{EX}n{i}>" for i in (10, 7, 8, 9)]
-    assert closures["from_n5"].entries() == 1
+    assert (closures["from_n5"].pairs, closures["from_n5"].steps) == (1, 9)
+
+
+def test_a_closure_pickled_before_it_counted_its_steps_counts_them_when_restored():
+    engine = ContinuousEngine()
+    engine.register("from_n0", P + "SELECT * WHERE { :n0 :next+ ?y }")
+    chain(engine, 6)
+    closure = [op for op in engine.operator_queries["from_n0"].root.walk() if op.name == "Closure"][0]
+    state = dict(vars(closure))
+    del state["steps"]  # (as a checkpoint written before it was kept)
+    restored = Closure.__new__(Closure)
+    restored.__setstate__(state)
+    assert restored.steps == closure.steps == 6
+    assert pickle.loads(pickle.dumps(closure)).entries() == closure.entries() == 12
 
 
 def test_a_closure_over_its_bound_stops_its_query_alone(monkeypatch, caplog):
