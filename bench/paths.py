@@ -2,6 +2,7 @@
 
 Usage:
   .venv/bin/python bench/paths.py [--updates 150000] [--sample 300] [--repeat 3] [--data DIR]
+  .venv/bin/python bench/paths.py --together 1,10,50 [--updates 150000] [--repeat 3] [--data DIR]
 
 Queries (constants drawn from the stream: the best-connected user, and a least-connected one whose friendships
 the stream never deletes):
@@ -18,6 +19,11 @@ the last one cutting every path from (or to) it.  pyoxigraph holds the same grap
 after each of `--sample` updates in the middle of the stream (its updates/s: one store change plus one
 evaluation).  Exactness: our answers rebuilt from the deltas equal pyoxigraph's after every update of the sample
 and every tenth of the stream.  No assertion on timings: docs/benchmarks.md quotes the output.
+
+``--together N,...``: N reachability queries ``<U> foaf:knows+ ?y`` registered at once in one engine (U: the N
+best-connected users), the stream applied once: updates/s, the CPU each friendship change costs per query, and
+the state.  Each query keeps its own copy of the friendships and its own tree, so this shows what many anchored
+closures over one relation cost side by side.
 """
 
 from __future__ import annotations
@@ -94,7 +100,8 @@ def run_engine(updates: list, name: str, text: str, low: str) -> dict:
             engine.apply_terms(diff, s, p, o)
     seconds = time.perf_counter() - started
     op = engine.operator_queries[name]
-    pairs = sum(x.entries() for x in op.root.walk() if x.name == "Closure")
+    pairs = sum(x.pairs for x in op.root.walk() if x.name == "Closure")
+    steps = sum(x.steps for x in op.root.walk() if x.name == "Closure")
     times = sorted(t for t, _ in deletions) or [0.0]
     state = op.state_entries()
     present: dict = {}
@@ -108,13 +115,13 @@ def run_engine(updates: list, name: str, text: str, low: str) -> dict:
             deltas = engine.apply_terms(-1, s, KNOWS, o)
             cut.append((time.perf_counter() - t0, sum(1 for _n, sign, _r in deltas if sign < 0)))
     if name in ("reach_low", "reached"):  # after the cut nothing reaches, or is reached from, the low user
-        left = sum(x.entries() for x in op.root.walk() if x.name == "Closure")
+        left = sum(x.pairs for x in op.root.walk() if x.name == "Closure")
         if left:
             raise SystemExit(f"{name}: {left} closure pairs left after the cut")
     slowest = max(cut, default=(0.0, 0))
     cutting = max(cut, key=lambda c: c[1], default=(0.0, 0))  # the deletion that retracts most
     return {"seconds": seconds, "updates_per_s": len(updates) / seconds, "state_entries": state,
-            "closure_pairs": pairs, "deletions": len(deletions),
+            "closure_pairs": pairs, "closure_steps": steps, "deletions": len(deletions),
             "deletion_us_p50": 1e6 * times[len(times) // 2], "deletion_us_p99": 1e6 * times[int(len(times) * .99)],
             "deletion_us_max": 1e6 * times[-1], "cut_deletions": len(cut), "cut_us_max": 1e6 * slowest[0], "cutting_us": 1e6 * cutting[0],
             "cutting_retracts": cutting[1]}
@@ -155,17 +162,56 @@ def run_oracle(updates: list, name: str, text: str, start: int, sample: int) -> 
             "answers": sum(current.values())}
 
 
+def run_together(updates: list, count: int) -> dict:
+    """``count`` anchored reachability queries in one engine over ``updates``: seconds, state, pairs."""
+    degree = Counter(s for diff, s, p, _o in updates if p == KNOWS and diff > 0)
+    engine = ContinuousEngine()
+    names = [f"reach{i}" for i in range(count)]
+    for name, (user, _n) in zip(names, degree.most_common(count)):
+        engine.register(name, f"SELECT ?y WHERE {{ {user} {KNOWS}+ ?y }}")
+    started = time.perf_counter()
+    for diff, s, p, o in updates:
+        engine.apply_terms(diff, s, p, o)
+    seconds = time.perf_counter() - started
+    ops = [engine.operator_queries[name] for name in names]
+    return {"seconds": seconds, "updates_per_s": len(updates) / seconds,
+            "state_entries": sum(op.state_entries() for op in ops),
+            "closure_pairs": sum(x.pairs for op in ops for x in op.root.walk() if x.name == "Closure"),
+            "closure_steps": sum(x.steps for op in ops for x in op.root.walk() if x.name == "Closure")}
+
+
+def main_together(updates: list, counts: list[int], repeat: int) -> None:
+    changes = sum(1 for _d, _s, p, _o in updates if p == KNOWS)
+    results = {}
+    for count in counts:
+        runs = [run_together(updates, count) for _ in range(repeat)]
+        seconds = statistics.median(r["seconds"] for r in runs)
+        rates = [r["updates_per_s"] for r in runs]
+        per_change = 1e6 * seconds / changes / count
+        results[count] = {"runs": runs, "us_per_friendship_change_per_query": per_change}
+        print(f"{count:4} queries together: {statistics.median(rates):9,.0f} updates/s "
+              f"[{min(rates):,.0f}-{max(rates):,.0f}], {per_change:.1f} us per friendship change per query "
+              f"({changes:,} changes), state {runs[-1]['state_entries']:,} entries "
+              f"({runs[-1]['closure_pairs']:,} closure pairs over {runs[-1]['closure_steps']:,} steps)", flush=True)
+    print(json.dumps({"updates": len(updates), "together": results}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=150_000)
     parser.add_argument("--sample", type=int, default=300, help="updates re-evaluated by pyoxigraph")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--data", default=None, help="LSBench directory (default: ../shared/data/lsbench-1000)")
+    parser.add_argument("--together", default=None, metavar="N,...",
+                        help="instead: N anchored reachability queries registered at once, for each N given")
     args = parser.parse_args()
 
     dataset = lsbench.load_or_generate(Path(args.data) if args.data else lsbench.DEFAULT_DATA)
     stream = lsbench.build_updates(dataset)
     updates = ONTOLOGY + stream.updates[: args.updates]
+    if args.together:
+        main_together(updates, [int(n) for n in args.together.split(",")], args.repeat)
+        return
     queries, low = make_queries(updates)
     print(f"{len(updates):,} updates ({dataset.source}), "
           f"{sum(1 for d, _s, p, _o in updates if p == KNOWS and d < 0):,} friendship deletions", flush=True)
@@ -183,7 +229,8 @@ def main() -> None:
         print(f"{name:14} ours {median:9,.0f} updates/s [{min(rates):,.0f}-{max(rates):,.0f}]  "
               f"pyoxigraph {oracle['updates_per_s']:7,.0f}/s ({oracle['evaluate_ms']:.2f} ms a query)  "
               f"x{results[name]['speedup']:,.0f}  state {last['state_entries']:,} entries "
-              f"({last['closure_pairs']:,} closure pairs), {oracle['answers']:,} answers; friendship deletion "
+              f"({last['closure_pairs']:,} closure pairs over {last['closure_steps']:,} steps), {oracle['answers']:,} answers; "
+              f"friendship deletion "
               f"p50 {last['deletion_us_p50']:.0f} us, p99 {last['deletion_us_p99']:.0f} us, "
               f"max {last['deletion_us_max']:.0f} us; the cut: {last['cut_deletions']} deletions, slowest "
               f"{last['cut_us_max']:,.0f} us, the one that retracts {last['cutting_retracts']:,} answers "
