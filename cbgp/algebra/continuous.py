@@ -25,7 +25,7 @@ from cbgp.algebra.paths import PathLimitError
 from cbgp.algebra.expressions import Terms, expression_variables
 from cbgp.engine.engine import Engine, EngineError
 from cbgp.query.plan import Plan
-from cbgp.query.sparql import ParsedQuery
+from cbgp.query.sparql import ParsedQuery, is_var
 from cbgp.terms import DEFAULT_GRAPH_ID, TermDictionary
 
 Delta3 = tuple[str, int, tuple]
@@ -168,7 +168,31 @@ class FilterGate:
         return False
 
 
+def single_step(engine_leaf: EngineLeaf) -> tuple[str, bool] | None:
+    """``(predicate, subject first)`` when the leaf is one triple pattern ``?a <p> ?b`` of the default graph, two
+    different variables both in its schema and no filter pushed into it (a property path's step, say): its rows
+    are the changes of that predicate as they come, so it needs no engine state; else None."""
+    patterns = engine_leaf.query.patterns
+    if len(patterns) != 1 or engine_leaf.pushed:
+        return None
+    pattern = patterns[0]
+    if pattern.g is not None or is_var(pattern.p) or not is_var(pattern.s) or not is_var(pattern.o):
+        return None
+    subject, object_ = pattern.s[1:], pattern.o[1:]
+    schema = engine_leaf.leaf.schema
+    if subject == object_ or len(schema) != 2 or set(schema) != {subject, object_}:
+        return None
+    return pattern.p, schema[0] == subject
+
+
 class OperatorQuery(OperatorTree):
+    # predicate id -> [(leaf name, subject first)] of the single-step leaves, fed without the engine, and the
+    # (subject, object) pairs of that predicate present, for set semantics as the engine's tables keep it (a
+    # duplicate insert or the delete of an absent triple changes nothing).  A query pickled before there were
+    # any has none: its engine holds all its leaves.
+    direct: dict[int, list[tuple[str, bool]]] = {}
+    present: dict[int, set[tuple[int, int]]] = {}
+
     def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
         super().__init__(spec, dictionary, pushdown)
         builder = self.builder
@@ -176,10 +200,17 @@ class OperatorQuery(OperatorTree):
         self.engine_leaves = builder.engine_leaves
         self.leaves = {}
         self.leaf_columns = {}
+        self.direct, self.present = {}, {}
         for number, engine_leaf in enumerate(builder.engine_leaves):
             name = f"leaf{number}"
-            self.engine.register(name, engine_leaf.query)
             self.leaves[name] = engine_leaf.leaf
+            step = single_step(engine_leaf)
+            if step is not None:
+                predicate = dictionary.encode(step[0])
+                self.direct.setdefault(predicate, []).append((name, step[1]))
+                self.present.setdefault(predicate, set())
+                continue
+            self.engine.register(name, engine_leaf.query)
             self.leaf_columns[name] = remapper(self.engine.columns(name), engine_leaf.leaf.schema)
         self.pattern_leaves = builder.pattern_leaves
         self.gate = FilterGate.of(builder.engine_leaves, dictionary, self.terms) if pushdown else None
@@ -196,6 +227,7 @@ class OperatorQuery(OperatorTree):
             self.stop(str(error))
             self.engine = Engine(self.engine.dictionary)
             self.leaves, self.pattern_leaves = {}, []
+            self.direct, self.present = {}, {}
             return []
 
     def _apply(self, diff: int, s: int, p: int, o: int, g: int) -> list[tuple[int, tuple]]:
@@ -203,14 +235,25 @@ class OperatorQuery(OperatorTree):
             if self.gate is not None and not self.gate.passes(s, p, o, g):
                 self.gated += 1
             else:
-                deltas = self.engine.apply(diff, s, p, o, g)
-                if deltas:
+                deltas = self.engine.apply(diff, s, p, o, g) if self.engine.queries else []
+                direct = self.direct.get(p) if g == DEFAULT_GRAPH_ID else None
+                if direct:
+                    present = self.present[p]
+                    if (diff > 0) == ((s, o) in present):
+                        direct = None  # a duplicate insert or the delete of an absent triple
+                    elif diff > 0:
+                        present.add((s, o))
+                    else:
+                        present.discard((s, o))
+                if deltas or direct:
                     batches: dict[str, Delta] = {}
                     for name, sgn, row in deltas:
                         batch = batches.get(name)
                         if batch is None:
                             batch = batches[name] = {}
                         add(batch, self.leaf_columns[name](row), sgn)
+                    for name, subject_first in direct or ():
+                        batches[name] = {((s, o) if subject_first else (o, s)): diff}
                     for name in sorted(batches, key=lambda n: int(n[4:])):
                         if batches[name]:
                             self.leaves[name].push(batches[name])
@@ -220,16 +263,18 @@ class OperatorQuery(OperatorTree):
 
     def predicates(self) -> set[int | None]:
         """The predicate ids a change must have to reach this query (None: any, for a variable predicate)."""
-        found: set[int | None] = set(self.engine.predicates())
+        found: set[int | None] = set(self.engine.predicates()) | set(self.direct)
         if self.pattern_leaves:
             found.add(None)
         return found
 
     def state_entries(self) -> int:
-        return self.engine.state_entries() + sum(op.entries() for op in self.root.walk())
+        return (self.engine.state_entries() + sum(map(len, self.present.values()))
+                + sum(op.entries() for op in self.root.walk()))
 
     def state_bytes(self) -> int:
-        return self.engine.state_bytes() + 64 * sum(op.entries() for op in self.root.walk())
+        return (self.engine.state_bytes() + 64 * sum(map(len, self.present.values()))
+                + 64 * sum(op.entries() for op in self.root.walk()))
 
     def explain(self) -> str:
         if self.failed is not None:

@@ -92,3 +92,18 @@ def test_closure_pairs_counts_what_a_query_s_closures_hold_and_none_without_one(
     pairs = {name: closure_pairs(engine.operator_queries[name].root) for name in ("from_n5", "both")}
     assert pairs == {"from_n5": 5, "both": 5 + 2}  # (n6..n10 from n5; n0, n1 to n2)
     assert "plain" not in engine.operator_queries or closure_pairs(engine.operator_queries["plain"].root) is None
+
+
+def test_a_closure_s_single_step_is_fed_without_the_engine_with_set_semantics():
+    engine = ContinuousEngine()
+    engine.register("reach", P + "SELECT * WHERE { :n0 :next+ ?y }")
+    op = engine.operator_queries["reach"]
+    assert not op.engine.queries and list(op.direct.values()) == [[("leaf0", True)]]
+    first = chain(engine, 2)
+    assert chain(engine, 2) == []  # inserted again: nothing changes
+    assert engine.apply_terms(-1, f"<{EX}n5>", f"<{EX}next>", f"<{EX}n6>") == []  # absent: nothing changes
+    assert sorted(sign for _n, sign, _row in first) == [1, 1]
+    gone = engine.apply_terms(-1, f"<{EX}n0>", f"<{EX}next>", f"<{EX}n1>")
+    assert sorted(sign for _n, sign, _row in gone) == [-1, -1]
+    assert engine.apply_terms(1, f"<{EX}n0>", f"<{EX}next>", f"<{EX}n1>") != []  # back after its delete
+    assert op.state_entries() == 2 + 2 + 2  # the pairs present, the closure's pairs and its steps
