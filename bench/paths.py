@@ -45,6 +45,7 @@ import lsbench  # noqa: E402
 import pyoxigraph as ox  # noqa: E402
 
 from cbgp.algebra import ContinuousEngine  # noqa: E402
+from cbgp.algebra.paths import Closure, closure_pairs  # noqa: E402
 from cbgp.terms import from_oxigraph, to_oxigraph  # noqa: E402
 
 KNOWS = f"<{lsbench.FOAF}knows>"
@@ -83,6 +84,12 @@ def oracle_rows(store: ox.Store, text: str) -> Counter:
     return Counter(tuple(from_oxigraph(row[n]) if row[n] is not None else None for n in names) for row in solutions)
 
 
+def closure_size(op: object) -> tuple[int, int]:
+    """The pairs and the steps an operator query's closures hold."""
+    steps = sum(x.steps for x in op.root.walk() if isinstance(x, Closure))
+    return closure_pairs(op.root) or 0, steps
+
+
 def run_engine(updates: list, name: str, text: str, low: str) -> dict:
     """The engine with ``text`` alone over ``updates``: seconds, state, each friendship deletion's time; then
     the cut of ``low``'s friendships."""
@@ -100,8 +107,7 @@ def run_engine(updates: list, name: str, text: str, low: str) -> dict:
             engine.apply_terms(diff, s, p, o)
     seconds = time.perf_counter() - started
     op = engine.operator_queries[name]
-    pairs = sum(x.pairs for x in op.root.walk() if x.name == "Closure")
-    steps = sum(x.steps for x in op.root.walk() if x.name == "Closure")
+    pairs, steps = closure_size(op)
     times = sorted(t for t, _ in deletions) or [0.0]
     state = op.state_entries()
     present: dict = {}
@@ -115,7 +121,7 @@ def run_engine(updates: list, name: str, text: str, low: str) -> dict:
             deltas = engine.apply_terms(-1, s, KNOWS, o)
             cut.append((time.perf_counter() - t0, sum(1 for _n, sign, _r in deltas if sign < 0)))
     if name in ("reach_low", "reached"):  # after the cut nothing reaches, or is reached from, the low user
-        left = sum(x.pairs for x in op.root.walk() if x.name == "Closure")
+        left = closure_size(op)[0]
         if left:
             raise SystemExit(f"{name}: {left} closure pairs left after the cut")
     slowest = max(cut, default=(0.0, 0))
@@ -174,10 +180,10 @@ def run_together(updates: list, count: int) -> dict:
         engine.apply_terms(diff, s, p, o)
     seconds = time.perf_counter() - started
     ops = [engine.operator_queries[name] for name in names]
+    sizes = [closure_size(op) for op in ops]
     return {"seconds": seconds, "updates_per_s": len(updates) / seconds,
             "state_entries": sum(op.state_entries() for op in ops),
-            "closure_pairs": sum(x.pairs for op in ops for x in op.root.walk() if x.name == "Closure"),
-            "closure_steps": sum(x.steps for op in ops for x in op.root.walk() if x.name == "Closure")}
+            "closure_pairs": sum(pairs for pairs, _steps in sizes), "closure_steps": sum(steps for _p, steps in sizes)}
 
 
 def main_together(updates: list, counts: list[int], repeat: int) -> None:
