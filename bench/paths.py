@@ -22,8 +22,8 @@ and every tenth of the stream.  No assertion on timings: docs/benchmarks.md quot
 
 ``--together N,...``: N reachability queries ``<U> foaf:knows+ ?y`` registered at once in one engine (U: the N
 best-connected users), the stream applied once: updates/s, the CPU each friendship change costs per query, and
-the state.  Each query keeps its own copy of the friendships and its own tree, so this shows what many anchored
-closures over one relation cost side by side.
+the state (the engine's, its one copy of the friendships included).  The queries share the engine's copy of the
+steps and each keeps its own tree, so this shows what many anchored closures over one relation cost side by side.
 """
 
 from __future__ import annotations
@@ -84,10 +84,12 @@ def oracle_rows(store: ox.Store, text: str) -> Counter:
     return Counter(tuple(from_oxigraph(row[n]) if row[n] is not None else None for n in names) for row in solutions)
 
 
-def closure_size(op: object) -> tuple[int, int]:
-    """The pairs and the steps an operator query's closures hold."""
-    steps = sum(x.steps for x in op.root.walk() if isinstance(x, Closure))
-    return closure_pairs(op.root) or 0, steps
+def closure_size(engine: ContinuousEngine, names: list[str]) -> tuple[int, int]:
+    """The pairs the closures of the queries ``names`` hold, and the steps they read: their own, and the
+    engine's shared copies (each counted once)."""
+    ops = [engine.operator_queries[name] for name in names]
+    own = sum(x.steps for op in ops for x in op.root.walk() if isinstance(x, Closure))
+    return sum(closure_pairs(op.root) or 0 for op in ops), own + sum(s.size for s in engine.steps.values())
 
 
 def run_engine(updates: list, name: str, text: str, low: str) -> dict:
@@ -106,10 +108,9 @@ def run_engine(updates: list, name: str, text: str, low: str) -> dict:
         else:
             engine.apply_terms(diff, s, p, o)
     seconds = time.perf_counter() - started
-    op = engine.operator_queries[name]
-    pairs, steps = closure_size(op)
+    pairs, steps = closure_size(engine, [name])
     times = sorted(t for t, _ in deletions) or [0.0]
-    state = op.state_entries()
+    state = engine.state_entries()
     present: dict = {}
     for diff, s, p, o in updates:
         if p == KNOWS and low in (s, o):
@@ -121,7 +122,7 @@ def run_engine(updates: list, name: str, text: str, low: str) -> dict:
             deltas = engine.apply_terms(-1, s, KNOWS, o)
             cut.append((time.perf_counter() - t0, sum(1 for _n, sign, _r in deltas if sign < 0)))
     if name in ("reach_low", "reached"):  # after the cut nothing reaches, or is reached from, the low user
-        left = closure_size(op)[0]
+        left = closure_size(engine, [name])[0]
         if left:
             raise SystemExit(f"{name}: {left} closure pairs left after the cut")
     slowest = max(cut, default=(0.0, 0))
@@ -179,11 +180,9 @@ def run_together(updates: list, count: int) -> dict:
     for diff, s, p, o in updates:
         engine.apply_terms(diff, s, p, o)
     seconds = time.perf_counter() - started
-    ops = [engine.operator_queries[name] for name in names]
-    sizes = [closure_size(op) for op in ops]
-    return {"seconds": seconds, "updates_per_s": len(updates) / seconds,
-            "state_entries": sum(op.state_entries() for op in ops),
-            "closure_pairs": sum(pairs for pairs, _steps in sizes), "closure_steps": sum(steps for _p, steps in sizes)}
+    pairs, steps = closure_size(engine, names)
+    return {"seconds": seconds, "updates_per_s": len(updates) / seconds, "state_entries": engine.state_entries(),
+            "closure_pairs": pairs, "closure_steps": steps}
 
 
 def main_together(updates: list, counts: list[int], repeat: int) -> None:

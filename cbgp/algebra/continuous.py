@@ -17,11 +17,11 @@ other queries get an `OperatorQuery`.
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from typing import Callable, Iterable
 
 from cbgp.algebra.compile import Builder, EngineLeaf, OperatorQuerySpec, analyse
 from cbgp.algebra.operators import MEMO_LIMIT, Constant, Delta, add, remapper
-from cbgp.algebra.paths import PathLimitError
+from cbgp.algebra.paths import Closure, PathLimitError, Steps
 from cbgp.algebra.expressions import Terms, expression_variables
 from cbgp.engine.engine import Engine, EngineError
 from cbgp.query.plan import Plan
@@ -186,27 +186,41 @@ def single_step(engine_leaf: EngineLeaf) -> tuple[str, bool] | None:
 
 
 class OperatorQuery(OperatorTree):
+    """One query's operator tree over its private engine (see the module).  ``steps``, given by an engine that
+    keeps each single-step relation once (:class:`ContinuousEngine`), returns that engine's
+    :class:`~cbgp.algebra.paths.Steps` of a predicate: the closures over one then read it instead of keeping a
+    copy, and its changes reach them through ``apply(..., stepped=True)``."""
+
     # predicate id -> [(leaf name, subject first)] of the single-step leaves, fed without the engine, and the
     # (subject, object) pairs of that predicate present, for set semantics as the engine's tables keep it (a
     # duplicate insert or the delete of an absent triple changes nothing).  A query pickled before there were
     # any has none: its engine holds all its leaves.
     direct: dict[int, list[tuple[str, bool]]] = {}
     present: dict[int, set[tuple[int, int]]] = {}
+    # predicate id -> the closures sharing the engine's Steps of it (their step leaves are not fed)
+    shared: dict[int, list[Closure]] = {}
 
-    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True) -> None:
+    def __init__(self, spec: OperatorQuerySpec, dictionary: TermDictionary, pushdown: bool = True,
+                 steps: Callable[[int], Steps] | None = None) -> None:
         super().__init__(spec, dictionary, pushdown)
         builder = self.builder
         self.engine = Engine(dictionary)
         self.engine_leaves = builder.engine_leaves
         self.leaves = {}
         self.leaf_columns = {}
-        self.direct, self.present = {}, {}
+        self.direct, self.present, self.shared = {}, {}, {}
         for number, engine_leaf in enumerate(builder.engine_leaves):
             name = f"leaf{number}"
             self.leaves[name] = engine_leaf.leaf
             step = single_step(engine_leaf)
             if step is not None:
                 predicate = dictionary.encode(step[0])
+                closure = engine_leaf.leaf.parent
+                if steps is not None and isinstance(closure, Closure) and closure.graph_var is None:
+                    start = engine_leaf.query.patterns[0].s[1:] == closure.step_vars[0]
+                    closure.share(steps(predicate), start)
+                    self.shared.setdefault(predicate, []).append(closure)
+                    continue
                 self.direct.setdefault(predicate, []).append((name, step[1]))
                 self.present.setdefault(predicate, set())
                 continue
@@ -218,17 +232,36 @@ class OperatorQuery(OperatorTree):
 
     # -- changes --
 
-    def apply(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID) -> list[tuple[int, tuple]]:
+    def apply(self, diff: int, s: int, p: int, o: int, g: int = DEFAULT_GRAPH_ID,
+              stepped: bool = False) -> list[tuple[int, tuple]]:
+        """One change's answer deltas (``stepped``: it changed the engine's shared steps of ``p``, already)."""
         if self.failed is not None:
             return []
         try:
+            if stepped:
+                for closure in self.shared.get(p, ()):
+                    closure.step(diff, s, o)
             return self._apply(diff, s, p, o, g)
         except PathLimitError as error:
-            self.stop(str(error))
-            self.engine = Engine(self.engine.dictionary)
-            self.leaves, self.pattern_leaves = {}, []
-            self.direct, self.present = {}, {}
+            self._fail(error)
             return []
+
+    def seed(self) -> list[tuple[int, tuple]]:
+        """The answers of the closures sharing an engine's steps over what those hold (at registration)."""
+        try:
+            for closures in self.shared.values():
+                for closure in closures:
+                    closure.seed()
+        except PathLimitError as error:
+            self._fail(error)
+            return []
+        return self._drain() if self.pending else []
+
+    def _fail(self, error: PathLimitError) -> None:
+        self.stop(str(error))
+        self.engine = Engine(self.engine.dictionary)
+        self.leaves, self.pattern_leaves = {}, []
+        self.direct, self.present, self.shared = {}, {}, {}
 
     def _apply(self, diff: int, s: int, p: int, o: int, g: int) -> list[tuple[int, tuple]]:
         if self.leaves:
@@ -263,7 +296,7 @@ class OperatorQuery(OperatorTree):
 
     def predicates(self) -> set[int | None]:
         """The predicate ids a change must have to reach this query (None: any, for a variable predicate)."""
-        found: set[int | None] = set(self.engine.predicates()) | set(self.direct)
+        found: set[int | None] = set(self.engine.predicates()) | set(self.direct) | set(self.shared)
         if self.pattern_leaves:
             found.add(None)
         return found
@@ -298,6 +331,11 @@ class ContinuousEngine:
         # registration order: a change visits the queries it can touch, not every one registered.
         self._by_predicate: dict[int | None, dict[str, OperatorQuery]] = {}
         self.pushdown = pushdown
+        # predicate id -> the one copy of its single-step relation that every closure over it reads, and the
+        # queries sharing it (a copy is dropped with its last query)
+        self.steps: dict[int, Steps] = {}
+        self._step_users: dict[int, set[str]] = {}
+        self._source: list | None = None  # (the graph during a registration: what a new Steps starts from)
 
     def register(self, name: str, query: str | ParsedQuery | Plan | OperatorQuerySpec,
                  initial: Iterable[tuple[int, int, int, int]] | None = None) -> list[Delta3]:
@@ -307,24 +345,45 @@ class ContinuousEngine:
             query = analyse(query)
         if isinstance(query, (ParsedQuery, Plan)):  # a BGP (or its decomposition): the BGP engine's
             return self.engine.register(name, query, initial)
-        op = OperatorQuery(query, self.dictionary, self.pushdown)
+        source = self._source = list(initial if initial is not None else (self.engine.graph or ()))
+        try:
+            op = OperatorQuery(query, self.dictionary, self.pushdown, self._steps_of)
+        finally:
+            self._source = None
         self.operator_queries[name] = op
         for predicate in op.predicates():
             self._by_predicate.setdefault(predicate, {})[name] = op
+        for predicate in op.shared:
+            self._step_users.setdefault(predicate, set()).add(name)
         out = [(name, diff, row) for diff, row in op.initial()]
-        source = initial if initial is not None else (self.engine.graph or ())
-        for s, p, o, g in list(source):
+        for s, p, o, g in source:
             out.extend((name, diff, row) for diff, row in op.apply(1, s, p, o, g))
+        out.extend((name, diff, row) for diff, row in op.seed())
         if op.failed is not None:  # refused at registration: its state over the graph is over a bound
             self.unregister(name)
             raise EngineError(op.failed)
         return _consolidate(out)
+
+    def _steps_of(self, predicate: int) -> Steps:
+        """The engine's one copy of ``predicate``'s steps, made from the graph at the first query reading it."""
+        steps = self.steps.get(predicate)
+        if steps is None:
+            steps = self.steps[predicate] = Steps()
+            for s, p, o, g in self._source or ():
+                if p == predicate and g == DEFAULT_GRAPH_ID:
+                    steps.change(1, s, o)
+        return steps
 
     def unregister(self, name: str) -> None:
         op = self.operator_queries.pop(name, None)
         if op is None:
             self.engine.unregister(name)
             return
+        for predicate in list(self._step_users):
+            users = self._step_users[predicate]
+            users.discard(name)
+            if not users:
+                del self._step_users[predicate], self.steps[predicate]
         for predicate in op.predicates():
             queries = self._by_predicate[predicate]
             del queries[name]
@@ -344,8 +403,10 @@ class ContinuousEngine:
         if every:
             touched = every if not touched else {n: self.operator_queries[n] for n in self.operator_queries
                                                  if n in touched or n in every}
+        steps = self.steps.get(p) if g == DEFAULT_GRAPH_ID else None
+        stepped = steps is not None and steps.change(diff, s, o)
         for name, op in (touched or {}).items():
-            for d_diff, row in op.apply(diff, s, p, o, g):
+            for d_diff, row in op.apply(diff, s, p, o, g, stepped):
                 out.append((name, d_diff, row))
         return out
 
@@ -358,8 +419,10 @@ class ContinuousEngine:
         return {var: decode(value) for var, value in zip(self.columns(name), row) if value is not None}
 
     def state_entries(self, name: str | None = None) -> int:
+        """The entries of state of one query, or of the engine (the shared steps, each kept both ways, included)."""
         if name is None:
-            return self.engine.state_entries() + sum(q.state_entries() for q in self.operator_queries.values())
+            return (self.engine.state_entries() + sum(q.state_entries() for q in self.operator_queries.values())
+                    + 2 * sum(steps.size for steps in self.steps.values()))
         op = self.operator_queries.get(name)
         return op.state_entries() if op is not None else self.engine.state_entries(name)
 

@@ -11,8 +11,10 @@ property sets -- into BGPs, unions and DISTINCT, the operators the engine alread
   search; a removed step that is in no tree changes nothing, one that is cuts its subtree off, which is
   re-attached through the other steps into it, and what is not re-attached is no longer reached.  A constant
   end anchors it: only that source's tree (or, at the object end, the tree over reversed steps) is kept, so its
-  pairs and its work are what the anchor reaches; the steps it keeps are every step of its relation.  With both
-  ends variables every source has a tree: quadratic in the worst case, and bounded by `CBGP_MAX_PATH_PAIRS`.
+  pairs and its work are what the anchor reaches.  With both ends variables every source has a tree: quadratic
+  in the worst case, and bounded by `CBGP_MAX_PATH_PAIRS`.
+- `Steps`: the step relation ``?a <p> ?b`` of the closures in one engine (`cbgp.algebra.continuous`), kept once
+  and read by each of them.  A closure fed its steps by a child (in the fleet) keeps every step of its relation.
 
 Semantics, cost and the bound: docs/semantics.md (property paths) and docs/design/internals.md.
 """
@@ -128,6 +130,40 @@ class _Tree:
         return node == self.root or node in self.parent
 
 
+class Steps:
+    """The (subject, object) pairs of one predicate in the default graph, with set semantics (a duplicate insert or
+    the delete of an absent triple changes nothing) and adjacency both ways: the step relation ``?a <p> ?b`` of
+    the closures over it, kept once per engine and read by each of them (:meth:`Closure.share`)."""
+
+    __slots__ = ("out", "into", "size")
+
+    def __init__(self) -> None:
+        self.out: dict[int, set[int]] = {}
+        self.into: dict[int, set[int]] = {}
+        self.size = 0
+
+    def change(self, diff: int, s: int, o: int) -> bool:
+        """Apply one change of the predicate; whether the relation changed."""
+        following = self.out.get(s)
+        if (diff > 0) == (following is not None and o in following):
+            return False
+        if diff > 0:
+            self.out.setdefault(s, set()).add(o)
+            self.into.setdefault(o, set()).add(s)
+            self.size += 1
+            return True
+        for adjacency, node, other in ((self.out, s, o), (self.into, o, s)):
+            nodes = adjacency[node]
+            nodes.discard(other)
+            if not nodes:
+                del adjacency[node]
+        self.size -= 1
+        return True
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return [(s, o) for s, objects in self.out.items() for o in objects]
+
+
 class Closure(Operator):
     """The pairs joined by one or more steps of the child relation (schema: ``step_start``, ``step_end`` and
     the graph variable, if any), bound to ``start`` and ``end`` (``("var", name)`` or ``("term", id)``)."""
@@ -162,12 +198,42 @@ class Closure(Operator):
         self.held_by: dict = {}
         self.pairs = 0
         self.steps = 0  # distinct steps present (each kept twice: in ``out`` and in ``into``)
+        self.step_vars = (step_start, step_end)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled (a checkpoint): one written before ``steps`` was kept counts them from ``out``."""
         self.__dict__.update(state)
         if "steps" not in state:
             self.steps = sum(len(following) for adjacency in self.out.values() for following in adjacency.values())
+
+    shared: Steps | None = None  # the engine's step relation this closure reads (``share``), or None: its own
+    flipped = False  # (shared) the step's start is the object of the predicate's triples
+
+    def share(self, steps: Steps, subject_first: bool) -> None:
+        """Read the step relation from ``steps``, an engine's one copy of ``?a <p> ?b`` (``subject_first``: the
+        step starts at the triple's subject), instead of keeping its own: the child leaf is no longer fed;
+        :meth:`step` is called after each change of ``steps`` and :meth:`seed` once, to grow the trees from
+        what ``steps`` holds."""
+        self.shared, self.flipped = steps, subject_first == self.reverse
+        forward, backward = (steps.into, steps.out) if self.flipped else (steps.out, steps.into)
+        self.out, self.into, self.steps = {None: forward}, {None: backward}, 0
+
+    def step(self, diff: int, s: int, o: int) -> None:
+        """One change of the shared step relation (already applied to it): its trees cut or grown."""
+        u, v = (o, s) if self.flipped else (s, o)
+        if self.sources is not None and u not in self.sources and u not in self.held_by.get(None, ()):
+            return  # (anchored, and no tree holds the step's start: what it reaches does not change)
+        out: Delta = {}
+        self._update(None, [(u, v)] if diff > 0 else [], [] if diff > 0 else [(u, v)], out)
+        self.emit(out)
+
+    def seed(self) -> None:
+        """Grow the trees from the shared steps as they are (a closure sharing them from its registration)."""
+        following = self.out[None]
+        sources = following if self.sources is None else [u for u in self.sources if u in following]
+        out: Delta = {}
+        self._update(None, [(u, v) for u in sources for v in following[u]], [], out)
+        self.emit(out)
 
     def mode(self) -> str:
         if self.sources is None:
@@ -303,11 +369,15 @@ class Closure(Operator):
             add(out, tuple(binding.get(v) for v in self.schema), diff)
 
     def entries(self) -> int:
-        """The pairs of its trees and the steps it keeps: every step of its relation, anchored or not (a step
-        out of a node no tree holds yet may be walked once a new step reaches that node)."""
+        """The pairs of its trees and the steps it keeps: none when it reads an engine's shared steps, else every
+        step of its relation, anchored or not (a step out of a node no tree holds yet may be walked once a new
+        step reaches that node)."""
         return self.pairs + self.steps
 
     def describe(self) -> str:
+        if self.shared is not None:
+            return (f"Closure {self.label}, {self.mode()}: {self.pairs} pair(s) over the engine's "
+                    f"{self.shared.size} shared step(s)")
         return f"Closure {self.label}, {self.mode()}: {self.pairs} pair(s) over {self.steps} step(s)"
 
 

@@ -8,9 +8,10 @@ import pickle
 
 import pytest
 
-from cbgp.algebra import ContinuousEngine
+from cbgp.algebra import ContinuousEngine, OperatorQuery, analyse
 from cbgp.algebra.paths import Closure
 from cbgp.engine.engine import EngineError
+from cbgp.terms import TermDictionary
 
 EX = "http://ex.org/"
 P = f"PREFIX : <{EX}> "
@@ -33,29 +34,62 @@ def test_explain_shows_the_rewriting_and_the_closure():
     assert "Distinct" in text and "Union" in text
 
 
-def test_an_anchored_closure_holds_the_pairs_its_anchor_reaches_over_every_step():
+def alone(text: str) -> tuple[OperatorQuery, TermDictionary]:
+    """A query with its own steps, as a worker or the answers service runs one (no engine shares them)."""
+    dictionary = TermDictionary()
+    return OperatorQuery(analyse(P + text), dictionary), dictionary
+
+
+def feed_chain(query: OperatorQuery, dictionary: TermDictionary, n: int, diff: int = 1) -> list:
+    encode = dictionary.encode
+    return [delta for i in range(n)
+            for delta in query.apply(diff, encode(f"<{EX}n{i}>"), encode(f"<{EX}next>"), encode(f"<{EX}n{i + 1}>"))]
+
+
+def closure_of(engine: ContinuousEngine, name: str) -> Closure:
+    return [op for op in engine.operator_queries[name].root.walk() if op.name == "Closure"][0]
+
+
+def test_anchored_closures_in_one_engine_share_its_steps_and_hold_only_what_their_anchor_reaches():
     engine = ContinuousEngine()
     engine.register("from_n5", P + "SELECT * WHERE { :n5 :next+ ?y }")
     engine.register("to_n3", P + "SELECT * WHERE { ?x :next+ :n3 }")
     chain(engine, 10)  # n0 -> n1 -> ... -> n10
-    closures = {name: [op for op in engine.operator_queries[name].root.walk() if op.name == "Closure"][0]
-                for name in ("from_n5", "to_n3")}
+    closures = {name: closure_of(engine, name) for name in ("from_n5", "to_n3")}
     assert closures["from_n5"].pairs == 5 and closures["to_n3"].pairs == 3
-    # ... over every step of the relation, which it keeps (a step out of a node not reached yet may be walked
-    # once a new step reaches it), and which its state counts
-    assert closures["from_n5"].steps == closures["to_n3"].steps == 10
-    assert closures["from_n5"].entries() == 15
+    # the steps are the engine's, kept once: a query's state is what its anchor reaches
+    steps = engine.steps[engine.dictionary.encode(f"<{EX}next>")]
+    assert closures["from_n5"].shared is closures["to_n3"].shared is steps and steps.size == 10
+    assert (engine.state_entries("from_n5"), engine.state_entries("to_n3")) == (5, 3)
+    assert engine.state_entries() == 5 + 3 + 2 * 10
+    assert "n5> <http://ex.org/next>+ ?y, anchored at the subject: 5 pair(s) over the engine's 10 shared step(s)" \
+        in engine.explain("from_n5")
     deltas = engine.apply_terms(-1, f"<{EX}n6>", f"<{EX}next>", f"<{EX}n7>")  # cuts the path after n6
     assert sorted(engine.decode_row(n, row)["y"] for n, sign, row in deltas if sign < 0) == \
         [f"<{EX}n{i}>" for i in (10, 7, 8, 9)]
-    assert (closures["from_n5"].pairs, closures["from_n5"].steps) == (1, 9)
+    assert (closures["from_n5"].pairs, steps.size) == (1, 9)
+    engine.apply_terms(1, f"<{EX}n8>", f"<{EX}next>", f"<{EX}n3>")  # n8, and n7 before it, now reach n3
+    assert engine.state_entries("to_n3") == 3 + 2
+    engine.unregister("from_n5")
+    assert engine.steps  # (still read by to_n3)
+    engine.unregister("to_n3")
+    assert engine.steps == {}  # (dropped with its last query)
+
+
+def test_a_closure_with_its_own_steps_holds_what_its_anchor_reaches_over_every_step():
+    query, dictionary = alone("SELECT * WHERE { :n5 :next+ ?y }")
+    feed_chain(query, dictionary, 10)
+    closure = [op for op in query.root.walk() if op.name == "Closure"][0]
+    # every step of the relation is kept (a step out of a node not reached yet may be walked once a new step
+    # reaches it), and its state counts them
+    assert (closure.pairs, closure.steps, closure.entries()) == (5, 10, 15)
+    assert "5 pair(s) over 10 step(s)" in query.explain()
 
 
 def test_a_closure_pickled_before_it_counted_its_steps_counts_them_when_restored():
-    engine = ContinuousEngine()
-    engine.register("from_n0", P + "SELECT * WHERE { :n0 :next+ ?y }")
-    chain(engine, 6)
-    closure = [op for op in engine.operator_queries["from_n0"].root.walk() if op.name == "Closure"][0]
+    query, dictionary = alone("SELECT * WHERE { :n0 :next+ ?y }")
+    feed_chain(query, dictionary, 6)
+    closure = [op for op in query.root.walk() if op.name == "Closure"][0]
     state = dict(vars(closure))
     del state["steps"]  # (as a checkpoint written before it was kept)
     restored = Closure.__new__(Closure)
@@ -95,15 +129,28 @@ def test_closure_pairs_counts_what_a_query_s_closures_hold_and_none_without_one(
 
 
 def test_a_closure_s_single_step_is_fed_without_the_engine_with_set_semantics():
+    query, dictionary = alone("SELECT * WHERE { :n0 :next+ ?y }")
+    assert not query.engine.queries and list(query.direct.values()) == [[("leaf0", True)]]
+    first = feed_chain(query, dictionary, 2)
+    assert feed_chain(query, dictionary, 2) == []  # inserted again: nothing changes
+    encode = dictionary.encode
+    assert query.apply(-1, encode(f"<{EX}n5>"), encode(f"<{EX}next>"), encode(f"<{EX}n6>")) == []  # absent
+    assert sorted(sign for sign, _row in first) == [1, 1]
+    gone = query.apply(-1, encode(f"<{EX}n0>"), encode(f"<{EX}next>"), encode(f"<{EX}n1>"))
+    assert sorted(sign for sign, _row in gone) == [-1, -1]
+    assert query.apply(1, encode(f"<{EX}n0>"), encode(f"<{EX}next>"), encode(f"<{EX}n1>")) != []  # back
+    assert query.state_entries() == 2 + 2 + 2  # the pairs present, the closure's pairs and its steps
+
+
+def test_shared_steps_have_set_semantics_and_a_late_query_starts_from_them():
     engine = ContinuousEngine()
     engine.register("reach", P + "SELECT * WHERE { :n0 :next+ ?y }")
-    op = engine.operator_queries["reach"]
-    assert not op.engine.queries and list(op.direct.values()) == [[("leaf0", True)]]
-    first = chain(engine, 2)
-    assert chain(engine, 2) == []  # inserted again: nothing changes
-    assert engine.apply_terms(-1, f"<{EX}n5>", f"<{EX}next>", f"<{EX}n6>") == []  # absent: nothing changes
-    assert sorted(sign for _n, sign, _row in first) == [1, 1]
-    gone = engine.apply_terms(-1, f"<{EX}n0>", f"<{EX}next>", f"<{EX}n1>")
-    assert sorted(sign for _n, sign, _row in gone) == [-1, -1]
-    assert engine.apply_terms(1, f"<{EX}n0>", f"<{EX}next>", f"<{EX}n1>") != []  # back after its delete
-    assert op.state_entries() == 2 + 2 + 2  # the pairs present, the closure's pairs and its steps
+    first = chain(engine, 3)
+    assert chain(engine, 3) == []  # inserted again: nothing changes
+    assert engine.apply_terms(-1, f"<{EX}n7>", f"<{EX}next>", f"<{EX}n8>") == []  # absent: nothing changes
+    assert len(first) == 3
+    # a query registered later reads the steps the engine keeps (the graph is not kept here)
+    late = engine.register("late", P + "SELECT * WHERE { :n1 :next+ ?y }")
+    assert sorted(engine.decode_row("late", row)["y"] for _n, _sign, row in late) == [f"<{EX}n2>", f"<{EX}n3>"]
+    gone = engine.apply_terms(-1, f"<{EX}n2>", f"<{EX}next>", f"<{EX}n3>")
+    assert sorted((name, sign) for name, sign, _row in gone) == [("late", -1), ("reach", -1)]
