@@ -264,7 +264,7 @@ class OperatorQuery(OperatorTree):
         self.direct, self.present, self.shared = {}, {}, {}
 
     def _apply(self, diff: int, s: int, p: int, o: int, g: int) -> list[tuple[int, tuple]]:
-        if self.leaves:
+        if self.engine.queries or self.direct:  # (the leaves fed here: not those of closures sharing steps)
             if self.gate is not None and not self.gate.passes(s, p, o, g):
                 self.gated += 1
             else:

@@ -221,8 +221,13 @@ class Closure(Operator):
     def step(self, diff: int, s: int, o: int) -> None:
         """One change of the shared step relation (already applied to it): its trees cut or grown."""
         u, v = (o, s) if self.flipped else (s, o)
-        if self.sources is not None and u not in self.sources and u not in self.held_by.get(None, ()):
-            return  # (anchored, and no tree holds the step's start: what it reaches does not change)
+        if self.sources is not None:  # anchored: one tree
+            tree = self.trees.get(None, {}).get(next(iter(self.sources)))
+            if tree is None:
+                if u not in self.sources:
+                    return  # (no tree yet, and the step does not start it)
+            elif not tree.holds(u) or (v != tree.root and (tree.parent.get(v) != u if diff < 0 else tree.holds(v))):
+                return  # (what the tree holds, and whether it reaches its root, do not change)
         out: Delta = {}
         self._update(None, [(u, v)] if diff > 0 else [], [] if diff > 0 else [(u, v)], out)
         self.emit(out)
@@ -275,15 +280,18 @@ class Closure(Operator):
 
     def _update(self, context: object, added: list, removed: list, out: Delta) -> None:
         """The steps all changed already: cut the trees the removed steps were in, then grow the trees that hold
-        a new step's start, then check which sources reach themselves."""
+        a new step's start, then check which sources reach themselves (only where that may have changed: the
+        tree's nodes, or the steps into its root)."""
         trees = self.trees.setdefault(context, {})
-        touched: set = set()
+        touched: set = set()  # the trees whose nodes, or steps into or out of their root, changed
         for u, v in removed:
             for source in self._holders(context, u):
                 tree = trees[source]
-                touched.add(source)
                 if tree.parent.get(v) == u:
                     self._cut(context, tree, v, out)
+                    touched.add(source)
+                elif source == u or source == v:
+                    touched.add(source)
         for u, _v in added:
             if self.sources is None or u in self.sources:
                 if u not in trees:
@@ -291,9 +299,11 @@ class Closure(Operator):
         for u, v in added:
             for source in self._holders(context, u):
                 tree = trees[source]
-                touched.add(source)
                 if not tree.holds(v):
                     self._grow(context, tree, [(u, v)], out)
+                    touched.add(source)
+                elif source == v:
+                    touched.add(source)
         into = self.into.get(context, {})
         for source in touched:
             tree = trees.get(source)
