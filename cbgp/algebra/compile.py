@@ -28,6 +28,7 @@ from cbgp.algebra.paths import Closure, ZeroLength
 from cbgp.algebra.operators import (Constant, Distinct, Extend, Filter, Join, Leaf, LeftJoin, Minus, Operator,
                                     Project, Union)
 from cbgp.algebra.expressions import Terms, expression_variables, strict_comparisons
+from cbgp.query.limits import patterns_problem
 from cbgp.query.sparql import (check_text, BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, check_prefixes,
                          find_keyword, find_negated_inverse, translate_in_source_order, parse_query)
 from cbgp.terms import TermError, from_rdflib
@@ -213,6 +214,7 @@ class Builder:
         self.columns: tuple[str, ...] = ()
         self._graph_vars: list[str] = []  # a subquery's own graph variable, projected with it (see _ToMultiSet)
         self._fresh_count = 0
+        self._patterns = 0  # triple patterns of its leaves so far (paths rewritten)
 
     # -- roots --
 
@@ -292,6 +294,7 @@ class Builder:
 
         if not triples:
             return Constant((), [()])
+        self._count_patterns(len(triples))
         variables: list[str] = []
 
         def var(term: Any) -> str | None:
@@ -341,6 +344,13 @@ class Builder:
         leaf = Leaf(schema, label)
         self.engine_leaves.append(EngineLeaf(leaf, query))
         return leaf
+
+    def _count_patterns(self, count: int) -> None:
+        """Count a leaf's triple patterns; QueryError as soon as the query has more than its limit."""
+        self._patterns += count
+        too_many = patterns_problem(self._patterns)
+        if too_many:
+            raise QueryError(too_many)
 
     def _end(self, term: Any) -> tuple:
         """A pattern position of an operator-layer leaf: ``("var", name)`` or ``("term", id)``."""
@@ -433,6 +443,7 @@ class Builder:
             return Distinct(op)
         if isinstance(path, NegatedPath):
             excluded = frozenset(self.terms.dictionary.encode(self._term(arg)) for arg in path.args)
+            self._count_patterns(1)
             leaf = PatternLeaf(_path_schema(s, o, graph), [(self._end(s), ("not", excluded), self._end(o),
                                                             self._graph_spec(graph))], "BGP " + label)
             self.pattern_leaves.append(leaf)
@@ -462,6 +473,7 @@ class Builder:
                 self._check_negated(inner)
 
     def _zero_length(self, s: Any, o: Any, graph: Any, label: str) -> Operator:
+        self._count_patterns(1)
         leaf = ZeroLength(_path_schema(s, o, graph), self._end(s), self._end(o), self._graph_spec(graph), label)
         self.pattern_leaves.append(leaf)
         return leaf

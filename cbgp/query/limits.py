@@ -19,6 +19,10 @@ DEFAULT_MAX_NESTING = 16  # braces, parentheses and brackets together; rdflib ne
 _SETTINGS = {"query": ("CBGP_MAX_QUERY_BYTES", DEFAULT_MAX_QUERY_BYTES),
              "update": ("CBGP_MAX_UPDATE_BYTES", DEFAULT_MAX_UPDATE_BYTES)}
 NESTING_SETTING = "CBGP_MAX_QUERY_NESTING"
+# Triple patterns once property paths are rewritten: a sequence of n steps is n patterns, an alternative one per
+# branch, so a short text can make many; planning a chain of 400 took 7 s, of 3,000 minutes.
+DEFAULT_MAX_PATTERNS = 64
+PATTERNS_SETTING = "CBGP_MAX_QUERY_PATTERNS"
 
 # Strings, IRIs and comments are skipped whole (brackets inside them do not nest); the rest is one bracket or a
 # run of anything else.  No alternative can match the empty string, and none backtracks across another.
@@ -71,6 +75,15 @@ def text_problem(text: str, kind: str = "query") -> TextProblem | None:
         elif token in "})]" and len(token) == 1:
             depth -= 1
     return None
+
+
+def patterns_problem(count: int) -> str | None:
+    """None when a query of ``count`` triple patterns (its paths rewritten) is within the limit; else why not."""
+    max_patterns = limit(PATTERNS_SETTING, DEFAULT_MAX_PATTERNS)
+    if count <= max_patterns:
+        return None
+    return (f"the query has more than {max_patterns} triple patterns once its property paths are rewritten "
+            f"(a sequence of n steps is n patterns, an alternative one per branch; {PATTERNS_SETTING})")
 
 
 def _line_col(text: str, offset: int) -> tuple[int, int]:

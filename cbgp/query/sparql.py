@@ -21,7 +21,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from cbgp.query.limits import text_problem
+from cbgp.query.limits import patterns_problem, text_problem
 from cbgp.terms import TermError, from_rdflib, iri, literal
 
 BNODE_VAR_PREFIX = "?_:"
@@ -188,13 +188,22 @@ def _reject(text: str, construct: str, keywords: tuple[str, ...]) -> QueryError:
     )
 
 
+# rdflib's parser and algebra recurse once per bracket, per triple pattern of a group and per UNION branch.
+TOO_DEEP = ("the query is too deep for the parser: too many triple patterns or UNION branches in one group, or "
+            "brackets nested too deeply (CBGP_MAX_QUERY_NESTING); split it into smaller queries")
+
+
 def parse_query(text: str, by_shape: bool = True) -> ParsedQuery:
     """Parse a SPARQL SELECT query with a BGP WHERE clause, or raise QueryError.  Cached per text (the result
     is immutable): a worker parses the same plans and parts again on every restore, at ~5 ms each.  ``by_shape``
     False: parse this text itself even when a query of the same shape was parsed (see `_by_shape`)."""
     check_text(text)
     shaped = _by_shape(text) if by_shape else None
-    return shaped if shaped is not None else _parse_query(text)
+    parsed = shaped if shaped is not None else _parse_query(text)
+    too_many = patterns_problem(len(parsed.patterns))
+    if too_many:
+        raise QueryError(too_many)
+    return parsed
 
 
 def check_text(text: str) -> None:
@@ -281,7 +290,7 @@ def _parse_query(text: str) -> ParsedQuery:
     except ParseException as exc:
         raise _syntax_error(text, (exc.lineno, exc.col)) from None
     except RecursionError:
-        raise QueryError("the query is nested too deeply for the parser; lower CBGP_MAX_QUERY_NESTING") from None
+        raise QueryError(TOO_DEEP) from None
     except Exception:  # rdflib raises assorted errors for bad prefixes etc.
         raise _syntax_error(text, None) from None
     check_prefixes(text)  # rdflib quietly knows foaf:, rdf:, xsd:, ...; SPARQL (and pyoxigraph) do not
@@ -292,6 +301,8 @@ def _parse_query(text: str) -> ParsedQuery:
         raise QueryError(f"{keyword} queries are not supported: only SELECT", line, column)
     try:
         algebra = translate_in_source_order(translateQuery, parsed)
+    except RecursionError:
+        raise QueryError(TOO_DEEP) from None
     except Exception as exc:
         raise QueryError(f"invalid query: {exc}") from None
     if algebra.get("datasetClause"):

@@ -77,6 +77,9 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
             "product": register("product", "SELECT * WHERE { ?a ?b ?c . ?d ?e ?f }"),
             "wide": register("wide", "SELECT * WHERE { " + " ".join(f"?s <{EX}p{i}> ?o{i} ." for i in range(20))
                              + " }"),
+            # a sequence path of 3,000 steps: as many patterns once rewritten, whose plan took the registry minutes
+            "long_path": register("long_path", f"PREFIX : <{EX}> SELECT * WHERE {{ ?x " + "/".join([":p"] * 3000)
+                                  + " ?y }"),
             "ssrf": register("ssrf", f"SELECT * WHERE {{ ?s <{EX}name> ?n SERVICE <http://169.254.169.254/x> "
                                      f"{{ ?s <{EX}p> ?v }} }}"),
         }
@@ -90,6 +93,7 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
         assert "cross product" in refused["product"]["message"]
         assert "CBGP_MAX_RECORD_BYTES" in refused["wide"]["message"]
         assert "CBGP_SERVICE_ALLOW" in refused["ssrf"]["message"]
+        assert "CBGP_MAX_QUERY_PATTERNS" in refused["long_path"]["message"]
         alive(fleet)
 
         # -- records on updates.raw: bad ones among good ones

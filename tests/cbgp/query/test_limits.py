@@ -87,3 +87,36 @@ def test_a_limit_that_is_not_a_positive_whole_number_is_the_default(raw: str, mo
     monkeypatch.setenv("CBGP_MAX_QUERY_BYTES", raw)
     assert limit("CBGP_MAX_QUERY_BYTES", DEFAULT_MAX_QUERY_BYTES) == DEFAULT_MAX_QUERY_BYTES
     assert text_problem("SELECT * WHERE { ?s ?p ?o }") is None
+
+
+EX = "PREFIX : <http://ex.org/> "
+SEQUENCE_3000 = EX + "SELECT * WHERE { ?x " + "/".join(f":p{i % 3}" for i in range(3000)) + " ?y }"
+ALTERNATIVE_5000 = EX + "SELECT * WHERE { ?x (" + "|".join(f":p{i}" for i in range(5000)) + ")+ ?y }"
+
+
+@pytest.mark.parametrize("text", [SEQUENCE_3000, ALTERNATIVE_5000])
+def test_a_short_path_that_rewrites_into_thousands_of_patterns_is_refused_by_their_count(text: str) -> None:
+    # (12 and 34 KB: before, the sequence's plan took minutes and the alternative overflowed Python's stack)
+    with pytest.raises(QueryError, match=re.escape("more than 64 triple patterns once its property paths are "
+                                                   "rewritten")) as refused:
+        analyse.__wrapped__(text)
+    assert "CBGP_MAX_QUERY_PATTERNS" in refused.value.message and "\n" not in refused.value.message
+
+
+def test_the_pattern_limit_counts_plain_bgps_and_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    bgp = "SELECT * WHERE { " + " ".join(f"?v{i} <http://ex.org/p> ?v{i + 1} ." for i in range(70)) + " }"
+    sequence = "SELECT * WHERE { ?x " + "/".join(["<http://ex.org/p>"] * 70) + " ?y }"
+    for text in (bgp, sequence):
+        with pytest.raises(QueryError, match="CBGP_MAX_QUERY_PATTERNS"):
+            analyse.__wrapped__(text)
+    with pytest.raises(QueryError, match="CBGP_MAX_QUERY_PATTERNS"):
+        parse_query(bgp, by_shape=False)
+    monkeypatch.setenv("CBGP_MAX_QUERY_PATTERNS", "80")
+    assert len(parse_query(bgp, by_shape=False).patterns) == 70
+    assert analyse.__wrapped__(sequence) is not None
+
+
+def test_a_query_too_long_for_rdflib_s_recursion_says_so_not_nesting() -> None:
+    unions = EX + "SELECT * WHERE { " + " UNION ".join(f"{{ ?x :p{i} ?y }}" for i in range(2000)) + " }"
+    with pytest.raises(QueryError, match="too deep for the parser: too many triple patterns or UNION branches"):
+        analyse.__wrapped__(unions)
