@@ -348,6 +348,10 @@ class ContinuousEngine:
         source = self._source = list(initial if initial is not None else (self.engine.graph or ()))
         try:
             op = OperatorQuery(query, self.dictionary, self.pushdown, self._steps_of)
+        except BaseException:
+            for predicate in [p for p in self.steps if p not in self._step_users]:
+                del self.steps[predicate]  # (made for this query alone)
+            raise
         finally:
             self._source = None
         self.operator_queries[name] = op

@@ -160,15 +160,14 @@ class Steps:
         self.size -= 1
         return True
 
-    def pairs(self) -> list[tuple[int, int]]:
-        return [(s, o) for s, objects in self.out.items() for o in objects]
-
 
 class Closure(Operator):
     """The pairs joined by one or more steps of the child relation (schema: ``step_start``, ``step_end`` and
     the graph variable, if any), bound to ``start`` and ``end`` (``("var", name)`` or ``("term", id)``)."""
 
     name = "Closure"
+    shared: Steps | None = None  # the engine's step relation this closure reads (``share``), or None: its own
+    flipped = False  # (shared) the step's start is the object of the predicate's triples
 
     def __init__(self, child: Operator, step_start: str, step_end: str, start: tuple, end: tuple,
                  graph_var: str | None, label: str) -> None:
@@ -205,9 +204,6 @@ class Closure(Operator):
         self.__dict__.update(state)
         if "steps" not in state:
             self.steps = sum(len(following) for adjacency in self.out.values() for following in adjacency.values())
-
-    shared: Steps | None = None  # the engine's step relation this closure reads (``share``), or None: its own
-    flipped = False  # (shared) the step's start is the object of the predicate's triples
 
     def share(self, steps: Steps, subject_first: bool) -> None:
         """Read the step relation from ``steps``, an engine's one copy of ``?a <p> ?b`` (``subject_first``: the

@@ -1,4 +1,5 @@
-"""What a query or update text may be before any parser sees it: its size, its nesting, its characters.
+"""What a query or update text may be before any parser sees it: its size, its nesting, its characters, its
+tokens; and how many triple patterns a query may have once its property paths are rewritten.
 
 rdflib's parser recurses about forty Python frames per level of nesting and gives up (RecursionError) near 25
 levels of parentheses; pyoxigraph's overflows its native stack (a segmentation fault, the whole process gone) near
@@ -19,8 +20,13 @@ DEFAULT_MAX_NESTING = 16  # braces, parentheses and brackets together; rdflib ne
 _SETTINGS = {"query": ("CBGP_MAX_QUERY_BYTES", DEFAULT_MAX_QUERY_BYTES),
              "update": ("CBGP_MAX_UPDATE_BYTES", DEFAULT_MAX_UPDATE_BYTES)}
 NESTING_SETTING = "CBGP_MAX_QUERY_NESTING"
+# A query's words, operators, brackets, IRIs and literals (comments not counted): rdflib's parser takes about 1 ms
+# a token in an expression, and evaluating a long expression costs as much per change.  The longest of the W3C
+# suite's queries has 113.  Updates are bounded by their bytes and changes only (INSERT DATA is long by nature).
+DEFAULT_MAX_TOKENS = 1_000
+TOKENS_SETTING = "CBGP_MAX_QUERY_TOKENS"
 # Triple patterns once property paths are rewritten: a sequence of n steps is n patterns, an alternative one per
-# branch, so a short text can make many; planning a chain of 400 took 7 s, of 3,000 minutes.
+# branch, so a short text can make many, and planning grows faster than the patterns.
 DEFAULT_MAX_PATTERNS = 64
 PATTERNS_SETTING = "CBGP_MAX_QUERY_PATTERNS"
 
@@ -30,6 +36,7 @@ _SCAN = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""' r"|'''(?:[^'\\]|\\.|'(?!''))
                    r'|"(?:[^"\\\n]|\\.)*"' r"|'(?:[^'\\\n]|\\.)*'"
                    r'|<[^<>"{}|^`\\\s]*>|#[^\n]*|[{(\[]|[})\]]|[^"\'<#{}()\[\]]+|.', re.S)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_WORD = re.compile(r"[\w:?$.\-@]+|[^\w\s]")  # a token of a run between brackets, strings and IRIs
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,22 @@ def text_problem(text: str, kind: str = "query") -> TextProblem | None:
         line, column = _line_col(text, text.index("\x00"))
         return TextProblem(f"a NUL character in the {kind}", line, column)
     max_nesting = limit(NESTING_SETTING, DEFAULT_MAX_NESTING)
-    depth = 0
+    max_tokens = limit(TOKENS_SETTING, DEFAULT_MAX_TOKENS) if kind == "query" else 0
+    depth = tokens = 0
     for match in _SCAN.finditer(text):
         token = match.group()
+        if max_tokens:
+            first = token[0]
+            run = first not in "#\"'<{}()[]"  # (a run of words and operators between the others)
+            count = len(_WORD.findall(token)) if run else 0 if first == "#" else 1
+            if tokens + count > max_tokens:
+                offset = match.start()
+                if run:  # where the first token past the limit starts
+                    offset += [word.start() for word in _WORD.finditer(token)][max_tokens - tokens]
+                line, column = _line_col(text, offset)
+                return TextProblem(f"the query has more than {max_tokens:,} tokens (terms, operators and brackets; "
+                                   f"{TOKENS_SETTING})", line, column)
+            tokens += count
         if token in "{([" and len(token) == 1:
             depth += 1
             if depth > max_nesting:

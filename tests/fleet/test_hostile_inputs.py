@@ -77,9 +77,12 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
             "product": register("product", "SELECT * WHERE { ?a ?b ?c . ?d ?e ?f }"),
             "wide": register("wide", "SELECT * WHERE { " + " ".join(f"?s <{EX}p{i}> ?o{i} ." for i in range(20))
                              + " }"),
-            # a sequence path of 3,000 steps: as many patterns once rewritten, whose plan took the registry minutes
-            "long_path": register("long_path", f"PREFIX : <{EX}> SELECT * WHERE {{ ?x " + "/".join([":p"] * 3000)
+            # a sequence path of 400 steps: as many patterns once rewritten, whose plan took the registry 7 s
+            "long_path": register("long_path", f"PREFIX : <{EX}> SELECT * WHERE {{ ?x " + "/".join([":p"] * 400)
                                   + " ?y }"),
+            # an IN list of 8,000 numbers: rdflib's parser took 23 s over it, and a worker as long again
+            "long_in": register("long_in", f"SELECT * WHERE {{ ?s <{EX}p> ?o FILTER(?o IN ("
+                                + ", ".join(map(str, range(8000))) + ")) }"),
             "ssrf": register("ssrf", f"SELECT * WHERE {{ ?s <{EX}name> ?n SERVICE <http://169.254.169.254/x> "
                                      f"{{ ?s <{EX}p> ?v }} }}"),
         }
@@ -94,6 +97,7 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
         assert "CBGP_MAX_RECORD_BYTES" in refused["wide"]["message"]
         assert "CBGP_SERVICE_ALLOW" in refused["ssrf"]["message"]
         assert "CBGP_MAX_QUERY_PATTERNS" in refused["long_path"]["message"]
+        assert "CBGP_MAX_QUERY_TOKENS" in refused["long_in"]["message"]
         alive(fleet)
 
         # -- records on updates.raw: bad ones among good ones

@@ -95,8 +95,9 @@ ALTERNATIVE_5000 = EX + "SELECT * WHERE { ?x (" + "|".join(f":p{i}" for i in ran
 
 
 @pytest.mark.parametrize("text", [SEQUENCE_3000, ALTERNATIVE_5000])
-def test_a_short_path_that_rewrites_into_thousands_of_patterns_is_refused_by_their_count(text: str) -> None:
+def test_a_short_path_that_rewrites_into_thousands_of_patterns_is_refused_by_their_count(text: str, monkeypatch) -> None:  # noqa: ANN001,E501
     # (12 and 34 KB: before, the sequence's plan took minutes and the alternative overflowed Python's stack)
+    monkeypatch.setenv("CBGP_MAX_QUERY_TOKENS", "100000")  # (past the token limit too: see below)
     with pytest.raises(QueryError, match=re.escape("more than 64 triple patterns once its property paths are "
                                                    "rewritten")) as refused:
         analyse.__wrapped__(text)
@@ -116,7 +117,24 @@ def test_the_pattern_limit_counts_plain_bgps_and_is_a_setting(monkeypatch: pytes
     assert analyse.__wrapped__(sequence) is not None
 
 
-def test_a_query_too_long_for_rdflib_s_recursion_says_so_not_nesting() -> None:
+def test_a_query_too_long_for_rdflib_s_recursion_says_so_not_nesting(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("CBGP_MAX_QUERY_TOKENS", "100000")
     unions = EX + "SELECT * WHERE { " + " UNION ".join(f"{{ ?x :p{i} ?y }}" for i in range(2000)) + " }"
     with pytest.raises(QueryError, match="too deep for the parser: too many triple patterns or UNION branches"):
         analyse.__wrapped__(unions)
+
+
+def test_a_query_of_more_tokens_than_its_limit_is_refused_before_rdflib_parses_it(monkeypatch) -> None:  # noqa: ANN001
+    # an IN list of 8,000 numbers (47 KB) took rdflib's parser 23 s, twice; a long expression costs as much per change
+    long_in = EX + "SELECT * WHERE { ?x :p ?y FILTER(?y IN (" + ", ".join(str(i) for i in range(8000)) + ")) }"
+    for reader in (parse_query, analyse.__wrapped__):
+        with pytest.raises(QueryError, match=re.escape("more than 1,000 tokens (terms, operators and brackets; "
+                                                       "CBGP_MAX_QUERY_TOKENS)")) as refused:
+            reader(long_in)
+        assert (refused.value.line, refused.value.column) == (1, long_in.index(", 493,") + 1)  # the 1,001st: a comma
+    # comments are not counted; an update is bounded by its bytes and changes, not its tokens
+    assert text_problem(EX + "SELECT * WHERE { ?x :p ?y } #" + " x" * 5000) is None
+    assert text_problem("INSERT DATA { " + " ".join(f"<http://ex.org/s{i}> <http://ex.org/p> {i} ." for i in
+                                                    range(1000)) + " }", "update") is None
+    monkeypatch.setenv("CBGP_MAX_QUERY_TOKENS", "20000")
+    assert text_problem(long_in) is None
