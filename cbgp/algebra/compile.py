@@ -30,7 +30,7 @@ from cbgp.algebra.operators import (Constant, Distinct, Extend, Filter, Join, Le
 from cbgp.algebra.expressions import Terms, expression_variables, strict_comparisons
 from cbgp.query.limits import patterns_problem
 from cbgp.query.sparql import (check_text, BNODE_VAR_PREFIX, ParsedQuery, QueryError, TriplePattern, check_prefixes,
-                         find_keyword, find_negated_inverse, translate_in_source_order, parse_query)
+                         find_keyword, find_negated_inverse, parse_query, rdflib_algebra, rdflib_parse)
 from cbgp.terms import TermError, from_rdflib
 
 _NONDETERMINISTIC = {"Builtin_RAND": "RAND()", "Builtin_NOW": "NOW()", "Builtin_UUID": "UUID()",
@@ -71,16 +71,13 @@ def analyse(text: str) -> ParsedQuery | OperatorQuerySpec:
         return parse_query(text)
     except QueryError as error:
         original = error
-    from rdflib.plugins.sparql.algebra import translateQuery
-    from rdflib.plugins.sparql.parser import parseQuery
-
     try:
-        parsed = parseQuery(text)
+        parsed = rdflib_parse(text)  # (parse_query's, cached: rdflib reads a text once)
     except Exception:  # noqa: BLE001 - parse_query already said why, with its position (RecursionError too)
         raise original from None
     check_prefixes(text)
     try:
-        algebra = translate_in_source_order(translateQuery, parsed)
+        algebra = rdflib_algebra(text)
     except Exception:  # noqa: BLE001
         raise original from None
     form = {"SelectQuery": "SELECT", "AskQuery": "ASK", "ConstructQuery": "CONSTRUCT"}.get(algebra.name)

@@ -279,14 +279,29 @@ def _template(text: str) -> ParsedQuery | None:
         return None
 
 
+@functools.lru_cache(maxsize=256)
+def rdflib_parse(text: str):  # noqa: ANN201
+    """rdflib's parse of ``text``, once per text for `parse_query` and `cbgp.algebra.analyse` alike (rdflib takes
+    about 1 ms a token, and an operator query is read by both); raises what rdflib raises.  Read only."""
+    from rdflib.plugins.sparql.parser import parseQuery
+
+    return parseQuery(text)
+
+
+@functools.lru_cache(maxsize=256)
+def rdflib_algebra(text: str):  # noqa: ANN201
+    """rdflib's algebra of ``text`` (`translate_in_source_order`), once per text as `rdflib_parse`."""
+    from rdflib.plugins.sparql.algebra import translateQuery
+
+    return translate_in_source_order(translateQuery, rdflib_parse(text))
+
+
 @functools.lru_cache(maxsize=1024)
 def _parse_query(text: str) -> ParsedQuery:
     from pyparsing import ParseException
-    from rdflib.plugins.sparql.algebra import translateQuery
-    from rdflib.plugins.sparql.parser import parseQuery
 
     try:
-        parsed = parseQuery(text)
+        parsed = rdflib_parse(text)
     except ParseException as exc:
         raise _syntax_error(text, (exc.lineno, exc.col)) from None
     except RecursionError:
@@ -300,7 +315,7 @@ def _parse_query(text: str) -> ParsedQuery:
         line, column = find_keyword(text, keyword)
         raise QueryError(f"{keyword} queries are not supported: only SELECT", line, column)
     try:
-        algebra = translate_in_source_order(translateQuery, parsed)
+        algebra = rdflib_algebra(text)
     except RecursionError:
         raise QueryError(TOO_DEEP) from None
     except Exception as exc:
