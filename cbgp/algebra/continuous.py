@@ -383,16 +383,20 @@ class ContinuousEngine:
         if op is None:
             self.engine.unregister(name)
             return
-        for predicate in list(self._step_users):
-            users = self._step_users[predicate]
-            users.discard(name)
-            if not users:
-                del self._step_users[predicate], self.steps[predicate]
+        self._release_steps(name)
         for predicate in op.predicates():
             queries = self._by_predicate[predicate]
             del queries[name]
             if not queries:
                 del self._by_predicate[predicate]
+
+    def _release_steps(self, name: str) -> None:
+        """``name`` reads no shared steps any more (unregistered, or stopped): a copy is dropped with its last query."""
+        for predicate in list(self._step_users):
+            users = self._step_users[predicate]
+            users.discard(name)
+            if not users:
+                del self._step_users[predicate], self.steps[predicate]
 
     def columns(self, name: str) -> tuple[str, ...]:
         op = self.operator_queries.get(name)
@@ -412,6 +416,8 @@ class ContinuousEngine:
         for name, op in (touched or {}).items():
             for d_diff, row in op.apply(diff, s, p, o, g, stepped):
                 out.append((name, d_diff, row))
+            if stepped and op.failed is not None:  # stopped: its share of the steps freed at their next change
+                self._release_steps(name)
         return out
 
     def apply_terms(self, diff: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta3]:

@@ -115,6 +115,17 @@ def test_a_closure_over_its_bound_stops_its_query_alone(monkeypatch, caplog):
     assert "late" not in engine.operator_queries
 
 
+def test_a_stopped_closure_frees_the_shared_steps_it_alone_read(monkeypatch):
+    monkeypatch.setenv("CBGP_MAX_PATH_PAIRS", "20")
+    engine = ContinuousEngine()
+    engine.register("all", P + "SELECT * WHERE { ?x :next+ ?y }")
+    engine.register("other", P + "SELECT * WHERE { :n0 :prev+ ?y }")
+    chain(engine, 8)  # 36 pairs: "all" stops
+    assert engine.explain("all").startswith("SELECT query stopped")
+    assert list(engine.steps) == [engine.dictionary.encode(f"<{EX}prev>")] and engine.state_entries() == 0
+    assert chain(engine, 2, start=8) == []
+
+
 def test_closure_pairs_counts_what_a_query_s_closures_hold_and_none_without_one():
     from cbgp.algebra.paths import closure_pairs
 
