@@ -31,6 +31,11 @@ def _is_patch_prefix(line: bytes) -> bool:
     return stripped.startswith(b"PA ") or stripped.startswith(b"PA\t") or stripped.lower().startswith(b"@prefix")
 
 
+# A patch line that starts with a row's operation is neither a transaction mark nor a prefix (checked first: most
+# lines are rows).
+_PATCH_DATA = (b"A", b"D")
+
+
 def chunk_lines(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, int, bytes]]:
     """Split ``data`` into records of whole lines: yields ``(first_line, line_count, payload)``.
 
@@ -47,12 +52,13 @@ def chunk_lines(data: bytes, fmt: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -
     size = 0
     first = 1
     in_tx = False
+    patch = fmt == "patch"
     for line_no, line in enumerate(data.splitlines(keepends=True), 1):
         if not body:
             first = line_no
         body.append(line)
         size += len(line)
-        if fmt == "patch":
+        if patch and line[:1] not in _PATCH_DATA:
             tx = _is_patch_tx(line)
             in_tx = True if tx == "open" else False if tx == "close" else in_tx
             if _is_patch_prefix(line):
@@ -108,9 +114,11 @@ def check_record(payload: bytes, fmt: str, first: int = 1, head_lines: int = 0) 
     repeated patch prefixes (their problems were reported with the record they first came in)."""
     from cbgp.inputs.formats import InputError, parse_input
     from cbgp.inputs.sparql_update import UpdateRequestError, check_request
-    from services.ingest.core import oversized_term, position_problem
+    from cbgp.query.limits import limit
+    from services.ingest.core import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, oversized_term, position_problem
 
     found: list[tuple[int, str]] = []
+    max_term_bytes = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
     if fmt == UPDATE_FORMAT:
         try:
             check_request(payload.decode("utf-8"))
@@ -126,7 +134,7 @@ def check_record(payload: bytes, fmt: str, first: int = 1, head_lines: int = 0) 
                 continue
             problem = position_problem(item.s, item.p, item.o, item.g)
             if problem is None:
-                problem = oversized_term(item.s, item.p, item.o, item.g)
+                problem = oversized_term(item.s, item.p, item.o, item.g, max_term_bytes)
             if problem is not None:
                 found.append((item.line, problem))
     problems = [(first + line - 1 - head_lines, reason) for line, reason in found if line > head_lines]
