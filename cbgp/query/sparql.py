@@ -282,7 +282,8 @@ def _template(text: str) -> ParsedQuery | None:
 @functools.lru_cache(maxsize=256)
 def rdflib_parse(text: str):  # noqa: ANN201
     """rdflib's parse of ``text``, once per text for `parse_query` and `cbgp.algebra.analyse` alike (rdflib takes
-    about 1 ms a token, and an operator query is read by both); raises what rdflib raises.  Read only."""
+    about 1 ms a token, and an operator query is read by both); raises what rdflib raises.  Read only: rdflib's
+    translation to the algebra rewrites a parse in place, so `rdflib_algebra` translates a parse of its own."""
     from rdflib.plugins.sparql.parser import parseQuery
 
     return parseQuery(text)
@@ -290,10 +291,13 @@ def rdflib_parse(text: str):  # noqa: ANN201
 
 @functools.lru_cache(maxsize=256)
 def rdflib_algebra(text: str):  # noqa: ANN201
-    """rdflib's algebra of ``text`` (`translate_in_source_order`), once per text as `rdflib_parse`."""
+    """rdflib's algebra of ``text`` (`translate_in_source_order`), once per text.  It is made from a parse of its
+    own, never `rdflib_parse`'s: the translation consumes the parse it is given, and the two caches do not
+    forget a text at the same time (translating a consumed parse again drops the query's FILTERs)."""
     from rdflib.plugins.sparql.algebra import translateQuery
+    from rdflib.plugins.sparql.parser import parseQuery
 
-    return translate_in_source_order(translateQuery, rdflib_parse(text))
+    return translate_in_source_order(translateQuery, parseQuery(text))
 
 
 @functools.lru_cache(maxsize=1024)

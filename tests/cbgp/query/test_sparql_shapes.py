@@ -66,3 +66,16 @@ def test_queries_that_differ_in_constants_cost_one_parse(monkeypatch) -> None:  
     assert [q.patterns[0].s for q in parsed] == [f"<http://u.example/{n}>" for n in range(200)]
     assert [q.patterns[1].o for q in parsed] == [f'"tag {n}"' for n in range(200)]
     assert parsed[7].text == template.format(7)
+
+
+def test_an_operator_query_read_again_after_its_algebra_was_forgotten_keeps_its_filter() -> None:
+    """rdflib's translation rewrites the parse it is given: the algebra, made again once its cache has let the
+    text go (while the parse's cache still holds it), must come from a parse of its own, FILTER and all."""
+    from cbgp.query.sparql import rdflib_algebra, rdflib_parse
+
+    text = 'SELECT * WHERE { ?s <http://x/p> ?o FILTER(isLiteral(?o) && ?o != "gone") }'
+    rdflib_parse(text)
+    first = str(rdflib_algebra(text))
+    rdflib_algebra.cache_clear()
+    again = str(rdflib_algebra(text))
+    assert "Filter" in first and again == first
