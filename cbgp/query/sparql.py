@@ -280,24 +280,30 @@ def _template(text: str) -> ParsedQuery | None:
 
 
 @functools.lru_cache(maxsize=256)
+def _rdflib_read(text: str) -> list:
+    """``[parse, algebra]`` of ``text``, the algebra None until asked for.  One entry for both: rdflib's
+    translation rewrites the parse it is given (its FILTERs are taken out of it), so a parse is translated once,
+    in its own entry; two caches apart could forget the algebra first and translate the rewritten parse again."""
+    from rdflib.plugins.sparql.parser import parseQuery
+
+    return [parseQuery(text), None]
+
+
 def rdflib_parse(text: str):  # noqa: ANN201
     """rdflib's parse of ``text``, once per text for `parse_query` and `cbgp.algebra.analyse` alike (rdflib takes
-    about 1 ms a token, and an operator query is read by both); raises what rdflib raises.  Read only: rdflib's
-    translation to the algebra rewrites a parse in place, so `rdflib_algebra` translates a parse of its own."""
-    from rdflib.plugins.sparql.parser import parseQuery
-
-    return parseQuery(text)
+    about 1 ms a token, and an operator query is read by both); raises what rdflib raises.  Read only, and once
+    `rdflib_algebra` has been made from it, only its prologue and its form's name."""
+    return _rdflib_read(text)[0]
 
 
-@functools.lru_cache(maxsize=256)
 def rdflib_algebra(text: str):  # noqa: ANN201
-    """rdflib's algebra of ``text`` (`translate_in_source_order`), once per text.  It is made from a parse of its
-    own, never `rdflib_parse`'s: the translation consumes the parse it is given, and the two caches do not
-    forget a text at the same time (translating a consumed parse again drops the query's FILTERs)."""
+    """rdflib's algebra of ``text`` (`translate_in_source_order`), once per text as `rdflib_parse`."""
     from rdflib.plugins.sparql.algebra import translateQuery
-    from rdflib.plugins.sparql.parser import parseQuery
 
-    return translate_in_source_order(translateQuery, parseQuery(text))
+    entry = _rdflib_read(text)
+    if entry[1] is None:
+        entry[1] = translate_in_source_order(translateQuery, entry[0])
+    return entry[1]
 
 
 @functools.lru_cache(maxsize=1024)
