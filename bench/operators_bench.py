@@ -58,6 +58,11 @@ QUERIES = {
     "filter_regex": ("FILTER REGEX",
                      'SELECT * WHERE { ?x sioc:ip_address ?ip ; sib:browser ?b . FILTER(REGEX(?ip, "^1[0-2]\\\\.")) }',
                      True),
+    "filter_fof": ("FILTER != of two variables",
+                   "SELECT * WHERE { ?a foaf:knows ?b . ?b foaf:knows ?c FILTER(?a != ?c) }", False),
+    "filter_number": ("FILTER numeric range and BOUND",
+                      "SELECT * WHERE { ?p dbpprop:latd ?lat ; sib:browser ?b . OPTIONAL { ?p sib:hashtag ?t } "
+                      "FILTER(?lat > 20 && ?lat <= 60 && !BOUND(?t)) }", False),
     "bind": ("BIND arithmetic", "SELECT * WHERE { ?p dbpprop:latd ?lat . BIND(ROUND(?lat) AS ?r) }", False),
     "optional": ("OPTIONAL (left join)",
                  "SELECT * WHERE { ?u foaf:knows ?f . OPTIONAL { ?f sib:interest ?i } }", False),

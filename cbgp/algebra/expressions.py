@@ -3,7 +3,9 @@
 Expressions are evaluated by rdflib's own SPARQL expression evaluator (the
 `Expr.eval` functions rdflib's algebra attaches, `_ebv` for filters), so
 effective boolean values, type errors and the function library follow rdflib;
-terms are decoded from their ids once and cached.  Values an expression
+terms are decoded from their ids once and cached.  FILTERs of the common
+shapes are compiled instead (`cbgp.algebra.fast_filters`), and hand rdflib
+the rows they are not sure of.  Values an expression
 computes (not copied from the solution) are written in the canonical lexical
 form pyoxigraph writes them (`2` not `2.0` for decimals and doubles), so that
 a `BIND(?x + 1 AS ?y)` answer is the same term whichever engine computed it.
@@ -21,6 +23,7 @@ from rdflib import BNode, Literal, URIRef, Variable
 from rdflib.plugins.sparql.evalutils import _ebv, _eval
 from rdflib.plugins.sparql.sparql import FrozenBindings, QueryContext, SPARQLError
 
+from cbgp.algebra.fast_filters import Fallback, compile_filter
 from cbgp.terms import TermDictionary, from_rdflib, split_literal
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
@@ -51,9 +54,15 @@ class Terms:
         self._rdflib: dict[int, Any] = {}
         self._keys: dict[int, tuple] = {}
         self._numbers: dict[int, tuple | None] = {}
+        self._filters: dict[tuple[int, tuple[str, ...]], tuple] = {}  # (id(expr), schema) -> (expr, compiled)
         self.ctx = QueryContext(initBindings={})
         if prologue is not None:
             self.ctx.prologue = prologue
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_filters"] = {}  # (compiled functions do not pickle; they are made again at the first row)
+        return state
 
     def rdflib(self, term_id: int):  # noqa: ANN201
         found = self._rdflib.get(term_id)
@@ -74,6 +83,14 @@ class Terms:
         return FrozenBindings(self.ctx, {Variable(v): rdf(x) for v, x in zip(schema, row) if x is not None})
 
     def ebv(self, expr, schema: tuple[str, ...], row: tuple) -> bool:  # noqa: ANN001
+        entry = self._filters.get((id(expr), schema))
+        if entry is None or entry[0] is not expr:
+            entry = self._filters[(id(expr), schema)] = (expr, compile_filter(expr, schema, self.dictionary.decode))
+        if entry[1] is not None:
+            try:
+                return entry[1](row)
+            except (Fallback, KeyError):
+                pass  # (rdflib decides, as for every filter the compiler does not cover)
         try:
             return bool(_ebv(expr, self.bindings(schema, row)))
         except (SPARQLError, ValueError, TypeError, ArithmeticError, AttributeError, KeyError):
