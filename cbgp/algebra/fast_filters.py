@@ -3,20 +3,22 @@
 rdflib's evaluator costs tens of microseconds a row (bindings, rdflib terms, its node lookups), so a FILTER made
 the row it filtered cost ten to a hundred times the join that made it. ``compile_filter`` turns an expression
 built only from the shapes below into a function of a row. Any other expression is not compiled, and a row whose
-terms leave the ground these shapes are sure of (an xsd:float, an integer subtype, a date, two different
-literals that are not both simple) raises :class:`Fallback`, so that row is evaluated by rdflib (with
-``strict_comparisons``) as before.
+terms leave the ground these shapes are sure of (an xsd:float, an integer subtype, an xsd:date, a dateTime with a
+timezone against one without, two different literals that are not both simple) raises :class:`Fallback`, so
+that row is evaluated by rdflib (with ``strict_comparisons``) as before.
 
 Shapes: ``&&``, ``||``, ``!``; ``BOUND``, ``isIRI``/``isURI``, ``isBlank``, ``isLiteral``, ``sameTerm``;
 ``=``, ``!=``, ``<``, ``>``, ``<=``, ``>=``, ``IN`` and ``NOT IN`` over variables and constants. Comparisons
-follow SPARQL's operator mapping: numbers (xsd:integer, xsd:decimal, xsd:double) by value, simple literals by
-their characters, IRIs and blank nodes as terms, a literal never equal to an IRI; an error (an unbound variable)
-is false in a FILTER and absorbed by ``||`` and ``&&`` as SPARQL's three-valued logic says.
+follow SPARQL's operator mapping: numbers (xsd:integer, xsd:decimal, xsd:double) and xsd:dateTime by value,
+simple literals by their characters, IRIs and blank nodes as terms, a literal never equal to an IRI; an error
+(an unbound variable) is false in a FILTER and absorbed by ``||`` and ``&&`` as SPARQL's three-valued logic says.
 """
 
 from __future__ import annotations
 
+import operator
 import re
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Callable
 
@@ -45,11 +47,35 @@ _NUMERIC_OTHER = {XSD + t for t in (
     "float", "int", "long", "short", "byte", "nonNegativeInteger", "nonPositiveInteger", "positiveInteger",
     "negativeInteger", "unsignedLong", "unsignedInt", "unsignedShort", "unsignedByte")}
 _NOT_A_NUMBER = (None, None)
+_DATE_TIME = XSD + "dateTime"
+_DATE_TIME_SHAPE = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?(Z|[+-]\d\d:\d\d)?\Z")
+_INSTANT = 10  # the rank of an xsd:dateTime: ordered among its own kind only
+
+
+def _instant(lexical: str) -> tuple[bool, datetime]:
+    """``(has a timezone, the instant as a naive UTC datetime)`` of an xsd:dateTime (:class:`Fallback` for a
+    form outside the common one: a year past 9999, 24:00:00, more than microseconds)."""
+    match = _DATE_TIME_SHAPE.match(lexical)
+    if match is None:
+        raise _FALLBACK
+    year, month, day, hour, minute, second, fraction, zone = match.groups()
+    try:
+        value = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second),
+                         int((fraction or "").ljust(6, "0")))
+    except ValueError:
+        raise _FALLBACK from None
+    if zone is None:
+        return False, value
+    if zone != "Z":
+        offset = timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+        value = value - offset if zone[0] == "+" else value + offset
+    return True, value
 
 
 def _number(term: str, cache: dict[str, tuple]) -> tuple:
-    """``(rank, value)`` of a literal of xsd:integer (rank 0), xsd:decimal (1) or xsd:double (3), ``(None,
-    None)`` for any other term; :class:`Fallback` for another numeric type or an ill-typed number."""
+    """``(rank, value)`` of a literal of xsd:integer (rank 0), xsd:decimal (1), xsd:double (3) or xsd:dateTime
+    (``_INSTANT``), ``(None, None)`` for any other term; :class:`Fallback` for another numeric type or an
+    ill-typed value."""
     found = cache.get(term)
     if found is not None:
         return found
@@ -64,12 +90,22 @@ def _number(term: str, cache: dict[str, tuple]) -> tuple:
             if shape.match(lexical) is None:
                 raise _FALLBACK
             found = (rank, convert(lexical))
+        elif datatype == _DATE_TIME:
+            found = (_INSTANT, _instant(term[1:cut]))
         elif datatype in _NUMERIC_OTHER:
             raise _FALLBACK
     if len(cache) > 100_000:
         cache.clear()
     cache[term] = found
     return found
+
+
+def _instants(rank_a: int, value_a: Any, rank_b: int, value_b: Any, compare: Callable[[Any, Any], bool]) -> bool:
+    """Two xsd:dateTime values compared, both with a timezone or both without (:class:`Fallback` otherwise: a
+    number against a date, or the XSD rule for one timezone against none)."""
+    if rank_a != rank_b or value_a[0] != value_b[0]:
+        raise _FALLBACK
+    return compare(value_a[1], value_b[1])
 
 
 def _get(node: Any, key: str) -> Any:
@@ -117,6 +153,8 @@ class _Compiler:
         rank_a, value_a = _number(a, self.numbers)
         rank_b, value_b = _number(b, self.numbers)
         if rank_a is not None and rank_b is not None:
+            if rank_a == _INSTANT or rank_b == _INSTANT:
+                return _instants(rank_a, value_a, rank_b, value_b, operator.eq)
             if rank_a == 3 or rank_b == 3:
                 return float(value_a) == float(value_b)
             return value_a == value_b
@@ -138,6 +176,8 @@ class _Compiler:
             rank_a, value_a = _number(a, self.numbers)
             rank_b, value_b = _number(b, self.numbers)
             if rank_a is not None and rank_b is not None:
+                if rank_a == _INSTANT or rank_b == _INSTANT:
+                    return _instants(rank_a, value_a, rank_b, value_b, operator.lt)
                 if rank_a == 3 or rank_b == 3:
                     x, y = float(value_a), float(value_b)
                     return ERROR if x != x or y != y else x < y  # (NaN is unordered: an error, as in pyoxigraph)

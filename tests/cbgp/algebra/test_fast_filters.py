@@ -27,7 +27,10 @@ LITERALS = ['"abc"', '"abd"', '"1"', '"a\\nb"', '"abc"@en', '"abc"@fr',
             f'"1"^^<{XSD}decimal>', f'"1.5"^^<{XSD}decimal>', f'"1"^^<{XSD}double>', f'"1.5"^^<{XSD}double>',
             f'"NaN"^^<{XSD}double>', f'"INF"^^<{XSD}double>', f'"-INF"^^<{XSD}double>',
             f'"abc"^^<{XSD}integer>', f'"1.5"^^<{XSD}float>', f'"true"^^<{XSD}boolean>',
-            '"x"^^<http://x/dt>', '"y"^^<http://x/dt>']
+            '"x"^^<http://x/dt>', '"y"^^<http://x/dt>',
+            f'"2010-02-10T00:00:00Z"^^<{XSD}dateTime>', f'"2010-02-10T05:30:00+05:30"^^<{XSD}dateTime>',
+            f'"2010-02-10T00:00:00.5Z"^^<{XSD}dateTime>', f'"2010-02-10T00:00:00"^^<{XSD}dateTime>',
+            f'"2010-02-11T00:00:00"^^<{XSD}dateTime>', f'"2010-02-10"^^<{XSD}date>']
 # (Numbers in pyoxigraph's canonical forms only: it stores "01"^^xsd:integer as "1", and an xsd:int as an
 # xsd:integer, which would make sameTerm and the answers' terms differ for a reason that is not the filter's.)
 VALUES = IRIS + LITERALS + ["_:b1"]  # (a blank node is a value, never a constant of the query)
@@ -49,7 +52,7 @@ expression = st.recursive(atom, lambda inner: st.one_of(
 
 
 def _filter_node(text: str):
-    node = rdflib_algebra(f"SELECT * WHERE {{ ?s <http://x/p> ?a FILTER({text}) }}")["p"]
+    node = rdflib_algebra(f"PREFIX xsd: <{XSD}> SELECT * WHERE {{ ?s <http://x/p> ?a FILTER({text}) }}")["p"]
     while node.name != "Filter":
         assert "p" in node, (text, node)
         node = node["p"]
@@ -87,7 +90,8 @@ def test_the_common_rows_are_decided_without_rdflib():
              ("?a = 1", f'"1.0E0"^^<{XSD}double>', True), ("?a != <http://x/a>", '"abc"', True),
              ('?a IN ("abc", <http://x/b>)', '"abc"', True), ("!BOUND(?c) && isLiteral(?a)", '"abc"@en', True),
              ("?c = 1 || ?a = 1", f'"1"^^<{XSD}integer>', True), ("?c = 1 && ?a = 1", f'"1"^^<{XSD}integer>', False),
-             ('?a < "abd"', '"abc"', True), ("?a = ?a", f'"NaN"^^<{XSD}double>', False)]
+             ('?a < "abd"', '"abc"', True), ("?a = ?a", f'"NaN"^^<{XSD}double>', False),
+             ('?a >= "2010-02-10T00:00:00Z"^^xsd:dateTime', f'"2010-02-10T01:00:00+02:00"^^<{XSD}dateTime>', False)]
     for text, value, expected in cases:
         compiled = compile_filter(_filter_node(text), SCHEMA, dictionary.decode)
         assert compiled((dictionary.encode(value), None, None)) is expected, text
