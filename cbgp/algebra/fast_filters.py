@@ -150,19 +150,13 @@ class _Compiler:
             return a == b
         if literal_a != literal_b:
             return False
-        rank_a, value_a = _number(a, self.numbers)
-        rank_b, value_b = _number(b, self.numbers)
-        if rank_a is not None and rank_b is not None:
-            if rank_a == _INSTANT or rank_b == _INSTANT:
-                return _instants(rank_a, value_a, rank_b, value_b, operator.eq)
-            if rank_a == 3 or rank_b == 3:
-                return float(value_a) == float(value_b)
-            return value_a == value_b
-        if rank_a is None and rank_b is None:
-            if a == b:
-                return True
-            if _simple(a) and _simple(b):
-                return False
+        found = self.by_value(a, b, operator.eq)
+        if found is not None:
+            return found
+        if a == b:
+            return True
+        if _simple(a) and _simple(b):
+            return False
         raise _FALLBACK
 
     def less(self, a: Any, b: Any) -> Any:
@@ -173,18 +167,30 @@ class _Compiler:
         if a == b:
             return False
         if a[0] == '"' and b[0] == '"':
-            rank_a, value_a = _number(a, self.numbers)
-            rank_b, value_b = _number(b, self.numbers)
-            if rank_a is not None and rank_b is not None:
-                if rank_a == _INSTANT or rank_b == _INSTANT:
-                    return _instants(rank_a, value_a, rank_b, value_b, operator.lt)
-                if rank_a == 3 or rank_b == 3:
-                    x, y = float(value_a), float(value_b)
-                    return ERROR if x != x or y != y else x < y  # (NaN is unordered: an error, as in pyoxigraph)
-                return value_a < value_b
-            if rank_a is None and rank_b is None and _simple(a) and _simple(b) and "\\" not in a and "\\" not in b:
+            found = self.by_value(a, b, operator.lt)
+            if found is not None:
+                return found
+            if _simple(a) and _simple(b) and "\\" not in a and "\\" not in b:
                 return a[1:-1] < b[1:-1]
         raise _FALLBACK
+
+    def by_value(self, a: str, b: str, compare: Callable[[Any, Any], bool]) -> Any:
+        """``compare`` of two literals' values when both are numbers or both dateTimes (ERROR for NaN in an
+        order, as in pyoxigraph); None when neither is such a value; :class:`Fallback` when one is."""
+        rank_a, value_a = _number(a, self.numbers)
+        rank_b, value_b = _number(b, self.numbers)
+        if rank_a is None and rank_b is None:
+            return None
+        if rank_a is None or rank_b is None:
+            raise _FALLBACK
+        if rank_a == _INSTANT or rank_b == _INSTANT:
+            return _instants(rank_a, value_a, rank_b, value_b, compare)
+        if rank_a == 3 or rank_b == 3:
+            x, y = float(value_a), float(value_b)
+            if compare is operator.lt and (x != x or y != y):
+                return ERROR
+            return compare(x, y)
+        return compare(value_a, value_b)
 
     def relation(self, node: Any) -> BoolFn | None:
         op = _get(node, "op")
