@@ -8,7 +8,8 @@ timezone against one without, two different literals that are not both simple) r
 that row is evaluated by rdflib (with ``strict_comparisons``) as before.
 
 Shapes: ``&&``, ``||``, ``!``; ``BOUND``, ``isIRI``/``isURI``, ``isBlank``, ``isLiteral``, ``sameTerm``;
-``=``, ``!=``, ``<``, ``>``, ``<=``, ``>=``, ``IN`` and ``NOT IN`` over variables and constants. Comparisons
+``=``, ``!=``, ``<``, ``>``, ``<=``, ``>=``, ``IN`` and ``NOT IN``; ``CONTAINS``, ``STRSTARTS``, ``STRENDS``,
+``langMatches``; over variables, constants and ``STR``, ``LANG``, ``DATATYPE`` of them. Comparisons
 follow SPARQL's operator mapping: numbers (xsd:integer, xsd:decimal, xsd:double) and xsd:dateTime by value,
 simple literals by their characters, IRIs and blank nodes as terms, a literal never equal to an IRI; an error
 (an unbound variable) is false in a FILTER and absorbed by ``||`` and ``&&`` as SPARQL's three-valued logic says.
@@ -27,6 +28,7 @@ from rdflib import BNode, Literal, URIRef, Variable
 from cbgp.terms import from_rdflib
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
+RDF_LANG_STRING = "http://www.w3.org/1999/02/22-rdf-syntax-ns#langString"
 ERROR = object()  # a SPARQL expression error
 
 
@@ -138,6 +140,16 @@ class _Compiler:
         if isinstance(node, (URIRef, Literal)) and not isinstance(node, BNode):
             constant = from_rdflib(node)
             return lambda row: constant
+        function = _TERM_FUNCTIONS.get(getattr(node, "name", None))
+        if function is not None:
+            arg = self.term(_get(node, "arg"))
+            if arg is None:
+                return None
+
+            def call(row: Row) -> Any:
+                term = arg(row)
+                return ERROR if term is ERROR else function(term)
+            return call
         return None
 
     # --- comparisons -----------------------------------------------------------------------------------
@@ -289,6 +301,22 @@ class _Compiler:
                 x, y = a(row), b(row)
                 return ERROR if x is ERROR or y is ERROR else x == y  # (canonical strings: one per term)
             return same
+        test = _STRING_TESTS.get(name)
+        if test is not None:
+            a, b = self.term(_get(node, "arg1")), self.term(_get(node, "arg2"))
+            if a is None or b is None:
+                return None
+
+            def strings(row: Row) -> Any:
+                x, y = a(row), b(row)
+                if x is ERROR or y is ERROR:
+                    return ERROR
+                text, pattern = _lexical(x), _lexical(y)
+                if text is None or pattern is None or not _simple(y) or (name == "Builtin_LANGMATCHES"
+                                                                         and not _simple(x)):
+                    raise _FALLBACK  # (numbers, IRIs, a tagged second argument: errors rdflib reports)
+                return test(text, pattern)
+            return strings
         test = _KIND_TESTS.get(name)
         if test is not None:
             arg = self.term(_get(node, "arg"))
@@ -302,6 +330,52 @@ class _Compiler:
         return None
 
 
+def _lexical(term: str) -> str | None:
+    """The characters of a simple or language-tagged literal, None for any other term or one written with an
+    escape (compared escaped, ``\\n`` would contain ``n``)."""
+    if term[0] != '"' or "\\" in term or term[-1] == ">":
+        return None
+    return term[1:term.rfind('"')]
+
+
+def _str(term: str) -> Any:
+    if term[0] == "<":
+        return '"' + term[1:-1] + '"'  # (an IRI holds no quote, backslash or line break: no escape to write)
+    if term[0] == '"':
+        return term[:term.rfind('"') + 1]
+    return ERROR
+
+
+def _lang(term: str) -> Any:
+    if term[0] != '"':
+        return ERROR
+    rest = term[term.rfind('"') + 1:]
+    return '"' + rest[1:] + '"' if rest[:1] == "@" else '""'
+
+
+def _datatype(term: str) -> Any:
+    if term[0] != '"':
+        return ERROR
+    rest = term[term.rfind('"') + 1:]
+    if not rest:
+        return f"<{XSD}string>"
+    return f"<{RDF_LANG_STRING}>" if rest[0] == "@" else rest[2:]
+
+
+def _lang_matches(tag: str, wanted: str) -> bool:
+    """RFC 4647 basic filtering, as ``cbgp.algebra.expressions`` gives rdflib: "*" matches every non-empty tag,
+    "" only the empty one."""
+    tag, wanted = tag.lower(), wanted.lower()
+    if wanted == "*":
+        return tag != ""
+    return tag == wanted or (wanted != "" and tag.startswith(wanted + "-"))
+
+
+_TERM_FUNCTIONS: dict[str, Callable[[str], Any]] = {
+    "Builtin_STR": _str, "Builtin_LANG": _lang, "Builtin_DATATYPE": _datatype}
+_STRING_TESTS: dict[str, Callable[[str, str], bool]] = {
+    "Builtin_CONTAINS": lambda text, part: part in text, "Builtin_STRSTARTS": str.startswith,
+    "Builtin_STRENDS": str.endswith, "Builtin_LANGMATCHES": _lang_matches}
 _KIND_TESTS: dict[str, Callable[[str], bool]] = {
     "Builtin_isIRI": lambda term: term[0] == "<", "Builtin_isURI": lambda term: term[0] == "<",
     "Builtin_isBLANK": lambda term: term[:2] == "_:", "Builtin_isLITERAL": lambda term: term[0] == '"'}

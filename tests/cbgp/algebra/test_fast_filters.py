@@ -22,7 +22,7 @@ from tests.cbgp.algebra.test_algebra_differential import check_stream
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
 IRIS = ["<http://x/a>", "<http://x/b>"]
-LITERALS = ['"abc"', '"abd"', '"1"', '"a\\nb"', '"abc"@en', '"abc"@fr',
+LITERALS = ['"abc"', '"abd"', '"1"', '"a\\nb"', '"abc"@en', '"abc"@fr', '"abc"@en-gb', '"b"@en',
             f'"1"^^<{XSD}integer>', f'"2"^^<{XSD}integer>', f'"-3"^^<{XSD}integer>',
             f'"1"^^<{XSD}decimal>', f'"1.5"^^<{XSD}decimal>', f'"1"^^<{XSD}double>', f'"1.5"^^<{XSD}double>',
             f'"NaN"^^<{XSD}double>', f'"INF"^^<{XSD}double>', f'"-INF"^^<{XSD}double>',
@@ -37,7 +37,8 @@ VALUES = IRIS + LITERALS + ["_:b1"]  # (a blank node is a value, never a constan
 CONSTANTS = IRIS + LITERALS
 SCHEMA = ("a", "b", "c")  # ?c is never bound
 
-operand = st.sampled_from(["?a", "?b", "?c"]) | st.sampled_from(CONSTANTS)
+plain = st.sampled_from(["?a", "?b", "?c"]) | st.sampled_from(CONSTANTS)
+operand = plain | st.builds(lambda f, x: f"{f}({x})", st.sampled_from(["STR", "LANG", "DATATYPE"]), plain)
 atom = st.one_of(
     st.builds(lambda v: f"BOUND({v})", st.sampled_from(["?a", "?c"])),
     st.builds(lambda f, v: f"{f}({v})", st.sampled_from(["isIRI", "isURI", "isBlank", "isLiteral"]), operand),
@@ -45,6 +46,10 @@ atom = st.one_of(
     st.builds(lambda x, op, y: f"{x} {op} {y}", operand, st.sampled_from(["=", "!=", "<", ">", "<=", ">="]), operand),
     st.builds(lambda x, neg, ys: f"{x} {'NOT IN' if neg else 'IN'} ({', '.join(ys)})", operand, st.booleans(),
               st.lists(operand, min_size=1, max_size=3)),
+    st.builds(lambda f, x, y: f"{f}({x}, {y})", st.sampled_from(["CONTAINS", "STRSTARTS", "STRENDS"]), operand,
+              operand | st.sampled_from(['"b"', '"ab"', '""'])),
+    st.builds(lambda x, y: f"langMatches({x}, {y})", operand | st.sampled_from(["LANG(?a)", "LANG(?b)"]),
+              st.sampled_from(['"en"', '"EN"', '"*"', '""', '"en-gb"'])),
 )
 expression = st.recursive(atom, lambda inner: st.one_of(
     st.builds(lambda e: f"!({e})", inner),
@@ -91,7 +96,10 @@ def test_the_common_rows_are_decided_without_rdflib():
              ('?a IN ("abc", <http://x/b>)', '"abc"', True), ("!BOUND(?c) && isLiteral(?a)", '"abc"@en', True),
              ("?c = 1 || ?a = 1", f'"1"^^<{XSD}integer>', True), ("?c = 1 && ?a = 1", f'"1"^^<{XSD}integer>', False),
              ('?a < "abd"', '"abc"', True), ("?a = ?a", f'"NaN"^^<{XSD}double>', False),
-             ('?a >= "2010-02-10T00:00:00Z"^^xsd:dateTime', f'"2010-02-10T01:00:00+02:00"^^<{XSD}dateTime>', False)]
+             ('?a >= "2010-02-10T00:00:00Z"^^xsd:dateTime', f'"2010-02-10T01:00:00+02:00"^^<{XSD}dateTime>', False),
+             ('LANG(?a) = "en" && STRSTARTS(STR(?a), "ab")', '"abc"@en', True),
+             ('langMatches(LANG(?a), "en")', '"abc"@en-gb', True), ("DATATYPE(?a) = xsd:integer", '"abc"', False),
+             ('CONTAINS(STR(?a), "x/b")', "<http://x/b>", True)]
     for text, value, expected in cases:
         compiled = compile_filter(_filter_node(text), SCHEMA, dictionary.decode)
         assert compiled((dictionary.encode(value), None, None)) is expected, text
@@ -102,7 +110,7 @@ def test_the_common_rows_are_decided_without_rdflib():
 
 
 def test_other_shapes_are_left_to_rdflib():
-    for text in ('regex(str(?a), "x")', "?a + 1 > 2", "lang(?a) = 'en'", "?a"):
+    for text in ('regex(str(?a), "x")', "?a + 1 > 2", "ucase(?a) = 'EN'", "?a"):
         assert compile_filter(_filter_node(text), SCHEMA, TermDictionary().decode) is None, text
 
 
