@@ -23,7 +23,7 @@ from rdflib import BNode, Literal, URIRef, Variable
 from rdflib.plugins.sparql.evalutils import _ebv, _eval
 from rdflib.plugins.sparql.sparql import FrozenBindings, QueryContext, SPARQLError
 
-from cbgp.algebra.fast_filters import Fallback, compile_filter
+from cbgp.algebra.fast_filters import Fallback, compile_filter, compile_term
 from cbgp.terms import TermDictionary, from_rdflib, split_literal
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
@@ -54,14 +54,14 @@ class Terms:
         self._rdflib: dict[int, Any] = {}
         self._keys: dict[int, tuple] = {}
         self._numbers: dict[int, tuple | None] = {}
-        self._filters: dict[tuple[int, tuple[str, ...]], tuple] = {}  # (id(expr), schema) -> (expr, compiled)
+        self._fast: dict[tuple, tuple] = {}  # (compiler, id(expr), schema) -> (expr, compiled or None)
         self.ctx = QueryContext(initBindings={})
         if prologue is not None:
             self.ctx.prologue = prologue
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_filters"] = {}  # (compiled functions do not pickle; they are made again at the first row)
+        state["_fast"] = {}  # (compiled functions do not pickle; they are made again at the first row)
         return state
 
     def rdflib(self, term_id: int):  # noqa: ANN201
@@ -82,13 +82,19 @@ class Terms:
         rdf = self.rdflib
         return FrozenBindings(self.ctx, {Variable(v): rdf(x) for v, x in zip(schema, row) if x is not None})
 
+    def _compiled(self, compiler, expr, schema: tuple[str, ...]):  # noqa: ANN001, ANN202
+        """``compiler``'s function of ``expr`` over rows of ``schema`` (None: rdflib evaluates it), made once."""
+        key = (compiler, id(expr), schema)
+        entry = self._fast.get(key)
+        if entry is None or entry[0] is not expr:  # (an id is reused only once its expression is gone)
+            entry = self._fast[key] = (expr, compiler(expr, schema, self.dictionary.decode))
+        return entry[1]
+
     def ebv(self, expr, schema: tuple[str, ...], row: tuple) -> bool:  # noqa: ANN001
-        entry = self._filters.get((id(expr), schema))
-        if entry is None or entry[0] is not expr:
-            entry = self._filters[(id(expr), schema)] = (expr, compile_filter(expr, schema, self.dictionary.decode))
-        if entry[1] is not None:
+        compiled = self._compiled(compile_filter, expr, schema)
+        if compiled is not None:
             try:
-                return entry[1](row)
+                return compiled(row)
             except (Fallback, KeyError):
                 pass  # (rdflib decides, as for every filter the compiler does not cover)
         try:
@@ -104,6 +110,13 @@ class Terms:
                 if v == name:
                     return x
             return None
+        compiled = self._compiled(compile_term, expr, schema)
+        if compiled is not None:
+            try:
+                term = compiled(row)
+            except KeyError:
+                return None
+            return None if term is None else self.dictionary.encode(term)
         bindings = self.bindings(schema, row)
         try:
             result = _eval(expr, bindings)

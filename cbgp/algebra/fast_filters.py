@@ -3,14 +3,14 @@
 rdflib's evaluator costs tens of microseconds a row (bindings, rdflib terms, its node lookups), so a FILTER made
 the row it filtered cost ten to a hundred times the join that made it. ``compile_filter`` turns an expression
 built only from the shapes below into a function of a row. Any other expression is not compiled, and a row whose
-terms leave the ground these shapes are sure of (an xsd:float, an integer subtype, an xsd:date, a dateTime with a
-timezone against one without, two different literals that are not both simple) raises :class:`Fallback`, so
+terms leave the ground these shapes are sure of (an integer subtype, an xsd:date, a dateTime with a timezone
+against one without, two different literals that are not both simple) raises :class:`Fallback`, so
 that row is evaluated by rdflib (with ``strict_comparisons``) as before.
 
 Shapes: ``&&``, ``||``, ``!``; ``BOUND``, ``isIRI``/``isURI``, ``isBlank``, ``isLiteral``, ``sameTerm``;
 ``=``, ``!=``, ``<``, ``>``, ``<=``, ``>=``, ``IN`` and ``NOT IN``; ``CONTAINS``, ``STRSTARTS``, ``STRENDS``,
 ``langMatches``; over variables, constants and ``STR``, ``LANG``, ``DATATYPE`` of them. Comparisons
-follow SPARQL's operator mapping: numbers (xsd:integer, xsd:decimal, xsd:double) and xsd:dateTime by value,
+follow SPARQL's operator mapping: numbers (xsd:integer, decimal, float, double) and xsd:dateTime by value,
 simple literals by their characters, IRIs and blank nodes as terms, a literal never equal to an IRI; an error
 (an unbound variable) is false in a FILTER and absorbed by ``||`` and ``&&`` as SPARQL's three-valued logic says.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import operator
 import re
+import struct
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Callable
@@ -28,7 +29,8 @@ from rdflib import BNode, Literal, URIRef, Variable
 from cbgp.terms import from_rdflib
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
-RDF_LANG_STRING = "http://www.w3.org/1999/02/22-rdf-syntax-ns#langString"
+_RDF = "http://www.w3.org/1999/02/22-rdf-syntax-ns#"
+RDF_LANG_STRING = _RDF + "langString"
 ERROR = object()  # a SPARQL expression error
 
 
@@ -41,12 +43,30 @@ Row = tuple
 BoolFn = Callable[[Row], Any]  # True, False or ERROR
 TermFn = Callable[[Row], Any]  # a term's string or ERROR
 
+_FLOATING = re.compile(r"(?:[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|NaN|-?INF)\Z")
+
+
+def _double(lexical: str) -> float:
+    return float(lexical.replace("INF", "inf"))
+
+
+def _single(value: float) -> float:
+    """``value`` rounded to single precision (an xsd:float's)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        raise _FALLBACK from None
+
+
+def _float(lexical: str) -> float:
+    return _single(_double(lexical))
+
+
 _NUMBER = {XSD + "integer": (0, re.compile(r"[+-]?\d+\Z"), int),
            XSD + "decimal": (1, re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)\Z"), Decimal),
-           XSD + "double": (3, re.compile(r"(?:[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|NaN|-?INF)\Z"),
-                            lambda lexical: float(lexical.replace("INF", "inf")))}
+           XSD + "float": (2, _FLOATING, _float), XSD + "double": (3, _FLOATING, _double)}
 _NUMERIC_OTHER = {XSD + t for t in (
-    "float", "int", "long", "short", "byte", "nonNegativeInteger", "nonPositiveInteger", "positiveInteger",
+    "int", "long", "short", "byte", "nonNegativeInteger", "nonPositiveInteger", "positiveInteger",
     "negativeInteger", "unsignedLong", "unsignedInt", "unsignedShort", "unsignedByte")}
 _NOT_A_NUMBER = (None, None)
 _DATE_TIME = XSD + "dateTime"
@@ -75,8 +95,8 @@ def _instant(lexical: str) -> tuple[bool, datetime]:
 
 
 def _number(term: str, cache: dict[str, tuple]) -> tuple:
-    """``(rank, value)`` of a literal of xsd:integer (rank 0), xsd:decimal (1), xsd:double (3) or xsd:dateTime
-    (``_INSTANT``), ``(None, None)`` for any other term; :class:`Fallback` for another numeric type or an
+    """``(rank, value)`` of a literal of xsd:integer (rank 0), xsd:decimal (1), xsd:float (2), xsd:double (3) or
+    xsd:dateTime (``_INSTANT``), ``(None, None)`` for any other term; :class:`Fallback` for another numeric type or an
     ill-typed value."""
     found = cache.get(term)
     if found is not None:
@@ -108,6 +128,16 @@ def _instants(rank_a: int, value_a: Any, rank_b: int, value_b: Any, compare: Cal
     if rank_a != rank_b or value_a[0] != value_b[0]:
         raise _FALLBACK
     return compare(value_a[1], value_b[1])
+
+
+def _tagged(term: str) -> bool:
+    """A language-tagged literal."""
+    return term[-1] != '"' and term[-1] != ">"
+
+
+def _unknown(term: str) -> bool:
+    """A literal of a datatype outside XSD's and RDF's namespaces: no value space, no operator."""
+    return term[-1] == ">" and not term.startswith((XSD, _RDF), term.rfind('"^^<') + 4)
 
 
 def _get(node: Any, key: str) -> Any:
@@ -167,8 +197,10 @@ class _Compiler:
             return found
         if a == b:
             return True
-        if _simple(a) and _simple(b):
-            return False
+        if (_simple(a) and _simple(b)) or _tagged(a) or _tagged(b):
+            return False  # (a language-tagged string equals no other literal, as in pyoxigraph)
+        if _unknown(a) or _unknown(b):
+            return ERROR  # (RDFterm-equal: two literals, not the same term, one outside every value space)
         raise _FALLBACK
 
     def less(self, a: Any, b: Any) -> Any:
@@ -197,8 +229,10 @@ class _Compiler:
             raise _FALLBACK
         if rank_a == _INSTANT or rank_b == _INSTANT:
             return _instants(rank_a, value_a, rank_b, value_b, compare)
-        if rank_a == 3 or rank_b == 3:
+        if rank_a >= 2 or rank_b >= 2:  # XPath's promotion: to double if either is one, else to float
             x, y = float(value_a), float(value_b)
+            if rank_a < 3 and rank_b < 3:
+                x, y = _single(x), _single(y)
             if compare is operator.lt and (x != x or y != y):
                 return ERROR
             return compare(x, y)
@@ -307,15 +341,15 @@ class _Compiler:
             if a is None or b is None:
                 return None
 
+            simple_only = name == "Builtin_LANGMATCHES"  # (a tag and a range: two simple literals)
+
             def strings(row: Row) -> Any:
                 x, y = a(row), b(row)
-                if x is ERROR or y is ERROR:
+                if x is ERROR or y is ERROR or not _compatible(x, y) or (simple_only and not _simple(x)):
                     return ERROR
-                text, pattern = _lexical(x), _lexical(y)
-                if text is None or pattern is None or not _simple(y) or (name == "Builtin_LANGMATCHES"
-                                                                         and not _simple(x)):
-                    raise _FALLBACK  # (numbers, IRIs, a tagged second argument: errors rdflib reports)
-                return test(text, pattern)
+                if "\\" in x or "\\" in y:
+                    raise _FALLBACK  # (compared escaped, "\\n" would contain "n")
+                return test(x[1:x.rfind('"')], y[1:y.rfind('"')])
             return strings
         test = _KIND_TESTS.get(name)
         if test is not None:
@@ -330,12 +364,12 @@ class _Compiler:
         return None
 
 
-def _lexical(term: str) -> str | None:
-    """The characters of a simple or language-tagged literal, None for any other term or one written with an
-    escape (compared escaped, ``\\n`` would contain ``n``)."""
-    if term[0] != '"' or "\\" in term or term[-1] == ">":
-        return None
-    return term[1:term.rfind('"')]
+def _compatible(text: str, pattern: str) -> bool:
+    """SPARQL's argument compatibility of CONTAINS and its kin: two string literals (simple or language-tagged;
+    no IRI, number or other datatype), the second simple or tagged as the first."""
+    if text[0] != '"' or pattern[0] != '"' or text[-1] == ">" or pattern[-1] == ">":
+        return False
+    return _simple(pattern) or text[text.rfind('"'):] == pattern[pattern.rfind('"'):]
 
 
 def _str(term: str) -> Any:
@@ -393,4 +427,17 @@ def compile_filter(expr: Any, schema: tuple[str, ...], decode: Callable[[int], s
     return verdict
 
 
-__all__ = ["ERROR", "Fallback", "compile_filter"]
+def compile_term(expr: Any, schema: tuple[str, ...], decode: Callable[[int], str]) -> Callable[[Row], Any] | None:
+    """A function of a row giving the term ``STR``, ``LANG`` or ``DATATYPE`` of a variable makes (its canonical
+    string; None where SPARQL has an error, an unbound variable say), or None for any other expression."""
+    if getattr(expr, "name", None) not in _TERM_FUNCTIONS or not isinstance(_get(expr, "arg"), Variable):
+        return None
+    fn = _Compiler(schema, decode).term(expr)
+
+    def value(row: Row) -> Any:
+        term = fn(row)  # type: ignore[misc]
+        return None if term is ERROR else term
+    return value
+
+
+__all__ = ["ERROR", "Fallback", "compile_filter", "compile_term"]
