@@ -171,16 +171,18 @@ class _Compiler:
             constant = from_rdflib(node)
             return lambda row: constant
         function = _TERM_FUNCTIONS.get(getattr(node, "name", None))
-        if function is not None:
-            arg = self.term(_get(node, "arg"))
-            if arg is None:
-                return None
+        return None if function is None else self.applied(function, node)
 
-            def call(row: Row) -> Any:
-                term = arg(row)
-                return ERROR if term is ERROR else function(term)
-            return call
-        return None
+    def applied(self, function: Callable[[str], Any], node: Any) -> Callable[[Row], Any] | None:
+        """``function`` of the term ``node``'s argument makes (ERROR where that argument is one)."""
+        arg = self.term(_get(node, "arg"))
+        if arg is None:
+            return None
+
+        def call(row: Row) -> Any:
+            term = arg(row)
+            return ERROR if term is ERROR else function(term)
+        return call
 
     # --- comparisons -----------------------------------------------------------------------------------
     def equal(self, a: Any, b: Any) -> Any:
@@ -352,16 +354,7 @@ class _Compiler:
                 return test(x[1:x.rfind('"')], y[1:y.rfind('"')])
             return strings
         test = _KIND_TESTS.get(name)
-        if test is not None:
-            arg = self.term(_get(node, "arg"))
-            if arg is None:
-                return None
-
-            def kind(row: Row) -> Any:
-                term = arg(row)
-                return ERROR if term is ERROR else test(term)
-            return kind
-        return None
+        return None if test is None else self.applied(test, node)
 
 
 def _compatible(text: str, pattern: str) -> bool:
