@@ -3,9 +3,9 @@
 rdflib's evaluator costs tens of microseconds a row (bindings, rdflib terms, its node lookups), so a FILTER made
 the row it filtered cost ten to a hundred times the join that made it. ``compile_filter`` turns an expression
 built only from the shapes below into a function of a row. Any other expression is not compiled, and a row whose
-terms leave the ground these shapes are sure of (an integer subtype, an xsd:date, a dateTime with a timezone
-against one without, two different literals that are not both simple) raises :class:`Fallback`, so
-that row is evaluated by rdflib (with ``strict_comparisons``) as before.
+terms leave the ground these shapes are sure of (an integer subtype, an xsd:date or boolean, a dateTime with a
+timezone against one without, an escaped character in a string test) raises :class:`Fallback`, so that row is
+evaluated by rdflib (with ``strict_comparisons``) as before.
 
 Shapes: ``&&``, ``||``, ``!``; ``BOUND``, ``isIRI``/``isURI``, ``isBlank``, ``isLiteral``, ``sameTerm``;
 ``=``, ``!=``, ``<``, ``>``, ``<=``, ``>=``, ``IN`` and ``NOT IN``; ``CONTAINS``, ``STRSTARTS``, ``STRENDS``,
