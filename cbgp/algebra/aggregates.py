@@ -11,8 +11,8 @@ from fractions import Fraction
 from typing import Any
 
 from cbgp.algebra.operators import Delta, Operator, Row, add
-from cbgp.algebra.expressions import XSD, Terms, format_decimal, format_double
-from cbgp.terms import literal, split_literal
+from cbgp.algebra.expressions import Terms, format_decimal, format_double
+from cbgp.terms import XSD, literal, split_literal
 
 
 _ERROR = object()

@@ -23,13 +23,10 @@ from rdflib import BNode, Literal, URIRef, Variable
 from rdflib.plugins.sparql.evalutils import _ebv, _eval
 from rdflib.plugins.sparql.sparql import FrozenBindings, QueryContext, SPARQLError
 
-from cbgp.algebra.fast_filters import Fallback, compile_filter, compile_term
-from cbgp.terms import TermDictionary, from_rdflib, split_literal
+from cbgp.algebra.fast_filters import INTEGER_TYPES as _INTEGER_TYPES
+from cbgp.algebra.fast_filters import Fallback, compile_filter, compile_term, lang_matches
+from cbgp.terms import XSD, TermDictionary, from_rdflib, split_literal
 
-XSD = "http://www.w3.org/2001/XMLSchema#"
-_INTEGER_TYPES = {XSD + t for t in (
-    "integer", "int", "long", "short", "byte", "nonNegativeInteger", "nonPositiveInteger", "positiveInteger",
-    "negativeInteger", "unsignedLong", "unsignedInt", "unsignedShort", "unsignedByte")}
 NUMERIC_TYPES = _INTEGER_TYPES | {XSD + "decimal", XSD + "float", XSD + "double"}
 
 
@@ -384,15 +381,10 @@ def _typed_multiplicative(e, ctx):  # noqa: ANN001, ANN202
 
 
 def _basic_langmatches(e, ctx) -> Any:  # noqa: ANN001
-    """langMatches as SPARQL defines it (RFC 4647 basic filtering): "*" matches every non-empty tag, a range
-    matches the tag equal to it or starting with it and "-", case-insensitively; so "" matches literals without
-    a language tag, as in pyoxigraph and Jena (rdflib matches nothing to "")."""
+    """langMatches as SPARQL defines it (``fast_filters.lang_matches``), not rdflib's."""
     from rdflib.plugins.sparql.operators import string
 
-    tag, wanted = str(string(e.arg1)).lower(), str(string(e.arg2)).lower()
-    if wanted == "*":
-        return Literal(tag != "")
-    return Literal(tag == wanted or (wanted != "" and tag.startswith(wanted + "-")))
+    return Literal(lang_matches(str(string(e.arg1)), str(string(e.arg2))))
 
 
 _STRICTER = {"RelationalExpression": _strict_relational, "Builtin_STRDT": _strict_strdt,

@@ -26,11 +26,13 @@ from typing import Any, Callable
 
 from rdflib import BNode, Literal, URIRef, Variable
 
-from cbgp.terms import from_rdflib
+from cbgp.terms import RDF_LANG_STRING, XSD, XSD_STRING, from_rdflib, is_bnode, is_iri, is_literal
 
-XSD = "http://www.w3.org/2001/XMLSchema#"
-_RDF = "http://www.w3.org/1999/02/22-rdf-syntax-ns#"
-RDF_LANG_STRING = _RDF + "langString"
+_RDF = RDF_LANG_STRING[:-len("langString")]
+# XSD's integer types: xsd:integer and the types derived from it (each with its own range).
+INTEGER_TYPES = {XSD + t for t in (
+    "integer", "int", "long", "short", "byte", "nonNegativeInteger", "nonPositiveInteger", "positiveInteger",
+    "negativeInteger", "unsignedLong", "unsignedInt", "unsignedShort", "unsignedByte")}
 ERROR = object()  # a SPARQL expression error
 
 
@@ -65,9 +67,7 @@ def _float(lexical: str) -> float:
 _NUMBER = {XSD + "integer": (0, re.compile(r"[+-]?\d+\Z"), int),
            XSD + "decimal": (1, re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)\Z"), Decimal),
            XSD + "float": (2, _FLOATING, _float), XSD + "double": (3, _FLOATING, _double)}
-_NUMERIC_OTHER = {XSD + t for t in (
-    "int", "long", "short", "byte", "nonNegativeInteger", "nonPositiveInteger", "positiveInteger",
-    "negativeInteger", "unsignedLong", "unsignedInt", "unsignedShort", "unsignedByte")}
+_NUMERIC_OTHER = INTEGER_TYPES - set(_NUMBER)  # (a subtype's range is not checked here: rdflib's)
 _NOT_A_NUMBER = (None, None)
 _DATE_TIME = XSD + "dateTime"
 _DATE_TIME_SHAPE = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?(Z|[+-]\d\d:\d\d)?\Z")
@@ -385,13 +385,14 @@ def _datatype(term: str) -> Any:
         return ERROR
     rest = term[term.rfind('"') + 1:]
     if not rest:
-        return f"<{XSD}string>"
+        return f"<{XSD_STRING}>"
     return f"<{RDF_LANG_STRING}>" if rest[0] == "@" else rest[2:]
 
 
-def _lang_matches(tag: str, wanted: str) -> bool:
-    """RFC 4647 basic filtering, as ``cbgp.algebra.expressions`` gives rdflib: "*" matches every non-empty tag,
-    "" only the empty one."""
+def lang_matches(tag: str, wanted: str) -> bool:
+    """langMatches as SPARQL defines it (RFC 4647 basic filtering): "*" matches every non-empty tag, a range
+    matches the tag equal to it or starting with it and "-", case-insensitively; so "" matches literals without
+    a language tag, as in pyoxigraph and Jena (rdflib matches nothing to "")."""
     tag, wanted = tag.lower(), wanted.lower()
     if wanted == "*":
         return tag != ""
@@ -402,10 +403,9 @@ _TERM_FUNCTIONS: dict[str, Callable[[str], Any]] = {
     "Builtin_STR": _str, "Builtin_LANG": _lang, "Builtin_DATATYPE": _datatype}
 _STRING_TESTS: dict[str, Callable[[str, str], bool]] = {
     "Builtin_CONTAINS": lambda text, part: part in text, "Builtin_STRSTARTS": str.startswith,
-    "Builtin_STRENDS": str.endswith, "Builtin_LANGMATCHES": _lang_matches}
+    "Builtin_STRENDS": str.endswith, "Builtin_LANGMATCHES": lang_matches}
 _KIND_TESTS: dict[str, Callable[[str], bool]] = {
-    "Builtin_isIRI": lambda term: term[0] == "<", "Builtin_isURI": lambda term: term[0] == "<",
-    "Builtin_isBLANK": lambda term: term[:2] == "_:", "Builtin_isLITERAL": lambda term: term[0] == '"'}
+    "Builtin_isIRI": is_iri, "Builtin_isURI": is_iri, "Builtin_isBLANK": is_bnode, "Builtin_isLITERAL": is_literal}
 
 
 def compile_filter(expr: Any, schema: tuple[str, ...], decode: Callable[[int], str]) -> Callable[[Row], bool] | None:
@@ -433,4 +433,4 @@ def compile_term(expr: Any, schema: tuple[str, ...], decode: Callable[[int], str
     return value
 
 
-__all__ = ["ERROR", "Fallback", "compile_filter", "compile_term"]
+__all__ = ["ERROR", "INTEGER_TYPES", "Fallback", "compile_filter", "compile_term", "lang_matches"]
