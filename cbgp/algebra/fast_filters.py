@@ -392,11 +392,11 @@ def _datatype(term: str) -> Any:
 def lang_matches(tag: str, wanted: str) -> bool:
     """langMatches as SPARQL defines it (RFC 4647 basic filtering): "*" matches every non-empty tag, a range
     matches the tag equal to it or starting with it and "-", case-insensitively; so "" matches literals without
-    a language tag, as in pyoxigraph and Jena (rdflib matches nothing to "")."""
+    a language tag (and a string starting "-"), as in pyoxigraph and Jena (rdflib matches nothing to "")."""
     tag, wanted = tag.lower(), wanted.lower()
     if wanted == "*":
         return tag != ""
-    return tag == wanted or (wanted != "" and tag.startswith(wanted + "-"))
+    return tag == wanted or tag.startswith(wanted + "-")
 
 
 _TERM_FUNCTIONS: dict[str, Callable[[str], Any]] = {

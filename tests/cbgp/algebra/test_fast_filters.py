@@ -99,6 +99,7 @@ def test_the_common_rows_are_decided_without_rdflib():
              ('?a >= "2010-02-10T00:00:00Z"^^xsd:dateTime', f'"2010-02-10T01:00:00+02:00"^^<{XSD}dateTime>', False),
              ('LANG(?a) = "en" && STRSTARTS(STR(?a), "ab")', '"abc"@en', True),
              ('langMatches(LANG(?a), "en")', '"abc"@en-gb', True), ("DATATYPE(?a) = xsd:integer", '"abc"', False),
+             ('langMatches(?a, "")', '"-3"', True), ('langMatches(?a, "")', '"en"', False),
              ('CONTAINS(STR(?a), "x/b")', "<http://x/b>", True), ("?a = 1.5", f'"1.5"^^<{XSD}float>', True),
              ("?a = 0.1", f'"0.1"^^<{XSD}float>', True), ("?a = 0.1e0", f'"0.1"^^<{XSD}float>', False)]
     for text, value, expected in cases:
