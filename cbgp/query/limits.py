@@ -21,8 +21,9 @@ _SETTINGS = {"query": ("CBGP_MAX_QUERY_BYTES", DEFAULT_MAX_QUERY_BYTES),
              "update": ("CBGP_MAX_UPDATE_BYTES", DEFAULT_MAX_UPDATE_BYTES)}
 NESTING_SETTING = "CBGP_MAX_QUERY_NESTING"
 # A query's words, operators, brackets, IRIs and literals (comments not counted): rdflib's parser takes about 1 ms
-# a token in an expression, and evaluating a long expression costs as much per change.  The longest of the W3C
-# suite's queries has 113.  Updates are bounded by their bytes and changes only (INSERT DATA is long by nature).
+# a token in an expression, and an expression rdflib evaluates costs tens of µs a term per change.  The longest of
+# the W3C suite's queries has 113.  Updates are bounded by their bytes and changes only (INSERT DATA is long by
+# nature).
 DEFAULT_MAX_TOKENS = 1_000
 TOKENS_SETTING = "CBGP_MAX_QUERY_TOKENS"
 # Triple patterns once property paths are rewritten: a sequence of n steps is n patterns, an alternative one per
