@@ -71,12 +71,13 @@ def has_service(text: str) -> bool:
     return True
 
 
-def rewrite_services(text: str) -> tuple[str, tuple[ServiceView, ...]]:
+def rewrite_services(text: str, check_endpoints: bool = True) -> tuple[str, tuple[ServiceView, ...]]:
     """``text`` with each ``SERVICE [SILENT] <e> { P }`` replaced by ``GRAPH <view> { P }``, and the views.
 
     Raises :class:`ServiceError` for what the fleet cannot keep as a view: a variable endpoint, a SERVICE group
     that is not a basic graph pattern, or one sharing no variable with the rest of the query.  A query without
-    SERVICE comes back unchanged with no views."""
+    SERVICE comes back unchanged with no views.  Endpoints not allowed (:func:`endpoint_problem`) are refused too,
+    unless ``check_endpoints`` is false."""
     if "service" not in text.lower():  # (no keyword can be there: spare the lexer)
         return text, ()
     try:
@@ -91,7 +92,7 @@ def rewrite_services(text: str) -> tuple[str, tuple[ServiceView, ...]]:
     tokens = service_tokens(text)
     i = 0
     for clause in plan.services:
-        problem = endpoint_problem(clause.endpoint)
+        problem = endpoint_problem(clause.endpoint) if check_endpoints else None
         if problem:
             raise ServiceError(problem)
         # Find this clause's SERVICE keyword, its endpoint token and its opening brace (in text order).

@@ -244,11 +244,12 @@ def _spark_duty(settings: KafkaSettings, duty: str, name: str, partitions: list[
 def _duty_start(duty: str, plan: dict, fleet_single_owner: bool) -> int | None:
     """Where ``duty`` must read from for one registered ``plan``, None when it does not need it.  A product is
     placed as the Spark job places it: on a single owner in a fleet whose workers run so (env ``CBGP_PLACEMENT``,
-    as theirs), else as its plan records or decomposes."""
+    as theirs), else as its plan records or decomposes.  Its SERVICE endpoints are not checked: the floor calls
+    none, and a trimmer without the fleet's ``CBGP_SERVICE_ALLOW`` must still count the query."""
     from services.wire.registrations import read_registration, recorded_placement, spark_multiplies
 
     try:
-        text, window = read_registration(plan["sparql"], plan["options"])
+        text, window = read_registration(plan["sparql"], plan["options"], check_endpoints=False)
         if duty == "windows":
             return plan["registered_at_seq"] if window is not None else None
         multiplied = spark_multiplies(text, window, recorded_placement(plan["plan_json"]), fleet_single_owner)
@@ -339,7 +340,7 @@ def _whole_shards(settings: KafkaSettings, name: str, partitions: list[int], rea
     owners: dict[int, tuple[int, bool]] = {}  # P -> (lowest registered_at_seq, whether a plan says whole)
     for query_id, (_p, plan) in reads.plans().items():
         try:
-            _text, window = read_registration(plan["sparql"], plan["options"])
+            _text, window = read_registration(plan["sparql"], plan["options"], check_endpoints=False)
             whole = recorded_placement(plan["plan_json"]) in (None, SINGLE_OWNER)
         except Exception:  # noqa: BLE001 - a plan the workers dead-letter holds nothing
             continue

@@ -111,10 +111,12 @@ def recorded_placement(plan_json: str) -> str | None:
     return placement
 
 
-def read_registration(sparql: str, options: Mapping[str, str]) -> tuple[str, WindowSpec | None]:
+def read_registration(sparql: str, options: Mapping[str, str], *,
+                      check_endpoints: bool = True) -> tuple[str, WindowSpec | None]:
     """``(plain SPARQL, window or None)`` of a registration; raises ``cbgp.windows.windowed.WindowError`` with a
     message that says what is wrong (an unknown option key included; the plain text's own errors come
-    when it is parsed).
+    when it is parsed).  ``check_endpoints=False``: a reader that calls no endpoint and must read every accepted
+    plan whatever its own ``CBGP_SERVICE_ALLOW`` (the floor) skips the endpoint check.
 
     A ``SERVICE <e> { P }`` comes back as ``GRAPH <view> { P }`` (``cbgp.background.view_graphs``): the background
     service keeps that graph equal to P's matches at the endpoint, so every service evaluates the same query."""
@@ -122,16 +124,17 @@ def read_registration(sparql: str, options: Mapping[str, str]) -> tuple[str, Win
     check_option_keys(k for k in options if not k.startswith(SERVICE_OPTION))
     plain, spec = parse_rspql(sparql)
     window = window_from_options({k: v for k, v in options.items() if not k.startswith(SERVICE_OPTION)}, base=spec)
-    return _with_views(plain, service_options, window), window
+    return _with_views(plain, service_options, window, check_endpoints), window
 
 
-def _with_views(text: str, service_options: Mapping[str, str], window: WindowSpec | None) -> str:
+def _with_views(text: str, service_options: Mapping[str, str], window: WindowSpec | None,
+                check_endpoints: bool = True) -> str:
     from cbgp.background.service_query import ServiceOptions
     from cbgp.background.service_clause import ServiceError
     from cbgp.background.view_graphs import rewrite_services
 
     try:
-        rewritten, views = rewrite_services(text)
+        rewritten, views = rewrite_services(text, check_endpoints)
         ServiceOptions.from_options(service_options)
     except ServiceError as exc:
         raise QueryError(f"SERVICE: {exc}") from None
