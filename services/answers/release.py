@@ -50,6 +50,12 @@ class _Partition:
     assemblers: dict[tuple[str, int], Assembler | GraphAssembler | Operators] = field(default_factory=dict)
     # gated registrations released -> the seq their snapshot is as of
     opened: dict[tuple[str, int], int] = field(default_factory=dict)
+    # The opened ones the commit metadata names: those a restore cannot tell from their plan's position
+    # (SeqRelease.note_plan), a few, not one per registration (a Kafka broker keeps 4 KB of metadata at most)
+    listed: dict[tuple[str, int], None] = field(default_factory=dict)
+    # plans partition -> (offset, query, version) of the gated registrations of this partition not open yet, lowest
+    # first (an entry that opened or ended meanwhile is dropped when it surfaces)
+    pending: dict[int, list[tuple[int, str, int]]] = field(default_factory=dict)
     # Idempotence keys of the released deltas that the release counts, nets or multiplies (a product's parts,
     # DISTINCT rows, a gate's): a copy made by two workers that both held a routed partition for a moment
     # during a rebalance is released once.  (Plain deltas' repeated keys are dropped by the answers core.)
@@ -77,6 +83,11 @@ class SeqRelease:
         known not to be an operator query is not parsed when its gate opens."""
         self.n_routed = routed_partitions
         self.partitions: dict[int, _Partition] = {}
+        # queries.plans as read (note_plan): query id -> (version, deltas.parts partition, plans partition,
+        # offset, whether the workers gate it), and the next offset to read of each plans partition
+        self.plan_at: dict[str, tuple[int, int, int, int, bool]] = {}
+        self.plans_read: dict[int, int] = {}
+        self.ended: dict[str, int] = {}  # query id -> the highest version unregistered
         self._tie = count()
         self.query_text = query_text
         self.query_class = query_class
@@ -94,22 +105,28 @@ class SeqRelease:
         before it was released whole, or dropped, when it was taken: the commit never passes a held delta),
         and what the checkpoint had already released of them is not counted again."""
         old = self.partitions.get(partition)
-        state = self.partitions[partition] = self._committed(metadata)
+        state = self.partitions[partition] = self._committed(metadata, partition)
         if keep_counts and old is not None:  # DISTINCT counts and product assemblers both are released state
             state.counts, state.assemblers = old.counts, old.assemblers
             state.released_keys = old.released_keys
         elif saved is not None:
             state.counts, state.assemblers = saved["counts"], saved["assemblers"]
             state.released_keys = saved["released_keys"]
-            state.checkpointed = self._committed(saved["metadata"])
+            state.checkpointed = self._committed(saved["metadata"], partition)
+            for key, as_of in saved.get("opened", {}).items():  # (what the metadata leaves to the plans' order)
+                if state.opened.get(key) == -1:
+                    state.opened[key] = as_of
             for assembler in state.assemblers.values():
                 if isinstance(assembler, Operators):
                     assembler.rebind(self.terms)
         return state.released_end
 
-    def _committed(self, metadata: str | None) -> _Partition:
-        """A partition state with the frontiers, read position and opened gates of commit ``metadata``."""
+    def _committed(self, metadata: str | None, partition: int) -> _Partition:
+        """A partition state with the frontiers, read position and opened gates of commit ``metadata``: those it
+        names, and every gated registration of ``partition`` below its ``below`` offsets of queries.plans (as of
+        unknown, -1)."""
         state = _Partition()
+        below: dict[int, int] = {}
         try:
             stored = json.loads(metadata or "{}")
             state.frontiers = {int(p): int(s) for p, s in stored.get("frontiers", {}).items()}
@@ -119,8 +136,19 @@ class SeqRelease:
             # ([query, version, as_of]; [query, version] as committed before as_of was kept: as of unknown)
             state.opened = {(entry[0], int(entry[1])): int(entry[2]) if len(entry) > 2 else -1
                             for entry in stored.get("opened", [])}
+            below = {int(p): int(offset) for p, offset in stored.get("below", {}).items()}
         except (ValueError, AttributeError, TypeError, IndexError):
-            state.frontiers, state.applied, state.released_end, state.opened = {}, {}, 0, {}
+            state.frontiers, state.applied, state.released_end, state.opened, below = {}, {}, 0, {}, {}
+        state.listed = dict.fromkeys(state.opened)
+        for query_id, (version, part, plans_partition, offset, gated) in self.plan_at.items():
+            if part != partition or not gated:
+                continue
+            if offset < below.get(plans_partition, -1):
+                state.opened.setdefault((query_id, version), -1)
+            elif (query_id, version) not in state.opened:
+                state.pending.setdefault(plans_partition, []).append((offset, query_id, version))
+        for heap in state.pending.values():
+            heapq.heapify(heap)
         state.released_seq = self._lowest(state.frontiers)
         state.released_applied = max(state.released_seq, self._lowest(state.applied))
         return state
@@ -131,7 +159,7 @@ class SeqRelease:
         read position.  Pickled by the caller; it shares objects with the live state."""
         state = self.partitions[partition]
         return {"metadata": metadata, "counts": state.counts, "assemblers": state.assemblers,
-                "released_keys": state.released_keys}
+                "released_keys": state.released_keys, "opened": dict(state.opened)}
 
     def drop(self, partition: int) -> None:
         self.partitions.pop(partition, None)
@@ -187,11 +215,68 @@ class SeqRelease:
         ahead = {p: seq for p, seq in state.applied.items() if seq > state.frontiers.get(p, -1)}
         if ahead:
             stored["applied"] = ahead
-        if state.opened:
-            stored["opened"] = sorted([q, v, as_of] for (q, v), as_of in state.opened.items())
+        if self.plans_read:
+            below = self._below(partition, state)
+            stored["below"] = {str(p): offset for p, offset in sorted(below.items())}
+            state.listed = dict.fromkeys(key for key in state.listed
+                                         if not self._derivable(key, partition, below) and not self._dead(key))
+        if state.listed:
+            stored["opened"] = sorted([q, v, state.opened.get((q, v), -1)] for q, v in state.listed)
         pins = [min(state.records)] if state.records else []
         pins += [offset for gate in state.gates.values() for offset in gate.marks]
         return (min(pins) if pins else next_offset), json.dumps(stored, separators=(",", ":"))
+
+    # -- registrations
+
+    def note_plan(self, query_id: str, version: int | None, part: int, plans_partition: int, offset: int,
+                  gated: bool = True, ended: int | None = None) -> None:
+        """One queries.plans record read at ``offset`` of ``plans_partition``: registration ``version`` of
+        ``query_id``, whose deltas are on deltas.parts partition ``part`` (``gated``: the workers gate it; false
+        only when its plan says they do not: windowed, or placed on a single owner), or (``version`` None) its
+        tombstone, which ends ``ended`` (else the version known).
+
+        The commit metadata then names only the opened gates a restore cannot tell from the plans' order: the
+        rest are below its ``below`` offsets, under the lowest gated registration not opened yet."""
+        known = self.plan_at.get(query_id)
+        if version is None:
+            self.plan_at.pop(query_id, None)
+            last = ended if ended is not None else known[0] if known is not None else None
+            if last is not None:
+                self.ended[query_id] = max(last, self.ended.get(query_id, 0))
+            return
+        if known is not None and known[0] > version:
+            return
+        self.plan_at[query_id] = (version, part, plans_partition, offset, gated)
+        state = self.partitions.get(part)
+        if gated and state is not None and (query_id, version) not in state.opened:
+            heapq.heappush(state.pending.setdefault(plans_partition, []), (offset, query_id, version))
+
+    def _below(self, partition: int, state: _Partition) -> dict[int, int]:
+        """Per plans partition read, an offset below which every gated registration of ``partition`` this
+        service has read is open: the lowest one not open yet, else the next offset to read."""
+        below = {}
+        for plans_partition, read in self.plans_read.items():
+            heap = state.pending.get(plans_partition)
+            while heap:
+                offset, query_id, version = heap[0]
+                known = self.plan_at.get(query_id)
+                if known is not None and known[0] == version and known[3] == offset and \
+                        (query_id, version) not in state.opened:
+                    break
+                heapq.heappop(heap)
+            below[plans_partition] = min(read, heap[0][0]) if heap else read
+        return below
+
+    def _derivable(self, key: tuple[str, int], partition: int, below: dict[int, int]) -> bool:
+        """Whether a restore with ``below`` finds ``key`` open from its plan alone."""
+        known = self.plan_at.get(key[0])
+        return (known is not None and known[0] == key[1] and known[1] == partition and known[4]
+                and known[3] < below.get(known[2], -1))
+
+    def _dead(self, key: tuple[str, int]) -> bool:
+        """A registration queries.plans has ended: registered again with a newer version, or unregistered."""
+        known = self.plan_at.get(key[0])
+        return known[0] > key[1] if known is not None else key[1] <= self.ended.get(key[0], -1)
 
     def stopped(self) -> list[tuple[str, int, str]]:
         """The operator queries that stopped (``OperatorTree.failed``): (query id, version, why)."""
@@ -280,6 +365,8 @@ class SeqRelease:
             if not len(deltas):
                 return self._release(partition)
         key = (deltas.query_id, deltas.version)
+        if deltas.gated and key not in state.opened and key not in state.gates and self._dead(key):
+            return self._release(partition)  # an ended registration's, read again: the answers core drops them too
         as_of = state.opened.get(key, -1) if deltas.gated else -1
         if as_of >= 0 and min(deltas.seq) <= as_of:
             # Its gate opened once every partition's frontier had passed as_of, so a registration's delta up to
@@ -310,6 +397,7 @@ class SeqRelease:
             upto = as_of
             del state.gates[key]
             state.opened[key] = upto
+            state.listed[key] = None
             # a bundle's origin: its earliest record's (the answers' latency counts from the oldest change in it)
             origins = {offset: state.records[offset][1] for offset, _d, _i in gate.items if offset in state.records}
             # The items up to as_of are netted here, a repeated key (two owners' copies) once; later ones join

@@ -51,9 +51,9 @@ class AnswersService:
                                 self.t_source)
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.dictionary = Dictionary(settings)
-        self.plans = Plans(settings, self.core)
         self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))), self._query_text,
                                   self.dictionary.terms, self._query_class)
+        self.plans = Plans(settings, self.core, self.release, len(end_offsets(settings, self.t_source)))
         self.input: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member
         self.assigned: set[int] = set()  # partitions whose deltas are processed now
@@ -82,6 +82,9 @@ class AnswersService:
                 self.release.drop(partition)
                 self.held.discard(partition)
         answers_ends = end_offsets(self.settings, self.t_answers) if new - self.held else {}
+        # Every plan first: a commit's metadata leaves the gates it opened to their place in queries.plans, up to
+        # where its writer had read (SeqRelease.note_plan).
+        self.plans.load()
         for tp in partitions:
             # Held deltas are re-read from the committed offset: restart the release from what was committed
             # with it (an unchanged re-assignment keeps its DISTINCT counts; a new partition rebuilds them, from

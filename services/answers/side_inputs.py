@@ -11,7 +11,10 @@ from confluent_kafka import Consumer, Message
 from services import codec
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets
-from services.wire.registrations import read_registration, recorded_class
+from cbgp.query.plan import SINGLE_OWNER
+from services.answers.release import SeqRelease
+from services.wire.records import query_partition
+from services.wire.registrations import read_registration, recorded_class, recorded_placement
 from services.registry.core import tombstone_version
 from services.kafka.fetch import Fetcher
 from services.kafka.replay import read_range
@@ -98,13 +101,20 @@ class Plans:
     fetches in a tight loop on noida-db.  Positions are never committed: every life reads it from the start.
     """
 
-    def __init__(self, settings: KafkaSettings, core: AnswersCore) -> None:
+    def __init__(self, settings: KafkaSettings, core: AnswersCore, release: SeqRelease | None = None,
+                 deltas_partitions: int = 1) -> None:
+        """``release``: told of each registration's place in queries.plans (``SeqRelease.note_plan``), whose
+        deltas go to ``query_partition(query id, deltas_partitions)``."""
         self.settings = settings
         self.topic = settings.topic("queries.plans")
         self.core = core
+        self.release = release
+        self.deltas_partitions = deltas_partitions
         self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}answers.plans",
                                                           enable_partition_eof=True))
         self.positions = {p: 0 for p in end_offsets(settings, self.topic)}
+        if release is not None:
+            release.plans_read = self.positions  # (the same dict: what was read, as it is read)
         self.next_poll = 0.0
 
     def load(self) -> None:
@@ -126,14 +136,27 @@ class Plans:
                 continue
             self.positions[msg.partition()] = msg.offset() + 1
             key = (msg.key() or b"").decode("utf-8", "replace")
+            part = query_partition(key, self.deltas_partitions)
             if msg.value() is None:
-                self.core.on_plan(key, None, tombstone_version(msg.headers()))
+                ended = tombstone_version(msg.headers())
+                self.core.on_plan(key, None, ended)
+                if self.release is not None:
+                    self.release.note_plan(key, None, part, msg.partition(), msg.offset(), ended=ended)
                 continue
             try:
                 plan = codec.decode("QueryPlan", msg.value())
-                text, _window = read_registration(plan["sparql"], plan["options"])
-            except (codec.CodecError, ValueError):
+            except codec.CodecError:
                 continue  # the registry's own output; not ours to reject
+            try:
+                # (no endpoint check: this service calls none, and must read every plan the registry accepted)
+                text, window = read_registration(plan["sparql"], plan["options"], check_endpoints=False)
+            except ValueError:
+                text, window = None, None
+            if self.release is not None:  # (the workers gate what they place by centre; a guess costs only bytes)
+                self.release.note_plan(key, plan["version"], part, msg.partition(), msg.offset(),
+                                       window is None and not _single_owner(plan["plan_json"]))
+            if text is None:
+                continue  # (its deltas, if any, are released as a plain query's)
             self.core.texts[(key, plan["version"])] = text
             query_class = recorded_class(plan["plan_json"])
             if query_class is not None:
@@ -142,3 +165,10 @@ class Plans:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _single_owner(plan_json: str) -> bool:
+    try:
+        return recorded_placement(plan_json) == SINGLE_OWNER
+    except ValueError:
+        return False

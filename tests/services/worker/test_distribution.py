@@ -286,7 +286,8 @@ def run_distributed(lines: list[str], queries: dict[str, str], n_routed: int, n_
         stats["gated_in_evaluators"] = sum(state.gated for core in workers for shard in core.shards.values()
                                            if shard.evaluator is not None
                                            for state in shard.evaluator.queries.values())
-    return answers_side(deltas, n_routed, dictionary, queries, rng, crash_rate, checkpoint_rate, stats)
+    return answers_side(deltas, n_routed, dictionary, queries, rng, crash_rate, checkpoint_rate, stats,
+                        plans=[key.decode() for _offset, key, _value in plan_log])
 
 
 class MemoryCheckpoints:
@@ -312,7 +313,7 @@ class MemoryCheckpoints:
 
 def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict[int, str], queries: dict[str, str],
                  rng: random.Random, crash_rate: float, checkpoint_rate: float = 0.0,
-                 stats: dict | None = None) -> dict[str, list[tuple[int, str, tuple]]]:
+                 stats: dict | None = None, plans: list[str] | None = None) -> dict[str, list[tuple[int, str, tuple]]]:
     """Each deltas.parts partition read in order through the release into the answers core, committing after
     every record; with ``crash_rate``, the answers service "dies" after a commit now and then and a new one
     restores as the service does (answers log -> core, commit metadata -> release, DISTINCT counts and product
@@ -320,7 +321,10 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
     the same instance unchanged (it keeps its released state), and reads again from the committed offset.
     ``checkpoint_rate``: after a commit, the partition is checkpointed with this probability
     (``services.answers.checkpoint``), and a new instance restores from the last checkpoint plus the answers and
-    deltas after it (``stats["answers_from_checkpoint"]`` counts those restores)."""
+    deltas after it (``stats["answers_from_checkpoint"]`` counts those restores).  ``plans``: the queries in
+    queries.plans order, read by every instance before it restores (``SeqRelease.note_plan``, every one taken for
+    gated: the commit metadata then names only the gates opened above the lowest one still shut;
+    ``stats["opened_from_plans"]`` counts the gates a restore found open from the plans' order alone)."""
     produced: dict[str, list[tuple[int, str, tuple]]] = {name: [] for name in queries}
     for d in deltas:
         log: list = []  # this partition's committed Answer outputs (the answers topic)
@@ -329,6 +333,10 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
 
         def fresh():
             release = SeqRelease(n_routed, lambda query_id, _version: queries.get(query_id), dictionary)
+            if plans is not None:
+                release.plans_read = {0: len(plans)}
+                for plan_offset, name in enumerate(plans):
+                    release.note_plan(name, 1, d, 0, plan_offset)
             core = AnswersCore("u.answers", "u.answers.current", "u.deadletter", "u.deltas.parts")
             saved = load_shard(checkpoint) if checkpoint is not None else None
             last = log[saved["answers_end"] - 1].value if saved and saved["answers_end"] else None
@@ -341,6 +349,10 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
             for out in log[saved["answers_end"] if saved else 0:]:
                 core.restore(d, out.value, dict(out.headers or ()))
             end = release.restore(d, committed[1], saved=saved["release"] if saved else None)
+            if stats is not None and committed[1]:
+                named = {(q, v) for q, v, *_as_of in json.loads(committed[1]).get("opened", [])}
+                stats["opened_from_plans"] = stats.get("opened_from_plans", 0) + len(
+                    set(release.partitions[d].opened) - named)
             for off in range(saved["position"] if saved else 0, end):
                 if codec.frontier_of(deltas[d][off]) is None and codec.probe_ready_of(deltas[d][off]) is None:
                     release.restore_counts(d, off, codec.part_delta_columns(deltas[d][off]))
@@ -473,6 +485,7 @@ def test_workers_and_answers_restored_from_checkpoints_answer_exactly(seed: int)
     if late and seed % 4 == 1:  # (checkpoints stopped at the registration: restores adopt older ones)
         assert stats["other_queries"] > 0, stats
     assert stats.get("answers_from_checkpoint", 0) >= 3, stats
+    assert stats.get("opened_from_plans", 0) > 0, "restores found opened gates the metadata did not name"
 
 
 @pytest.mark.parametrize("seed", range(16))
