@@ -106,19 +106,22 @@ class SeqRelease:
         and what the checkpoint had already released of them is not counted again."""
         old = self.partitions.get(partition)
         state = self.partitions[partition] = self._committed(metadata, partition)
+        known_as_of: dict[tuple[str, int], int] = {}  # (the as_of of gates the metadata leaves to the plans' order)
         if keep_counts and old is not None:  # DISTINCT counts and product assemblers both are released state
             state.counts, state.assemblers = old.counts, old.assemblers
             state.released_keys = old.released_keys
+            known_as_of = old.opened
         elif saved is not None:
             state.counts, state.assemblers = saved["counts"], saved["assemblers"]
             state.released_keys = saved["released_keys"]
             state.checkpointed = self._committed(saved["metadata"], partition)
-            for key, as_of in saved.get("opened", {}).items():  # (what the metadata leaves to the plans' order)
-                if state.opened.get(key) == -1:
-                    state.opened[key] = as_of
+            known_as_of = saved.get("opened", {})
             for assembler in state.assemblers.values():
                 if isinstance(assembler, Operators):
                     assembler.rebind(self.terms)
+        for key, as_of in state.opened.items():
+            if as_of == -1 and key in known_as_of:
+                state.opened[key] = known_as_of[key]
         return state.released_end
 
     def _committed(self, metadata: str | None, partition: int) -> _Partition:
