@@ -156,7 +156,7 @@ class Plans:
                 self.release.note_plan(key, plan["version"], part, msg.partition(), msg.offset(),
                                        window is None and not _single_owner(plan["plan_json"]))
             if text is None:
-                continue  # (its deltas, if any, are released as a plain query's)
+                continue  # the registry's own output; not ours to reject
             self.core.texts[(key, plan["version"])] = text
             query_class = recorded_class(plan["plan_json"])
             if query_class is not None:

@@ -116,7 +116,7 @@ def read_registration(sparql: str, options: Mapping[str, str], *,
     """``(plain SPARQL, window or None)`` of a registration; raises ``cbgp.windows.windowed.WindowError`` with a
     message that says what is wrong (an unknown option key included; the plain text's own errors come
     when it is parsed).  ``check_endpoints=False``: a reader that calls no endpoint and must read every accepted
-    plan whatever its own ``CBGP_SERVICE_ALLOW`` (the floor) skips the endpoint check.
+    plan whatever its own ``CBGP_SERVICE_ALLOW`` (the floor, the answers service) skips the endpoint check.
 
     A ``SERVICE <e> { P }`` comes back as ``GRAPH <view> { P }`` (``cbgp.background.view_graphs``): the background
     service keeps that graph equal to P's matches at the endpoint, so every service evaluates the same query."""
