@@ -3,15 +3,17 @@
 rdflib's evaluator costs tens of microseconds a row (bindings, rdflib terms, its node lookups), so a FILTER made
 the row it filtered cost ten to a hundred times the join that made it. ``compile_filter`` turns an expression
 built only from the shapes below into a function of a row. Any other expression is not compiled, and a row whose
-terms leave the ground these shapes are sure of (an integer subtype, an xsd:date or boolean, a dateTime with a
-timezone against one without, an escaped character in a string test) raises :class:`Fallback`, so that row is
-evaluated by rdflib (with ``strict_comparisons``) as before.
+terms leave the ground these shapes are sure of (an integer subtype, an ill-typed number, an xsd:date, a dateTime
+with a timezone tested for equality with one without, an escaped character in a string test) raises
+:class:`Fallback`, so that row is evaluated by rdflib (with ``strict_comparisons``) as before.
 
 Shapes: ``&&``, ``||``, ``!``; ``BOUND``, ``isIRI``/``isURI``, ``isBlank``, ``isLiteral``, ``sameTerm``;
 ``=``, ``!=``, ``<``, ``>``, ``<=``, ``>=``, ``IN`` and ``NOT IN``; ``CONTAINS``, ``STRSTARTS``, ``STRENDS``,
 ``langMatches``; over variables, constants and ``STR``, ``LANG``, ``DATATYPE`` of them. Comparisons
 follow SPARQL's operator mapping: numbers (xsd:integer, decimal, float, double) and xsd:dateTime by value,
-simple literals by their characters, IRIs and blank nodes as terms, a literal never equal to an IRI; an error
+simple literals by their characters, IRIs and blank nodes as terms, a literal never equal to an IRI, a number
+never equal to a literal of another value space nor ordered with it, a literal of an unknown datatype neither, a
+dateTime without a timezone ordered against one with by XSD's 14 hours either side (as pyoxigraph does); an error
 (an unbound variable) is false in a FILTER and absorbed by ``||`` and ``&&`` as SPARQL's three-valued logic says.
 """
 
@@ -122,12 +124,29 @@ def _number(term: str, cache: dict[str, tuple]) -> tuple:
     return found
 
 
-def _instants(rank_a: int, value_a: Any, rank_b: int, value_b: Any, compare: Callable[[Any, Any], bool]) -> bool:
-    """Two xsd:dateTime values compared, both with a timezone or both without (:class:`Fallback` otherwise: a
-    number against a date, or the XSD rule for one timezone against none)."""
-    if rank_a != rank_b or value_a[0] != value_b[0]:
+_NO_ZONE_SPAN = timedelta(hours=14)  # a dateTime without a timezone: any instant within 14 hours of it (XSD)
+
+
+def _instants(rank_a: int, value_a: Any, rank_b: int, value_b: Any, compare: Callable[[Any, Any], bool]) -> Any:
+    """Two xsd:dateTime values compared (:class:`Fallback` for a number against a date).  One with a timezone and
+    one without are ordered as XSD orders them, and as pyoxigraph does: by the span of 14 hours either side of the
+    one without, an error inside it (:class:`Fallback` for ``=`` and on the span's very ends)."""
+    if rank_a != rank_b:
         raise _FALLBACK
-    return compare(value_a[1], value_b[1])
+    if value_a[0] == value_b[0]:
+        return compare(value_a[1], value_b[1])
+    if compare is not operator.lt:
+        raise _FALLBACK
+    zoned, floating = (value_a[1], value_b[1]) if value_a[0] else (value_b[1], value_a[1])
+    low, high = floating - _NO_ZONE_SPAN, floating + _NO_ZONE_SPAN
+    if low < zoned < high:
+        return ERROR
+    if zoned < low or zoned > high:
+        return (zoned < low) == value_a[0]  # (a zoned first: below the span is less; a floating first: above)
+    raise _FALLBACK
+
+
+_BOOLEANS = tuple(f'"{value}"^^<{XSD}boolean>' for value in ("true", "false", "1", "0"))
 
 
 def _tagged(term: str) -> bool:
@@ -222,13 +241,22 @@ class _Compiler:
 
     def by_value(self, a: str, b: str, compare: Callable[[Any, Any], bool]) -> Any:
         """``compare`` of two literals' values when both are numbers or both dateTimes (ERROR for NaN in an
-        order, as in pyoxigraph); None when neither is such a value; :class:`Fallback` when one is."""
+        order, as in pyoxigraph); None when neither is such a value.  When one is: ``=`` is false and an order an
+        error against a literal of another value space (a string, a boolean, a dateTime against a number), both are
+        errors against one of no value space; :class:`Fallback` otherwise."""
         rank_a, value_a = _number(a, self.numbers)
         rank_b, value_b = _number(b, self.numbers)
         if rank_a is None and rank_b is None:
             return None
         if rank_a is None or rank_b is None:
+            other = a if rank_a is None else b
+            if other[0] == '"' and _unknown(other):
+                return ERROR  # (a literal of no value space neither equals nor orders with a number, as in pyoxigraph)
+            if _simple(other) or _tagged(other) or other.endswith(_BOOLEANS):
+                return False if compare is operator.eq else ERROR  # (another value space: never equal, no order)
             raise _FALLBACK
+        if (rank_a == _INSTANT) != (rank_b == _INSTANT):
+            return False if compare is operator.eq else ERROR  # (a number and a dateTime, as above)
         if rank_a == _INSTANT or rank_b == _INSTANT:
             return _instants(rank_a, value_a, rank_b, value_b, compare)
         if rank_a >= 2 or rank_b >= 2:  # XPath's promotion: to double if either is one, else to float
