@@ -146,7 +146,7 @@ def _instants(rank_a: int, value_a: Any, rank_b: int, value_b: Any, compare: Cal
     raise _FALLBACK
 
 
-_BOOLEANS = tuple(f'"{value}"^^<{XSD}boolean>' for value in ("true", "false", "1", "0"))
+_BOOLEANS = frozenset(f'"{value}"^^<{XSD}boolean>' for value in ("true", "false", "1", "0"))
 
 
 def _tagged(term: str) -> bool:
@@ -252,7 +252,7 @@ class _Compiler:
             other = a if rank_a is None else b
             if other[0] == '"' and _unknown(other):
                 return ERROR  # (a literal of no value space neither equals nor orders with a number, as in pyoxigraph)
-            if _simple(other) or _tagged(other) or other.endswith(_BOOLEANS):
+            if _simple(other) or _tagged(other) or other in _BOOLEANS:
                 return False if compare is operator.eq else ERROR  # (another value space: never equal, no order)
             raise _FALLBACK
         if (rank_a == _INSTANT) != (rank_b == _INSTANT):
