@@ -127,12 +127,10 @@ def _number(term: str, cache: dict[str, tuple]) -> tuple:
 _NO_ZONE_SPAN = timedelta(hours=14)  # a dateTime without a timezone: any instant within 14 hours of it (XSD)
 
 
-def _instants(rank_a: int, value_a: Any, rank_b: int, value_b: Any, compare: Callable[[Any, Any], bool]) -> Any:
-    """Two xsd:dateTime values compared (:class:`Fallback` for a number against a date).  One with a timezone and
-    one without are ordered as XSD orders them, and as pyoxigraph does: by the span of 14 hours either side of the
-    one without, an error inside it (:class:`Fallback` for ``=`` and on the span's very ends)."""
-    if rank_a != rank_b:
-        raise _FALLBACK
+def _instants(value_a: Any, value_b: Any, compare: Callable[[Any, Any], bool]) -> Any:
+    """Two xsd:dateTime values compared.  One with a timezone and one without are ordered as XSD orders them, and
+    as pyoxigraph does: by the span of 14 hours either side of the one without, an error inside it
+    (:class:`Fallback` for ``=`` and on the span's very ends)."""
     if value_a[0] == value_b[0]:
         return compare(value_a[1], value_b[1])
     if compare is not operator.lt:
@@ -257,8 +255,8 @@ class _Compiler:
             raise _FALLBACK
         if (rank_a == _INSTANT) != (rank_b == _INSTANT):
             return False if compare is operator.eq else ERROR  # (a number and a dateTime, as above)
-        if rank_a == _INSTANT or rank_b == _INSTANT:
-            return _instants(rank_a, value_a, rank_b, value_b, compare)
+        if rank_a == _INSTANT:
+            return _instants(value_a, value_b, compare)
         if rank_a >= 2 or rank_b >= 2:  # XPath's promotion: to double if either is one, else to float
             x, y = float(value_a), float(value_b)
             if rank_a < 3 and rank_b < 3:
