@@ -136,6 +136,7 @@ class IngestProcessor:
         self.max_term_bytes = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
         self.max_dead_per_record = limit(DEAD_PER_RECORD_SETTING, DEFAULT_DEAD_PER_RECORD)
         self._record_dead, self._record_lines = 0, None
+        self._source, self._record_time = (0, 0), None  # the record being taken: its place, its Kafka time
         self.t_dictionary = settings.topic("dictionary")
         self.t_encoded = settings.topic("updates.encoded")
         self.t_routed = settings.topic("updates.routed")
@@ -279,6 +280,8 @@ class IngestProcessor:
         lines around it go on."""
         out: list[Output] = []
         self._record_dead, self._record_lines = 0, None
+        self._source = (raw.partition, raw.offset)  # (of each change taken from this record)
+        self._record_time = raw.timestamp_ms if raw.timestamp_ms is not None and raw.timestamp_ms >= 0 else None
         try:
             self._accept(out, raw)
         except Exception as exc:  # noqa: BLE001 - see the docstring; the outputs made so far are kept
@@ -311,17 +314,19 @@ class IngestProcessor:
         if fmt == UPDATE_FORMAT:
             self._update_request(out, raw, origin)
             return
+        change = self._change
         for item in parse_input(raw.value, fmt):
             if isinstance(item, InputError):
                 reason = "invalid-utf8" if item.message.startswith("invalid UTF-8") else "malformed-rdf"
                 self._dead(out, raw, reason, f"line {item.line}: {item.message}", item.line)
                 continue
+            op, s, p, o, g, line, _position = item  # (unpacked: a named tuple's fields are slower one by one)
             try:
-                self._change(out, raw, origin, item.op, item.s, item.p, item.o, item.g, None, item.line)
+                change(out, raw, origin, op, s, p, o, g, None, line)
             except Exception as exc:  # noqa: BLE001 - this line only (a change leaves no trace when it fails)
                 log.exception("record %s[%d]@%d line %d: internal error", raw.topic, raw.partition, raw.offset,
-                              item.line)
-                self._dead(out, raw, "internal-error", f"line {item.line}: {type(exc).__name__}: {exc}", item.line)
+                              line)
+                self._dead(out, raw, "internal-error", f"line {line}: {type(exc).__name__}: {exc}", line)
 
     def _update_request(self, out: list[Output], raw: RawRecord, origin: int | None) -> None:
         """A SPARQL 1.1 Update request: apply it atomically to the current graph; emit the quads it really
@@ -383,10 +388,11 @@ class IngestProcessor:
 
         `mirrored`: the change is already in the graph mirror (it came from a SPARQL Update request).
         """
-        problem = position_problem(s, p, o, g)
-        if problem:
-            self._dead(out, raw, "malformed-rdf", (f"line {line}: " if line else "") + problem, line)
-            return
+        if s[:1] == '"' or p[:1] != "<" or (g is not None and g[:1] == '"'):  # (the rare case, by the first character)
+            problem = position_problem(s, p, o, g)
+            if problem:
+                self._dead(out, raw, "malformed-rdf", (f"line {line}: " if line else "") + problem, line)
+                return
         known = self.known
         s_id, p_id, o_id = known.get(s), known.get(p), known.get(o)
         if s_id is None or p_id is None or o_id is None or g is not None:
@@ -396,7 +402,9 @@ class IngestProcessor:
                 self._dead(out, raw, "term-too-large", (f"line {line}: " if line else "") + problem, line)
                 return
             try:
-                s_id, p_id, o_id = (self._encode(term) for term in (s, p, o))
+                s_id = self._encode(s) if s_id is None else s_id
+                p_id = self._encode(p) if p_id is None else p_id
+                o_id = self._encode(o) if o_id is None else o_id
                 gid = DEFAULT_GRAPH_ID if g is None else self._encode(g)
             except TermCollisionError as exc:
                 self._dead(out, raw, "term-collision", str(exc), line)
@@ -404,8 +412,8 @@ class IngestProcessor:
         else:
             gid = DEFAULT_GRAPH_ID
         quad = (s_id, p_id, o_id, gid)
-        if event_time_ms is None and raw.timestamp_ms is not None and raw.timestamp_ms >= 0:
-            event_time_ms = raw.timestamp_ms  # the Kafka record's time is the event time unless one was given
+        if event_time_ms is None:
+            event_time_ms = self._record_time  # the Kafka record's time is the event time unless one was given
         if origin is not None and (self.pending_origin is None or origin < self.pending_origin):
             self.pending_origin = origin
         if op > 0:
@@ -413,7 +421,7 @@ class IngestProcessor:
                 NOOP_ADD.inc()
                 # no change to the graph, but event-time windows must see the newer time (spark.window_stream)
                 self.pending_encoded.append(change_of((self.seq, INSERT, *quad, event_time_ms, ROLE_BOTH, True)))
-                self.pending_sources.append((raw.partition, raw.offset))
+                self.pending_sources.append(self._source)
                 return
             self.present[quad] = self.seq + 1  # (its seq, given below)
         else:
@@ -436,7 +444,7 @@ class IngestProcessor:
         seq = self.seq
         change = change_of((seq, op, *quad, event_time_ms, ROLE_BOTH, False))
         self.pending_encoded.append(change)
-        self.pending_sources.append((raw.partition, raw.offset))
+        self.pending_sources.append(self._source)
         pending = self.pending_routed
         for partition, role in routes(s_id, o_id, self.n_routed):
             routed = pending.get(partition)
