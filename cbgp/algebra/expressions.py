@@ -19,7 +19,7 @@ import re
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any
 
-from rdflib import BNode, Literal, URIRef, Variable
+from rdflib import RDF, BNode, Literal, URIRef, Variable
 from rdflib.plugins.sparql.evalutils import _ebv, _eval
 from rdflib.plugins.sparql.sparql import FrozenBindings, QueryContext, SPARQLError
 
@@ -272,22 +272,82 @@ def _strict_relational(e, ctx):  # noqa: ANN001, ANN202
             if ca is None or ca != cb:
                 raise SPARQLError(f"cannot compare {a.n3()} and {b.n3()}")
     elif e.other is not None and e.op in ("=", "!="):
-        # RDFterm-equal where no operator of the value space applies (a datatype we do not know, an ill-typed
-        # value): the same term is equal, two other literals are a type error (rdflib says "not equal").
-        a, b = e.expr, e.other
-        if (isinstance(a, Literal) and isinstance(b, Literal) and not a.language and not b.language
-                and (_unknown(a) or _unknown(b))):  # (a language-tagged string equals no other literal)
-            if _same_term(a, b):
-                return Literal(e.op == "=")
-            raise SPARQLError(f"cannot tell whether {a.n3()} and {b.n3()} are equal")
-        if _one_timezone(a, b):
-            # XSD: a value with a timezone and one without compare as the latter at every timezone (+-14 hours):
-            # further apart, they differ; closer, it is indeterminate, a type error (the W3C tests; pyoxigraph
-            # says "=" is false and "!=" true there)
-            if abs(_instant(a) - _instant(b)).total_seconds() > 14 * 3600:
-                return Literal(e.op == "!=")
-            raise SPARQLError(f"cannot tell whether {a.n3()} and {b.n3()} are equal (one has a timezone)")
+        found = _strict_equal(e.expr, e.other)
+        if found is not None:
+            return Literal(found == (e.op == "="))
+    elif e.op in ("IN", "NOT IN"):
+        # SPARQL's IN is the || of "=" with each item (an error unless one is true); rdflib's compares the
+        # terms and never errs, so ("abc" IN ("x"^^<dt>)) was false where it is an error.
+        found = _among(e.expr, [] if e.other is None or e.other == RDF.nil else e.other)
+        return Literal(found == (e.op == "IN"))
     return RelationalExpression(e, ctx)
+
+
+def _strict_equal(a: Any, b: Any) -> bool | None:
+    """SPARQL's ``a = b`` where rdflib's differs (None: rdflib's is SPARQL's); raises SPARQLError for a type error."""
+    if isinstance(a, SPARQLError):
+        raise a
+    if isinstance(b, SPARQLError):
+        raise b
+    # RDFterm-equal where no operator of the value space applies (a datatype we do not know, an ill-typed
+    # value): the same term is equal, two other literals are a type error (rdflib says "not equal").
+    if (isinstance(a, Literal) and isinstance(b, Literal) and not a.language and not b.language
+            and (_unknown(a) or _unknown(b))):  # (a language-tagged string equals no other literal)
+        if _same_term(a, b):
+            return True
+        raise SPARQLError(f"cannot tell whether {a.n3()} and {b.n3()} are equal")
+    if _one_timezone(a, b):
+        # XSD: a value with a timezone and one without compare as the latter at every timezone (+-14 hours):
+        # further apart, they differ; closer, it is indeterminate, a type error (the W3C tests; pyoxigraph
+        # says "=" is false and "!=" true there)
+        if abs(_instant(a) - _instant(b)).total_seconds() > 14 * 3600:
+            return False
+        raise SPARQLError(f"cannot tell whether {a.n3()} and {b.n3()} are equal (one has a timezone)")
+    return None
+
+
+def _among(a: Any, items: list) -> bool:
+    """``a IN (items)``: true when ``a = item`` for one of them, else a type error if one of them was, else false."""
+    from rdflib import Node
+
+    error: SPARQLError | None = None
+    for item in items:
+        try:
+            found = _strict_equal(a, item)
+            if found is None:
+                if not (isinstance(a, Node) and isinstance(item, Node)):
+                    raise SPARQLError(f"cannot compare {a!r} and {item!r}")
+                found = a.eq(item)
+                if found is NotImplemented:
+                    raise SPARQLError(f"cannot compare {a.n3()} and {item.n3()}")
+        except SPARQLError as exc:
+            error = exc
+        except TypeError as exc:
+            error = SPARQLError(*exc.args)
+        else:
+            if found:
+                return True
+    if error is not None:
+        raise error
+    return False
+
+
+def _strict_and(e, ctx):  # noqa: ANN001, ANN202
+    """``&&`` as SPARQL: false when one operand is false, even if another is an error (rdflib errs then)."""
+    from rdflib.plugins.sparql.operators import EBV
+
+    if e.other is None:
+        return e.expr
+    error: SPARQLError | None = None
+    for operand in [e.expr, *e.other]:
+        try:
+            if not EBV(operand):
+                return Literal(False)
+        except SPARQLError as exc:
+            error = exc
+    if error is not None:
+        raise error
+    return Literal(True)
 
 
 def _one_timezone(a: Any, b: Any) -> bool:
@@ -387,7 +447,35 @@ def _basic_langmatches(e, ctx) -> Any:  # noqa: ANN001
     return Literal(lang_matches(str(string(e.arg1)), str(string(e.arg2))))
 
 
-_STRICTER = {"RelationalExpression": _strict_relational, "Builtin_STRDT": _strict_strdt,
+def _erring(test: Any) -> Any:
+    """A term test (isIRI, sameTerm, ...) that is an error when an argument is one, as SPARQL's are (rdflib's
+    answer false then: ``!isIRI(STR(?unbound))`` was true)."""
+    def evaluate(e, ctx):  # noqa: ANN001, ANN202
+        args = [e.arg] if "arg" in e else [e.arg1, e.arg2]
+        for arg in args:
+            if isinstance(arg, SPARQLError):
+                raise arg
+        return Literal(test(*args))
+    return evaluate
+
+
+def _is_numeric(term: Any) -> bool:
+    from rdflib.plugins.sparql.operators import numeric
+
+    try:
+        numeric(term)
+    except Exception:  # noqa: BLE001 - rdflib's Builtin_isNUMERIC: anything numeric() refuses is not a number
+        return False
+    return True
+
+
+_TESTS = {"Builtin_isIRI": _erring(lambda term: isinstance(term, URIRef)),
+          "Builtin_isURI": _erring(lambda term: isinstance(term, URIRef)),
+          "Builtin_isBLANK": _erring(lambda term: isinstance(term, BNode)),
+          "Builtin_isLITERAL": _erring(lambda term: isinstance(term, Literal)),
+          "Builtin_isNUMERIC": _erring(_is_numeric), "Builtin_sameTerm": _erring(lambda a, b: a == b)}
+_STRICTER = {"RelationalExpression": _strict_relational, "ConditionalAndExpression": _strict_and, **_TESTS,
+             "Builtin_STRDT": _strict_strdt,
              "MultiplicativeExpression": _typed_multiplicative, "Builtin_LANGMATCHES": _basic_langmatches}
 
 
