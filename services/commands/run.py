@@ -185,7 +185,9 @@ class LiveView:
 
     Idle it costs next to nothing: its inputs are read by a :class:`services.runtime.life.Fetcher`, which stops
     fetching once every partition reported its end (the embedded broker answers an empty fetch at once, so a
-    consumer left assigned spins), and the view only listens again after a pause.  Of ``updates.encoded`` it
+    consumer left assigned spins), and the view only listens again after a pause.  Busy, it reads answers at most
+    about four times a second, each time all that came meanwhile (one read per answers transaction cost the
+    view a fetch turn each).  Of ``updates.encoded`` it
     reads only the newest records, when it draws: the whole log is the stream itself, which the view would
     otherwise fetch a second time beside the fleet."""
 
@@ -241,6 +243,8 @@ class LiveView:
                 continue
             for msg in msgs:
                 self.consume(msg)
+            if len(msgs) < self.fetcher.max_records:  # caught up: the view waits a moment and reads a fuller batch
+                time.sleep(min(self.IDLE_PAUSE_S, max(0.0, deadline - time.monotonic())))
 
     def consume(self, msg: Any) -> None:
         if msg.error() is not None:
