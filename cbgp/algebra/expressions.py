@@ -447,33 +447,47 @@ def _basic_langmatches(e, ctx) -> Any:  # noqa: ANN001
     return Literal(lang_matches(str(string(e.arg1)), str(string(e.arg2))))
 
 
-def _erring(test: Any) -> Any:
-    """A term test (isIRI, sameTerm, ...) that is an error when an argument is one, as SPARQL's are (rdflib's
-    answer false then: ``!isIRI(STR(?unbound))`` was true)."""
-    def evaluate(e, ctx):  # noqa: ANN001, ANN202
-        args = [e.arg] if "arg" in e else [e.arg1, e.arg2]
-        for arg in args:
-            if isinstance(arg, SPARQLError):
-                raise arg
-        return Literal(test(*args))
-    return evaluate
+def _arguments(e) -> list:  # noqa: ANN001
+    """A term test's arguments (isIRI, sameTerm, ...), an error when one is, as SPARQL's tests are (rdflib's answer
+    false then: ``!isIRI(STR(?unbound))`` was true).  The tests are module functions: checkpoints pickle them by
+    name (``cbgp.algebra.pickling``)."""
+    args = [e.arg] if "arg" in e else [e.arg1, e.arg2]
+    for arg in args:
+        if isinstance(arg, SPARQLError):
+            raise arg
+    return args
 
 
-def _is_numeric(term: Any) -> bool:
+def _is_iri(e, ctx):  # noqa: ANN001, ANN202
+    return Literal(isinstance(_arguments(e)[0], URIRef))
+
+
+def _is_blank(e, ctx):  # noqa: ANN001, ANN202
+    return Literal(isinstance(_arguments(e)[0], BNode))
+
+
+def _is_literal(e, ctx):  # noqa: ANN001, ANN202
+    return Literal(isinstance(_arguments(e)[0], Literal))
+
+
+def _is_numeric(e, ctx):  # noqa: ANN001, ANN202
     from rdflib.plugins.sparql.operators import numeric
 
+    (term,) = _arguments(e)
     try:
         numeric(term)
     except Exception:  # noqa: BLE001 - rdflib's Builtin_isNUMERIC: anything numeric() refuses is not a number
-        return False
-    return True
+        return Literal(False)
+    return Literal(True)
 
 
-_TESTS = {"Builtin_isIRI": _erring(lambda term: isinstance(term, URIRef)),
-          "Builtin_isURI": _erring(lambda term: isinstance(term, URIRef)),
-          "Builtin_isBLANK": _erring(lambda term: isinstance(term, BNode)),
-          "Builtin_isLITERAL": _erring(lambda term: isinstance(term, Literal)),
-          "Builtin_isNUMERIC": _erring(_is_numeric), "Builtin_sameTerm": _erring(lambda a, b: a == b)}
+def _is_same_term(e, ctx):  # noqa: ANN001, ANN202
+    a, b = _arguments(e)
+    return Literal(a == b)
+
+
+_TESTS = {"Builtin_isIRI": _is_iri, "Builtin_isURI": _is_iri, "Builtin_isBLANK": _is_blank,
+          "Builtin_isLITERAL": _is_literal, "Builtin_isNUMERIC": _is_numeric, "Builtin_sameTerm": _is_same_term}
 _STRICTER = {"RelationalExpression": _strict_relational, "ConditionalAndExpression": _strict_and, **_TESTS,
              "Builtin_STRDT": _strict_strdt,
              "MultiplicativeExpression": _typed_multiplicative, "Builtin_LANGMATCHES": _basic_langmatches}
@@ -481,7 +495,7 @@ _STRICTER = {"RelationalExpression": _strict_relational, "ConditionalAndExpressi
 
 def strict_comparisons(node) -> None:  # noqa: ANN001
     """Give every expression under `node` (an rdflib algebra) whose rdflib semantics differ from SPARQL's the
-    SPARQL one (comparisons, STRDT, typed arithmetic, langMatches), in place; idempotent."""
+    SPARQL one (comparisons, IN, &&, the term tests, STRDT, typed arithmetic, langMatches), in place; idempotent."""
     from types import MethodType
 
     from rdflib.plugins.sparql.parserutils import CompValue, Expr

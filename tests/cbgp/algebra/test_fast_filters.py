@@ -171,6 +171,25 @@ def test_rdflib_filters_what_is_not_compiled_as_pyoxigraph_does(text, rows):
         raise AssertionError(f"FILTER({text}): {exc}") from None
 
 
+def test_the_rdflib_rules_pickle_with_the_operator_tree():
+    """Checkpoints pickle a query's expressions with their evaluation functions, by name: every rule the engine puts
+    in rdflib's place (IN, &&, the term tests) is one a restored engine evaluates alike."""
+    import pickle
+
+    from cbgp.algebra import ContinuousEngine
+    from cbgp.algebra.pickling import register
+
+    register()
+    engine = ContinuousEngine()
+    list(engine.register("q", "SELECT ?s ?a ?b WHERE { ?s <http://x/a> ?a . ?s <http://x/b> ?b FILTER((isIRI(?a) "
+                              "|| isBlank(?a) || isLiteral(?a) || isNumeric(?a) || sameTerm(?a, ?b) || ?a IN (1) "
+                              '|| ?a NOT IN (2) || (?a && ?b)) && !regex(STR(?a), "zzz")) }'))
+    list(engine.apply_terms(1, "<http://x/s>", "<http://x/a>", '"1"', None))
+    restored = pickle.loads(pickle.dumps(engine))
+    change = (1, "<http://x/s>", "<http://x/b>", '"2"', None)
+    assert list(restored.apply_terms(*change)) == list(engine.apply_terms(*change)) != []
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(rows=st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.sampled_from(VALUES)), min_size=1, max_size=8))
 def test_str_lang_and_datatype_bound_by_the_engine_are_pyoxigraphs(rows):
