@@ -418,9 +418,14 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
                                     for query in sorted({q for q, _ms in timed})}}
     finally:
         stop_fleet(proc)
-        if not args.keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
     ok = t_done is not None and emitted == expected
+    kept = str(run_dir) if args.keep else None
+    if not args.keep:
+        if ok:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:  # (its logs tell why: kept outside the bench's own temporary directory, which goes at the end)
+            kept = shutil.move(str(run_dir), tempfile.mkdtemp(prefix="lsbench-fleet-mismatch-"))
+            print(f"  the run that did not match kept its directory (logs): {kept}", flush=True)
     seconds = (t_done if ok else time.time()) - t0
     fleet_cpu = sum(per_cpu.values())
     sums = {k: sum(s[k] for s in states.values()) for k in ("query_state_entries", "state_entries", "cpu_s")}
@@ -436,7 +441,7 @@ def measure(patch: Path, n_updates: int, queries: dict[str, Path], expected: int
             "system_share": {k: round(per_sys.get(k, 0.0) / v, 2) for k, v in per_cpu.items() if v > 0},
             "publish_cli_cpu_s": round(publish_cpu, 2), "workers": states, "latency": latency, "hops": hops,
             "transactions_per_s": {k: round(v / seconds, 1) for k, v in turns.items()},
-            "run_dir": str(run_dir) if args.keep else None}
+            "run_dir": kept}
 
 
 def describe(r: dict) -> str:
@@ -671,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per run from the first publish")
     parser.add_argument("--stall", type=float, default=60.0, help="give up when no answer moved for this long")
-    parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each run's directory (logs); a run that does not match keeps its own anyway")
     add_fleet_env_flag(parser)
     parser.add_argument("--paced", type=float, default=None, metavar="RATE",
                         help="produce the updates at RATE updates/s and report answer latency (p50, p99, max)")
