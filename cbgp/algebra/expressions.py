@@ -267,10 +267,17 @@ def _strict_relational(e, ctx):  # noqa: ANN001, ANN202
 
     if e.other is not None and e.op in ("<", ">", "<=", ">="):
         a, b = e.expr, e.other
+        if isinstance(a, (URIRef, BNode)) and a == b:
+            return Literal(e.op in ("<=", ">="))  # (the same term orders as equal, as in pyoxigraph; others err)
         if isinstance(a, Literal) and isinstance(b, Literal):
             ca, cb = _category(a), _category(b)
             if ca is None or ca != cb:
                 raise SPARQLError(f"cannot compare {a.n3()} and {b.n3()}")
+            if _one_timezone(a, b):  # (XSD: apart by more than 14 hours they are ordered, closer it is an error)
+                x, y = _instant(a), _instant(b)
+                if abs(x - y).total_seconds() <= 14 * 3600:
+                    raise SPARQLError(f"cannot order {a.n3()} and {b.n3()} (one has a timezone)")
+                return Literal(x < y if e.op in ("<", "<=") else x > y)  # (never equal, so far apart)
     elif e.other is not None and e.op in ("=", "!="):
         found = _strict_equal(e.expr, e.other)
         if found is not None:
@@ -317,9 +324,12 @@ def _among(a: Any, items: list) -> bool:
             if found is None:
                 if not (isinstance(a, Node) and isinstance(item, Node)):
                     raise SPARQLError(f"cannot compare {a!r} and {item!r}")
-                found = a.eq(item)
-                if found is NotImplemented:
-                    raise SPARQLError(f"cannot compare {a.n3()} and {item.n3()}")
+                if not (isinstance(a, Literal) and isinstance(item, Literal)):
+                    found = a == item  # (RDFterm-equal: an IRI or blank node equals only itself)
+                else:
+                    found = a.eq(item)
+                    if found is NotImplemented:
+                        raise SPARQLError(f"cannot compare {a.n3()} and {item.n3()}")
         except SPARQLError as exc:
             error = exc
         except TypeError as exc:
@@ -444,7 +454,11 @@ def _basic_langmatches(e, ctx) -> Any:  # noqa: ANN001
     """langMatches as SPARQL defines it (``fast_filters.lang_matches``), not rdflib's."""
     from rdflib.plugins.sparql.operators import string
 
-    return Literal(lang_matches(str(string(e.arg1)), str(string(e.arg2))))
+    tag, pattern = e.arg1, e.arg2
+    for arg in (tag, pattern):
+        if isinstance(arg, Literal) and arg.language:
+            raise SPARQLError(f"langMatches takes simple literals, not {arg.n3()}")  # (as pyoxigraph; rdflib took it)
+    return Literal(lang_matches(str(string(tag)), str(string(pattern))))
 
 
 def _arguments(e) -> list:  # noqa: ANN001
