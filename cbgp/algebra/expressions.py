@@ -19,12 +19,12 @@ import re
 from decimal import Context, Decimal, InvalidOperation
 from typing import Any
 
-from rdflib import RDF, BNode, Literal, URIRef, Variable
+from rdflib import RDF, BNode, Literal, Node, URIRef, Variable
 from rdflib.plugins.sparql.evalutils import _ebv, _eval
 from rdflib.plugins.sparql.sparql import FrozenBindings, QueryContext, SPARQLError
 
 from cbgp.algebra.fast_filters import INTEGER_TYPES as _INTEGER_TYPES
-from cbgp.algebra.fast_filters import Fallback, compile_filter, compile_term, lang_matches
+from cbgp.algebra.fast_filters import NO_ZONE_SPAN, Fallback, compile_filter, compile_term, lang_matches
 from cbgp.terms import XSD, TermDictionary, from_rdflib, split_literal
 
 NUMERIC_TYPES = _INTEGER_TYPES | {XSD + "decimal", XSD + "float", XSD + "double"}
@@ -273,10 +273,8 @@ def _strict_relational(e, ctx):  # noqa: ANN001, ANN202
             ca, cb = _category(a), _category(b)
             if ca is None or ca != cb:
                 raise SPARQLError(f"cannot compare {a.n3()} and {b.n3()}")
-            if _one_timezone(a, b):  # (XSD: apart by more than 14 hours they are ordered, closer it is an error)
-                x, y = _instant(a), _instant(b)
-                if abs(x - y).total_seconds() <= 14 * 3600:
-                    raise SPARQLError(f"cannot order {a.n3()} and {b.n3()} (one has a timezone)")
+            if _one_timezone(a, b):
+                x, y = _far_instants(a, b)
                 return Literal(x < y if e.op in ("<", "<=") else x > y)  # (never equal, so far apart)
     elif e.other is not None and e.op in ("=", "!="):
         found = _strict_equal(e.expr, e.other)
@@ -304,19 +302,23 @@ def _strict_equal(a: Any, b: Any) -> bool | None:
             return True
         raise SPARQLError(f"cannot tell whether {a.n3()} and {b.n3()} are equal")
     if _one_timezone(a, b):
-        # XSD: a value with a timezone and one without compare as the latter at every timezone (+-14 hours):
-        # further apart, they differ; closer, it is indeterminate, a type error (the W3C tests; pyoxigraph
-        # says "=" is false and "!=" true there)
-        if abs(_instant(a) - _instant(b)).total_seconds() > 14 * 3600:
-            return False
-        raise SPARQLError(f"cannot tell whether {a.n3()} and {b.n3()} are equal (one has a timezone)")
+        _far_instants(a, b)
+        return False  # (pyoxigraph says "=" is false and "!=" true at any distance)
     return None
+
+
+def _far_instants(a: Literal, b: Literal) -> tuple:
+    """The instants of two dates or dateTimes, one with a timezone and one without.  XSD compares them as the latter
+    at every timezone (14 hours either side): further apart they are ordered and unequal; closer it is
+    indeterminate, a type error (the W3C tests)."""
+    x, y = _instant(a), _instant(b)
+    if abs(x - y) <= NO_ZONE_SPAN:
+        raise SPARQLError(f"cannot compare {a.n3()} and {b.n3()}: one has a timezone, and they are within 14 hours")
+    return x, y
 
 
 def _among(a: Any, items: list) -> bool:
     """``a IN (items)``: true when ``a = item`` for one of them, else a type error if one of them was, else false."""
-    from rdflib import Node
-
     error: SPARQLError | None = None
     for item in items:
         try:

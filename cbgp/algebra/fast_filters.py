@@ -3,17 +3,19 @@
 rdflib's evaluator costs tens of microseconds a row (bindings, rdflib terms, its node lookups), so a FILTER made
 the row it filtered cost ten to a hundred times the join that made it. ``compile_filter`` turns an expression
 built only from the shapes below into a function of a row. Any other expression is not compiled, and a row whose
-terms leave the ground these shapes are sure of (an integer subtype, an ill-typed number, an xsd:date, a dateTime
-with a timezone tested for equality with one without, an escaped character in a string test) raises
-:class:`Fallback`, so that row is evaluated by rdflib (with ``strict_comparisons``) as before.
+terms leave the ground these shapes are sure of (an integer subtype, a number's form another numeric type might
+read, two dates or two booleans compared, a dateTime with a timezone against one without exactly 14 hours apart, an
+escaped character in a string test) raises :class:`Fallback`, so that row is evaluated by rdflib (with
+``strict_comparisons``).
 
 Shapes: ``&&``, ``||``, ``!``; ``BOUND``, ``isIRI``/``isURI``, ``isBlank``, ``isLiteral``, ``sameTerm``;
 ``=``, ``!=``, ``<``, ``>``, ``<=``, ``>=``, ``IN`` and ``NOT IN``; ``CONTAINS``, ``STRSTARTS``, ``STRENDS``,
 ``langMatches``; over variables, constants and ``STR``, ``LANG``, ``DATATYPE`` of them. Comparisons
 follow SPARQL's operator mapping: numbers (xsd:integer, decimal, float, double) and xsd:dateTime by value,
-simple literals by their characters, IRIs and blank nodes as terms, a literal never equal to an IRI, a number
-never equal to a literal of another value space nor ordered with it, a literal of an unknown datatype neither, a
-dateTime without a timezone ordered against one with by XSD's 14 hours either side (as pyoxigraph does); an error
+simple literals and language-tagged strings of one language by their characters, IRIs and blank nodes as terms
+(never ordered), a literal never equal to an IRI, literals of two value spaces never equal nor ordered, a literal of
+an unknown datatype or an ill-typed number equal only to itself, a dateTime without a timezone compared with one
+with by XSD's 14 hours either side (an error inside them, for ``=`` too: pyoxigraph calls them unequal); an error
 (an unbound variable) is false in a FILTER and absorbed by ``||`` and ``&&`` as SPARQL's three-valued logic says.
 """
 
@@ -130,7 +132,7 @@ def _number(term: str, cache: dict[str, tuple]) -> tuple:
     return found
 
 
-_NO_ZONE_SPAN = timedelta(hours=14)  # a dateTime without a timezone: any instant within 14 hours of it (XSD)
+NO_ZONE_SPAN = timedelta(hours=14)  # a dateTime without a timezone: any instant within 14 hours of it (XSD)
 
 
 def _instants(value_a: Any, value_b: Any, compare: Callable[[Any, Any], bool]) -> Any:
@@ -142,7 +144,7 @@ def _instants(value_a: Any, value_b: Any, compare: Callable[[Any, Any], bool]) -
     if compare is not operator.lt and compare is not operator.eq:
         raise _FALLBACK
     zoned, floating = (value_a[1], value_b[1]) if value_a[0] else (value_b[1], value_a[1])
-    low, high = floating - _NO_ZONE_SPAN, floating + _NO_ZONE_SPAN
+    low, high = floating - NO_ZONE_SPAN, floating + NO_ZONE_SPAN
     if low < zoned < high:
         return ERROR
     if zoned < low or zoned > high:
@@ -172,6 +174,12 @@ def _space(term: str) -> str | None:
             return None  # (an ill-typed date)
         return "date"
     return None
+
+
+def _two_spaces(a: str, b: str) -> bool:
+    """Two literals of two of the value spaces :func:`_space` knows (never equal, never ordered)."""
+    space_a, space_b = _space(a), _space(b)
+    return space_a is not None and space_b is not None and space_a != space_b
 
 
 def _tagged(term: str) -> bool:
@@ -247,9 +255,8 @@ class _Compiler:
             return False  # (a language-tagged string equals no other literal, as in pyoxigraph)
         if _unknown(a) or _unknown(b):
             return ERROR  # (RDFterm-equal: two literals, not the same term, one outside every value space)
-        space_a, space_b = _space(a), _space(b)
-        if space_a is not None and space_b is not None and space_a != space_b:
-            return False  # (two value spaces)
+        if _two_spaces(a, b):
+            return False
         raise _FALLBACK
 
     def less(self, a: Any, b: Any) -> Any:
@@ -279,8 +286,7 @@ class _Compiler:
             if "\\" not in a and "\\" not in b:
                 return a[1:cut_a] < b[1:cut_b]
             raise _FALLBACK
-        space_a, space_b = _space(a), _space(b)
-        if space_a is not None and space_b is not None and space_a != space_b:
+        if _two_spaces(a, b):
             return ERROR
         raise _FALLBACK
 
@@ -510,4 +516,4 @@ def compile_term(expr: Any, schema: tuple[str, ...], decode: Callable[[int], str
     return value
 
 
-__all__ = ["ERROR", "INTEGER_TYPES", "Fallback", "compile_filter", "compile_term", "lang_matches"]
+__all__ = ["ERROR", "INTEGER_TYPES", "NO_ZONE_SPAN", "Fallback", "compile_filter", "compile_term", "lang_matches"]
