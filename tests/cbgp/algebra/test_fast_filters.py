@@ -138,12 +138,6 @@ def test_other_shapes_are_left_to_rdflib():
         assert compile_filter(_filter_node(text), SCHEMA, TermDictionary().decode) is None, text
 
 
-def _rows(length: int):  # noqa: ANN202
-    """Inserts and deletes of ?a and ?b values on three subjects."""
-    return st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.sampled_from(["a", "b"]), st.sampled_from(VALUES)),
-                    min_size=1, max_size=length)
-
-
 def _filters_as_pyoxigraph(condition: str, text: str, rows: list) -> None:
     """FILTER(``condition``) through the engine over ``rows``, inserted and deleted: pyoxigraph's answers after every
     update (the error names ``text``, the generated expression)."""
@@ -158,7 +152,8 @@ def _filters_as_pyoxigraph(condition: str, text: str, rows: list) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(text=expression, rows=_rows(10))
+@given(text=expression, rows=st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.sampled_from(["a", "b"]),
+                                                st.sampled_from(VALUES)), min_size=1, max_size=10))
 def test_the_engine_filters_as_pyoxigraph_does(text, rows):
     """Compiled rows and rdflib's fallback rows together, through the engine, inserted and deleted: the answers
     are pyoxigraph's after every update."""
