@@ -10,9 +10,12 @@ import os
 os.environ.setdefault("CBGP_ASSEMBLY", "worker")
 # Services' local state stores (ingest's checkpoint) go to a throw-away directory, not the checkout's .run/state.
 if "CBGP_STATE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["CBGP_STATE_DIR"] = tempfile.mkdtemp(prefix="cbgp-test-state-")
+    atexit.register(shutil.rmtree, os.environ["CBGP_STATE_DIR"], True)  # (xdist workers inherit it: not theirs)
 # SERVICE endpoints the tests register (a local Virtuoso or pyoxigraph endpoint, and the names of in-memory remotes);
 # a fleet allows none by default (tests/cbgp/background/test_hostile_endpoint.py checks the refusal).
 os.environ.setdefault("CBGP_SERVICE_ALLOW", "http://127.0.0.1,http://localhost,http://e,http://endpoint.example,"

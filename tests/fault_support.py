@@ -102,7 +102,8 @@ class FaultConfig:
     @classmethod
     def from_env(cls, **defaults: object) -> "FaultConfig":
         """``CBGP_FAULT_KILLS``, ``CBGP_FAULT_BROKER_RESTARTS``, ``CBGP_FAULT_LINES``, ``CBGP_FAULT_SEED``,
-        ``CBGP_FAULT_SERVICES`` (comma-separated, from ingest,worker,answers,registry)."""
+        ``CBGP_FAULT_SETTLE`` (seconds), ``CBGP_FAULT_SERVICES`` (comma-separated, from
+        ingest,worker,answers,registry)."""
         cfg = cls(**defaults)  # type: ignore[arg-type]
         if os.environ.get("CBGP_FAULT_SERVICES"):
             cfg.services = tuple(s.strip() for s in os.environ["CBGP_FAULT_SERVICES"].split(",") if s.strip())
@@ -113,6 +114,8 @@ class FaultConfig:
                           ("CBGP_FAULT_LINES", "lines"), ("CBGP_FAULT_SEED", "seed")):
             if os.environ.get(var):
                 setattr(cfg, name, int(os.environ[var]))
+        if os.environ.get("CBGP_FAULT_SETTLE"):
+            cfg.settle_timeout = float(os.environ["CBGP_FAULT_SETTLE"])
         return cfg
 
 
@@ -310,25 +313,31 @@ class FaultRun:
         want = {"ingest": 1, "answers": 1, "workers": len(self.workers) + len(self.dynamic_workers)}
         admin = AdminClient(self.settings.admin_config())
         deadline = time.monotonic() + timeout
-        state = {}
+        state: dict = {}
         while time.monotonic() < deadline:
-            groups = {f"{self.settings.topic_prefix}{g}": g for g in want}
-            try:
-                described = {groups[gid]: f.result(10) for gid, f in admin.describe_consumer_groups(list(groups)).items()}
-            except Exception as exc:  # noqa: BLE001 - the broker may be restarting: ask again
-                state = {"error": str(exc)}
+            state = self.group_state(admin)
+            if "error" in state:  # the broker may be restarting: ask again
                 time.sleep(0.5)
                 continue
-            state = {g: (d.state.name, [len(m.assignment.topic_partitions) for m in d.members])
-                     for g, d in described.items()}
-            orphans = unassigned(admin, described["workers"])
-            if orphans:
-                state["workers unassigned"] = orphans
-            if not orphans and all(name == "STABLE" and len(sizes) == want[g] and all(sizes)
-                                   for g, (name, sizes) in state.items()):
+            if "workers unassigned" not in state and all(
+                    name == "STABLE" and len(sizes) == want[g] and all(sizes) for g, (name, sizes) in state.items()):
                 return
             time.sleep(0.3)
         self.log(f"groups not stable after {timeout:.0f}s: {state}")
+
+    def group_state(self, admin) -> dict:
+        """Each data-path group's state and its members' partition counts, and the workers' unowned partitions."""
+        groups = {f"{self.settings.topic_prefix}{g}": g for g in ("ingest", "answers", "workers")}
+        try:
+            described = {groups[gid]: f.result(10) for gid, f in admin.describe_consumer_groups(list(groups)).items()}
+        except Exception as exc:  # noqa: BLE001 - reported, not raised: callers ask again or only log it
+            return {"error": str(exc)}
+        state: dict = {g: (d.state.name, [len(m.assignment.topic_partitions) for m in d.members])
+                       for g, d in described.items()}
+        orphans = unassigned(admin, described["workers"])
+        if orphans:
+            state["workers unassigned"] = orphans
+        return state
 
     def wait_assigned(self, name: str, timeout: float = 60.0) -> None:
         """Until the current process of worker ``name`` has taken partitions from a finished rebalance.  A worker
@@ -547,7 +556,38 @@ class FaultRun:
             if all(fold(dedupe_by_n(got.get(q, []))[0])[0] == expected[q] for q in self.registered):
                 break
             time.sleep(1.0)
+        else:
+            self.explain_unsettled(expected)
         time.sleep(2.0)
+
+    def explain_unsettled(self, expected: dict[str, Counter]) -> None:
+        """What a run that did not converge looked like at the deadline: which queries lag, the groups, and how
+        each live service's log ends (CI keeps only pytest's output, not the fleet's logs)."""
+        from confluent_kafka.admin import AdminClient
+
+        got = read_answer_records(self.settings, self.early_answers)
+        lagging = {q: f"{sum(fold(dedupe_by_n(got.get(q, []))[0])[0].values())}/{sum(expected[q].values())}"
+                   for q in self.registered if fold(dedupe_by_n(got.get(q, []))[0])[0] != expected[q]}
+        self.log(f"not settled after {self.cfg.settle_timeout:.0f}s; answers held/expected: {lagging}")
+        self.log(f"groups: {self.group_state(AdminClient(self.settings.admin_config()))}")
+        for name, proc in self.fleet.procs.items():
+            if proc.poll() is None:
+                tail = [line[:300] for line in self.log_tail(name, 200).splitlines() if "rdkafka" not in line][-8:]
+                self.log(f"{name} log ends:\n" + "\n".join(tail) + self.progress_metrics(name))
+
+    def progress_metrics(self, name: str) -> str:
+        """The metrics of service ``name`` that say where a stream stopped: frontiers, held deltas, waiting probes."""
+        try:
+            with open(self.fleet.logs / f"{name}.log", "rb") as f:
+                f.seek(self.log_offset[name])
+                ports = re.findall(rb"event=started metrics_port=(\d+)", f.read())
+            if not ports:
+                return ""
+            text = urllib.request.urlopen(f"http://127.0.0.1:{int(ports[-1])}/metrics", timeout=2).read().decode()
+        except OSError as exc:
+            return f"\n(no metrics: {exc})"
+        wanted = ("cbgp_held_deltas", "cbgp_frontier_seq", "cbgp_probes_waiting")
+        return "".join(f"\n{line}" for line in text.splitlines() if line.startswith(wanted))
 
     # -- checks
 
