@@ -468,8 +468,8 @@ class FaultRun:
             self.report.survivors = {name: proc.poll() is None and proc.pid == self.first_pids[name]
                                      for name, proc in self.fleet.procs.items() if name not in self.killed}
             # what check() reports of a dead survivor (the fleet's processes are gone by then)
-            self.dead = {name: f"exit {self.fleet.procs[name].poll()}; its log ends: {self.log_tail(name)}"
-                         for name, alive in self.report.survivors.items() if not alive}
+            self.dead = {name: f"exit {proc.poll()}; its log ends: {self.log_tail(name)}"
+                         for name, proc in self.fleet.procs.items() if proc.poll() is not None}
         self.report.seconds = time.monotonic() - started
         return self.report
 
@@ -571,12 +571,15 @@ class FaultRun:
         self.log(f"not settled after {self.cfg.settle_timeout:.0f}s; answers held/expected: {lagging}")
         self.log(f"groups: {self.group_state(AdminClient(self.settings.admin_config()))}")
         for name, proc in self.fleet.procs.items():
-            if proc.poll() is None:
+            if proc.poll() is not None:
+                self.log(f"{name} exited {proc.poll()}")
+            else:
                 tail = [line[:300] for line in self.log_tail(name, 200).splitlines() if "rdkafka" not in line][-8:]
                 self.log(f"{name} log ends:\n" + "\n".join(tail) + self.progress_metrics(name))
 
     def progress_metrics(self, name: str) -> str:
-        """The metrics of service ``name`` that say where a stream stopped: frontiers, held deltas, waiting probes."""
+        """The metrics of service ``name`` that say where a stream stopped: frontiers, held deltas, waiting probes,
+        input lag."""
         try:
             with open(self.fleet.logs / f"{name}.log", "rb") as f:
                 f.seek(self.log_offset[name])
@@ -586,7 +589,8 @@ class FaultRun:
             text = urllib.request.urlopen(f"http://127.0.0.1:{int(ports[-1])}/metrics", timeout=2).read().decode()
         except OSError as exc:
             return f"\n(no metrics: {exc})"
-        wanted = ("cbgp_held_deltas", "cbgp_frontier_seq", "cbgp_probes_waiting")
+        wanted = ("cbgp_held_deltas", "cbgp_frontier_seq", "cbgp_release_frontier_seq", "cbgp_probes_waiting",
+                  "cbgp_consumer_lag")
         return "".join(f"\n{line}" for line in text.splitlines() if line.startswith(wanted))
 
     # -- checks
@@ -653,6 +657,8 @@ class FaultRun:
             if not alive:
                 problems.append(f"{name} (never killed) did not survive the run with its first PID "
                                 f"({self.dead.get(name, 'no record')})")
+        for name in sorted(self.killed & set(self.dead)):
+            problems.append(f"{name}, restarted after its kill, died ({self.dead[name]})")
         return report
 
 

@@ -35,6 +35,8 @@ SERVICE = "answers"
 SOURCE_HEADER = "cbgp-src"  # "<source_partition>:<source_offset>:<index>" of the PartDelta behind an Answer
 HELD_DELTAS = Gauge("cbgp_held_deltas", "By-centre answer deltas held until every routed partition's frontier "
                     "passes their seq (services.answers.release).")
+RELEASE_FRONTIER = Gauge("cbgp_release_frontier_seq", "Highest seq a routed partition has completed, as the answers "
+                         "service's release sees it (the lowest over its deltas.parts partitions).", ["partition"])
 TERM_CACHE_MAX = 1 << 18
 
 

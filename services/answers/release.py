@@ -301,6 +301,12 @@ class SeqRelease:
         return sum(len(state.heap) + len(state.fast) + sum(len(g.items) for g in state.gates.values())
                    for state in self.partitions.values())
 
+    def frontiers_seen(self) -> dict[int, int]:
+        """Each routed partition's completed frontier, the lowest over the held deltas.parts partitions (-1: none
+        seen yet): the one that stops moving while deltas are held is where a stalled stream stopped."""
+        return {routed: min((state.frontiers.get(routed, -1) for state in self.partitions.values()), default=-1)
+                for routed in range(self.n_routed)}
+
     def watermark(self, partition: int) -> int:
         """The highest seq every routed partition has completed, as seen on this deltas.parts partition."""
         return self._lowest(self.partitions[partition].frontiers)
