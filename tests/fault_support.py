@@ -578,8 +578,8 @@ class FaultRun:
                 self.log(f"{name} log ends:\n" + "\n".join(tail) + self.progress_metrics(name))
 
     def progress_metrics(self, name: str) -> str:
-        """The metrics of service ``name`` that say where a stream stopped: frontiers, held deltas, waiting probes,
-        input lag."""
+        """The metrics of service ``name`` that say where a stream stopped: frontiers, held deltas, registrations
+        and probes waiting, input lag."""
         try:
             with open(self.fleet.logs / f"{name}.log", "rb") as f:
                 f.seek(self.log_offset[name])
@@ -589,8 +589,8 @@ class FaultRun:
             text = urllib.request.urlopen(f"http://127.0.0.1:{int(ports[-1])}/metrics", timeout=2).read().decode()
         except OSError as exc:
             return f"\n(no metrics: {exc})"
-        wanted = ("cbgp_held_deltas", "cbgp_frontier_seq", "cbgp_release_frontier_seq", "cbgp_probes_waiting",
-                  "cbgp_consumer_lag")
+        wanted = ("cbgp_held_deltas", "cbgp_frontier_seq", "cbgp_release_frontier_seq", "cbgp_gates_waiting",
+                  "cbgp_probes_waiting", "cbgp_consumer_lag")
         return "".join(f"\n{line}" for line in text.splitlines() if line.startswith(wanted))
 
     # -- checks

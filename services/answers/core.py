@@ -37,6 +37,8 @@ HELD_DELTAS = Gauge("cbgp_held_deltas", "By-centre answer deltas held until ever
                     "passes their seq (services.answers.release).")
 RELEASE_FRONTIER = Gauge("cbgp_release_frontier_seq", "Highest seq a routed partition has completed, as the answers "
                          "service's release sees it (the lowest over its deltas.parts partitions).", ["partition"])
+GATES_WAITING = Gauge("cbgp_gates_waiting", "Gated registrations waiting for a routed partition's ProbeReady mark "
+                      "(services.answers.release).", ["partition"])
 TERM_CACHE_MAX = 1 << 18
 
 

@@ -307,6 +307,17 @@ class SeqRelease:
         return {routed: min((state.frontiers.get(routed, -1) for state in self.partitions.values()), default=-1)
                 for routed in range(self.n_routed)}
 
+    def gates_waiting(self) -> dict[int, int]:
+        """For each routed partition, the gated registrations still waiting for its ProbeReady mark: one that
+        stays above 0 names the partition whose share of a registration never came."""
+        waiting = dict.fromkeys(range(self.n_routed), 0)
+        for state in self.partitions.values():
+            for gate in state.gates.values():  # (none, but while registrations are being taken)
+                if len(gate.ready) < self.n_routed:
+                    for routed in range(self.n_routed):
+                        waiting[routed] += routed not in gate.ready
+        return waiting
+
     def watermark(self, partition: int) -> int:
         """The highest seq every routed partition has completed, as seen on this deltas.parts partition."""
         return self._lowest(self.partitions[partition].frontiers)

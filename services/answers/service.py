@@ -29,7 +29,7 @@ from services.kafka.fetch import GroupInput
 from services.kafka.replay import read_range
 from services.kafka.fetch import record_ok
 
-from services.answers.core import SERVICE, HELD_DELTAS, RELEASE_FRONTIER, AnswersCore
+from services.answers.core import SERVICE, GATES_WAITING, HELD_DELTAS, RELEASE_FRONTIER, AnswersCore
 from services.state.forked import ForkedCheckpoint, ForkedJob
 from services.metrics.instruments import PATH_PAIRS, set_by_query
 
@@ -212,6 +212,8 @@ class AnswersService:
             HELD_DELTAS.set(self.release.held())
             for routed, seq in self.release.frontiers_seen().items():
                 RELEASE_FRONTIER.labels(partition=str(routed)).set(seq)
+            for routed, gates in self.release.gates_waiting().items():
+                GATES_WAITING.labels(partition=str(routed)).set(gates)
             assert self.input is not None
             record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
         if self.checkpointer.due():

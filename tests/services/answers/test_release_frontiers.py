@@ -1,5 +1,6 @@
-"""The release's view of the routed partitions' frontiers (``cbgp_release_frontier_seq``): the lowest over the
-deltas.parts partitions it holds, so a routed partition whose worker stopped shows as the one that stays behind."""
+"""What the release waits for, by routed partition: its frontier (``cbgp_release_frontier_seq``, the lowest over the
+deltas.parts partitions held) and the registrations still missing its ProbeReady mark (``cbgp_gates_waiting``), so
+a routed partition whose worker stopped, or whose share of a registration was lost, shows as the one behind."""
 
 from __future__ import annotations
 
@@ -20,3 +21,16 @@ def test_each_routed_partition_shows_its_lowest_frontier_over_the_held_parts_par
     assert release.frontiers_seen() == {0: 8, 1: 7, 2: 4}
     release.drop(0)
     assert release.frontiers_seen() == {0: 8, 1: 7, 2: 6}
+
+
+def test_a_registration_missing_one_routed_partitions_mark_is_counted_against_that_partition() -> None:
+    release = SeqRelease(ROUTED)
+    release.restore(0, None)
+    assert release.gates_waiting() == {0: 0, 1: 0, 2: 0}
+    release.on_ready(0, 10, "q", 1, 0, 5)
+    release.on_ready(0, 11, "q", 1, 2, 5)
+    release.on_ready(0, 12, "r", 1, 2, 5)
+    assert release.gates_waiting() == {0: 1, 1: 2, 2: 0}
+    release.on_ready(0, 13, "q", 1, 1, 5)
+    release.on_frontier(0, {0: 6, 1: 6, 2: 6})  # every mark of q is in and the frontiers passed its as_of: open
+    assert release.gates_waiting() == {0: 1, 1: 1, 2: 0}
