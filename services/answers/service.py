@@ -215,7 +215,7 @@ class AnswersService:
             for routed, gates in self.release.gates_waiting().items():
                 GATES_WAITING.labels(partition=str(routed)).set(gates)
             assert self.input is not None
-            record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions)
+            record_consumer_lag(self.input.fetcher.consumer, self.input.fetcher.positions, whole=True)
         if self.checkpointer.due():
             self.checkpoint()
 

@@ -285,7 +285,7 @@ class IngestService:
         if step.detail is not None:
             self.positions.update(step.detail)
         assert self.consumer is not None
-        record_consumer_lag(self.consumer.fetcher.consumer, self.consumer.fetcher.positions)
+        record_consumer_lag(self.consumer.fetcher.consumer, self.consumer.fetcher.positions, whole=True)
 
     def idle(self) -> Step | None:
         if self.checkpointer.due():

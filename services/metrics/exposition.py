@@ -27,12 +27,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | None = None) -> None:
+def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | None = None, *,
+                        whole: bool = False) -> None:
     """Set ``cbgp_consumer_lag`` for the partitions ``consumer`` (a confluent-kafka Consumer) reads.
 
     Uses the watermarks cached from fetch responses when there are some (no broker round trip). A reader
     that tracks its own ``positions`` ((topic, partition) -> next offset) passes them: it may be
-    unassigned between polls while idle, and then the broker is asked for the high watermark.
+    unassigned between polls while idle, and then the broker is asked for the high watermark.  ``whole``: they
+    are every partition of their topics this process reads, and the series of the others are removed.
     """
     if positions is None:
         assignment = consumer.assignment()
@@ -49,6 +51,20 @@ def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | N
             continue
         if high >= 0 and offset >= 0:
             CONSUMER_LAG.labels(topic, str(partition)).set(max(0, high - offset))
+    if not whole:
+        return
+    # A partition given up in a rebalance loses its series rather than show its last lag for ever
+    for topic in {topic for topic, _partition in positions}:
+        now = {partition for t, partition in positions if t == topic}
+        for partition in _LAG_SHOWN.get(topic, set()) - now:
+            try:
+                CONSUMER_LAG.remove(topic, str(partition))
+            except KeyError:
+                pass
+        _LAG_SHOWN[topic] = now
+
+
+_LAG_SHOWN: dict[str, set[int]] = {}  # topic -> the partitions whose cbgp_consumer_lag this process shows
 
 
 # ------------------------------------------------------------------------------------ HTTP server

@@ -532,7 +532,7 @@ class WorkerService:
             self.pending.extend(told)
             self.dirty = True
         if self.routed_in is not None:
-            record_consumer_lag(self.routed_in.fetcher.consumer, self.routed_in.fetcher.positions)
+            record_consumer_lag(self.routed_in.fetcher.consumer, self.routed_in.fetcher.positions, whole=True)
         for (kind, partition), shard in self.core.shards.items():
             label = shard_label(kind, partition)
             if kind == "routed":

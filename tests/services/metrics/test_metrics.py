@@ -114,6 +114,23 @@ def test_consumer_lag_is_high_watermark_minus_position(kafka_settings) -> None: 
     assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": topic, "partition": "0"}) == 10 - 7
 
 
+def test_the_lag_of_a_partition_given_up_is_no_longer_shown() -> None:
+    class Reader:  # what record_consumer_lag asks of a consumer: the high watermarks it has seen
+        def get_watermark_offsets(self, tp, cached=False, timeout=None):
+            return 0, 10
+
+    def lag(partition: int) -> float | None:
+        return REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-given-up", "partition": str(partition)})
+
+    record_consumer_lag(Reader(), {("t-given-up", 0): 3, ("t-given-up", 1): 4, ("t-kept", 0): 9}, whole=True)
+    assert (lag(0), lag(1)) == (7, 6)
+    record_consumer_lag(Reader(), {("t-given-up", 0): 5})  # one partition's lag (at its end): the others stay
+    assert (lag(0), lag(1)) == (5, 6)
+    record_consumer_lag(Reader(), {("t-given-up", 1): 8}, whole=True)  # partition 0 went to another member
+    assert (lag(0), lag(1)) == (None, 2)
+    assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-kept", "partition": "0"}) == 1
+
+
 def test_per_query_series_are_bounded() -> None:
     """Ten thousand queries must not make ten thousand series: the first N get their own, the rest share one."""
     from services.metrics.instruments import OTHER_QUERIES, QueryLabels, top_queries
