@@ -34,7 +34,7 @@ def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | N
     Uses the watermarks cached from fetch responses when there are some (no broker round trip). A reader
     that tracks its own ``positions`` ((topic, partition) -> next offset) passes them: it may be
     unassigned between polls while idle, and then the broker is asked for the high watermark.  ``whole``: they
-    are every partition of their topics this process reads, and the series of the others are removed.
+    are every partition this reader holds, and the series of those it held at its last such call are removed.
     """
     if positions is None:
         assignment = consumer.assignment()
@@ -54,17 +54,16 @@ def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | N
     if not whole:
         return
     # A partition given up in a rebalance loses its series rather than show its last lag for ever
-    for topic in {topic for topic, _partition in positions}:
-        now = {partition for t, partition in positions if t == topic}
-        for partition in _LAG_SHOWN.get(topic, set()) - now:
-            try:
-                CONSUMER_LAG.remove(topic, str(partition))
-            except KeyError:
-                pass
-        _LAG_SHOWN[topic] = now
+    now = set(positions)
+    for topic, partition in _LAG_SHOWN.get(id(consumer), set()) - now:
+        try:
+            CONSUMER_LAG.remove(topic, str(partition))
+        except KeyError:
+            pass
+    _LAG_SHOWN[id(consumer)] = now
 
 
-_LAG_SHOWN: dict[str, set[int]] = {}  # topic -> the partitions whose cbgp_consumer_lag this process shows
+_LAG_SHOWN: dict[int, set[tuple[str, int]]] = {}  # id of a reader -> the partitions whose lag it showed last
 
 
 # ------------------------------------------------------------------------------------ HTTP server

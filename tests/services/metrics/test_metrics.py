@@ -122,13 +122,17 @@ def test_the_lag_of_a_partition_given_up_is_no_longer_shown() -> None:
     def lag(partition: int) -> float | None:
         return REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-given-up", "partition": str(partition)})
 
-    record_consumer_lag(Reader(), {("t-given-up", 0): 3, ("t-given-up", 1): 4, ("t-kept", 0): 9}, whole=True)
+    reader, other = Reader(), Reader()
+    record_consumer_lag(reader, {("t-given-up", 0): 3, ("t-given-up", 1): 4}, whole=True)
+    record_consumer_lag(other, {("t-kept", 0): 9}, whole=True)
     assert (lag(0), lag(1)) == (7, 6)
-    record_consumer_lag(Reader(), {("t-given-up", 0): 5})  # one partition's lag (at its end): the others stay
+    record_consumer_lag(reader, {("t-given-up", 0): 5})  # one partition's lag (at its end): the others stay
     assert (lag(0), lag(1)) == (5, 6)
-    record_consumer_lag(Reader(), {("t-given-up", 1): 8}, whole=True)  # partition 0 went to another member
+    record_consumer_lag(reader, {("t-given-up", 1): 8}, whole=True)  # partition 0 went to another member
     assert (lag(0), lag(1)) == (None, 2)
-    assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-kept", "partition": "0"}) == 1
+    record_consumer_lag(reader, {}, whole=True)  # and then partition 1
+    assert (lag(0), lag(1)) == (None, None)
+    assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-kept", "partition": "0"}) == 1  # another's
 
 
 def test_per_query_series_are_bounded() -> None:
