@@ -467,7 +467,7 @@ class FaultRun:
             self.settle()
             self.report.survivors = {name: proc.poll() is None and proc.pid == self.first_pids[name]
                                      for name, proc in self.fleet.procs.items() if name not in self.killed}
-            # what check() reports of a dead survivor (the fleet's processes are gone by then)
+            # what check() reports of a process found dead (the fleet's processes are gone by then)
             self.dead = {name: f"exit {proc.poll()}; its log ends: {self.log_tail(name)}"
                          for name, proc in self.fleet.procs.items() if proc.poll() is not None}
         self.report.seconds = time.monotonic() - started
@@ -566,8 +566,8 @@ class FaultRun:
         from confluent_kafka.admin import AdminClient
 
         got = read_answer_records(self.settings, self.early_answers)
-        lagging = {q: f"{sum(fold(dedupe_by_n(got.get(q, []))[0])[0].values())}/{sum(expected[q].values())}"
-                   for q in self.registered if fold(dedupe_by_n(got.get(q, []))[0])[0] != expected[q]}
+        held = {q: fold(dedupe_by_n(got.get(q, []))[0])[0] for q in self.registered}
+        lagging = {q: f"{sum(held[q].values())}/{sum(expected[q].values())}" for q in held if held[q] != expected[q]}
         self.log(f"not settled after {self.cfg.settle_timeout:.0f}s; answers held/expected: {lagging}")
         self.log(f"groups: {self.group_state(AdminClient(self.settings.admin_config()))}")
         for name, proc in self.fleet.procs.items():
