@@ -645,7 +645,8 @@ METRICS = [
     "cbgp_restore_progress_ratio", "cbgp_answer_latency_seconds", "cbgp_background_estimated_accuracy",
     "cbgp_background_refreshes_total", "cbgp_background_view_triples", "cbgp_checkpoint_bytes",
     "cbgp_checkpoint_last_timestamp_seconds", "cbgp_hop_latency_seconds", "cbgp_transaction_step_seconds",
-    "cbgp_queue_wait_seconds", "cbgp_path_pairs",
+    "cbgp_queue_wait_seconds", "cbgp_path_pairs", "cbgp_release_frontier_seq", "cbgp_frontier_seq", "cbgp_held_deltas",
+    "cbgp_gates_waiting",
 ]
 
 
