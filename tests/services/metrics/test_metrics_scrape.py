@@ -113,5 +113,9 @@ def test_each_service_exposes_its_metrics_and_they_move_when_data_flows(kafka_se
     assert value(after["worker"], "cbgp_restore_progress_ratio") == len(
         [1 for (n, _), _v in after["worker"].items() if n == "cbgp_restore_progress_ratio"])  # all partitions: 1.0
     assert value(after["answers"], "cbgp_deltas_emitted_total", query="star", sign="+") >= 1
+    # the seq release: every routed partition's frontier seen past the stream's start, the path's gate opened
+    frontiers = [v for (n, _), v in after["answers"].items() if n == "cbgp_release_frontier_seq"]
+    assert len(frontiers) == kafka_settings.partitions and min(frontiers) >= 0, frontiers
+    assert "cbgp_gates_waiting" in names(after["answers"]) and value(after["answers"], "cbgp_gates_waiting") == 0
     assert value(after["answers"], "cbgp_answer_latency_seconds_count") > \
         value(before["answers"], "cbgp_answer_latency_seconds_count")
