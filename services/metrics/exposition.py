@@ -34,7 +34,7 @@ def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | N
     Uses the watermarks cached from fetch responses when there are some (no broker round trip). A reader
     that tracks its own ``positions`` ((topic, partition) -> next offset) passes them: it may be
     unassigned between polls while idle, and then the broker is asked for the high watermark.  ``whole``: they
-    are every partition this reader holds, and the series of those it held at its last such call are removed.
+    are every partition this reader holds, and the series it set for any other partition are removed.
     """
     if positions is None:
         assignment = consumer.assignment()
@@ -51,19 +51,20 @@ def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | N
             continue
         if high >= 0 and offset >= 0:
             CONSUMER_LAG.labels(topic, str(partition)).set(max(0, high - offset))
+    shown = _LAG_SHOWN.setdefault(id(consumer), set())
     if not whole:
+        shown.update(positions)
         return
     # A partition given up in a rebalance loses its series rather than show its last lag for ever
-    now = set(positions)
-    for topic, partition in _LAG_SHOWN.get(id(consumer), set()) - now:
+    for topic, partition in shown - positions.keys():
         try:
             CONSUMER_LAG.remove(topic, str(partition))
         except KeyError:
             pass
-    _LAG_SHOWN[id(consumer)] = now
+    _LAG_SHOWN[id(consumer)] = set(positions)
 
 
-_LAG_SHOWN: dict[int, set[tuple[str, int]]] = {}  # id of a reader -> the partitions whose lag it showed last
+_LAG_SHOWN: dict[int, set[tuple[str, int]]] = {}  # id of a reader -> the partitions whose lag series it set
 
 
 # ------------------------------------------------------------------------------------ HTTP server

@@ -130,8 +130,10 @@ def test_the_lag_of_a_partition_given_up_is_no_longer_shown() -> None:
     assert (lag(0), lag(1)) == (5, 6)
     record_consumer_lag(reader, {("t-given-up", 1): 8}, whole=True)  # partition 0 went to another member
     assert (lag(0), lag(1)) == (None, 2)
-    record_consumer_lag(reader, {}, whole=True)  # and then partition 1
-    assert (lag(0), lag(1)) == (None, None)
+    record_consumer_lag(reader, {("t-given-up", 2): 9})  # a partition read to its end, then given up too
+    assert lag(2) == 1
+    record_consumer_lag(reader, {}, whole=True)  # and then partitions 1 and 2
+    assert (lag(0), lag(1), lag(2)) == (None, None, None)
     assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-kept", "partition": "0"}) == 1  # another's
 
 
