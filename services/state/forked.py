@@ -6,15 +6,19 @@ updates was 1.7-2.2 s, at those checkpoints).  ``os.fork`` takes 10-30 ms and gi
 that moment, copy-on-write, so the child pickles it on the other core while the service processes the next
 batches; the result comes back through a file without a name.  The child only runs ``fn`` (no Kafka client, no
 lock another thread could hold: the threads are not copied) and leaves with ``os._exit``.  It can briefly double
-the memory the pages it touches take (pickling touches every object).
+the memory the pages it touches take (pickling touches every object).  On Linux it dies with the service: a
+service killed -9 mid-checkpoint would otherwise leave it pickling for nobody, holding that memory and the
+service's listening sockets (its restart could not bind its metrics port until the child finished).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import time
 from typing import Any, Callable
@@ -22,6 +26,29 @@ from typing import Any, Callable
 from services.wire.loglines import kv
 
 __all__ = ["FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob"]
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up before any fork (None where there is none: not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with(parent: int) -> None:
+    """In a forked child: be killed when ``parent`` dies (and leave now if it already has).  Linux sends the signal
+    when the *thread* that forked exits: the services fork from their main loop, which lives as long as they do."""
+    if _PRCTL is not None and _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0 and os.getppid() != parent:
+        os._exit(1)
+
 
 # The workers and the answers service pickle their checkpoints in a forked child unless CBGP_FORKED_CHECKPOINTS=0.
 FORKED_CHECKPOINTS = hasattr(os, "fork") and os.environ.get("CBGP_FORKED_CHECKPOINTS", "1") not in ("0", "false", "no")
@@ -35,6 +62,7 @@ class ForkedJob:
     def __init__(self, fn: Callable[[], Any], directory: str | None = None) -> None:
         self.file = tempfile.TemporaryFile(prefix="cbgp-forked-", suffix=".pickle", dir=directory)
         self.started = time.monotonic()
+        parent = os.getpid()
         try:
             self.pid = os.fork()
         except OSError:
@@ -43,6 +71,7 @@ class ForkedJob:
         if self.pid == 0:  # the child: fn, its outcome to the file, and out without any cleanup of the parent's
             code = 1
             try:
+                _die_with(parent)
                 with os.fdopen(os.dup(self.file.fileno()), "wb") as out:
                     try:
                         outcome: tuple[str, Any] = ("ok", fn())

@@ -62,3 +62,39 @@ def test_a_parent_killed_before_it_read_the_result_leaves_no_file(tmp_path: Path
         timeout=60)
     assert parent.returncode == -signal.SIGKILL, parent.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_child_dies_with_its_service_and_frees_the_port_for_its_restart() -> None:
+    """A service killed -9 while its child pickles a checkpoint: the child goes with it, so the service started
+    again binds its metrics port at once instead of failing on a socket the orphan still held."""
+    from services.metrics.exposition import start_metrics_server
+    from services.kafka.broker import free_port
+
+    port = free_port()
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from services.metrics.exposition import start_metrics_server\n"
+        "from services.state.forked import ForkedJob\n"
+        f"start_metrics_server({port})\n"
+        "job = ForkedJob(lambda: time.sleep(60))\n"
+        "print(job.pid, flush=True)\n"
+        "time.sleep(60)\n")], cwd=Path(__file__).parents[3], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait(10)
+    deadline = time.monotonic() + 5
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child), "the checkpoint child outlived its service"
+    with start_metrics_server(port):
+        pass
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (an orphan's zombie waits for whoever adopted it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
