@@ -187,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         return _run_spark_job(args[1:])  # the job has its own flags (--master, --compact-interval, ...)
     from services.kafka.topics import TopicError
     from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated
+    from services.metrics.exposition import ListenError
 
     try:
         return run(argv, add_fleet_commands)
-    except TopicError as exc:  # a topic layout the fleet cannot use: say so in one line, not a traceback
+    except (TopicError, ListenError) as exc:  # a topic layout the fleet cannot use, a port taken: one line
         print(f"cbgp: error: {exc}", file=sys.stderr)
         return 2
     except LogTruncated as exc:  # records a restore needs were deleted (the registry; the others: run_service)

@@ -95,7 +95,7 @@ def _ssl_context(args: argparse.Namespace, tokens: Tokens) -> ssl.SSLContext | N
 
 
 async def serve(args: argparse.Namespace, settings: Any) -> int:
-    from services.metrics.exposition import start_metrics_server
+    from services.metrics.exposition import ListenError, start_metrics_server
 
     tokens = _tokens(args)
     share, peers, peer_token = _share(args, tokens)
@@ -109,7 +109,11 @@ async def serve(args: argparse.Namespace, settings: Any) -> int:
     await runner.setup()
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} (--host, --port)") from None
     site = web.SockSite(runner, sock, ssl_context=_ssl_context(args, tokens), backlog=2048)
     await site.start()
     port = sock.getsockname()[1]

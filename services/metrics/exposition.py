@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from services.metrics.instruments import CONSUMER_LAG
 
 __all__ = [
-    "MetricsServer", "start_metrics_server", "record_consumer_lag", "CONSUMER_LAG",
+    "ListenError", "MetricsServer", "start_metrics_server", "record_consumer_lag", "CONSUMER_LAG",
 ]
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,11 @@ class MetricsServer:
         self.stop()
 
 
+class ListenError(OSError):
+    """A port this process was told to listen on could not be bound (taken, or not allowed); ``cbgp`` says it in
+    one line."""
+
+
 def start_metrics_server(port: int, ready: Callable[[], bool] = lambda: True, host: str | None = None,
                          registry: CollectorRegistry = REGISTRY) -> MetricsServer:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``host:port`` (port 0 = any free port).  As the
@@ -142,7 +147,11 @@ def start_metrics_server(port: int, ready: Callable[[], bool] = lambda: True, ho
             # Probes hit these endpoints every few seconds: keep them out of the service's log.
             log.debug("metrics http: " + fmt, *args)
 
-    httpd = ThreadingHTTPServer((host, port), Handler)
+    try:
+        httpd = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:
+        raise ListenError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} "
+                          "(--metrics-port, CBGP_METRICS_HOST)") from None
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name=f"metrics-{httpd.server_address[1]}", daemon=True)
     thread.start()

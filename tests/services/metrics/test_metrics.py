@@ -148,3 +148,29 @@ def test_per_query_series_are_bounded() -> None:
     values = {f"q{i}": float(i) for i in range(10)}
     assert top_queries(values, maximum=3) == {"q9": 9.0, "q8": 8.0, "q7": 7.0, OTHER_QUERIES: sum(range(7))}
     assert top_queries({"a": 1.0}, maximum=3) == {"a": 1.0}
+
+
+@pytest.mark.parametrize("command, line", [
+    (["answers", "--metrics-port", "{port}"], "cbgp: error: cannot serve metrics on 127.0.0.1:{port}: Address "
+     "already in use (--metrics-port, CBGP_METRICS_HOST)"),
+    (["gateway", "--auth", "none", "--port", "{port}"], "cbgp: error: cannot listen on 127.0.0.1:{port}: Address "
+     "already in use (--host, --port)"),
+    (["gateway", "--auth", "none", "--port", "0", "--metrics-port", "{port}"], "cbgp: error: cannot serve metrics "
+     "on 127.0.0.1:{port}"),
+])
+def test_a_taken_port_stops_a_service_with_one_line_naming_the_port_and_flag(command: list[str], line: str) -> None:
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"PATH": "/usr/bin", "CBGP_CHECKPOINT_SECRET": "k" * 32}
+        done = subprocess.run([sys.executable, "-m", "services.commands.main",
+                               *[a.format(port=port) for a in command], "--bootstrap-servers", "127.0.0.1:9"],
+                              capture_output=True, text=True, timeout=60, env=env, cwd=Path(__file__).parents[3])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert line.format(port=port) in done.stderr.strip().splitlines()[-1]
