@@ -164,6 +164,9 @@ class OperatorAssembler:
     def apply(self, deltas: list[tuple[int, int, tuple, tuple[str, ...]]]) -> list[tuple[int, tuple]]:
         """The answer deltas of one update from its part deltas ``(part, sign, row, row's variables)``, in any
         order (rows in ``columns`` order, None for an unbound variable; ``-`` rows first)."""
+        if self.tree.failed is not None:  # stopped: what its leaves and products held goes too
+            self.leaves, self.assemblers = [], {}
+            return []
         batches: dict[int, Delta] = {}
         assembled: dict[int, list[tuple[int, int, tuple]]] = {}
         for index, diff, row, variables in deltas:

@@ -76,10 +76,14 @@ class OperatorTree:
         return self._drain() if self.pending else []
 
     def stop(self, reason: str) -> None:
-        """Stop answering (see the class): the reason is logged once and kept in ``failed``."""
+        """Stop answering (see the class): the reason is logged once and kept in ``failed``, and the operators go
+        (unlinked from one another and from the builder, so a leaf a caller still holds keeps none of them)."""
         self.failed = reason
         self.pending = {}
-        self.root = Constant(self.root.schema, [])
+        old, self.root = self.root, Constant(self.root.schema, [])
+        for op in list(old.walk()):
+            op.parent, op.children = None, []
+        self.builder = None  # type: ignore[assignment]
         log.error("event=query_stopped reason=%r", reason)
 
     def _drain(self) -> list[tuple[int, tuple]]:
@@ -259,8 +263,12 @@ class OperatorQuery(OperatorTree):
 
     def _fail(self, error: PathLimitError) -> None:
         self.stop(str(error))
+
+    def stop(self, reason: str) -> None:
+        """As :meth:`OperatorTree.stop`, and its private engine's state dropped too."""
+        super().stop(reason)
         self.engine = Engine(self.engine.dictionary)
-        self.leaves, self.pattern_leaves = {}, []
+        self.leaves, self.pattern_leaves, self.engine_leaves = {}, [], []
         self.direct, self.present, self.shared = {}, {}, {}
 
     def _apply(self, diff: int, s: int, p: int, o: int, g: int) -> list[tuple[int, tuple]]:

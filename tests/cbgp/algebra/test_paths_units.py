@@ -126,6 +126,42 @@ def test_a_stopped_closure_frees_the_shared_steps_it_alone_read(monkeypatch):
     assert chain(engine, 2, start=8) == []
 
 
+def test_a_stopped_query_lets_go_of_its_closure_s_memory(monkeypatch):
+    """In one engine (a worker's single-owner query): once stopped, nothing the query keeps leads to its closure,
+    whose trees are then freed, not only no longer fed."""
+    import gc
+    import weakref
+
+    monkeypatch.setenv("CBGP_MAX_PATH_PAIRS", "20")
+    engine = ContinuousEngine(keep_graph=True)
+    engine.register("all", P + "SELECT * WHERE { ?x :next+ ?y . ?y :label ?l }")
+    closure = weakref.ref(next(op for op in engine.operator_queries["all"].root.walk() if isinstance(op, Closure)))
+    chain(engine, 8)
+    gc.collect()
+    assert engine.explain("all").startswith("SELECT query stopped") and closure() is None
+
+
+def test_a_stopped_query_at_the_answers_service_lets_go_of_its_closure_and_leaves():
+    """By centre (the answers service's OperatorAssembler, fed part deltas): stopped from outside, as a process's
+    budget stops its largest query, its closure and the leaves it was fed through are freed at the next delta."""
+    import gc
+    import weakref
+
+    from cbgp.algebra.by_centre import OperatorAssembler
+
+    dictionary = TermDictionary()
+    assembler = OperatorAssembler(analyse(P + "SELECT * WHERE { ?x :next+ ?y }"), dictionary)
+    columns = assembler._target(assembler.parts[0])
+    ids = [dictionary.encode(f"<{EX}n{i}>") for i in range(6)]
+    answers = [a for i in range(5) for a in assembler.apply([(0, 1, (ids[i], ids[i + 1]), columns)])]
+    assert len(answers) == 15  # 5 + 4 + 3 + 2 + 1 pairs
+    closure = weakref.ref(next(op for op in assembler.tree.root.walk() if isinstance(op, Closure)))
+    assembler.tree.stop("over the budget")
+    assert assembler.apply([(0, 1, (ids[0], ids[5]), columns)]) == []
+    gc.collect()
+    assert closure() is None and assembler.leaves == [] and assembler.state_entries() == 0
+
+
 def test_closure_pairs_counts_what_a_query_s_closures_hold_and_none_without_one():
     from cbgp.algebra.paths import closure_pairs
 
