@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from itertools import count
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from cbgp.algebra.paths import closure_pairs
 from cbgp.engine.assembly import Assembler, GraphAssembler, assembler_for
@@ -19,6 +19,9 @@ from services.codec import PartDeltaColumns
 from services.wire.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
 from services.wire.registrations import OPERATORS_CLASS, read_query
 from services.answers.release_operators import Operators
+
+if TYPE_CHECKING:
+    from cbgp.algebra.continuous import OperatorTree
 
 
 @dataclass
@@ -287,15 +290,17 @@ class SeqRelease:
                 for key, assembler in state.assemblers.items()
                 if isinstance(assembler, Operators) and assembler.assembler.tree.failed is not None]
 
-    def path_pairs(self) -> dict[str, int]:
-        """The pairs the property-path closures of each by-centre operator query hold here (``cbgp_path_pairs``)."""
-        totals: dict[str, int] = {}
+    def path_trees(self) -> list[tuple[str, OperatorTree, int]]:
+        """(query id, operator tree, pairs) of each by-centre operator query with property-path closures here."""
+        found = []
         for state in self.partitions.values():
             for (query_id, _version), assembler in state.assemblers.items():
-                pairs = closure_pairs(assembler.assembler.tree.root) if isinstance(assembler, Operators) else None
-                if pairs is not None:
-                    totals[query_id] = totals.get(query_id, 0) + pairs
-        return totals
+                if isinstance(assembler, Operators):
+                    tree = assembler.assembler.tree
+                    pairs = closure_pairs(tree.root)
+                    if pairs is not None:
+                        found.append((query_id, tree, pairs))
+        return found
 
     def held(self) -> int:
         return sum(len(state.heap) + len(state.fast) + sum(len(g.items) for g in state.gates.values())

@@ -22,7 +22,7 @@ from services.metrics.exposition import record_consumer_lag
 from services.runtime.runner import Step, run_processor
 from services.wire.records import Output
 from services.wire.loglines import kv
-from services.wire.stopped import StoppedQueries
+from services.wire.stopped import StoppedQueries, pairs_by_query, stop_the_largest
 from services.runtime.life import (checkpoint_at_stop, oldest_origin, oldest_produced, origin_ms, require_broker_kept,
                                    service_command)
 from services.kafka.fetch import GroupInput
@@ -242,7 +242,9 @@ class AnswersService:
         """An ERROR status for each operator query that stopped since the last scan (services.wire.stopped)."""
         if not self.stopped.due():
             return []
-        set_by_query(PATH_PAIRS, self.release.path_pairs())  # (the scan's cadence: about once a second)
+        trees = self.release.path_trees()  # (the scan's cadence: about once a second)
+        stop_the_largest((tree, pairs) for _query, tree, pairs in trees)
+        set_by_query(PATH_PAIRS, pairs_by_query(trees))
         return self.stopped.statuses(self.release.stopped())
 
     def _checkpoint_records(self) -> list[Output]:

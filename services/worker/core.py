@@ -10,7 +10,7 @@ import logging
 import time
 from collections import Counter
 from itertools import chain
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from cbgp.algebra.paths import closure_pairs
 from cbgp.distributed.evaluator import Outputs as ProbeOutputs
@@ -611,17 +611,17 @@ class WorkerCore:
                     out.append((query_id, shard.versions.get(query_id, 0), failed))
         return out
 
-    def path_pairs_by_query(self) -> dict[str, int]:
-        """The pairs the property-path closures of each query hold on this worker (its single-owner queries')."""
-        totals: dict[str, int] = {}
+    def path_trees(self) -> list[tuple[str, Any, int]]:
+        """(query id, operator query, pairs) of each query with property-path closures on this worker (its
+        single-owner queries')."""
+        found = []
         for shard in self.shards.values():
             for name, op in shard.engine.operators.items():
                 query = getattr(op, "query", None)  # (a FleetOperatorQuery's; a gated leaf part has none)
                 pairs = closure_pairs(query.root) if query is not None else None
                 if pairs is not None:
-                    query_id = shard.outputs[name][0]
-                    totals[query_id] = totals.get(query_id, 0) + pairs
-        return totals
+                    found.append((shard.outputs[name][0], query, pairs))
+        return found
 
     def state_by_query(self) -> dict[str, int]:
         totals: dict[str, int] = {}

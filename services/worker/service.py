@@ -22,7 +22,7 @@ from services.runtime.runner import Step, run_processor
 from services.runtime import recovery
 from services.wire.records import Output
 from services.wire.loglines import kv
-from services.wire.stopped import StoppedQueries
+from services.wire.stopped import StoppedQueries, pairs_by_query, stop_the_largest
 from services.runtime.life import (checkpoint_at_stop, oldest_origin, oldest_produced, origin_ms, require_broker_kept,
                                    service_command)
 from services.kafka.fetch import Fetcher, GroupInput, idle_pause
@@ -527,6 +527,8 @@ class WorkerService:
         if now - self.last_report < STATE_REPORT_SECONDS * max(1, len(self.core.plans) // 1000):
             return
         self.last_report = now
+        trees = self.core.path_trees()
+        stop_the_largest((tree, pairs) for _query, tree, pairs in trees)
         told = self.stopped.statuses(self.core.stopped())  # (services.wire.stopped: once each)
         if told:
             self.pending.extend(told)
@@ -549,7 +551,7 @@ class WorkerService:
                 if labels[0] not in held:
                     gauge.remove(*labels)
         set_by_query(QUERY_STATE, self.core.state_by_query())  # the largest by themselves, the rest as _other
-        set_by_query(PATH_PAIRS, self.core.path_pairs_by_query())
+        set_by_query(PATH_PAIRS, pairs_by_query(trees))
 
     def close(self, clean: bool = True) -> None:
         if clean:

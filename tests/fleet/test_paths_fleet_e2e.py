@@ -133,12 +133,18 @@ def assert_as_pyoxigraph(got: dict, current: dict, live: dict, snapshot: dict, f
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("setting, message", [
+    ("CBGP_MAX_PATH_PAIRS", "would hold more than 40 pairs (CBGP_MAX_PATH_PAIRS)"),
+    ("CBGP_MAX_PATH_PAIRS_TOTAL", "pairs together, more than 40 (CBGP_MAX_PATH_PAIRS_TOTAL); this query held the most"),
+])
 def test_a_closure_over_its_bound_stops_alone_and_says_so_on_the_status_topic(kafka_settings, tmp_path: Path,
-                                                                              monkeypatch) -> None:
-    """CBGP_MAX_PATH_PAIRS=40 for the fleet: an unanchored closure by centre (kept by the answers service) and an
-    unanchored `*` joined to variable predicates (single-owner, kept by a worker) pass it; each gets one ERROR status
-    on queries.status naming the bound, and the anchored closure beside them stays exact."""
-    monkeypatch.setenv("CBGP_MAX_PATH_PAIRS", "40")
+                                                                              monkeypatch, setting: str,
+                                                                              message: str) -> None:
+    """A bound of 40 pairs for the fleet, per query or for each process's queries together: an unanchored closure
+    by centre (kept by the answers service) and an unanchored `*` joined to variable predicates (single-owner, kept
+    by a worker) pass it; each gets one ERROR status on queries.status naming the bound, and the anchored closure
+    beside them (at the answers service too, and smaller) stays exact."""
+    monkeypatch.setenv(setting, "40")
     queries = {"everyone": f"SELECT * WHERE {{ ?x {K}+ ?y }}",
                "everyone_star": f"SELECT * WHERE {{ ?x {K}* ?y . ?y ?p ?z . ?z ?q ?w }}", "reach": EARLY["reach"]}
     assert operator_placement(analyse(queries["everyone_star"])) != BY_CENTRE
@@ -164,8 +170,8 @@ def test_a_closure_over_its_bound_stops_alone_and_says_so_on_the_status_topic(ka
         current = read_current(kafka_settings)
     assert set(stopped) == {"everyone", "everyone_star"}, statuses
     for status in stopped.values():
-        assert status["message"].startswith(f"query stopped: the path ?x <{EX}knows>")
-        assert "would hold more than 40 pairs (CBGP_MAX_PATH_PAIRS)" in status["message"]
+        assert status["message"].startswith("query stopped: the p")
+        assert message in status["message"]
     assert sum(1 for s in statuses if s["status"] == "ERROR") == 2, "each stop is told once"
     assert Counter((a["seq"], a["sign"], a["key"]) for a in got["reach"]) == expected_of(deltas, "reach")
     assert current["reach"] == final["reach"]
