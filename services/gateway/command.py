@@ -49,6 +49,8 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
             ("--query-max-rows", "query_max_rows", int, "rows (or triples) of one /query result"),
             ("--query-workers", "query_workers", int, "/query evaluations at once, on their own threads"),
             ("--query-queue", "query_queue", int, "/query requests waiting for a worker before 503"),
+            ("--query-max-memory", "query_max_memory_mb", int, "MB one /query's evaluation may allocate, in a "
+             "child process it runs in (Linux; 0: in a thread of the gateway, unbounded)"),
             ("--max-connections", "max_connections", int, "open SSE and WebSocket connections"),
             ("--max-connections-per-client", "max_connections_per_client", int, "... from one address"),
             ("--max-subscriptions-per-socket", "max_subscriptions_per_socket", int, "SEPA subscriptions per socket"),

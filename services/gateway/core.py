@@ -164,6 +164,7 @@ class Limits:
     query_max_rows: int = 10_000  # --query-max-rows: rows (or triples) of one /query result
     query_workers: int = 2  # --query-workers: /query evaluations at once, on their own threads
     query_queue: int = 8  # --query-queue: /query requests waiting for a worker before 503
+    query_max_memory_mb: int = 512  # --query-max-memory: MB one /query's evaluation may allocate (0: unbounded)
     max_connections: int = 10_000  # --max-connections: open SSE and WebSocket connections
     max_connections_per_client: int = 1_000  # --max-connections-per-client: from one address
     max_subscriptions_per_socket: int = 100  # --max-subscriptions-per-socket: SEPA subscriptions on one WebSocket

@@ -20,6 +20,7 @@ from services.gateway.core import Answer, Share
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_producer
 from services.kafka.fetch import Fetcher
+from services.state.forked import ForkedJob
 
 __all__ = ["FleetSampler", "Follower", "GraphSource", "Publisher"]
 
@@ -298,6 +299,14 @@ class GraphSource:
         with self.lock:
             seq = self.sync()
             return self.store.query(sparql, use_default_graph_as_union=False), seq
+
+    def forked(self, fn: Callable[[Any, int], Any]) -> ForkedJob:
+        """``fn(store, seq)`` run in a child process forked with the graph as of seq (under the lock: no change is
+        half applied in the child's copy, which must not take the lock)."""
+        with self.lock:
+            seq = self.sync()
+            store = self.store
+            return ForkedJob(lambda: fn(store, seq), close_fds=True)  # (the clients' sockets stay the gateway's)
 
 
 class FleetSampler(threading.Thread):

@@ -37,7 +37,7 @@ def _results(description: str) -> dict[str, Any]:
         "application/rdf+xml": _STRING}}
 
 
-_QUERY_LIMITS = {"413": _problem("more rows than --query-max-rows"),
+_QUERY_LIMITS = {"413": _problem("more rows than --query-max-rows, or more memory than --query-max-memory"),
                  "503": _problem("past --query-timeout, or every /query worker busy")}
 _FORMAT = {"name": "format", "in": "query", "required": False,
            "description": "instead of Accept: json, xml, csv, tsv (SELECT, ASK); turtle, ntriples, jsonld, rdfxml "

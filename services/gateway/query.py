@@ -1,18 +1,27 @@
 """``/query``: one SPARQL query over the current graph, within the gateway's limits.
 
-pyoxigraph evaluates it and cannot be interrupted, so what can be decided before is: the text is measured
-(``cbgp.query.limits``), SERVICE reaches allowed endpoints only (``CBGP_SERVICE_ALLOW``, as for registered queries),
-a product of unconstrained patterns is refused, and the evaluation runs on its own bounded pool (``--query-workers``
-threads, ``--query-queue`` waiting, else 503), so a heavy query never takes the threads /update and registrations
-use. While its rows are read, the row cap (``--query-max-rows``) and the deadline (``--query-timeout``) hold; a
-request past its deadline is answered at once, and its thread stops at the next row it reads.
+Before: the text is measured (``cbgp.query.limits``), SERVICE reaches allowed endpoints only (``CBGP_SERVICE_ALLOW``,
+as for registered queries), and a product of unconstrained patterns is refused.  Then the evaluation waits for
+its bounded pool (``--query-workers`` threads, ``--query-queue`` waiting, else 503), so a heavy query never takes
+the threads /update and registrations use, and the row cap (``--query-max-rows``) and the deadline
+(``--query-timeout``) hold while its rows are read.
+
+pyoxigraph cannot be interrupted, and a short text can ask it for more than the machine has (``?a :knows+ ?b``
+over a friendship graph is quadratic).  So on Linux each evaluation runs in a child process forked with the graph
+as of its seq, copy-on-write (``GraphSource.forked``): the child may allocate ``--query-max-memory`` MB above what
+it was forked with, is the first the kernel's out-of-memory killer picks, and is killed at the deadline, so neither
+the gateway's memory nor its threads go to a query past its limits.  ``--query-max-memory 0`` evaluates in the
+pool's thread instead (a request past its deadline is answered at once, and its thread stops at the next row).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
+import resource
+import sys
 import threading
 import time
 from typing import Any
@@ -67,10 +76,69 @@ def evaluate(gw: Any, text: str, cancel: threading.Event, accept: str | None = N
              fmt: str | None = None) -> tuple[bytes, str, int]:
     """``(body, media type, seq)``: the query's result, read row by row within the limits and written in the
     format negotiated for its form (runs on the query pool)."""
+    if gw.limits.query_max_memory_mb > 0 and ISOLATED:
+        return _in_a_child(gw, text, accept, fmt)
+    result, seq = gw.graph.query(text)
+    return _written(result, seq, gw.limits, cancel, accept, fmt)
+
+
+# Where a child process can be forked and bounded (Linux): elsewhere /query evaluates in the pool's thread.
+ISOLATED = sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+def _in_a_child(gw: Any, text: str, accept: str | None, fmt: str | None) -> tuple[bytes, str, int]:
+    limits = gw.limits
+    deadline = time.monotonic() + limits.query_timeout_s
+
+    def child(store: Any, seq: int) -> tuple:
+        gc.disable()  # (short-lived: a collection would touch, so copy, every page of the gateway's objects)
+        _bound_this_process(limits.query_max_memory_mb)
+        try:
+            result = store.query(text, use_default_graph_as_union=False)
+            return ("ok", *_written(result, seq, limits, threading.Event(), accept, fmt))
+        except MemoryError:
+            return ("memory",)
+        except (QueryRefused, SyntaxError, ValueError, TypeError, OSError) as exc:
+            refused = exc if isinstance(exc, QueryRefused) else _refusal(text, exc)
+            return ("refused", refused.status, str(refused), refused.line, refused.column)
+
+    job = gw.graph.forked(child)
+    if not job.wait_until(deadline):
+        job.cancel()
+        raise QueryRefused(503, f"the query ran past {limits.query_timeout_s:g} s (--query-timeout)")
+    if job.exit is not None and job.exit < 0:  # killed: past its memory the allocator aborts, or the OOM killer
+        job.discard()
+        outcome: tuple = ("memory",)
+    else:
+        try:
+            outcome = job.result()
+        except RuntimeError as exc:
+            raise QueryRefused(500, f"the query failed: {str(exc)[:200]}") from None
+    if outcome[0] == "ok":
+        return outcome[1], outcome[2], outcome[3]
+    if outcome[0] == "memory":
+        raise QueryRefused(413, f"the query needed more than {limits.query_max_memory_mb:,} MB "
+                           "(--query-max-memory); make it more selective")
+    raise QueryRefused(outcome[1], outcome[2], outcome[3], outcome[4])
+
+
+def _bound_this_process(megabytes: int) -> None:
+    """In the child: at most ``megabytes`` MB of address space above what it was forked with, and the first
+    process the out-of-memory killer takes (over a container's memory the gateway stays)."""
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + megabytes * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+    except OSError:
+        pass
+
+
+def _written(result: Any, seq: int, limits: Any, cancel: threading.Event, accept: str | None,
+             fmt: str | None) -> tuple[bytes, str, int]:
     import pyoxigraph as ox
 
-    limits = gw.limits
-    result, seq = gw.graph.query(text)
     form = "ASK" if isinstance(result, ox.QueryBoolean) else "CONSTRUCT" if isinstance(result, ox.QueryTriples) \
         else "SELECT"
     try:
@@ -118,11 +186,16 @@ async def run_query(gw: Any, text: str, accept: str | None = None, fmt: str | No
         raise QueryRefused(503, f"the query ran past {gw.limits.query_timeout_s:g} s (--query-timeout)") from None
     except QueryRefused:
         raise
-    except SyntaxError as exc:
-        raise _syntax_refusal(text, str(exc)) from None
-    except (ValueError, TypeError, OSError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise QueryRefused(400, f"{type(exc).__name__}: {message[:200]}") from None
+    except (SyntaxError, ValueError, TypeError, OSError) as exc:
+        raise _refusal(text, exc) from None
+
+
+def _refusal(text: str, exc: Exception) -> QueryRefused:
+    """What pyoxigraph raised for ``text``, as the 400 to answer."""
+    if isinstance(exc, SyntaxError):
+        return _syntax_refusal(text, str(exc))
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return QueryRefused(400, f"{type(exc).__name__}: {message[:200]}")
 
 
 def _syntax_refusal(text: str, error: str) -> QueryRefused:

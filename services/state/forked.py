@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import pickle
+import select
 import signal
 import sys
 import tempfile
@@ -59,7 +60,9 @@ class ForkedJob:
     goes through a file without a name (``tempfile.TemporaryFile``): whoever is killed when, nothing is left on
     disk."""
 
-    def __init__(self, fn: Callable[[], Any], directory: str | None = None) -> None:
+    def __init__(self, fn: Callable[[], Any], directory: str | None = None, close_fds: bool = False) -> None:
+        """``close_fds``: the child closes every descriptor it inherited but stdin/out/err and its result's file
+        (a server's child would otherwise keep its clients' connections open after the server closed them)."""
         self.file = tempfile.TemporaryFile(prefix="cbgp-forked-", suffix=".pickle", dir=directory)
         self.started = time.monotonic()
         parent = os.getpid()
@@ -72,6 +75,10 @@ class ForkedJob:
             code = 1
             try:
                 _die_with(parent)
+                if close_fds:
+                    keep = self.file.fileno()
+                    os.closerange(3, keep)
+                    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
                 with os.fdopen(os.dup(self.file.fileno()), "wb") as out:
                     try:
                         outcome: tuple[str, Any] = ("ok", fn())
@@ -106,6 +113,28 @@ class ForkedJob:
         if kind != "ok":
             raise RuntimeError(f"the forked child failed: {value}")
         return value
+
+    def wait_until(self, deadline: float) -> bool:
+        """Until the child has exited (True) or ``time.monotonic()`` reaches ``deadline`` (False), without
+        polling where Linux gives the child a file descriptor to wait on."""
+        fd = None
+        try:
+            fd = os.pidfd_open(self.pid) if hasattr(os, "pidfd_open") else None
+        except OSError:  # (an older kernel)
+            fd = None
+        try:
+            while not self.finished():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if fd is not None:
+                    select.select([fd], [], [], left)
+                else:
+                    time.sleep(min(left, 0.005))
+            return True
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def cancel(self) -> None:
         """Stop the child if it still runs, and forget its result."""

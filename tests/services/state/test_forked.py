@@ -98,3 +98,22 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
+
+
+@pytest.mark.parametrize("close_fds", [True, False])
+def test_a_child_that_closes_what_it_inherited_leaves_a_connection_closed_by_the_parent_closed(
+        close_fds: bool) -> None:
+    """A server's child (the gateway's /query) must not keep a client's connection open after the server closed
+    it: with ``close_fds`` the client reads the end at once; without, only when the child exits."""
+    import socket
+
+    server_end, client_end = socket.socketpair()
+    job = ForkedJob(lambda: time.sleep(1.5) or "done", close_fds=close_fds)
+    server_end.close()
+    client_end.settimeout(5)
+    started = time.monotonic()
+    assert client_end.recv(1) == b""
+    waited = time.monotonic() - started
+    client_end.close()
+    assert (waited < 0.5) if close_fds else (waited > 1.0)
+    assert job.finished(wait=True) and job.result() == "done"
