@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from itertools import islice
+from typing import Any, Callable, Iterable
 
 import pyoxigraph as ox
 
@@ -38,6 +39,8 @@ UPDATE_FORMAT = "sparql-update"
 MAX_CHANGES_SETTING, DEFAULT_MAX_CHANGES = "CBGP_MAX_UPDATE_CHANGES", 100_000
 MAX_SOLUTIONS_SETTING, DEFAULT_MAX_SOLUTIONS = "CBGP_MAX_UPDATE_SOLUTIONS", 1_000_000
 MAX_SECONDS_SETTING, DEFAULT_MAX_SECONDS = "CBGP_MAX_UPDATE_SECONDS", 10
+# Memory a WHERE clause read through ``isolate`` may take (ingest: above what its forked child started with)
+MAX_MEMORY_SETTING, DEFAULT_MAX_MEMORY_MB = "CBGP_MAX_UPDATE_MEMORY_MB", 512
 CROSS_PRODUCTS_SETTING = "CBGP_ALLOW_UPDATE_CROSS_PRODUCTS"
 
 
@@ -83,11 +86,16 @@ class UpdateExtractor:
 
     One extractor (one writer) per store: analysis and execution must see the same
     state, as SEPA's single update queue guarantees.
+
+    ``isolate(fn)``, when given, runs ``fn()`` elsewhere within bounds and returns its value (ingest: in a forked
+    child of bounded memory, killed at CBGP_MAX_UPDATE_SECONDS); a WHERE clause pyoxigraph may compute without
+    bound before its first solution (:func:`may_run_away`) is read through it, as a list of solutions.
     """
 
-    def __init__(self, store: ox.Store) -> None:
+    def __init__(self, store: ox.Store, isolate: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self._store = store
         self._scratch = ox.Store()  # never written: template parsing and IRI resolution query it
+        self._isolate = isolate
 
     def apply(self, request: str, *, base: str | None = None) -> UpdateDelta:
         """Apply a SPARQL 1.1 Update request atomically; return exactly the quads it really inserted
@@ -189,7 +197,11 @@ class UpdateExtractor:
         else:
             where = self._where_query(op)
             self._check_cost(op, where, base)
-            solutions = store.query(where, base_iri=base, **self._dataset(op, with_graph, base))
+            dataset = self._dataset(op, with_graph, base)
+            if self._isolate is not None and may_run_away(op.where):
+                solutions = self._isolated_solutions(op, where, base, dataset)
+            else:
+                solutions = store.query(where, base_iri=base, **dataset)
         to_delete: dict[ox.Quad, None] = {}
         to_insert: dict[ox.Quad, None] = {}
         max_changes = limit(MAX_CHANGES_SETTING, DEFAULT_MAX_CHANGES)
@@ -305,6 +317,24 @@ class UpdateExtractor:
                 )
         return template
 
+    def _isolated_solutions(self, op: syn.Operation, where: str, base: str | None, dataset: dict) -> list[_Solution]:
+        """The WHERE clause's solutions read through ``isolate``: at most the solution limit plus one (the caller
+        refuses that many), each a mapping that answers None for an unbound variable, as pyoxigraph's do."""
+        store, most = self._store, limit(MAX_SOLUTIONS_SETTING, DEFAULT_MAX_SOLUTIONS) + 1
+
+        def read() -> tuple:
+            try:
+                result = store.query(where, base_iri=base, **dataset)
+                names = [v.value for v in result.variables]
+                return ("ok", [_Solution((n, s[n]) for n in names) for s in islice(result, most)])
+            except (RuntimeError, OSError, ValueError, SyntaxError) as exc:
+                return ("error", f"{type(exc).__name__}: {exc}")
+
+        outcome = self._isolate(read)
+        if outcome[0] != "ok":
+            raise RuntimeError(outcome[1])
+        return outcome[1]
+
     def _check_cost(self, op: syn.Operation, where: str, base: str | None) -> None:
         """Refuse a WHERE clause that is a cross product (parts sharing no variable: |G|^k solutions, which
         pyoxigraph could spend hours on before the first) unless the fleet allows them."""
@@ -400,6 +430,26 @@ def _template_term(term, block: int, bnode_variables: dict[str, str]) -> tuple: 
     if isinstance(term, ox.BlankNode):  # [] or ( ... ) in the template: local to its block
         return (_BNODE, (block, term.value))
     return (_CONST, term)
+
+
+class _Solution(dict):
+    """A WHERE solution read in another process: None for a variable it leaves unbound, as pyoxigraph's."""
+
+    def __missing__(self, _name: str) -> None:
+        return None
+
+
+# What may make pyoxigraph compute without bound before a WHERE clause's first solution: a closure (`*`, `+`),
+# a subquery, an aggregate, GROUP BY or ORDER BY.  Plain patterns stream their solutions, which the solution and
+# time limits bound as they come.
+_RUNAWAY_WORDS = frozenset({"SELECT", "GROUP", "ORDER", "COUNT", "SUM", "MIN", "MAX", "AVG", "SAMPLE",
+                            "GROUP_CONCAT"})
+
+
+def may_run_away(where: str) -> bool:
+    """Whether a WHERE clause has one of the constructs above (``*`` and ``+`` in an expression count too)."""
+    return any(t.keyword in _RUNAWAY_WORDS or (t.kind == "word" and ("*" in t.text or "+" in t.text))
+               for t in syn.tokenize(where))
 
 
 def _instantiate(template: list[tuple], solution: ox.QuerySolution | None, out: dict[ox.Quad, None]) -> None:

@@ -17,11 +17,8 @@ pool's thread instead (a request past its deadline is answered at once, and its 
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import re
-import resource
-import sys
 import threading
 import time
 from typing import Any
@@ -32,6 +29,7 @@ from cbgp.query.limits import text_problem
 from cbgp.query.sparql import sparql_tokens, text_error
 from cbgp.results import ASK_VARIABLE, RDF_FORMATS, NotAcceptable, Shape, negotiate, serialize
 from cbgp.terms import from_oxigraph, to_sparql_json
+from services.state.forked import CAN_BOUND, OverMemory, OverTime, in_bounded_child
 
 _TRUE = {"type": "literal", "value": "true", "datatype": "http://www.w3.org/2001/XMLSchema#boolean"}
 CROSS_PRODUCTS_SETTING = "CBGP_ALLOW_QUERY_CROSS_PRODUCTS"
@@ -82,57 +80,33 @@ def evaluate(gw: Any, text: str, cancel: threading.Event, accept: str | None = N
     return _written(result, seq, gw.limits, cancel, accept, fmt)
 
 
-# Where a child process can be forked and bounded (Linux): elsewhere /query evaluates in the pool's thread.
-ISOLATED = sys.platform.startswith("linux") and hasattr(os, "fork")
+ISOLATED = CAN_BOUND  # (elsewhere /query evaluates in the pool's thread)
 
 
 def _in_a_child(gw: Any, text: str, accept: str | None, fmt: str | None) -> tuple[bytes, str, int]:
     limits = gw.limits
-    deadline = time.monotonic() + limits.query_timeout_s
 
     def child(store: Any, seq: int) -> tuple:
-        gc.disable()  # (short-lived: a collection would touch, so copy, every page of the gateway's objects)
-        _bound_this_process(limits.query_max_memory_mb)
         try:
             result = store.query(text, use_default_graph_as_union=False)
             return ("ok", *_written(result, seq, limits, threading.Event(), accept, fmt))
-        except MemoryError:
-            return ("memory",)
         except (QueryRefused, SyntaxError, ValueError, TypeError, OSError) as exc:
             refused = exc if isinstance(exc, QueryRefused) else _refusal(text, exc)
             return ("refused", refused.status, str(refused), refused.line, refused.column)
 
-    job = gw.graph.forked(child)
-    if not job.wait_until(deadline):
-        job.cancel()
-        raise QueryRefused(503, f"the query ran past {limits.query_timeout_s:g} s (--query-timeout)")
-    if job.exit is not None and job.exit < 0:  # killed: past its memory the allocator aborts, or the OOM killer
-        job.discard()
-        outcome: tuple = ("memory",)
-    else:
-        try:
-            outcome = job.result()
-        except RuntimeError as exc:
-            raise QueryRefused(500, f"the query failed: {str(exc)[:200]}") from None
+    try:
+        outcome = in_bounded_child(gw.graph.forked, child, seconds=limits.query_timeout_s,
+                                   megabytes=limits.query_max_memory_mb)
+    except OverTime:
+        raise QueryRefused(503, f"the query ran past {limits.query_timeout_s:g} s (--query-timeout)") from None
+    except OverMemory:
+        raise QueryRefused(413, f"the query needed more than {limits.query_max_memory_mb:,} MB "
+                           "(--query-max-memory); make it more selective") from None
+    except RuntimeError as exc:
+        raise QueryRefused(500, f"the query failed: {str(exc)[:200]}") from None
     if outcome[0] == "ok":
         return outcome[1], outcome[2], outcome[3]
-    if outcome[0] == "memory":
-        raise QueryRefused(413, f"the query needed more than {limits.query_max_memory_mb:,} MB "
-                           "(--query-max-memory); make it more selective")
     raise QueryRefused(outcome[1], outcome[2], outcome[3], outcome[4])
-
-
-def _bound_this_process(megabytes: int) -> None:
-    """In the child: at most ``megabytes`` MB of address space above what it was forked with, and the first
-    process the out-of-memory killer takes (over a container's memory the gateway stays)."""
-    with open("/proc/self/statm") as statm:
-        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    resource.setrlimit(resource.RLIMIT_AS, (mapped + megabytes * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    try:
-        with open("/proc/self/oom_score_adj", "w") as adj:
-            adj.write("1000")
-    except OSError:
-        pass
 
 
 def _written(result: Any, seq: int, limits: Any, cancel: threading.Event, accept: str | None,

@@ -14,9 +14,11 @@ service's listening sockets (its restart could not bind its metrics port until t
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import pickle
+import resource
 import select
 import signal
 import sys
@@ -26,7 +28,8 @@ from typing import Any, Callable
 
 from services.wire.loglines import kv
 
-__all__ = ["FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob"]
+__all__ = ["CAN_BOUND", "FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob", "OverMemory", "OverTime", "in_bounded_child",
+           "limit_memory"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -50,6 +53,9 @@ def _die_with(parent: int) -> None:
     if _PRCTL is not None and _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0 and os.getppid() != parent:
         os._exit(1)
 
+
+# Where a child can be forked and bounded (memory, a parent-death signal): elsewhere bounded work runs in place.
+CAN_BOUND = sys.platform.startswith("linux") and hasattr(os, "fork")
 
 # The workers and the answers service pickle their checkpoints in a forked child unless CBGP_FORKED_CHECKPOINTS=0.
 FORKED_CHECKPOINTS = hasattr(os, "fork") and os.environ.get("CBGP_FORKED_CHECKPOINTS", "1") not in ("0", "false", "no")
@@ -148,6 +154,56 @@ class ForkedJob:
 
     def discard(self) -> None:
         self.file.close()
+
+
+class OverTime(RuntimeError):
+    """A bounded child ran past its time and was killed."""
+
+
+class OverMemory(RuntimeError):
+    """A bounded child asked for more memory than it may have."""
+
+
+def in_bounded_child(start: Callable[[Callable[..., Any]], ForkedJob], fn: Callable[..., Any], *, seconds: float,
+                     megabytes: int) -> Any:
+    """``fn`` in the child ``start(child)`` forks (a ``ForkedJob`` made under whatever lock the fork needs, which calls
+    ``child`` with what ``fn`` takes), with at most ``megabytes`` MB above what it was forked with and killed after
+    ``seconds``: what ``fn`` returned; else :class:`OverTime`, :class:`OverMemory`, or RuntimeError when ``fn``
+    raised (its type and message)."""
+    deadline = time.monotonic() + seconds
+
+    def child(*args: Any) -> tuple:
+        gc.disable()  # (short-lived: a collection would touch, so copy, every page of the parent's objects)
+        limit_memory(megabytes)
+        try:
+            return ("ok", fn(*args))
+        except MemoryError:
+            return ("memory",)
+
+    job = start(child)
+    if not job.wait_until(deadline):
+        job.cancel()
+        raise OverTime(f"ran past {seconds:g} s")
+    if job.exit is not None and job.exit < 0:  # killed: past its memory the allocator aborts, or the OOM killer
+        job.discard()
+        raise OverMemory(f"needed more than {megabytes:,} MB")
+    outcome = job.result()
+    if outcome[0] == "memory":
+        raise OverMemory(f"needed more than {megabytes:,} MB")
+    return outcome[1]
+
+
+def limit_memory(megabytes: int) -> None:
+    """In a forked child: at most ``megabytes`` MB of address space above what it was forked with, and the first
+    process the out-of-memory killer takes (over a container's memory the parent stays)."""
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + megabytes * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    try:
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+    except OSError:
+        pass
 
 
 class ForkedCheckpoint:

@@ -6,7 +6,8 @@
    pre-state (inserted) and pre-state minus post-state (deleted).  Negative syntax
    tests must raise a syntax UpdateRequestError; positive ones must not.
    Out of scope (and asserted as such): the two LOAD tests, since LOAD is rejected
-   by design.  `test_w3c_scope_counts` pins how many tests are in scope.
+   by design.  `test_w3c_scope_counts` pins how many tests are in scope.  Each evaluation test runs again with
+   every WHERE clause read in a bounded forked child, as ingest reads one that may run away.
 2. Differential (hypothesis): random multi-operation requests applied by `apply` on
    one store and by pyoxigraph's own `Store.update` on another.
 3. Atomicity: a failing operation k leaves the store as it was and names k.
@@ -84,6 +85,10 @@ def _w3c_cases() -> list:
 
 
 W3C_CASES = _w3c_cases()
+# Each case as the extractor reads it here, and each evaluation case again in a child (``isolated``)
+W3C_RUNS = [pytest.param(*case.values, False, id=case.id) for case in W3C_CASES] + [
+    pytest.param(*case.values, True, id=f"{case.id} in a child") for case in W3C_CASES
+    if case.values[0] == "UpdateEvaluationTest"]
 
 
 def assert_delta_matches(pre: set[tuple], delta: UpdateDelta, after: set[tuple]) -> None:
@@ -95,15 +100,27 @@ def assert_delta_matches(pre: set[tuple], delta: UpdateDelta, after: set[tuple])
     assert (pre - deleted) | inserted == after
 
 
-@pytest.mark.parametrize("kind,name,entry,manifest", W3C_CASES)
-def test_w3c_update(kind: str, name: str, entry, manifest: Graph) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("kind,name,entry,manifest,isolated", W3C_RUNS)
+def test_w3c_update(kind: str, name: str, entry, manifest: Graph, isolated: bool,  # noqa: ANN001
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``in-a-child``: every WHERE clause read as ingest reads one that may run away, in a bounded forked child
+    (``services.ingest.core.bounded_where``), its solutions sent back."""
+    if isolated:
+        from cbgp.inputs import sparql_update
+        from services.ingest.core import bounded_where
+        from services.state.forked import CAN_BOUND
+
+        if not CAN_BOUND:
+            pytest.skip("a bounded child is forked on Linux only")
+        monkeypatch.setattr(sparql_update, "may_run_away", lambda _where: True)
+    extractor = (lambda store: UpdateExtractor(store, isolate=bounded_where)) if isolated else UpdateExtractor
     action = manifest.value(entry, MF.action)
     if kind in ("NegativeSyntaxTest11", "NegativeUpdateSyntaxTest11", "PositiveUpdateSyntaxTest11"):
         request_file = Path(str(action).removeprefix("file://"))
         request = request_file.read_text(encoding="utf-8")
         store = ox.Store()
         try:
-            UpdateExtractor(store).apply(request, base=str(action))
+            extractor(store).apply(request, base=str(action))
             error = None
         except UpdateRequestError as exc:
             error = exc
@@ -121,10 +138,10 @@ def test_w3c_update(kind: str, name: str, entry, manifest: Graph) -> None:  # no
     _load(expected, manifest.value(entry, MF.result), manifest)
     if name in OUT_OF_SCOPE:
         with pytest.raises(UpdateRequestError, match="LOAD is not supported"):
-            UpdateExtractor(store).apply(request, base=str(request_iri))
+            extractor(store).apply(request, base=str(request_iri))
         return
     pre = _keys(store)
-    delta = UpdateExtractor(store).apply(request, base=str(request_iri))
+    delta = extractor(store).apply(request, base=str(request_iri))
     after, wanted = _keys(store), _keys(expected)
     assert_delta_matches(pre, delta, after)
     if _has_bnode(after | wanted | pre):

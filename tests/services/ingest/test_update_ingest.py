@@ -111,6 +111,41 @@ def test_a_failing_request_is_dead_lettered_and_changes_nothing():
         assert [codec.decode("DeadLetter", o.value)["reason"] for o in outputs] == [reason]
 
 
+@pytest.mark.timeout(120)
+def test_a_where_clause_past_its_memory_or_time_is_dead_lettered_and_ingest_goes_on(monkeypatch) -> None:
+    """Over a chain of 2,000 nodes ``?a :k+ ?b`` has 2 M pairs, which pyoxigraph computes before the first solution
+    of a WHERE that counts them: ingest reads such a clause in a bounded child, so the request is dead-lettered in
+    one line naming the setting, ingest's own memory does not grow, and the next request is applied."""
+    import resource
+
+    from services.state.forked import CAN_BOUND
+
+    if not CAN_BOUND:
+        pytest.skip("a bounded child is forked on Linux only")
+    processor = IngestProcessor(KafkaSettings.from_env(), 4, 1)
+    chain = "".join(f"A <{EX}n{i}> <{EX}k> <{EX}n{i + 1}> .\n" for i in range(2000))
+    processor.process(RawRecord(chain.encode(), {"cbgp-format": b"patch"}))
+    before = (set(processor.present), processor.seq)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    counted = f"INSERT {{ <{EX}stats> <{EX}pairs> ?n }} WHERE {{ SELECT (COUNT(*) AS ?n) WHERE {{ ?a PATH ?b }} }}"
+    for path, setting, value, fragment in [
+            (f"<{EX}k>+", "CBGP_MAX_UPDATE_MEMORY_MB", "64", "needed more than 64 MB (CBGP_MAX_UPDATE_MEMORY_MB)"),
+            (f"(<{EX}k>|^<{EX}k>)+", "CBGP_MAX_UPDATE_SECONDS", "1", "ran past 1 s (CBGP_MAX_UPDATE_SECONDS)")]:
+        monkeypatch.setenv(setting, value)
+        outputs = processor.process(RawRecord(counted.replace("PATH", path).encode(),
+                                              {"cbgp-format": b"sparql-update"}))
+        monkeypatch.delenv(setting)
+        letters = [codec.decode("DeadLetter", o.value) for o in outputs if o.topic == processor.t_deadletter]
+        assert [d["reason"] for d in letters] == ["invalid-update"] and fragment in letters[0]["message"], letters
+        assert "\n" not in letters[0]["message"] and _encoded(outputs, processor) == []
+        assert (set(processor.present), processor.seq) == before
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 * 1024  # (KB)
+    small = counted.replace("PATH", f"<{EX}k>+").replace("?a", f"<{EX}n1990>")
+    outputs = processor.process(RawRecord(small.encode(), {"cbgp-format": b"sparql-update"}))
+    assert _encoded(outputs, processor) == [("ADD", f"<{EX}stats>", f"<{EX}pairs>",
+                                             '"10"^^<http://www.w3.org/2001/XMLSchema#integer>', 0)]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_fleet_answers_a_published_update_request(kafka_settings, tmp_path):
