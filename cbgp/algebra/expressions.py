@@ -25,6 +25,7 @@ from rdflib.plugins.sparql.sparql import FrozenBindings, QueryContext, SPARQLErr
 
 from cbgp.algebra.fast_filters import INTEGER_TYPES as _INTEGER_TYPES
 from cbgp.algebra.fast_filters import NO_ZONE_SPAN, Fallback, compile_filter, compile_term, lang_matches
+from cbgp.algebra.regex import regex, replace
 from cbgp.terms import XSD, TermDictionary, from_rdflib, split_literal
 
 NUMERIC_TYPES = _INTEGER_TYPES | {XSD + "decimal", XSD + "float", XSD + "double"}
@@ -506,12 +507,14 @@ _TESTS = {"Builtin_isIRI": _is_iri, "Builtin_isURI": _is_iri, "Builtin_isBLANK":
           "Builtin_isLITERAL": _is_literal, "Builtin_isNUMERIC": _is_numeric, "Builtin_sameTerm": _is_same_term}
 _STRICTER = {"RelationalExpression": _strict_relational, "ConditionalAndExpression": _strict_and, **_TESTS,
              "Builtin_STRDT": _strict_strdt,
-             "MultiplicativeExpression": _typed_multiplicative, "Builtin_LANGMATCHES": _basic_langmatches}
+             "MultiplicativeExpression": _typed_multiplicative, "Builtin_LANGMATCHES": _basic_langmatches,
+             "Builtin_REGEX": regex, "Builtin_REPLACE": replace}
 
 
 def strict_comparisons(node) -> None:  # noqa: ANN001
     """Give every expression under `node` (an rdflib algebra) whose rdflib semantics differ from SPARQL's the
-    SPARQL one (comparisons, IN, &&, the term tests, STRDT, typed arithmetic, langMatches), in place; idempotent."""
+    SPARQL one (comparisons, IN, &&, the term tests, STRDT, typed arithmetic, langMatches; REGEX and REPLACE in
+    linear time, ``cbgp.algebra.regex``), in place; idempotent."""
     from types import MethodType
 
     from rdflib.plugins.sparql.parserutils import CompValue, Expr

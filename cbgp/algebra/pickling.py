@@ -15,8 +15,10 @@ from collections import OrderedDict
 from types import MethodType
 from typing import Any, Callable
 
-from rdflib.plugins.sparql.operators import TrueFilter
+from rdflib.plugins.sparql.operators import Builtin_REGEX, Builtin_REPLACE, TrueFilter
 from rdflib.plugins.sparql.parserutils import CompValue, Expr
+
+from cbgp.algebra.regex import regex, replace
 
 __all__ = ["register"]
 
@@ -32,6 +34,7 @@ def _reduce(node: CompValue) -> tuple:
 
 def _rebuild(cls: type, name: str, evalfn: Callable | None, items: list[tuple[str, Any]],
              extra: dict[str, Any]) -> CompValue:
+    evalfn = _LINEAR.get(evalfn, evalfn)  # type: ignore[arg-type]
     node = cls.__new__(cls)
     OrderedDict.__init__(node)
     node.name = name
@@ -40,6 +43,10 @@ def _rebuild(cls: type, name: str, evalfn: Callable | None, items: list[tuple[st
         node._evalfn = MethodType(evalfn, node) if evalfn is not None else None
     node.__dict__.update(extra)
     return node
+
+
+# rdflib's REGEX and REPLACE backtrack (``cbgp.algebra.regex``): a checkpoint that holds them gets the linear ones
+_LINEAR: dict[Callable, Callable] = {Builtin_REGEX: regex, Builtin_REPLACE: replace}
 
 
 def _true_filter() -> Expr:
