@@ -9,6 +9,10 @@ lock another thread could hold: the threads are not copied) and leaves with ``os
 the memory the pages it touches take (pickling touches every object).  On Linux it dies with the service: a
 service killed -9 mid-checkpoint would otherwise leave it pickling for nobody, holding that memory and the
 service's listening sockets (its restart could not bind its metrics port until the child finished).
+
+:func:`in_bounded_child` runs work the process cannot interrupt (pyoxigraph evaluating a text from outside: the
+gateway's ``/query``, ingest's WHERE clauses that may run away) in such a child, bounded in memory and killed at
+its deadline.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from typing import Any, Callable
 
 from services.wire.loglines import kv
 
-__all__ = ["CAN_BOUND", "FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob", "OverMemory", "OverTime", "in_bounded_child",
-           "limit_memory"]
+__all__ = ["CAN_BOUND", "FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob", "OverMemory", "OverTime",
+           "in_bounded_child", "limit_memory"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
