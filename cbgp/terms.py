@@ -22,6 +22,9 @@ XSD = "http://www.w3.org/2001/XMLSchema#"
 XSD_STRING = XSD + "string"
 RDF_LANG_STRING = "http://www.w3.org/1999/02/22-rdf-syntax-ns#langString"
 DEFAULT_GRAPH_ID = 0
+# The largest term the fleet carries (UTF-8 bytes): ingest refuses longer ones, and an expression that would make
+# one (REPLACE, GROUP_CONCAT) is an error instead
+MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES = "CBGP_MAX_TERM_BYTES", 64 * 1024
 
 _ESCAPE_OUT = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"}
 _ESCAPE_OUT_RE = re.compile(r'[\\"\n\r]')

@@ -12,7 +12,8 @@ from typing import Any
 
 from cbgp.algebra.operators import Delta, Operator, Row, add
 from cbgp.algebra.expressions import Terms, format_decimal, format_double
-from cbgp.terms import XSD, literal, split_literal
+from cbgp.query.limits import limit
+from cbgp.terms import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, XSD, literal, split_literal
 
 
 _ERROR = object()
@@ -254,6 +255,7 @@ class Aggregate(Operator):
             separator = " " if a.separator is None else str(a.separator)
             parts: list[str] = []
             languages = set()
+            size, most = 0, limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
             for v in sorted(values, key=lambda v: (self.terms.order_key(v), decode(v))):
                 term = decode(v)
                 if not term.startswith('"'):
@@ -262,7 +264,11 @@ class Aggregate(Operator):
                 if datatype is not None:
                     return None
                 languages.add(language)
-                parts.extend([lexical] * (1 if distinct else values[v]))
+                times = 1 if distinct else values[v]
+                size += (len(lexical) + len(separator)) * times
+                if size > most:
+                    return None  # a term over the fleet's limit: an error, so unbound (one per change otherwise)
+                parts.extend([lexical] * times)
             language = next(iter(languages)) if len(languages) == 1 else None
             return encode(literal(separator.join(parts), language))
         # SUM / AVG: exact sums of integers and decimals (order-free), math.fsum once a float takes part

@@ -20,6 +20,9 @@ from rdflib import Literal
 from rdflib.plugins.sparql.operators import string
 from rdflib.plugins.sparql.sparql import SPARQLError
 
+from cbgp.query.limits import limit
+from cbgp.terms import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING
+
 __all__ = ["regex", "replace", "translate"]
 
 # Rust's Unicode classes (regex-syntax's perl classes): \w is Alphabetic, marks, decimal digits, connector
@@ -152,11 +155,15 @@ def replace(e: Any, ctx: Any) -> Literal:
     empty; ``$$`` is a dollar; a backslash is itself)."""
     text, pattern, flags = string(e.arg), string(e.pattern), _flags(e.flags)
     compiled, mode = _compiled(str(pattern), flags)
+    most = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)
     if mode == OXIGRAPH or (mode == BOUNDARY and not str(text).isascii()):
-        return _by_pyoxigraph("REPLACE(?t, ?p, ?r, ?f)", {"t": text, "p": pattern, "r": string(e.replacement),
+        replacement = string(e.replacement)
+        if len(text) + (len(text) + 1) * len(replacement) > most:  # (what it could make, before pyoxigraph does)
+            raise SPARQLError(f"REPLACE could make a term over {most:,} bytes ({MAX_TERM_SETTING})")
+        return _by_pyoxigraph("REPLACE(?t, ?p, ?r, ?f)", {"t": text, "p": pattern, "r": replacement,
                                                           "f": Literal(flags)})
     pieces = _template(str(string(e.replacement)))
-    value, out = str(text), []
+    value, out, size = str(text), [], 0
     last = None  # where the previous match ended: an empty match there is not one (Rust's rule, and pyoxigraph's)
     position = 0
     while position <= len(value):
@@ -167,11 +174,19 @@ def replace(e: Any, ctx: Any) -> Literal:
         if start == end == last:
             position = end + 1
             continue
-        out.append(value[0 if last is None else last:start])
-        out.extend(p if isinstance(p, str) else _group(match, p[0]) for p in pieces)
+        kept = value[0 if last is None else last:start]
+        made = [p if isinstance(p, str) else _group(match, p[0]) for p in pieces]
+        out.append(kept)
+        out.extend(made)
+        size += len(kept) + sum(map(len, made))
+        if size > most:  # ("" replaced by a long text between every two letters: the square of the term limit)
+            raise SPARQLError(f"REPLACE would make a term over {most:,} bytes ({MAX_TERM_SETTING})")
         last, position = end, end if end > start else end + 1
     out.append(value[0 if last is None else last:])
-    return Literal("".join(out), datatype=text.datatype, lang=text.language)
+    result = "".join(out)
+    if len(result.encode()) > most:
+        raise SPARQLError(f"REPLACE would make a term over {most:,} bytes ({MAX_TERM_SETTING})")
+    return Literal(result, datatype=text.datatype, lang=text.language)
 
 
 def _group(match: Any, name: str) -> str:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from cbgp.query.limits import limit
-from cbgp.terms import stable_term_id
+from cbgp.terms import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, stable_term_id
 from services import codec
 from services.metrics.instruments import REJECTED_INPUTS
 
@@ -57,7 +57,6 @@ def query_partition(query_id: str, partitions: int) -> int:
 # message.max.bytes is about 1 MB): ingest refuses terms over CBGP_MAX_TERM_BYTES, and the registry refuses a query
 # whose answers could exceed CBGP_MAX_RECORD_BYTES with terms that large.
 RECORD_SETTING, DEFAULT_MAX_RECORD_BYTES = "CBGP_MAX_RECORD_BYTES", 1_000_000
-MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES = "CBGP_MAX_TERM_BYTES", 64 * 1024
 ANSWER_OVERHEAD_BYTES, TERM_OVERHEAD_BYTES = 1024, 64
 
 

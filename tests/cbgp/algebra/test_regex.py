@@ -134,3 +134,26 @@ def _exprs(value, seen=None):  # noqa: ANN001, ANN202
         for item in value:
             yield from _exprs(item, seen)
 
+
+
+@pytest.mark.timeout(60)
+def test_an_expression_that_would_make_a_term_over_the_fleet_s_limit_is_an_error(monkeypatch) -> None:
+    """``REPLACE(?o, "", ?o)`` puts the text between every two letters of itself: the square of the term limit (4 GB
+    at 64 KiB). It, and a GROUP_CONCAT over the limit, are errors (unbound), not terms nobody could carry; under
+    the limit both answer."""
+    monkeypatch.setenv("CBGP_MAX_TERM_BYTES", "1000")
+    engine = ContinuousEngine()
+    engine.register("squared", f'SELECT ?s ?z WHERE {{ ?s <{EX}v> ?o BIND(REPLACE(?o, "", ?o) AS ?z) }}')
+    engine.register("all", f"SELECT (GROUP_CONCAT(?o) AS ?a) WHERE {{ ?s <{EX}v> ?o }}")
+
+    def answers(i: int, text: str) -> dict:
+        deltas = engine.apply_terms(1, f"<{EX}s{i}>", f"<{EX}v>", f'"{text}"')
+        return {(q, sign): engine.decode_row(q, row) for q, sign, row in deltas}
+
+    small = answers(0, "ab")
+    assert small[("squared", 1)]["z"] == '"abaabbab"' and small[("all", 1)]["a"] == '"ab"'
+    long = answers(1, "x" * 600)
+    assert "z" not in long[("squared", 1)]  # 360,000 letters: an error, the row without ?z
+    assert long[("all", -1)]["a"] == '"ab"' and long[("all", 1)]["a"].startswith('"ab x')  # 604 letters: a term
+    over = answers(2, "y" * 600)
+    assert over[("all", 1)] == {}  # 1,205 letters: an error, so unbound
