@@ -98,6 +98,9 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
         assert "CBGP_SERVICE_ALLOW" in refused["ssrf"]["message"]
         assert "CBGP_MAX_QUERY_PATTERNS" in refused["long_path"]["message"]
         assert "CBGP_MAX_QUERY_TOKENS" in refused["long_in"]["message"]
+        # a valid query whose pattern a backtracking engine takes years over on a name of 64 letters (below)
+        redos = register("redos", f'SELECT ?s WHERE {{ ?s <{EX}name> ?n FILTER(REGEX(?n, "^(a+)+$")) }}')
+        assert redos["status"] == "ACCEPTED", redos
         alive(fleet)
 
         # -- records on updates.raw: bad ones among good ones
@@ -128,13 +131,14 @@ def test_hostile_records_queries_and_requests_stop_nothing_and_the_good_input_is
                 {"content-type": b"application/sparql-update"})
         produce(settings, codec.MAGIC + b"\x00" * 8 + b"garbage")  # an Avro header and nothing valid
         produce(settings, bytes(range(256)) * 4, {"cbgp-format": b"ntriples"})
-        lines = good(4)
+        lines = [f'A <{EX}s5> <{EX}name> "{"a" * 64}!" .', *good(4)]  # the name "redos" matches against, then more
         good_lines += lines
         produce(settings, ("\n".join(lines) + "\n").encode(), {"cbgp-format": b"patch"})
 
         expected = replay(tmp_path, good_lines, {"star": STAR})
         got = wait_answers(settings, {"star": len(expected["star"])}, timeout=180)
         assert final_answers((a["sign"], a["key"]) for a in got["star"]) == final_answers(expected["star"])
+        assert not got.get("redos")  # (no name matches: the worker answered, and nothing)
         letters = wait_for(lambda: (d := dead_letters(settings)) and len(d) >= 107 and d, 60, "dead letters")
         reasons = [d["reason"] for d in letters]
         assert reasons.count("too-many-errors") == 1 and "term-too-large" in reasons
