@@ -164,15 +164,12 @@ def replace(e: Any, ctx: Any) -> Literal:
                                                           "f": Literal(flags)})
     pieces = _template(str(string(e.replacement)))
     value, out, size = str(text), [], 0
-    last = None  # where the previous match ended: an empty match there is not one (Rust's rule, and pyoxigraph's)
-    position = 0
-    while position <= len(value):
-        match = compiled.search(value, position)
-        if match is None:
-            break
+    last = None  # where the previous match ended: an empty match there is not one (Rust's rule, and pyoxigraph's;
+    # RE2's finditer also yields one twice at the end of a line).  (A search from each position instead re-reads
+    # the text each time: 1.5 s for 16,000 letters.)
+    for match in compiled.finditer(value):
         start, end = match.span()
         if start == end == last:
-            position = end + 1
             continue
         kept = value[0 if last is None else last:start]
         made = [p if isinstance(p, str) else _group(match, p[0]) for p in pieces]
@@ -181,7 +178,7 @@ def replace(e: Any, ctx: Any) -> Literal:
         size += len(kept) + sum(map(len, made))
         if size > most:  # ("" replaced by a long text between every two letters: the square of the term limit)
             raise SPARQLError(f"REPLACE would make a term over {most:,} bytes ({MAX_TERM_SETTING})")
-        last, position = end, end if end > start else end + 1
+        last = end
     out.append(value[0 if last is None else last:])
     result = "".join(out)
     if len(result.encode()) > most:
