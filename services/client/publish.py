@@ -116,7 +116,7 @@ def check_record(payload: bytes, fmt: str, first: int = 1, head_lines: int = 0) 
     from cbgp.inputs.sparql_update import UpdateRequestError, check_request
     from cbgp.query.limits import limit
     from services.ingest.core import oversized_term, position_problem
-    from services.wire.records import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING
+    from cbgp.terms import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING
 
     found: list[tuple[int, str]] = []
     max_term_bytes = limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)

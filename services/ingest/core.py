@@ -25,10 +25,11 @@ from cbgp.inputs.sparql_update import (DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_SECOND
                                        MAX_SECONDS_SETTING, UPDATE_FORMAT, UpdateDelta, UpdateExtractor,
                                        UpdateRequestError)
 from cbgp.query.limits import limit
-from cbgp.terms import DEFAULT_GRAPH_ID, TermCollisionError, TermDictionary, TermError, to_oxigraph
+from cbgp.terms import (DEFAULT_GRAPH_ID, DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, TermCollisionError,
+                        TermDictionary, TermError, to_oxigraph)
 from services import codec
 from services.wire.failures import ConsecutiveFailures
-from services.wire.records import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, ORIGIN_HEADER, Output, dead_letter
+from services.wire.records import ORIGIN_HEADER, Output, dead_letter
 from services.state.ondisk import DiskPresence, DiskPublished, DiskTerms
 from services.state.presence import Presence
 from services.state.forked import CAN_BOUND, ForkedJob, OverMemory, OverTime, in_bounded_child

@@ -364,7 +364,7 @@ def test_fast_writers_produce_exactly_the_generic_avro_bytes() -> None:
 
 
 def test_a_term_too_large_for_downstream_records_is_dead_lettered_and_the_rest_goes_on():
-    from services.wire.records import DEFAULT_MAX_TERM_BYTES
+    from cbgp.terms import DEFAULT_MAX_TERM_BYTES
 
     processor = IngestProcessor(KafkaSettings.from_env(), 4, 1)
     big = "é" * (DEFAULT_MAX_TERM_BYTES // 2 + 1)  # 2 bytes a character: over the limit in bytes, not in characters
