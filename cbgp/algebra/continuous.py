@@ -247,7 +247,7 @@ class OperatorQuery(OperatorTree):
                     closure.step(diff, s, o)
             return self._apply(diff, s, p, o, g)
         except PathLimitError as error:
-            self._fail(error)
+            self.stop(str(error))
             return []
 
     def seed(self) -> list[tuple[int, tuple]]:
@@ -257,12 +257,9 @@ class OperatorQuery(OperatorTree):
                 for closure in closures:
                     closure.seed()
         except PathLimitError as error:
-            self._fail(error)
+            self.stop(str(error))
             return []
         return self._drain() if self.pending else []
-
-    def _fail(self, error: PathLimitError) -> None:
-        self.stop(str(error))
 
     def stop(self, reason: str) -> None:
         """As :meth:`OperatorTree.stop`, and its private engine's state dropped too."""

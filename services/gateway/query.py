@@ -74,13 +74,10 @@ def evaluate(gw: Any, text: str, cancel: threading.Event, accept: str | None = N
              fmt: str | None = None) -> tuple[bytes, str, int]:
     """``(body, media type, seq)``: the query's result, read row by row within the limits and written in the
     format negotiated for its form (runs on the query pool)."""
-    if gw.limits.query_max_memory_mb > 0 and ISOLATED:
+    if gw.limits.query_max_memory_mb > 0 and CAN_BOUND:  # (elsewhere in the pool's thread)
         return _in_a_child(gw, text, accept, fmt)
     result, seq = gw.graph.query(text)
     return _written(result, seq, gw.limits, cancel, accept, fmt)
-
-
-ISOLATED = CAN_BOUND  # (elsewhere /query evaluates in the pool's thread)
 
 
 def _in_a_child(gw: Any, text: str, accept: str | None, fmt: str | None) -> tuple[bytes, str, int]:

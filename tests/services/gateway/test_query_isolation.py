@@ -15,10 +15,10 @@ import pyoxigraph as ox
 import pytest
 
 from services.gateway.core import Limits
-from services.gateway.query import ISOLATED, QueryRefused, evaluate
-from services.state.forked import ForkedJob
+from services.gateway.query import QueryRefused, evaluate
+from services.state.forked import CAN_BOUND, ForkedJob
 
-pytestmark = pytest.mark.skipif(not ISOLATED, reason="a child process is forked and bounded on Linux only")
+pytestmark = pytest.mark.skipif(not CAN_BOUND, reason="a child process is forked and bounded on Linux only")
 EX = "http://example.org/"
 JSON = "application/sparql-results+json"
 
