@@ -19,7 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from services.kafka.client import make_consumer
 from services.kafka.config import KafkaSettings
 from services.kafka.truncation import require_log_start
-from services.metrics.exposition import record_consumer_lag
+from services.metrics.exposition import forget_consumer_lag, record_consumer_lag
 from services.wire.loglines import kv
 from services.wire.settings import ms_setting
 
@@ -208,6 +208,7 @@ class Fetcher:
         return msgs
 
     def close(self) -> None:
+        forget_consumer_lag(self.consumer)
         self.consumer.close()
 
 

@@ -22,7 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from services.metrics.instruments import CONSUMER_LAG
 
 __all__ = [
-    "ListenError", "MetricsServer", "start_metrics_server", "record_consumer_lag", "CONSUMER_LAG",
+    "ListenError", "MetricsServer", "start_metrics_server", "record_consumer_lag", "forget_consumer_lag",
+    "CONSUMER_LAG",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,12 @@ def record_consumer_lag(consumer: Any, positions: dict[tuple[str, int], int] | N
 
 
 _LAG_SHOWN: dict[int, set[tuple[str, int]]] = {}  # id of a reader -> the partitions whose lag series it set
+
+
+def forget_consumer_lag(consumer: Any) -> None:
+    """A reader that closes: the lag series it set go, and so does what it was remembered by."""
+    record_consumer_lag(consumer, {}, whole=True)
+    del _LAG_SHOWN[id(consumer)]
 
 
 # ------------------------------------------------------------------------------------ HTTP server

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.metrics import instruments as metrics
-from services.metrics.exposition import record_consumer_lag, start_metrics_server
+from services.metrics.exposition import forget_consumer_lag, record_consumer_lag, start_metrics_server
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -135,6 +135,8 @@ def test_the_lag_of_a_partition_given_up_is_no_longer_shown() -> None:
     record_consumer_lag(reader, {}, whole=True)  # and then partitions 1 and 2
     assert (lag(0), lag(1), lag(2)) == (None, None, None)
     assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-kept", "partition": "0"}) == 1  # another's
+    forget_consumer_lag(other)  # the other reader closes: its series go, and nothing remembers it
+    assert REGISTRY.get_sample_value("cbgp_consumer_lag", {"topic": "t-kept", "partition": "0"}) is None
 
 
 def test_per_query_series_are_bounded() -> None:
