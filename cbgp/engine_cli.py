@@ -213,6 +213,8 @@ def replay(patch_path: str, queries: list[tuple[str, str]], out: TextIO, *, stri
                 write(dumps({"query": name, "seq": item.position, "sign": "+" if diff > 0 else "-",
                              "binding": binding}) + "\n")
             counters["deltas"] += len(deltas)
+            for freed in engine.collect():  # (an aggregate's values no answer holds any more)
+                json_terms.pop(freed, None)
             if progress and counters["updates"] % 4096 == 0:
                 meter.tick(item.line, counters["updates"])
     except InputFormatError as exc:

@@ -189,47 +189,136 @@ class TermDictionary:
     `stable=False` (the default) numbers terms 1, 2, 3, ... in order of first
     sight, which is the fastest and the most compact; `stable=True` uses
     `stable_term_id`, so that independent processes agree on ids.
+
+    A term an operator computes and holds only while it is an answer (an
+    aggregate's value: a new one per change of its group) is *held*
+    (:meth:`hold`) rather than encoded, and let go (:meth:`release`) when the
+    answer is retracted; :meth:`collect`, called once the answers made so far
+    have been read, frees the terms no holder keeps.  A held term is given its
+    `stable_term_id` (the same id whenever it is made again); one also encoded
+    or added (data, a query constant) is kept for good.
     """
 
-    __slots__ = ("_ids", "_terms", "_stable")
+    __slots__ = ("_ids", "_terms", "_stable", "_held", "_held_ids", "_let_go")
 
     def __init__(self, stable: bool = False) -> None:
         self._ids: dict[str, int] = {}
         self._terms: dict[int, str] = {}
         self._stable = stable
+        self._held: dict[int, list] = {}  # id -> [term, holders] of the held terms
+        self._held_ids: dict[str, int] = {}
+        self._let_go: list[int] = []  # released since the last collect()
+
+    def __setstate__(self, state: tuple) -> None:
+        _none, slots = state
+        for name, value in slots.items():
+            setattr(self, name, value)
+        for name, empty in (("_held", dict), ("_held_ids", dict), ("_let_go", list)):  # (older checkpoints)
+            if not hasattr(self, name):
+                setattr(self, name, empty())
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._ids) + len(self._held)
 
     @property
     def ids(self) -> Mapping[str, int]:
-        """term -> id of every term seen: a live view for hot loops (``ids.get(term)``), not to be modified."""
+        """term -> id of every term kept for good: a live view for hot loops (``ids.get(term)``), not to be
+        modified (a held term is not in it: a miss goes through :meth:`encode`, which keeps it)."""
         return self._ids
 
     def encode(self, term: str) -> int:
         found = self._ids.get(term)
         if found is not None:
             return found
+        if self._held_ids:
+            held = self._held_ids.pop(term, None)
+            if held is not None:  # made by an operator, now data or a constant too: kept for good
+                del self._held[held]
+                self._ids[term] = held
+                self._terms[held] = term
+                return held
         new_id = stable_term_id(term) if self._stable else len(self._ids) + 1
         other = self._terms.get(new_id)
+        if other is None and self._held:
+            other = self._held.get(new_id, (None,))[0]
         if other is not None:
             raise TermCollisionError(f"terms {other!r} and {term!r} share id {new_id}")
         self._ids[term] = new_id
         self._terms[new_id] = term
         return new_id
 
+    def hold(self, term: str) -> int:
+        """Id of a term an operator computed, held once more until :meth:`release` (see the class doc)."""
+        found = self._ids.get(term)
+        if found is not None:
+            return found
+        held = self._held_ids.get(term)
+        if held is not None:
+            self._held[held][1] += 1
+            return held
+        new_id = stable_term_id(term)
+        other = self._terms.get(new_id)
+        if other is None:
+            other = self._held.get(new_id, (None,))[0]
+        if other is not None:
+            raise TermCollisionError(f"terms {other!r} and {term!r} share id {new_id}")
+        self._held[new_id] = [term, 1]
+        self._held_ids[term] = new_id
+        return new_id
+
+    def release(self, term_id: int) -> None:
+        """Let go of one :meth:`hold` of ``term_id`` (nothing for a term kept for good)."""
+        self._let_go.append(term_id)
+
+    def collect(self) -> list[int]:
+        """Free the held terms whose holders all let go; their ids.  Call it once the answers that name them
+        were read (a retraction decodes its term after the hold was released)."""
+        if not self._let_go:
+            return []
+        freed: list[int] = []
+        held = self._held
+        for term_id in self._let_go:
+            entry = held.get(term_id)
+            if entry is None:
+                continue  # kept for good meanwhile (or never held)
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del held[term_id]
+                del self._held_ids[entry[0]]
+                freed.append(term_id)
+        self._let_go.clear()
+        return freed
+
+    def held(self) -> int:
+        """How many held terms are alive."""
+        return len(self._held)
+
     def lookup(self, term: str) -> int | None:
         """Id of a term already seen, without adding it."""
-        return self._ids.get(term)
+        found = self._ids.get(term)
+        return self._held_ids.get(term) if found is None else found
 
     def decode(self, term_id: int) -> str:
-        return self._terms[term_id]
+        try:
+            return self._terms[term_id]
+        except KeyError:
+            entry = self._held.get(term_id)
+            if entry is None:
+                raise
+            return entry[0]
 
     def add(self, term_id: int, term: str) -> None:
         """Record a mapping learnt elsewhere (e.g. read from the dictionary topic)."""
         other = self._terms.get(term_id)
         if other is not None and other != term:
             raise TermCollisionError(f"terms {other!r} and {term!r} share id {term_id}")
+        if self._held:
+            entry = self._held.get(term_id)
+            if entry is not None:
+                if entry[0] != term:
+                    raise TermCollisionError(f"terms {entry[0]!r} and {term!r} share id {term_id}")
+                del self._held[term_id]  # kept for good from now on
+                del self._held_ids[term]
         self._ids[term] = term_id
         self._terms[term_id] = term
 

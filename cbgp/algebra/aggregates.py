@@ -74,6 +74,7 @@ class _Group:
 _DIRTY = object()
 _EXTREMES = ("Aggregate_Min", "Aggregate_Max", "Aggregate_Sample")
 _SUMS = ("Aggregate_Sum", "Aggregate_Avg")
+_COMPUTED = ("Aggregate_Count", "Aggregate_Sum", "Aggregate_Avg", "Aggregate_GroupConcat")
 
 
 class Aggregate(Operator):
@@ -99,6 +100,20 @@ class Aggregate(Operator):
         self.specs = [(a.name, None if dict.get(a, "vars") == "*" else dict.get(a, "vars"),
                        bool(dict.get(a, "distinct"))) for a in aggregates]
         self.kinds = tuple(kind for kind, _, _ in self.specs)
+        # The columns whose values the operator computes and holds (TermDictionary.hold): each group's row holds
+        # them once, let go when the row is replaced or retracted.  MIN, MAX and SAMPLE pick input terms.
+        self.held = tuple(p for a, p in zip(aggregates, self.positions) if a.name in _COMPUTED)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "held" not in state:  # (a checkpoint from before held values: its rows' terms are kept for good)
+            self.held = ()
+
+    def _let_go(self, row: Row) -> None:
+        release = self.terms.release
+        for p in self.held:
+            if row[p] is not None:
+                release(row[p])
 
     def start(self) -> None:
         super().start()
@@ -109,6 +124,7 @@ class Aggregate(Operator):
 
     def receive(self, slot: int, delta: Delta) -> None:
         self.deltas_in += len(delta)
+        self.terms.forget_released()
         schema = self.children[0].schema
         value = self.terms.value
         touched: dict[tuple, _Group] = {}
@@ -157,16 +173,21 @@ class Aggregate(Operator):
             else:
                 new = None
                 del self.groups[key]
-            if new != group.row:
-                if group.row is not None:
-                    add(out, group.row, -1)
+            old = group.row
+            if new != old:
+                if old is not None:
+                    add(out, old, -1)
                 if new is not None:
                     add(out, new, 1)
                 group.row = new
+                if old is not None and self.held:
+                    self._let_go(old)
+            elif new is not None and self.held:
+                self._let_go(new)  # (the same values again: the row holds them once)
         self.emit(out)
 
     def _sum_result(self, kind: str, state: _Sum) -> int | None:
-        encode = self.terms.dictionary.encode
+        encode = self.terms.dictionary.hold
         if state.errors > 0:
             return None  # a value that is not a number: SUM and AVG are errors, the variable unbound
         if state.count == 0:
@@ -220,7 +241,7 @@ class Aggregate(Operator):
         for i, (a, values, position) in enumerate(zip(self.aggregates, group.values, self.positions)):
             cached = group.cache[i]
             if a.name == "Aggregate_Count":
-                cached = self.terms.dictionary.encode(literal(str(group.counts[i]), None, XSD + "integer"))
+                cached = self.terms.dictionary.hold(literal(str(group.counts[i]), None, XSD + "integer"))
             elif a.name in _SUMS:
                 cached = self._sum_result(a.name, group.sums[i])
             elif cached is _DIRTY:
@@ -233,7 +254,7 @@ class Aggregate(Operator):
     def aggregate(self, a: Any, values: dict) -> int | None:
         kind = a.name
         distinct = bool(a.distinct)
-        encode = self.terms.dictionary.encode
+        encode = self.terms.dictionary.hold
         if kind == "Aggregate_Count":
             if distinct:
                 count = sum(1 for v in values if v is not None)

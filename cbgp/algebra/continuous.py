@@ -325,7 +325,11 @@ class OperatorQuery(OperatorTree):
 
 
 class ContinuousEngine:
-    """`Engine` for every supported query: BGP SELECTs on the shared fast path, others with operators."""
+    """`Engine` for every supported query: BGP SELECTs on the shared fast path, others with operators.
+
+    The ids in the deltas :meth:`apply` returns decode until :meth:`collect` frees the terms an aggregate
+    computed and let go since (``TermDictionary.collect``): a caller that reads each change's deltas as they
+    come calls it after reading them, one that gathers deltas once it has read what it gathered."""
 
     def __init__(self, dictionary: TermDictionary | None = None, keep_graph: bool = False,
                  pushdown: bool = True) -> None:
@@ -424,6 +428,10 @@ class ContinuousEngine:
             if stepped and op.failed is not None:  # stopped: its share of the steps freed at their next change
                 self._release_steps(name)
         return out
+
+    def collect(self) -> list[int]:
+        """Free the computed terms let go since the last call (the deltas returned so far were read)."""
+        return self.dictionary.collect()
 
     def apply_terms(self, diff: int, s: str, p: str, o: str, g: str | None = None) -> list[Delta3]:
         encode = self.dictionary.encode

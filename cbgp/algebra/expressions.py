@@ -53,6 +53,7 @@ class Terms:
         self._keys: dict[int, tuple] = {}
         self._numbers: dict[int, tuple | None] = {}
         self._fast: dict[tuple, tuple] = {}  # (compiler, id(expr), schema) -> (expr, compiled or None)
+        self._released: list[int] = []  # held terms let go: out of the caches above at forget_released()
         self.ctx = QueryContext(initBindings={})
         if prologue is not None:
             self.ctx.prologue = prologue
@@ -61,6 +62,26 @@ class Terms:
         state = dict(self.__dict__)
         state["_fast"] = {}  # (compiled functions do not pickle; they are made again at the first row)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_released", [])  # (older checkpoints)
+
+    def release(self, term_id: int) -> None:
+        """Let go of a term this query's operators held (``TermDictionary.hold``)."""
+        self.dictionary.release(term_id)
+        self._released.append(term_id)
+
+    def forget_released(self) -> None:
+        """Drop the terms let go from the caches: called before a change, once the retractions that named them
+        went through (an id freed and made again is the same term, so a late entry is only memory)."""
+        released = self._released
+        if released:
+            for cache in (self._rdflib, self._keys, self._numbers):
+                if cache:
+                    for term_id in released:
+                        cache.pop(term_id, None)
+            released.clear()
 
     def rdflib(self, term_id: int):  # noqa: ANN201
         found = self._rdflib.get(term_id)
