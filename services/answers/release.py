@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field, replace
 from itertools import count
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from cbgp.algebra.paths import closure_pairs
 from cbgp.engine.assembly import Assembler, GraphAssembler, assembler_for
@@ -18,7 +18,7 @@ from services import codec
 from services.codec import PartDeltaColumns
 from services.wire.idempotence import ORDERED_SOURCE_BELOW, PRODUCT_SOURCE_PARTITION
 from services.wire.registrations import OPERATORS_CLASS, read_query
-from services.answers.release_operators import Operators
+from services.answers.release_operators import HeldTerms, Operators
 
 if TYPE_CHECKING:
     from cbgp.algebra.continuous import OperatorTree
@@ -78,7 +78,8 @@ class SeqRelease:
 
     def __init__(self, routed_partitions: int, query_text: Callable[[str, int], str | None] | None = None,
                  terms: dict[int, str] | None = None,
-                 query_class: Callable[[str, int], str | None] | None = None) -> None:
+                 query_class: Callable[[str, int], str | None] | None = None,
+                 held: HeldTerms | None = None) -> None:
         """``query_text(query_id, version)``: a registration's query (what a product's assembler needs), None
         when unknown (its part deltas are then dropped as an unregistered query's).  ``terms``: the answers
         service's dictionary (id -> term), which an operator query's expressions read and its computed values
@@ -95,6 +96,7 @@ class SeqRelease:
         self.query_text = query_text
         self.query_class = query_class
         self.terms: dict[int, str] = {} if terms is None else terms
+        self.held_terms = HeldTerms(self.terms) if held is None else held  # (what operator queries compute, held)
 
     # -- partitions
 
@@ -121,10 +123,13 @@ class SeqRelease:
             known_as_of = saved.get("opened", {})
             for assembler in state.assemblers.values():
                 if isinstance(assembler, Operators):
-                    assembler.rebind(self.terms)
+                    assembler.rebind(self.terms, self.held_terms)
         for key, as_of in state.opened.items():
             if as_of == -1 and key in known_as_of:
                 state.opened[key] = known_as_of[key]
+        if old is not None and old.assemblers is not state.assemblers:
+            kept = {id(assembler) for assembler in state.assemblers.values()}
+            self._close(a for a in old.assemblers.values() if id(a) not in kept)
         return state.released_end
 
     def _committed(self, metadata: str | None, partition: int) -> _Partition:
@@ -168,7 +173,16 @@ class SeqRelease:
                 "released_keys": state.released_keys, "opened": dict(state.opened)}
 
     def drop(self, partition: int) -> None:
-        self.partitions.pop(partition, None)
+        state = self.partitions.pop(partition, None)
+        if state is not None:
+            self._close(state.assemblers.values())
+
+    @staticmethod
+    def _close(assemblers: Iterable) -> None:
+        """Operators dropped: the terms they held are let go."""
+        for assembler in assemblers:
+            if isinstance(assembler, Operators):
+                assembler.close()
 
     @staticmethod
     def _released_before(state: _Partition, offset: int, deltas: PartDeltaColumns) -> list[int]:
@@ -551,9 +565,9 @@ class SeqRelease:
             if operators is None and operators_only:
                 return None
             for stale in [k for k in state.assemblers if k[0] == key[0] and k[1] < key[1]]:
-                del state.assemblers[stale]  # a re-registration starts from nothing
+                self._close([state.assemblers.pop(stale)])  # a re-registration starts from nothing
             assembler = state.assemblers[key] = (assembler_for(parsed) if operators is None
-                                                 else Operators(operators, self.terms))
+                                                 else Operators(operators, self.terms, self.held_terms))
         return assembler
 
     def _multiply(self, state: _Partition, released: list[Released]) -> list[Released]:

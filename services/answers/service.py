@@ -52,7 +52,7 @@ class AnswersService:
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
         self.dictionary = Dictionary(settings)
         self.release = SeqRelease(len(end_offsets(settings, settings.topic("updates.routed"))), self._query_text,
-                                  self.dictionary.terms, self._query_class)
+                                  self.dictionary.terms, self._query_class, self.dictionary.held)
         self.plans = Plans(settings, self.core, self.release, len(end_offsets(settings, self.t_source)))
         self.input: GroupInput | None = None
         self.consumer: Consumer | None = None  # the group member
@@ -190,6 +190,7 @@ class AnswersService:
                 continue
             for source_offset, origin, deltas in ready:
                 outputs.extend(self.core.on_record(partition, source_offset, msg.value(), origin, lookup, deltas))
+        self.dictionary.held.collect()  # (the values operators let go: every answer naming them is decoded)
         if not offsets:
             # every delta was of a partition revoked meanwhile
             return Step(outputs) if outputs else None

@@ -13,6 +13,7 @@ from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets
 from cbgp.query.plan import SINGLE_OWNER
 from services.answers.release import SeqRelease
+from services.answers.release_operators import HeldTerms
 from services.wire.records import query_partition
 from services.wire.registrations import read_registration, recorded_class, recorded_placement
 from services.registry.core import tombstone_version
@@ -42,6 +43,7 @@ class Dictionary:
     def __init__(self, settings: KafkaSettings) -> None:
         self.topic = settings.topic("dictionary")
         self.terms: dict[int, str] = {}
+        self.held = HeldTerms(self.terms)  # (the terms operator queries compute here, while they hold them)
         self.fetcher = Fetcher(settings, "answers.dictionary", 5000)
         self.start = {(self.topic, p): 0 for p in end_offsets(settings, self.topic)}
         self.next_follow = 0.0
@@ -50,9 +52,11 @@ class Dictionary:
         for msg in msgs:
             if msg.error() is None and msg.value() is not None:
                 try:
-                    self.terms.update(codec.dictionary_entries(msg.value()))
+                    entries = codec.dictionary_entries(msg.value())
                 except codec.CodecError:
                     continue  # ingest's own output; a foreign record here is not ours to reject
+                self.terms.update(entries)
+                self.held.pin(entries)
 
     def wait_for(self, ids: set[int], timeout: float = DICTIONARY_WAIT_SECONDS) -> None:
         """Read until every id in ``ids`` is known (ingest writes terms before updates; they may lag here)."""

@@ -135,6 +135,10 @@ class WorkerOutputs:
         self.ready_due = []
         out.extend(self.probes.flush(s for (kind, _p), s in self.shards.items() if kind == "routed"))
         out.extend(self._frontiers())
+        for shard in self.shards.values():  # the values operators let go (all published, none read again)
+            freed = shard.engine.dictionary.collect()
+            if freed:
+                self.published_terms.difference_update(freed)
         return out
 
     def drop_outputs_of(self, partition: int) -> int:

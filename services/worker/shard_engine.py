@@ -37,12 +37,24 @@ class ShardDictionary(TermDictionary):
         self.made.add(term_id)
         return term_id
 
+    def hold(self, term: str) -> int:
+        term_id = super().hold(term)
+        if term_id in self._held:
+            self.made.add(term_id)
+        return term_id
+
     def add(self, term_id: int, term: str) -> None:
         super().add(term_id, term)
         self.made.discard(term_id)
 
+    def collect(self) -> list[int]:
+        freed = super().collect()
+        for term_id in freed:
+            self.made.discard(term_id)
+        return freed
+
     def knows(self, term_id: int) -> bool:
-        return term_id in self._terms
+        return term_id in self._terms or term_id in self._held
 
 
 def ask_initial(rows: list[tuple[int, tuple]], true: tuple, false: tuple) -> list[tuple[int, tuple]]:

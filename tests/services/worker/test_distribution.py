@@ -366,6 +366,7 @@ def answers_side(deltas: dict[int, list[bytes]], n_routed: int, dictionary: dict
             for source_offset, origin, cols in ready:
                 log += [o for o in core.on_record(d, source_offset, value, origin, dictionary.get, cols)
                         if o.topic == "u.answers"]
+            release.held_terms.collect()  # (as the service does after a batch: what operators let go is freed)
             offset += 1
             committed = release.commit_position(d, offset)
             if checkpoint_rate and rng.random() < checkpoint_rate:  # (once the transaction committed)
@@ -797,6 +798,9 @@ OPERATOR_QUERIES = {
     "minus_product": f"SELECT ?x ?y WHERE {{ ?x {T} <{EX}Person> . ?y {L} <{EX}Jazz> MINUS {{ ?x {K} ?y }} }}",
     "distinct_unbound": f"SELECT DISTINCT ?x WHERE {{ ?x {K} ?y OPTIONAL {{ ?y {A} ?a }} FILTER(!BOUND(?a)) }}",
     "having": f"SELECT ?x (COUNT(?y) AS ?c) WHERE {{ ?x {K} ?y }} GROUP BY ?x HAVING(COUNT(?y) > 1)",
+    # values computed per change, held by the answers service while they are answers
+    "sum_concat": f"SELECT ?x (SUM(?a) AS ?s) (GROUP_CONCAT(STR(?a)) AS ?all) WHERE {{ ?x {K} ?y . ?y {A} ?a }} "
+                  f"GROUP BY ?x",
     "topk": f"SELECT ?x ?a WHERE {{ ?x {A} ?a }} ORDER BY DESC(?a) ?x LIMIT 2",
     "triangle_filter": f"SELECT ?a ?b ?c WHERE {{ ?a {K} ?b . ?b {K} ?c . ?c {K} ?a FILTER(?a != ?b) }}",
     # a product leaf whose second part has a FILTER pushed into it (behind its gate on the shards)
