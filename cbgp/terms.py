@@ -266,6 +266,12 @@ class TermDictionary:
         self._held_ids[term] = new_id
         return new_id
 
+    def hold_id(self, term_id: int, times: int = 1) -> None:
+        """Hold ``term_id`` ``times`` more, if it is held (a kept term needs nothing)."""
+        entry = self._held.get(term_id)
+        if entry is not None:
+            entry[1] += times
+
     def release(self, term_id: int) -> None:
         """Let go of one :meth:`hold` of ``term_id`` (nothing for a term kept for good)."""
         self._let_go.append(term_id)

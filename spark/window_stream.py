@@ -195,6 +195,7 @@ def window_group(query_id: str, updates: pd.DataFrame, evaluator: WindowedQuery,
             if len(pending) >= MAX_BATCH_DELTAS:
                 flush()
     flush()
+    evaluator.dictionary.collect()  # (the values its aggregates let go: every answer naming one is written)
     return top_seq, top_time, dropped, out, (rows, watermark)
 
 
@@ -220,6 +221,7 @@ def replay(evaluator: WindowedQuery, record: Any) -> WindowedQuery:
         add(op, s, p, o, g, event_time)
     if watermark is not None:
         evaluator.advance(watermark)
+        evaluator.dictionary.collect()
     return evaluator
 
 

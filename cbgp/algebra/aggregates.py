@@ -106,8 +106,8 @@ class Aggregate(Operator):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if "held" not in state:  # (a checkpoint from before held values: its rows' terms are kept for good)
-            self.held = ()
+        if "held" not in state:  # (an older checkpoint: its rows' values were kept for good, letting go is harmless)
+            self.held = tuple(p for a, p in zip(self.aggregates, self.positions) if a.name in _COMPUTED)
 
     def _let_go(self, row: Row) -> None:
         release = self.terms.release

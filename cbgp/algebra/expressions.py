@@ -89,13 +89,15 @@ class Terms:
             found = self._rdflib[term_id] = to_rdflib(self.dictionary.decode(term_id))
         return found
 
-    def encode_rdflib(self, term, inputs: dict | None = None) -> int:  # noqa: ANN001
-        """Id of an rdflib term an expression produced, computed values in oxigraph's canonical form."""
+    def encode_rdflib(self, term, inputs: dict | None = None, hold: bool = False) -> int:  # noqa: ANN001
+        """Id of an rdflib term an expression produced, computed values in oxigraph's canonical form (``hold``:
+        held, ``TermDictionary.hold``)."""
+        encode = self.dictionary.hold if hold else self.dictionary.encode
         if isinstance(term, Literal) and inputs and any(
                 isinstance(v, Literal) and str(v) == str(term) and v.datatype == term.datatype
                 and v.language == term.language for v in inputs.values()):
-            return self.dictionary.encode(from_rdflib(term))
-        return self.dictionary.encode(canonical(term))
+            return encode(from_rdflib(term))
+        return encode(canonical(term))
 
     def bindings(self, schema: tuple[str, ...], row: tuple) -> FrozenBindings:
         rdf = self.rdflib
@@ -121,12 +123,15 @@ class Terms:
         except (SPARQLError, ValueError, TypeError, ArithmeticError, AttributeError, KeyError):
             return False  # an error rdflib let through is still an error: the filter rejects
 
-    def value(self, expr, schema: tuple[str, ...], row: tuple) -> int | None:  # noqa: ANN001
-        """Id of the expression's value on a row, None on an error (unbound variable included)."""
+    def value(self, expr, schema: tuple[str, ...], row: tuple, hold: bool = False) -> int | None:  # noqa: ANN001
+        """Id of the expression's value on a row, None on an error (unbound variable included); ``hold``: the
+        value is held once more (``TermDictionary.hold``; a kept term needs nothing)."""
         if isinstance(expr, Variable):
             name = str(expr)
             for v, x in zip(schema, row):
                 if v == name:
+                    if hold and x is not None:
+                        self.dictionary.hold_id(x)
                     return x
             return None
         compiled = self._compiled(compile_term, expr, schema)
@@ -135,7 +140,9 @@ class Terms:
                 term = compiled(row)
             except KeyError:
                 return None
-            return None if term is None else self.dictionary.encode(term)
+            if term is None:
+                return None
+            return self.dictionary.hold(term) if hold else self.dictionary.encode(term)
         bindings = self.bindings(schema, row)
         try:
             result = _eval(expr, bindings)
@@ -148,7 +155,7 @@ class Terms:
             return None
         if not isinstance(result, (URIRef, BNode, Literal)):
             return None
-        return self.encode_rdflib(result, dict(bindings))
+        return self.encode_rdflib(result, dict(bindings), hold)
 
     def numeric(self, term_id: int) -> tuple[int, Any] | None:
         """(rank 0 integer / 1 decimal / 2 float / 3 double, value) of a numeric literal, else None."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable, Iterable
 
+from rdflib.term import Variable
+
 from cbgp.algebra.expressions import Terms, expression_variables
 
 Row = tuple
@@ -182,6 +184,7 @@ class Filter(Operator):
 
 class Extend(Operator):
     name = "Extend"
+    copies = False  # (a checkpoint from before held values: each value held, a variable's too, which is exact)
 
     def __init__(self, child: Operator, var: str, expr: Any, terms: Terms, text: str) -> None:
         super().__init__([child])
@@ -194,15 +197,36 @@ class Extend(Operator):
         self.remap = remapper(child.schema, self.schema)
         self.position = self.schema.index(var)
         self.child_schema = child.schema
+        self.copies = isinstance(expr, Variable)  # (BIND(?x AS ?y), and an aggregate's value named by the algebra)
 
     def receive(self, slot: int, delta: Delta) -> None:
+        """Each row with its value; the values are held while rows name them (``TermDictionary.hold``: a value
+        computed over an aggregate's changes at each of them), once per row copy: a retracted row's value is
+        the one its insertion computed (no expression here is nondeterministic)."""
         self.deltas_in += len(delta)
         out: Delta = {}
-        value = self.terms.value
+        terms = self.terms
+        if self.copies:  # a variable's value: held by what made the row, which lives as long as this one
+            value = terms.value
+            for row, n in delta.items():
+                new = list(self.remap(row))
+                if new[self.position] is None:
+                    new[self.position] = value(self.expr, self.child_schema, row)
+                add(out, tuple(new), n)
+            self.emit(out)
+            return
+        terms.forget_released()
+        value, hold_id, release = terms.value, terms.dictionary.hold_id, terms.release
         for row, n in delta.items():
             new = list(self.remap(row))
             if new[self.position] is None:
-                new[self.position] = value(self.expr, self.child_schema, row)
+                v = new[self.position] = value(self.expr, self.child_schema, row, True)
+                if v is not None:  # (held once by the computation: n copies in all, or its -n and that one out)
+                    if n > 1:
+                        hold_id(v, n - 1)
+                    elif n < 0:
+                        for _ in range(1 - n):
+                            release(v)
             add(out, tuple(new), n)
         self.emit(out)
 
