@@ -58,10 +58,13 @@ _EXACT = Context(prec=100)
 
 
 class _Group:
-    __slots__ = ("n", "values", "row", "cache", "counts", "sums")
+    __slots__ = ("n", "values", "row", "cache", "counts", "sums", "lengths")
 
     def __init__(self, n_aggregates: int, kinds: tuple = ()) -> None:
         self.sums = [_Sum() if kind in _SUMS else None for kind in kinds]
+        # GROUP_CONCAT: the length of its value (lexical forms and separators), kept as values come and go, so a
+        # group past the term limit is unbound without sorting it (a sort of the whole group per change otherwise)
+        self.lengths = [0 if kind == "Aggregate_GroupConcat" else None for kind in kinds]
         self.n = 0
         self.values: list[dict] = [{} for _ in range(n_aggregates)]
         self.counts = [0] * n_aggregates  # COUNT: bound values (with multiplicity, or distinct ones)
@@ -100,6 +103,8 @@ class Aggregate(Operator):
         self.specs = [(a.name, None if dict.get(a, "vars") == "*" else dict.get(a, "vars"),
                        bool(dict.get(a, "distinct"))) for a in aggregates]
         self.kinds = tuple(kind for kind, _, _ in self.specs)
+        self.separators = [len(" " if a.separator is None else str(a.separator)) if a.name == "Aggregate_GroupConcat"
+                           else 0 for a in aggregates]
         # The columns whose values the operator computes and holds (TermDictionary.hold): each group's row holds
         # them once, let go when the row is replaced or retracted.  MIN, MAX and SAMPLE pick input terms.
         self.held = tuple(p for a, p in zip(aggregates, self.positions) if a.name in _COMPUTED)
@@ -108,6 +113,26 @@ class Aggregate(Operator):
         self.__dict__.update(state)
         if "held" not in state:  # (an older checkpoint: its rows' values were kept for good, letting go is harmless)
             self.held = tuple(p for a, p in zip(self.aggregates, self.positions) if a.name in _COMPUTED)
+        if "separators" not in state:
+            self.separators = [len(" " if a.separator is None else str(a.separator))
+                               if a.name == "Aggregate_GroupConcat" else 0 for a in self.aggregates]
+
+    def _lexical_length(self, v: int) -> int:
+        """What value ``v`` adds to a GROUP_CONCAT (its lexical form; a term that is no simple or language-tagged
+        literal makes the result an error whatever the length)."""
+        term = self.terms.dictionary.decode(v)
+        return len(split_literal(term)[0]) if term.startswith('"') else len(term)
+
+    def _lengths(self, group: _Group) -> list:
+        """The group's GROUP_CONCAT lengths (counted from its values for a group checkpointed without them)."""
+        lengths = getattr(group, "lengths", None)
+        if lengths is None:
+            lengths = group.lengths = [None] * len(self.aggregates)
+            for i, (kind, _arg, distinct) in enumerate(self.specs):
+                if kind == "Aggregate_GroupConcat":
+                    lengths[i] = sum((self._lexical_length(v) + self.separators[i]) * (1 if distinct else m)
+                                     for v, m in group.values[i].items() if v is not None and m > 0)
+        return lengths
 
     def _let_go(self, row: Row) -> None:
         release = self.terms.release
@@ -160,6 +185,11 @@ class Aggregate(Operator):
                         group.sums[i].add(None if v is None else self.terms.numeric(v), w)
                     group.cache[i] = _DIRTY
                     continue
+                if kind == "Aggregate_GroupConcat" and v is not None:
+                    old = values.get(v, 0)
+                    w = (1 if old <= 0 < old + n else (-1 if old + n <= 0 < old else 0)) if distinct else n
+                    if w:
+                        self._lengths(group)[i] += w * (self._lexical_length(v) + self.separators[i])
                 add(values, v, n)
                 if kind in _EXTREMES:
                     self._hint(group, i, kind, v, n, values)
@@ -245,6 +275,10 @@ class Aggregate(Operator):
             elif a.name in _SUMS:
                 cached = self._sum_result(a.name, group.sums[i])
             elif cached is _DIRTY:
+                if a.name == "Aggregate_GroupConcat" and self._lengths(group)[i] > limit(MAX_TERM_SETTING,
+                                                                                           DEFAULT_MAX_TERM_BYTES):
+                    row[position] = None  # past the fleet's term limit: an error, unbound (see aggregate)
+                    continue
                 cached = self.aggregate(a, values)
                 if a.name in _EXTREMES:
                     group.cache[i] = cached

@@ -116,3 +116,30 @@ def test_an_aggregate_restored_from_a_checkpoint_made_before_held_values_lets_it
                 assert restored.decode_row("q", row)["v"] == number % total
         restored.collect()
     assert restored.dictionary.held() == 1
+
+
+def test_a_group_concat_past_the_term_limit_is_unbound_without_sorting_its_group(monkeypatch) -> None:
+    """Its length is kept as values come and go: a group past CBGP_MAX_TERM_BYTES answers unbound at once (a
+    sort of the whole group per change before: a growing group made each change slower), and is concatenated
+    again once back under it."""
+    from cbgp.algebra import aggregates
+
+    monkeypatch.setenv("CBGP_MAX_TERM_BYTES", "100")
+    sorts = []
+    monkeypatch.setattr(aggregates, "sorted", lambda *a, **k: sorts.append(1) or sorted(*a, **k), raising=False)
+    engine = ContinuousEngine()
+    engine.register("q", f'SELECT (GROUP_CONCAT(?o; SEPARATOR=",") AS ?all) WHERE {{ ?s <{EX}n> ?o }}')
+    values = [f'"{i:09d}"' for i in range(12)]  # 9 letters and a separator each: 10 fit in 100 bytes
+    answer = None
+    for count, value in enumerate(values, 1):
+        sorts.clear()
+        for _name, sign, row in engine.apply_terms(1, f"<{EX}s>", f"<{EX}n>", value):
+            if sign > 0:
+                answer = engine.decode_row("q", row).get("all")
+        engine.collect()
+        assert (answer is None) == (count > 10) and bool(sorts) == (count <= 10), count
+    for value in values[:2]:
+        for _name, sign, row in engine.apply_terms(-1, f"<{EX}s>", f"<{EX}n>", value):
+            if sign > 0:
+                answer = engine.decode_row("q", row).get("all")
+    assert answer == '"%s"' % ",".join(f"{i:09d}" for i in range(2, 12))
