@@ -80,6 +80,11 @@ _SUMS = ("Aggregate_Sum", "Aggregate_Avg")
 _COMPUTED = ("Aggregate_Count", "Aggregate_Sum", "Aggregate_Avg", "Aggregate_GroupConcat")
 
 
+def _separator(a: Any) -> str:
+    """A GROUP_CONCAT's separator (a space unless SEPARATOR says)."""
+    return " " if a.separator is None else str(a.separator)
+
+
 class Aggregate(Operator):
     """GROUP BY + aggregates: per group, the multiset of each aggregate's argument values.
 
@@ -103,19 +108,20 @@ class Aggregate(Operator):
         self.specs = [(a.name, None if dict.get(a, "vars") == "*" else dict.get(a, "vars"),
                        bool(dict.get(a, "distinct"))) for a in aggregates]
         self.kinds = tuple(kind for kind, _, _ in self.specs)
-        self.separators = [len(" " if a.separator is None else str(a.separator)) if a.name == "Aggregate_GroupConcat"
-                           else 0 for a in aggregates]
-        # The columns whose values the operator computes and holds (TermDictionary.hold): each group's row holds
-        # them once, let go when the row is replaced or retracted.  MIN, MAX and SAMPLE pick input terms.
-        self.held = tuple(p for a, p in zip(aggregates, self.positions) if a.name in _COMPUTED)
+        self._derive()
+
+    def _derive(self) -> None:
+        """What follows from the aggregates: the columns whose values the operator computes and holds
+        (TermDictionary.hold: each group's row holds them once, let go when the row is replaced or retracted; MIN,
+        MAX and SAMPLE pick input terms), and each GROUP_CONCAT's separator length."""
+        self.held = tuple(p for a, p in zip(self.aggregates, self.positions) if a.name in _COMPUTED)
+        self.separators = [len(_separator(a)) if a.name == "Aggregate_GroupConcat" else 0 for a in self.aggregates]
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        if "held" not in state:  # (an older checkpoint: its rows' values were kept for good, letting go is harmless)
-            self.held = tuple(p for a, p in zip(self.aggregates, self.positions) if a.name in _COMPUTED)
-        if "separators" not in state:
-            self.separators = [len(" " if a.separator is None else str(a.separator))
-                               if a.name == "Aggregate_GroupConcat" else 0 for a in self.aggregates]
+        if "held" not in state or "separators" not in state:  # (an older checkpoint: its rows' values were kept
+            # for good, so letting go of them is harmless)
+            self._derive()
 
     def _lexical_length(self, v: int) -> int:
         """What value ``v`` adds to a GROUP_CONCAT (its lexical form; a term that is no simple or language-tagged
@@ -307,7 +313,7 @@ class Aggregate(Operator):
             return pick(values, key=self._extreme_key)
         decode = self.terms.dictionary.decode
         if kind == "Aggregate_GroupConcat":
-            separator = " " if a.separator is None else str(a.separator)
+            separator = _separator(a)
             parts: list[str] = []
             languages = set()
             size, most = 0, limit(MAX_TERM_SETTING, DEFAULT_MAX_TERM_BYTES)

@@ -206,22 +206,15 @@ class Extend(Operator):
         self.deltas_in += len(delta)
         out: Delta = {}
         terms = self.terms
-        if self.copies:  # a variable's value: held by what made the row, which lives as long as this one
-            value = terms.value
-            for row, n in delta.items():
-                new = list(self.remap(row))
-                if new[self.position] is None:
-                    new[self.position] = value(self.expr, self.child_schema, row)
-                add(out, tuple(new), n)
-            self.emit(out)
-            return
-        terms.forget_released()
+        hold = not self.copies  # (a variable's value is held by what made the row, which lives as long as this one)
+        if hold:
+            terms.forget_released()
         value, hold_id, release = terms.value, terms.dictionary.hold_id, terms.release
         for row, n in delta.items():
             new = list(self.remap(row))
             if new[self.position] is None:
-                v = new[self.position] = value(self.expr, self.child_schema, row, True)
-                if v is not None:  # (held once by the computation: n copies in all, or its -n and that one out)
+                v = new[self.position] = value(self.expr, self.child_schema, row, hold)
+                if hold and v is not None:  # (held once by the computation: n copies in all, or -n and that one out)
                     if n > 1:
                         hold_id(v, n - 1)
                     elif n < 0:
