@@ -9,7 +9,7 @@ import re
 import time
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import pyoxigraph as ox
 
@@ -87,12 +87,13 @@ class UpdateExtractor:
     One extractor (one writer) per store: analysis and execution must see the same
     state, as SEPA's single update queue guarantees.
 
-    ``isolate(fn)``, when given, runs ``fn()`` elsewhere within bounds and returns its value (ingest: in a forked
-    child of bounded memory, killed at CBGP_MAX_UPDATE_SECONDS); a WHERE clause pyoxigraph may compute without
-    bound before its first solution (:func:`may_run_away`) is read through it, as a list of solutions.
+    ``isolate(where, base, dataset, most)``, when given, returns :func:`read_solutions` of the store as it is now,
+    run elsewhere within bounds (ingest: in a child of bounded memory, killed at CBGP_MAX_UPDATE_SECONDS); a WHERE
+    clause pyoxigraph may compute without bound before its first solution (:func:`may_run_away`) is read through
+    it, as a list of solutions.
     """
 
-    def __init__(self, store: ox.Store, isolate: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    def __init__(self, store: ox.Store, isolate: Callable[[str, str | None, dict, int], tuple] | None = None) -> None:
         self._store = store
         self._scratch = ox.Store()  # never written: template parsing and IRI resolution query it
         self._isolate = isolate
@@ -320,17 +321,7 @@ class UpdateExtractor:
     def _isolated_solutions(self, op: syn.Operation, where: str, base: str | None, dataset: dict) -> list[_Solution]:
         """The WHERE clause's solutions read through ``isolate``: at most the solution limit plus one (the caller
         refuses that many), each a mapping that answers None for an unbound variable, as pyoxigraph's do."""
-        store, most = self._store, limit(MAX_SOLUTIONS_SETTING, DEFAULT_MAX_SOLUTIONS) + 1
-
-        def read() -> tuple:
-            try:
-                result = store.query(where, base_iri=base, **dataset)
-                names = [v.value for v in result.variables]
-                return ("ok", [_Solution((n, s[n]) for n in names) for s in islice(result, most)])
-            except (RuntimeError, OSError, ValueError, SyntaxError) as exc:
-                return ("error", f"{type(exc).__name__}: {exc}")
-
-        outcome = self._isolate(read)
+        outcome = self._isolate(where, base, dataset, limit(MAX_SOLUTIONS_SETTING, DEFAULT_MAX_SOLUTIONS) + 1)
         if outcome[0] != "ok":
             raise RuntimeError(outcome[1])
         return outcome[1]
@@ -430,6 +421,18 @@ def _template_term(term, block: int, bnode_variables: dict[str, str]) -> tuple: 
     if isinstance(term, ox.BlankNode):  # [] or ( ... ) in the template: local to its block
         return (_BNODE, (block, term.value))
     return (_CONST, term)
+
+
+def read_solutions(store: ox.Store, where: str, base: str | None, dataset: dict, most: int) -> tuple:
+    """``("ok", solutions)``: at most ``most`` solutions of the WHERE query ``where`` over ``store``, each a mapping
+    that answers None for an unbound variable, as pyoxigraph's do (picklable: read in one process, used in
+    another); ``("error", one line)`` when pyoxigraph refuses it."""
+    try:
+        result = store.query(where, base_iri=base, **dataset)
+        names = [v.value for v in result.variables]
+        return ("ok", [_Solution((n, s[n]) for n in names) for s in islice(result, most)])
+    except (RuntimeError, OSError, ValueError, SyntaxError) as exc:
+        return ("error", f"{type(exc).__name__}: {exc}")
 
 
 class _Solution(dict):

@@ -15,15 +15,13 @@ import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Iterable, Iterator, Protocol
 
 from prometheus_client import Counter
 
 from cbgp.change import INSERT, ROLE_BOTH, Change, change_of, routes
 from cbgp.inputs.formats import FORMATS, InputError, detect_format, parse_input, parse_term
-from cbgp.inputs.sparql_update import (DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_SECONDS, MAX_MEMORY_SETTING,
-                                       MAX_SECONDS_SETTING, UPDATE_FORMAT, UpdateDelta, UpdateExtractor,
-                                       UpdateRequestError)
+from cbgp.inputs.sparql_update import UPDATE_FORMAT, UpdateDelta, UpdateExtractor, UpdateRequestError
 from cbgp.query.limits import limit
 from cbgp.terms import (DEFAULT_GRAPH_ID, DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, TermCollisionError,
                         TermDictionary, TermError, to_oxigraph)
@@ -32,8 +30,8 @@ from services.wire.failures import ConsecutiveFailures
 from services.wire.records import ORIGIN_HEADER, Output, dead_letter
 from services.state.ondisk import DiskPresence, DiskPublished, DiskTerms
 from services.state.presence import Presence
-from services.state.forked import CAN_BOUND, ForkedJob, OverMemory, OverTime, in_bounded_child
 from services.state.store import Store
+from services.ingest.where import isolation
 
 SERVICE = "ingest"
 # Inserts of present quads and deletes of absent ones: not errors (users send them), but worth watching.
@@ -44,22 +42,6 @@ DEAD_PER_RECORD_SETTING, DEFAULT_DEAD_PER_RECORD = "CBGP_MAX_DEAD_LETTERS_PER_RE
 NOOP_UPDATES = Counter("cbgp_ingest_noop_updates", "Updates dropped by set semantics.", ["op"])
 NOOP_ADD, NOOP_DEL = NOOP_UPDATES.labels("ADD"), NOOP_UPDATES.labels("DEL")  # hoisted: labels() is slow per call
 
-
-def bounded_where(read: Callable[[], Any]) -> Any:
-    """``UpdateExtractor``'s ``isolate`` in ingest: ``read()`` in a child forked now, with at most
-    CBGP_MAX_UPDATE_MEMORY_MB more memory and killed after CBGP_MAX_UPDATE_SECONDS, so that one request cannot take
-    ingest's memory or hold the stream (it is dead-lettered in one line that names the setting)."""
-    seconds = limit(MAX_SECONDS_SETTING, DEFAULT_MAX_SECONDS)
-    megabytes = limit(MAX_MEMORY_SETTING, DEFAULT_MAX_MEMORY_MB)
-    try:
-        return in_bounded_child(lambda child: ForkedJob(child, close_fds=True), read, seconds=seconds,
-                                megabytes=megabytes)
-    except OverTime:
-        raise RuntimeError(f"its WHERE clause ran past {seconds:g} s ({MAX_SECONDS_SETTING}); make it more "
-                           "selective") from None
-    except OverMemory:
-        raise RuntimeError(f"its WHERE clause needed more than {megabytes:,} MB ({MAX_MEMORY_SETTING}); make it "
-                           "more selective") from None
 
 class TopicNames(Protocol):
     """What the core needs of the Kafka settings: the full name of a fleet topic (``KafkaSettings`` is one)."""
@@ -125,9 +107,8 @@ class GraphMirror:
             shutil.rmtree(self.path, ignore_errors=True)
             self.store = ox.Store(str(self.path))
         self.store.bulk_extend(self._quad(q) for q in present)
-        # In memory, a WHERE clause that may run away is read in a bounded child (on disk, RocksDB's own threads
-        # are not in a forked copy: it is read here, bounded by its solutions and time as they come)
-        self.extractor = UpdateExtractor(self.store, isolate=bounded_where if self.path is None and CAN_BOUND else None)
+        # A WHERE clause that may run away is read in a bounded child (services.ingest.where)
+        self.extractor = UpdateExtractor(self.store, isolate=isolation(self.store, self.path))
 
     def apply(self, op: int, quad: tuple[int, int, int, int]) -> None:
         if op > 0:

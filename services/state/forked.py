@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from services.wire.loglines import kv
 
-__all__ = ["CAN_BOUND", "FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob", "OverMemory", "OverTime",
+__all__ = ["CAN_BOUND", "FORKED_CHECKPOINTS", "ForkedCheckpoint", "ForkedJob", "OverMemory", "OverTime", "die_with",
            "in_bounded_child", "limit_memory"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -51,7 +51,7 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """In a forked child: be killed when ``parent`` dies (and leave now if it already has).  Linux sends the signal
     when the *thread* that forked exits: the services fork from their main loop, which lives as long as they do."""
     if _PRCTL is not None and _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0 and os.getppid() != parent:
@@ -84,7 +84,7 @@ class ForkedJob:
         if self.pid == 0:  # the child: fn, its outcome to the file, and out without any cleanup of the parent's
             code = 1
             try:
-                _die_with(parent)
+                die_with(parent)
                 if close_fds:
                     keep = self.file.fileno()
                     os.closerange(3, keep)

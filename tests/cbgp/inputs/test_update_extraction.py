@@ -85,10 +85,11 @@ def _w3c_cases() -> list:
 
 
 W3C_CASES = _w3c_cases()
-# Each case as the extractor reads it here, and each evaluation case again in a child (``isolated``)
-W3C_RUNS = [pytest.param(*case.values, False, id=case.id) for case in W3C_CASES] + [
-    pytest.param(*case.values, True, id=f"{case.id} in a child") for case in W3C_CASES
-    if case.values[0] == "UpdateEvaluationTest"]
+# Each case as the extractor reads it here, and each evaluation case again in a child (``isolated``): forked
+# from a graph in memory, and started anew on a checkpoint of a graph on disk
+W3C_RUNS = [pytest.param(*case.values, None, id=case.id) for case in W3C_CASES] + [
+    pytest.param(*case.values, where, id=f"{case.id} {where}") for case in W3C_CASES
+    if case.values[0] == "UpdateEvaluationTest" for where in ("in a child", "on disk in a child")]
 
 
 def assert_delta_matches(pre: set[tuple], delta: UpdateDelta, after: set[tuple]) -> None:
@@ -101,19 +102,22 @@ def assert_delta_matches(pre: set[tuple], delta: UpdateDelta, after: set[tuple])
 
 
 @pytest.mark.parametrize("kind,name,entry,manifest,isolated", W3C_RUNS)
-def test_w3c_update(kind: str, name: str, entry, manifest: Graph, isolated: bool,  # noqa: ANN001
-                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """``in-a-child``: every WHERE clause read as ingest reads one that may run away, in a bounded forked child
-    (``services.ingest.core.bounded_where``), its solutions sent back."""
+def test_w3c_update(kind: str, name: str, entry, manifest: Graph, isolated: str | None,  # noqa: ANN001
+                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``in a child``: every WHERE clause read as ingest reads one that may run away, in a bounded child
+    (``services.ingest.where``), its solutions sent back; ``on disk``: the graph is a RocksDB store, read from a
+    checkpoint by a new interpreter."""
+    path = tmp_path / "graph" if isolated == "on disk in a child" else None
+    extractor = UpdateExtractor
     if isolated:
         from cbgp.inputs import sparql_update
-        from services.ingest.core import bounded_where
+        from services.ingest.where import isolation
         from services.state.forked import CAN_BOUND
 
         if not CAN_BOUND:
             pytest.skip("a bounded child is forked on Linux only")
         monkeypatch.setattr(sparql_update, "may_run_away", lambda _where: True)
-    extractor = (lambda store: UpdateExtractor(store, isolate=bounded_where)) if isolated else UpdateExtractor
+        extractor = lambda store: UpdateExtractor(store, isolate=isolation(store, path))  # noqa: E731
     action = manifest.value(entry, MF.action)
     if kind in ("NegativeSyntaxTest11", "NegativeUpdateSyntaxTest11", "PositiveUpdateSyntaxTest11"):
         request_file = Path(str(action).removeprefix("file://"))
@@ -133,7 +137,7 @@ def test_w3c_update(kind: str, name: str, entry, manifest: Graph, isolated: bool
     assert kind == "UpdateEvaluationTest", kind
     request_iri = manifest.value(action, UT.request)
     request = Path(str(request_iri).removeprefix("file://")).read_text(encoding="utf-8")
-    store, expected = ox.Store(), ox.Store()
+    store, expected = ox.Store(None if path is None else str(path)), ox.Store()
     _load(store, action, manifest)
     _load(expected, manifest.value(entry, MF.result), manifest)
     if name in OUT_OF_SCOPE:

@@ -112,17 +112,23 @@ def test_a_failing_request_is_dead_lettered_and_changes_nothing():
 
 
 @pytest.mark.timeout(120)
-def test_a_where_clause_past_its_memory_or_time_is_dead_lettered_and_ingest_goes_on(monkeypatch) -> None:
+@pytest.mark.parametrize("on_disk", [False, True], ids=["in memory", "on disk"])
+def test_a_where_clause_past_its_memory_or_time_is_dead_lettered_and_ingest_goes_on(monkeypatch, tmp_path,
+                                                                                     on_disk: bool) -> None:
     """Over a chain of 2,000 nodes ``?a :k+ ?b`` has 2 M pairs, which pyoxigraph computes before the first solution
     of a WHERE that counts them: ingest reads such a clause in a bounded child, so the request is dead-lettered in
-    one line naming the setting, ingest's own memory does not grow, and the next request is applied."""
+    one line naming the setting, ingest's own memory does not grow, and the next request is applied.  On disk
+    (``--state-on-disk``) the child reads a checkpoint of the graph, which is gone once read."""
     import resource
 
     from services.state.forked import CAN_BOUND
+    from services.state.store import Store
 
     if not CAN_BOUND:
         pytest.skip("a bounded child is forked on Linux only")
     processor = IngestProcessor(KafkaSettings.from_env(), 4, 1)
+    if on_disk:
+        processor.use_disk(Store(tmp_path / "state"), 0, 0)
     chain = "".join(f"A <{EX}n{i}> <{EX}k> <{EX}n{i + 1}> .\n" for i in range(2000))
     processor.process(RawRecord(chain.encode(), {"cbgp-format": b"patch"}))
     before = (set(processor.present), processor.seq)
@@ -144,6 +150,8 @@ def test_a_where_clause_past_its_memory_or_time_is_dead_lettered_and_ingest_goes
     outputs = processor.process(RawRecord(small.encode(), {"cbgp-format": b"sparql-update"}))
     assert _encoded(outputs, processor) == [("ADD", f"<{EX}stats>", f"<{EX}pairs>",
                                              '"10"^^<http://www.w3.org/2001/XMLSchema#integer>', 0)]
+    assert (processor.graph.path is not None) == on_disk
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["state", "state.graph"] if on_disk else [])
 
 
 @pytest.mark.slow
