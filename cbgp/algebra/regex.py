@@ -4,9 +4,9 @@ rdflib evaluates them with Python's ``re``, which backtracks: ``REGEX(?name, "^(
 24 letters and doubles with each one more, so one query, or one value in the data, could hold a worker for hours.
 RE2 (``google-re2``) runs in time linear in the text, as the Rust engine pyoxigraph uses.  Its ``\\d``, ``\\w``
 and ``\\s`` are ASCII where both of those are Unicode, so they are rewritten to the Unicode classes Rust's are
-(``\\W`` and ``\\S`` inside a bracketed class stay ASCII, and a few symbols Unicode calls alphabetic, such as
-"Ⓐ", are not in ``\\w``: the differences that remain).  RE2 has no Unicode word boundary, so a pattern with
-``\\b`` or ``\\B`` over a text that is not ASCII is handed to pyoxigraph itself (about 50 µs a call, linear too).
+(the characters Unicode 16 assigned are unknown to RE2's tables: the difference that remains).  RE2 has no Unicode
+word boundary, so a pattern with ``\\b`` or ``\\B`` over a text that is not ASCII is handed to pyoxigraph itself
+(about 50 µs a call, linear too), as is one with ``\\W`` or ``\\S`` inside a bracketed class.
 Patterns are compiled once (a bounded cache) with RE2's memory bound; one RE2 refuses (a back-reference, which
 pyoxigraph refuses too) is an error, so the FILTER is false.  REPLACE reads its replacement as pyoxigraph does.
 """
@@ -26,9 +26,10 @@ from cbgp.terms import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING
 __all__ = ["regex", "replace", "translate"]
 
 # Rust's Unicode classes (regex-syntax's perl classes): \w is Alphabetic, marks, decimal digits, connector
-# punctuation and the joiners (Alphabetic, a property RE2 lacks, is the letters and letter numbers here, less
-# a few symbols); \s is White_Space.
-_WORD = r"\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}"
+# punctuation and the joiners; \s is White_Space.  Alphabetic, a property RE2 lacks, is the letters, the letter
+# numbers and the marks, and the symbols it names alone: circled and squared Latin letters (Other_Alphabetic).
+_ALPHABETIC_SYMBOLS = r"\x{24B6}-\x{24E9}\x{1F130}-\x{1F149}\x{1F150}-\x{1F169}\x{1F170}-\x{1F189}"
+_WORD = r"\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}" + _ALPHABETIC_SYMBOLS
 _SPACE = r"\t\n\x{0B}\f\r \x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}"
 _INSIDE = {"d": r"\p{Nd}", "D": r"\P{Nd}", "w": _WORD, "s": _SPACE}
 _OUTSIDE = {"d": r"\p{Nd}", "D": r"\P{Nd}", "w": f"[{_WORD}]", "W": f"[^{_WORD}]", "s": f"[{_SPACE}]",
@@ -46,7 +47,8 @@ RE2, BOUNDARY, OXIGRAPH = "re2", "boundary", "oxigraph"  # who matches a pattern
 def translate(pattern: str) -> tuple[str, str]:
     """``pattern`` with ``\\d \\D \\w \\W \\s \\S`` as Unicode classes RE2 reads, and who matches it: RE2;
     RE2 on ASCII texts only (``BOUNDARY``: a word boundary, ``\\b`` or ``\\B``); or pyoxigraph always
-    (``OXIGRAPH``: a class inside a class, or a class operation ``&&`` ``--`` ``~~``, which RE2 reads otherwise)."""
+    (``OXIGRAPH``: a class inside a class, ``\\W`` or ``\\S`` inside a class, or a class operation ``&&`` ``--``
+    ``~~``, which RE2 reads otherwise)."""
     out: list[str] = []
     inside = False
     mode = RE2
@@ -58,6 +60,8 @@ def translate(pattern: str) -> tuple[str, str]:
             out.append((_INSIDE if inside else _OUTSIDE).get(e, c + e))
             if e in "bB" and not inside and mode == RE2:
                 mode = BOUNDARY
+            elif e in "WS" and inside:
+                mode = OXIGRAPH  # (a Unicode class's complement among a class's items: RE2 has no way to say it)
             i += 2
             continue
         if inside and (c == "[" or pattern[i:i + 2] in ("&&", "--", "~~")):
