@@ -5,9 +5,12 @@ How it works: docs/design/internals.md, services.state.checkpointing.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+from services.wire.settings import whole_setting
 
 __all__ = ["Checkpoint", "Checkpointer", "unusable", "FORMAT"]
 
@@ -67,6 +70,13 @@ def unusable(checkpoint: Checkpoint, watermarks: Mapping[str, Mapping[int, tuple
 
 # The share of its time a service may spend writing checkpoints (``--checkpoint-budget``).
 DEFAULT_CHECKPOINT_BUDGET = 0.05
+# How much longer than its due time a checkpoint may come, at random, as a percentage (see Checkpointer).
+SPREAD_SETTING, DEFAULT_SPREAD_PCT = "CBGP_CHECKPOINT_SPREAD_PCT", 50
+
+
+def checkpoint_spread() -> float:
+    """``CBGP_CHECKPOINT_SPREAD_PCT`` as a fraction (0: checkpoints exactly when due)."""
+    return whole_setting(SPREAD_SETTING, DEFAULT_SPREAD_PCT, minimum=0, unit="percent") / 100
 
 
 class Checkpointer:
@@ -76,19 +86,26 @@ class Checkpointer:
 
     A checkpoint's cost grows with the state (a snapshot of it all goes to Kafka), so with a positive interval
     checkpoints also take at most ``budget`` of the time: after one that took ``t`` seconds, the next waits at
-    least ``t / budget`` (a state that takes 1 s to save is saved at most every 20 s with the default 5%)."""
+    least ``t / budget`` (a state that takes 1 s to save is saved at most every 20 s with the default 5%).
+
+    Each wait is lengthened by a random share of itself, up to ``spread``: the services of a fleet start together
+    with one interval, and their checkpoints (each a burst of CPU, in a forked child or a thread) would otherwise
+    fall at the same moments for ever, the answers behind every one of them waiting for all of them."""
 
     def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic,
-                 budget: float = DEFAULT_CHECKPOINT_BUDGET) -> None:
+                 budget: float = DEFAULT_CHECKPOINT_BUDGET, spread: float | None = None,
+                 draw: Callable[[], float] = random.random) -> None:
         if interval < 0:
             raise ValueError(f"checkpoint interval must be >= 0 seconds, got {interval}")
         if not 0 < budget <= 1:
             raise ValueError(f"checkpoint budget must be a fraction of the time in (0, 1], got {budget}")
         self.interval = interval
         self.budget = budget
+        self.spread = checkpoint_spread() if spread is None else spread
+        self.draw = draw
         self.clock = clock
         self.last = clock()
-        self.pause = interval
+        self.pause = self._spread(interval)
         self.unsaved = False
 
     def committed(self) -> None:
@@ -101,10 +118,13 @@ class Checkpointer:
         """A checkpoint was written (or taken, to be written in the background); it took ``took`` seconds."""
         self.unsaved = False
         self.last = self.clock()
-        self.pause = max(self.interval, took / self.budget) if self.interval > 0 else 0.0
+        self.pause = self._spread(max(self.interval, took / self.budget)) if self.interval > 0 else 0.0
 
     def took(self, seconds: float) -> None:
         """The checkpoint taken at the last :meth:`saved` was written in the background in ``seconds`` in all:
         the next one waits for that too."""
         if self.interval > 0:
-            self.pause = max(self.pause, seconds / self.budget)
+            self.pause = max(self.pause, self._spread(seconds / self.budget))
+
+    def _spread(self, pause: float) -> float:
+        return pause * (1 + self.spread * self.draw())

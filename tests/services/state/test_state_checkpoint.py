@@ -172,7 +172,7 @@ def test_a_checkpoint_serves_stale_and_truncated_logs_but_not_logs_it_cannot_bel
 
 def test_checkpoints_are_due_after_a_commit_at_most_every_interval() -> None:
     now = [100.0]
-    checkpointer = Checkpointer(10, clock=lambda: now[0])
+    checkpointer = Checkpointer(10, clock=lambda: now[0], spread=0)
     assert not checkpointer.due()  # nothing committed
     checkpointer.committed()
     assert not checkpointer.due()  # committed, but the last checkpoint is 0 s old
@@ -196,7 +196,7 @@ def test_checkpoints_take_at_most_their_budget_of_the_time() -> None:
     """A checkpoint that took t seconds is followed by the next after max(interval, t / budget): a state that
     takes long to save is saved less often, one that is quick as often as the interval allows."""
     now = [0.0]
-    checkpointer = Checkpointer(10, clock=lambda: now[0], budget=0.05)
+    checkpointer = Checkpointer(10, clock=lambda: now[0], budget=0.05, spread=0)
     checkpointer.saved(took=2.0)  # 2 s: the next waits 40 s
     checkpointer.committed()
     now[0] += 39.9
@@ -210,6 +210,36 @@ def test_checkpoints_take_at_most_their_budget_of_the_time() -> None:
     for budget in (0, -0.1, 1.5):
         with pytest.raises(ValueError, match="checkpoint budget"):
             Checkpointer(10, budget=budget)
+
+
+def test_checkpoints_come_later_than_due_by_a_random_share_so_a_fleet_s_services_do_not_take_them_together(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each wait (the first, the interval's, the budget's) is lengthened by a random share of itself up to the
+    spread (CBGP_CHECKPOINT_SPREAD_PCT, 50 by default): never sooner than due, and two services started together
+    part at once."""
+    now, draws = [0.0], iter([0.0, 1.0, 0.5])
+    checkpointer = Checkpointer(10, clock=lambda: now[0], spread=0.5, draw=lambda: next(draws))
+    checkpointer.committed()
+    now[0] += 10
+    assert checkpointer.due()  # first draw 0: when due
+    checkpointer.saved(took=0.1)  # draw 1: 10 s and half of it
+    checkpointer.committed()
+    now[0] += 14.9
+    assert not checkpointer.due()
+    now[0] += 0.1
+    assert checkpointer.due()
+    checkpointer.saved(took=1.0)  # the budget's 20 s, and a quarter of it (draw 0.5 x spread 0.5)
+    checkpointer.committed()
+    now[0] += 24.9
+    assert not checkpointer.due()
+    now[0] += 0.1
+    assert checkpointer.due()
+    assert Checkpointer(0, clock=lambda: now[0], spread=0.5).pause == 0  # (after every transaction: no wait)
+    monkeypatch.setenv("CBGP_CHECKPOINT_SPREAD_PCT", "0")
+    assert Checkpointer(10).pause == 10
+    monkeypatch.delenv("CBGP_CHECKPOINT_SPREAD_PCT")
+    firsts = {Checkpointer(10).pause for _ in range(20)}
+    assert len(firsts) > 1 and all(10 <= pause <= 15 for pause in firsts)
 
 
 def test_a_store_in_use_elsewhere_turns_checkpoints_off_with_one_line_instead_of_failing(
