@@ -199,7 +199,7 @@ class TermDictionary:
     or added (data, a query constant) is kept for good.
     """
 
-    __slots__ = ("_ids", "_terms", "_stable", "_held", "_held_ids", "_let_go")
+    __slots__ = ("_ids", "_terms", "_stable", "_held", "_held_ids", "_let_go", "_journal")
 
     def __init__(self, stable: bool = False) -> None:
         self._ids: dict[str, int] = {}
@@ -208,12 +208,14 @@ class TermDictionary:
         self._held: dict[int, list] = {}  # id -> [term, holders] of the held terms
         self._held_ids: dict[str, int] = {}
         self._let_go: list[int] = []  # released since the last collect()
+        self._journal: list[int] | None = None  # see record_holds()
 
     def __setstate__(self, state: tuple) -> None:
         _none, slots = state
         for name, value in slots.items():
             setattr(self, name, value)
-        for name, empty in (("_held", dict), ("_held_ids", dict), ("_let_go", list)):  # (older checkpoints)
+        for name, empty in (("_held", dict), ("_held_ids", dict), ("_let_go", list),  # (older checkpoints)
+                            ("_journal", type(None))):
             if not hasattr(self, name):
                 setattr(self, name, empty())
 
@@ -255,6 +257,8 @@ class TermDictionary:
         held = self._held_ids.get(term)
         if held is not None:
             self._held[held][1] += 1
+            if self._journal is not None:
+                self._journal.append(held)
             return held
         new_id = stable_term_id(term)
         other = self._terms.get(new_id)
@@ -264,13 +268,23 @@ class TermDictionary:
             raise TermCollisionError(f"terms {other!r} and {term!r} share id {new_id}")
         self._held[new_id] = [term, 1]
         self._held_ids[term] = new_id
+        if self._journal is not None:
+            self._journal.append(new_id)
         return new_id
 
-    def hold_id(self, term_id: int, times: int = 1) -> None:
-        """Hold ``term_id`` ``times`` more, if it is held (a kept term needs nothing)."""
+    def hold_id(self, term_id: int, times: int = 1) -> bool:
+        """Hold ``term_id`` ``times`` more, if it is held (a kept term needs nothing); whether it was."""
         entry = self._held.get(term_id)
         if entry is not None:
             entry[1] += times
+            if self._journal is not None:
+                self._journal.extend([term_id] * times)
+        return entry is not None
+
+    def record_holds(self, journal: list[int] | None) -> None:
+        """From now, append to ``journal`` each id held (None: stop): the holds of code a caller then drops, to
+        let go of in one go."""
+        self._journal = journal
 
     def release(self, term_id: int) -> None:
         """Let go of one :meth:`hold` of ``term_id`` (nothing for a term kept for good)."""

@@ -58,11 +58,12 @@ class WakeQueue:
 class Event:
     """One event of a per-event window: its triples (while they may be needed) and its current answer rows."""
 
-    __slots__ = ("triples", "entered", "dirty", "rows", "wake")
+    __slots__ = ("triples", "entered", "dirty", "rows", "held", "wake")
 
     def __init__(self) -> None:
         self.triples: set[tuple[int, int, int, int]] | None = set()
         self.entered = False
         self.dirty = False  # a late triple joined it after it was evaluated
         self.rows: Counter[tuple[int, ...]] = Counter()
+        self.held: list[int] = []  # the computed values its rows name, held for them (``TermDictionary.hold``)
         self.wake: int | None = None

@@ -402,15 +402,39 @@ class WindowedQuery:
             if wake is not None:
                 self._wakes.push(wake, t)
 
-    def _evaluate(self, triples: set[tuple[int, int, int, int]]) -> Counter:
+    def _evaluate(self, triples: set[tuple[int, int, int, int]]) -> tuple[Counter, list[int]]:
+        """An event's answers, evaluated alone in an engine of its own, and the computed values they name, held
+        for them; what that engine held is let go with it."""
         engine = type(self._engine)(dictionary=self.dictionary)  # (a ContinuousEngine)
         rows: Counter = Counter()
-        for _name, diff, row in engine.register(_QUERY, self._plan):
-            rows[row] += diff
-        for quad in sorted(triples):
-            for _name, diff, row in engine.apply(1, *quad):
+        taken: list[int] = []
+        self.dictionary.record_holds(taken)
+        try:
+            for _name, diff, row in engine.register(_QUERY, self._plan):
                 rows[row] += diff
-        return +rows
+            for quad in sorted(triples):
+                for _name, diff, row in engine.apply(1, *quad):
+                    rows[row] += diff
+        finally:
+            self.dictionary.record_holds(None)
+        rows = +rows
+        held = self._hold(rows)
+        release = self.dictionary.release
+        for term_id in taken:
+            release(term_id)
+        return rows, held
+
+    def _hold(self, rows: Counter) -> list[int]:
+        """Hold once each computed value ``rows`` name (a term kept for good needs nothing): the ids held."""
+        hold = self.dictionary.hold_id
+        return [term_id for term_id in {value for row in rows for value in row if value is not None}
+                if hold(term_id)]
+
+    def _release(self, event: Event) -> None:
+        release = self.dictionary.release
+        for term_id in event.held:
+            release(term_id)
+        event.held = []
 
     def _process_events(self, instant: int, keys: list) -> Counter:
         changes: Counter = Counter()
@@ -420,15 +444,17 @@ class WindowedQuery:
                 continue
             event.wake = None
             inside = instant - self._range <= t < instant
-            if not inside:
-                rows: Counter = Counter()
-            elif event.dirty or not event.entered:
-                rows = self._evaluate(event.triples or set())
+            if inside and event.entered and not event.dirty:
+                rows, held = event.rows, event.held
+            elif inside:
+                rows, held = self._evaluate(event.triples or set())
             else:
-                rows = event.rows
+                rows, held = Counter(), []
             changes.update(rows)
             changes.subtract(event.rows)
-            event.rows = rows
+            if held is not event.held:
+                self._release(event)  # (read by the caller before it collects: the retractions still decode)
+            event.rows, event.held = rows, held
             event.entered = inside
             event.dirty = False
             if inside and not self._admit:
@@ -480,6 +506,7 @@ class WindowedQuery:
                 event.dirty = bool(dirty)
                 event.triples = None if triples is None else {tuple(q) for q in triples}
                 event.rows = Counter({tuple(row): count for row, count in rows})
+                event.held = self._hold(event.rows)
                 self._settle_event(t, event)
         else:
             for s, p, o, g, present, history in state.get("quads", []):

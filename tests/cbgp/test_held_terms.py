@@ -143,3 +143,30 @@ def test_a_group_concat_past_the_term_limit_is_unbound_without_sorting_its_group
             if sign > 0:
                 answer = engine.decode_row("q", row).get("all")
     assert answer == '"%s"' % ",".join(f"{i:09d}" for i in range(2, 12))
+
+
+@pytest.mark.parametrize("select", [
+    "SELECT ?s ?v WHERE { ?s <http://ex.org/n> ?n BIND(CONCAT(STR(?n), \"!\") AS ?v) }",
+    "SELECT ?s (SUM(?n) + 1000 AS ?v) WHERE { ?s <http://ex.org/n> ?n } GROUP BY ?s",
+])
+def test_a_per_event_window_holds_only_the_values_of_the_events_it_reports(select: str) -> None:
+    """Each event is evaluated alone in an engine of its own: the values that engine computes are held by the
+    event's answers while the event is in the window, and let go when it leaves, as a time window's are."""
+    from cbgp.windows.spec import WindowSpec
+    from cbgp.windows.windowed import WindowedQuery
+
+    window = WindowedQuery(select, WindowSpec("event", 3000, 1000))
+    number = '"%d"^^<http://www.w3.org/2001/XMLSchema#integer>'
+    current: set[tuple] = set()
+    for second in range(200):
+        window.add_terms(1, f"<{EX}s>", f"<{EX}n>", number % second, None, second * 1000)
+        for report in window.advance(second * 1000):
+            for sign, row in report.deltas:
+                binding = tuple(sorted(window.decode_row(row).items()))  # (a '-' decodes what it retracts)
+                if sign > 0:
+                    current.add(binding)
+                else:
+                    current.remove(binding)
+        window.dictionary.collect()
+    assert len(current) == 3  # the events of the last three seconds
+    assert window.dictionary.held() <= (6 if "SUM" in select else 3)  # (the SUM, and the SUM + 1000)
