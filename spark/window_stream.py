@@ -44,16 +44,30 @@ TAIL_FACTOR = 4  # ... and at most 4x the window's entries (see spark.state_log)
 TASKS_CONF = "spark.cbgp.windows.tasks"  # Spark conf: tasks (state partitions) the windowed queries run in
 
 _LIVE: state_log.LiveCache[WindowedQuery] = state_log.LiveCache()  # per Python worker
-_PREDICATES: dict[tuple[str, int], np.ndarray | None] = {}  # (query id, version) -> predicate ids
+class PredicateCache:
+    """Per windowed query, the predicate ids its patterns read (None: any, a variable predicate of an operator
+    query), for its current registration version; only the queries registered now are kept."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, tuple[int, np.ndarray | None]] = {}  # query id -> (version, predicate ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def get(self, query_id: str, version: int, sparql: str, window: Any) -> np.ndarray | None:
+        found = self._ids.get(query_id)
+        if found is None or found[0] != version:
+            read = WindowedQuery(sparql, window).predicates  # (stable ids, as ingest's)
+            found = self._ids[query_id] = (version, None if read is None else np.array(sorted(read), dtype=np.int64))
+        return found[1]
+
+    def keep(self, query_ids: set[str]) -> None:
+        """Forget the queries not in ``query_ids`` (unregistered, or no longer windowed)."""
+        for query_id in self._ids.keys() - query_ids:
+            del self._ids[query_id]
 
 
-def _predicates(query_id: str, version: int, sparql: str, window: Any) -> np.ndarray | None:
-    """Predicate ids the query's patterns read (None: any, a variable predicate of an operator query)."""
-    key = (query_id, version)
-    if key not in _PREDICATES:
-        read = WindowedQuery(sparql, window).predicates  # (stable ids, as ingest's)
-        _PREDICATES[key] = None if read is None else np.array(sorted(read), dtype=np.int64)
-    return _PREDICATES[key]
+_PREDICATES = PredicateCache()  # per Python worker
 
 
 def _analyse(text: str) -> Any:
@@ -111,6 +125,7 @@ def fan_out(kafka_config: Mapping[str, Any], plans_topic: str):  # noqa: ANN201
             if chunk is None:
                 continue
             windowed = [p for p in plan_cache(kafka_config, plans_topic).refresh().values() if p.window is not None]
+            _PREDICATES.keep({plan.query_id for plan in windowed})
             first_offset = int(chunk["kafka_offset"].min())
             last_offset = int(chunk["kafka_offset"].max())
             top_seq = int(chunk["seq"].max())
@@ -118,7 +133,7 @@ def fan_out(kafka_config: Mapping[str, Any], plans_topic: str):  # noqa: ANN201
             matrix = np.column_stack([chunk[c].astype(np.int64) for c in _CHANGE_COLUMNS])
             ids, blobs = [SENTINEL], [b""]
             for plan in windowed:
-                read = _predicates(plan.query_id, plan.version, plan.sparql, plan.window)
+                read = _PREDICATES.get(plan.query_id, plan.version, plan.sparql, plan.window)
                 ids.append(plan.query_id)
                 blobs.append(np.ascontiguousarray(matrix if read is None else matrix[np.isin(chunk["p"], read)])
                              .tobytes())
