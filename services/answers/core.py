@@ -72,8 +72,10 @@ class AnswersCore:
         # What queries.plans says (see on_plan): the version of each registered query, and per unregistered or
         # re-registered id the highest version whose stream has ended (its deltas are dropped from then on).
         self.plan_version: dict[str, int] = {}
-        self.texts: dict[tuple[str, int], str] = {}  # (query id, version) -> its query (product assemblers)
-        self.classes: dict[tuple[str, int], str] = {}  # (query id, version) -> its plan's query class
+        # query id -> version -> its query (product assemblers), its plan's query class: the registrations whose
+        # stream has not ended (a query registered again and again keeps its current text only)
+        self.texts: dict[str, dict[int, str]] = {}
+        self.classes: dict[str, dict[int, str]] = {}
         self.ended: dict[str, int] = {}
         self.unsettled = False  # a plan or a restore may have left a stream to end: call settle()
         self.emitted: dict[tuple[str, str], object] = {}  # (query, sign) -> its DELTAS_EMITTED child
@@ -228,9 +230,35 @@ class AnswersCore:
         """Deltas of ``version`` belong to an ended stream: an older registration, or an unregistered one."""
         if version == 0:  # unversioned, with no stream to join: only a registered query gets a new one
             return state is None and name in self.ended and name not in self.plan_version
-        if version <= self.ended.get(name, 0):
-            return True
-        return state is not None and version < state.version
+        return self.superseded(name, version) or (state is not None and version < state.version)
+
+    def superseded(self, query_id: str, version: int) -> bool:
+        """Whether queries.plans has ended registration ``version`` (> 0) of ``query_id``: unregistered, or
+        registered again with a newer version (its deltas still in flight are dropped)."""
+        return version <= self.ended.get(query_id, 0) or version < self.plan_version.get(query_id, 0)
+
+    def note_registration(self, query_id: str, version: int, text: str, query_class: str | None) -> None:
+        """A registration's query and its plan's query class, kept until its stream ends."""
+        if self.superseded(query_id, version):
+            return
+        self.texts.setdefault(query_id, {})[version] = text
+        if query_class is not None:
+            self.classes.setdefault(query_id, {})[version] = query_class
+
+    def text_of(self, query_id: str, version: int) -> str | None:
+        return self.texts.get(query_id, {}).get(version)
+
+    def class_of(self, query_id: str, version: int) -> str | None:
+        return self.classes.get(query_id, {}).get(version)
+
+    def _forget_ended(self, query_id: str) -> None:
+        """Let go of the texts of the registrations of ``query_id`` queries.plans has ended."""
+        for kept in (self.texts, self.classes):
+            versions = kept.get(query_id)
+            for version in [v for v in versions or () if self.superseded(query_id, v)]:
+                del versions[version]
+            if versions == {}:
+                del kept[query_id]
 
     def on_plan(self, query_id: str, version: int | None, ended: int | None = None) -> None:
         """One queries.plans record: a plan of ``version``, or (``version`` None) a tombstone, which ends the
@@ -247,6 +275,7 @@ class AnswersCore:
                 ended = state.version if state is not None else None
             if ended is not None:
                 self.ended[query_id] = max(ended, self.ended.get(query_id, 0))
+        self._forget_ended(query_id)
         self.unsettled = True
 
     def settle(self, partitions: set[int] | None = None) -> list[Output]:
@@ -280,6 +309,7 @@ class AnswersCore:
         it reached) per unit of multiplicity of each current answer, and its answers.current tombstone; so
         the stream sums to nothing for any reader that folds it (restore, compaction, ``cbgp watch``)."""
         self.ended[name] = max(state.version, self.ended.get(name, 0))
+        self._forget_ended(name)
         for sign in "+-":  # its series go with it
             self.emitted.pop((name, sign), None)
         if self.query_labels.forget(name):

@@ -324,15 +324,15 @@ class AnswersService:
     def _query_text(self, query_id: str, version: int) -> str | None:
         """A registration's query, for a by-centre product's assembler: its plan is in queries.plans before any
         of its deltas, so a miss means this service has not polled that far yet."""
-        text = self.core.texts.get((query_id, version))
-        if text is None:
+        text = self.core.text_of(query_id, version)
+        if text is None and not self.core.superseded(query_id, version):
             self.plans.load()
-            text = self.core.texts.get((query_id, version))
+            text = self.core.text_of(query_id, version)
         return text
 
     def _query_class(self, query_id: str, version: int) -> str | None:
         """A registration's query class, as its plan says (None: not read yet)."""
-        return self.core.classes.get((query_id, version))
+        return self.core.class_of(query_id, version)
 
 
 def _decoded(msgs: list[Message]) -> list[codec.PartDeltaColumns | None]:

@@ -161,11 +161,8 @@ class Plans:
                                        window is None and not _single_owner(plan["plan_json"]))
             if text is None:
                 continue  # the registry's own output; not ours to reject
-            self.core.texts[(key, plan["version"])] = text
-            query_class = recorded_class(plan["plan_json"])
-            if query_class is not None:
-                self.core.classes[(key, plan["version"])] = query_class
             self.core.on_plan(key, plan["version"])
+            self.core.note_registration(key, plan["version"], text, recorded_class(plan["plan_json"]))
 
     def close(self) -> None:
         self.consumer.close()

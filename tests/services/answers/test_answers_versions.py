@@ -196,3 +196,36 @@ def test_registry_versions_keep_increasing_across_unregister_and_restore() -> No
                                lambda: 7)
     assert decision.plan[1]["version"] == 2
     assert json.loads(decision.plan[1]["plan_json"])
+
+
+def plan(c: AnswersCore, query_id: str, version: int | None, text: str = "") -> None:
+    """One queries.plans record, as the service reads it: the plan (or tombstone), then its query text."""
+    c.on_plan(query_id, version)
+    if version is not None:
+        c.note_registration(query_id, version, text, "BGP")
+
+
+def test_a_query_registered_again_and_again_keeps_only_its_current_text() -> None:
+    """Ten thousand registrations of 10 KB queries, replaced or unregistered: the service keeps the texts of the
+    registrations still current, not one per registration it ever read."""
+    c = core()
+    query = "SELECT * WHERE { ?s ?p ?o }" + " " * 10_000
+    for version in range(1, 10_001):
+        plan(c, "churn", version, query)
+        plan(c, f"once{version}", 1, query)
+        plan(c, f"once{version}", None)
+    assert sum(len(v) for v in c.texts.values()) == 1 and sum(len(v) for v in c.classes.values()) == 1
+    assert c.text_of("churn", 10_000) == query and c.class_of("churn", 10_000) == "BGP"
+    assert c.text_of("churn", 9_999) is None and c.text_of("once1", 1) is None
+
+
+def test_deltas_of_a_replaced_registration_are_dropped_once_its_plan_is_read() -> None:
+    """Between the new plan and the next settle, the old registration's deltas still in flight join no stream
+    (its text, which a product's assembler needs, is gone by then)."""
+    c = core()
+    plan(c, "late", 1)
+    live = current_of(feed(c, batch(1, [("PLUS", 1, 1)])))
+    plan(c, "late", 2)
+    assert feed(c, batch(1, [("PLUS", 2, 2)]), 1) == [] and c.stale == 1
+    ended = c.settle()
+    assert answers(ended) == [(1, 2, "-", "http://ex/a")] and current_of(ended, live) == {}
