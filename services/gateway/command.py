@@ -54,7 +54,9 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
             ("--max-connections", "max_connections", int, "open SSE and WebSocket connections"),
             ("--max-connections-per-client", "max_connections_per_client", int, "... from one address"),
             ("--max-subscriptions-per-socket", "max_subscriptions_per_socket", int, "SEPA subscriptions per socket"),
-            ("--slow-client-timeout", "slow_client_s", float, "seconds a client may not read before it is dropped")]:
+            ("--slow-client-timeout", "slow_client_s", float, "seconds a client may not read before it is dropped"),
+            ("--unregistered-keep", "ended_keep_s", float, "seconds an unregistered query's answers stay after its "
+             "last one while nobody subscribes (for ?from=N)")]:
         env = "CBGP_GATEWAY_" + flag[2:].upper().replace("-", "_")
         p.add_argument(flag, dest=field, type=kind, default=kind(os.environ.get(env, getattr(defaults, field))),
                        help=f"{text} (default {getattr(defaults, field)}, env {env})")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections import Counter
 from http import HTTPStatus
 from dataclasses import dataclass
@@ -110,6 +111,7 @@ class Stream:
         self.current: dict[BindingKey, list] = {}  # binding key -> [binding, multiplicity]
         self.duplicates = 0
         self.gaps = 0
+        self.touched = time.monotonic()  # when it was made or last given an answer
 
     @property
     def next_n(self) -> int:
@@ -120,6 +122,7 @@ class Stream:
         if answer.n < self.next_n:
             self.duplicates += 1
             return False
+        self.touched = time.monotonic()
         if answer.n > self.next_n:
             self.gaps += 1
             if not self.answers:
@@ -171,6 +174,7 @@ class Limits:
     slow_client_s: float = 30.0  # --slow-client-timeout: a write that waits this long evicts its client
     chunk: int = 500  # answers per SSE write or SEPA notification (a client's buffer is one chunk)
     sepa_idle_s: float = 60.0  # a query registered for SEPA subscriptions is unregistered after this long unused
+    ended_keep_s: float = 60.0  # --unregistered-keep: an unregistered query's answers, after its last one, unread
 
 
 @dataclass(frozen=True)
@@ -323,6 +327,17 @@ class Hub:
     def forget(self, query_id: str) -> None:
         """Drop a followed query's stream (nobody here subscribes to it any more)."""
         self.streams.pop(query_id, None)
+
+    def sweep(self, keep_s: float, now: float | None = None) -> list[str]:
+        """Drop the streams of the queries no longer registered that nobody subscribes to, once their last answer
+        (the retractions that end them come after the unregistration) is ``keep_s`` old; the query ids dropped.
+        Without it, every query ever registered here (each SEPA subscription's, say) kept its history for good."""
+        now = time.monotonic() if now is None else now
+        gone = [query_id for query_id, stream in self.streams.items()
+                if query_id not in self.plans and not self.subscribers.get(query_id) and now - stream.touched >= keep_s]
+        for query_id in gone:
+            del self.streams[query_id]
+        return gone
 
     def apply_answers(self, answers: Iterable[Answer]) -> None:
         touched: set[str] = set()

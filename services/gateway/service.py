@@ -100,7 +100,8 @@ class Gateway:
         loop.create_task(self._tick())
 
     async def _tick(self) -> None:
-        """The loop's heartbeat (readiness), and the SEPA queries nobody subscribes to any more, unregistered."""
+        """The loop's heartbeat (readiness); the SEPA queries nobody subscribes to any more, unregistered; the
+        streams of unregistered queries, dropped (``Hub.sweep``)."""
         while True:
             self.loop_tick = time.monotonic()
             idle = [q for q, since in self.unused.items() if self.loop_tick - since > self.limits.sepa_idle_s
@@ -109,6 +110,9 @@ class Gateway:
                 del self.unused[query_id]
                 self.sepa_registered.discard(query_id)
                 self.loop.run_in_executor(self.admin_pool, self._unregister, query_id)  # type: ignore[union-attr]
+            if self.ready:  # (every plan on the topic at start read: a stream's query is known to be gone)
+                for query_id in self.hub.sweep(self.limits.ended_keep_s, self.loop_tick):
+                    log.info("event=ended-stream-dropped query=%s", query_id)
             await asyncio.sleep(1.0)
 
     def _unregister(self, query_id: str) -> None:

@@ -198,3 +198,23 @@ def test_a_binding_of_another_shape_from_a_peer_folds_and_sorts_beside_the_usual
     assert sorted(map(json.dumps, stream.rows())) == sorted(map(json.dumps, odd + [{"x": {"type": "uri", "value": "a"}}]))
     added, removed = net_change([Answer(1, "+", odd[0], 1, False, 0, 1, "q"), Answer(2, "-", odd[0], 2, False, 0, 1, "q")])
     assert added == removed == []
+
+
+def test_an_unregistered_querys_stream_goes_once_nobody_reads_it_and_its_last_answer_is_old() -> None:
+    """The retractions that end a registration come after its tombstone; then the stream (up to ``history``
+    answers) is dropped, unless the query is registered again or someone still subscribes."""
+    hub = Hub()
+    for query in ("gone", "kept", "read"):
+        hub.apply_plan(query, {"query_id": query, "sparql": "SELECT", "version": 1, "plan_json": "{}"})
+        hub.apply_answers([ans(1, "+", "a", query=query)])
+    sub = Subscriber("read", "sse", lambda: None)
+    hub.subscribers["read"] = {sub}
+    hub.apply_plan("gone", None)
+    hub.apply_plan("read", None)
+    hub.apply_answers([ans(2, "-", "a", query="gone")])  # the end of its stream
+    now = hub.stream("gone").touched
+    assert hub.sweep(60.0, now + 59.0) == [] and hub.stream("gone") is not None
+    assert hub.sweep(60.0, now + 60.0) == ["gone"]
+    assert hub.stream("gone") is None and hub.stream("kept") is not None and hub.stream("read") is not None
+    hub.subscribers["read"].clear()
+    assert hub.sweep(60.0, now + 61.0) == ["read"]
