@@ -130,6 +130,7 @@ class SeqRelease:
         if old is not None and old.assemblers is not state.assemblers:
             kept = {id(assembler) for assembler in state.assemblers.values()}
             self._close(a for a in old.assemblers.values() if id(a) not in kept)
+        self._forget_ended(state)
         return state.released_end
 
     def _committed(self, metadata: str | None, partition: int) -> _Partition:
@@ -256,20 +257,48 @@ class SeqRelease:
         tombstone, which ends ``ended`` (else the version known).
 
         The commit metadata then names only the opened gates a restore cannot tell from the plans' order: the
-        rest are below its ``below`` offsets, under the lowest gated registration not opened yet."""
+        rest are below its ``below`` offsets, under the lowest gated registration not opened yet.  What this
+        release keeps of a registration the record ends goes with it (:meth:`_forget`)."""
         known = self.plan_at.get(query_id)
         if version is None:
             self.plan_at.pop(query_id, None)
             last = ended if ended is not None else known[0] if known is not None else None
             if last is not None:
                 self.ended[query_id] = max(last, self.ended.get(query_id, 0))
+                self._forget(part, (query_id, last))
             return
         if known is not None and known[0] > version:
             return
+        if known is not None and known[0] < version:
+            self._forget(known[1], (query_id, known[0]))
         self.plan_at[query_id] = (version, part, plans_partition, offset, gated)
         state = self.partitions.get(part)
         if gated and state is not None and (query_id, version) not in state.opened:
             heapq.heappush(state.pending.setdefault(plans_partition, []), (offset, query_id, version))
+
+    def _forget(self, partition: int, key: tuple[str, int]) -> None:
+        """Registration ``key`` has ended: its operators or product assembler, DISTINCT counts, gate (and the
+        deltas it held) and opened mark go; its deltas still in flight are dropped as an ended registration's
+        (the answers core drops them too).  Kept, an unregistered query's whole state stayed for good."""
+        state = self.partitions.get(partition)
+        if state is None:
+            return
+        assembler = state.assemblers.pop(key, None)
+        if assembler is not None:
+            self._close([assembler])
+        state.counts.pop(key, None)
+        state.opened.pop(key, None)
+        state.listed.pop(key, None)
+        gate = state.gates.pop(key, None)
+        for offset, _deltas, _i in gate.items if gate is not None else ():
+            self._done(state, offset)
+
+    def _forget_ended(self, state: _Partition) -> None:
+        """After a restore: what a checkpoint or the state kept holds of registrations ended meanwhile goes."""
+        for key in [key for key in state.assemblers if self._dead(key)]:
+            self._close([state.assemblers.pop(key)])
+        for key in [key for key in state.counts if self._dead(key)]:
+            del state.counts[key]
 
     def _below(self, partition: int, state: _Partition) -> dict[int, int]:
         """Per plans partition read, an offset below which every gated registration of ``partition`` this
@@ -384,6 +413,8 @@ class SeqRelease:
         """A ProbeReady record: routed partition ``routed`` has sent all of its share of the registration."""
         state = self.partitions[partition]
         key = (query_id, version)
+        if self._dead(key):
+            return self._release(partition)  # an ended registration's: its gate would never be read
         if key not in state.opened:
             gate = state.gates.setdefault(key, _Gate())
             gate.ready[routed] = max(as_of, gate.ready.get(routed, -1))  # two owners: the later snapshot

@@ -67,6 +67,7 @@ class WorkerCore:
         self.reader = reader
         self.encoded_changes = lambda start, end: reader("whole", 0, start, end)
         self.plans: dict[str, QueryInfo] = {}
+        self.ended: dict[str, int] = {}  # query id -> the highest version unregistered or replaced (its probes die)
         self.plan_positions = [0] * plans_partitions  # next queries.plans offset to apply, per partition
         self.shards: dict[tuple[str, int], Shard] = {}
         self.term_reader = term_reader
@@ -153,8 +154,10 @@ class WorkerCore:
         if value is None:
             if query_id and query_id in self.plans:
                 out.extend(self.outputs.end_stream(self.plans[query_id], partition, offset, routed_assigned))
-                del self.plans[query_id]
+                ended = self.plans.pop(query_id)
+                self._ended(ended)
                 self._drop_everywhere(query_id)
+                self._drop_waiting_probes(ended)
                 log.info(kv(event="unregistered", query=query_id))
             return None
         try:
@@ -180,10 +183,25 @@ class WorkerCore:
             return None
         if old is not None:
             out.extend(self.outputs.end_stream(old, partition, offset, routed_assigned))
+            self._ended(old)
         self.plans[info.query_id] = info
         self._drop_everywhere(info.query_id, pending=old is not None)  # a re-registration starts afresh
+        if old is not None:
+            self._drop_waiting_probes(old)
         log.info(kv(event="registered", query=info.query_id, version=info.version, mode=info_mode(info)))
         return info
+
+    def _ended(self, info: QueryInfo) -> None:
+        self.ended[info.query_id] = max(info.version, self.ended.get(info.query_id, 0))
+
+    def _drop_waiting_probes(self, info: QueryInfo) -> None:
+        """Registration ``info`` has ended: what shards that never applied it (it ended before their log reached
+        its point) keep of its probes goes (those waiting for it would wait for ever)."""
+        names = [name for name, _part, _plan in info.probe_programs()]
+        for shard in self.shards.values():
+            if shard.kind == "routed":
+                for name in names:
+                    self.probes.forget(shard, name)
 
     def _drop_everywhere(self, query_id: str, pending: bool = True) -> None:
         """``_drop`` in every shard (``pending``: the query may wait for its point in some; not when its plan is
@@ -579,10 +597,10 @@ class WorkerCore:
         registration point in this log yet (None: it waits), or unregistered or replaced (False: it dies)."""
         if shard.evaluator is not None and name in shard.evaluator.queries:
             return True
-        query_id, _, version = name.partition("/")[0].rpartition("@")  # "<id>@<version>[/<part>]"
+        query_id, version = _query_of(name)
         info = self.plans.get(query_id)
-        if info is None or info.version < int(version or 0):
-            return None
+        if info is None or info.version < version:
+            return False if version <= self.ended.get(query_id, 0) else None
         if any(pending is info for pending, _seq in shard.pending):
             return None
         return False
@@ -633,3 +651,9 @@ class WorkerCore:
 
 __all__ = [ "Change", "LogReader", "QueryInfo", "Shard", "TermReader", "WorkerCore", "decode_changes",
            "info_mode", "shard_label"]
+
+
+def _query_of(name: str) -> tuple[str, int]:
+    """The query id and version of a probe name, ``<id>@<version>[/<part>]``."""
+    query_id, _, version = name.partition("/")[0].rpartition("@")
+    return query_id, int(version or 0)

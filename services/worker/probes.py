@@ -174,6 +174,15 @@ class ProbeRouting:
         shard.ready_through.pop(name, None)
         shard.ready_sent.discard(name)
 
+    def forget(self, shard: Shard, name: str) -> None:
+        """Evaluator query ``name`` ended without being registered in ``shard``: its probes waiting here die,
+        and the channels of its segments go."""
+        evaluator = shard.evaluator
+        if evaluator is not None and any(probe.query == name for probe in evaluator.unknown):
+            evaluator.unregister(name)
+        for sender in range(self.n_routed):
+            shard.probe_channels.pop((sender, name), None)
+
     # -- input
 
     def on_batch(self, shard: Shard, record: dict, known: Callable[[str], bool | None]) -> Outputs:
@@ -183,7 +192,15 @@ class ProbeRouting:
         out = Outputs()
         for floor in record["floors"]:
             self.floors[floor["partition"]] = (floor["floor"], frozenset(floor["queries"]))
-        steps = taken_steps(shard.probe_channels, record)
+        states: dict[str, bool | None] = {}  # known() per query, asked once per record
+
+        def state(query: str) -> bool | None:
+            if query not in states:
+                states[query] = known(query)
+            return states[query]
+
+        # (an ended registration's segments leave no channel behind: their probes die, their acks are ignored)
+        steps = taken_steps(shard.probe_channels, record, dead=lambda query: state(query) is False)
         if evaluator is None:
             if any(probes for _acks, probes in steps):
                 # No probed query here yet: the probes wait in an evaluator for their registration.
@@ -192,16 +209,12 @@ class ProbeRouting:
             else:
                 return out
         here = shard.partition
-        states: dict[str, bool | None] = {}  # known() per query, asked once per record
         on_probe = evaluator.on_probe
         for acks, probes in steps:
             for query, seq, delta, snapshot in acks:
                 evaluator.on_ack(ack_of((here, query, seq, delta, snapshot)))
             for item in probes:
-                query = item[0]
-                if query not in states:
-                    states[query] = known(query)
-                on_probe(probe_of((here, *item)), states[query] is not None, out)
+                on_probe(probe_of((here, *item)), state(item[0]) is not None, out)
             self.received += len(probes)
         if record["floors"]:
             self._collapse(shard)
@@ -353,13 +366,15 @@ def _encode(chunks: list, registered: list, floors: list) -> bytes:
     return codec.encode_probe_batch(probes, acks, registered, floors, [segment for segment, _items in chunks])
 
 
-def taken_steps(channels: dict, record: dict, only: str | None = None) -> list[tuple[list, list]]:
+def taken_steps(channels: dict, record: dict, only: str | None = None,
+                dead: Callable[[str], bool] | None = None) -> list[tuple[list, list]]:
     """The (acks, probes) of a probe record's segments that a shard takes (``channels``: its last (cause,
     chunk) taken per (sender, query), updated): each (sender, query, cause, chunk) once, in the order one owner
     of the sender makes them (a second owner's copy comes again, or out of that order, and is dropped).
-    ``only``: the segments of that query alone.  A record written before segments is one step; one written
-    before segments were per query keys its channels by sender (its registrations' segments, cause -1, are
-    all taken)."""
+    ``only``: the segments of that query alone; ``dead(query)``: its segments are taken without keeping their
+    channel (an ended registration's).  A record written before segments is one step; one written before
+    segments were per query keys its channels by sender (its registrations' segments, cause -1, are all
+    taken)."""
     segments = record.get("segments")
     if segments is None:
         return [_of(record["acks"], record["probes"], only)]
@@ -376,7 +391,8 @@ def taken_steps(channels: dict, record: dict, only: str | None = None) -> list[t
             key = (sender, query)
             if (cause, chunk) <= channels.get(key, (-2, -1)):
                 continue
-            channels[key] = (cause, chunk)
+            if dead is None or query is None or not dead(query):
+                channels[key] = (cause, chunk)
         steps.append(_of(acks, probes, only) if query is None else (acks, probes))
     return steps
 
