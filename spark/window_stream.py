@@ -44,6 +44,8 @@ TAIL_FACTOR = 4  # ... and at most 4x the window's entries (see spark.state_log)
 TASKS_CONF = "spark.cbgp.windows.tasks"  # Spark conf: tasks (state partitions) the windowed queries run in
 
 _LIVE: state_log.LiveCache[WindowedQuery] = state_log.LiveCache()  # per Python worker
+
+
 class PredicateCache:
     """Per windowed query, the predicate ids its patterns read (None: any, a variable predicate of an operator
     query), for its current registration version; only the queries registered now are kept."""
