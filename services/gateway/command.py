@@ -73,8 +73,9 @@ def register(commands: argparse._SubParsersAction) -> dict[str, Callable[[argpar
                         "(env CBGP_GATEWAY_PEER_TOKEN_FILE)")
     p.add_argument("--peer-ca", default=os.environ.get("CBGP_GATEWAY_PEER_CA"),
                    help="verify https --peers against this CA (default: the system's)")
-    p.add_argument("--history", type=int, default=100_000,
-                   help="answers kept per query for ?from=N / Last-Event-ID (default 100000; 0 = all)")
+    p.add_argument("--history", type=int, default=int(os.environ.get("CBGP_GATEWAY_HISTORY", 100_000)),
+                   help="answers kept per query for ?from=N / Last-Event-ID (default 100000; 0 = all; env "
+                        "CBGP_GATEWAY_HISTORY)")
     p.add_argument("--log-level", default=os.environ.get("CBGP_LOG_LEVEL", "INFO"),
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
