@@ -21,11 +21,8 @@ def held(root: object) -> int:
         elif isinstance(obj, (list, set, frozenset, tuple)):
             total += len(obj)
             stack.extend(obj)
-        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith(("services", "cbgp")):
-            stack.extend(vars(obj).values())
-            stack.extend(getattr(obj, name) for cls in type(obj).__mro__
-                         for name in getattr(cls, "__slots__", ()) if hasattr(obj, name))
-        elif type(obj).__module__.startswith(("services", "cbgp")):
+        elif type(obj).__module__.startswith(("services", "cbgp")):  # (the project's objects: their attributes)
+            stack.extend(vars(obj).values() if hasattr(obj, "__dict__") else ())
             stack.extend(getattr(obj, name) for cls in type(obj).__mro__
                          for name in getattr(cls, "__slots__", ()) if hasattr(obj, name))
     return total

@@ -1,6 +1,6 @@
-"""A worker whose queries are registered and unregistered again and again holds what its current queries need,
-not something of every registration it ever read (a query per SEPA subscription, a user's script that replaces
-its query every minute): the containers reachable from the worker's core stop growing with the registrations."""
+"""Workers and an answers service whose queries are registered, replaced and unregistered again and again hold what
+their current queries need, not something of every registration they ever read (a query per SEPA subscription, a
+script that replaces its query every minute): the containers reachable from their cores stop growing."""
 
 from __future__ import annotations
 
