@@ -134,7 +134,8 @@ OPENAPI: dict[str, Any] = {
                          "201": _json("#/components/schemas/StatusReply", "accepted; the plan reached the gateway"),
                          "400": _problem("rejected (the detail says why, line and column where)"),
                          "409": _problem("the id is registered with another text"),
-                         "429": _problem("the fleet's or the owner's query limit is reached"),
+                         "429": _problem("the fleet's or the owner's query limit is reached, or the owner's "
+                                         "registrations per minute"),
                          "504": _problem("no reply from the registry"), **_AUTH}},
         },
         "/queries/{id}": {

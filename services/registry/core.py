@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -45,6 +45,8 @@ CONTROL_OPTIONS = ("replace",)
 # How many queries a fleet, and one owner, may hold (named settings of the registry).
 MAX_QUERIES_SETTING, DEFAULT_MAX_QUERIES = "CBGP_MAX_QUERIES", 20_000
 MAX_PER_OWNER_SETTING, DEFAULT_MAX_PER_OWNER = "CBGP_MAX_QUERIES_PER_OWNER", 1_000
+# Registrations one owner may make in a minute: each costs every worker a snapshot of its share of the graph.
+PER_MINUTE_SETTING, DEFAULT_PER_MINUTE = "CBGP_MAX_QUERIES_PER_MINUTE", 600
 # A query whose parts share no variable and have no constant answers with the product of their matches; it is
 # registered only when asked for (``cross_product=true``).
 CROSS_PRODUCT_OPTION = "cross_product"
@@ -170,14 +172,16 @@ class Registry:
         # one, so its answers are a new stream.  Rebuilt from the plan before each tombstone.
         self.retired: dict[str, int] = {}
         self.owned: Counter[str] = Counter()  # queries per owner (the per-owner limit, without a scan)
+        self.recent: dict[str, deque[int]] = {}  # owner -> when its registrations of the last minute were made (ms)
         self._clock = clock
 
     def snapshot(self) -> tuple:
         """The registered set as it is, for :meth:`rollback` (a batch whose plans the broker did not take)."""
-        return dict(self.queries), dict(self.retired), Counter(self.owned)
+        return (dict(self.queries), dict(self.retired), Counter(self.owned),
+                {owner: deque(times) for owner, times in self.recent.items()})
 
     def rollback(self, snapshot: tuple) -> None:
-        self.queries, self.retired, self.owned = snapshot
+        self.queries, self.retired, self.owned, self.recent = snapshot
 
     def _put(self, entry: Entry) -> None:
         old = self.queries.get(entry.query_id)
@@ -269,6 +273,22 @@ class Registry:
             return f"{owner!r} holds {mine:,} queries, the limit per owner ({MAX_PER_OWNER_SETTING})"
         return None
 
+    def _rate_problem(self, owner: str | None) -> str | None:
+        """Why one more registration by ``owner`` is over its limit per minute (None: it is not; an operator, with
+        no owner, has none)."""
+        times = self.recent.get(owner) if owner is not None else None
+        if not times:
+            return None
+        now = self._clock()
+        while times and times[0] <= now - 60_000:
+            times.popleft()
+        most = limit(PER_MINUTE_SETTING, DEFAULT_PER_MINUTE)
+        if len(times) < most:
+            return None
+        wait = max(1, -(-(times[0] + 60_000 - now) // 1000))
+        return (f"{owner!r} registered {len(times):,} queries in the last minute, the limit per owner "
+                f"({PER_MINUTE_SETTING}={most:,}): try again in {wait} s")
+
     def _register(self, query_id: str, sparql: Any, options: dict[str, str], request_id: str | None,
                   encoded_end: Callable[[], int], change_seq_before: Callable[[int], int] | None,
                   owner: str | None = None) -> Decision:
@@ -289,7 +309,7 @@ class Registry:
                 f"query id {query_id!r} is already registered with a different text or options; "
                 "unregister it first or register with --option replace=true", request_id))
         refused = (self._not_owner(existing, owner) if existing is not None else None) or \
-            self._count_problem(query_id, owner)
+            self._count_problem(query_id, owner) or self._rate_problem(owner)
         if refused:
             return Decision(self._status(query_id, "REJECTED", refused, request_id))
         allow_product = stored_options.get(CROSS_PRODUCT_OPTION, "").strip().lower() in ("true", "1", "yes")
@@ -374,6 +394,8 @@ class Registry:
         """Apply ``decision`` to the registered set (after its plan record was acknowledged)."""
         if decision.entry is not None:
             self._put(decision.entry)
+            if decision.entry.owner is not None:
+                self.recent.setdefault(decision.entry.owner, deque()).append(self._clock())
         if decision.removed is not None:
             self._retire(decision.removed)
 

@@ -588,3 +588,28 @@ def _burst(registry: Registered, settings: KafkaSettings) -> None:
         path = body.get("next")
     assert shown == listed
     assert registry.web("/queries?limit=0")[0] == 400
+
+
+def test_an_owner_registers_at_most_its_limit_per_minute_and_an_operator_has_none(monkeypatch) -> None:
+    """Each registration costs every worker a snapshot of its share of the graph: one owner's are limited per
+    minute (a retry of the same text counts nothing), and the refusal names the setting and when to try again."""
+    monkeypatch.setenv("CBGP_MAX_QUERIES_PER_MINUTE", "3")
+    now = [1_000_000]
+    reg = Registry(clock=lambda: now[0])
+
+    def register(qid: str, owner: str | None, text: str = QUERIES["star"]) -> dict:
+        decision = reg.decide({"command": "REGISTER", "query_id": qid, "sparql": text, "owner": owner,
+                               "options": {"replace": "true"}}, lambda: 0)
+        reg.commit(decision)
+        return decision.status
+
+    assert [register(f"q{i}", "alice")["status"] for i in range(3)] == ["ACCEPTED"] * 3
+    assert register("q0", "alice")["status"] == "ACCEPTED"  # (the same text again: nothing published)
+    refused = register("q3", "alice")
+    assert refused["status"] == "REJECTED" and "CBGP_MAX_QUERIES_PER_MINUTE=3" in refused["message"]
+    assert "try again in 60 s" in refused["message"]
+    assert register("q2", "alice", QUERIES["path"])["status"] == "REJECTED"  # (a replacement is a registration)
+    assert register("b0", "bob")["status"] == "ACCEPTED"  # (another owner's own minute)
+    assert all(register(f"op{i}", None)["status"] == "ACCEPTED" for i in range(5))
+    now[0] += 60_000
+    assert register("q3", "alice")["status"] == "ACCEPTED"
