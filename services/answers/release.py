@@ -281,8 +281,15 @@ class SeqRelease:
         deltas it held) and opened mark go; its deltas still in flight are dropped as an ended registration's
         (the answers core drops them too).  Kept, an unregistered query's whole state stayed for good."""
         state = self.partitions.get(partition)
-        if state is None:
-            return
+        if state is not None:
+            self._drop_key(state, key)
+
+    def _forget_ended(self, state: _Partition) -> None:
+        """After a restore: what a checkpoint or the state kept holds of registrations ended meanwhile goes."""
+        for key in [key for key in {**state.assemblers, **state.counts} if self._dead(key)]:
+            self._drop_key(state, key)
+
+    def _drop_key(self, state: _Partition, key: tuple[str, int]) -> None:
         assembler = state.assemblers.pop(key, None)
         if assembler is not None:
             self._close([assembler])
@@ -292,13 +299,6 @@ class SeqRelease:
         gate = state.gates.pop(key, None)
         for offset, _deltas, _i in gate.items if gate is not None else ():
             self._done(state, offset)
-
-    def _forget_ended(self, state: _Partition) -> None:
-        """After a restore: what a checkpoint or the state kept holds of registrations ended meanwhile goes."""
-        for key in [key for key in state.assemblers if self._dead(key)]:
-            self._close([state.assemblers.pop(key)])
-        for key in [key for key in state.counts if self._dead(key)]:
-            del state.counts[key]
 
     def _below(self, partition: int, state: _Partition) -> dict[int, int]:
         """Per plans partition read, an offset below which every gated registration of ``partition`` this

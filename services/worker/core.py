@@ -155,9 +155,8 @@ class WorkerCore:
             if query_id and query_id in self.plans:
                 out.extend(self.outputs.end_stream(self.plans[query_id], partition, offset, routed_assigned))
                 ended = self.plans.pop(query_id)
-                self._ended(ended)
                 self._drop_everywhere(query_id)
-                self._drop_waiting_probes(ended)
+                self._end(ended)
                 log.info(kv(event="unregistered", query=query_id))
             return None
         try:
@@ -183,20 +182,17 @@ class WorkerCore:
             return None
         if old is not None:
             out.extend(self.outputs.end_stream(old, partition, offset, routed_assigned))
-            self._ended(old)
         self.plans[info.query_id] = info
         self._drop_everywhere(info.query_id, pending=old is not None)  # a re-registration starts afresh
         if old is not None:
-            self._drop_waiting_probes(old)
+            self._end(old)
         log.info(kv(event="registered", query=info.query_id, version=info.version, mode=info_mode(info)))
         return info
 
-    def _ended(self, info: QueryInfo) -> None:
+    def _end(self, info: QueryInfo) -> None:
+        """Registration ``info`` has ended (its shards dropped it): its probes die from now, and what shards that
+        never applied it (it ended before their log reached its point) keep of them goes."""
         self.ended[info.query_id] = max(info.version, self.ended.get(info.query_id, 0))
-
-    def _drop_waiting_probes(self, info: QueryInfo) -> None:
-        """Registration ``info`` has ended: what shards that never applied it (it ended before their log reached
-        its point) keep of its probes goes (those waiting for it would wait for ever)."""
         names = [name for name, _part, _plan in info.probe_programs()]
         for shard in self.shards.values():
             if shard.kind == "routed":
