@@ -9,7 +9,9 @@ import random
 import re
 import signal
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 import urllib.request
@@ -244,10 +246,13 @@ class Fleet:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen] = {}
         logs.mkdir(parents=True, exist_ok=True)
+        # The services ring each other as under `cbgp run` (a short path: a test's own is too long for a socket).
+        self.doorbell = Path(tempfile.mkdtemp(prefix="cbgp-bell-"))
 
     def start(self, name: str, service: str, *args: str) -> subprocess.Popen:
         # A stop's grace and its last resort (services.runtime.life.Stopper) end within stop()'s 30 s.
-        env = {"CBGP_STOP_GRACE_SECONDS": "10", **os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
+        env = {"CBGP_STOP_GRACE_SECONDS": "10", "CBGP_DOORBELL_DIR": str(self.doorbell), **os.environ,
+               **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
         log = open(self.logs / f"{name}.log", "ab")
         proc = subprocess.Popen([CBGP, service, "--metrics-port", "0", *args], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -297,6 +302,7 @@ class Fleet:
     def __exit__(self, *exc: object) -> None:
         for name in list(self.procs):
             self.stop(name)
+        shutil.rmtree(self.doorbell, ignore_errors=True)
         if exc[0] is not None:
             for path in sorted(self.logs.glob("*.log")):
                 tail = path.read_text(errors="replace").splitlines()[-15:]

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator, TextIO
 from cbgp.inputs.sparql_update import UPDATE_FORMAT
 from services.kafka.config import KafkaSettings
 from services.kafka.client import make_producer, require_broker
+from services.kafka.doorbell import doorbell
 from services.client.errors import UserError
 
 DEFAULT_CHUNK_BYTES = 256 * 1024
@@ -234,6 +235,14 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
     errors: list[str] = []
     start = time.monotonic()
     source = os.path.basename(name).encode()
+    bell = doorbell()
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err:
+            errors.append(str(err))
+        else:
+            bell.ring([(topic, msg.partition())])  # (ingest reads it now: services.kafka.doorbell)
+
     for first, lines, payload, problems in records:
         if not strict:
             report(problems)
@@ -243,8 +252,7 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
         headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source), ("cbgp-first-line", str(first).encode())]
         while True:
             try:
-                producer.produce(topic, value=payload, headers=headers,
-                                 on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
+                producer.produce(topic, value=payload, headers=headers, on_delivery=delivered)
                 break
             except BufferError:  # local queue full: let deliveries drain, then retry
                 producer.poll(0.1)

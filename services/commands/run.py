@@ -24,6 +24,7 @@ from services.commands.trimmer import Trimmer
 from services.kafka.broker import EmbeddedBroker
 from services.kafka.run_env import write_run_env
 from services.kafka.config import KafkaSettings, add_kafka_flags
+from services.kafka.doorbell import DOORBELL_DIR_ENV, fresh_doorbell_dir
 from services.kafka.client import end_offsets
 from services.kafka.topics import ensure_topics
 from services.kafka.broker import EMBEDDED_REBALANCE_TIMEOUT_MS, free_port
@@ -473,6 +474,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     trimmer: Trimmer | None = None
     summary: dict[str, Any] = {"queries": {}, "children": {}, "broker_pid": None}
     env_file: Path | None = None
+    bell_dir: Path | None = None
     try:
         # Step 1: the broker.
         if external:
@@ -495,6 +497,9 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         # refuse to start without one).
         os.environ.setdefault("CBGP_CHECKPOINT_SECRET", secrets.token_hex(32))  # (the trimmer reads checkpoints too)
         env = {**os.environ, **settings.to_env()}
+        if DOORBELL_DIR_ENV not in env:  # every service here shares this host: wake-ups by doorbell
+            bell_dir = fresh_doorbell_dir(run_dir / "doorbell")
+            env[DOORBELL_DIR_ENV] = str(bell_dir)
         if args.no_spark:
             env["CBGP_ASSEMBLY"] = "worker"  # nobody else would multiply multi-part queries
         registry = None
@@ -518,6 +523,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write(port_lines(settings.bootstrap_servers, plan, spark_status_path))
         local = {"CBGP_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "CBGP_TOPIC_PREFIX": settings.topic_prefix,
                  "CBGP_REBALANCE_TIMEOUT_MS": env.get("CBGP_REBALANCE_TIMEOUT_MS", "")}
+        if all("!" <= c <= "~" for c in env[DOORBELL_DIR_ENV]):  # (what the run file holds: cbgp publish rings too)
+            local[DOORBELL_DIR_ENV] = env[DOORBELL_DIR_ENV]
         for name, _argv, ports in plan:
             if "console" in ports:
                 local["CBGP_GATEWAY_URL"] = f"http://127.0.0.1:{ports['console']}"
@@ -566,6 +573,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
             background.close()
         if env_file is not None:
             env_file.unlink(missing_ok=True)
+        if bell_dir is not None:
+            shutil.rmtree(bell_dir, ignore_errors=True)
         (run_dir / "gateway.token").unlink(missing_ok=True)
         if broker is not None:
             broker.stop()

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from services.metrics.instruments import RESTORE_MISSING_OFFSETS
 from services.kafka.run_env import SOURCE_VARIABLE
 from services.kafka.config import KafkaSettings
+from services.kafka.doorbell import doorbell
 from services.kafka.truncation import truncation
 
 __all__ = [
@@ -194,6 +195,7 @@ def produce_sync(producer: Producer, topic: str, value: bytes | str | None, key:
     err, msg = result[0]
     if err is not None:
         raise DeliveryError(err)
+    doorbell().ring([(topic, msg.partition())])  # (its readers fetch now: services.kafka.doorbell)
     return msg
 
 

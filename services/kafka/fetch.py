@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from services.kafka.client import make_consumer
 from services.kafka.config import KafkaSettings
+from services.kafka.doorbell import doorbell
 from services.kafka.truncation import require_log_start
 from services.metrics.exposition import forget_consumer_lag, record_consumer_lag
 from services.wire.loglines import kv
@@ -198,6 +199,7 @@ class Fetcher:
     def unpark(self) -> None:
         if self.parked:
             self.parked = False
+            doorbell().drain(self.positions)  # (this fetch reads what they rang for)
             self.consumer.assign([TopicPartition(t, p, o) for (t, p), o in self.positions.items()])
 
     def poll(self) -> list[Message]:
@@ -284,13 +286,25 @@ def record_ok(msg: Message, log: logging.Logger) -> bool:
 
 def idle_pause(fetchers: Sequence[Fetcher]) -> None:
     """Stop fetching on every fetcher for a moment (nothing was there to read): :func:`idle_pause_seconds` of
-    the least idle fetcher's streak and quiet time."""
+    the least idle fetcher's streak and quiet time; a deep pause ends on a ring for one of their partitions once
+    its first IDLE_PAUSE_SECONDS are over."""
     streak = min(fetcher.idle_streak for fetcher in fetchers)
     quiet = time.monotonic() - max(fetcher.read_at for fetcher in fetchers)
     for fetcher in fetchers:
         fetcher.park()
         fetcher.idle_streak += 1
-    time.sleep(idle_pause_seconds(streak, quiet))
+    pause = idle_pause_seconds(streak, quiet)
+    keys = {key for fetcher in fetchers for key in fetcher.positions}
+    doorbell().listen(keys)  # (from the first pause on, so that no ring before a deep one is lost)
+    if pause <= IDLE_PAUSE_MAX_SECONDS:
+        # A busy input's pause gathers its next batch: rung earlier, the stages made twice as many transactions
+        # for no better median answer (docs/benchmarks.md).
+        time.sleep(pause)
+    else:
+        # After a quiet minute, a ring from a stage that committed to one of these partitions ends the pause
+        # (services.kafka.doorbell): the first update costs a stage IDLE_PAUSE_SECONDS, not the deep pause.
+        time.sleep(IDLE_PAUSE_SECONDS)
+        doorbell().wait(keys, pause - IDLE_PAUSE_SECONDS)
     # They stay parked: the next take() or wait() resumes them, so nothing is fetched before it is wanted.
 
 

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from services.kafka.topics import BrokerUnreachable, ensure_topics
 from services.kafka.config import KafkaSettings, add_kafka_flags
 from services.kafka.client import broker_outages
+from services.kafka.doorbell import doorbell
 from services.kafka.truncation import EXIT_TRUNCATED, LogTruncated
 from services.metrics.exposition import start_metrics_server
 from services.wire.failures import EXIT_TOO_MANY_FAILURES, TooManyFailures
@@ -279,6 +280,7 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
     if outage():
         raise TransactionFailed("the broker connection was lost while a transaction committed: its outcome is "
                                 "unknown, starting again from what the broker kept")
+    doorbell().ring([(out.topic, out.partition) for out in outputs])  # (their readers fetch now, not later)
 
 
 SLOW_TRANSACTION_SECONDS = 0.5  # a transaction taking longer is logged with the time of each step

@@ -51,6 +51,10 @@ def test_run_shows_answers_for_every_example_query_and_stops_cleanly_on_sigterm(
         if all(f"  {query}: " in stderr_path.read_text(errors="replace") for query in QUERIES):
             break
         time.sleep(2)
+    # The services wake each other through the run's doorbell, which the run file names for cbgp publish.
+    (bell_dir,) = [line.split("=", 1)[1] for line in (run_dir / "cbgp.env").read_text().splitlines()
+                   if line.startswith("CBGP_DOORBELL_DIR=")]
+    assert len(os.listdir(bell_dir)) >= 5  # ingest, each worker, answers, gateway: listening
     child.send_signal(signal.SIGTERM)  # the same ordered shutdown as Ctrl-C
     stdout, _ = child.communicate(timeout=100)
     proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr_path.read_text(errors="replace"))
@@ -66,6 +70,7 @@ def test_run_shows_answers_for_every_example_query_and_stops_cleanly_on_sigterm(
     assert all(child["exit"] == 0 for child in summary["children"].values()), summary["children"]
     pids = [c["pid"] for c in summary["children"].values()] + [summary["broker_pid"]]
     assert _survivors(pids, run_dir) == []
+    assert not os.path.exists(bell_dir)
 
 
 @pytest.mark.timeout(60)
