@@ -12,7 +12,9 @@ JSON line ``{"total_cores": ..., "per_process": {...}}`` (with ``--repeat N``: t
 
 ``--first-answer`` registers a star query once the fleet is ready and, after the CPU window, publishes the one
 update that answers it: ``first_answer_ms`` is that answer's latency (its ``produced_at_ms`` minus its update's
-produce time), what the first update after a quiet spell of ``--settle`` + ``--seconds`` pays.
+produce time), what the first update after a quiet spell of ``--settle`` + ``--seconds`` pays.  With ``--ring`` the
+update rings ingest's doorbell after its acknowledgement, as ``cbgp publish`` and the gateway do
+(``services.kafka.doorbell``); without, it stands for a producer of the user's own.
 """
 
 from __future__ import annotations
@@ -115,12 +117,13 @@ def _register_probe(run_dir: Path, env: dict[str, str]) -> None:
                    text=True, timeout=120)
 
 
-def _probe_producer(run_dir: Path) -> tuple[Any, Any]:
+def _probe_producer(run_dir: Path) -> tuple[Any, Any, Any]:
     """The run's settings and a producer already connected, made before the quiet spell: a new producer's
     first delivery waits for its connection (and an idempotent one's for its producer id, 0.5-1 s), which is
     the client's time, not the fleet's."""
     from services.kafka.client import make_producer
     from services.kafka.config import KafkaSettings
+    from services.kafka.doorbell import DOORBELL_DIR_ENV, Doorbell
     from services.kafka.run_env import load_run_env
 
     values = {"CBGP_RUN_DIR": str(run_dir / "run")}
@@ -129,16 +132,18 @@ def _probe_producer(run_dir: Path) -> tuple[Any, Any]:
     settings = KafkaSettings.from_env(values)
     producer = make_producer(settings, idempotent=False, linger_ms=0)
     producer.list_topics(settings.topic("updates.raw"), timeout=30)
-    return settings, producer
+    return settings, producer, Doorbell(values.get(DOORBELL_DIR_ENV))
 
 
-def _first_answer_ms(settings: Any, producer: Any, answers_metrics: str) -> int:
-    """Publish PROBE_UPDATE to the idle fleet; the latency of the answer it makes, in ms."""
+def _first_answer_ms(settings: Any, producer: Any, bell: Any, answers_metrics: str, ring: bool) -> int:
+    """Publish PROBE_UPDATE to the idle fleet (ringing ``bell`` if ``ring``); the latency of its answer, in ms."""
     sys.path.insert(0, str(ROOT / "bench"))
     from fleet_bench import AnswerReader
 
     producer.produce(settings.topic("updates.raw"), PROBE_UPDATE.encode(), partition=0)
     producer.flush(30)
+    if ring:
+        bell.ring([(settings.topic("updates.raw"), 0)])
     reader = AnswerReader(settings, answers_metrics)
     try:
         (produced, origin), = reader.until(1, 120)
@@ -155,7 +160,7 @@ def _metrics_url(proc: psutil.Process) -> str:
 
 
 def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool,
-                 settings: dict[str, str] | None = None, first_answer: bool = False) -> dict:
+                 settings: dict[str, str] | None = None, first_answer: bool = False, ring: bool = False) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="cbgp-idle-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CBGP_")}  # its own embedded broker
     env.update(settings or {})
@@ -195,7 +200,7 @@ def measure_once(seconds: float, settle: float, ready_timeout: float, keep: bool
         result = {"total_cores": round(sum(per.values()), 3), "per_process": per, "processes": len(procs)}
         if first_answer:
             answers, = [p for p in root.children() if service_of.get(p.pid) == "answers"]
-            result["first_answer_ms"] = _first_answer_ms(*probe, _metrics_url(answers))
+            result["first_answer_ms"] = _first_answer_ms(*probe, _metrics_url(answers), ring)
         return result
     finally:
         try:
@@ -221,12 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep each run's directory (logs)")
     parser.add_argument("--first-answer", action="store_true",
                         help="then the latency of the answer to one update published to the idle fleet")
+    parser.add_argument("--ring", action="store_true",
+                        help="with --first-answer: the update rings ingest's doorbell, as cbgp publish does")
     add_fleet_env_flag(parser)
     args = parser.parse_args(argv)
     settings = fleet_env(parser, args.fleet_env)
     runs = []
     for i in range(args.repeat):
-        result = measure_once(args.seconds, args.settle, args.ready_timeout, args.keep, settings, args.first_answer)
+        result = measure_once(args.seconds, args.settle, args.ready_timeout, args.keep, settings, args.first_answer,
+                              args.ring)
         runs.append(result)
         first = f", first answer {result['first_answer_ms']} ms" if args.first_answer else ""
         print(f"run {i + 1}: total {result['total_cores']:.3f} cores over {args.seconds:.0f} s "
