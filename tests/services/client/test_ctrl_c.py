@@ -16,6 +16,8 @@ from services.client.reading import end_on_ctrl_c
 end_on_ctrl_c()
 sys.stdout.write("ready\\n")  # not flushed: ending must flush what was written
 libc = ctypes.CDLL(None)
+sys.stderr.write("waiting\\n")
+sys.stderr.flush()
 while True:
     libc.sleep(60)  # a C call: a signal only shortens it, and the loop goes back in
 """
@@ -26,7 +28,8 @@ def test_a_follower_ends_at_once_while_its_main_thread_waits_in_c(signum: int) -
     proc = subprocess.Popen([sys.executable, "-c", FOLLOWER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        time.sleep(1.0)  # started and inside the C call
+        assert proc.stderr.readline() == "waiting\n"  # imported (a loaded machine takes seconds) ...
+        time.sleep(0.5)  # ... and inside the C call
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=20)
     finally:
