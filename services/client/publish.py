@@ -241,7 +241,7 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
         if err:
             errors.append(str(err))
         else:
-            bell.ring([(topic, msg.partition())])  # (ingest reads it now: services.kafka.doorbell)
+            bell.ring([(topic, msg.partition())])  # (wakes ingest from its deep pause: services.kafka.doorbell)
 
     for first, lines, payload, problems in records:
         if not strict:

@@ -195,7 +195,7 @@ def produce_sync(producer: Producer, topic: str, value: bytes | str | None, key:
     err, msg = result[0]
     if err is not None:
         raise DeliveryError(err)
-    doorbell().ring([(topic, msg.partition())])  # (its readers fetch now: services.kafka.doorbell)
+    doorbell().ring([(topic, msg.partition())])  # (wakes a reader in its deep pause: services.kafka.doorbell)
     return msg
 
 

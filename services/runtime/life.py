@@ -280,7 +280,7 @@ def commit_transaction(producer: Producer, outputs: Sequence[Output],
     if outage():
         raise TransactionFailed("the broker connection was lost while a transaction committed: its outcome is "
                                 "unknown, starting again from what the broker kept")
-    doorbell().ring([(out.topic, out.partition) for out in outputs])  # (their readers fetch now, not later)
+    doorbell().ring([(out.topic, out.partition) for out in outputs])  # (wakes a reader in its deep pause)
 
 
 SLOW_TRANSACTION_SECONDS = 0.5  # a transaction taking longer is logged with the time of each step
