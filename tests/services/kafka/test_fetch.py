@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
+from services.kafka import doorbell as doorbell_module
 from services.kafka import fetch
 
 
@@ -94,7 +95,9 @@ def test_the_idle_pause_doubles_to_its_longest_and_deepens_after_a_quiet_minute(
     assert fetch.idle_pause_seconds(200, quiet=59.0) == 0.06
     assert fetch.idle_pause_seconds(200, quiet=60.0) == 0.25
     slept: list[float] = []
-    monkeypatch.setattr(fetch.time, "sleep", slept.append)
+    clock = SimpleNamespace(sleep=slept.append, monotonic=time.monotonic)  # (these modules' only)
+    monkeypatch.setattr(fetch, "time", clock)
+    monkeypatch.setattr(doorbell_module, "time", clock)  # (a deep pause's rest, with nothing to listen on)
     quiet, busy = _Input(300, quiet=61.0), _Input(300, quiet=2.0)
     fetch.idle_pause([quiet, busy])  # type: ignore[list-item]
     first = round(sum(slept), 6)
@@ -112,7 +115,7 @@ def test_a_ring_ends_a_deep_pause_past_its_first_part_and_leaves_a_busy_inputs_p
     before, bell_dir = doorbell(), str(fresh_doorbell_dir(tmp_path / "bell"))
     use_doorbell(Doorbell(bell_dir))
     slept: list[float] = []
-    monkeypatch.setattr(fetch.time, "sleep", slept.append)
+    monkeypatch.setattr(fetch, "time", SimpleNamespace(sleep=slept.append, monotonic=time.monotonic))  # (fetch's only)
     try:
         quiet = _Input(300, quiet=61.0)
         quiet.positions = {("t", 0): 5}
