@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.kafka import fetch
-from services.kafka.client import make_producer
+from services.kafka.client import broker_outages, make_producer
 from services.kafka.config import KafkaSettings
 from services.kafka.doorbell import Doorbell, doorbell, fresh_doorbell_dir, use_doorbell
 from services.kafka.fetch import Fetcher
@@ -145,6 +145,7 @@ def test_a_fetcher_in_a_long_idle_pause_reads_a_committed_record_at_once(
     monkeypatch.setattr(fetch, "IDLE_DEEP_AFTER_SECONDS", 0.0)  # every pause deep, and longer than a test waits
     monkeypatch.setattr(fetch, "IDLE_PAUSE_DEEP_SECONDS", 20.0)
     topic = kafka_settings.topic("updates.encoded")
+    life = broker_outages()  # (the outages earlier tests of this process saw are not this producer's)
     producer = make_producer(kafka_settings, transactional_id=kafka_settings.topic("doorbell-test"))
     fetcher = Fetcher(kafka_settings, "doorbell-test", 100)
     got: list[bytes] = []
@@ -156,7 +157,7 @@ def test_a_fetcher_in_a_long_idle_pause_reads_a_committed_record_at_once(
         reader.start()
         time.sleep(1.0)  # the reader is in its pause now
         started = time.monotonic()
-        commit_transaction(producer, [Output(topic, b"rung", None, 0)], [])
+        commit_transaction(producer, [Output(topic, b"rung", None, 0)], [], life=life)
         reader.join(30)
         assert got == [b"rung"]
         assert time.monotonic() - started < 10.0  # not the 20 s pause
