@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from services.codec import CodecError, decode, encoded_changes, term_from_avro
 from services.commands.trimmer import Trimmer
 from services.kafka.broker import EmbeddedBroker
-from services.kafka.run_env import write_run_env
+from services.kafka.run_env import plain_setting, write_run_env
 from services.kafka.config import KafkaSettings, add_kafka_flags
 from services.kafka.doorbell import DOORBELL_DIR_ENV, fresh_doorbell_dir
 from services.kafka.client import end_offsets
@@ -523,7 +523,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         err.write(port_lines(settings.bootstrap_servers, plan, spark_status_path))
         local = {"CBGP_BOOTSTRAP_SERVERS": settings.bootstrap_servers, "CBGP_TOPIC_PREFIX": settings.topic_prefix,
                  "CBGP_REBALANCE_TIMEOUT_MS": env.get("CBGP_REBALANCE_TIMEOUT_MS", "")}
-        if all("!" <= c <= "~" for c in env[DOORBELL_DIR_ENV]):  # (what the run file holds: cbgp publish rings too)
+        if plain_setting(DOORBELL_DIR_ENV, env[DOORBELL_DIR_ENV]):  # (in the run file: cbgp publish rings too)
             local[DOORBELL_DIR_ENV] = env[DOORBELL_DIR_ENV]
         for name, _argv, ports in plan:
             if "console" in ports:

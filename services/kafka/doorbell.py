@@ -39,10 +39,15 @@ MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with its NUL on Linux
 MAX_NAME = 26  # <label>-<partition>.<pid>-<n>: a directory too long for both turns the doorbell off
 
 
+def _fits(directory: str) -> bool:
+    """Whether a socket's name fits under ``directory`` (sun_path's length)."""
+    return len(os.path.join(directory, "x" * MAX_NAME)) <= MAX_SOCKET_PATH
+
+
 def fresh_doorbell_dir(path: Path) -> Path:
     """``path`` emptied (a killed fleet's sockets gone) and private to this user; returns it.  A path too long for
     the sockets' names gives a new private directory under the system's temporary one instead."""
-    if len(os.path.join(str(path), "x" * MAX_NAME)) > MAX_SOCKET_PATH:
+    if not _fits(str(path)):
         return Path(tempfile.mkdtemp(prefix="cbgp-bell-"))
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(mode=0o700, parents=True)
@@ -81,7 +86,7 @@ class Doorbell:
         self.scanned_at = float("-inf")
         # topic label -> partition -> socket paths of its readers (as last listed)
         self.peers: dict[str, dict[int, list[str]]] = {}
-        if self.directory is not None and len(os.path.join(self.directory, "x" * MAX_NAME)) > MAX_SOCKET_PATH:
+        if self.directory is not None and not _fits(self.directory):
             log.warning(kv(event="doorbell-off", directory=self.directory,
                            reason=f"a socket path there would be longer than {MAX_SOCKET_PATH} bytes"))
             self.directory = None

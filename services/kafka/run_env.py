@@ -21,6 +21,11 @@ def run_env_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("CBGP_RUN_DIR") or DEFAULT_RUN_DIR) / FILE_NAME
 
 
+def plain_setting(name: str, value: str) -> bool:
+    """Whether ``name=value`` is a line the run file can hold (a ``CBGP_*`` name, printable, no spaces)."""
+    return _LINE.match(f"{name}={value}") is not None
+
+
 def write_run_env(run_dir: Path, values: Mapping[str, str]) -> Path:
     """Write ``values`` (``CBGP_*`` names) for the commands to find; readable by the owner only (it may hold a
     token).  Returns the file's path."""
@@ -28,7 +33,7 @@ def write_run_env(run_dir: Path, values: Mapping[str, str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = []
     for name, value in values.items():
-        if not _LINE.match(f"{name}={value}"):
+        if not plain_setting(name, value):
             raise ValueError(f"{name}: not a plain CBGP_* setting")
         lines.append(f"{name}={value}\n")
     tmp = path.with_suffix(".tmp")
