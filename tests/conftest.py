@@ -1,6 +1,6 @@
-"""Shared fixtures: each real dependency (broker, Spark) lives in its own module under tests/fixtures."""
+"""Shared fixtures: each real dependency (broker, Spark, the doorbell) lives in its own module under tests/fixtures."""
 
-pytest_plugins = ["tests.fixtures.broker", "tests.fixtures.spark"]
+pytest_plugins = ["tests.fixtures.broker", "tests.fixtures.spark", "tests.fixtures.doorbell"]
 
 import os
 

@@ -18,15 +18,10 @@ import pytest
 from services.kafka import fetch
 from services.kafka.client import broker_outages, make_producer
 from services.kafka.config import KafkaSettings
-from services.kafka.doorbell import Doorbell, doorbell, fresh_doorbell_dir, use_doorbell
+from services.kafka.doorbell import Doorbell, fresh_doorbell_dir
 from services.kafka.fetch import Fetcher
 from services.runtime.life import commit_transaction
 from services.wire.records import Output
-
-
-@pytest.fixture
-def bell_dir(tmp_path: Path) -> str:
-    return str(fresh_doorbell_dir(tmp_path / "bell"))
 
 
 def test_a_ring_wakes_the_readers_of_the_partition_it_names_and_no_other(bell_dir: str) -> None:
@@ -138,10 +133,9 @@ def test_a_directory_too_long_for_a_socket_turns_the_doorbell_off_and_cbgp_run_t
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
+@pytest.mark.usefixtures("process_doorbell")
 def test_a_fetcher_in_a_long_idle_pause_reads_a_committed_record_at_once(
-        kafka_settings: KafkaSettings, bell_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = doorbell()
-    use_doorbell(Doorbell(bell_dir))
+        kafka_settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fetch, "IDLE_DEEP_AFTER_SECONDS", 0.0)  # every pause deep, and longer than a test waits
     monkeypatch.setattr(fetch, "IDLE_PAUSE_DEEP_SECONDS", 20.0)
     topic = kafka_settings.topic("updates.encoded")
@@ -163,4 +157,3 @@ def test_a_fetcher_in_a_long_idle_pause_reads_a_committed_record_at_once(
         assert time.monotonic() - started < 10.0  # not the 20 s pause
     finally:
         fetcher.close()
-        use_doorbell(before)

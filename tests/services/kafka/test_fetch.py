@@ -107,32 +107,24 @@ def test_the_idle_pause_doubles_to_its_longest_and_deepens_after_a_quiet_minute(
 
 
 def test_a_ring_ends_a_deep_pause_past_its_first_part_and_leaves_a_busy_inputs_pause_alone(
-        tmp_path: Any, monkeypatch: Any) -> None:
+        process_doorbell: Any, bell_dir: str, monkeypatch: Any) -> None:
     """After a quiet minute, a ring for one of the input's partitions ends its pause once the first
     IDLE_PAUSE_SECONDS are over; a busy input's pause (what gathers its next batch) is slept whole."""
-    from services.kafka.doorbell import Doorbell, doorbell, fresh_doorbell_dir, use_doorbell
-
-    before, bell_dir = doorbell(), str(fresh_doorbell_dir(tmp_path / "bell"))
-    use_doorbell(Doorbell(bell_dir))
     slept: list[float] = []
     monkeypatch.setattr(fetch, "time", SimpleNamespace(sleep=slept.append, monotonic=time.monotonic))  # (fetch's only)
-    try:
-        quiet = _Input(300, quiet=61.0)
-        quiet.positions = {("t", 0): 5}
-        started = time.monotonic()
-        fetch.idle_pause([quiet])  # nobody rings: its first part slept, the rest listened out
-        assert slept == [fetch.IDLE_PAUSE_SECONDS]
-        assert time.monotonic() - started >= fetch.IDLE_PAUSE_DEEP_SECONDS - fetch.IDLE_PAUSE_SECONDS - 0.01
-        assert Doorbell(bell_dir).ring([("t", 0)]) == 1
-        started = time.monotonic()
-        fetch.idle_pause([quiet])  # rung: over after its first part
-        assert time.monotonic() - started < 0.1 and slept == [fetch.IDLE_PAUSE_SECONDS] * 2
-        busy = _Input(1, quiet=0.5)
-        busy.positions = {("t", 0): 5}
-        assert Doorbell(bell_dir).ring([("t", 0)]) == 1
-        fetch.idle_pause([busy])  # 30 ms, slept whole: the ring waits
-        assert slept[-1] == 2 * fetch.IDLE_PAUSE_SECONDS
-        assert doorbell().wait([("t", 0)], 0) is True
-    finally:
-        doorbell().close()
-        use_doorbell(before)
+    quiet = _Input(300, quiet=61.0)
+    quiet.positions = {("t", 0): 5}
+    started = time.monotonic()
+    fetch.idle_pause([quiet])  # nobody rings: its first part slept, the rest listened out
+    assert slept == [fetch.IDLE_PAUSE_SECONDS]
+    assert time.monotonic() - started >= fetch.IDLE_PAUSE_DEEP_SECONDS - fetch.IDLE_PAUSE_SECONDS - 0.01
+    assert doorbell_module.Doorbell(bell_dir).ring([("t", 0)]) == 1
+    started = time.monotonic()
+    fetch.idle_pause([quiet])  # rung: over after its first part
+    assert time.monotonic() - started < 0.1 and slept == [fetch.IDLE_PAUSE_SECONDS] * 2
+    busy = _Input(1, quiet=0.5)
+    busy.positions = {("t", 0): 5}
+    assert doorbell_module.Doorbell(bell_dir).ring([("t", 0)]) == 1
+    fetch.idle_pause([busy])  # 30 ms, slept whole: the ring waits
+    assert slept[-1] == 2 * fetch.IDLE_PAUSE_SECONDS
+    assert process_doorbell.wait([("t", 0)], 0) is True
