@@ -72,12 +72,12 @@ IDLE_DEEP_AFTER_SECONDS = ms_setting("CBGP_IDLE_DEEP_AFTER_MS", 60_000)
 IDLE_PAUSE_DEEP_SECONDS = max(IDLE_PAUSE_MAX_SECONDS, ms_setting("CBGP_IDLE_PAUSE_DEEP_MS", 250))
 
 
-def idle_pause_seconds(streak: int, quiet: float) -> float:
+def idle_pause_seconds(streak: int, quiet: float, deep: float = IDLE_PAUSE_DEEP_SECONDS) -> float:
     """The pause after ``streak`` idle pauses in a row, ``quiet`` seconds after the last record read:
-    IDLE_PAUSE_SECONDS doubled per pause up to IDLE_PAUSE_MAX_SECONDS, and IDLE_PAUSE_DEEP_SECONDS once quiet
-    for IDLE_DEEP_AFTER_SECONDS."""
+    IDLE_PAUSE_SECONDS doubled per pause up to IDLE_PAUSE_MAX_SECONDS, and ``deep`` once quiet for
+    IDLE_DEEP_AFTER_SECONDS."""
     if quiet >= IDLE_DEEP_AFTER_SECONDS:
-        return IDLE_PAUSE_DEEP_SECONDS
+        return deep
     return min(IDLE_PAUSE_MAX_SECONDS, IDLE_PAUSE_SECONDS * (1 << min(streak, 8)))
 
 
@@ -87,7 +87,8 @@ class Fetcher:
     above).  ``epoch`` changes whenever the positions are replaced, so a caller can tell a batch fetched under
     an older assignment."""
 
-    def __init__(self, settings: KafkaSettings, name: str, max_records: int, *, check_log_start: bool = True) -> None:
+    def __init__(self, settings: KafkaSettings, name: str, max_records: int, *, check_log_start: bool = True,
+                 deep_pause: float = IDLE_PAUSE_DEEP_SECONDS) -> None:
         # Partition-EOF events tell when one fetch found every partition caught up (see wait()).
         self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}{name}",
                                                           enable_partition_eof=True))
@@ -101,6 +102,7 @@ class Fetcher:
         self.idle_streak = 0  # consecutive idle pauses with nothing read
         self.read_at = time.monotonic()  # when a record was last read (or the fetcher made)
         self.listen = LISTEN_SECONDS  # how long poll() waits (see LISTEN_MAX_SECONDS)
+        self.deep_pause = deep_pause  # its pause once quiet for IDLE_DEEP_AFTER_SECONDS (see idle_pause)
         self.lag_fresh: set[tuple[str, int]] = set()  # partitions whose lag gauge was set at their end since a record
         self.carried: list[Message] = []  # records given back (give_back): the next take() returns them first
 
@@ -286,17 +288,17 @@ def record_ok(msg: Message, log: logging.Logger) -> bool:
 
 def idle_pause(fetchers: Sequence[Fetcher]) -> None:
     """Stop fetching on every fetcher for a moment (nothing was there to read): :func:`idle_pause_seconds` of
-    the least idle fetcher's streak and quiet time; a deep pause ends on a ring for one of their partitions once
-    its first IDLE_PAUSE_SECONDS are over."""
+    the least idle fetcher's streak and quiet time (and the shortest ``deep_pause``); a pause after a quiet
+    minute ends on a ring for one of their partitions once its first IDLE_PAUSE_SECONDS are over."""
     streak = min(fetcher.idle_streak for fetcher in fetchers)
     quiet = time.monotonic() - max(fetcher.read_at for fetcher in fetchers)
     for fetcher in fetchers:
         fetcher.park()
         fetcher.idle_streak += 1
-    pause = idle_pause_seconds(streak, quiet)
+    pause = idle_pause_seconds(streak, quiet, min(fetcher.deep_pause for fetcher in fetchers))
     keys = {key for fetcher in fetchers for key in fetcher.positions}
     doorbell().listen(keys)  # (from the first pause on, so that no ring before a deep one is lost)
-    if pause <= IDLE_PAUSE_MAX_SECONDS:
+    if quiet < IDLE_DEEP_AFTER_SECONDS:
         # A busy input's pause gathers its next batch: rung earlier, the stages made twice as many transactions
         # for no better median answer (docs/benchmarks.md).
         time.sleep(pause)
@@ -304,7 +306,7 @@ def idle_pause(fetchers: Sequence[Fetcher]) -> None:
         # After a quiet minute, a ring from a stage that committed to one of these partitions ends the pause
         # (services.kafka.doorbell): the first update costs a stage IDLE_PAUSE_SECONDS, not the deep pause.
         time.sleep(IDLE_PAUSE_SECONDS)
-        doorbell().wait(keys, pause - IDLE_PAUSE_SECONDS)
+        doorbell().wait(keys, max(0.0, pause - IDLE_PAUSE_SECONDS))
     # They stay parked: the next take() or wait() resumes them, so nothing is fetched before it is wanted.
 
 
@@ -325,7 +327,7 @@ class GroupInput:
     def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], max_records: int, *,
                  on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
                  on_revoke: Callable[[Consumer, list[TopicPartition]], None] | None = None,
-                 member_name: str | None = None) -> None:
+                 member_name: str | None = None, deep_pause: float = IDLE_PAUSE_DEEP_SECONDS) -> None:
         self.user_assign = on_assign
         self.user_revoke = on_revoke
         self.closing = False
@@ -333,7 +335,8 @@ class GroupInput:
         # librdkafka's C callback came out of poll() as a bare KafkaError object, which no except clause can
         # catch, and killed a worker after a broker restart (CI).
         self.callback_error: Exception | None = None
-        self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records)
+        self.fetcher = Fetcher(settings, f"{group.removeprefix(settings.topic_prefix)}.fetch", max_records,
+                               deep_pause=deep_pause)
         self.taken: list[TopicPartition] | None = None  # an assignment taken, not yet handed to on_assign
         self._group_metadata: Any = None  # (consumer_group_metadata: cached until the next rebalance)
         # A named member is static (group.instance.id): restarted, it takes its own partitions back at once,

@@ -79,8 +79,9 @@ def test_a_window_that_runs_out_mid_fetch_listens_longer_next_time_and_then_star
 class _Input:
     """Stands for a Fetcher in ``idle_pause``: its idle streak, when it last read a record, and its parking."""
 
-    def __init__(self, streak: int, quiet: float) -> None:
+    def __init__(self, streak: int, quiet: float, deep_pause: float = fetch.IDLE_PAUSE_DEEP_SECONDS) -> None:
         self.idle_streak, self.read_at, self.parked = streak, time.monotonic() - quiet, False
+        self.deep_pause = deep_pause
         self.positions: dict[tuple[str, int], int] = {}  # (no doorbell to listen on)
 
     def park(self) -> None:
@@ -94,6 +95,7 @@ def test_the_idle_pause_doubles_to_its_longest_and_deepens_after_a_quiet_minute(
     assert pauses == [0.015, 0.03, 0.06, 0.06, 0.06]
     assert fetch.idle_pause_seconds(200, quiet=59.0) == 0.06
     assert fetch.idle_pause_seconds(200, quiet=60.0) == 0.25
+    assert fetch.idle_pause_seconds(200, quiet=60.0, deep=0.06) == 0.06  # (an input's own: ingest's)
     slept: list[float] = []
     clock = SimpleNamespace(sleep=slept.append, monotonic=time.monotonic)  # (these modules' only)
     monkeypatch.setattr(fetch, "time", clock)
@@ -128,3 +130,31 @@ def test_a_ring_ends_a_deep_pause_past_its_first_part_and_leaves_a_busy_inputs_p
     fetch.idle_pause([busy])  # 30 ms, slept whole: the ring waits
     assert slept[-1] == 2 * fetch.IDLE_PAUSE_SECONDS
     assert process_doorbell.wait([("t", 0)], 0) is True
+
+
+def test_ingest_pauses_no_longer_than_its_busy_pause_after_a_quiet_minute_and_a_ring_still_ends_it(
+        process_doorbell: Any, bell_dir: str, monkeypatch: Any) -> None:
+    """Nothing rings ingest for a producer of the user's own: its input pauses DEEP_PAUSE_SECONDS (60 ms) after a
+    quiet minute, not the fleet's 250 ms, and still listens past the first IDLE_PAUSE_SECONDS (cbgp publish rings
+    it); an input read together with a deeper one (a worker's two) pauses as the shorter."""
+    from services.ingest.service import DEEP_PAUSE_SECONDS
+
+    assert DEEP_PAUSE_SECONDS == fetch.IDLE_PAUSE_MAX_SECONDS == 0.06 < fetch.IDLE_PAUSE_DEEP_SECONDS
+    slept: list[float] = []
+    monkeypatch.setattr(fetch, "time", SimpleNamespace(sleep=slept.append, monotonic=time.monotonic))  # (fetch's only)
+    ingest = _Input(300, quiet=61.0, deep_pause=DEEP_PAUSE_SECONDS)
+    ingest.positions = {("raw", 0): 5}
+    started = time.monotonic()
+    fetch.idle_pause([ingest])  # nobody rings: its first part slept, the rest (45 ms) listened out
+    waited = time.monotonic() - started
+    assert slept == [fetch.IDLE_PAUSE_SECONDS]
+    assert DEEP_PAUSE_SECONDS - fetch.IDLE_PAUSE_SECONDS - 0.01 <= waited < fetch.IDLE_PAUSE_DEEP_SECONDS - 0.1
+    assert doorbell_module.Doorbell(bell_dir).ring([("raw", 0)]) == 1
+    started = time.monotonic()
+    fetch.idle_pause([ingest])  # rung: over after its first part
+    assert time.monotonic() - started < 0.03 and slept == [fetch.IDLE_PAUSE_SECONDS] * 2
+    deeper = _Input(300, quiet=61.0)
+    started = time.monotonic()
+    fetch.idle_pause([deeper, ingest])
+    assert time.monotonic() - started < fetch.IDLE_PAUSE_DEEP_SECONDS - 0.1
+

@@ -62,3 +62,15 @@ def test_the_deep_idle_pause_is_a_setting_and_never_shorter_than_the_longest_idl
     assert read({}) == ["60.0", "0.25"]
     assert read({"CBGP_IDLE_DEEP_AFTER_MS": "5000", "CBGP_IDLE_PAUSE_DEEP_MS": "500"}) == ["5.0", "0.5"]
     assert read({"CBGP_IDLE_PAUSE_DEEP_MS": "20"}) == ["60.0", "0.06"], "at most the longest pause: off"
+
+
+def test_ingest_reads_its_deep_pause_from_a_setting_never_shorter_than_the_longest_idle_pause() -> None:
+    def read(env: dict[str, str]) -> str:
+        done = subprocess.run([sys.executable, "-c", "import services.ingest.service as s; print(s.DEEP_PAUSE_SECONDS)"],
+                              capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin", **env})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert read({}) == "0.06"
+    assert read({"CBGP_INGEST_IDLE_PAUSE_DEEP_MS": "250"}) == "0.25", "the fleet's deep pause, as before"
+    assert read({"CBGP_INGEST_IDLE_PAUSE_DEEP_MS": "5"}) == "0.06", "at most the longest pause"
