@@ -1,6 +1,10 @@
 """``cbgp publish``: an updates file sent to ``updates.raw`` in records of whole lines (RDF Patch transactions
-never split, patch prefixes repeated), each checked with ingest's parsers and limits before it is sent; see
-:mod:`services.usercli` for the record headers.
+never split, patch prefixes repeated), each checked with ingest's parsers and limits before it is sent.
+
+Each record names its format (``cbgp-format``), file and first line, and its publish and number (``cbgp-publish``,
+``cbgp-record``): the producer is not idempotent (librdkafka's idempotent producer sends nothing for its first
+half second), keeps one request in flight so that a retry never reorders, and ingest drops a retried copy by its
+number (``services.ingest.retries``).
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TextIO
 
@@ -16,6 +21,7 @@ from services.kafka.config import KafkaSettings
 from services.kafka.client import make_producer, require_broker
 from services.kafka.doorbell import doorbell
 from services.client.errors import UserError
+from services.wire.records import NUMBER_HEADER, PUBLISH_HEADER
 
 DEFAULT_CHUNK_BYTES = 256 * 1024
 # Kafka's default message.max.bytes is ~1 MB: a record larger than this would be refused by the broker.
@@ -231,10 +237,11 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
             raise UserError(f"{counts['problems']} problem(s) in {name}; nothing published (--strict)")
     require_broker(settings)
     topic = settings.topic("updates.raw")
-    producer = make_producer(settings)
+    producer = make_producer(settings, idempotent=False, max_in_flight_requests_per_connection=1)
     errors: list[str] = []
     start = time.monotonic()
     source = os.path.basename(name).encode()
+    publish_id = uuid.uuid4().hex.encode()
     bell = doorbell()
 
     def delivered(err: Any, msg: Any) -> None:
@@ -249,7 +256,8 @@ def publish_file(settings: KafkaSettings, path: str, fmt: str | None = None, *,
             counts["problems"] += len(problems)
         if len(payload) > MAX_RECORD_BYTES:
             continue  # reported: the broker would refuse it
-        headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source), ("cbgp-first-line", str(first).encode())]
+        headers = [("cbgp-format", fmt.encode()), ("cbgp-source", source), ("cbgp-first-line", str(first).encode()),
+                   (PUBLISH_HEADER, publish_id), (NUMBER_HEADER, str(counts["records"] + 1).encode())]
         while True:
             try:
                 producer.produce(topic, value=payload, headers=headers, on_delivery=delivered)

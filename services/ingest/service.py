@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from services.ingest.checkpoint import Capture, CheckpointWriter
 from services.ingest.core import SERVICE, IngestProcessor, RawRecord
+from services.ingest.retries import Retries
 from services.kafka.config import KafkaSettings
 from services.kafka.client import end_offsets, make_producer
 from services.metrics.exposition import record_consumer_lag
@@ -196,6 +197,7 @@ class IngestService:
                            len(end_offsets(settings, settings.topic("dictionary"))))
         self.settings, self.args = settings, args
         self.processor = IngestProcessor(settings, *self.partitions)
+        self.retries = Retries()  # (cbgp publish's records taken per raw partition: a retried copy is dropped)
         self.raw_topic = settings.topic("updates.raw")
         self.group = args.group or f"{settings.topic_prefix}ingest"
         self.producer = make_producer(settings, transactional_id=f"{self.group}.{args.instance_id}")
@@ -240,6 +242,8 @@ class IngestService:
                 self.checkpoint(ends)  # what the tail added: the next restore need not read it again
             self.positions.clear()
             self.positions.update(committed)
+            for tp in assigned:
+                self.retries.restore(tp.partition, tp.metadata)
         self.owned.clear()
         self.owned.update(committed)
 
@@ -267,15 +271,18 @@ class IngestService:
             if ts > 0 and (oldest is None or ts < oldest):
                 oldest = ts
             headers = msg.headers()
-            raw = RawRecord(msg.value(), {k: v for k, v in headers if v is not None} if headers else {},
-                            msg.topic(), msg.partition(), msg.offset(), ts if ts > 0 else int(time.time() * 1000))
-            outputs.extend(self.processor.accept(raw))
+            fields = {k: v for k, v in headers if v is not None} if headers else {}
             offsets[msg.partition()] = msg.offset() + 1
+            if self.retries.is_copy(msg.partition(), msg.offset(), fields):
+                continue
+            raw = RawRecord(msg.value(), fields, msg.topic(), msg.partition(), msg.offset(),
+                            ts if ts > 0 else int(time.time() * 1000))
+            outputs.extend(self.processor.accept(raw))
         if not offsets:
             return Step(outputs) if outputs else None
         outputs.extend(self.processor.flush())
         assert self.consumer is not None
-        tps = [TopicPartition(self.raw_topic, p, o) for p, o in offsets.items()]
+        tps = [TopicPartition(self.raw_topic, p, o, metadata=self.retries.metadata(p)) for p, o in offsets.items()]
         # (a raw record's produce time is both the update's and the input's)
         return Step(outputs, [(tps, self.consumer.consumer_group_metadata())], len(msgs), offsets,
                     origin_ms=oldest, input_ms=oldest)

@@ -11,6 +11,8 @@ Spark job import these; the Kafka plumbing (``services.runtime.life``) produces 
 - :func:`query_error`: an ``ERROR`` ``QueryStatus`` about one query from a service other than the registry;
 - :data:`WHOLE_QUERY_PART`: ``PartDelta.part`` of a query's own answers (what the answers service numbers);
 - :data:`ORIGIN_HEADER`: the header carrying the raw record's time, for end-to-end latency;
+- :data:`PUBLISH_HEADER`, :data:`NUMBER_HEADER`: a ``cbgp publish`` record's publish and number (ingest drops a
+  retried copy by them: ``services.ingest.retries``);
 - :func:`kv`: one structured log line (``key=value``).
 """
 
@@ -24,7 +26,8 @@ from cbgp.terms import DEFAULT_MAX_TERM_BYTES, MAX_TERM_SETTING, stable_term_id
 from services import codec
 from services.metrics.instruments import REJECTED_INPUTS
 
-__all__ = ["Output", "ORIGIN_HEADER", "WHOLE_QUERY_PART", "dead_letter", "query_error", "query_partition"]
+__all__ = ["Output", "NUMBER_HEADER", "ORIGIN_HEADER", "PUBLISH_HEADER", "WHOLE_QUERY_PART", "dead_letter",
+           "query_error", "query_partition"]
 
 WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers; parts of a multi-part query are 0, 1, ...
 
@@ -32,6 +35,7 @@ WHOLE_QUERY_PART = -1  # PartDelta.part of a query's own answers; parts of a mul
 # sets it from the raw record's timestamp, workers and answers pass it on, so update-to-answer latency can be
 # measured at the end of the pipeline without touching the schemas.
 ORIGIN_HEADER = "cbgp-origin-ms"
+PUBLISH_HEADER, NUMBER_HEADER = "cbgp-publish", "cbgp-record"
 
 
 @dataclass(slots=True)

@@ -99,6 +99,14 @@ def test_publish_sends_parseable_records_with_the_format_header(kafka_settings: 
         assert not [i for i in items if isinstance(i, InputError)]
         updates += len(items)
     assert updates == 90
+    # numbered for ingest, which drops a retried copy by its number (services.ingest.retries): one id per publish
+    assert [dict(m.headers())["cbgp-record"] for m in records] == [str(n).encode() for n in range(1, len(records) + 1)]
+    ids = {dict(m.headers())["cbgp-publish"] for m in records}
+    assert len(ids) == 1 and len(ids.pop()) == 32
+    assert cbgp(["publish", str(path), "--chunk-bytes", "300", *flags(kafka_settings)]) == 0
+    again = read_all(kafka_settings, kafka_settings.topic("updates.raw"))[len(records):]
+    assert {dict(m.headers())["cbgp-publish"] for m in again}.isdisjoint(
+        {dict(m.headers())["cbgp-publish"] for m in records}), "a publish run again is a new publish"
 
 
 def test_publish_of_an_unknown_format_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
