@@ -72,12 +72,12 @@ IDLE_DEEP_AFTER_SECONDS = ms_setting("CBGP_IDLE_DEEP_AFTER_MS", 60_000)
 IDLE_PAUSE_DEEP_SECONDS = max(IDLE_PAUSE_MAX_SECONDS, ms_setting("CBGP_IDLE_PAUSE_DEEP_MS", 250))
 
 
-def idle_pause_seconds(streak: int, quiet: float, deep: float = IDLE_PAUSE_DEEP_SECONDS) -> float:
+def idle_pause_seconds(streak: int, quiet: float, deep: float | None = None) -> float:
     """The pause after ``streak`` idle pauses in a row, ``quiet`` seconds after the last record read:
-    IDLE_PAUSE_SECONDS doubled per pause up to IDLE_PAUSE_MAX_SECONDS, and ``deep`` once quiet for
-    IDLE_DEEP_AFTER_SECONDS."""
+    IDLE_PAUSE_SECONDS doubled per pause up to IDLE_PAUSE_MAX_SECONDS, and ``deep`` (None:
+    IDLE_PAUSE_DEEP_SECONDS) once quiet for IDLE_DEEP_AFTER_SECONDS."""
     if quiet >= IDLE_DEEP_AFTER_SECONDS:
-        return deep
+        return IDLE_PAUSE_DEEP_SECONDS if deep is None else deep
     return min(IDLE_PAUSE_MAX_SECONDS, IDLE_PAUSE_SECONDS * (1 << min(streak, 8)))
 
 
@@ -88,7 +88,7 @@ class Fetcher:
     an older assignment."""
 
     def __init__(self, settings: KafkaSettings, name: str, max_records: int, *, check_log_start: bool = True,
-                 deep_pause: float = IDLE_PAUSE_DEEP_SECONDS) -> None:
+                 deep_pause: float | None = None) -> None:
         # Partition-EOF events tell when one fetch found every partition caught up (see wait()).
         self.consumer = Consumer(settings.consumer_config(f"{settings.topic_prefix}{name}",
                                                           enable_partition_eof=True))
@@ -102,7 +102,7 @@ class Fetcher:
         self.idle_streak = 0  # consecutive idle pauses with nothing read
         self.read_at = time.monotonic()  # when a record was last read (or the fetcher made)
         self.listen = LISTEN_SECONDS  # how long poll() waits (see LISTEN_MAX_SECONDS)
-        self.deep_pause = deep_pause  # its pause once quiet for IDLE_DEEP_AFTER_SECONDS (see idle_pause)
+        self.deep_pause = deep_pause  # its pause once quiet for IDLE_DEEP_AFTER_SECONDS (None: the fleet's)
         self.lag_fresh: set[tuple[str, int]] = set()  # partitions whose lag gauge was set at their end since a record
         self.carried: list[Message] = []  # records given back (give_back): the next take() returns them first
 
@@ -295,7 +295,8 @@ def idle_pause(fetchers: Sequence[Fetcher]) -> None:
     for fetcher in fetchers:
         fetcher.park()
         fetcher.idle_streak += 1
-    pause = idle_pause_seconds(streak, quiet, min(fetcher.deep_pause for fetcher in fetchers))
+    deep = min(IDLE_PAUSE_DEEP_SECONDS if fetcher.deep_pause is None else fetcher.deep_pause for fetcher in fetchers)
+    pause = idle_pause_seconds(streak, quiet, deep)
     keys = {key for fetcher in fetchers for key in fetcher.positions}
     doorbell().listen(keys)  # (from the first pause on, so that no ring before a deep one is lost)
     if quiet < IDLE_DEEP_AFTER_SECONDS:
@@ -327,7 +328,7 @@ class GroupInput:
     def __init__(self, settings: KafkaSettings, group: str, topics: Sequence[str], max_records: int, *,
                  on_assign: Callable[[Consumer, list[TopicPartition]], None] | None = None,
                  on_revoke: Callable[[Consumer, list[TopicPartition]], None] | None = None,
-                 member_name: str | None = None, deep_pause: float = IDLE_PAUSE_DEEP_SECONDS) -> None:
+                 member_name: str | None = None, deep_pause: float | None = None) -> None:
         self.user_assign = on_assign
         self.user_revoke = on_revoke
         self.closing = False

@@ -79,7 +79,7 @@ def test_a_window_that_runs_out_mid_fetch_listens_longer_next_time_and_then_star
 class _Input:
     """Stands for a Fetcher in ``idle_pause``: its idle streak, when it last read a record, and its parking."""
 
-    def __init__(self, streak: int, quiet: float, deep_pause: float = fetch.IDLE_PAUSE_DEEP_SECONDS) -> None:
+    def __init__(self, streak: int, quiet: float, deep_pause: float | None = None) -> None:
         self.idle_streak, self.read_at, self.parked = streak, time.monotonic() - quiet, False
         self.deep_pause = deep_pause
         self.positions: dict[tuple[str, int], int] = {}  # (no doorbell to listen on)
