@@ -24,6 +24,7 @@ log = logging.getLogger("cbgp.ingest")
 
 KEPT_IDS = 32  # publishes remembered per raw partition, the most recent: several may write at once
 MAX_ID_CHARS = 64  # a longer id is no publish's (cbgp publish sends 32 hex digits): taken, not remembered
+MAX_NUMBER_DIGITS = 19  # a record number fits a signed 64-bit integer: a longer one is no publish's either
 REPEATED = Counter("cbgp_ingest_repeated_records", "Raw records dropped as a producer retry's copy of one taken.")
 
 
@@ -37,7 +38,7 @@ class Retries:
         """Whether the record at ``offset`` of ``partition``, with these headers, repeats one already taken
         (counted and logged); if not, it is noted as taken (the caller takes it)."""
         ident, number = headers.get(PUBLISH_HEADER), headers.get(NUMBER_HEADER)
-        if ident is None or number is None or len(ident) > MAX_ID_CHARS or len(number) > 19:
+        if ident is None or number is None or len(ident) > MAX_ID_CHARS or len(number) > MAX_NUMBER_DIGITS:
             return False
         try:
             key, n = ident.decode("ascii"), int(number)
@@ -50,7 +51,7 @@ class Retries:
             REPEATED.inc()
             log.info(kv(event="repeated-record", partition=partition, offset=offset, publish=key, record=n))
             return True
-        seen[key] = n if last is None else max(n, last)
+        seen[key] = n  # (above the last taken, or the id's first)
         while len(seen) > KEPT_IDS:
             del seen[next(iter(seen))]
         return False
